@@ -1,0 +1,119 @@
+/* tk_config.h — one fine-tuning run, as the user wrote it.
+ *
+ * The %%txtrain cell body (YAML), `txk train cfg.yaml`, the planner and the
+ * advisor's fixes all speak this struct: a fix is a pure function
+ * tk_config -> tk_config. It is plain data (fixed-size strings, no pointers),
+ * so it copies with `=` and compares field by field.
+ *
+ * Keys in YAML are the field names below (nested maps allowed for `model:`,
+ * `data:`, `device:`, `train:`; a dotted or flat key is the same key).
+ * Unknown keys and bad values are errors that name the key (and line), and
+ * suggest the closest known key or list the allowed values.
+ */
+#ifndef TK_CONFIG_H
+#define TK_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tk_gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { TK_TASK_CLASSIFY = 0, TK_TASK_QA } tk_task;
+typedef enum { TK_HEAD_POOLED = 0, TK_HEAD_SPAN, TK_HEAD_FLATTEN_DENSE } tk_head_kind;
+typedef enum { TK_PREC_FP32 = 0, TK_PREC_FP16, TK_PREC_BF16 } tk_precision;
+typedef enum { TK_RECOMPUTE_NONE = 0, TK_RECOMPUTE_LAYERS, TK_RECOMPUTE_ATTENTION } tk_recompute;
+typedef enum { TK_OPTIM_ADAMW = 0, TK_OPTIM_ADAMW8 } tk_optim;
+typedef enum { TK_ATTN_STANDARD = 0, TK_ATTN_FUSED } tk_attention;
+typedef enum { TK_BATCH_FIXED = 0, TK_BATCH_DYNAMIC, TK_BATCH_BUCKETS } tk_batching;
+typedef enum { TK_EMPTY_NEVER = 0, TK_EMPTY_EVERY, TK_EMPTY_ON_OOM } tk_empty_cache;
+typedef enum { TK_DEVICE_AUTO = 0, TK_DEVICE_CPU, TK_DEVICE_CUDA, TK_DEVICE_META } tk_device_choice;
+
+#define TK_PATH_MAX 512
+
+typedef struct tk_config {
+    /* model */
+    char model[TK_PATH_MAX];   /* preset ("bert-tiny", "bert-base-cased", ...) or HF folder */
+    char vocab[TK_PATH_MAX];   /* vocab.txt; "" = the model folder's */
+    int hidden, layers, heads, intermediate; /* 0 = from preset / config.json */
+    int vocab_size, max_position, type_vocab;
+    int lowercase;             /* -1 = from the model (uncased presets lower-case) */
+    float dropout;             /* hidden and attention dropout */
+
+    /* data */
+    char train_file[TK_PATH_MAX], dev_file[TK_PATH_MAX];
+    char text_col[64], text_pair_col[64], label_col[64];
+    float dev_split;           /* fraction held out when there is no dev_file */
+    int max_examples;          /* 0 = all */
+
+    /* task */
+    tk_task task;
+    tk_head_kind head;
+    int head_units;            /* flatten_dense: units of the Dense layer */
+    int towers;                /* flatten_dense: number of BERT towers (the seed model has 2) */
+    int num_labels;            /* 0 = from the data */
+    int max_len, doc_stride;
+    int batch_size, eval_batch_size; /* eval_batch_size 0 = batch_size */
+    int epochs, max_steps;     /* max_steps 0 = epochs decide */
+    float lr, weight_decay, warmup_ratio, max_grad_norm;
+    float adam_beta1, adam_beta2, adam_eps;
+    char schedule[16];         /* "linear" | "constant" */
+    uint64_t seed;
+
+    /* device */
+    tk_device_choice device;
+    size_t capacity;           /* simulated capacity in bytes; 0 = the device's */
+    char gpu[32];              /* a GPU profile name ("t4"); sets capacity and costs */
+    int threads;               /* cpu threads; 0 = all */
+
+    /* memory-saving techniques */
+    tk_precision precision;
+    int accumulate;            /* micro-batches per optimizer step (>= 1) */
+    tk_recompute recompute;
+    int freeze_embeddings;     /* 1: no grad, no optimizer state for embeddings */
+    int freeze_layers;         /* the first N encoder layers are frozen */
+    tk_optim optimizer;
+    int adamw8_fp32_embeddings;/* 8-bit AdamW keeps embeddings' state in fp32 */
+    tk_attention attention;
+    tk_batching batching;
+    int buckets;               /* length buckets for batching: buckets */
+    tk_empty_cache empty_cache;
+    int empty_cache_every;     /* with empty_cache: every:N */
+
+    /* output */
+    char output_dir[TK_PATH_MAX]; /* checkpoints; "" = no checkpoints */
+    char resume_from[TK_PATH_MAX];
+    int log_every;             /* progress callback every N steps */
+} tk_config;
+
+/* HF-like defaults: bert-base-cased, max_len 128, batch 32, 3 epochs, lr 2e-5,
+ * linear schedule, AdamW (0.9, 0.999, 1e-8, wd 0.01), clip 1.0, fp32, cpu. */
+void tk_config_defaults(tk_config *c);
+
+/* Parses a YAML document over `c` (which holds defaults or a previous config).
+ * `source` names it in errors ("cell", "cfg.yaml"). On error, `c` is left as
+ * it was and err says: source:line: key: what is wrong (closest key / allowed
+ * values). */
+tk_status tk_config_parse_yaml(tk_config *c, const char *yaml, size_t len, const char *source,
+                               tk_err *err);
+/* Sets one key from a string ("batch_size", "16"); the same checks. */
+tk_status tk_config_set(tk_config *c, const char *key, const char *value, tk_err *err);
+/* Fills model dimensions from the preset or the folder's config.json. */
+tk_status tk_config_resolve_model(tk_config *c, tk_err *err);
+/* Checks cross-field rules (batch_size >= 1, heads divide hidden, ...). */
+tk_status tk_config_validate(const tk_config *c, tk_err *err);
+/* YAML text of every key (new string, free()). */
+char *tk_config_to_yaml(const tk_config *c);
+/* Lines "key: old -> new" for each differing key (new string, free()). */
+char *tk_config_diff(const tk_config *a, const tk_config *b);
+/* The list of known keys (NULL-terminated, borrowed), for completion and help. */
+const char *const *tk_config_keys(void);
+/* One-line help for a key; NULL if unknown. */
+const char *tk_config_key_help(const char *key);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

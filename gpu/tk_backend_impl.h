@@ -1,0 +1,105 @@
+/* tk_backend_impl.h — the backend interface; only implementations include it.
+ *
+ * A backend is a table of function pointers plus a context pointer (as in
+ * ggml-backend-impl.h). The public wrappers in tk_gpu.h validate arguments,
+ * add each op's FLOPs and bytes to the device's cost counters, and then call
+ * the backend's function; an op left NULL is a no-op (the meta backend leaves
+ * every op NULL and so does no arithmetic). Memory functions are required for
+ * every backend except read/write/sync, whose default is a no-op.
+ *
+ * The cuda backend lives in a plugin (build/libtk_cuda.so) that exports
+ *   tk_status tk_cuda_plugin_open(const tk_dev_opts *opts, const tk_backend **be,
+ *                                 void **ctx, tk_err *err);
+ * and is loaded with dlopen so that binaries run where no CUDA library is.
+ */
+#ifndef TK_BACKEND_IMPL_H
+#define TK_BACKEND_IMPL_H
+
+#include "tk_gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tk_backend {
+    const char *name;
+
+    /* memory: segments for the caching allocator (see tk_devmem) */
+    int  (*seg_alloc)(void *ctx, size_t bytes, void **ptr);
+    void (*seg_free)(void *ctx, void *ptr, size_t bytes);
+    /* host <-> device; default no-op */
+    tk_status (*write)(void *ctx, void *dev_dst, const void *host_src, size_t bytes, tk_err *err);
+    tk_status (*read)(void *ctx, void *host_dst, const void *dev_src, size_t bytes, tk_err *err);
+    tk_status (*sync)(void *ctx, tk_err *err);
+    void (*info)(void *ctx, tk_dev_info *out);
+    void (*destroy)(void *ctx);
+
+    /* ops: the same arguments as the tk_op_* wrappers, ctx instead of the device */
+    tk_status (*gemm)(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
+                      const tk_tensor *bias, int transA, int transB,
+                      int64_t M, int64_t N, int64_t K, int64_t batch,
+                      int64_t strideA, int64_t strideB, int64_t strideC, float alpha, float beta);
+    tk_status (*embed_fwd)(void *ctx, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,
+                           int64_t n, int64_t C);
+    tk_status (*embed_bwd)(void *ctx, tk_tensor *dtable, const tk_tensor *ids, const tk_tensor *dout,
+                           int64_t n, int64_t C);
+    tk_status (*add)(void *ctx, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n);
+    tk_status (*axpby)(void *ctx, tk_tensor *y, float alpha, const tk_tensor *x, float beta, int64_t n);
+    tk_status (*fill)(void *ctx, tk_tensor *t, float value, int64_t n);
+    tk_status (*cast)(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
+    tk_status (*layernorm_fwd)(void *ctx, tk_tensor *out, tk_tensor *mean, tk_tensor *rstd,
+                               const tk_tensor *in, const tk_tensor *w, const tk_tensor *b,
+                               int64_t N, int64_t C, float eps);
+    tk_status (*layernorm_bwd)(void *ctx, tk_tensor *din, tk_tensor *dw, tk_tensor *db,
+                               const tk_tensor *dout, const tk_tensor *in, const tk_tensor *w,
+                               const tk_tensor *mean, const tk_tensor *rstd,
+                               int64_t N, int64_t C, int accumulate);
+    tk_status (*gelu_fwd)(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
+    tk_status (*gelu_bwd)(void *ctx, tk_tensor *din, const tk_tensor *in, const tk_tensor *dout, int64_t n);
+    tk_status (*tanh_fwd)(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
+    tk_status (*tanh_bwd)(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout, int64_t n);
+    tk_status (*softmax_fwd)(void *ctx, tk_tensor *out, const tk_tensor *in, const tk_tensor *mask,
+                             int64_t B, int64_t NH, int64_t T, float scale);
+    tk_status (*softmax_bwd)(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
+                             int64_t rows, int64_t T, float scale);
+    tk_status (*dropout_fwd)(void *ctx, tk_tensor *out, tk_tensor *mask, const tk_tensor *in,
+                             int64_t n, float p, uint64_t seed, uint64_t offset);
+    tk_status (*dropout_bwd)(void *ctx, tk_tensor *din, const tk_tensor *dout, int64_t n,
+                             float p, uint64_t seed, uint64_t offset);
+    tk_status (*xent_fwd)(void *ctx, tk_tensor *losses, tk_tensor *probs, const tk_tensor *logits,
+                          const tk_tensor *labels, int64_t N, int64_t V);
+    tk_status (*xent_bwd)(void *ctx, tk_tensor *dlogits, const tk_tensor *logits,
+                          const tk_tensor *labels, int64_t N, int64_t V, float scale);
+    tk_status (*bias_grad)(void *ctx, tk_tensor *db, const tk_tensor *dout, int64_t N, int64_t C);
+    tk_status (*split_heads)(void *ctx, tk_tensor *out, const tk_tensor *in,
+                             int64_t B, int64_t T, int64_t NH, int64_t HS);
+    tk_status (*merge_heads)(void *ctx, tk_tensor *out, const tk_tensor *in,
+                             int64_t B, int64_t T, int64_t NH, int64_t HS);
+    tk_status (*gather_rows)(void *ctx, tk_tensor *out, const tk_tensor *in, const tk_tensor *idx,
+                             int64_t n, int64_t C);
+    tk_status (*scatter_add_rows)(void *ctx, tk_tensor *din, const tk_tensor *dout,
+                                  const tk_tensor *idx, int64_t n, int64_t C);
+    tk_status (*sumsq)(void *ctx, tk_tensor *out, const tk_tensor *x, int64_t n, int accumulate);
+    tk_status (*adamw)(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
+                       int64_t n, const tk_adamw_hp *hp);
+    tk_status (*adamw8)(void *ctx, tk_tensor *param, const tk_tensor *grad,
+                        tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
+                        int64_t n, const tk_adamw_hp *hp);
+} tk_backend;
+
+/* The host backend (OpenBLAS + OpenMP). ctx from tk_cpu_ctx_new. */
+const tk_backend *tk_backend_cpu(void);
+void *tk_cpu_ctx_new(const tk_dev_opts *opts);
+
+/* The counting backend: no data, fake addresses, NULL ops. */
+const tk_backend *tk_backend_meta(void);
+void *tk_meta_ctx_new(const tk_dev_opts *opts);
+
+/* Signature the cuda plugin exports (resolved with dlsym). */
+typedef tk_status (*tk_cuda_plugin_open_fn)(const tk_dev_opts *opts, const tk_backend **be,
+                                            void **ctx, tk_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,388 @@
+/* tk_gpu.h — the device runtime's public interface.
+ *
+ * What it owns: dtypes, allocation tags, the tagged caching allocator, devices
+ * (meta, cpu, cuda) and the operations the fine-tuner composes. What it knows
+ * nothing of: BERT, notebooks, sockets.
+ *
+ * Guarantees:
+ *  - Every device allocation goes through one tk_alloc with a tag (category +
+ *    owner). The meta device allocates through the same allocator against a
+ *    counting "device", so a planned step and a real step make the same
+ *    allocation sequence and reach the same peak, byte for byte.
+ *  - Nothing here aborts or exits on a runtime failure: functions return a
+ *    tk_status, and an out-of-memory leaves a tk_oom record on the device.
+ *  - Ops never allocate: callers allocate every output and scratch tensor, so
+ *    the memory they take is visible and tagged.
+ *
+ * Ownership: "new" means the caller must destroy; "borrowed" means it lives as
+ * long as its owner. *_destroy(T **p) is a no-op on NULL and sets *p to NULL.
+ */
+#ifndef TK_GPU_H
+#define TK_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status and errors ------------------------------------------------ */
+
+typedef enum {
+    TK_OK = 0,
+    TK_EOOM = -1,     /* the allocator could not satisfy a request (see tk_oom) */
+    TK_EINVAL = -2,   /* bad argument or input; the tk_err says which */
+    TK_EIO = -3,      /* a file could not be read or written */
+    TK_ECANCEL = -4,  /* a cancel flag was honoured */
+    TK_EDEVICE = -5,  /* the device (driver, CUDA, cuBLAS) reported an error */
+    TK_EFORMAT = -6   /* malformed input data (file, line and field in tk_err) */
+} tk_status;
+
+/* An error a user can act on. Functions take an optional tk_err * (may be
+ * NULL) and fill it on failure. */
+typedef struct tk_err {
+    tk_status status;
+    char msg[1024];
+} tk_err;
+
+void tk_err_set(tk_err *err, tk_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+const char *tk_status_name(tk_status st);
+
+/* ---- dtypes ------------------------------------------------------------ */
+
+typedef enum { TK_F32 = 0, TK_F16, TK_BF16, TK_I8, TK_U8, TK_I32, TK_I64, TK_DTYPE_COUNT } tk_dtype;
+
+size_t tk_dtype_size(tk_dtype dt);
+const char *tk_dtype_name(tk_dtype dt);        /* "f32", "f16", ... */
+int tk_dtype_parse(const char *s, tk_dtype *out); /* 0 on success */
+
+/* fp16/bf16 <-> fp32 conversions (round to nearest even). */
+uint16_t tk_f32_to_f16(float f);
+float tk_f16_to_f32(uint16_t h);
+uint16_t tk_f32_to_bf16(float f);
+float tk_bf16_to_f32(uint16_t h);
+
+/* ---- allocation tags ---------------------------------------------------- */
+
+typedef enum {
+    TK_CAT_PARAM = 0, /* model weights (fp32 master and 16-bit copies) */
+    TK_CAT_GRAD,      /* parameter gradients */
+    TK_CAT_OPTIM,     /* optimizer state (Adam moments, quantisation scales) */
+    TK_CAT_ACT,       /* activations kept for backward */
+    TK_CAT_TEMP,      /* scratch freed within one op sequence */
+    TK_CAT_WORKSPACE, /* library workspaces (cuBLAS) */
+    TK_CAT_INPUT,     /* input ids, masks, labels */
+    TK_CAT_COUNT
+} tk_cat;
+
+const char *tk_cat_name(tk_cat c); /* "param", "grad", ... */
+
+/* A tag: category plus owner. Owners are dotted names matching HF parameter
+ * names ("bert.encoder.layer.7.attention.self.query", "classifier"), interned
+ * by the allocator into small integer ids. */
+typedef struct { tk_cat cat; int owner; } tk_tag;
+
+/* ---- the caching allocator -------------------------------------------- */
+
+/* Where segments come from. seg_alloc returns 0 and a device address, or
+ * nonzero when the device itself is out of memory. seg_free gives a segment
+ * back. The meta device hands out fake, never-dereferenced addresses. */
+typedef struct tk_devmem {
+    int  (*seg_alloc)(void *ctx, size_t bytes, void **ptr);
+    void (*seg_free)(void *ctx, void *ptr, size_t bytes);
+    void *ctx;
+} tk_devmem;
+
+/* The record an out-of-memory leaves: what was asked, for whom, and the state
+ * of the allocator at that moment. Byte counts are exact. */
+#define TK_OOM_TOP 8
+typedef struct tk_oom {
+    size_t requested;        /* bytes asked by the caller */
+    size_t rounded;          /* after rounding */
+    tk_tag tag;
+    char owner_name[128];
+    size_t capacity;         /* device capacity the allocator works against */
+    size_t free_bytes;       /* capacity - reserved */
+    size_t allocated;        /* live blocks */
+    size_t reserved;         /* segments held */
+    size_t largest_free_block; /* largest cached free block */
+    int fragmentation;       /* 1: reserved - allocated >= request but no block fits */
+    size_t by_cat[TK_CAT_COUNT]; /* live bytes per category */
+    int n_top;
+    struct { char owner[128]; size_t bytes; } top[TK_OOM_TOP]; /* top live owners */
+} tk_oom;
+
+typedef struct tk_alloc_stats {
+    size_t capacity;
+    size_t allocated, allocated_peak;    /* bytes in live blocks (rounded) */
+    size_t requested, requested_peak;    /* bytes the callers asked for */
+    size_t reserved, reserved_peak;      /* bytes in segments */
+    size_t inactive_split;               /* free bytes inside segments that hold live blocks */
+    size_t largest_free_block;
+    uint64_t n_alloc, n_free, n_segments_alloc, n_segments_free;
+    uint64_t n_retries, n_ooms;
+    size_t n_segments;                   /* current */
+    size_t by_cat[TK_CAT_COUNT];         /* live bytes per category */
+    size_t by_cat_at_peak[TK_CAT_COUNT]; /* live bytes per category when allocated peaked */
+} tk_alloc_stats;
+
+typedef struct tk_alloc tk_alloc;
+
+/* New allocator over a segment source, working against `capacity` bytes
+ * (0: no simulated limit; the device's own failures still count). */
+tk_alloc *tk_alloc_new(tk_devmem dev, size_t capacity);
+/* Releases every segment (live blocks included) and the allocator. */
+void tk_alloc_destroy(tk_alloc **pa);
+
+/* Interns an owner name; returns its id (>= 0). Borrowed string is copied. */
+int tk_alloc_owner_id(tk_alloc *a, const char *name);
+const char *tk_alloc_owner_name(const tk_alloc *a, int id); /* borrowed */
+
+/* Allocates `bytes` with `tag`. On success *ptr is the block's device address.
+ * On failure returns TK_EOOM, fills *oom if given, and allocates nothing.
+ * bytes == 0 gives *ptr = NULL and TK_OK. */
+tk_status tk_alloc_malloc(tk_alloc *a, size_t bytes, tk_tag tag, void **ptr, tk_oom *oom);
+/* Frees a block from tk_alloc_malloc. NULL is a no-op. */
+void tk_alloc_free(tk_alloc *a, void *ptr);
+/* Returns every fully free cached segment to the device. */
+void tk_alloc_empty_cache(tk_alloc *a);
+void tk_alloc_stats_get(const tk_alloc *a, tk_alloc_stats *out);
+void tk_alloc_reset_peak(tk_alloc *a);
+/* Live (and peak) bytes for one owner; owners are 0..tk_alloc_n_owners()-1. */
+int tk_alloc_n_owners(const tk_alloc *a);
+size_t tk_alloc_owner_live(const tk_alloc *a, int owner, tk_cat cat);
+size_t tk_alloc_owner_peak(const tk_alloc *a, int owner); /* all categories */
+/* The live breakdown at the moment `allocated` last reached its peak:
+ * bytes for (owner, cat). */
+size_t tk_alloc_owner_at_peak(const tk_alloc *a, int owner, tk_cat cat);
+
+/* A hook the allocator calls on every malloc/free (for traces and for the
+ * meta-vs-cpu sequence tests). ptr is the block address, bytes the rounded
+ * size; is_alloc 1 for malloc, 0 for free. */
+typedef void (*tk_alloc_event_fn)(void *ud, int is_alloc, size_t bytes, tk_tag tag);
+void tk_alloc_set_event_hook(tk_alloc *a, tk_alloc_event_fn fn, void *ud);
+
+/* For the chaos tests: the Nth segment request from now (1-based) fails as if
+ * the device had no memory; 0 disables. */
+void tk_alloc_fail_segment_after(tk_alloc *a, uint64_t n);
+
+/* JSON snapshot of segments, blocks, owners and counters (new string, free()). */
+char *tk_alloc_snapshot_json(const tk_alloc *a);
+
+/* ---- GPU profiles ------------------------------------------------------ */
+
+typedef struct tk_gpu_profile {
+    const char *name;          /* "t4" */
+    const char *long_name;     /* "NVIDIA Tesla T4" */
+    size_t capacity;           /* usable bytes as PyTorch reports them */
+    size_t context_overhead;   /* CUDA context + library kernels to expect */
+    double fp32_flops, fp16_flops, bandwidth; /* peak FLOP/s and bytes/s */
+    int cc_major, cc_minor;
+} tk_gpu_profile;
+
+/* Looks up a profile by name (case-insensitive); NULL if unknown. Borrowed. */
+const tk_gpu_profile *tk_gpu_profile_find(const char *name);
+const tk_gpu_profile *tk_gpu_profile_at(int i); /* NULL past the end */
+/* Parses "7.43GiB", "15GB", "800MiB", "1234567" into bytes; 0 on success. */
+int tk_parse_bytes(const char *s, size_t *out);
+/* Formats bytes as PyTorch does: "24.00 MiB". Returns buf. */
+char *tk_format_bytes(size_t bytes, char *buf, size_t n);
+
+/* ---- devices ------------------------------------------------------------- */
+
+typedef enum { TK_DEV_META = 0, TK_DEV_CPU, TK_DEV_CUDA } tk_dev_kind;
+
+typedef struct tk_dev_info {
+    tk_dev_kind kind;
+    char name[128];           /* "cpu", "meta", "NVIDIA Tesla T4" */
+    size_t total, free_bytes; /* what the device says (cpu: simulated capacity) */
+    int simulated;            /* 1: capacity is simulated (cpu, meta) */
+    int cc_major, cc_minor;
+    char driver[64], runtime[64];
+} tk_dev_info;
+
+/* Cost counters: what the ops issued so far would cost. */
+typedef struct tk_cost {
+    double flops;        /* floating-point operations */
+    double bytes;        /* bytes read + written by ops */
+    uint64_t n_ops;
+} tk_cost;
+
+typedef struct tk_dev tk_dev;
+
+typedef struct tk_dev_opts {
+    tk_dev_kind kind;
+    size_t capacity;          /* 0: device's real free memory (cuda) or unlimited (cpu/meta) */
+    int threads;              /* cpu: 0 = all cores */
+    int cuda_device;          /* cuda: device ordinal */
+} tk_dev_opts;
+
+/* Opens a device. For TK_DEV_CUDA the plugin is loaded with dlopen; when it is
+ * absent or finds no GPU this returns NULL with a message saying why (callers
+ * fall back to cpu and print that one line). New reference. */
+tk_dev *tk_dev_new(const tk_dev_opts *opts, tk_err *err);
+void tk_dev_destroy(tk_dev **pd);
+tk_dev_kind tk_dev_kind_of(const tk_dev *d);
+tk_alloc *tk_dev_alloc(tk_dev *d);              /* borrowed */
+void tk_dev_info_get(tk_dev *d, tk_dev_info *out);
+const tk_oom *tk_dev_last_oom(const tk_dev *d); /* borrowed; NULL if none yet */
+void tk_dev_cost_get(const tk_dev *d, tk_cost *out);
+void tk_dev_cost_reset(tk_dev *d);
+/* Waits for all queued work (cuda); no-op elsewhere. */
+tk_status tk_dev_sync(tk_dev *d, tk_err *err);
+
+/* ---- tensors ------------------------------------------------------------ */
+
+#define TK_MAX_DIMS 4
+typedef struct tk_tensor {
+    void *data;              /* device address (fake on meta) */
+    int64_t shape[TK_MAX_DIMS];
+    int ndim;
+    tk_dtype dtype;
+    tk_tag tag;
+    int owns;                /* 1: data is an allocator block this tensor frees */
+} tk_tensor;
+
+int64_t tk_tensor_numel(const tk_tensor *t);
+size_t tk_tensor_nbytes(const tk_tensor *t);
+
+/* Allocates a tensor of the given shape through the device's allocator.
+ * On TK_EOOM the tensor is left empty (data NULL) and tk_dev_last_oom() holds
+ * the record; `err` says it in words. */
+tk_status tk_tensor_alloc(tk_dev *d, tk_tensor *t, tk_dtype dt, int ndim, const int64_t *shape,
+                          tk_cat cat, const char *owner, tk_err *err);
+/* Frees an owning tensor (no-op on empty or view) and zeroes it. */
+void tk_tensor_free(tk_dev *d, tk_tensor *t);
+/* A non-owning view of `numel` elements of t starting at element `offset`,
+ * as a 1-D tensor; reshape by setting shape/ndim. */
+tk_tensor tk_tensor_view(const tk_tensor *t, int64_t offset, int64_t numel);
+
+/* Host <-> device copies (meta: no-op). Sizes are the tensor's bytes. */
+tk_status tk_tensor_write(tk_dev *d, tk_tensor *t, const void *host, tk_err *err);
+tk_status tk_tensor_read(tk_dev *d, const tk_tensor *t, void *host, tk_err *err);
+/* Reads any float dtype into fp32 host memory (n = numel). */
+tk_status tk_tensor_read_f32(tk_dev *d, const tk_tensor *t, float *host, tk_err *err);
+/* Writes fp32 host values into any float dtype tensor. */
+tk_status tk_tensor_write_f32(tk_dev *d, tk_tensor *t, const float *host, tk_err *err);
+
+/* ---- operations ---------------------------------------------------------
+ * Row-major. Float tensors may be f32, f16 or bf16 unless said otherwise;
+ * arithmetic is fp32 (on cuda, GEMMs use tensor cores for 16-bit inputs with
+ * fp32 accumulation). Each op adds its FLOPs and bytes to the device's cost
+ * counters, on every backend; on meta it does nothing else. Sizes in element
+ * counts. "accumulates" means the output is added to, not overwritten. */
+
+/* C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b] (+ bias[n] on every row if
+ * bias != NULL), for b < batch. op(A) is M×K (A is K×M if transA), op(B) is
+ * K×N (B is N×K if transB); C is M×N. Strides are in elements between
+ * consecutive batch matrices. bias is f32 or C's dtype. */
+tk_status tk_op_gemm(tk_dev *d, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
+                     const tk_tensor *bias, int transA, int transB,
+                     int64_t M, int64_t N, int64_t K, int64_t batch,
+                     int64_t strideA, int64_t strideB, int64_t strideC,
+                     float alpha, float beta);
+
+/* out[i,:] = table[ids[i],:], ids i32 of n rows, C columns. */
+tk_status tk_op_embed_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,
+                          int64_t n, int64_t C);
+/* dtable[ids[i],:] += dout[i,:] (accumulates; deterministic order). */
+tk_status tk_op_embed_bwd(tk_dev *d, tk_tensor *dtable, const tk_tensor *ids, const tk_tensor *dout,
+                          int64_t n, int64_t C);
+
+/* out = a + b (n elements; out may alias a or b). */
+tk_status tk_op_add(tk_dev *d, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n);
+/* y = alpha * x + beta * y. */
+tk_status tk_op_axpby(tk_dev *d, tk_tensor *y, float alpha, const tk_tensor *x, float beta, int64_t n);
+/* Fills n elements with value. */
+tk_status tk_op_fill(tk_dev *d, tk_tensor *t, float value, int64_t n);
+/* Copies n elements converting dtype (f32/f16/bf16 in any direction). */
+tk_status tk_op_cast(tk_dev *d, tk_tensor *out, const tk_tensor *in, int64_t n);
+
+/* LayerNorm over the last dim C of N rows. mean, rstd: f32 [N]. */
+tk_status tk_op_layernorm_fwd(tk_dev *d, tk_tensor *out, tk_tensor *mean, tk_tensor *rstd,
+                              const tk_tensor *in, const tk_tensor *w, const tk_tensor *b,
+                              int64_t N, int64_t C, float eps);
+/* din = ... (overwrites din, or accumulates into it when accumulate != 0);
+ * dw, db accumulate. */
+tk_status tk_op_layernorm_bwd(tk_dev *d, tk_tensor *din, tk_tensor *dw, tk_tensor *db,
+                              const tk_tensor *dout, const tk_tensor *in, const tk_tensor *w,
+                              const tk_tensor *mean, const tk_tensor *rstd,
+                              int64_t N, int64_t C, int accumulate);
+
+/* GELU (erf form, as HF BERT). */
+tk_status tk_op_gelu_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *in, int64_t n);
+tk_status tk_op_gelu_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *in, const tk_tensor *dout, int64_t n);
+/* tanh (pooler). bwd uses the forward output. */
+tk_status tk_op_tanh_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *in, int64_t n);
+tk_status tk_op_tanh_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout, int64_t n);
+
+/* Attention softmax: for each of B*NH*T rows of length T,
+ * out = softmax(scale * in + maskbias), where maskbias[b, j] = 0 for kept keys
+ * and -inf-like (-1e4 as HF uses finfo.min) where mask (i32 [B,T]) is 0.
+ * Rows are laid out (B, NH, T, T). */
+tk_status tk_op_softmax_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *in, const tk_tensor *mask,
+                            int64_t B, int64_t NH, int64_t T, float scale);
+/* din = scale * out * (dout - sum(dout * out)) per row. */
+tk_status tk_op_softmax_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
+                            int64_t rows, int64_t T, float scale);
+
+/* Dropout with a counter-based generator: element i is kept when
+ * hash(seed, offset + i) >= p; kept values are scaled by 1/(1-p). mask (u8,
+ * may be NULL) records what was kept. p == 0 copies. The same (seed, offset)
+ * gives the same mask on every backend, so recompute reproduces it. */
+tk_status tk_op_dropout_fwd(tk_dev *d, tk_tensor *out, tk_tensor *mask, const tk_tensor *in,
+                            int64_t n, float p, uint64_t seed, uint64_t offset);
+tk_status tk_op_dropout_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *dout, int64_t n,
+                            float p, uint64_t seed, uint64_t offset);
+
+/* Softmax cross-entropy over N rows of V logits. labels i32 [N]; a label < 0
+ * is ignored (as HF's -100). losses f32 [N] (0 for ignored rows), probs [N,V]
+ * may be NULL in fwd. */
+tk_status tk_op_xent_fwd(tk_dev *d, tk_tensor *losses, tk_tensor *probs, const tk_tensor *logits,
+                         const tk_tensor *labels, int64_t N, int64_t V);
+/* dlogits = scale * (softmax(logits) - onehot(label)), 0 for ignored rows. */
+tk_status tk_op_xent_bwd(tk_dev *d, tk_tensor *dlogits, const tk_tensor *logits,
+                         const tk_tensor *labels, int64_t N, int64_t V, float scale);
+
+/* db[c] += sum over N rows of dout[n, c]. */
+tk_status tk_op_bias_grad(tk_dev *d, tk_tensor *db, const tk_tensor *dout, int64_t N, int64_t C);
+
+/* (B,T,NH,HS) -> (B,NH,T,HS) and back. */
+tk_status tk_op_split_heads(tk_dev *d, tk_tensor *out, const tk_tensor *in,
+                            int64_t B, int64_t T, int64_t NH, int64_t HS);
+tk_status tk_op_merge_heads(tk_dev *d, tk_tensor *out, const tk_tensor *in,
+                            int64_t B, int64_t T, int64_t NH, int64_t HS);
+
+/* Gathers rows: out[i,:] = in[idx[i],:] for n rows of C (idx i32). Used for the
+ * [CLS] token and SQuAD positions. */
+tk_status tk_op_gather_rows(tk_dev *d, tk_tensor *out, const tk_tensor *in, const tk_tensor *idx,
+                            int64_t n, int64_t C);
+/* din[idx[i],:] += dout[i,:]. */
+tk_status tk_op_scatter_add_rows(tk_dev *d, tk_tensor *din, const tk_tensor *dout,
+                                 const tk_tensor *idx, int64_t n, int64_t C);
+
+/* out (f32, 1 element) = sum of squares of x (n elements), accumulated into
+ * out when accumulate != 0. Also reports non-finite values via the sum. */
+tk_status tk_op_sumsq(tk_dev *d, tk_tensor *out, const tk_tensor *x, int64_t n, int accumulate);
+
+/* AdamW (decoupled weight decay, bias-corrected). param f32 master; grad any
+ * float dtype, multiplied by grad_scale first; m, v f32. step >= 1. */
+typedef struct tk_adamw_hp {
+    float lr, beta1, beta2, eps, weight_decay, grad_scale;
+    int64_t step;
+} tk_adamw_hp;
+tk_status tk_op_adamw(tk_dev *d, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
+                      int64_t n, const tk_adamw_hp *hp);
+/* 8-bit AdamW: m (i8) and v (u8) block-wise quantised with per-block f32
+ * absmax scales (mscale, vscale: ceil(n / TK_Q8_BLOCK) elements). */
+#define TK_Q8_BLOCK 256
+tk_status tk_op_adamw8(tk_dev *d, tk_tensor *param, const tk_tensor *grad,
+                       tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
+                       int64_t n, const tk_adamw_hp *hp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

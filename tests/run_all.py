@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Runs every test of txkernel and prints one closing line: N passed, N failed.
+
+Suites, in order:
+  1. each C unit test binary under build/tests/ (ASan+UBSan builds); each prints
+     its own "N passed, N failed" line, which is read here;
+  2. extra commands a module registers in tests/suites/*.sh (one suite each; the
+     last line of its output must be "N passed, N failed");
+  3. the python tests (tests/**/test_*.py) under pytest, counted from its JUnit XML.
+A suite that crashes or prints no closing line counts as one failure.
+"""
+import glob, os, re, subprocess, sys, time
+import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINE = re.compile(r"^(?:\w+:\s*)?(\d+) passed, (\d+) failed")
+os.chdir(ROOT)
+env = dict(os.environ)
+env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+env["PATH"] = os.path.join(ROOT, ".venv", "bin") + os.pathsep + env.get("PATH", "")
+
+total_p = total_f = 0
+failed_suites = []
+
+def count(name, out, rc):
+    global total_p, total_f
+    last = None
+    for line in out.splitlines():
+        m = LINE.match(line.strip())
+        if m:
+            last = (int(m.group(1)), int(m.group(2)))
+    if last is None or (rc != 0 and last[1] == 0):
+        last = (last[0] if last else 0, 1)
+        print(f"  [{name}] exited {rc} without a clean closing line")
+    total_p += last[0]
+    total_f += last[1]
+    if last[1]:
+        failed_suites.append(name)
+    return last
+
+def run(name, cmd, timeout):
+    t0 = time.time()
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           env=env, timeout=timeout, text=True, errors="replace")
+        out, rc = r.stdout, r.returncode
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode("utf-8", "replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        rc = -9
+        out += f"\n(timed out after {timeout}s)\n"
+    p, f = count(name, out, rc)
+    print(f"{name}: {p} passed, {f} failed ({time.time()-t0:.1f}s)")
+    if f:
+        print("\n".join("    " + l for l in out.splitlines()[-60:]))
+    sys.stdout.flush()
+
+only = sys.argv[1:]  # optional name filters
+def wanted(name):
+    return not only or any(o in name for o in only)
+
+for b in sorted(glob.glob("build/tests/**/test_*", recursive=True)):
+    if os.access(b, os.X_OK) and not b.endswith((".d", ".o")) and wanted(b):
+        run(b, [b], 600)
+
+for s in sorted(glob.glob("tests/suites/*.sh")):
+    if wanted(s):
+        run(s, ["bash", s], 900)
+
+pyfiles = sorted(glob.glob("tests/**/test_*.py", recursive=True))
+pyfiles = [p for p in pyfiles if wanted(p)]
+if pyfiles:
+    os.makedirs("build", exist_ok=True)
+    xml = "build/pytest.xml"
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"--junitxml={xml}", *pyfiles], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
+    p = f = 0
+    try:
+        root = ET.parse(xml).getroot()
+        for tc in root.iter("testcase"):
+            bad = any(c.tag in ("failure", "error") for c in tc)
+            skipped = any(c.tag == "skipped" for c in tc)
+            if bad:
+                f += 1
+            elif not skipped:
+                p += 1
+    except Exception as e:  # pytest died before writing its report
+        print(f"  pytest report unreadable: {e}")
+        f += 1
+    if r.returncode not in (0, 1, 5) and f == 0:
+        f += 1
+    total_p += p
+    total_f += f
+    if f:
+        failed_suites.append("pytest")
+    print(f"pytest: {p} passed, {f} failed ({time.time()-t0:.1f}s)")
+    if f:
+        print("\n".join("    " + l for l in r.stdout.splitlines()[-120:]))
+
+if failed_suites:
+    print("failed suites: " + ", ".join(failed_suites))
+print(f"{total_p} passed, {total_f} failed")
+sys.exit(1 if total_f else 0)

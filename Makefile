@@ -66,7 +66,7 @@ $(BUILD)/tests/%: tests/%.c tests/tk_test.h $(LIB_ASAN)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -Itests $< $(LIB_ASAN) $(LIBS) -o $@
 
--include $(wildcard */module.mk)
+-include $(wildcard */module.mk */*/module.mk)
 
 install: $(BINS)
 	install -d $(DESTDIR)$(PREFIX)/bin

@@ -1,0 +1,60 @@
+/* tk_plan.h — the planner: what a training run will take, before it runs.
+ *
+ * tk_plan runs the real training-step code (model init, optimizer init,
+ * forward, backward, optimizer step, then an eval step) on the META device at
+ * the worst-case batch shape: batch_size x max_len, or, when corpus lengths
+ * are given with dynamic padding or buckets, the longest batch. Because the
+ * allocator and the allocation sequence are the real ones, the predicted
+ * peak on cpu equals the measured peak byte for byte.
+ *
+ * The step-time estimate is a roofline-like model, not a measurement:
+ * max(flops / peak_flops, bytes / bandwidth) per step from the GPU profile.
+ */
+#ifndef TK_PLAN_H
+#define TK_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tk_gpu.h"
+#include "tk_config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TK_PLAN_TOP 10
+
+typedef struct tk_plan_result {
+    int batch, seq;                /* the worst-case shape planned */
+    size_t capacity;               /* 0: no limit known (cpu without capacity) */
+    size_t peak_allocated, peak_reserved;
+    size_t by_cat_at_peak[TK_CAT_COUNT];
+    int n_top;
+    struct { char owner[128]; size_t bytes; } top[TK_PLAN_TOP]; /* owners at the peak */
+    size_t param_bytes, grad_bytes, optim_bytes; /* steady-state totals */
+    int64_t n_params, n_trainable;
+    int fits;                      /* 1: peak_reserved <= capacity (or no capacity) */
+    int64_t margin;                /* capacity - peak_reserved (negative: short by) */
+    int oom;                       /* 1: the planned step itself ran out (oom holds it) */
+    tk_oom oom_record;
+    char oom_phase[32];            /* "model", "forward", "backward", "optimizer", "eval" */
+    tk_cost train_step;            /* FLOPs and bytes of one optimizer step */
+    tk_cost eval_step;             /* of one eval batch */
+    double step_seconds;           /* roofline estimate (0 if no GPU profile) */
+    char profile[32];              /* GPU profile used for the estimate */
+    double plan_ms;                /* how long planning took */
+} tk_plan_result;
+
+/* Plans config `c`. `lengths` (may be NULL) are the corpus' token lengths
+ * (n of them) for dynamic padding / buckets; otherwise batch_size x max_len.
+ * A plan that runs out of the capacity is still TK_OK with fits = 0 and
+ * oom = 1 (the record says where); errors are bad configs. */
+tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err);
+
+/* Human-readable summary (new string, free()). */
+char *tk_plan_format(const tk_plan_result *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,158 @@
+/* tk_train.h — the optimizer, the learning-rate schedule and the training loop.
+ *
+ * What it owns: AdamW (32-bit and 8-bit state) over the model's parameters,
+ * global-norm gradient clipping, HF's linear-warmup schedules, the epoch/step
+ * loop with gradient accumulation, evaluation after each epoch, per-epoch
+ * history, progress callbacks, cancellation at step boundaries, OOM unwinding,
+ * the empty-cache policy and atomic checkpoints.
+ *
+ * Guarantees:
+ *  - Optimizer state is allocated through the device (TK_CAT_OPTIM, owner =
+ *    the parameter's owner) lazily at the first step, as torch.optim.AdamW
+ *    does, so a plan shows it at the moment a real run allocates it.
+ *  - tk_train_run never leaves memory behind: on success, cancel or OOM every
+ *    tensor it allocated is released (the model's parameters belong to the
+ *    caller and stay). On OOM, result->oom keeps the allocator's record.
+ *  - A checkpoint in output_dir is replaced only by a complete new one (temp
+ *    file, fsync, rename), so a crash or OOM never corrupts the last good one.
+ *
+ * Ownership: the caller owns config, model, batches and device; the result is
+ * plain data except history, released by tk_train_result_clear().
+ */
+#ifndef TK_TRAIN_H
+#define TK_TRAIN_H
+
+#include <stdint.h>
+#include "tk_gpu.h"
+#include "tk_config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- learning-rate schedule (HF get_linear_schedule_with_warmup) ------- */
+
+typedef struct tk_sched {
+    float lr;               /* peak learning rate */
+    int64_t warmup_steps;   /* ceil(warmup_ratio * total_steps), as HF's Trainer */
+    int64_t total_steps;    /* optimizer steps of the whole run */
+    int constant;           /* 1: after warmup the rate stays at lr (no decay) */
+} tk_sched;
+
+/* Schedule for a run of total_steps optimizer steps from the config
+ * (lr, warmup_ratio, schedule "linear" | "constant"). */
+tk_sched tk_sched_from_config(const tk_config *c, int64_t total_steps);
+/* Learning rate of the optimizer step that follows `done` completed steps,
+ * i.e. LambdaLR's lr after `done` scheduler.step() calls: warmup
+ * lr*done/warmup, then lr*(total-done)/(total-warmup) clamped at 0. */
+float tk_sched_lr(const tk_sched *s, int64_t done);
+
+/* ---- AdamW ----------------------------------------------------------- */
+
+/* One trainable tensor as the optimizer sees it (all borrowed). */
+typedef struct tk_optim_param {
+    const char *name;  /* HF parameter name, for messages */
+    tk_tensor *param;  /* f32 master weights */
+    tk_tensor *grad;   /* gradient (any float dtype); unused when frozen */
+    int no_decay;      /* 1: bias and LayerNorm weights (no weight decay) */
+    int frozen;        /* 1: never updated, no state allocated */
+} tk_optim_param;
+
+typedef struct tk_adamw tk_adamw;
+
+/* New optimizer over `n` parameters (the array is copied; the tensors stay
+ * borrowed and must outlive the optimizer). Hyper-parameters come from the
+ * config (adam_beta1/2, adam_eps, weight_decay, max_grad_norm, optimizer,
+ * adamw8_fp32_embeddings). Allocates nothing on the device. */
+tk_adamw *tk_adamw_new(tk_dev *d, const tk_config *c, const tk_optim_param *params, int n,
+                       tk_err *err);
+/* Releases the optimizer's state tensors and the optimizer. */
+void tk_adamw_destroy(tk_adamw **po);
+
+/* One optimizer step at learning rate `lr`. Gradients are first multiplied
+ * by grad_scale (1/loss-scale for fp16, 1 otherwise), then clipped to
+ * max_grad_norm by global norm (torch's clip_grad_norm_: factor
+ * max/(norm+1e-6) when below 1) — the clip is folded into the update, grads
+ * are not modified. On the first call the moments are allocated (TK_EOOM
+ * possible: then nothing is updated and the call may be retried). A
+ * non-finite gradient norm skips the update (*skipped = 1), as an fp16 loss
+ * scaler needs. *grad_norm (may be NULL) gets the norm before clipping
+ * (0 on meta). */
+tk_status tk_adamw_step(tk_adamw *o, float lr, float grad_scale, float *grad_norm, int *skipped,
+                        tk_err *err);
+/* Optimizer steps taken so far. */
+int64_t tk_adamw_steps(const tk_adamw *o);
+/* Bytes of optimizer state (0 before the first step). */
+size_t tk_adamw_state_bytes(const tk_adamw *o);
+/* Bytes of state the optimizer will hold after its first step, without
+ * allocating (the planner and the advisor use it). */
+size_t tk_adamw_state_bytes_planned(const tk_adamw *o);
+
+/* ---- the training loop ------------------------------------------------ */
+
+/* What the progress callback sees. */
+typedef struct tk_progress {
+    int epoch, epochs;          /* 1-based epoch */
+    int64_t step, total_steps;  /* optimizer steps done / planned */
+    float loss;                 /* mean loss of the last log_every steps */
+    float lr, grad_norm;
+    double samples_per_s;       /* over the current epoch */
+    double eta_s;               /* seconds left, at the current rate */
+    size_t allocated, peak, reserved, capacity;
+} tk_progress;
+
+/* One row of per-epoch history. */
+typedef struct tk_epoch_stats {
+    int epoch;
+    float train_loss;           /* mean over the epoch's micro-batches */
+    float dev_loss;             /* NaN when there is no dev set */
+    float dev_acc, dev_f1;      /* classification: accuracy, macro F1 */
+    float dev_em, dev_span_f1;  /* QA: SQuAD exact match and token F1 (percent) */
+    double samples_per_s;       /* training samples per second */
+    double seconds;
+    size_t peak_allocated, peak_reserved;
+} tk_epoch_stats;
+
+typedef struct tk_train_callbacks {
+    /* Called every log_every optimizer steps and at each epoch end; return
+     * nonzero to cancel (same as setting *cancel). May be NULL. */
+    int (*on_progress)(void *ud, const tk_progress *p);
+    /* Called after each epoch's eval (and checkpoint). May be NULL. */
+    void (*on_epoch)(void *ud, const tk_epoch_stats *e);
+    void *ud;
+    /* Honoured at step boundaries: the run stops with TK_ECANCEL, memory
+     * released, the last epoch's checkpoint intact. May be NULL. */
+    volatile int *cancel;
+} tk_train_callbacks;
+
+typedef struct tk_train_result {
+    tk_status status;
+    int64_t steps;              /* optimizer steps done */
+    int epochs_done;            /* complete epochs (evaluated) */
+    int n_history;
+    tk_epoch_stats *history;    /* n_history rows, owned (tk_train_result_clear) */
+    int have_oom;               /* 1: the run ended in OOM; oom holds the record */
+    tk_oom oom;
+    size_t allocated_before, allocated_after; /* device allocated bytes */
+    size_t peak_allocated, peak_reserved;     /* over the whole run */
+    double seconds;
+    char checkpoint[TK_PATH_MAX];  /* last checkpoint folder written ("" none) */
+} tk_train_result;
+
+void tk_train_result_clear(tk_train_result *r);
+
+struct tk_model;   /* bert/tk_model.h */
+struct tk_batches; /* bert/tk_data.h */
+
+/* Trains `model` (parameters already on `d`) on `train` for config->epochs
+ * (or max_steps) and evaluates on `dev` (may be NULL) after each epoch.
+ * Returns TK_OK, TK_ECANCEL, TK_EOOM or another error (err says which);
+ * `r` is filled in every case. */
+tk_status tk_train_run(const tk_config *c, struct tk_model *model, const struct tk_batches *train,
+                       const struct tk_batches *dev, tk_dev *d, const tk_train_callbacks *cb,
+                       tk_train_result *r, tk_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

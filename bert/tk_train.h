@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include "tk_gpu.h"
 #include "tk_config.h"
+#include "tk_model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -141,16 +142,22 @@ typedef struct tk_train_result {
 
 void tk_train_result_clear(tk_train_result *r);
 
-struct tk_model;   /* bert/tk_model.h */
-struct tk_batches; /* bert/tk_data.h */
-
-/* Trains `model` (parameters already on `d`) on `train` for config->epochs
- * (or max_steps) and evaluates on `dev` (may be NULL) after each epoch.
- * Returns TK_OK, TK_ECANCEL, TK_EOOM or another error (err says which);
- * `r` is filled in every case. */
-tk_status tk_train_run(const tk_config *c, struct tk_model *model, const struct tk_batches *train,
-                       const struct tk_batches *dev, tk_dev *d, const tk_train_callbacks *cb,
+/* Trains `model` (parameters on the model's device) on the n_train host
+ * batches for config->epochs (or max_steps), visiting them in a seeded
+ * shuffled order each epoch, and evaluates on the n_dev dev batches (may be
+ * 0) after each epoch. Each batch is one micro-batch: with accumulate = k,
+ * k consecutive batches make one optimizer step (a last partial group is
+ * still stepped, normalised by its own size). Checkpoints go to
+ * c->output_dir after each epoch ("" = none); c->resume_from loads weights
+ * first. Returns TK_OK, TK_ECANCEL, TK_EOOM or another error (err says
+ * which); `r` is filled in every case. Batches are borrowed. */
+tk_status tk_train_run(const tk_config *c, tk_model *model, const tk_batch *train, int n_train,
+                       const tk_batch *dev, int n_dev, const tk_train_callbacks *cb,
                        tk_train_result *r, tk_err *err);
+
+/* Optimizer parameters for a model (new array of tk_model_n_params entries,
+ * free()); the model's tk_param pointers are borrowed. */
+tk_optim_param *tk_train_optim_params(tk_model *m, int *n);
 
 #ifdef __cplusplus
 }

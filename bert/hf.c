@@ -1,0 +1,283 @@
+/* hf.c — the model description: presets, HF config.json, options from a config.
+ *
+ * Presets are the sizes Google released (Turc et al. small BERTs, base,
+ * large); config.json follows HF BertConfig's field names and defaults, so a
+ * folder saved by HF transformers loads here and one written here loads
+ * there. Errors name the file and the key.
+ */
+#include "tk_model.h"
+#include "tk_safetensors.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+typedef struct preset {
+    const char *name;
+    int layers, hidden, heads, inter, vocab, lowercase;
+} preset;
+
+/* Small BERTs were released uncased only (vocab 30522). */
+static const preset presets[] = {
+    {"bert-tiny", 2, 128, 2, 512, 30522, 1},
+    {"bert-mini", 4, 256, 4, 1024, 30522, 1},
+    {"bert-small", 4, 512, 8, 2048, 30522, 1},
+    {"bert-medium", 8, 512, 8, 2048, 30522, 1},
+    {"bert-base-cased", 12, 768, 12, 3072, 28996, 0},
+    {"bert-base-uncased", 12, 768, 12, 3072, 30522, 1},
+    {"bert-base", 12, 768, 12, 3072, 30522, 1},
+    {"bert-large-cased", 24, 1024, 16, 4096, 28996, 0},
+    {"bert-large-uncased", 24, 1024, 16, 4096, 30522, 1},
+    {"bert-large", 24, 1024, 16, 4096, 30522, 1},
+};
+#define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
+
+static const char *const preset_names[] = {
+    "bert-tiny", "bert-mini", "bert-small", "bert-medium", "bert-base-cased", "bert-base-uncased",
+    "bert-base", "bert-large-cased", "bert-large-uncased", "bert-large", NULL};
+
+const char *const *tk_bert_preset_names(void) { return preset_names; }
+
+static void dims_defaults(tk_bert_dims *d) {
+    /* HF BertConfig() defaults. */
+    d->hidden = 768;
+    d->layers = 12;
+    d->heads = 12;
+    d->intermediate = 3072;
+    d->vocab_size = 30522;
+    d->max_position = 512;
+    d->type_vocab = 2;
+    d->layer_norm_eps = 1e-12f;
+    d->hidden_dropout = 0.1f;
+    d->attn_dropout = 0.1f;
+}
+
+int tk_bert_preset(const char *name, tk_bert_dims *out, int *lowercase) {
+    const char *n = name;
+    /* Accept hub-style names: "google-bert/bert-base-cased", "prajjwal1/bert-tiny". */
+    const char *slash = strrchr(name, '/');
+    if (slash) n = slash + 1;
+    int L = 0, H = 0, A = 0;
+    const preset *p = NULL;
+    for (int i = 0; i < N_PRESETS && !p; i++)
+        if (strcasecmp(n, presets[i].name) == 0) p = &presets[i];
+    if (!p && sscanf(n, "bert_uncased_L-%d_H-%d_A-%d", &L, &H, &A) == 3) {
+        for (int i = 0; i < N_PRESETS && !p; i++)
+            if (presets[i].layers == L && presets[i].hidden == H && presets[i].heads == A &&
+                presets[i].lowercase)
+                p = &presets[i];
+    }
+    if (!p) return -1;
+    tk_bert_dims d;
+    dims_defaults(&d);
+    d.layers = p->layers;
+    d.hidden = p->hidden;
+    d.heads = p->heads;
+    d.intermediate = p->inter;
+    d.vocab_size = p->vocab;
+    *out = d;
+    if (lowercase) *lowercase = p->lowercase;
+    return 0;
+}
+
+tk_status tk_bert_dims_check(const tk_bert_dims *d, tk_err *err) {
+    const struct { const char *k; int v; } pos[] = {
+        {"hidden_size", d->hidden}, {"num_hidden_layers", d->layers},
+        {"num_attention_heads", d->heads}, {"intermediate_size", d->intermediate},
+        {"vocab_size", d->vocab_size}, {"max_position_embeddings", d->max_position},
+        {"type_vocab_size", d->type_vocab}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].v <= 0) {
+            tk_err_set(err, TK_EINVAL, "model: %s must be positive (got %d)", pos[i].k, pos[i].v);
+            return TK_EINVAL;
+        }
+    if (d->hidden % d->heads) {
+        tk_err_set(err, TK_EINVAL, "model: hidden_size %d is not a multiple of num_attention_heads %d",
+                   d->hidden, d->heads);
+        return TK_EINVAL;
+    }
+    if (!(d->hidden_dropout >= 0 && d->hidden_dropout < 1) ||
+        !(d->attn_dropout >= 0 && d->attn_dropout < 1)) {
+        tk_err_set(err, TK_EINVAL, "model: dropout probabilities must be in [0, 1) (got %g, %g)",
+                   (double)d->hidden_dropout, (double)d->attn_dropout);
+        return TK_EINVAL;
+    }
+    if (!(d->layer_norm_eps > 0)) {
+        tk_err_set(err, TK_EINVAL, "model: layer_norm_eps must be positive (got %g)",
+                   (double)d->layer_norm_eps);
+        return TK_EINVAL;
+    }
+    return TK_OK;
+}
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+tk_status tk_bert_dims_from_config_json(const char *path, tk_bert_dims *out, tk_err *err) {
+    char file[TK_PATH_MAX + 16];
+    if (is_dir(path)) snprintf(file, sizeof file, "%s/config.json", path);
+    else snprintf(file, sizeof file, "%s", path);
+    json_error_t je;
+    json_t *root = json_load_file(file, 0, &je);
+    if (!root) {
+        tk_err_set(err, errno == ENOENT || je.line < 0 ? TK_EIO : TK_EFORMAT, "%s:%d: %s", file,
+                   je.line, je.text);
+        return err ? err->status : TK_EFORMAT;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        tk_err_set(err, TK_EFORMAT, "%s: not a JSON object", file);
+        return TK_EFORMAT;
+    }
+    tk_bert_dims d;
+    dims_defaults(&d);
+    const struct { const char *k; int *v; } ints[] = {
+        {"hidden_size", &d.hidden}, {"num_hidden_layers", &d.layers},
+        {"num_attention_heads", &d.heads}, {"intermediate_size", &d.intermediate},
+        {"vocab_size", &d.vocab_size}, {"max_position_embeddings", &d.max_position},
+        {"type_vocab_size", &d.type_vocab}};
+    const struct { const char *k; float *v; } flts[] = {
+        {"layer_norm_eps", &d.layer_norm_eps}, {"hidden_dropout_prob", &d.hidden_dropout},
+        {"attention_probs_dropout_prob", &d.attn_dropout}};
+    tk_status st = TK_OK;
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0] && st == TK_OK; i++) {
+        json_t *v = json_object_get(root, ints[i].k);
+        if (!v) continue;
+        if (!json_is_integer(v) || json_integer_value(v) > 1000000000) {
+            tk_err_set(err, TK_EFORMAT, "%s: \"%s\" must be an integer", file, ints[i].k);
+            st = TK_EFORMAT;
+        } else {
+            *ints[i].v = (int)json_integer_value(v);
+        }
+    }
+    for (size_t i = 0; i < sizeof flts / sizeof flts[0] && st == TK_OK; i++) {
+        json_t *v = json_object_get(root, flts[i].k);
+        if (!v) continue;
+        if (!json_is_number(v)) {
+            tk_err_set(err, TK_EFORMAT, "%s: \"%s\" must be a number", file, flts[i].k);
+            st = TK_EFORMAT;
+        } else {
+            *flts[i].v = (float)json_number_value(v);
+        }
+    }
+    json_t *act = json_object_get(root, "hidden_act");
+    if (st == TK_OK && act && (!json_is_string(act) || strcmp(json_string_value(act), "gelu") != 0)) {
+        tk_err_set(err, TK_EFORMAT, "%s: \"hidden_act\" is %s; only \"gelu\" (erf) is supported", file,
+                   json_is_string(act) ? json_string_value(act) : "not a string");
+        st = TK_EFORMAT;
+    }
+    json_t *pe = json_object_get(root, "position_embedding_type");
+    if (st == TK_OK && pe && (!json_is_string(pe) || strcmp(json_string_value(pe), "absolute") != 0)) {
+        tk_err_set(err, TK_EFORMAT, "%s: \"position_embedding_type\" must be \"absolute\"", file);
+        st = TK_EFORMAT;
+    }
+    json_decref(root);
+    if (st == TK_OK) {
+        tk_err sub;
+        if (tk_bert_dims_check(&d, &sub) != TK_OK) {
+            tk_err_set(err, TK_EFORMAT, "%s: %s", file, sub.msg);
+            return TK_EFORMAT;
+        }
+        *out = d;
+    }
+    return st;
+}
+
+tk_status tk_bert_dims_write_config_json(const char *path, const tk_bert_dims *d, int num_labels,
+                                         tk_err *err) {
+    json_t *o = json_pack("{s:[s], s:s, s:f, s:s, s:f, s:i, s:f, s:i, s:f, s:i, s:s, s:i, s:i, s:i, "
+                          "s:i, s:s, s:i}",
+                          "architectures", "BertModel", "model_type", "bert",
+                          "attention_probs_dropout_prob", (double)d->attn_dropout,
+                          "hidden_act", "gelu", "hidden_dropout_prob", (double)d->hidden_dropout,
+                          "hidden_size", d->hidden, "initializer_range", 0.02,
+                          "intermediate_size", d->intermediate,
+                          "layer_norm_eps", (double)d->layer_norm_eps,
+                          "max_position_embeddings", d->max_position,
+                          "position_embedding_type", "absolute",
+                          "num_attention_heads", d->heads, "num_hidden_layers", d->layers,
+                          "type_vocab_size", d->type_vocab, "vocab_size", d->vocab_size,
+                          "torch_dtype", "float32", "pad_token_id", 0);
+    if (!o) {
+        tk_err_set(err, TK_EIO, "%s: out of host memory", path);
+        return TK_EIO;
+    }
+    if (num_labels > 0) {
+        json_t *id2label = json_object(), *label2id = json_object();
+        for (int i = 0; i < num_labels; i++) {
+            char k[32], v[40];
+            snprintf(k, sizeof k, "%d", i);
+            snprintf(v, sizeof v, "LABEL_%d", i);
+            json_object_set_new(id2label, k, json_string(v));
+            json_object_set_new(label2id, v, json_integer(i));
+        }
+        json_object_set_new(o, "id2label", id2label);
+        json_object_set_new(o, "label2id", label2id);
+    }
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
+    json_decref(o);
+    if (!s) {
+        tk_err_set(err, TK_EIO, "%s: out of host memory", path);
+        return TK_EIO;
+    }
+    const void *parts[2] = {s, "\n"};
+    size_t sizes[2] = {strlen(s), 1};
+    tk_status st = tk_write_file_atomic(path, parts, sizes, 2, err);
+    free(s);
+    return st;
+}
+
+tk_status tk_bert_dims_resolve(const char *model, tk_bert_dims *out, int *lowercase, tk_err *err) {
+    if (is_dir(model)) {
+        tk_status st = tk_bert_dims_from_config_json(model, out, err);
+        if (st == TK_OK && lowercase) *lowercase = -1; /* the tokenizer decides from the vocab */
+        return st;
+    }
+    if (tk_bert_preset(model, out, lowercase) == 0) return TK_OK;
+    char list[512] = "";
+    for (int i = 0; preset_names[i]; i++) {
+        strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+        strncat(list, preset_names[i], sizeof list - strlen(list) - 1);
+    }
+    tk_err_set(err, TK_EINVAL, "model: '%s' is neither a folder with config.json nor a preset (%s)",
+               model, list);
+    return TK_EINVAL;
+}
+
+tk_status tk_model_opts_from_config(tk_model_opts *o, const tk_config *c, tk_err *err) {
+    memset(o, 0, sizeof *o);
+    tk_status st = tk_bert_dims_resolve(c->model, &o->dims, NULL, err);
+    if (st != TK_OK) return st;
+    if (c->hidden > 0) o->dims.hidden = c->hidden;
+    if (c->layers > 0) o->dims.layers = c->layers;
+    if (c->heads > 0) o->dims.heads = c->heads;
+    if (c->intermediate > 0) o->dims.intermediate = c->intermediate;
+    if (c->vocab_size > 0) o->dims.vocab_size = c->vocab_size;
+    if (c->max_position > 0) o->dims.max_position = c->max_position;
+    if (c->type_vocab > 0) o->dims.type_vocab = c->type_vocab;
+    if (c->dropout >= 0) o->dims.hidden_dropout = o->dims.attn_dropout = c->dropout;
+    if ((st = tk_bert_dims_check(&o->dims, err)) != TK_OK) return st;
+    o->head = c->head;
+    o->towers = c->towers > 0 ? c->towers : 1;
+    o->max_len = c->max_len;
+    o->num_labels = c->head == TK_HEAD_FLATTEN_DENSE ? c->head_units
+                  : c->head == TK_HEAD_SPAN ? 2 : c->num_labels;
+    if (o->num_labels <= 0) {
+        tk_err_set(err, TK_EINVAL, "%s: must be known (> 0) to build the head",
+                   c->head == TK_HEAD_FLATTEN_DENSE ? "head_units" : "num_labels");
+        return TK_EINVAL;
+    }
+    o->precision = c->precision;
+    o->recompute = c->recompute;
+    o->attention = c->attention;
+    o->freeze_embeddings = c->freeze_embeddings;
+    o->freeze_layers = c->freeze_layers;
+    o->seed = c->seed;
+    return TK_OK;
+}

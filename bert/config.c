@@ -14,6 +14,7 @@
  *    printed with 9 significant digits, which round-trips a float exactly).
  */
 #include "tk_config.h"
+#include "tk_model.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -693,6 +694,25 @@ tk_status tk_config_parse_yaml(tk_config *c, const char *yaml, size_t len, const
         return TK_EINVAL;
     }
     *c = work;
+    return TK_OK;
+}
+
+/* ---- model dimensions ------------------------------------------------------ */
+
+tk_status tk_config_resolve_model(tk_config *c, tk_err *err) {
+    tk_bert_dims d;
+    int lower = -1;
+    tk_status st = tk_bert_dims_resolve(c->model, &d, &lower, err);
+    if (st != TK_OK) return st;
+    /* Non-zero fields are the user's overrides of the preset; keep them. */
+    if (!c->hidden) c->hidden = d.hidden;
+    if (!c->layers) c->layers = d.layers;
+    if (!c->heads) c->heads = d.heads;
+    if (!c->intermediate) c->intermediate = d.intermediate;
+    if (!c->vocab_size) c->vocab_size = d.vocab_size;
+    if (!c->max_position) c->max_position = d.max_position;
+    if (!c->type_vocab) c->type_vocab = d.type_vocab;
+    if (c->lowercase < 0 && lower >= 0) c->lowercase = lower;
     return TK_OK;
 }
 

@@ -333,6 +333,29 @@ static void test_diff(void) {
     free(d);
 }
 
+static void test_resolve_model(void) {
+    tk_config c;
+    tk_err err = {0};
+    tk_config_defaults(&c);
+    TK_CHECK_EQ_INT(tk_config_resolve_model(&c, &err), TK_OK);
+    TK_CHECK_EQ_INT(c.hidden, 768);
+    TK_CHECK_EQ_INT(c.layers, 12);
+    TK_CHECK_EQ_INT(c.heads, 12);
+    TK_CHECK_EQ_INT(c.intermediate, 3072);
+    TK_CHECK_EQ_INT(c.vocab_size, 28996);
+    TK_CHECK_EQ_INT(c.max_position, 512);
+    TK_CHECK_EQ_INT(c.lowercase, 0);
+    /* an explicit dimension survives resolution */
+    tk_config_defaults(&c);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "layers", "2", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_resolve_model(&c, &err), TK_OK);
+    TK_CHECK_EQ_INT(c.layers, 2);
+    TK_CHECK_EQ_INT(c.hidden, 768);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "model", "no-such-model", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_resolve_model(&c, &err), TK_EINVAL);
+    TK_CHECK(strstr(err.msg, "no-such-model") != NULL);
+}
+
 int main(void) {
     TK_RUN(test_defaults);
     TK_RUN(test_natural_spellings);
@@ -342,5 +365,6 @@ int main(void) {
     TK_RUN(test_validate);
     TK_RUN(test_roundtrip);
     TK_RUN(test_diff);
+    TK_RUN(test_resolve_model);
     return tk_test_done();
 }

@@ -1,0 +1,139 @@
+/* cuda_internal.h — shared by the files of the cuda plugin only.
+ *
+ * The plugin context, the error helpers every CUDA/cuBLAS call goes through
+ * and the entry points of the kernels file (cuda_ops.cu). Host-only code
+ * (cuda_plugin.c, cuda_cupti.c) is compiled by gcc against the toolkit's
+ * headers; cuda_ops.cu by nvcc. The plugin links nothing from libtk: it is
+ * loaded into binaries that do not export their symbols, so it formats its
+ * own errors.
+ *
+ * Checks never exit: TK_CU / TK_CUBLAS record file:line and the library's
+ * message in the tk_err and make the enclosing function return TK_EDEVICE.
+ */
+#ifndef TK_CUDA_INTERNAL_H
+#define TK_CUDA_INTERNAL_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+#include <cublas_v2.h>
+#include "tk_backend_impl.h"
+#include "tk_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cuBLAS workspace: NVIDIA recommends 32 MiB on Hopper, 4 MiB before. We
+ * take 32 MiB everywhere so the figure in a plan does not depend on the card. */
+#define TK_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
+/* Scratch for two-pass reductions: one double per block of the first pass. */
+#define TK_CUDA_RED_BLOCKS 1024
+/* Sticky device-side error bits, reported by the next sync. */
+#define TK_CUDA_FLAG_BAD_INDEX 1u  /* an id/label/index outside its table */
+
+typedef struct tk_cuda_ctx {
+    int device;
+    cublasHandle_t blas;
+    void *workspace;             /* cuBLAS workspace (TK_CUDA_WORKSPACE_BYTES) */
+    double *red;                 /* TK_CUDA_RED_BLOCKS partial sums */
+    unsigned *flags;             /* device word of TK_CUDA_FLAG_* bits */
+    size_t plugin_bytes;         /* workspace + red + flags */
+    pthread_mutex_t lock;        /* guards the segment counters (allocator may be shared) */
+    size_t seg_live, seg_peak;
+    char last_error[256];        /* why the last seg_alloc failed, for the caller's message */
+    int cupti_on;                /* this ctx holds a reference on the CUPTI session */
+} tk_cuda_ctx;
+
+/* Formats a message into err (which may be NULL); returns st. */
+static inline tk_status tk_cuda_fail(tk_err *err, tk_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline tk_status tk_cuda_fail(tk_err *err, tk_status st, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        err->status = st;
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+const char *tk_cublas_status_str(cublasStatus_t s);
+
+#define TK_CU(call, err) do { cudaError_t _e = (call); if (_e != cudaSuccess) { \
+    cudaGetLastError(); \
+    return tk_cuda_fail((err), TK_EDEVICE, "%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, \
+                        #call, cudaGetErrorString(_e), cudaGetErrorName(_e)); } } while (0)
+
+#define TK_CUBLAS(call, err) do { cublasStatus_t _s = (call); if (_s != CUBLAS_STATUS_SUCCESS) { \
+    return tk_cuda_fail((err), TK_EDEVICE, "%s:%d: %s failed: %s", __FILE__, __LINE__, \
+                        #call, tk_cublas_status_str(_s)); } } while (0)
+
+/* After every kernel launch: a bad configuration shows up here, not later. */
+#define TK_CU_LAUNCHED(what) do { cudaError_t _e = cudaGetLastError(); if (_e != cudaSuccess) { \
+    fprintf(stderr, "txkernel cuda: %s:%d: launching %s failed: %s\n", __FILE__, __LINE__, \
+            (what), cudaGetErrorString(_e)); return TK_EDEVICE; } } while (0)
+
+/* cuda_cupti.c: the process-wide CUPTI session (reference counted). */
+int tk_cupti_acquire(char *why, size_t n);  /* 1: active; 0: unavailable, *why says why */
+void tk_cupti_release(void);
+tk_status tk_cupti_flush(void);
+void tk_cupti_fill(tk_cuda_mem_totals *out);
+
+/* cuda_ops.cu: every op except gemm (same argument lists as tk_backend). */
+tk_status tk_cuda_embed_fwd(void *ctx, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,
+                            int64_t n, int64_t C);
+tk_status tk_cuda_embed_bwd(void *ctx, tk_tensor *dtable, const tk_tensor *ids, const tk_tensor *dout,
+                            int64_t n, int64_t C);
+tk_status tk_cuda_add(void *ctx, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n);
+tk_status tk_cuda_axpby(void *ctx, tk_tensor *y, float alpha, const tk_tensor *x, float beta, int64_t n);
+tk_status tk_cuda_fill(void *ctx, tk_tensor *t, float value, int64_t n);
+tk_status tk_cuda_cast(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
+tk_status tk_cuda_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, tk_tensor *rstd,
+                                const tk_tensor *in, const tk_tensor *w, const tk_tensor *b,
+                                int64_t N, int64_t C, float eps);
+tk_status tk_cuda_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_tensor *db,
+                                const tk_tensor *dout, const tk_tensor *in, const tk_tensor *w,
+                                const tk_tensor *mean, const tk_tensor *rstd,
+                                int64_t N, int64_t C, int accumulate);
+tk_status tk_cuda_gelu_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
+tk_status tk_cuda_gelu_bwd(void *ctx, tk_tensor *din, const tk_tensor *in, const tk_tensor *dout, int64_t n);
+tk_status tk_cuda_tanh_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
+tk_status tk_cuda_tanh_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout, int64_t n);
+tk_status tk_cuda_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, const tk_tensor *mask,
+                              int64_t B, int64_t NH, int64_t T, float scale);
+tk_status tk_cuda_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
+                              int64_t rows, int64_t T, float scale);
+tk_status tk_cuda_dropout_fwd(void *ctx, tk_tensor *out, tk_tensor *mask, const tk_tensor *in,
+                              int64_t n, float p, uint64_t seed, uint64_t offset);
+tk_status tk_cuda_dropout_bwd(void *ctx, tk_tensor *din, const tk_tensor *dout, int64_t n,
+                              float p, uint64_t seed, uint64_t offset);
+tk_status tk_cuda_xent_fwd(void *ctx, tk_tensor *losses, tk_tensor *probs, const tk_tensor *logits,
+                           const tk_tensor *labels, int64_t N, int64_t V);
+tk_status tk_cuda_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *logits,
+                           const tk_tensor *labels, int64_t N, int64_t V, float scale);
+tk_status tk_cuda_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, int64_t N, int64_t C);
+tk_status tk_cuda_split_heads(void *ctx, tk_tensor *out, const tk_tensor *in,
+                              int64_t B, int64_t T, int64_t NH, int64_t HS);
+tk_status tk_cuda_merge_heads(void *ctx, tk_tensor *out, const tk_tensor *in,
+                              int64_t B, int64_t T, int64_t NH, int64_t HS);
+tk_status tk_cuda_gather_rows(void *ctx, tk_tensor *out, const tk_tensor *in, const tk_tensor *idx,
+                              int64_t n, int64_t C);
+tk_status tk_cuda_scatter_add_rows(void *ctx, tk_tensor *din, const tk_tensor *dout,
+                                   const tk_tensor *idx, int64_t n, int64_t C);
+tk_status tk_cuda_sumsq(void *ctx, tk_tensor *out, const tk_tensor *x, int64_t n, int accumulate);
+tk_status tk_cuda_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
+                        int64_t n, const tk_adamw_hp *hp);
+tk_status tk_cuda_adamw8(void *ctx, tk_tensor *param, const tk_tensor *grad,
+                         tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
+                         int64_t n, const tk_adamw_hp *hp);
+/* C[b, m, :] = beta * C[b, m, :] + bias (the first half of a biased gemm). */
+tk_status tk_cuda_bias_rows(void *ctx, tk_tensor *C, const tk_tensor *bias, int64_t M, int64_t N,
+                            int64_t batch, int64_t strideC, float beta);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,337 @@
+/* cuda_plugin.c — the cuda backend's entry point, memory functions and GEMM.
+ *
+ * tk_cuda_plugin_open picks the device, starts CUPTI (before the context
+ * exists, so every allocation is recorded), creates the context, the cuBLAS
+ * handle, and the plugin's own device buffers (cuBLAS workspace, reduction
+ * scratch, error flags), and returns the backend table.
+ *
+ * Guarantees:
+ *  - seg_alloc is cudaMalloc; a device out of memory returns nonzero with the
+ *    CUDA error cleared, so the caching allocator can release its cache and
+ *    retry, and the process goes on.
+ *  - Every CUDA/cuBLAS call is checked and turns into TK_EDEVICE with file,
+ *    line and the library's message; nothing here exits.
+ *  - All work goes to the legacy default stream, so the synchronous
+ *    cudaMemcpy in read/write is ordered after every queued op.
+ *  - GEMMs are cuBLAS strided-batched, row-major by swapping operands; fp32
+ *    in fp32 (no TF32, so results match the cpu backend to ~1e-6); f16/bf16
+ *    inputs with fp32 compute (tensor cores).
+ */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cuda_internal.h"
+
+const char *tk_cublas_status_str(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "cuBLAS not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "cuBLAS could not allocate (device out of memory)";
+    case CUBLAS_STATUS_INVALID_VALUE: return "invalid value (a size, stride or leading dimension)";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "not supported on this GPU architecture";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "mapping error";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "kernel execution failed";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "internal error";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "not supported (dtype combination or layout)";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "license error";
+    }
+    return "unknown cuBLAS status";
+}
+
+/* ---- memory ------------------------------------------------------------ */
+
+static int cu_seg_alloc(void *vctx, size_t bytes, void **ptr) {
+    tk_cuda_ctx *c = vctx;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        /* cudaMalloc's errors are not sticky, but the last-error slot keeps
+         * them until read: clear it so the next launch check is not fooled. */
+        cudaGetLastError();
+        snprintf(c->last_error, sizeof c->last_error, "cudaMalloc(%zu) failed: %s", bytes,
+                 cudaGetErrorString(e));
+        *ptr = NULL;
+        return e == cudaErrorMemoryAllocation ? 1 : 2;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->seg_live += bytes;
+    if (c->seg_live > c->seg_peak) c->seg_peak = c->seg_live;
+    pthread_mutex_unlock(&c->lock);
+    *ptr = p;
+    return 0;
+}
+
+static void cu_seg_free(void *vctx, void *ptr, size_t bytes) {
+    tk_cuda_ctx *c = vctx;
+    if (!ptr) return;
+    /* cudaFree synchronises the device first, so no queued kernel still
+     * reads the segment. A failure here (context already broken) leaves
+     * nothing to recover: note it and go on. */
+    cudaError_t e = cudaFree(ptr);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(c->last_error, sizeof c->last_error, "cudaFree failed: %s", cudaGetErrorString(e));
+    }
+    pthread_mutex_lock(&c->lock);
+    c->seg_live -= bytes;
+    pthread_mutex_unlock(&c->lock);
+}
+
+static tk_status cu_write(void *vctx, void *dst, const void *src, size_t bytes, tk_err *err) {
+    (void)vctx;
+    if (!bytes) return TK_OK;
+    TK_CU(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), err);
+    return TK_OK;
+}
+
+static tk_status cu_read(void *vctx, void *dst, const void *src, size_t bytes, tk_err *err) {
+    (void)vctx;
+    if (!bytes) return TK_OK;
+    TK_CU(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), err);
+    return TK_OK;
+}
+
+static tk_status cu_sync(void *vctx, tk_err *err) {
+    tk_cuda_ctx *c = vctx;
+    unsigned flags = 0;
+    TK_CU(cudaDeviceSynchronize(), err);
+    TK_CU(cudaMemcpy(&flags, c->flags, sizeof flags, cudaMemcpyDeviceToHost), err);
+    if (flags) {
+        TK_CU(cudaMemset(c->flags, 0, sizeof(unsigned)), err);
+        if (flags & TK_CUDA_FLAG_BAD_INDEX)
+            return tk_cuda_fail(err, TK_EINVAL,
+                                "an op read an index outside its table (token id >= vocab size, "
+                                "label >= number of classes, or a row index past the end); "
+                                "the affected rows were left at zero");
+    }
+    return TK_OK;
+}
+
+static void fmt_version(char *buf, size_t n, int v) {
+    snprintf(buf, n, "%d.%d", v / 1000, (v % 1000) / 10);
+}
+
+static void cu_info(void *vctx, tk_dev_info *out) {
+    tk_cuda_ctx *c = vctx;
+    struct cudaDeviceProp prop;
+    size_t free_b = 0, total_b = 0;
+    int drv = 0, rt = 0;
+    memset(out, 0, sizeof *out);
+    out->kind = TK_DEV_CUDA;
+    if (cudaGetDeviceProperties(&prop, c->device) == cudaSuccess) {
+        snprintf(out->name, sizeof out->name, "%.*s", (int)sizeof out->name - 1, prop.name);
+        out->cc_major = prop.major;
+        out->cc_minor = prop.minor;
+    } else {
+        cudaGetLastError();
+        snprintf(out->name, sizeof out->name, "cuda:%d", c->device);
+    }
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+        out->total = total_b;
+        out->free_bytes = free_b;
+    } else {
+        cudaGetLastError();
+    }
+    if (cudaDriverGetVersion(&drv) == cudaSuccess) fmt_version(out->driver, sizeof out->driver, drv);
+    else cudaGetLastError();
+    if (cudaRuntimeGetVersion(&rt) == cudaSuccess) fmt_version(out->runtime, sizeof out->runtime, rt);
+    else cudaGetLastError();
+}
+
+static void cu_destroy(void *vctx) {
+    tk_cuda_ctx *c = vctx;
+    if (!c) return;
+    cudaDeviceSynchronize();
+    if (c->blas) cublasDestroy(c->blas);
+    cudaFree(c->workspace);
+    cudaFree(c->red);
+    cudaFree(c->flags);
+    cudaGetLastError();
+    if (c->cupti_on) tk_cupti_release();
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+/* ---- GEMM ----------------------------------------------------------------- */
+
+static int blas_dtype(tk_dtype dt, cudaDataType_t *out) {
+    switch (dt) {
+    case TK_F32: *out = CUDA_R_32F; return 0;
+    case TK_F16: *out = CUDA_R_16F; return 0;
+    case TK_BF16: *out = CUDA_R_16BF; return 0;
+    default: return -1;
+    }
+}
+
+#define OP_FAIL(...) (fprintf(stderr, "txkernel cuda: " __VA_ARGS__), fputc('\n', stderr), TK_EINVAL)
+
+/* Row-major C (M×N) is column-major C^T (N×M) = op(B)^T op(A)^T, so cuBLAS
+ * gets B first with m = N, n = M. */
+static tk_status cu_gemm(void *vctx, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
+                         const tk_tensor *bias, int transA, int transB,
+                         int64_t M, int64_t N, int64_t K, int64_t batch,
+                         int64_t strideA, int64_t strideB, int64_t strideC, float alpha, float beta) {
+    tk_cuda_ctx *c = vctx;
+    cudaDataType_t ta, tb, tc;
+    if (M == 0 || N == 0 || batch == 0) return TK_OK;
+    if (blas_dtype(A->dtype, &ta) || blas_dtype(B->dtype, &tb) || blas_dtype(C->dtype, &tc))
+        return OP_FAIL("gemm: A, B and C must be f32, f16 or bf16");
+    if (A->dtype != B->dtype)
+        return OP_FAIL("gemm: A is %d and B is %d; cuBLAS needs both inputs of one dtype",
+                       (int)A->dtype, (int)B->dtype);
+    if (A->dtype == TK_F32 && C->dtype != TK_F32)
+        return OP_FAIL("gemm: f32 inputs need an f32 output");
+    if (A->dtype != TK_F32 && C->dtype != TK_F32 && C->dtype != A->dtype)
+        return OP_FAIL("gemm: 16-bit inputs need an f32 output or one of their own dtype");
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || batch > INT_MAX)
+        return OP_FAIL("gemm: a dimension exceeds INT_MAX (M=%lld N=%lld K=%lld batch=%lld)",
+                       (long long)M, (long long)N, (long long)K, (long long)batch);
+    if (bias) {
+        tk_status st = tk_cuda_bias_rows(c, C, bias, M, N, batch, strideC, beta);
+        if (st != TK_OK) return st;
+        beta = 1.0f;
+    }
+    cublasOperation_t opa = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int lda = (int)(transB ? K : N);
+    int ldb = (int)(transA ? M : K);
+    int ldc = (int)N;
+    if (lda < 1) lda = 1;
+    if (ldb < 1) ldb = 1;
+    /* fp32 stays fp32 (CUBLAS_COMPUTE_32F without the TF32 fast path); 16-bit
+     * inputs accumulate in fp32 on tensor cores. */
+    cublasStatus_t s = cublasGemmStridedBatchedEx(
+        c->blas, opa, opb, (int)N, (int)M, (int)K, &alpha,
+        B->data, tb, lda, (long long)strideB,
+        A->data, ta, ldb, (long long)strideA, &beta,
+        C->data, tc, ldc, (long long)strideC, (int)batch,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "txkernel cuda: %s:%d: cublasGemmStridedBatchedEx(M=%lld N=%lld K=%lld "
+                "batch=%lld) failed: %s\n", __FILE__, __LINE__, (long long)M, (long long)N,
+                (long long)K, (long long)batch, tk_cublas_status_str(s));
+        return TK_EDEVICE;
+    }
+    return TK_OK;
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+static const tk_backend cuda_backend = {
+    .name = "cuda",
+    .seg_alloc = cu_seg_alloc,
+    .seg_free = cu_seg_free,
+    .write = cu_write,
+    .read = cu_read,
+    .sync = cu_sync,
+    .info = cu_info,
+    .destroy = cu_destroy,
+    .gemm = cu_gemm,
+    .embed_fwd = tk_cuda_embed_fwd,
+    .embed_bwd = tk_cuda_embed_bwd,
+    .add = tk_cuda_add,
+    .axpby = tk_cuda_axpby,
+    .fill = tk_cuda_fill,
+    .cast = tk_cuda_cast,
+    .layernorm_fwd = tk_cuda_layernorm_fwd,
+    .layernorm_bwd = tk_cuda_layernorm_bwd,
+    .gelu_fwd = tk_cuda_gelu_fwd,
+    .gelu_bwd = tk_cuda_gelu_bwd,
+    .tanh_fwd = tk_cuda_tanh_fwd,
+    .tanh_bwd = tk_cuda_tanh_bwd,
+    .softmax_fwd = tk_cuda_softmax_fwd,
+    .softmax_bwd = tk_cuda_softmax_bwd,
+    .dropout_fwd = tk_cuda_dropout_fwd,
+    .dropout_bwd = tk_cuda_dropout_bwd,
+    .xent_fwd = tk_cuda_xent_fwd,
+    .xent_bwd = tk_cuda_xent_bwd,
+    .bias_grad = tk_cuda_bias_grad,
+    .split_heads = tk_cuda_split_heads,
+    .merge_heads = tk_cuda_merge_heads,
+    .gather_rows = tk_cuda_gather_rows,
+    .scatter_add_rows = tk_cuda_scatter_add_rows,
+    .sumsq = tk_cuda_sumsq,
+    .adamw = tk_cuda_adamw,
+    .adamw8 = tk_cuda_adamw8,
+};
+
+/* Everything after the context exists; on failure the caller destroys c. */
+static tk_status open_device(tk_cuda_ctx *c, tk_err *err) {
+    TK_CU(cudaSetDevice(c->device), err);
+    /* cudaFree(0) creates the primary context now, so a broken driver shows
+     * up here with its own message rather than inside the first op. */
+    TK_CU(cudaFree(0), err);
+    TK_CUBLAS(cublasCreate(&c->blas), err);
+    TK_CUBLAS(cublasSetStream(c->blas, 0), err);
+    TK_CUBLAS(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), err);
+    TK_CU(cudaMalloc(&c->workspace, TK_CUDA_WORKSPACE_BYTES), err);
+    TK_CUBLAS(cublasSetWorkspace(c->blas, c->workspace, TK_CUDA_WORKSPACE_BYTES), err);
+    TK_CU(cudaMalloc((void **)&c->red, TK_CUDA_RED_BLOCKS * sizeof(double)), err);
+    TK_CU(cudaMalloc((void **)&c->flags, sizeof(unsigned)), err);
+    TK_CU(cudaMemset(c->flags, 0, sizeof(unsigned)), err);
+    c->plugin_bytes = TK_CUDA_WORKSPACE_BYTES + TK_CUDA_RED_BLOCKS * sizeof(double) + sizeof(unsigned);
+    return TK_OK;
+}
+
+__attribute__((visibility("default")))
+tk_status tk_cuda_plugin_open(const tk_dev_opts *opts, const tk_backend **be, void **ctx, tk_err *err) {
+    int n = 0;
+    cudaError_t e;
+    char why[256] = "";
+    *be = NULL;
+    *ctx = NULL;
+    e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return tk_cuda_fail(err, TK_EDEVICE, "no usable CUDA device: %s", cudaGetErrorString(e));
+    }
+    int dev = opts ? opts->cuda_device : 0;
+    if (dev < 0 || dev >= n)
+        return tk_cuda_fail(err, TK_EINVAL, "cuda_device %d does not exist (this machine has %d)",
+                            dev, n);
+    tk_cuda_ctx *c = calloc(1, sizeof *c);
+    if (!c) return tk_cuda_fail(err, TK_EOOM, "out of host memory opening the cuda device");
+    c->device = dev;
+    pthread_mutex_init(&c->lock, NULL);
+    /* CUPTI before the context: allocations made while creating cuBLAS and
+     * its workspace are then in the records too. Failure is not fatal. */
+    c->cupti_on = tk_cupti_acquire(why, sizeof why);
+    if (!c->cupti_on)
+        fprintf(stderr, "txkernel cuda: CUPTI tracing off (%s); memory outside the allocator "
+                "is then only what the plugin itself allocated\n", why);
+    tk_status st = open_device(c, err);
+    if (st != TK_OK) {
+        cu_destroy(c);
+        return st;
+    }
+    *be = &cuda_backend;
+    *ctx = c;
+    return TK_OK;
+}
+
+__attribute__((visibility("default")))
+tk_status tk_cuda_mem_totals_get(void *vctx, tk_cuda_mem_totals *out, tk_err *err) {
+    tk_cuda_ctx *c = vctx;
+    memset(out, 0, sizeof *out);
+    TK_CU(cudaDeviceSynchronize(), err);
+    if (c->cupti_on) {
+        tk_status st = tk_cupti_flush();
+        if (st != TK_OK) return tk_cuda_fail(err, st, "CUPTI could not flush its activity buffers");
+        tk_cupti_fill(out);
+    } else {
+        snprintf(out->cupti_error, sizeof out->cupti_error, "CUPTI was not enabled at open");
+    }
+    pthread_mutex_lock(&c->lock);
+    out->segments_live = c->seg_live;
+    out->segments_peak = c->seg_peak;
+    pthread_mutex_unlock(&c->lock);
+    out->plugin_bytes = c->plugin_bytes;
+    out->workspace_bytes = TK_CUDA_WORKSPACE_BYTES;
+    if (out->cupti_active)
+        out->outside_allocator = out->device_live >= out->segments_live
+                                     ? out->device_live - out->segments_live : 0;
+    else
+        out->outside_allocator = c->plugin_bytes;
+    return TK_OK;
+}

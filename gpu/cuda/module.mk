@@ -1,0 +1,73 @@
+# gpu/cuda/module.mk — the cuda backend plugin and its GPU-only tests.
+#
+#   $(BUILD)/libtk_cuda.so  the plugin (part of `all`, so CI compiles and links it)
+#   build-gpu-tests         the GPU test binaries in $(BUILD)/gpu_tests/ (part of `all`;
+#                           built, never run, by `make test`)
+#   test-gpu                builds and runs them; needs a GPU
+#
+# The plugin is self-contained (linked with --no-undefined): binaries dlopen it
+# without exporting their own symbols. Host code is compiled by gcc against the
+# toolkit's headers; only cuda_ops.cu goes through nvcc. Architectures: SASS
+# for sm_75 (T4), sm_80 (A100; runs on sm_86/sm_89 too) and sm_90 (H100), plus
+# compute_90 PTX for newer cards, which keeps the nvcc step short on 2 cores.
+# Without nvcc the plugin is skipped with a one-line notice.
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard $(CUDA_HOME)/bin/nvcc))
+CUDA_GENCODE ?= -gencode arch=compute_75,code=sm_75 -gencode arch=compute_80,code=sm_80 \
+                -gencode arch=compute_90,code=[sm_90,compute_90]
+
+CUDA_PLUGIN := $(BUILD)/libtk_cuda.so
+CUDA_DIR    := gpu/cuda
+CUDA_HOBJS  := $(patsubst $(CUDA_DIR)/%.c,$(BUILD)/cuda/%.o,$(wildcard $(CUDA_DIR)/*.c))
+CUDA_DOBJS  := $(patsubst $(CUDA_DIR)/%.cu,$(BUILD)/cuda/%.o,$(wildcard $(CUDA_DIR)/*.cu))
+CUDA_INCS   := -I. -Igpu -I$(CUDA_DIR) -I$(CUDA_HOME)/include
+CUDA_LIBDIR := $(CUDA_HOME)/lib64
+
+GPU_TEST_SRCS := $(wildcard tests/gpu_cuda/gpu_*.c)
+GPU_TEST_BINS := $(GPU_TEST_SRCS:tests/gpu_cuda/%.c=$(BUILD)/gpu_tests/%)
+
+.PHONY: build-gpu-tests test-gpu
+
+ifeq ($(NVCC),)
+
+$(CUDA_PLUGIN):
+	@echo "gpu/cuda: nvcc not found (PATH, $(CUDA_HOME)/bin): the cuda plugin is not built"
+build-gpu-tests:
+	@echo "gpu/cuda: nvcc not found: GPU tests not built"
+test-gpu:
+	@echo "gpu/cuda: nvcc not found: cannot build the cuda plugin"; exit 1
+
+else
+
+$(BUILD)/cuda/%.o: $(CUDA_DIR)/%.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -O2 -g -fPIC -fvisibility=hidden $(WARN) $(CUDA_INCS) -MMD -MP -c $< -o $@
+
+$(BUILD)/cuda/%.o: $(CUDA_DIR)/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 -O2 -lineinfo $(CUDA_GENCODE) $(CUDA_INCS) \
+	    -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings \
+	    -MMD -MP -c $< -o $@
+
+$(CUDA_PLUGIN): $(CUDA_HOBJS) $(CUDA_DOBJS)
+	$(NVCC) -shared $(CUDA_GENCODE) -cudart shared -o $@ $^ -L$(CUDA_LIBDIR) -lcublas -lcublasLt -lcupti \
+	    -Xlinker --no-undefined -Xlinker -rpath,$(CUDA_LIBDIR) -lpthread
+
+# GPU tests link the release library (ASan and the CUDA driver do not mix)
+# and the plugin itself, found through an rpath to the build folder.
+$(BUILD)/gpu_tests/%: tests/gpu_cuda/%.c tests/tk_test.h $(LIB_REL) $(CUDA_PLUGIN)
+	@mkdir -p $(dir $@)
+	$(CC) $(REL_CFLAGS) -Itests -I$(CUDA_DIR) $< $(LIB_REL) -L$(BUILD) -ltk_cuda \
+	    -Wl,-rpath,$(abspath $(BUILD)) $(LIBS) -o $@
+
+build-gpu-tests: $(GPU_TEST_BINS)
+
+test-gpu: build-gpu-tests
+	@bash tests/gpu_cuda/run.sh $(BUILD)/gpu_tests
+
+endif
+
+all: $(CUDA_PLUGIN) build-gpu-tests
+
+-include $(CUDA_HOBJS:.o=.d) $(CUDA_DOBJS:.o=.d)

@@ -1,0 +1,69 @@
+/* tk_cuda.h — what the cuda plugin (build/libtk_cuda.so) exports besides its
+ * backend table. Plain C, no CUDA headers: the main binaries include it and
+ * resolve these functions with dlsym on the plugin they opened.
+ *
+ * The plugin's backend table comes from tk_cuda_plugin_open (declared in
+ * tk_backend_impl.h). The functions below take the ctx that call returned.
+ *
+ * Device memory the plugin sees, in three parts:
+ *  - segments: what seg_alloc handed to the caching allocator (its `reserved`);
+ *  - the plugin's own buffers: the cuBLAS workspace and a small scratch area
+ *    for deterministic reductions, allocated once at open;
+ *  - everything else in the process that CUPTI records (libraries allocating
+ *    for themselves, other code calling cudaMalloc).
+ * "Outside the allocator" is CUPTI's live device total minus the segments.
+ */
+#ifndef TK_CUDA_H
+#define TK_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tk_gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TK_CUDA_MAX_SOURCES 16
+#define TK_CUDA_MAX_SCOPES 256
+
+typedef struct tk_cuda_mem_totals {
+    int cupti_active;            /* 1: CUPTI records device memory; 0: see cupti_error */
+    char cupti_error[256];       /* why CUPTI is off (e.g. another profiler subscribed) */
+    size_t device_live;          /* CUPTI: device bytes allocated and not yet freed */
+    size_t device_peak;          /* CUPTI: highest device_live since open */
+    size_t segments_live;        /* bytes in segments held by the caching allocator */
+    size_t segments_peak;
+    size_t plugin_bytes;         /* cuBLAS workspace + plugin scratch */
+    size_t workspace_bytes;      /* of which the cuBLAS workspace */
+    size_t outside_allocator;    /* device_live - segments_live (plugin_bytes without CUPTI) */
+    uint64_t n_alloc_records, n_free_records;
+    uint64_t dropped_records;    /* CUPTI records lost for lack of buffer space */
+    uint64_t n_kernels;          /* kernels CUPTI timed */
+    double kernel_ns;            /* their total duration */
+    int n_sources;
+    struct {
+        char name[64];           /* the library that asked, e.g. "libcublasLt.so.13" */
+        size_t live, peak;
+    } sources[TK_CUDA_MAX_SOURCES];
+} tk_cuda_mem_totals;
+
+/* Waits for the device, flushes CUPTI's buffers and fills *out. Works (with
+ * cupti_active = 0) when CUPTI could not be enabled. */
+tk_status tk_cuda_mem_totals_get(void *ctx, tk_cuda_mem_totals *out, tk_err *err);
+typedef tk_status (*tk_cuda_mem_totals_get_fn)(void *ctx, tk_cuda_mem_totals *out, tk_err *err);
+
+/* Kernel time per owner scope. Between push(id) and the matching pop, every
+ * kernel the calling thread launches is counted against `id` (an allocator
+ * owner id, >= 0); scopes nest, the innermost wins. No-ops without CUPTI. */
+void tk_cuda_scope_push(void *ctx, int owner);
+void tk_cuda_scope_pop(void *ctx);
+/* Kernel count and nanoseconds counted against `owner` so far (after a
+ * tk_cuda_mem_totals_get, which flushes). Owners >= TK_CUDA_MAX_SCOPES and
+ * kernels outside any scope are counted under -1. */
+void tk_cuda_scope_kernel_time(void *ctx, int owner, uint64_t *n_kernels, double *ns);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

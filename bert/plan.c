@@ -1,0 +1,305 @@
+/* plan.c — plans a training run on the meta device.
+ *
+ * The plan replays exactly what tk_train_run does, on a meta device with the
+ * config's capacity: model parameters, gradients, then two optimizer steps
+ * (each: zero grads, `accumulate` forward+backward micro-steps, AdamW step —
+ * the second step is the first with optimizer state live during forward, so
+ * it is the steady-state peak), then one eval step at eval_batch_size. Same
+ * model code, same allocator, same order: on cpu a run with fixed-shape
+ * batches reaches this peak byte for byte.
+ *
+ * When the run does not fit, the plan is made twice: once under the capacity
+ * (to record where the first OOM happens) and once without a limit (to say
+ * how much the run needs).
+ *
+ * The step time is a roofline-like estimate, max(FLOPs / peak FLOP/s,
+ * bytes / bandwidth) from the GPU profile, not a measurement.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tk_plan.h"
+#include "tk_train.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    int32_t *ids, *types, *mask, *labels, *starts, *ends;
+} host_batch;
+
+static void host_batch_free(host_batch *h) {
+    free(h->ids);
+    free(h->types);
+    free(h->mask);
+    free(h->labels);
+    free(h->starts);
+    free(h->ends);
+    memset(h, 0, sizeof *h);
+}
+
+/* A batch of the given shape. The meta backend never reads data, but the
+ * arrays are real so the same function can drive a cpu run in tests. */
+static int host_batch_make(host_batch *h, tk_batch *b, int B, int rows_per_ex, int T) {
+    size_t n = (size_t)B * rows_per_ex * T;
+    memset(h, 0, sizeof *h);
+    h->ids = calloc(n, sizeof(int32_t));
+    h->types = calloc(n, sizeof(int32_t));
+    h->mask = malloc(n * sizeof(int32_t));
+    h->labels = calloc((size_t)B, sizeof(int32_t));
+    h->starts = calloc((size_t)B, sizeof(int32_t));
+    h->ends = calloc((size_t)B, sizeof(int32_t));
+    if (!h->ids || !h->types || !h->mask || !h->labels || !h->starts || !h->ends) {
+        host_batch_free(h);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        h->mask[i] = 1;
+    *b = (tk_batch){ .B = B, .T = T, .input_ids = h->ids, .token_type_ids = h->types,
+                     .attention_mask = h->mask, .labels = h->labels,
+                     .start_positions = h->starts, .end_positions = h->ends };
+    return 0;
+}
+
+typedef struct {
+    tk_status st;
+    char phase[32];
+    tk_oom oom;
+    tk_alloc_stats stats;      /* at the end */
+    size_t steady[TK_CAT_COUNT]; /* live bytes after the last optimizer step */
+    tk_cost train_cost, eval_cost;
+    int64_t n_params, n_trainable;
+    int n_top;
+    struct { char owner[128]; size_t bytes; } top[TK_PLAN_TOP];
+} sim_out;
+
+static void top_owners(tk_alloc *a, sim_out *o) {
+    int n = tk_alloc_n_owners(a);
+    o->n_top = 0;
+    for (int id = 0; id < n; id++) {
+        size_t b = 0;
+        for (int c = 0; c < TK_CAT_COUNT; c++)
+            b += tk_alloc_owner_at_peak(a, id, (tk_cat)c);
+        if (b == 0)
+            continue;
+        int pos = o->n_top < TK_PLAN_TOP ? o->n_top++ : TK_PLAN_TOP;
+        if (pos == TK_PLAN_TOP) {
+            if (b <= o->top[TK_PLAN_TOP - 1].bytes)
+                continue;
+            pos = TK_PLAN_TOP - 1;
+        }
+        while (pos > 0 && o->top[pos - 1].bytes < b) {
+            o->top[pos] = o->top[pos - 1];
+            pos--;
+        }
+        snprintf(o->top[pos].owner, sizeof o->top[pos].owner, "%s", tk_alloc_owner_name(a, id));
+        o->top[pos].bytes = b;
+    }
+}
+
+/* One simulated run under `capacity` (0 = none). */
+static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t capacity, int B, int T,
+                          int EB, sim_out *o, tk_err *err) {
+    memset(o, 0, sizeof *o);
+    tk_dev_opts dopts = { .kind = TK_DEV_META, .capacity = capacity };
+    tk_dev *d = tk_dev_new(&dopts, err);
+    if (!d)
+        return TK_EDEVICE;
+    tk_alloc *a = tk_dev_alloc(d);
+    tk_model *m = NULL;
+    tk_adamw *opt = NULL;
+    tk_optim_param *ps = NULL;
+    host_batch hb, he;
+    tk_batch tb, eb;
+    int rows = mo->head == TK_HEAD_FLATTEN_DENSE ? (mo->towers > 0 ? mo->towers : 1) : 1;
+    tk_status st = TK_OK;
+    memset(&hb, 0, sizeof hb);
+    memset(&he, 0, sizeof he);
+    if (host_batch_make(&hb, &tb, B, rows, T) || host_batch_make(&he, &eb, EB, rows, T)) {
+        tk_err_set(err, TK_EINVAL, "plan: out of host memory");
+        st = TK_EINVAL;
+        goto out;
+    }
+    snprintf(o->phase, sizeof o->phase, "model");
+    if (!(m = tk_model_new(d, mo, err))) {
+        st = err && err->status ? err->status : TK_EOOM;
+        goto out;
+    }
+    o->n_params = tk_model_n_weights(m);
+    o->n_trainable = tk_model_n_trainable(m);
+    snprintf(o->phase, sizeof o->phase, "gradients");
+    if ((st = tk_model_alloc_grads(m, err)) != TK_OK)
+        goto out;
+    int np = 0;
+    if (!(ps = tk_train_optim_params(m, &np)) || !(opt = tk_adamw_new(d, c, ps, np, err))) {
+        st = TK_EINVAL;
+        goto out;
+    }
+    int k = c->accumulate > 1 ? c->accumulate : 1;
+    uint64_t micro = 0;
+    for (int step = 0; step < 2; step++) {
+        tk_dev_cost_reset(d);
+        if ((st = tk_model_zero_grads(m, err)) != TK_OK)
+            goto out;
+        for (int j = 0; j < k; j++) {
+            snprintf(o->phase, sizeof o->phase, "forward/backward");
+            if ((st = tk_model_forward_backward(m, &tb, micro++, 1.0f / (float)k, NULL, NULL, err)) != TK_OK)
+                goto out;
+        }
+        snprintf(o->phase, sizeof o->phase, "optimizer");
+        if ((st = tk_adamw_step(opt, c->lr, 1.0f, NULL, NULL, err)) != TK_OK)
+            goto out;
+        tk_dev_cost_get(d, &o->train_cost);
+    }
+    {
+        tk_alloc_stats s;
+        tk_alloc_stats_get(a, &s);
+        memcpy(o->steady, s.by_cat, sizeof o->steady);
+    }
+    tk_dev_cost_reset(d);
+    snprintf(o->phase, sizeof o->phase, "eval");
+    if ((st = tk_model_forward_eval(m, &eb, NULL, NULL, err)) != TK_OK)
+        goto out;
+    tk_dev_cost_get(d, &o->eval_cost);
+    o->phase[0] = '\0';
+out:
+    if (st == TK_EOOM && tk_dev_last_oom(d))
+        o->oom = *tk_dev_last_oom(d);
+    tk_alloc_stats_get(a, &o->stats);
+    top_owners(a, o);
+    tk_adamw_destroy(&opt);
+    free(ps);
+    tk_model_destroy(&m);
+    tk_dev_destroy(&d);
+    host_batch_free(&hb);
+    host_batch_free(&he);
+    return o->st = st;
+}
+
+tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
+    double t0 = now_ms();
+    memset(out, 0, sizeof *out);
+    if (!c || c->batch_size < 1 || c->max_len < 1) {
+        tk_err_set(err, TK_EINVAL, "plan: batch_size and max_len must be >= 1");
+        return TK_EINVAL;
+    }
+    tk_model_opts mo;
+    tk_status st = tk_model_opts_from_config(&mo, c, err);
+    if (st != TK_OK)
+        return st;
+
+    const tk_gpu_profile *prof = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
+    if (c->gpu[0] && !prof) {
+        tk_err_set(err, TK_EINVAL, "plan: gpu: unknown GPU profile '%s'", c->gpu);
+        return TK_EINVAL;
+    }
+    size_t capacity = c->capacity ? c->capacity : (prof ? prof->capacity : 0);
+
+    /* Worst-case shape: fixed padding pads every batch to max_len; dynamic
+     * padding and buckets pad to the longest example of the batch, at worst
+     * the corpus' longest (capped by max_len). flatten_dense needs max_len. */
+    int T = c->max_len;
+    if (lengths && n > 0 && c->batching != TK_BATCH_FIXED && c->head != TK_HEAD_FLATTEN_DENSE) {
+        int mx = 1;
+        for (int i = 0; i < n; i++)
+            if (lengths[i] > mx)
+                mx = lengths[i];
+        if (mx < T)
+            T = mx;
+    }
+    int B = c->batch_size;
+    int EB = c->eval_batch_size > 0 ? c->eval_batch_size : B;
+    out->batch = B;
+    out->seq = T;
+    out->capacity = capacity;
+
+    sim_out *so = calloc(1, sizeof *so);
+    if (!so) {
+        tk_err_set(err, TK_EINVAL, "plan: out of host memory");
+        return TK_EINVAL;
+    }
+    st = simulate(c, &mo, capacity, B, T, EB, so, err);
+    if (st == TK_EOOM && capacity) {
+        out->oom = 1;
+        out->oom_record = so->oom;
+        snprintf(out->oom_phase, sizeof out->oom_phase, "%s", so->phase);
+        if (err)
+            memset(err, 0, sizeof *err);
+        st = simulate(c, &mo, 0, B, T, EB, so, err);
+    }
+    if (st != TK_OK) {
+        free(so);
+        return st;
+    }
+    out->peak_allocated = so->stats.allocated_peak;
+    out->peak_reserved = so->stats.reserved_peak;
+    memcpy(out->by_cat_at_peak, so->stats.by_cat_at_peak, sizeof out->by_cat_at_peak);
+    out->n_top = so->n_top;
+    for (int i = 0; i < so->n_top; i++) {
+        memcpy(out->top[i].owner, so->top[i].owner, sizeof out->top[i].owner);
+        out->top[i].bytes = so->top[i].bytes;
+    }
+    out->param_bytes = so->steady[TK_CAT_PARAM];
+    out->grad_bytes = so->steady[TK_CAT_GRAD];
+    out->optim_bytes = so->steady[TK_CAT_OPTIM];
+    out->n_params = so->n_params;
+    out->n_trainable = so->n_trainable;
+    out->train_step = so->train_cost;
+    out->eval_step = so->eval_cost;
+    out->fits = !out->oom && (!capacity || out->peak_reserved <= capacity);
+    out->margin = capacity ? (int64_t)capacity - (int64_t)out->peak_reserved : 0;
+    if (prof) {
+        snprintf(out->profile, sizeof out->profile, "%s", prof->name);
+        double rate = c->precision == TK_PREC_FP32 ? prof->fp32_flops : prof->fp16_flops;
+        double tc = rate > 0 ? so->train_cost.flops / rate : 0;
+        double tm = prof->bandwidth > 0 ? so->train_cost.bytes / prof->bandwidth : 0;
+        out->step_seconds = tc > tm ? tc : tm;
+    }
+    free(so);
+    out->plan_ms = now_ms() - t0;
+    return TK_OK;
+}
+
+char *tk_plan_format(const tk_plan_result *p) {
+    size_t cap = 4096;
+    char *s = malloc(cap);
+    if (!s)
+        return NULL;
+    char b1[32], b2[32], b3[32];
+    int n = 0;
+#define OUT(...) do { if (n < (int)cap) n += snprintf(s + n, cap - (size_t)n, __VA_ARGS__); } while (0)
+    OUT("plan: batch %d x seq %d, %lld parameters (%lld trainable)\n", p->batch, p->seq,
+        (long long)p->n_params, (long long)p->n_trainable);
+    OUT("predicted peak: %s allocated, %s reserved", tk_format_bytes(p->peak_allocated, b1, sizeof b1),
+        tk_format_bytes(p->peak_reserved, b2, sizeof b2));
+    if (p->capacity) {
+        int64_t mg = p->margin;
+        OUT(" of %s capacity: %s (%s %s)\n", tk_format_bytes(p->capacity, b3, sizeof b3),
+            p->fits ? "fits" : "does NOT fit", p->fits ? "margin" : "short by",
+            tk_format_bytes((size_t)(mg < 0 ? -mg : mg), b1, sizeof b1));
+    } else {
+        OUT(" (no capacity given)\n");
+    }
+    if (p->oom)
+        OUT("first OOM during %s: %s for %s (%s)\n", p->oom_phase,
+            tk_format_bytes(p->oom_record.requested, b1, sizeof b1), p->oom_record.owner_name,
+            tk_cat_name(p->oom_record.tag.cat));
+    OUT("at the peak, by category:\n");
+    for (int c = 0; c < TK_CAT_COUNT; c++)
+        if (p->by_cat_at_peak[c])
+            OUT("  %-10s %s\n", tk_cat_name((tk_cat)c), tk_format_bytes(p->by_cat_at_peak[c], b1, sizeof b1));
+    OUT("top owners at the peak:\n");
+    for (int i = 0; i < p->n_top; i++)
+        OUT("  %-56s %s\n", p->top[i].owner, tk_format_bytes(p->top[i].bytes, b1, sizeof b1));
+    OUT("one optimizer step: %.3g GFLOP, %.3g GB moved", p->train_step.flops / 1e9, p->train_step.bytes / 1e9);
+    if (p->profile[0])
+        OUT("; on %s about %.3g s (roofline estimate, not measured)", p->profile, p->step_seconds);
+    OUT("\nplanned in %.2f ms\n", p->plan_ms);
+#undef OUT
+    return s;
+}

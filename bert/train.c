@@ -1,0 +1,420 @@
+/* train.c — the training loop: epochs of accumulated micro-batches, AdamW
+ * steps on HF's schedule, eval after each epoch, history, progress, cancel,
+ * OOM unwinding, the empty-cache policy and per-epoch checkpoints.
+ *
+ * Guarantees:
+ *  - k micro-batches make one optimizer step; micro-batch j's gradient is
+ *    scaled by B_j / sum(B), so the step equals the one on the concatenated
+ *    batch (mean loss over its examples).
+ *  - The cancel flag and the progress callback's answer are looked at only
+ *    between optimizer steps: a cancelled run has whole steps only.
+ *  - Whatever ends the run (success, cancel, OOM, error) the optimizer state
+ *    and every scratch tensor are released before return; the model keeps its
+ *    parameters and gradients (they are the model's, tk_model_destroy frees
+ *    them). On OOM the allocator's record is copied into the result.
+ *  - A checkpoint is written only after a complete epoch, file by file
+ *    atomically (tk_model_save_hf), so the last good one is never damaged.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tk_train.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void tk_train_result_clear(tk_train_result *r) {
+    if (!r)
+        return;
+    free(r->history);
+    memset(r, 0, sizeof *r);
+}
+
+tk_optim_param *tk_train_optim_params(tk_model *m, int *n) {
+    int np = tk_model_n_params(m);
+    tk_optim_param *ps = calloc(np > 0 ? (size_t)np : 1, sizeof *ps);
+    if (!ps) {
+        *n = 0;
+        return NULL;
+    }
+    for (int i = 0; i < np; i++) {
+        const tk_param *p = tk_model_param(m, i);
+        ps[i] = (tk_optim_param){ .name = p->name, .param = p->w, .grad = p->g,
+                                  .no_decay = p->no_decay, .frozen = p->frozen };
+    }
+    *n = np;
+    return ps;
+}
+
+/* splitmix64, so the batch order does not depend on the C library */
+static uint64_t mix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void epoch_order(int *order, int n, uint64_t seed, int epoch) {
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    uint64_t s = seed * 1000003ull + (uint64_t)epoch;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(mix64(&s) % (uint64_t)(i + 1));
+        int t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+}
+
+/* ---- evaluation ------------------------------------------------------- */
+
+/* HF run_qa.py's max_answer_length */
+#define TK_MAX_ANSWER_TOKENS 30
+
+typedef struct {
+    double loss_sum;
+    int64_t n_batches, n_rows, n_correct;
+    int num_labels;
+    int64_t *tp, *fp, *fn;     /* classification, per class */
+    double em_sum, f1_sum;     /* span */
+} eval_acc;
+
+static void eval_classify(eval_acc *e, const tk_batch *b, const float *logits) {
+    for (int i = 0; i < b->B; i++) {
+        int y = b->labels ? b->labels[i] : -1;
+        if (y < 0)
+            continue;
+        const float *l = logits + (size_t)i * e->num_labels;
+        int best = 0;
+        for (int k = 1; k < e->num_labels; k++)
+            if (l[k] > l[best])
+                best = k;
+        e->n_rows++;
+        if (best == y) {
+            e->n_correct++;
+            e->tp[y]++;
+        } else {
+            e->fp[best]++;
+            if (y < e->num_labels)
+                e->fn[y]++;
+        }
+    }
+}
+
+/* Best span (s <= e < s + 30, both on kept tokens; (0,0) is the [CLS]
+ * no-answer span) against the gold positions: SQuAD EM and token-overlap F1
+ * over positions. */
+static void eval_span(eval_acc *e, const tk_batch *b, const float *logits) {
+    for (int i = 0; i < b->B; i++) {
+        const float *l = logits + (size_t)i * b->T * 2;
+        const int32_t *mask = b->attention_mask ? b->attention_mask + (size_t)i * b->T : NULL;
+        int bs = 0, be = 0;
+        float best = l[0] + l[1];
+        for (int s = 1; s < b->T; s++) {
+            if (mask && !mask[s])
+                continue;
+            for (int t = s; t < b->T && t < s + TK_MAX_ANSWER_TOKENS; t++) {
+                if (mask && !mask[t])
+                    continue;
+                float sc = l[2 * s] + l[2 * t + 1];
+                if (sc > best) {
+                    best = sc;
+                    bs = s;
+                    be = t;
+                }
+            }
+        }
+        int gs = b->start_positions ? b->start_positions[i] : 0;
+        int ge = b->end_positions ? b->end_positions[i] : 0;
+        int em = bs == gs && be == ge;
+        double f1 = em;
+        if (!em && gs > 0 && bs > 0) {
+            int lo = bs > gs ? bs : gs, hi = be < ge ? be : ge;
+            int ov = hi - lo + 1;
+            if (ov > 0) {
+                double p = (double)ov / (be - bs + 1), r = (double)ov / (ge - gs + 1);
+                f1 = 2 * p * r / (p + r);
+            }
+        }
+        e->n_rows++;
+        e->em_sum += em;
+        e->f1_sum += f1;
+    }
+}
+
+static tk_status evaluate(tk_model *m, const tk_batch *dev, int n_dev, tk_epoch_stats *es,
+                          tk_err *err) {
+    const tk_model_opts *mo = tk_model_opts_of(m);
+    int span = mo->head == TK_HEAD_SPAN;
+    eval_acc e;
+    memset(&e, 0, sizeof e);
+    e.num_labels = span ? 2 : mo->num_labels;
+    e.tp = calloc((size_t)e.num_labels * 3, sizeof(int64_t));
+    int64_t maxl = 0;
+    for (int i = 0; i < n_dev; i++) {
+        int64_t nl = tk_model_n_logits(m, dev[i].B, dev[i].T);
+        if (nl > maxl)
+            maxl = nl;
+    }
+    float *logits = malloc((size_t)(maxl > 0 ? maxl : 1) * sizeof(float));
+    if (!e.tp || !logits) {
+        free(e.tp);
+        free(logits);
+        tk_err_set(err, TK_EINVAL, "eval: out of host memory");
+        return TK_EINVAL;
+    }
+    e.fp = e.tp + e.num_labels;
+    e.fn = e.fp + e.num_labels;
+    tk_status st = TK_OK;
+    for (int i = 0; i < n_dev && st == TK_OK; i++) {
+        float loss = 0;
+        st = tk_model_forward_eval(m, &dev[i], &loss, logits, err);
+        if (st != TK_OK)
+            break;
+        e.loss_sum += loss;
+        e.n_batches++;
+        if (span)
+            eval_span(&e, &dev[i], logits);
+        else
+            eval_classify(&e, &dev[i], logits);
+    }
+    if (st == TK_OK) {
+        es->dev_loss = e.n_batches ? (float)(e.loss_sum / (double)e.n_batches) : NAN;
+        if (span) {
+            es->dev_em = e.n_rows ? (float)(100.0 * e.em_sum / (double)e.n_rows) : NAN;
+            es->dev_span_f1 = e.n_rows ? (float)(100.0 * e.f1_sum / (double)e.n_rows) : NAN;
+        } else {
+            es->dev_acc = e.n_rows ? (float)e.n_correct / (float)e.n_rows : NAN;
+            /* macro F1 over the classes seen in labels or predictions (sklearn's) */
+            double f1 = 0;
+            int k = 0;
+            for (int c = 0; c < e.num_labels; c++) {
+                int64_t tp = e.tp[c], fp = e.fp[c], fn = e.fn[c];
+                if (tp + fp + fn == 0)
+                    continue;
+                f1 += 2.0 * (double)tp / (double)(2 * tp + fp + fn);
+                k++;
+            }
+            es->dev_f1 = k ? (float)(f1 / k) : NAN;
+        }
+    }
+    free(e.tp);
+    free(logits);
+    return st;
+}
+
+/* ---- the loop --------------------------------------------------------- */
+
+static void fill_progress(tk_progress *p, tk_dev *d) {
+    tk_alloc_stats s;
+    tk_alloc_stats_get(tk_dev_alloc(d), &s);
+    p->allocated = s.allocated;
+    p->peak = s.allocated_peak;
+    p->reserved = s.reserved;
+    p->capacity = s.capacity;
+}
+
+static int cancelled(const tk_train_callbacks *cb) {
+    return cb && cb->cancel && *cb->cancel;
+}
+
+/* One optimizer step over micro-batches order[g0..g1). */
+static tk_status train_group(tk_model *m, tk_adamw *opt, const tk_batch *train, const int *order,
+                             int g0, int g1, uint64_t *micro, float lr, double *loss_sum,
+                             int64_t *rows, float *gnorm, tk_err *err) {
+    tk_status st = tk_model_zero_grads(m, err);
+    if (st != TK_OK)
+        return st;
+    int64_t total = 0;
+    for (int j = g0; j < g1; j++)
+        total += train[order[j]].B;
+    for (int j = g0; j < g1 && st == TK_OK; j++) {
+        const tk_batch *b = &train[order[j]];
+        float loss = 0;
+        st = tk_model_forward_backward(m, b, (*micro)++, (float)b->B / (float)total, &loss, NULL, err);
+        if (st == TK_OK) {
+            *loss_sum += (double)loss * b->B;
+            *rows += b->B;
+        }
+    }
+    if (st != TK_OK)
+        return st;
+    int skipped = 0;
+    return tk_adamw_step(opt, lr, 1.0f, gnorm, &skipped, err);
+}
+
+tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, int n_train,
+                       const tk_batch *dev, int n_dev, const tk_train_callbacks *cb,
+                       tk_train_result *r, tk_err *err) {
+    memset(r, 0, sizeof *r);
+    if (!c || !m || (n_train > 0 && !train) || n_train <= 0 || (n_dev > 0 && !dev)) {
+        tk_err_set(err, TK_EINVAL, "train: %s", n_train <= 0 ? "the training set has no batches"
+                                                            : "no config, model or batches");
+        return r->status = TK_EINVAL;
+    }
+    tk_dev *d = tk_model_dev(m);
+    tk_alloc *a = tk_dev_alloc(d);
+    tk_alloc_stats s0;
+    tk_alloc_stats_get(a, &s0);
+    r->allocated_before = s0.allocated;
+    double t_start = now_s();
+
+    int k = c->accumulate > 1 ? c->accumulate : 1;
+    int64_t steps_per_epoch = (n_train + k - 1) / k;
+    int epochs = c->epochs > 0 ? c->epochs : 1;
+    int64_t total_steps = steps_per_epoch * epochs;
+    if (c->max_steps > 0) {
+        total_steps = c->max_steps;
+        epochs = (int)((total_steps + steps_per_epoch - 1) / steps_per_epoch);
+    }
+    tk_sched sched = tk_sched_from_config(c, total_steps);
+    int log_every = c->log_every > 0 ? c->log_every : 10;
+
+    tk_status st = TK_OK;
+    tk_adamw *opt = NULL;
+    int np = 0;
+    tk_optim_param *ps = NULL;
+    int *order = malloc((size_t)n_train * sizeof *order);
+    r->history = calloc((size_t)epochs, sizeof *r->history);
+    if (!order || !r->history) {
+        tk_err_set(err, TK_EINVAL, "train: out of host memory");
+        st = TK_EINVAL;
+        goto out;
+    }
+    if (c->resume_from[0] && (st = tk_model_load_hf(m, c->resume_from, NULL, NULL, 0, err)) != TK_OK)
+        goto out;
+    /* Gradients before optimizer state, as in PyTorch (first backward, then
+     * first step); the grad tensors must exist for the optimizer's table. */
+    if ((st = tk_model_alloc_grads(m, err)) != TK_OK)
+        goto out;
+    if (!(ps = tk_train_optim_params(m, &np))) {
+        tk_err_set(err, TK_EINVAL, "train: out of host memory");
+        st = TK_EINVAL;
+        goto out;
+    }
+    if (!(opt = tk_adamw_new(d, c, ps, np, err))) {
+        st = TK_EINVAL;
+        goto out;
+    }
+
+    uint64_t micro = 0;
+    int64_t step = 0;
+    double log_loss = 0;
+    int64_t log_rows = 0;
+    int oom_retried = 0;
+    for (int ep = 0; ep < epochs && step < total_steps; ep++) {
+        double t_ep = now_s(), ep_loss = 0;
+        int64_t ep_rows = 0;
+        float gnorm = 0;
+        tk_alloc_reset_peak(a);
+        epoch_order(order, n_train, c->seed, ep);
+        for (int g0 = 0; g0 < n_train && step < total_steps; g0 += k) {
+            if (cancelled(cb)) {
+                tk_err_set(err, TK_ECANCEL, "training cancelled after step %lld of %lld",
+                           (long long)step, (long long)total_steps);
+                st = TK_ECANCEL;
+                goto out;
+            }
+            int g1 = g0 + k < n_train ? g0 + k : n_train;
+            float lr = tk_sched_lr(&sched, step);
+            double lsum = 0;
+            int64_t rows = 0;
+            st = train_group(m, opt, train, order, g0, g1, &micro, lr, &lsum, &rows, &gnorm, err);
+            if (st == TK_EOOM && c->empty_cache == TK_EMPTY_ON_OOM && !oom_retried) {
+                /* The policy users apply by hand: release the cache, redo the
+                 * whole step once (its gradients are zeroed again). */
+                oom_retried = 1;
+                tk_alloc_empty_cache(a);
+                lsum = 0;
+                rows = 0;
+                st = train_group(m, opt, train, order, g0, g1, &micro, lr, &lsum, &rows, &gnorm, err);
+            }
+            if (st != TK_OK)
+                goto out;
+            step++;
+            ep_loss += lsum;
+            ep_rows += rows;
+            log_loss += lsum;
+            log_rows += rows;
+            if (c->empty_cache == TK_EMPTY_EVERY && c->empty_cache_every > 0 &&
+                step % c->empty_cache_every == 0)
+                tk_alloc_empty_cache(a);
+            if (cb && cb->on_progress && (step % log_every == 0 || step == total_steps)) {
+                double el = now_s() - t_ep;
+                double el_run = now_s() - t_start;
+                tk_progress p = {
+                    .epoch = ep + 1, .epochs = epochs, .step = step, .total_steps = total_steps,
+                    .loss = log_rows ? (float)(log_loss / (double)log_rows) : 0.0f,
+                    .lr = lr, .grad_norm = gnorm,
+                    .samples_per_s = el > 0 ? (double)ep_rows / el : 0,
+                    .eta_s = el_run / (double)step * (double)(total_steps - step),
+                };
+                fill_progress(&p, d);
+                log_loss = 0;
+                log_rows = 0;
+                if (cb->on_progress(cb->ud, &p)) {
+                    tk_err_set(err, TK_ECANCEL, "training cancelled after step %lld of %lld",
+                               (long long)step, (long long)total_steps);
+                    st = TK_ECANCEL;
+                    goto out;
+                }
+            }
+        }
+        tk_epoch_stats *es = &r->history[r->n_history];
+        memset(es, 0, sizeof *es);
+        es->epoch = ep + 1;
+        es->seconds = now_s() - t_ep;
+        es->train_loss = ep_rows ? (float)(ep_loss / (double)ep_rows) : NAN;
+        es->samples_per_s = es->seconds > 0 ? (double)ep_rows / es->seconds : 0;
+        es->dev_loss = es->dev_acc = es->dev_f1 = es->dev_em = es->dev_span_f1 = NAN;
+        if (n_dev > 0 && (st = evaluate(m, dev, n_dev, es, err)) != TK_OK)
+            goto out;
+        tk_alloc_stats sp;
+        tk_alloc_stats_get(a, &sp);
+        es->peak_allocated = sp.allocated_peak;
+        es->peak_reserved = sp.reserved_peak;
+        if (sp.allocated_peak > r->peak_allocated)
+            r->peak_allocated = sp.allocated_peak;
+        if (sp.reserved_peak > r->peak_reserved)
+            r->peak_reserved = sp.reserved_peak;
+        if (c->output_dir[0]) {
+            if ((st = tk_model_save_hf(m, c->output_dir, err)) != TK_OK)
+                goto out;
+            snprintf(r->checkpoint, sizeof r->checkpoint, "%s", c->output_dir);
+        }
+        r->n_history++;
+        r->epochs_done = ep + 1;
+        if (cb && cb->on_epoch)
+            cb->on_epoch(cb->ud, es);
+    }
+
+out:
+    r->steps = tk_adamw_steps(opt);
+    if (st == TK_EOOM) {
+        const tk_oom *o = tk_dev_last_oom(d);
+        if (o) {
+            r->have_oom = 1;
+            r->oom = *o;
+        }
+    }
+    tk_adamw_destroy(&opt);
+    free(ps);
+    free(order);
+    {
+        tk_alloc_stats s1;
+        tk_alloc_stats_get(a, &s1);
+        r->allocated_after = s1.allocated;
+        if (s1.allocated_peak > r->peak_allocated)
+            r->peak_allocated = s1.allocated_peak;
+        if (s1.reserved_peak > r->peak_reserved)
+            r->peak_reserved = s1.reserved_peak;
+    }
+    r->seconds = now_s() - t_start;
+    return r->status = st;
+}

@@ -132,7 +132,9 @@ __global__ void k_add(void *out, int dto, const void *a, int dta, const void *b,
 }
 
 __global__ void k_axpby(void *y, int dty, float alpha, const void *x, int dtx, float beta, int64_t n) {
-    GRID_STRIDE(i, n) st(y, dty, i, alpha * ld(x, dtx, i) + beta * ld(y, dty, i));
+    /* beta == 0 does not read y, as in BLAS: NaN garbage in y must not leak. */
+    GRID_STRIDE(i, n) st(y, dty, i, beta == 0.0f ? alpha * ld(x, dtx, i)
+                                                  : alpha * ld(x, dtx, i) + beta * ld(y, dty, i));
 }
 
 __global__ void k_fill(void *t, int dt, float value, int64_t n) {
@@ -174,18 +176,18 @@ __global__ void k_tanh_bwd(void *din, int dtd, const void *out, int dto, const v
 }
 
 __global__ void k_dropout_fwd(void *out, int dto, uint8_t *mask, const void *in, int dti, int64_t n,
-                              float p, float scale, uint64_t seed, uint64_t offset) {
+                              float p, float scale, uint64_t key, uint64_t offset) {
     GRID_STRIDE(i, n) {
-        int keep = tk_dropout_keep(seed, offset + (uint64_t)i, p);
+        int keep = tk_dropout_keep(key, offset + (uint64_t)i, p);
         st(out, dto, i, keep ? ld(in, dti, i) * scale : 0.0f);
         if (mask) mask[i] = (uint8_t)keep;
     }
 }
 
 __global__ void k_dropout_bwd(void *din, int dtd, const void *dout, int dtg, int64_t n,
-                              float p, float scale, uint64_t seed, uint64_t offset) {
+                              float p, float scale, uint64_t key, uint64_t offset) {
     GRID_STRIDE(i, n) {
-        int keep = tk_dropout_keep(seed, offset + (uint64_t)i, p);
+        int keep = tk_dropout_keep(key, offset + (uint64_t)i, p);
         st(din, dtd, i, keep ? ld(dout, dtg, i) * scale : 0.0f);
     }
 }
@@ -263,7 +265,8 @@ __global__ void k_layernorm_bwd_wb(void *dw, int dtw, void *db, int dtb, const v
     if (db) st(db, dtb, c, ld(db, dtb, c) + sb);
 }
 
-#define MASK_BIAS (-10000.0f)
+/* HF BERT's extended attention mask: (1 - mask) * finfo(float32).min. */
+#define MASK_BIAS (-3.4028234663852886e38f)
 
 /* Rows (B, NH, T, T): row r belongs to batch r / (NH*T); key j is masked
  * where mask[b, j] == 0. */
@@ -279,15 +282,20 @@ __global__ void k_softmax_fwd(void *out, int dto, const void *in, int dti, const
         mx = fmaxf(mx, x);
     }
     mx = block_max(mx, sh);
+    if (mx == -INFINITY) { /* every logit -inf: no distribution exists; zeros, as the cpu backend */
+        for (int64_t j = threadIdx.x; j < T; j += THREADS) st(out, dto, base + j, 0.0f);
+        return;
+    }
     float s = 0.0f;
     for (int64_t j = threadIdx.x; j < T; j += THREADS) {
         float x = scale * ld(in, dti, base + j) + ((mask && mask[b * T + j] == 0) ? MASK_BIAS : 0.0f);
         s += expf(x - mx);
     }
     s = block_sum(s, sh);
+    float inv = 1.0f / s;
     for (int64_t j = threadIdx.x; j < T; j += THREADS) {
         float x = scale * ld(in, dti, base + j) + ((mask && mask[b * T + j] == 0) ? MASK_BIAS : 0.0f);
-        st(out, dto, base + j, expf(x - mx) / s);
+        st(out, dto, base + j, expf(x - mx) * inv);
     }
 }
 
@@ -308,22 +316,24 @@ __global__ void k_softmax_bwd(void *din, int dtd, const void *out, int dto, cons
 __global__ void k_xent_fwd(float *losses, void *probs, int dtp, const void *logits, int dtl,
                            const int32_t *labels, int64_t V, unsigned *flags) {
     __shared__ float sh[THREADS / 32];
+    __shared__ double shd[THREADS / 32];
     int64_t row = blockIdx.x;
     const int64_t base = row * V;
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < V; j += THREADS) mx = fmaxf(mx, ld(logits, dtl, base + j));
     mx = block_max(mx, sh);
-    float s = 0.0f;
-    for (int64_t j = threadIdx.x; j < V; j += THREADS) s += expf(ld(logits, dtl, base + j) - mx);
-    s = block_sum(s, sh);
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < V; j += THREADS) s += (double)expf(ld(logits, dtl, base + j) - mx);
+    s = block_sum(s, shd);
+    float inv = (float)(1.0 / s);
     if (probs)
         for (int64_t j = threadIdx.x; j < V; j += THREADS)
-            st(probs, dtp, base + j, expf(ld(logits, dtl, base + j) - mx) / s);
+            st(probs, dtp, base + j, expf(ld(logits, dtl, base + j) - mx) * inv);
     if (threadIdx.x == 0) {
         int32_t y = labels[row];
         float loss = 0.0f;
         if (y >= V) atomicOr(flags, TK_CUDA_FLAG_BAD_INDEX);
-        else if (y >= 0) loss = logf(s) + mx - ld(logits, dtl, base + y);
+        else if (y >= 0) loss = (mx + (float)log(s)) - ld(logits, dtl, base + y);
         losses[row] = loss;
     }
 }
@@ -331,6 +341,7 @@ __global__ void k_xent_fwd(float *losses, void *probs, int dtp, const void *logi
 __global__ void k_xent_bwd(void *dlogits, int dtd, const void *logits, int dtl, const int32_t *labels,
                            int64_t V, float scale, unsigned *flags) {
     __shared__ float sh[THREADS / 32];
+    __shared__ double shd[THREADS / 32];
     int64_t row = blockIdx.x;
     const int64_t base = row * V;
     int32_t y = labels[row];
@@ -342,12 +353,13 @@ __global__ void k_xent_bwd(void *dlogits, int dtd, const void *logits, int dtl, 
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < V; j += THREADS) mx = fmaxf(mx, ld(logits, dtl, base + j));
     mx = block_max(mx, sh);
-    float s = 0.0f;
-    for (int64_t j = threadIdx.x; j < V; j += THREADS) s += expf(ld(logits, dtl, base + j) - mx);
-    s = block_sum(s, sh);
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < V; j += THREADS) s += (double)expf(ld(logits, dtl, base + j) - mx);
+    s = block_sum(s, shd);
+    float inv = (float)(1.0 / s);
     for (int64_t j = threadIdx.x; j < V; j += THREADS) {
-        float pr = expf(ld(logits, dtl, base + j) - mx) / s;
-        st(dlogits, dtd, base + j, scale * (pr - (j == y ? 1.0f : 0.0f)));
+        float pr = expf(ld(logits, dtl, base + j) - mx) * inv;
+        st(dlogits, dtd, base + j, (j == y ? pr - 1.0f : pr) * scale);
     }
 }
 
@@ -468,8 +480,8 @@ __global__ void k_adamw8(float *param, const void *grad, int dtg, int8_t *mq, fl
     if (live) {
         float g = ld(grad, dtg, i) * k.grad_scale;
         p = param[i];
-        mi = tk_q8_m_dequant(mq[i], mscale[blk]);
-        vi = tk_q8_v_dequant(vq[i], vscale[blk]);
+        mi = tk_q8_decode_m(mq[i], mscale[blk]);
+        vi = tk_q8_decode_v(vq[i], vscale[blk]);
         tk_adamw_update(&p, &mi, &vi, g, &k);
         param[i] = p;
     }
@@ -477,8 +489,8 @@ __global__ void k_adamw8(float *param, const void *grad, int dtg, int8_t *mq, fl
     float am = block_max(live ? fabsf(mi) : 0.0f, sh);
     float av = block_max(live ? vi : 0.0f, sh);
     if (live) {
-        mq[i] = tk_q8_m_quant(mi, am);
-        vq[i] = tk_q8_v_quant(vi, av);
+        mq[i] = tk_q8_encode_m(mi, am);
+        vq[i] = tk_q8_encode_v(vi, av);
     }
     if (threadIdx.x == 0) {
         mscale[blk] = am;
@@ -649,7 +661,7 @@ tk_status tk_cuda_dropout_fwd(void *ctx, tk_tensor *out, tk_tensor *mask, const 
     if (mask && mask->dtype != TK_U8) return bad("dropout_fwd", "mask must be u8");
     if (n == 0) return TK_OK;
     k_dropout_fwd<<<grid_for(n), THREADS>>>(out->data, DT(out), mask ? (uint8_t *)mask->data : NULL,
-                                            in->data, DT(in), n, p, tk_dropout_scale(p), seed, offset);
+                                            in->data, DT(in), n, p, tk_dropout_scale(p), tk_dropout_key(seed), offset);
     TK_CU_LAUNCHED("k_dropout_fwd");
     return TK_OK;
 }
@@ -659,7 +671,7 @@ tk_status tk_cuda_dropout_bwd(void *ctx, tk_tensor *din, const tk_tensor *dout, 
     NEED_FLOAT("dropout_bwd", din); NEED_FLOAT("dropout_bwd", dout);
     if (n == 0) return TK_OK;
     k_dropout_bwd<<<grid_for(n), THREADS>>>(din->data, DT(din), dout->data, DT(dout), n, p,
-                                            tk_dropout_scale(p), seed, offset);
+                                            tk_dropout_scale(p), tk_dropout_key(seed), offset);
     TK_CU_LAUNCHED("k_dropout_bwd");
     return TK_OK;
 }

@@ -1,8 +1,9 @@
-/* cuda_shared.h — the per-element rules the cuda kernels must share bit for
- * bit with the cpu backend (gpu/cpu_backend.c): the dropout generator, the
- * AdamW update and the 8-bit moment quantisation. Written so that nvcc
- * (device and host) and a plain C compiler both take it, which lets a host
- * test check these functions against the cpu backend without a GPU.
+/* cuda_shared.h — per-element rules the cuda kernels share with the cpu
+ * backend (gpu/cpu_backend.c): the AdamW update and the dropout scale. The
+ * dropout generator and the 8-bit state codes come from gpu/tk_ops_spec.h.
+ * Written so that nvcc (device and host) and a plain C compiler both take it,
+ * so a host test can check these functions against the cpu backend without
+ * a GPU.
  */
 #ifndef TK_CUDA_SHARED_H
 #define TK_CUDA_SHARED_H
@@ -10,81 +11,57 @@
 #include <math.h>
 #include <stdint.h>
 #include "tk_gpu.h"
+#include "tk_ops_spec.h"
 
 #ifdef __CUDACC__
-#define TK_HD __host__ __device__ __forceinline__
+#define TK_HD static __host__ __device__ __forceinline__
 #else
 #define TK_HD static inline
 #endif
 
 /* ---- dropout -------------------------------------------------------------- */
 
-/* splitmix64 finaliser over (seed, index): a counter-based generator, so
- * element i's draw depends on nothing but (seed, offset + i). */
-TK_HD uint64_t tk_dropout_hash(uint64_t seed, uint64_t i) {
-    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+/* The generator and the q8 codes are tk_ops_spec.h's. Kept values are scaled
+ * by one IEEE division; p <= 0 keeps everything unscaled, as the cpu backend. */
+TK_HD float tk_dropout_scale(float p) {
+    return p <= 0.0f ? 1.0f : (p < 1.0f ? 1.0f / (1.0f - p) : 0.0f);
 }
-
-/* Kept when the top 24 bits, as a uniform draw in [0, 1), are >= p. */
-TK_HD int tk_dropout_keep(uint64_t seed, uint64_t i, float p) {
-    float u = (float)(tk_dropout_hash(seed, i) >> 40) * (1.0f / 16777216.0f);
-    return u >= p;
-}
-
-TK_HD float tk_dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
 
 /* ---- AdamW ------------------------------------------------------------------- */
 
-/* Per-step constants, computed once on the host. */
+/* torch.optim.AdamW (foreach=False), in the cpu backend's exact operation
+ * order so that, with FMA contraction off (nvcc -fmad=false), f32 results
+ * agree bit for bit:
+ *   p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ *   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). */
 typedef struct tk_adamw_coef {
-    float lr, beta1, beta2, eps, weight_decay, grad_scale;
-    float bc1, bc2; /* 1 - beta^step */
+    float decay, b1, b2, omb1, omb2, step_size, inv_sqrt_bc2, eps, grad_scale;
 } tk_adamw_coef;
 
 TK_HD tk_adamw_coef tk_adamw_coef_of(const tk_adamw_hp *hp) {
     tk_adamw_coef k;
-    k.lr = hp->lr;
-    k.beta1 = hp->beta1;
-    k.beta2 = hp->beta2;
+    double t = (double)(hp->step > 0 ? hp->step : 1);
+    double bc1 = 1.0 - pow((double)hp->beta1, t), bc2 = 1.0 - pow((double)hp->beta2, t);
+    k.decay = 1.0f - hp->lr * hp->weight_decay;
+    k.b1 = hp->beta1;
+    k.b2 = hp->beta2;
+    k.omb1 = 1.0f - hp->beta1;
+    k.omb2 = 1.0f - hp->beta2;
+    k.step_size = (float)(hp->lr / bc1);
+    k.inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
     k.eps = hp->eps;
-    k.weight_decay = hp->weight_decay;
     k.grad_scale = hp->grad_scale;
-    k.bc1 = (float)(1.0 - pow((double)hp->beta1, (double)hp->step));
-    k.bc2 = (float)(1.0 - pow((double)hp->beta2, (double)hp->step));
     return k;
 }
 
-/* torch.optim.AdamW's order: decay the weight, then the Adam step. */
+/* m and v in: the previous moments (decoded, for 8-bit); out: the new ones. */
 TK_HD void tk_adamw_update(float *p, float *m, float *v, float g, const tk_adamw_coef *k) {
-    float mi = k->beta1 * *m + (1.0f - k->beta1) * g;
-    float vi = k->beta2 * *v + (1.0f - k->beta2) * g * g;
-    float mhat = mi / k->bc1;
-    float vhat = vi / k->bc2;
-    float pi = *p * (1.0f - k->lr * k->weight_decay);
-    pi -= k->lr * mhat / (sqrtf(vhat) + k->eps);
-    *p = pi;
+    float mi = k->b1 * *m + k->omb1 * g;
+    float vi = k->b2 * *v + k->omb2 * g * g;
+    float pi = *p * k->decay;
+    *p = pi - k->step_size * mi / (sqrtf(vi) * k->inv_sqrt_bc2 + k->eps);
     *m = mi;
     *v = vi;
-}
-
-/* ---- 8-bit moments ---------------------------------------------------------------- */
-
-/* m: signed, linear in [-absmax, absmax] -> [-127, 127]; v >= 0: linear in
- * [0, max] -> [0, 255]. A zero scale stores zeros. */
-TK_HD float tk_q8_m_dequant(int8_t q, float scale) { return (float)q * (scale / 127.0f); }
-TK_HD float tk_q8_v_dequant(uint8_t q, float scale) { return (float)q * (scale / 255.0f); }
-TK_HD int8_t tk_q8_m_quant(float m, float absmax) {
-    if (!(absmax > 0.0f)) return 0;
-    float q = rintf(m / absmax * 127.0f);
-    return (int8_t)(q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q));
-}
-TK_HD uint8_t tk_q8_v_quant(float v, float vmax) {
-    if (!(vmax > 0.0f)) return 0;
-    float q = rintf(v / vmax * 255.0f);
-    return (uint8_t)(q > 255.0f ? 255.0f : (q < 0.0f ? 0.0f : q));
 }
 
 #endif

@@ -10,6 +10,8 @@
 # toolkit's headers; only cuda_ops.cu goes through nvcc. Architectures: SASS
 # for sm_75 (T4), sm_80 (A100; runs on sm_86/sm_89 too) and sm_90 (H100), plus
 # compute_90 PTX for newer cards, which keeps the nvcc step short on 2 cores.
+# -fmad=false: no FMA contraction, so the kernels round exactly as the cpu
+# backend (gcc on x86-64 without -mfma) does; they are memory bound anyway.
 # Without nvcc the plugin is skipped with a one-line notice.
 
 CUDA_HOME ?= /usr/local/cuda
@@ -46,7 +48,7 @@ $(BUILD)/cuda/%.o: $(CUDA_DIR)/%.c
 
 $(BUILD)/cuda/%.o: $(CUDA_DIR)/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -std=c++17 -O2 -lineinfo $(CUDA_GENCODE) $(CUDA_INCS) \
+	$(NVCC) -std=c++17 -O2 -lineinfo -fmad=false $(CUDA_GENCODE) $(CUDA_INCS) \
 	    -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings \
 	    -MMD -MP -c $< -o $@
 

@@ -95,6 +95,12 @@ void *tk_cpu_ctx_new(const tk_dev_opts *opts);
 const tk_backend *tk_backend_meta(void);
 void *tk_meta_ctx_new(const tk_dev_opts *opts);
 
+/* The backend context a device opened (borrowed), for a backend's extra
+ * functions such as tk_cuda_mem_totals_get; and a symbol of the loaded cuda
+ * plugin (NULL on other devices or when absent). */
+void *tk_dev_backend_ctx(tk_dev *d);
+void *tk_dev_plugin_sym(tk_dev *d, const char *name);
+
 /* Signature the cuda plugin exports (resolved with dlsym). */
 typedef tk_status (*tk_cuda_plugin_open_fn)(const tk_dev_opts *opts, const tk_backend **be,
                                             void **ctx, tk_err *err);

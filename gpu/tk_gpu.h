@@ -228,6 +228,9 @@ tk_dev_kind tk_dev_kind_of(const tk_dev *d);
 tk_alloc *tk_dev_alloc(tk_dev *d);              /* borrowed */
 void tk_dev_info_get(tk_dev *d, tk_dev_info *out);
 const tk_oom *tk_dev_last_oom(const tk_dev *d); /* borrowed; NULL if none yet */
+/* The last error an op reported (ops take no tk_err: a TK_EINVAL from a
+ * tk_op_* call says what was wrong here). Borrowed; NULL if none yet. */
+const tk_err *tk_dev_last_err(const tk_dev *d);
 void tk_dev_cost_get(const tk_dev *d, tk_cost *out);
 void tk_dev_cost_reset(tk_dev *d);
 /* Waits for all queued work (cuda); no-op elsewhere. */

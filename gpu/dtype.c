@@ -1,0 +1,126 @@
+/* dtype.c — status and error text, dtypes, allocation categories, and the
+ * fp16/bf16 <-> fp32 conversions every backend and reader shares.
+ *
+ * Guarantees: conversions round to nearest even and keep NaN a NaN (quiet)
+ * and infinities infinite; names are stable strings used in JSON and in
+ * messages, so other modules may compare against them.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "tk_gpu.h"
+
+void tk_err_set(tk_err *err, tk_status st, const char *fmt, ...) {
+    if (!err) return;
+    err->status = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+}
+
+const char *tk_status_name(tk_status st) {
+    switch (st) {
+    case TK_OK: return "ok";
+    case TK_EOOM: return "out of memory";
+    case TK_EINVAL: return "invalid argument";
+    case TK_EIO: return "i/o error";
+    case TK_ECANCEL: return "cancelled";
+    case TK_EDEVICE: return "device error";
+    case TK_EFORMAT: return "malformed input";
+    }
+    return "unknown status";
+}
+
+static const struct { const char *name; size_t size; } dtypes[TK_DTYPE_COUNT] = {
+    [TK_F32] = {"f32", 4}, [TK_F16] = {"f16", 2}, [TK_BF16] = {"bf16", 2},
+    [TK_I8] = {"i8", 1},   [TK_U8] = {"u8", 1},   [TK_I32] = {"i32", 4},
+    [TK_I64] = {"i64", 8},
+};
+
+size_t tk_dtype_size(tk_dtype dt) {
+    return (unsigned)dt < TK_DTYPE_COUNT ? dtypes[dt].size : 0;
+}
+
+const char *tk_dtype_name(tk_dtype dt) {
+    return (unsigned)dt < TK_DTYPE_COUNT ? dtypes[dt].name : "?";
+}
+
+/* Accepts our short names and the spellings users bring from PyTorch and
+ * safetensors ("float32", "F16", "bfloat16", "int32"). */
+int tk_dtype_parse(const char *s, tk_dtype *out) {
+    static const struct { const char *s; tk_dtype dt; } alias[] = {
+        {"float32", TK_F32}, {"float", TK_F32}, {"fp32", TK_F32},
+        {"float16", TK_F16}, {"half", TK_F16}, {"fp16", TK_F16},
+        {"bfloat16", TK_BF16}, {"int8", TK_I8}, {"uint8", TK_U8},
+        {"int32", TK_I32}, {"int64", TK_I64},
+    };
+    if (!s || !out) return -1;
+    for (int i = 0; i < TK_DTYPE_COUNT; i++)
+        if (strcasecmp(s, dtypes[i].name) == 0) { *out = (tk_dtype)i; return 0; }
+    for (size_t i = 0; i < sizeof alias / sizeof alias[0]; i++)
+        if (strcasecmp(s, alias[i].s) == 0) { *out = alias[i].dt; return 0; }
+    return -1;
+}
+
+const char *tk_cat_name(tk_cat c) {
+    static const char *names[TK_CAT_COUNT] = {
+        [TK_CAT_PARAM] = "param", [TK_CAT_GRAD] = "grad", [TK_CAT_OPTIM] = "optim",
+        [TK_CAT_ACT] = "act", [TK_CAT_TEMP] = "temp", [TK_CAT_WORKSPACE] = "workspace",
+        [TK_CAT_INPUT] = "input",
+    };
+    return (unsigned)c < TK_CAT_COUNT ? names[c] : "?";
+}
+
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* fp32 -> fp16 with round to nearest even, including the subnormal range. */
+uint16_t tk_f32_to_f16(float f) {
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) /* inf or NaN: keep NaN quiet and non-zero */
+        return sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0);
+    if (absx >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
+        return sign | 0x7c00u;
+    if (absx < 0x38800000u) { /* below 2^-14: fp16 subnormal or zero */
+        if (absx < 0x33000000u) return sign; /* below half the smallest subnormal */
+        uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
+        int shift = 113 - (int)(absx >> 23) + 13; /* 126 - exp + 13 - 14 + 1 */
+        uint32_t half = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1);
+        uint32_t mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return sign | (uint16_t)half;
+    }
+    uint32_t h = ((absx >> 13) - (112u << 10)); /* rebias exponent 127 -> 15 */
+    uint32_t rem = absx & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* carry may bump the exponent */
+    return sign | (uint16_t)h;
+}
+
+float tk_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0) {
+        if (mant == 0) return bits_f32(sign);
+        /* subnormal: value = mant * 2^-24, exact in fp32 */
+        float v = (float)mant * (1.0f / 16777216.0f);
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+uint16_t tk_f32_to_bf16(float f) {
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+    uint32_t lsb = (x >> 16) & 1u;
+    x += 0x7fffu + lsb;
+    return (uint16_t)(x >> 16);
+}
+
+float tk_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }

@@ -1,0 +1,458 @@
+/* ops.c — the public tk_op_* wrappers: argument checks, cost counting, and
+ * dispatch to the device's backend table.
+ *
+ * Each wrapper checks its arguments (tensors present and holding data, dtypes
+ * allowed, sizes non-negative and within each tensor's element count). A bad
+ * argument returns TK_EINVAL, leaves the device's cost counters untouched and
+ * records a one-line message in tk_dev_last_err(d). A good call adds its cost
+ * to the device's counters on every backend (meta included: that is how a
+ * plan gets a predicted time) and then calls the backend's function; an op
+ * the backend leaves NULL does nothing (meta leaves them all NULL).
+ *
+ * Cost model (estimates, used relatively by the planner with a GPU profile's
+ * peak FLOP/s and bandwidth, roofline style: time ~ max(flops/peak, bytes/bw)):
+ *  - bytes = every element read plus every element written, each at its
+ *    tensor's dtype size; an output that is accumulated into (beta != 0,
+ *    "+=") is counted as read and written. Index tensors count 4 B/element.
+ *  - flops: GEMM 2*M*N*K*batch (+ M*N*batch for a bias). Elementwise ops
+ *    count arithmetic per element with a transcendental (exp, erf, tanh,
+ *    sqrt) as 4: add 1, axpby 3, cast/fill/copies 0, gelu 8 fwd / 15 bwd,
+ *    tanh 4 / 3, dropout 2, softmax 9 / 5 per element, layernorm 8 / 14,
+ *    cross-entropy 7 / 8 per logit, AdamW 18 and 8-bit AdamW 30 per
+ *    parameter, sum of squares 2, bias grad and scatter-add 1.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dev_internal.h"
+
+#define M_FLT ((1u << TK_F32) | (1u << TK_F16) | (1u << TK_BF16))
+#define M_F32 (1u << TK_F32)
+#define M_I32 (1u << TK_I32)
+#define M_U8 (1u << TK_U8)
+#define M_I8 (1u << TK_I8)
+#define M_ANY ((1u << TK_DTYPE_COUNT) - 1)
+
+/* a*b saturating at INT64_MAX, so an overflowing size fails the numel check. */
+static int64_t smul(int64_t a, int64_t b) {
+    int64_t r;
+    if (a < 0 || b < 0) return INT64_MAX;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static int64_t sadd(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+__attribute__((format(printf, 3, 4)))
+static tk_status fail(tk_dev *d, const char *op, const char *fmt, ...) {
+    char buf[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    tk_err_set(&d->last_err, TK_EINVAL, "%s: %s", op, buf);
+    return TK_EINVAL;
+}
+
+/* Checks one tensor argument: present (unless optional), a dtype in `mask`,
+ * at least `need` elements, and data behind them. Returns TK_OK or records
+ * why not. */
+static tk_status arg(tk_dev *d, const char *op, const char *name, const tk_tensor *t,
+                     unsigned mask, int64_t need, int optional) {
+    if (!t) return optional ? TK_OK : fail(d, op, "%s is missing", name);
+    if ((unsigned)t->dtype >= TK_DTYPE_COUNT || !(mask & (1u << t->dtype)))
+        return fail(d, op, "%s has dtype %s, which this op does not take", name,
+                    tk_dtype_name(t->dtype));
+    int64_t n = tk_tensor_numel(t);
+    if (need > n)
+        return fail(d, op, "%s (%s) has %lld elements, the sizes given need %lld", name,
+                    tk_alloc_owner_name(d->alloc, t->tag.owner), (long long)n, (long long)need);
+    if (need > 0 && !t->data)
+        return fail(d, op, "%s (%s) has no data (freed or never allocated)", name,
+                    tk_alloc_owner_name(d->alloc, t->tag.owner));
+    return TK_OK;
+}
+
+static tk_status sizes(tk_dev *d, const char *op, int n, ...) {
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++) {
+        long long v = va_arg(ap, long long);
+        if (v < 0) { va_end(ap); return fail(d, op, "size argument %d is negative (%lld)", i + 1, v); }
+    }
+    va_end(ap);
+    return TK_OK;
+}
+
+static double sz(const tk_tensor *t) { return t ? (double)tk_dtype_size(t->dtype) : 0.0; }
+
+static void charge(tk_dev *d, double flops, double bytes) {
+    d->cost.flops += flops;
+    d->cost.bytes += bytes;
+    d->cost.n_ops++;
+}
+
+#define TRY(x) do { tk_status _s = (x); if (_s != TK_OK) return _s; } while (0)
+#define DEV_OK() do { if (!d) return TK_EINVAL; } while (0)
+#define LL(x) ((long long)(x))
+#define DISPATCH(fn, ...) return d->be->fn ? d->be->fn(d->ctx, __VA_ARGS__) : TK_OK
+
+tk_status tk_op_gemm(tk_dev *d, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
+                     const tk_tensor *bias, int transA, int transB,
+                     int64_t M, int64_t N, int64_t K, int64_t batch,
+                     int64_t strideA, int64_t strideB, int64_t strideC,
+                     float alpha, float beta) {
+    const char *op = "gemm";
+    DEV_OK();
+    TRY(sizes(d, op, 7, LL(M), LL(N), LL(K), LL(batch), LL(strideA), LL(strideB), LL(strideC)));
+    int64_t last = batch > 0 ? batch - 1 : 0;
+    int64_t nb = batch > 0 ? 1 : 0;
+    TRY(arg(d, op, "A", A, M_FLT, sadd(smul(last, strideA), smul(nb, smul(M, K))), 0));
+    TRY(arg(d, op, "B", B, M_FLT, sadd(smul(last, strideB), smul(nb, smul(K, N))), 0));
+    TRY(arg(d, op, "C", C, M_FLT, sadd(smul(last, strideC), smul(nb, smul(M, N))), 0));
+    if (bias) TRY(arg(d, op, "bias", bias, M_F32 | (1u << C->dtype), smul(nb, N), 0));
+    double mn = (double)M * N * batch;
+    charge(d, 2.0 * M * N * (double)K * batch + (bias ? mn : 0),
+           (double)batch * ((double)M * K * sz(A) + (double)K * N * sz(B)) +
+           mn * sz(C) * (beta != 0.0f ? 2 : 1) + (bias ? (double)N * sz(bias) : 0));
+    DISPATCH(gemm, C, A, B, bias, transA, transB, M, N, K, batch, strideA, strideB, strideC,
+             alpha, beta);
+}
+
+tk_status tk_op_embed_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,
+                          int64_t n, int64_t C) {
+    const char *op = "embed_fwd";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(n), LL(C)));
+    TRY(arg(d, op, "out", out, M_FLT, smul(n, C), 0));
+    TRY(arg(d, op, "ids", ids, M_I32, n, 0));
+    TRY(arg(d, op, "table", table, M_FLT, C, 0));
+    charge(d, 0, 4.0 * n + (double)n * C * (sz(table) + sz(out)));
+    DISPATCH(embed_fwd, out, ids, table, n, C);
+}
+
+tk_status tk_op_embed_bwd(tk_dev *d, tk_tensor *dtable, const tk_tensor *ids, const tk_tensor *dout,
+                          int64_t n, int64_t C) {
+    const char *op = "embed_bwd";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(n), LL(C)));
+    TRY(arg(d, op, "dtable", dtable, M_FLT, C, 0));
+    TRY(arg(d, op, "ids", ids, M_I32, n, 0));
+    TRY(arg(d, op, "dout", dout, M_FLT, smul(n, C), 0));
+    charge(d, (double)n * C, 4.0 * n + (double)n * C * (sz(dout) + 2 * sz(dtable)));
+    DISPATCH(embed_bwd, dtable, ids, dout, n, C);
+}
+
+tk_status tk_op_add(tk_dev *d, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n) {
+    const char *op = "add";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    TRY(arg(d, op, "a", a, M_FLT, n, 0));
+    TRY(arg(d, op, "b", b, M_FLT, n, 0));
+    charge(d, (double)n, (double)n * (sz(a) + sz(b) + sz(out)));
+    DISPATCH(add, out, a, b, n);
+}
+
+tk_status tk_op_axpby(tk_dev *d, tk_tensor *y, float alpha, const tk_tensor *x, float beta, int64_t n) {
+    const char *op = "axpby";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(arg(d, op, "y", y, M_FLT, n, 0));
+    TRY(arg(d, op, "x", x, M_FLT, n, 0));
+    charge(d, 3.0 * n, (double)n * (sz(x) + sz(y) * (beta != 0.0f ? 2 : 1)));
+    DISPATCH(axpby, y, alpha, x, beta, n);
+}
+
+tk_status tk_op_fill(tk_dev *d, tk_tensor *t, float value, int64_t n) {
+    const char *op = "fill";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(arg(d, op, "t", t, M_ANY, n, 0));
+    charge(d, 0, (double)n * sz(t));
+    DISPATCH(fill, t, value, n);
+}
+
+tk_status tk_op_cast(tk_dev *d, tk_tensor *out, const tk_tensor *in, int64_t n) {
+    const char *op = "cast";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    TRY(arg(d, op, "in", in, M_FLT, n, 0));
+    charge(d, 0, (double)n * (sz(in) + sz(out)));
+    DISPATCH(cast, out, in, n);
+}
+
+tk_status tk_op_layernorm_fwd(tk_dev *d, tk_tensor *out, tk_tensor *mean, tk_tensor *rstd,
+                              const tk_tensor *in, const tk_tensor *w, const tk_tensor *b,
+                              int64_t N, int64_t C, float eps) {
+    const char *op = "layernorm_fwd";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(N), LL(C)));
+    TRY(arg(d, op, "out", out, M_FLT, smul(N, C), 0));
+    TRY(arg(d, op, "mean", mean, M_F32, N, 1));
+    TRY(arg(d, op, "rstd", rstd, M_F32, N, 1));
+    TRY(arg(d, op, "in", in, M_FLT, smul(N, C), 0));
+    TRY(arg(d, op, "w", w, M_FLT, C, 0));
+    TRY(arg(d, op, "b", b, M_FLT, C, 1));
+    double nc = (double)N * C;
+    charge(d, 8.0 * nc, nc * (sz(in) + sz(out)) + C * (sz(w) + sz(b)) + N * (sz(mean) + sz(rstd)));
+    DISPATCH(layernorm_fwd, out, mean, rstd, in, w, b, N, C, eps);
+}
+
+tk_status tk_op_layernorm_bwd(tk_dev *d, tk_tensor *din, tk_tensor *dw, tk_tensor *db,
+                              const tk_tensor *dout, const tk_tensor *in, const tk_tensor *w,
+                              const tk_tensor *mean, const tk_tensor *rstd,
+                              int64_t N, int64_t C, int accumulate) {
+    const char *op = "layernorm_bwd";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(N), LL(C)));
+    TRY(arg(d, op, "din", din, M_FLT, smul(N, C), 0));
+    TRY(arg(d, op, "dw", dw, M_FLT, C, 1));
+    TRY(arg(d, op, "db", db, M_FLT, C, 1));
+    TRY(arg(d, op, "dout", dout, M_FLT, smul(N, C), 0));
+    TRY(arg(d, op, "in", in, M_FLT, smul(N, C), 0));
+    TRY(arg(d, op, "w", w, M_FLT, C, 0));
+    TRY(arg(d, op, "mean", mean, M_F32, N, 0));
+    TRY(arg(d, op, "rstd", rstd, M_F32, N, 0));
+    double nc = (double)N * C;
+    charge(d, 14.0 * nc, nc * (sz(dout) + sz(in) + sz(din) * (accumulate ? 2 : 1)) +
+           C * (sz(w) + 2 * sz(dw) + 2 * sz(db)) + 8.0 * N);
+    DISPATCH(layernorm_bwd, din, dw, db, dout, in, w, mean, rstd, N, C, accumulate);
+}
+
+tk_status tk_op_gelu_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *in, int64_t n) {
+    const char *op = "gelu_fwd";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    TRY(arg(d, op, "in", in, M_FLT, n, 0));
+    charge(d, 8.0 * n, (double)n * (sz(in) + sz(out)));
+    DISPATCH(gelu_fwd, out, in, n);
+}
+
+tk_status tk_op_gelu_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *in, const tk_tensor *dout, int64_t n) {
+    const char *op = "gelu_bwd";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(arg(d, op, "din", din, M_FLT, n, 0));
+    TRY(arg(d, op, "in", in, M_FLT, n, 0));
+    TRY(arg(d, op, "dout", dout, M_FLT, n, 0));
+    charge(d, 15.0 * n, (double)n * (sz(in) + sz(dout) + sz(din)));
+    DISPATCH(gelu_bwd, din, in, dout, n);
+}
+
+tk_status tk_op_tanh_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *in, int64_t n) {
+    const char *op = "tanh_fwd";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    TRY(arg(d, op, "in", in, M_FLT, n, 0));
+    charge(d, 4.0 * n, (double)n * (sz(in) + sz(out)));
+    DISPATCH(tanh_fwd, out, in, n);
+}
+
+tk_status tk_op_tanh_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout, int64_t n) {
+    const char *op = "tanh_bwd";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(arg(d, op, "din", din, M_FLT, n, 0));
+    TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    TRY(arg(d, op, "dout", dout, M_FLT, n, 0));
+    charge(d, 3.0 * n, (double)n * (sz(out) + sz(dout) + sz(din)));
+    DISPATCH(tanh_bwd, din, out, dout, n);
+}
+
+tk_status tk_op_softmax_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *in, const tk_tensor *mask,
+                            int64_t B, int64_t NH, int64_t T, float scale) {
+    const char *op = "softmax_fwd";
+    DEV_OK();
+    TRY(sizes(d, op, 3, LL(B), LL(NH), LL(T)));
+    int64_t n = smul(smul(B, NH), smul(T, T));
+    TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    TRY(arg(d, op, "in", in, M_FLT, n, 0));
+    TRY(arg(d, op, "mask", mask, M_I32, smul(B, T), 1));
+    charge(d, 9.0 * n, (double)n * (sz(in) + sz(out)) + (mask ? 4.0 * B * T : 0));
+    DISPATCH(softmax_fwd, out, in, mask, B, NH, T, scale);
+}
+
+tk_status tk_op_softmax_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
+                            int64_t rows, int64_t T, float scale) {
+    const char *op = "softmax_bwd";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(rows), LL(T)));
+    int64_t n = smul(rows, T);
+    TRY(arg(d, op, "din", din, M_FLT, n, 0));
+    TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    TRY(arg(d, op, "dout", dout, M_FLT, n, 0));
+    charge(d, 5.0 * n, (double)n * (sz(out) + sz(dout) + sz(din)));
+    DISPATCH(softmax_bwd, din, out, dout, rows, T, scale);
+}
+
+static tk_status check_p(tk_dev *d, const char *op, float p) {
+    if (!(p >= 0.0f && p < 1.0f)) return fail(d, op, "p = %g is not in [0, 1)", (double)p);
+    return TK_OK;
+}
+
+tk_status tk_op_dropout_fwd(tk_dev *d, tk_tensor *out, tk_tensor *mask, const tk_tensor *in,
+                            int64_t n, float p, uint64_t seed, uint64_t offset) {
+    const char *op = "dropout_fwd";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(check_p(d, op, p));
+    TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    TRY(arg(d, op, "mask", mask, M_U8, n, 1));
+    TRY(arg(d, op, "in", in, M_FLT, n, 0));
+    charge(d, 2.0 * n, (double)n * (sz(in) + sz(out) + sz(mask)));
+    DISPATCH(dropout_fwd, out, mask, in, n, p, seed, offset);
+}
+
+tk_status tk_op_dropout_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *dout, int64_t n,
+                            float p, uint64_t seed, uint64_t offset) {
+    const char *op = "dropout_bwd";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(check_p(d, op, p));
+    TRY(arg(d, op, "din", din, M_FLT, n, 0));
+    TRY(arg(d, op, "dout", dout, M_FLT, n, 0));
+    charge(d, 2.0 * n, (double)n * (sz(dout) + sz(din)));
+    DISPATCH(dropout_bwd, din, dout, n, p, seed, offset);
+}
+
+tk_status tk_op_xent_fwd(tk_dev *d, tk_tensor *losses, tk_tensor *probs, const tk_tensor *logits,
+                         const tk_tensor *labels, int64_t N, int64_t V) {
+    const char *op = "xent_fwd";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(N), LL(V)));
+    int64_t nv = smul(N, V);
+    TRY(arg(d, op, "losses", losses, M_F32, N, 0));
+    TRY(arg(d, op, "probs", probs, M_FLT, nv, 1));
+    TRY(arg(d, op, "logits", logits, M_FLT, nv, 0));
+    TRY(arg(d, op, "labels", labels, M_I32, N, 0));
+    charge(d, 7.0 * nv, (double)nv * (sz(logits) + sz(probs)) + 8.0 * N);
+    DISPATCH(xent_fwd, losses, probs, logits, labels, N, V);
+}
+
+tk_status tk_op_xent_bwd(tk_dev *d, tk_tensor *dlogits, const tk_tensor *logits,
+                         const tk_tensor *labels, int64_t N, int64_t V, float scale) {
+    const char *op = "xent_bwd";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(N), LL(V)));
+    int64_t nv = smul(N, V);
+    TRY(arg(d, op, "dlogits", dlogits, M_FLT, nv, 0));
+    TRY(arg(d, op, "logits", logits, M_FLT, nv, 0));
+    TRY(arg(d, op, "labels", labels, M_I32, N, 0));
+    charge(d, 8.0 * nv, (double)nv * (sz(logits) + sz(dlogits)) + 4.0 * N);
+    DISPATCH(xent_bwd, dlogits, logits, labels, N, V, scale);
+}
+
+tk_status tk_op_bias_grad(tk_dev *d, tk_tensor *db, const tk_tensor *dout, int64_t N, int64_t C) {
+    const char *op = "bias_grad";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(N), LL(C)));
+    TRY(arg(d, op, "db", db, M_FLT, C, 0));
+    TRY(arg(d, op, "dout", dout, M_FLT, smul(N, C), 0));
+    charge(d, (double)N * C, (double)N * C * sz(dout) + 2.0 * C * sz(db));
+    DISPATCH(bias_grad, db, dout, N, C);
+}
+
+static tk_status heads(tk_dev *d, const char *op, tk_tensor *out, const tk_tensor *in,
+                       int64_t B, int64_t T, int64_t NH, int64_t HS) {
+    TRY(sizes(d, op, 4, LL(B), LL(T), LL(NH), LL(HS)));
+    int64_t n = smul(smul(B, T), smul(NH, HS));
+    TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    TRY(arg(d, op, "in", in, M_FLT, n, 0));
+    charge(d, 0, (double)n * (sz(in) + sz(out)));
+    return TK_OK;
+}
+
+tk_status tk_op_split_heads(tk_dev *d, tk_tensor *out, const tk_tensor *in,
+                            int64_t B, int64_t T, int64_t NH, int64_t HS) {
+    DEV_OK();
+    TRY(heads(d, "split_heads", out, in, B, T, NH, HS));
+    DISPATCH(split_heads, out, in, B, T, NH, HS);
+}
+
+tk_status tk_op_merge_heads(tk_dev *d, tk_tensor *out, const tk_tensor *in,
+                            int64_t B, int64_t T, int64_t NH, int64_t HS) {
+    DEV_OK();
+    TRY(heads(d, "merge_heads", out, in, B, T, NH, HS));
+    DISPATCH(merge_heads, out, in, B, T, NH, HS);
+}
+
+tk_status tk_op_gather_rows(tk_dev *d, tk_tensor *out, const tk_tensor *in, const tk_tensor *idx,
+                            int64_t n, int64_t C) {
+    const char *op = "gather_rows";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(n), LL(C)));
+    TRY(arg(d, op, "out", out, M_FLT, smul(n, C), 0));
+    TRY(arg(d, op, "in", in, M_FLT, C, 0));
+    TRY(arg(d, op, "idx", idx, M_I32, n, 0));
+    charge(d, 0, 4.0 * n + (double)n * C * (sz(in) + sz(out)));
+    DISPATCH(gather_rows, out, in, idx, n, C);
+}
+
+tk_status tk_op_scatter_add_rows(tk_dev *d, tk_tensor *din, const tk_tensor *dout,
+                                 const tk_tensor *idx, int64_t n, int64_t C) {
+    const char *op = "scatter_add_rows";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(n), LL(C)));
+    TRY(arg(d, op, "din", din, M_FLT, C, 0));
+    TRY(arg(d, op, "dout", dout, M_FLT, smul(n, C), 0));
+    TRY(arg(d, op, "idx", idx, M_I32, n, 0));
+    charge(d, (double)n * C, 4.0 * n + (double)n * C * (sz(dout) + 2 * sz(din)));
+    DISPATCH(scatter_add_rows, din, dout, idx, n, C);
+}
+
+tk_status tk_op_sumsq(tk_dev *d, tk_tensor *out, const tk_tensor *x, int64_t n, int accumulate) {
+    const char *op = "sumsq";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(arg(d, op, "out", out, M_F32, 1, 0));
+    TRY(arg(d, op, "x", x, M_FLT, n, 0));
+    charge(d, 2.0 * n, (double)n * sz(x) + (accumulate ? 8 : 4));
+    DISPATCH(sumsq, out, x, n, accumulate);
+}
+
+static tk_status check_hp(tk_dev *d, const char *op, const tk_adamw_hp *hp) {
+    if (!hp) return fail(d, op, "hyperparameters are missing");
+    if (hp->step < 1) return fail(d, op, "step is %lld; AdamW steps count from 1", (long long)hp->step);
+    if (!(hp->beta1 >= 0 && hp->beta1 < 1) || !(hp->beta2 >= 0 && hp->beta2 < 1))
+        return fail(d, op, "betas (%g, %g) must lie in [0, 1)", (double)hp->beta1, (double)hp->beta2);
+    return TK_OK;
+}
+
+tk_status tk_op_adamw(tk_dev *d, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
+                      int64_t n, const tk_adamw_hp *hp) {
+    const char *op = "adamw";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(check_hp(d, op, hp));
+    TRY(arg(d, op, "param", param, M_F32, n, 0));
+    TRY(arg(d, op, "grad", grad, M_FLT, n, 0));
+    TRY(arg(d, op, "m", m, M_F32, n, 0));
+    TRY(arg(d, op, "v", v, M_F32, n, 0));
+    charge(d, 18.0 * n, (double)n * (24.0 + sz(grad)));
+    DISPATCH(adamw, param, grad, m, v, n, hp);
+}
+
+tk_status tk_op_adamw8(tk_dev *d, tk_tensor *param, const tk_tensor *grad,
+                       tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
+                       int64_t n, const tk_adamw_hp *hp) {
+    const char *op = "adamw8";
+    DEV_OK();
+    TRY(sizes(d, op, 1, LL(n)));
+    TRY(check_hp(d, op, hp));
+    int64_t nb = (n + TK_Q8_BLOCK - 1) / TK_Q8_BLOCK;
+    TRY(arg(d, op, "param", param, M_F32, n, 0));
+    TRY(arg(d, op, "grad", grad, M_FLT, n, 0));
+    TRY(arg(d, op, "m", m, M_I8, n, 0));
+    TRY(arg(d, op, "mscale", mscale, M_F32, nb, 0));
+    TRY(arg(d, op, "v", v, M_U8, n, 0));
+    TRY(arg(d, op, "vscale", vscale, M_F32, nb, 0));
+    charge(d, 30.0 * n, (double)n * (8.0 + sz(grad) + 4.0) + 16.0 * nb);
+    DISPATCH(adamw8, param, grad, m, mscale, v, vscale, n, hp);
+}

@@ -1,0 +1,102 @@
+/* profile.c — named GPU profiles for planning, and byte sizes in text.
+ *
+ * Capacities are "usable bytes as PyTorch reports them" (the total capacity
+ * in its OOM message, i.e. cudaMemGetInfo's total), so a plan against "t4"
+ * matches what a Colab user sees. Peak FLOP/s and bandwidth are vendor
+ * datasheet figures (dense, no sparsity; fp16 = tensor-core fp16 with fp32
+ * accumulate where the card has tensor cores, else the plain fp16 rate);
+ * they drive the cost model's relative speed estimates only.
+ *
+ * Context overhead: the CUDA context plus the kernels of the libraries a
+ * fine-tuning process loads (cuBLAS/cuBLASLt). FACTS.md gives the range
+ * 0.3-1.3 GB (HF measured ~1.3 GB with cuBLAS and cuDNN kernels on a V100).
+ * Without CUDA lazy loading (pre-Ampere-era drivers and the CUDA 11 stacks
+ * still common on older cards) the whole kernel image is resident, so older
+ * cards get the upper end; newer stacks load lazily, so the Ampere/Ada/Hopper
+ * entries take the lower end. These are planning defaults, not measurements.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "tk_gpu.h"
+
+#define GIB(x) ((size_t)((x) * 1073741824.0))
+#define MB(x) ((size_t)(x) * 1000000u)
+#define T 1e12
+#define G 1e9
+
+static const tk_gpu_profile profiles[] = {
+    /* name, long name, capacity, context overhead, fp32, fp16, bandwidth, cc */
+    {"t4", "NVIDIA Tesla T4", GIB(14.75), MB(1000), 8.1 * T, 65 * T, 320 * G, 7, 5},
+    {"k80", "NVIDIA Tesla K80 (one GK210)", GIB(11.17), MB(1300), 4.37 * T, 4.37 * T, 240 * G, 3, 7},
+    {"p100", "NVIDIA Tesla P100-PCIE-16GB", GIB(15.90), MB(1300), 9.3 * T, 18.7 * T, 732 * G, 6, 0},
+    {"v100-16", "NVIDIA Tesla V100-SXM2-16GB", GIB(15.78), MB(1300), 15.7 * T, 125 * T, 900 * G, 7, 0},
+    {"l4", "NVIDIA L4", GIB(22.03), MB(600), 30.3 * T, 121 * T, 300 * G, 8, 9},
+    {"a100-40", "NVIDIA A100-SXM4-40GB", GIB(39.59), MB(600), 19.5 * T, 312 * T, 1555 * G, 8, 0},
+    {"a100-80", "NVIDIA A100-SXM4-80GB", GIB(79.15), MB(600), 19.5 * T, 312 * T, 2039 * G, 8, 0},
+    {"h100-80", "NVIDIA H100 80GB HBM3", GIB(79.11), MB(600), 66.9 * T, 989 * T, 3350 * G, 9, 0},
+};
+#define N_PROFILES ((int)(sizeof profiles / sizeof profiles[0]))
+
+const tk_gpu_profile *tk_gpu_profile_find(const char *name) {
+    if (!name) return NULL;
+    for (int i = 0; i < N_PROFILES; i++)
+        if (strcasecmp(name, profiles[i].name) == 0) return &profiles[i];
+    return NULL;
+}
+
+const tk_gpu_profile *tk_gpu_profile_at(int i) {
+    return i >= 0 && i < N_PROFILES ? &profiles[i] : NULL;
+}
+
+/* Units: B, K/KB=1e3 .. T/TB=1e12 (SI, as disk and marketing sizes are) and
+ * KiB .. TiB (binary, as PyTorch and nvidia-smi print). Case-insensitive,
+ * spaces allowed between number and unit. */
+int tk_parse_bytes(const char *s, size_t *out) {
+    if (!s || !out) return -1;
+    while (isspace((unsigned char)*s)) s++;
+    if (!*s || *s == '-' || *s == '+') return -1;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || errno || !isfinite(v) || v < 0) return -1;
+    while (isspace((unsigned char)*end)) end++;
+    char unit[8] = {0};
+    size_t ul = 0;
+    while (*end && !isspace((unsigned char)*end) && ul < sizeof unit - 1) unit[ul++] = *end++;
+    while (isspace((unsigned char)*end)) end++;
+    if (*end) return -1;
+    static const struct { const char *u; double m; } units[] = {
+        {"", 1}, {"b", 1}, {"k", 1e3}, {"kb", 1e3}, {"m", 1e6}, {"mb", 1e6}, {"g", 1e9},
+        {"gb", 1e9}, {"t", 1e12}, {"tb", 1e12}, {"kib", 1024.0}, {"mib", 1048576.0},
+        {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(unit, units[i].u) != 0) continue;
+        double b = v * units[i].m;
+        if (b >= 18446744073709551615.0) return -1;
+        *out = (size_t)(b + 0.5);
+        return 0;
+    }
+    return -1;
+}
+
+/* PyTorch's format_size: <= 1024 as bytes, then KiB/MiB/GiB with two decimals,
+ * each unit used up to and including 1024 of it. */
+char *tk_format_bytes(size_t bytes, char *buf, size_t n) {
+    if (!buf || !n) return buf;
+    if (bytes <= 1024)
+        snprintf(buf, n, "%zu bytes", bytes);
+    else if (bytes <= 1048576)
+        snprintf(buf, n, "%.2f KiB", bytes / 1024.0);
+    else if (bytes <= 1073741824ull)
+        snprintf(buf, n, "%.2f MiB", bytes / 1048576.0);
+    else
+        snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
+    return buf;
+}

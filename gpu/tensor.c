@@ -1,0 +1,181 @@
+/* tensor.c — tensors: allocation through the device's tagged allocator, views,
+ * and host <-> device copies (with fp32 conversion for 16-bit dtypes).
+ *
+ * Guarantees: a failed tk_tensor_alloc leaves the tensor empty, the device's
+ * last OOM record filled and a one-line message in err naming the owner,
+ * category, size and the device's state; copies on meta do nothing and
+ * succeed, so planning code runs the same calls as training code.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dev_internal.h"
+
+int64_t tk_tensor_numel(const tk_tensor *t) {
+    if (!t) return 0;
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+size_t tk_tensor_nbytes(const tk_tensor *t) {
+    return t ? (size_t)tk_tensor_numel(t) * tk_dtype_size(t->dtype) : 0;
+}
+
+/* "out of device memory on cuda (NVIDIA T4): tried to allocate 24.00 MiB for
+ * act of bert.encoder.layer.7.output.dense. ..." — same facts as PyTorch's
+ * message, plus who asked. */
+static void oom_message(tk_dev *d, const tk_oom *o, tk_err *err) {
+    char req[32], cap[32], fr[32], al[32], rs[32], gap[32], lf[32];
+    tk_dev_info info;
+    tk_dev_info_get(d, &info);
+    tk_format_bytes(o->requested, req, sizeof req);
+    tk_format_bytes(o->capacity, cap, sizeof cap);
+    tk_format_bytes(o->free_bytes, fr, sizeof fr);
+    tk_format_bytes(o->allocated, al, sizeof al);
+    tk_format_bytes(o->reserved, rs, sizeof rs);
+    tk_format_bytes(o->reserved - o->allocated, gap, sizeof gap);
+    tk_format_bytes(o->largest_free_block, lf, sizeof lf);
+    const char *dev = d->kind == TK_DEV_CUDA ? "cuda" : d->kind == TK_DEV_CPU ? "cpu" : "meta";
+    tk_err_set(err, TK_EOOM,
+               "%s out of memory: tried to allocate %s for %s (%s) on %s (%s%s) with a "
+               "capacity of %s of which %s is free; %s is allocated and %s reserved "
+               "(%s reserved but unallocated, largest free block %s)%s",
+               d->kind == TK_DEV_CUDA ? "CUDA" : "Device", req, o->owner_name,
+               tk_cat_name(o->tag.cat), dev, info.name, info.simulated ? ", simulated" : "",
+               cap, fr, al, rs, gap, lf,
+               o->fragmentation ? ". The cache is fragmented: enough is reserved but no free "
+                                  "block is large enough" : "");
+}
+
+tk_status tk_tensor_alloc(tk_dev *d, tk_tensor *t, tk_dtype dt, int ndim, const int64_t *shape,
+                          tk_cat cat, const char *owner, tk_err *err) {
+    if (!t) { tk_err_set(err, TK_EINVAL, "tk_tensor_alloc: no tensor"); return TK_EINVAL; }
+    memset(t, 0, sizeof *t);
+    if (!d) { tk_err_set(err, TK_EINVAL, "tk_tensor_alloc: no device"); return TK_EINVAL; }
+    const char *who = owner && *owner ? owner : "(unowned)";
+    if ((unsigned)dt >= TK_DTYPE_COUNT || (unsigned)cat >= TK_CAT_COUNT ||
+        ndim < 0 || ndim > TK_MAX_DIMS || (ndim > 0 && !shape)) {
+        tk_err_set(err, TK_EINVAL, "tensor for %s: bad dtype %d, category %d or ndim %d",
+                   who, (int)dt, (int)cat, ndim);
+        return TK_EINVAL;
+    }
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || (shape[i] > 0 && n > SIZE_MAX / 16 / (size_t)shape[i])) {
+            tk_err_set(err, TK_EINVAL, "tensor for %s: dimension %d is %lld", who, i,
+                       (long long)shape[i]);
+            return TK_EINVAL;
+        }
+        n *= (size_t)shape[i];
+        t->shape[i] = shape[i];
+    }
+    t->ndim = ndim;
+    t->dtype = dt;
+    int id = tk_alloc_owner_id(d->alloc, who);
+    if (id < 0) {
+        memset(t, 0, sizeof *t);
+        tk_err_set(err, TK_EOOM, "out of host memory naming owner %s", who);
+        return TK_EOOM;
+    }
+    t->tag.cat = cat;
+    t->tag.owner = id;
+    size_t bytes = n * tk_dtype_size(dt);
+    void *p = NULL;
+    tk_status st = tk_alloc_malloc(d->alloc, bytes, t->tag, &p, &d->last_oom);
+    if (st != TK_OK) {
+        d->has_oom = st == TK_EOOM;
+        if (st == TK_EOOM) oom_message(d, &d->last_oom, err);
+        else tk_err_set(err, st, "tensor for %s: allocator refused the tag", who);
+        memset(t, 0, sizeof *t);
+        return st;
+    }
+    t->data = p;
+    t->owns = p != NULL;
+    return TK_OK;
+}
+
+void tk_tensor_free(tk_dev *d, tk_tensor *t) {
+    if (!t) return;
+    if (d && t->owns && t->data) tk_alloc_free(d->alloc, t->data);
+    memset(t, 0, sizeof *t);
+}
+
+tk_tensor tk_tensor_view(const tk_tensor *t, int64_t offset, int64_t numel) {
+    tk_tensor v;
+    memset(&v, 0, sizeof v);
+    if (!t) return v;
+    v.dtype = t->dtype;
+    v.tag = t->tag;
+    v.ndim = 1;
+    v.shape[0] = numel;
+    v.data = t->data ? (char *)t->data + offset * (int64_t)tk_dtype_size(t->dtype) : NULL;
+    return v;
+}
+
+static tk_status copy_check(tk_dev *d, const tk_tensor *t, const void *host, const char *fn,
+                            tk_err *err) {
+    if (!d || !t || (!host && tk_tensor_nbytes(t))) {
+        tk_err_set(err, TK_EINVAL, "%s: missing device, tensor or host buffer", fn);
+        return TK_EINVAL;
+    }
+    if (!t->data && tk_tensor_nbytes(t)) {
+        tk_err_set(err, TK_EINVAL, "%s: tensor of %s has no data (freed or never allocated)",
+                   fn, tk_alloc_owner_name(d->alloc, t->tag.owner));
+        return TK_EINVAL;
+    }
+    return TK_OK;
+}
+
+tk_status tk_tensor_write(tk_dev *d, tk_tensor *t, const void *host, tk_err *err) {
+    tk_status st = copy_check(d, t, host, "tk_tensor_write", err);
+    if (st != TK_OK || !d->be->write || !tk_tensor_nbytes(t)) return st;
+    return d->be->write(d->ctx, t->data, host, tk_tensor_nbytes(t), err);
+}
+
+tk_status tk_tensor_read(tk_dev *d, const tk_tensor *t, void *host, tk_err *err) {
+    tk_status st = copy_check(d, t, host, "tk_tensor_read", err);
+    if (st != TK_OK || !d->be->read || !tk_tensor_nbytes(t)) return st;
+    return d->be->read(d->ctx, host, t->data, tk_tensor_nbytes(t), err);
+}
+
+static int is_float(tk_dtype dt) { return dt == TK_F32 || dt == TK_F16 || dt == TK_BF16; }
+
+tk_status tk_tensor_read_f32(tk_dev *d, const tk_tensor *t, float *host, tk_err *err) {
+    if (t && !is_float(t->dtype)) {
+        tk_err_set(err, TK_EINVAL, "tk_tensor_read_f32: dtype %s is not a float type",
+                   tk_dtype_name(t->dtype));
+        return TK_EINVAL;
+    }
+    if (!t || t->dtype == TK_F32) return tk_tensor_read(d, t, host, err);
+    tk_status st = copy_check(d, t, host, "tk_tensor_read_f32", err);
+    if (st != TK_OK || !d->be->read) return st;
+    int64_t n = tk_tensor_numel(t);
+    uint16_t *tmp = malloc((size_t)n * 2 + 1);
+    if (!tmp) { tk_err_set(err, TK_EOOM, "tk_tensor_read_f32: out of host memory"); return TK_EOOM; }
+    st = tk_tensor_read(d, t, tmp, err);
+    for (int64_t i = 0; st == TK_OK && i < n; i++)
+        host[i] = t->dtype == TK_F16 ? tk_f16_to_f32(tmp[i]) : tk_bf16_to_f32(tmp[i]);
+    free(tmp);
+    return st;
+}
+
+tk_status tk_tensor_write_f32(tk_dev *d, tk_tensor *t, const float *host, tk_err *err) {
+    if (t && !is_float(t->dtype)) {
+        tk_err_set(err, TK_EINVAL, "tk_tensor_write_f32: dtype %s is not a float type",
+                   tk_dtype_name(t->dtype));
+        return TK_EINVAL;
+    }
+    if (!t || t->dtype == TK_F32) return tk_tensor_write(d, t, host, err);
+    tk_status st = copy_check(d, t, host, "tk_tensor_write_f32", err);
+    if (st != TK_OK || !d->be->write) return st;
+    int64_t n = tk_tensor_numel(t);
+    uint16_t *tmp = malloc((size_t)n * 2 + 1);
+    if (!tmp) { tk_err_set(err, TK_EOOM, "tk_tensor_write_f32: out of host memory"); return TK_EOOM; }
+    for (int64_t i = 0; i < n; i++)
+        tmp[i] = t->dtype == TK_F16 ? tk_f32_to_f16(host[i]) : tk_f32_to_bf16(host[i]);
+    st = tk_tensor_write(d, t, tmp, err);
+    free(tmp);
+    return st;
+}

@@ -1,0 +1,14 @@
+# bert/module.mk — extra build rules for bert/.
+# tok_dump: the C side of the tokenizer parity test (tests/bert/test_tokenizer_hf.py)
+# and of bench/tokenizer_bench.py; release build so the bench measures -O2 code.
+$(BUILD)/tok_dump: tests/bert/tok_dump.c $(LIB_REL)
+	@mkdir -p $(dir $@)
+	$(CC) $(REL_CFLAGS) $< $(LIB_REL) $(LIBS) -o $@
+all: $(BUILD)/tok_dump
+
+# train_parity: the C side of tests/bert/test_optim_torch.py (AdamW + clipping +
+# schedule vs torch); ASan build, it is a test.
+$(BUILD)/train_parity: tests/bert/train_parity_main.c $(LIB_ASAN)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -Itests $< $(LIB_ASAN) $(LIBS) -o $@
+all: $(BUILD)/train_parity

@@ -108,9 +108,9 @@ tk_status tk_pretokenize(const char *text, size_t len, int lowercase, tk_word_fn
 /* Learns a WordPiece vocabulary of at most `vocab_size` tokens from `n` texts
  * and writes it to `out_path` (vocab.txt: [PAD] [UNK] [CLS] [SEP] [MASK], then
  * every character seen (as itself and as "##c"), then merged pieces in order
- * of learning). Merges pick the adjacent pair with the highest
- * count(ab) / (count(a) * count(b)) among pairs seen at least `min_count`
- * (0 = 2) times — the WordPiece likelihood criterion. `lowercase` selects the
+ * of learning). Merges pick the most frequent adjacent pairs (as HF's
+ * WordPieceTrainer, a BPE trainer with "##" continuations, does) among pairs
+ * seen at least `min_count` (0 = 2) times. `lowercase` selects the
  * normalizer as in the tokenizer. Errors: TK_EINVAL (no text, vocab_size too
  * small for the alphabet), TK_EIO (cannot write out_path). */
 tk_status tk_vocab_build(const char *const *texts, int n, int vocab_size, int lowercase,

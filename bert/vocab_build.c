@@ -1,15 +1,17 @@
 /* vocab_build.c — learns a WordPiece vocabulary from a corpus (tk_vocab_build).
  *
  * Nothing can be downloaded here, so tests, demos and `txk vocab` need a
- * vocabulary learned from the data at hand. Procedure (WordPiece's likelihood
- * merge, as HF's trainer family does it, simplified):
+ * vocabulary learned from the data at hand. Procedure (as HF's
+ * WordPieceTrainer does it: BPE-style frequency merges with a "##" prefix for
+ * word-inner pieces; simplified):
  *   1. split texts with the tokenizer's own normalizer/pre-tokenizer and count
  *      words (words over 100 characters are skipped: the tokenizer maps them
  *      to [UNK] anyway);
  *   2. start from every character, as a word start "c" and as a continuation
  *      "##c", so every word seen is tokenizable;
  *   3. repeat: count adjacent symbol pairs over the words (weighted by word
- *      count), score count(ab)/(count(a)*count(b)), merge the best pairs (in a
+ *      count), merge the most frequent pairs (ties: the higher
+ *      count(ab)/(count(a)*count(b)), then symbol ids) (in a
  *      round, several pairs that share no symbol, best first, so big corpora
  *      need few rounds), until the vocabulary is full or no pair is seen
  *      min_count times.
@@ -155,12 +157,12 @@ static int pm_add(pairmap *p, uint64_t k, double w) {
     return 0;
 }
 
-typedef struct { int a, b; double score, cnt; } cand;
+typedef struct { int a, b; double cnt, score; } cand;
 
 static int cand_cmp(const void *x, const void *y) {
     const cand *p = x, *q = y;
-    if (p->score != q->score) return p->score > q->score ? -1 : 1;
     if (p->cnt != q->cnt) return p->cnt > q->cnt ? -1 : 1;
+    if (p->score != q->score) return p->score > q->score ? -1 : 1;
     if (p->a != q->a) return p->a < q->a ? -1 : 1;
     return p->b < q->b ? -1 : p->b > q->b;
 }
@@ -264,7 +266,7 @@ tk_status tk_vocab_build(const char *const *texts, int n, int vocab_size, int lo
         for (uint32_t j = 0; j <= pm.mask; j++) {
             if (pm.key[j] == UINT64_MAX || pm.cnt[j] < min_count) continue;
             int a = (int)(pm.key[j] >> 32), b = (int)(pm.key[j] & 0xffffffffu);
-            cands[nc++] = (cand){a, b, pm.cnt[j] / (syms.v[a].freq * syms.v[b].freq), pm.cnt[j]};
+            cands[nc++] = (cand){a, b, pm.cnt[j], pm.cnt[j] / (syms.v[a].freq * syms.v[b].freq)};
         }
         if (nc == 0) break;
         qsort(cands, (size_t)nc, sizeof(cand), cand_cmp);

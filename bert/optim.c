@@ -42,8 +42,13 @@ tk_sched tk_sched_from_config(const tk_config *c, int64_t total_steps) {
     tk_sched s;
     s.lr = c->lr;
     s.total_steps = total_steps;
-    /* HF TrainingArguments.get_warmup_steps: ceil(total * warmup_ratio). */
-    s.warmup_steps = (int64_t)ceil((double)total_steps * (double)c->warmup_ratio);
+    /* HF TrainingArguments.get_warmup_steps: ceil(total * warmup_ratio).
+     * The ratio is a float here and a double there (0.2f*5 = 1.00000001):
+     * a product within float precision of an integer is that integer. */
+    double w = (double)total_steps * (double)c->warmup_ratio, wr = nearbyint(w);
+    if (fabs(w - wr) < 1e-6 * (1.0 + fabs(w)))
+        w = wr;
+    s.warmup_steps = (int64_t)ceil(w);
     s.constant = strcmp(c->schedule, "constant") == 0;
     return s;
 }
@@ -134,14 +139,17 @@ static size_t slot_bytes(const tk_adamw_slot *s) {
     return 2 * n + 2 * blocks * sizeof(float);
 }
 
+/* An empty (never allocated) tensor has ndim 0, which tk_tensor_nbytes
+ * counts as one scalar; it holds nothing. */
+static size_t held(const tk_tensor *t) { return t->data ? tk_tensor_nbytes(t) : 0; }
+
 size_t tk_adamw_state_bytes(const tk_adamw *o) {
     if (!o)
         return 0;
     size_t b = 0;
     for (int i = 0; i < o->n; i++) {
         const tk_adamw_slot *s = &o->slots[i];
-        b += tk_tensor_nbytes(&s->m) + tk_tensor_nbytes(&s->v) + tk_tensor_nbytes(&s->mscale) +
-             tk_tensor_nbytes(&s->vscale);
+        b += held(&s->m) + held(&s->v) + held(&s->mscale) + held(&s->vscale);
     }
     return b;
 }

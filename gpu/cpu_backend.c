@@ -1,0 +1,1036 @@
+/* cpu_backend.c — the host backend: memory from posix_memalign, ops with
+ * OpenBLAS (GEMM) and OpenMP (everything else).
+ *
+ * Guarantees:
+ *  - Every op in the tk_backend table does real arithmetic with the semantics
+ *    documented in tk_gpu.h; "float" tensors may be f32, f16 or bf16 (16-bit
+ *    values are converted to f32 on load and rounded to nearest even on store;
+ *    arithmetic is always f32, reductions accumulate in f32 or f64).
+ *  - Results do not depend on scheduling: reductions and scatter-adds split
+ *    work statically (by columns, or by thread then reduced in thread order),
+ *    so a run with the same thread count gives bit-identical results, and
+ *    embed_bwd / scatter_add_rows / bias_grad are identical for any count.
+ *  - Dropout and the 8-bit AdamW codes follow tk_ops_spec.h bit for bit.
+ *  - Nothing aborts. Host scratch (f32 copies of 16-bit GEMM operands, per
+ *    thread row buffers) is malloc'd outside the tagged allocator because it
+ *    is not device memory; a failed scratch malloc returns TK_EOOM.
+ * Arguments are validated by the tk_op_* wrappers; the ops here only return
+ * TK_EINVAL for what only the data can reveal (an id or label out of range).
+ */
+#include "tk_backend_impl.h"
+#include "tk_ops_spec.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- context ------------------------------------------------------------ */
+
+typedef struct cpu_ctx {
+    int nt;              /* threads for OpenMP regions and OpenBLAS */
+    size_t capacity;     /* simulated capacity (0: physical RAM) */
+    size_t reserved;     /* bytes in live segments */
+    float *gemm_scratch; /* f32 panels for 16-bit GEMM operands; grows, never shrinks */
+    size_t gemm_scratch_n;
+} cpu_ctx;
+
+void *tk_cpu_ctx_new(const tk_dev_opts *opts) {
+    cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->nt = (opts && opts->threads > 0) ? opts->threads : omp_get_num_procs();
+    if (c->nt < 1) c->nt = 1;
+    c->capacity = opts ? opts->capacity : 0;
+    openblas_set_num_threads(c->nt);
+    return c;
+}
+
+static void cpu_destroy(void *ctx) {
+    cpu_ctx *c = ctx;
+    if (!c) return;
+    free(c->gemm_scratch);
+    free(c);
+}
+
+static int cpu_seg_alloc(void *ctx, size_t bytes, void **ptr) {
+    cpu_ctx *c = ctx;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return 1;
+    c->reserved += bytes;
+    *ptr = p;
+    return 0;
+}
+
+static void cpu_seg_free(void *ctx, void *ptr, size_t bytes) {
+    cpu_ctx *c = ctx;
+    if (!ptr) return;
+    free(ptr);
+    c->reserved -= bytes < c->reserved ? bytes : c->reserved;
+}
+
+static tk_status cpu_copy(void *ctx, void *dst, const void *src, size_t bytes, tk_err *err) {
+    (void)ctx; (void)err;
+    if (bytes) memmove(dst, src, bytes);
+    return TK_OK;
+}
+
+static tk_status cpu_sync(void *ctx, tk_err *err) {
+    (void)ctx; (void)err;
+    return TK_OK;
+}
+
+static void cpu_info(void *ctx, tk_dev_info *out) {
+    cpu_ctx *c = ctx;
+    memset(out, 0, sizeof *out);
+    out->kind = TK_DEV_CPU;
+    snprintf(out->name, sizeof out->name, "cpu");
+    size_t total = c->capacity;
+    if (!total) {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        total = (pages > 0 && psz > 0) ? (size_t)pages * (size_t)psz : 0;
+    }
+    out->total = total;
+    out->free_bytes = total > c->reserved ? total - c->reserved : 0;
+    out->simulated = 1;
+    snprintf(out->runtime, sizeof out->runtime, "openblas %d threads", c->nt);
+}
+
+/* ---- dtype conversion ----------------------------------------------------
+ * Local inline converters (round to nearest even) so the hot loops inline
+ * them; they agree bit for bit with tk_f32_to_f16 etc. in dtype.c. */
+
+static inline float h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, x;
+    if (e == 0) {
+        float v = (float)m * (1.0f / 16777216.0f); /* subnormal: m * 2^-24, exact */
+        memcpy(&x, &v, 4);
+        x |= sign;
+    } else if (e == 31) {
+        x = sign | 0x7f800000u | (m << 13);
+    } else {
+        x = sign | ((e + 112) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static inline uint16_t f2h(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* >= 65520 rounds to inf */
+    if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal */
+        uint32_t e = ax >> 23;
+        if (e < 102) return (uint16_t)sign;
+        uint32_t m = (ax & 0x7fffff) | 0x800000, sh = 126 - e;
+        uint32_t h = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = (ax - 0x38000000u) >> 13, rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static inline float bf2f(uint16_t h) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static inline uint16_t f2bf(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+
+/* dst[0..n) = src[off..off+n) as f32 */
+static void to_f32(float *restrict dst, const void *src, tk_dtype dt, int64_t off, int64_t n) {
+    if (dt == TK_F32) {
+        memcpy(dst, (const float *)src + off, (size_t)n * 4);
+    } else if (dt == TK_F16) {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = h2f(s[i]);
+    } else {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = bf2f(s[i]);
+    }
+}
+
+/* dst[off..off+n) = src[0..n) converted to dt */
+static void from_f32(void *dst, tk_dtype dt, int64_t off, const float *restrict src, int64_t n) {
+    if (dt == TK_F32) {
+        memcpy((float *)dst + off, src, (size_t)n * 4);
+    } else if (dt == TK_F16) {
+        uint16_t *d = (uint16_t *)dst + off;
+        for (int64_t i = 0; i < n; i++) d[i] = f2h(src[i]);
+    } else {
+        uint16_t *d = (uint16_t *)dst + off;
+        for (int64_t i = 0; i < n; i++) d[i] = f2bf(src[i]);
+    }
+}
+
+static inline float ld1(const tk_tensor *t, int64_t i) {
+    switch (t->dtype) {
+    case TK_F16: return h2f(((const uint16_t *)t->data)[i]);
+    case TK_BF16: return bf2f(((const uint16_t *)t->data)[i]);
+    default: return ((const float *)t->data)[i];
+    }
+}
+
+static inline void st1(tk_tensor *t, int64_t i, float v) {
+    switch (t->dtype) {
+    case TK_F16: ((uint16_t *)t->data)[i] = f2h(v); break;
+    case TK_BF16: ((uint16_t *)t->data)[i] = f2bf(v); break;
+    default: ((float *)t->data)[i] = v; break;
+    }
+}
+
+/* A chunk of a float tensor as f32: the tensor itself when it is f32, else
+ * `buf` filled by conversion. */
+static inline const float *ld_chunk(float *buf, const tk_tensor *t, int64_t off, int64_t n) {
+    if (t->dtype == TK_F32) return (const float *)t->data + off;
+    to_f32(buf, t->data, t->dtype, off, n);
+    return buf;
+}
+/* Where to write a chunk: the tensor itself when f32, else `buf`, which
+ * st_commit then converts into the tensor. */
+static inline float *st_chunk(float *buf, tk_tensor *t, int64_t off) {
+    return t->dtype == TK_F32 ? (float *)t->data + off : buf;
+}
+static inline void st_commit(tk_tensor *t, int64_t off, int64_t n, const float *buf) {
+    if (t->dtype != TK_F32) from_f32(t->data, t->dtype, off, buf, n);
+}
+
+/* Elementwise ops walk CH-element chunks; small tensors stay on one thread
+ * because waking the team costs more than the work. */
+#define CH 2048
+#define PAR_MIN 32768
+#define NCHUNK(n) (((n) + CH - 1) / CH)
+#define CHUNK_LEN(n, ci) ((n) - (ci) * CH < CH ? (n) - (ci) * CH : CH)
+
+/* ---- GEMM ----------------------------------------------------------------- */
+
+static int gemm_scratch(cpu_ctx *c, size_t n) {
+    if (c->gemm_scratch_n >= n) return 0;
+    float *p = NULL;
+    if (posix_memalign((void **)&p, 64, n * sizeof(float)) != 0) return -1;
+    free(c->gemm_scratch);
+    c->gemm_scratch = p;
+    c->gemm_scratch_n = n;
+    return 0;
+}
+
+static void par_to_f32(cpu_ctx *c, float *dst, const tk_tensor *t, int64_t off, int64_t n) {
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+    for (int64_t ci = 0; ci < NCHUNK(n); ci++)
+        to_f32(dst + ci * CH, t->data, t->dtype, off + ci * CH, CHUNK_LEN(n, ci));
+}
+
+static void par_from_f32(cpu_ctx *c, tk_tensor *t, int64_t off, const float *src, int64_t n) {
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+    for (int64_t ci = 0; ci < NCHUNK(n); ci++)
+        from_f32(t->data, t->dtype, off + ci * CH, src + ci * CH, CHUNK_LEN(n, ci));
+}
+
+static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
+                          const tk_tensor *bias, int transA, int transB,
+                          int64_t M, int64_t N, int64_t K, int64_t batch,
+                          int64_t strideA, int64_t strideB, int64_t strideC, float alpha, float beta) {
+    cpu_ctx *c = ctx;
+    if (M <= 0 || N <= 0 || batch <= 0) return TK_OK;
+    int a32 = A->dtype == TK_F32, b32 = B->dtype == TK_F32, c32 = C->dtype == TK_F32;
+    size_t need = (a32 ? 0 : (size_t)(M * K)) + (b32 ? 0 : (size_t)(K * N)) + (c32 ? 0 : (size_t)(M * N));
+    if (need && gemm_scratch(c, need)) return TK_EOOM;
+    float *sa = c->gemm_scratch, *sb = sa + (a32 ? 0 : M * K), *sc = sb + (b32 ? 0 : K * N);
+    int lda = (int)(transA ? M : K), ldb = (int)(transB ? K : N);
+    for (int64_t bi = 0; bi < batch; bi++) {
+        const float *pa, *pb;
+        float *pc;
+        if (a32) pa = (const float *)A->data + bi * strideA;
+        else { par_to_f32(c, sa, A, bi * strideA, M * K); pa = sa; }
+        if (b32) pb = (const float *)B->data + bi * strideB;
+        else { par_to_f32(c, sb, B, bi * strideB, K * N); pb = sb; }
+        if (c32) pc = (float *)C->data + bi * strideC;
+        else {
+            if (beta != 0.0f) par_to_f32(c, sc, C, bi * strideC, M * N);
+            pc = sc;
+        }
+        if (K > 0) {
+            cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
+                        transB ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                        alpha, pa, lda, pb, ldb, beta, pc, (int)N);
+        } else {
+            for (int64_t i = 0; i < M * N; i++) pc[i] = beta == 0.0f ? 0.0f : beta * pc[i];
+        }
+        if (bias) {
+#pragma omp parallel num_threads(c->nt) if (M * N > PAR_MIN)
+            {
+                float *bb = NULL;
+                const float *bv;
+                if (bias->dtype == TK_F32) bv = bias->data;
+                else {
+                    bb = malloc((size_t)N * sizeof(float));
+                    if (bb) to_f32(bb, bias->data, bias->dtype, 0, N);
+                    bv = bb;
+                }
+                if (bv) {
+#pragma omp for schedule(static)
+                    for (int64_t i = 0; i < M; i++) {
+                        float *row = pc + i * N;
+                        for (int64_t j = 0; j < N; j++) row[j] += bv[j];
+                    }
+                }
+                free(bb);
+            }
+        }
+        if (!c32) par_from_f32(c, C, bi * strideC, sc, M * N);
+    }
+    return TK_OK;
+}
+
+/* ---- rows: gather, embed, heads ------------------------------------------- */
+
+/* dst row (C elements at element offset doff) = src row (at soff), converting. */
+static inline void copy_row(void *dst, tk_dtype ddt, int64_t doff, const void *src, tk_dtype sdt,
+                            int64_t soff, int64_t C) {
+    if (ddt == sdt) {
+        size_t es = ddt == TK_F32 ? 4 : 2;
+        memcpy((char *)dst + doff * es, (const char *)src + soff * es, (size_t)C * es);
+    } else if (ddt == TK_F32) {
+        to_f32((float *)dst + doff, src, sdt, soff, C);
+    } else {
+        float buf[CH];
+        for (int64_t j = 0; j < C; j += CH) {
+            int64_t len = C - j < CH ? C - j : CH;
+            to_f32(buf, src, sdt, soff + j, len);
+            from_f32(dst, ddt, doff + j, buf, len);
+        }
+    }
+}
+
+static tk_status gather(cpu_ctx *c, tk_tensor *out, const tk_tensor *in, int64_t rows_in,
+                        const tk_tensor *idx, int64_t n, int64_t C) {
+    const int32_t *ix = idx->data;
+    for (int64_t i = 0; i < n; i++)
+        if (ix[i] < 0 || (rows_in >= 0 && ix[i] >= rows_in)) return TK_EINVAL;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n * C > PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        copy_row(out->data, out->dtype, i * C, in->data, in->dtype, (int64_t)ix[i] * C, C);
+    return TK_OK;
+}
+
+/* dst[idx[i],:] += src[i,:]. Threads own disjoint column ranges and walk the
+ * rows in order, so the result is the same for any thread count. */
+static tk_status scatter_add(cpu_ctx *c, tk_tensor *dst, int64_t rows_dst, const tk_tensor *src,
+                             const tk_tensor *idx, int64_t n, int64_t C) {
+    const int32_t *ix = idx->data;
+    for (int64_t i = 0; i < n; i++)
+        if (ix[i] < 0 || (rows_dst >= 0 && ix[i] >= rows_dst)) return TK_EINVAL;
+    int nt = (n * C > PAR_MIN) ? c->nt : 1;
+    int64_t cw = ((C + nt - 1) / nt + 15) / 16 * 16;
+    int64_t nblk = (C + cw - 1) / cw;
+    int all32 = dst->dtype == TK_F32 && src->dtype == TK_F32;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t c0 = blk * cw, c1 = c0 + cw < C ? c0 + cw : C;
+        if (all32) {
+            float *d = dst->data;
+            const float *s = src->data;
+            for (int64_t i = 0; i < n; i++) {
+                float *restrict dr = d + (int64_t)ix[i] * C;
+                const float *restrict sr = s + i * C;
+                for (int64_t j = c0; j < c1; j++) dr[j] += sr[j];
+            }
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t j = c0; j < c1; j++) {
+                    int64_t di = (int64_t)ix[i] * C + j;
+                    st1(dst, di, ld1(dst, di) + ld1(src, i * C + j));
+                }
+        }
+    }
+    return TK_OK;
+}
+
+/* Rows in a table tensor: its first dim when it is 2-D, else unknown (-1). */
+static int64_t table_rows(const tk_tensor *t, int64_t C) {
+    if (t->ndim >= 2) return t->shape[0];
+    return (t->ndim == 1 && C > 0) ? t->shape[0] / C : -1;
+}
+
+static tk_status cpu_embed_fwd(void *ctx, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,
+                               int64_t n, int64_t C) {
+    return gather(ctx, out, table, table_rows(table, C), ids, n, C);
+}
+
+static tk_status cpu_embed_bwd(void *ctx, tk_tensor *dtable, const tk_tensor *ids, const tk_tensor *dout,
+                               int64_t n, int64_t C) {
+    return scatter_add(ctx, dtable, table_rows(dtable, C), dout, ids, n, C);
+}
+
+static tk_status cpu_gather_rows(void *ctx, tk_tensor *out, const tk_tensor *in, const tk_tensor *idx,
+                                 int64_t n, int64_t C) {
+    return gather(ctx, out, in, table_rows(in, C), idx, n, C);
+}
+
+static tk_status cpu_scatter_add_rows(void *ctx, tk_tensor *din, const tk_tensor *dout,
+                                      const tk_tensor *idx, int64_t n, int64_t C) {
+    return scatter_add(ctx, din, table_rows(din, C), dout, idx, n, C);
+}
+
+/* (B,T,NH,HS) <-> (B,NH,T,HS); split != 0 goes left to right. */
+static tk_status heads(cpu_ctx *c, tk_tensor *out, const tk_tensor *in, int64_t B, int64_t T,
+                       int64_t NH, int64_t HS, int split) {
+    int64_t rows = B * T * NH;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (rows * HS > PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t b = r / (T * NH), t = (r / NH) % T, h = r % NH;
+        int64_t o_btnh = ((b * T + t) * NH + h) * HS, o_bnth = ((b * NH + h) * T + t) * HS;
+        if (split) copy_row(out->data, out->dtype, o_bnth, in->data, in->dtype, o_btnh, HS);
+        else copy_row(out->data, out->dtype, o_btnh, in->data, in->dtype, o_bnth, HS);
+    }
+    return TK_OK;
+}
+
+static tk_status cpu_split_heads(void *ctx, tk_tensor *out, const tk_tensor *in,
+                                 int64_t B, int64_t T, int64_t NH, int64_t HS) {
+    return heads(ctx, out, in, B, T, NH, HS, 1);
+}
+
+static tk_status cpu_merge_heads(void *ctx, tk_tensor *out, const tk_tensor *in,
+                                 int64_t B, int64_t T, int64_t NH, int64_t HS) {
+    return heads(ctx, out, in, B, T, NH, HS, 0);
+}
+
+/* ---- elementwise ------------------------------------------------------------ */
+
+static tk_status cpu_add(void *ctx, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+    for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
+        float ba[CH], bb[CH], bo[CH];
+        int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
+        const float *x = ld_chunk(ba, a, off, len), *y = ld_chunk(bb, b, off, len);
+        float *o = st_chunk(bo, out, off);
+        for (int64_t i = 0; i < len; i++) o[i] = x[i] + y[i];
+        st_commit(out, off, len, o);
+    }
+    return TK_OK;
+}
+
+static tk_status cpu_axpby(void *ctx, tk_tensor *y, float alpha, const tk_tensor *x, float beta, int64_t n) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+    for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
+        float bx[CH], by[CH];
+        int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
+        const float *xv = ld_chunk(bx, x, off, len);
+        float *yv = st_chunk(by, y, off);
+        if (beta == 0.0f) { /* as in BLAS: y is not read, so NaN garbage in y does not leak */
+            for (int64_t i = 0; i < len; i++) yv[i] = alpha * xv[i];
+        } else {
+            if (y->dtype != TK_F32) to_f32(by, y->data, y->dtype, off, len);
+            for (int64_t i = 0; i < len; i++) yv[i] = alpha * xv[i] + beta * yv[i];
+        }
+        st_commit(y, off, len, yv);
+    }
+    return TK_OK;
+}
+
+static tk_status cpu_fill(void *ctx, tk_tensor *t, float value, int64_t n) {
+    cpu_ctx *c = ctx;
+    if (t->dtype == TK_F32) {
+        float *p = t->data;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+        for (int64_t i = 0; i < n; i++) p[i] = value;
+    } else if (t->dtype == TK_F16 || t->dtype == TK_BF16) {
+        uint16_t v = t->dtype == TK_F16 ? f2h(value) : f2bf(value), *p = t->data;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+        for (int64_t i = 0; i < n; i++) p[i] = v;
+    } else if (t->dtype == TK_I32) {
+        int32_t v = (int32_t)value, *p = t->data;
+        for (int64_t i = 0; i < n; i++) p[i] = v;
+    } else if (t->dtype == TK_I8 || t->dtype == TK_U8) {
+        memset(t->data, t->dtype == TK_I8 ? (int8_t)value : (uint8_t)value, (size_t)n);
+    } else {
+        int64_t v = (int64_t)value, *p = t->data;
+        for (int64_t i = 0; i < n; i++) p[i] = v;
+    }
+    return TK_OK;
+}
+
+static tk_status cpu_cast(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+    for (int64_t ci = 0; ci < NCHUNK(n); ci++)
+        copy_row(out->data, out->dtype, ci * CH, in->data, in->dtype, ci * CH, CHUNK_LEN(n, ci));
+    return TK_OK;
+}
+
+#define INV_SQRT2 0.70710678118654752440f
+#define INV_SQRT2PI 0.39894228040143267794f
+
+static tk_status cpu_gelu_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 8)
+    for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
+        float bx[CH], bo[CH];
+        int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
+        const float *x = ld_chunk(bx, in, off, len);
+        float *o = st_chunk(bo, out, off);
+        for (int64_t i = 0; i < len; i++) o[i] = 0.5f * x[i] * (1.0f + erff(x[i] * INV_SQRT2));
+        st_commit(out, off, len, o);
+    }
+    return TK_OK;
+}
+
+/* d/dx [x Phi(x)] = Phi(x) + x phi(x) */
+static tk_status cpu_gelu_bwd(void *ctx, tk_tensor *din, const tk_tensor *in, const tk_tensor *dout, int64_t n) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 8)
+    for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
+        float bx[CH], bd[CH], bo[CH];
+        int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
+        const float *x = ld_chunk(bx, in, off, len), *d = ld_chunk(bd, dout, off, len);
+        float *o = st_chunk(bo, din, off);
+        for (int64_t i = 0; i < len; i++) {
+            float xi = x[i];
+            float cdf = 0.5f * (1.0f + erff(xi * INV_SQRT2));
+            float pdf = INV_SQRT2PI * expf(-0.5f * xi * xi);
+            o[i] = d[i] * (cdf + xi * pdf);
+        }
+        st_commit(din, off, len, o);
+    }
+    return TK_OK;
+}
+
+static tk_status cpu_tanh_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 8)
+    for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
+        float bx[CH], bo[CH];
+        int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
+        const float *x = ld_chunk(bx, in, off, len);
+        float *o = st_chunk(bo, out, off);
+        for (int64_t i = 0; i < len; i++) o[i] = tanhf(x[i]);
+        st_commit(out, off, len, o);
+    }
+    return TK_OK;
+}
+
+static tk_status cpu_tanh_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout, int64_t n) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+    for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
+        float by[CH], bd[CH], bo[CH];
+        int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
+        const float *y = ld_chunk(by, out, off, len), *d = ld_chunk(bd, dout, off, len);
+        float *o = st_chunk(bo, din, off);
+        for (int64_t i = 0; i < len; i++) o[i] = d[i] * (1.0f - y[i] * y[i]);
+        st_commit(din, off, len, o);
+    }
+    return TK_OK;
+}
+
+/* ---- dropout (tk_ops_spec.h) ------------------------------------------------ */
+
+static tk_status cpu_dropout_fwd(void *ctx, tk_tensor *out, tk_tensor *mask, const tk_tensor *in,
+                                 int64_t n, float p, uint64_t seed, uint64_t offset) {
+    cpu_ctx *c = ctx;
+    uint64_t key = tk_dropout_key(seed);
+    float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    uint8_t *mk = mask ? mask->data : NULL;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 4)
+    for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
+        float bx[CH], bo[CH];
+        int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
+        const float *x = ld_chunk(bx, in, off, len);
+        float *o = st_chunk(bo, out, off);
+        if (p <= 0.0f) {
+            if (o != x) memcpy(o, x, (size_t)len * 4);
+            if (mk) memset(mk + off, 1, (size_t)len);
+        } else {
+            for (int64_t i = 0; i < len; i++) {
+                int keep = tk_dropout_keep(key, offset + (uint64_t)(off + i), p);
+                o[i] = keep ? x[i] * scale : 0.0f;
+                if (mk) mk[off + i] = (uint8_t)keep;
+            }
+        }
+        st_commit(out, off, len, o);
+    }
+    return TK_OK;
+}
+
+static tk_status cpu_dropout_bwd(void *ctx, tk_tensor *din, const tk_tensor *dout, int64_t n,
+                                 float p, uint64_t seed, uint64_t offset) {
+    return cpu_dropout_fwd(ctx, din, NULL, dout, n, p, seed, offset);
+}
+
+/* ---- row ops: layernorm, softmax, cross-entropy ------------------------------
+ * A thread converts 16-bit rows into its own f32 buffers (malloc'd once per
+ * op per thread); f32 rows are used in place. */
+
+static tk_status cpu_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, tk_tensor *rstd,
+                                   const tk_tensor *in, const tk_tensor *w, const tk_tensor *b,
+                                   int64_t N, int64_t C, float eps) {
+    cpu_ctx *c = ctx;
+    int failed = 0;
+    float *mu = mean ? mean->data : NULL, *rs = rstd ? rstd->data : NULL;
+#pragma omp parallel num_threads(c->nt) if (N * C > PAR_MIN)
+    {
+        float *buf = malloc((size_t)C * 4 * sizeof(float));
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        float *bx = buf, *bo = buf ? buf + C : NULL, *bw = buf ? buf + 2 * C : NULL, *bb = buf ? buf + 3 * C : NULL;
+        const float *wv = NULL, *bv = NULL;
+        if (buf) {
+            wv = ld_chunk(bw, w, 0, C);
+            bv = ld_chunk(bb, b, 0, C);
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < N; r++) {
+            if (!buf) continue;
+            const float *x = ld_chunk(bx, in, r * C, C);
+            float *o = st_chunk(bo, out, r * C);
+            float s = 0.0f;
+            for (int64_t j = 0; j < C; j++) s += x[j];
+            float m = s / (float)C, v = 0.0f;
+            for (int64_t j = 0; j < C; j++) {
+                float d = x[j] - m;
+                v += d * d;
+            }
+            float rstdv = 1.0f / sqrtf(v / (float)C + eps);
+            for (int64_t j = 0; j < C; j++) o[j] = (x[j] - m) * rstdv * wv[j] + bv[j];
+            st_commit(out, r * C, C, o);
+            if (mu) mu[r] = m;
+            if (rs) rs[r] = rstdv;
+        }
+        free(buf);
+    }
+    return failed ? TK_EOOM : TK_OK;
+}
+
+/* din = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * w;
+ * dw += sum dout * norm, db += sum dout, each thread summing its rows into a
+ * private row that is then added in thread order (deterministic). */
+static tk_status cpu_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_tensor *db,
+                                   const tk_tensor *dout, const tk_tensor *in, const tk_tensor *w,
+                                   const tk_tensor *mean, const tk_tensor *rstd,
+                                   int64_t N, int64_t C, int accumulate) {
+    cpu_ctx *c = ctx;
+    int nt = (N * C > PAR_MIN) ? c->nt : 1;
+    float *part = calloc((size_t)nt * 2 * C, sizeof(float));
+    if (!part) return TK_EOOM;
+    int failed = 0;
+    const float *mu = mean->data, *rs = rstd->data;
+#pragma omp parallel num_threads(nt)
+    {
+        int tid = omp_get_thread_num();
+        float *pdw = part + (size_t)tid * 2 * C, *pdb = pdw + C;
+        float *buf = malloc((size_t)C * 5 * sizeof(float));
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        float *bx = buf, *bd = buf ? buf + C : NULL, *bo = buf ? buf + 2 * C : NULL,
+              *bw = buf ? buf + 3 * C : NULL, *nrm = buf ? buf + 4 * C : NULL;
+        const float *wv = buf ? ld_chunk(bw, w, 0, C) : NULL;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < N; r++) {
+            if (!buf) continue;
+            const float *x = ld_chunk(bx, in, r * C, C), *d = ld_chunk(bd, dout, r * C, C);
+            float m = mu[r], rsv = rs[r], sd = 0.0f, sdn = 0.0f;
+            for (int64_t j = 0; j < C; j++) {
+                float nj = (x[j] - m) * rsv, dn = d[j] * wv[j];
+                nrm[j] = nj;
+                sd += dn;
+                sdn += dn * nj;
+                pdw[j] += d[j] * nj;
+                pdb[j] += d[j];
+            }
+            sd /= (float)C;
+            sdn /= (float)C;
+            float *o = st_chunk(bo, din, r * C);
+            if (accumulate && din->dtype != TK_F32) to_f32(bo, din->data, din->dtype, r * C, C);
+            if (accumulate) {
+                for (int64_t j = 0; j < C; j++) o[j] += (d[j] * wv[j] - sd - nrm[j] * sdn) * rsv;
+            } else {
+                for (int64_t j = 0; j < C; j++) o[j] = (d[j] * wv[j] - sd - nrm[j] * sdn) * rsv;
+            }
+            st_commit(din, r * C, C, o);
+        }
+        free(buf);
+    }
+    if (!failed) {
+        for (int64_t j = 0; j < C; j++) {
+            float sw = 0.0f, sb = 0.0f;
+            for (int t = 0; t < nt; t++) {
+                sw += part[(size_t)t * 2 * C + j];
+                sb += part[(size_t)t * 2 * C + C + j];
+            }
+            if (dw) st1(dw, j, ld1(dw, j) + sw);
+            if (db) st1(db, j, ld1(db, j) + sb);
+        }
+    }
+    free(part);
+    return failed ? TK_EOOM : TK_OK;
+}
+
+/* HF BERT's extended attention mask: (1 - mask) * finfo(float32).min. */
+#define MASK_BIAS (-3.4028234663852886e38f)
+
+static tk_status cpu_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, const tk_tensor *mask,
+                                 int64_t B, int64_t NH, int64_t T, float scale) {
+    cpu_ctx *c = ctx;
+    int64_t rows = B * NH * T;
+    const int32_t *mk = mask ? mask->data : NULL;
+    int failed = 0;
+#pragma omp parallel num_threads(c->nt) if (rows * T > PAR_MIN / 4)
+    {
+        int need = in->dtype != TK_F32 || out->dtype != TK_F32;
+        float *buf = need ? malloc((size_t)T * 2 * sizeof(float)) : NULL;
+        if (need && !buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        float *bx = buf, *bo = buf ? buf + T : NULL;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            if (need && !buf) continue;
+            const float *x = ld_chunk(bx, in, r * T, T);
+            float *o = st_chunk(bo, out, r * T);
+            const int32_t *mrow = mk ? mk + (r / (NH * T)) * T : NULL;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < T; j++) {
+                float z = scale * x[j] + ((mrow && mrow[j] == 0) ? MASK_BIAS : 0.0f);
+                o[j] = z;
+                mx = z > mx ? z : mx;
+            }
+            if (mx == -INFINITY) { /* every logit -inf: no distribution exists; emit zeros */
+                for (int64_t j = 0; j < T; j++) o[j] = 0.0f;
+            } else {
+                float s = 0.0f;
+                for (int64_t j = 0; j < T; j++) {
+                    o[j] = expf(o[j] - mx);
+                    s += o[j];
+                }
+                float inv = 1.0f / s;
+                for (int64_t j = 0; j < T; j++) o[j] *= inv;
+            }
+            st_commit(out, r * T, T, o);
+        }
+        free(buf);
+    }
+    return failed ? TK_EOOM : TK_OK;
+}
+
+static tk_status cpu_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
+                                 int64_t rows, int64_t T, float scale) {
+    cpu_ctx *c = ctx;
+    int failed = 0;
+#pragma omp parallel num_threads(c->nt) if (rows * T > PAR_MIN / 4)
+    {
+        int need = din->dtype != TK_F32 || out->dtype != TK_F32 || dout->dtype != TK_F32;
+        float *buf = need ? malloc((size_t)T * 3 * sizeof(float)) : NULL;
+        if (need && !buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        float *by = buf, *bd = buf ? buf + T : NULL, *bo = buf ? buf + 2 * T : NULL;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            if (need && !buf) continue;
+            const float *y = ld_chunk(by, out, r * T, T), *d = ld_chunk(bd, dout, r * T, T);
+            float *o = st_chunk(bo, din, r * T);
+            float s = 0.0f;
+            for (int64_t j = 0; j < T; j++) s += y[j] * d[j];
+            for (int64_t j = 0; j < T; j++) o[j] = scale * y[j] * (d[j] - s);
+            st_commit(din, r * T, T, o);
+        }
+        free(buf);
+    }
+    return failed ? TK_EOOM : TK_OK;
+}
+
+/* One row: p = softmax(x) written to o (may be NULL), returns log-sum-exp. */
+static float softmax_row(float *o, const float *x, int64_t V) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+    double s = 0.0;
+    if (o) {
+        for (int64_t j = 0; j < V; j++) {
+            o[j] = expf(x[j] - mx);
+            s += o[j];
+        }
+        float inv = (float)(1.0 / s);
+        for (int64_t j = 0; j < V; j++) o[j] *= inv;
+    } else {
+        for (int64_t j = 0; j < V; j++) s += expf(x[j] - mx);
+    }
+    return mx + (float)log(s);
+}
+
+static tk_status cpu_xent_fwd(void *ctx, tk_tensor *losses, tk_tensor *probs, const tk_tensor *logits,
+                              const tk_tensor *labels, int64_t N, int64_t V) {
+    cpu_ctx *c = ctx;
+    const int32_t *lab = labels->data;
+    for (int64_t i = 0; i < N; i++)
+        if (lab[i] >= V) return TK_EINVAL;
+    float *loss = losses->data;
+    int failed = 0;
+#pragma omp parallel num_threads(c->nt) if (N * V > PAR_MIN / 4)
+    {
+        float *buf = malloc((size_t)V * 2 * sizeof(float));
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < N; r++) {
+            if (!buf) continue;
+            const float *x = ld_chunk(buf, logits, r * V, V);
+            float *o = probs ? st_chunk(buf + V, probs, r * V) : NULL;
+            float lse = softmax_row(o, x, V);
+            loss[r] = lab[r] < 0 ? 0.0f : lse - x[lab[r]];
+            if (o) st_commit(probs, r * V, V, o);
+        }
+        free(buf);
+    }
+    return failed ? TK_EOOM : TK_OK;
+}
+
+static tk_status cpu_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *logits,
+                              const tk_tensor *labels, int64_t N, int64_t V, float scale) {
+    cpu_ctx *c = ctx;
+    const int32_t *lab = labels->data;
+    for (int64_t i = 0; i < N; i++)
+        if (lab[i] >= V) return TK_EINVAL;
+    int failed = 0;
+#pragma omp parallel num_threads(c->nt) if (N * V > PAR_MIN / 4)
+    {
+        float *buf = malloc((size_t)V * 2 * sizeof(float));
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < N; r++) {
+            if (!buf) continue;
+            float *o = st_chunk(buf + V, dlogits, r * V);
+            if (lab[r] < 0) {
+                memset(o, 0, (size_t)V * sizeof(float));
+            } else {
+                const float *x = ld_chunk(buf, logits, r * V, V);
+                softmax_row(o, x, V);
+                o[lab[r]] -= 1.0f;
+                for (int64_t j = 0; j < V; j++) o[j] *= scale;
+            }
+            st_commit(dlogits, r * V, V, o);
+        }
+        free(buf);
+    }
+    return failed ? TK_EOOM : TK_OK;
+}
+
+/* ---- reductions ----------------------------------------------------------- */
+
+/* db[c] += sum_n dout[n,c]; threads own column ranges (same result for any count). */
+static tk_status cpu_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, int64_t N, int64_t C) {
+    cpu_ctx *c = ctx;
+    int nt = (N * C > PAR_MIN) ? c->nt : 1;
+    int64_t cw = ((C + nt - 1) / nt + 15) / 16 * 16;
+    int64_t nblk = (C + cw - 1) / cw;
+    int failed = 0;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t c0 = blk * cw, c1 = c0 + cw < C ? c0 + cw : C, w = c1 - c0;
+        float *acc = calloc((size_t)w, sizeof(float));
+        if (!acc) {
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
+        if (dout->dtype == TK_F32) {
+            const float *d = dout->data;
+            for (int64_t r = 0; r < N; r++) {
+                const float *restrict row = d + r * C + c0;
+                for (int64_t j = 0; j < w; j++) acc[j] += row[j];
+            }
+        } else {
+            for (int64_t r = 0; r < N; r++)
+                for (int64_t j = 0; j < w; j++) acc[j] += ld1(dout, r * C + c0 + j);
+        }
+        for (int64_t j = 0; j < w; j++) st1(db, c0 + j, ld1(db, c0 + j) + acc[j]);
+        free(acc);
+    }
+    return failed ? TK_EOOM : TK_OK;
+}
+
+#define SUMSQ_MAXT 256
+
+static tk_status cpu_sumsq(void *ctx, tk_tensor *out, const tk_tensor *x, int64_t n, int accumulate) {
+    cpu_ctx *c = ctx;
+    int nt = (n > PAR_MIN) ? (c->nt < SUMSQ_MAXT ? c->nt : SUMSQ_MAXT) : 1;
+    double part[SUMSQ_MAXT] = {0};
+    /* Chunk ci always goes to thread ci % nt and partials are added in thread
+     * order: the same n and thread count give the same bits. */
+#pragma omp parallel num_threads(nt)
+    {
+        int tid = omp_get_thread_num();
+        double acc = 0.0;
+        float bx[CH];
+        for (int64_t ci = tid; ci < NCHUNK(n); ci += nt) {
+            int64_t len = CHUNK_LEN(n, ci);
+            const float *v = ld_chunk(bx, x, ci * CH, len);
+            float s = 0.0f;
+            for (int64_t i = 0; i < len; i++) s += v[i] * v[i];
+            acc += s;
+        }
+        part[tid] = acc;
+    }
+    double tot = 0.0;
+    for (int t = 0; t < nt; t++) tot += part[t];
+    float *o = out->data;
+    o[0] = accumulate ? o[0] + (float)tot : (float)tot;
+    return TK_OK;
+}
+
+/* ---- optimizers -------------------------------------------------------------
+ * Follows torch.optim.AdamW (foreach=False): p *= 1 - lr*wd; m = b1 m + (1-b1) g;
+ * v = b2 v + (1-b2) g^2; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). */
+
+typedef struct {
+    float decay, b1, b2, omb1, omb2, step_size, inv_sqrt_bc2, eps, gs;
+} adam_k;
+
+static adam_k adam_consts(const tk_adamw_hp *hp) {
+    adam_k k;
+    double t = (double)(hp->step > 0 ? hp->step : 1);
+    double bc1 = 1.0 - pow((double)hp->beta1, t), bc2 = 1.0 - pow((double)hp->beta2, t);
+    k.decay = 1.0f - hp->lr * hp->weight_decay;
+    k.b1 = hp->beta1;
+    k.b2 = hp->beta2;
+    k.omb1 = 1.0f - hp->beta1;
+    k.omb2 = 1.0f - hp->beta2;
+    k.step_size = (float)(hp->lr / bc1);
+    k.inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    k.eps = hp->eps;
+    k.gs = hp->grad_scale;
+    return k;
+}
+
+static tk_status cpu_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
+                           int64_t n, const tk_adamw_hp *hp) {
+    cpu_ctx *c = ctx;
+    adam_k k = adam_consts(hp);
+    float *p = param->data, *mm = m->data, *vv = v->data;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 4)
+    for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
+        float bg[CH];
+        int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
+        const float *g = ld_chunk(bg, grad, off, len);
+        float *restrict pp = p + off, *restrict pm = mm + off, *restrict pv = vv + off;
+        for (int64_t i = 0; i < len; i++) {
+            float gi = g[i] * k.gs;
+            float mi = k.b1 * pm[i] + k.omb1 * gi;
+            float vi = k.b2 * pv[i] + k.omb2 * gi * gi;
+            pm[i] = mi;
+            pv[i] = vi;
+            float pi = pp[i] * k.decay;
+            pp[i] = pi - k.step_size * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
+        }
+    }
+    return TK_OK;
+}
+
+/* 8-bit AdamW: per block, decode m and v (tk_ops_spec.h), update in f32 as
+ * above, take the new block absmax as scale, re-encode. The parameter update
+ * uses the unquantised new moments. Blocks are independent. */
+static tk_status cpu_adamw8(void *ctx, tk_tensor *param, const tk_tensor *grad,
+                            tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
+                            int64_t n, const tk_adamw_hp *hp) {
+    cpu_ctx *c = ctx;
+    adam_k k = adam_consts(hp);
+    float *p = param->data, *ms = mscale->data, *vs = vscale->data;
+    int8_t *mq = m->data;
+    uint8_t *vq = v->data;
+    int64_t nb = (n + TK_Q8_BLOCK - 1) / TK_Q8_BLOCK;
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 4)
+    for (int64_t bi = 0; bi < nb; bi++) {
+        float bg[TK_Q8_BLOCK], bm[TK_Q8_BLOCK], bv[TK_Q8_BLOCK];
+        int64_t off = bi * TK_Q8_BLOCK, len = n - off < TK_Q8_BLOCK ? n - off : TK_Q8_BLOCK;
+        const float *g = ld_chunk(bg, grad, off, len);
+        float msc = ms[bi], vsc = vs[bi], mmax = 0.0f, vmax = 0.0f;
+        for (int64_t i = 0; i < len; i++) {
+            float gi = g[i] * k.gs;
+            float mi = k.b1 * tk_q8_decode_m(mq[off + i], msc) + k.omb1 * gi;
+            float vi = k.b2 * tk_q8_decode_v(vq[off + i], vsc) + k.omb2 * gi * gi;
+            bm[i] = mi;
+            bv[i] = vi;
+            float am = fabsf(mi);
+            mmax = am > mmax ? am : mmax;
+            vmax = vi > vmax ? vi : vmax;
+            float pi = p[off + i] * k.decay;
+            p[off + i] = pi - k.step_size * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
+        }
+        for (int64_t i = 0; i < len; i++) {
+            mq[off + i] = tk_q8_encode_m(bm[i], mmax);
+            vq[off + i] = tk_q8_encode_v(bv[i], vmax);
+        }
+        ms[bi] = mmax;
+        vs[bi] = vmax;
+    }
+    return TK_OK;
+}
+
+/* ---- the table -------------------------------------------------------------- */
+
+static const tk_backend cpu_backend = {
+    .name = "cpu",
+    .seg_alloc = cpu_seg_alloc,
+    .seg_free = cpu_seg_free,
+    .write = cpu_copy,
+    .read = cpu_copy,
+    .sync = cpu_sync,
+    .info = cpu_info,
+    .destroy = cpu_destroy,
+    .gemm = cpu_gemm,
+    .embed_fwd = cpu_embed_fwd,
+    .embed_bwd = cpu_embed_bwd,
+    .add = cpu_add,
+    .axpby = cpu_axpby,
+    .fill = cpu_fill,
+    .cast = cpu_cast,
+    .layernorm_fwd = cpu_layernorm_fwd,
+    .layernorm_bwd = cpu_layernorm_bwd,
+    .gelu_fwd = cpu_gelu_fwd,
+    .gelu_bwd = cpu_gelu_bwd,
+    .tanh_fwd = cpu_tanh_fwd,
+    .tanh_bwd = cpu_tanh_bwd,
+    .softmax_fwd = cpu_softmax_fwd,
+    .softmax_bwd = cpu_softmax_bwd,
+    .dropout_fwd = cpu_dropout_fwd,
+    .dropout_bwd = cpu_dropout_bwd,
+    .xent_fwd = cpu_xent_fwd,
+    .xent_bwd = cpu_xent_bwd,
+    .bias_grad = cpu_bias_grad,
+    .split_heads = cpu_split_heads,
+    .merge_heads = cpu_merge_heads,
+    .gather_rows = cpu_gather_rows,
+    .scatter_add_rows = cpu_scatter_add_rows,
+    .sumsq = cpu_sumsq,
+    .adamw = cpu_adamw,
+    .adamw8 = cpu_adamw8,
+};
+
+const tk_backend *tk_backend_cpu(void) { return &cpu_backend; }

@@ -1,0 +1,414 @@
+/* tk_core.c — the protocol core: verify and decode, reject replays, dispatch by
+ * msg_type through a table, publish status busy/idle around every request,
+ * answer, count executions, keep history, abort queued executes after an error.
+ *
+ * It never touches ZeroMQ: frames go out through a tk_transport table, so unit
+ * tests drive it with an in-memory transport exactly as the sockets do.
+ *
+ * Threads: shell requests run on the shell thread; control requests (only those
+ * marked control-safe in the table) on the control thread. Shared state — the
+ * replay guard and iopub sends — is guarded by one mutex; the cancel and stop
+ * flags are atomics.
+ */
+#include "tk_history.h"
+#include "tk_kernel.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct tk_core {
+    tk_signer *signer;
+    tk_replay *replay;
+    tk_history *hist;
+    tk_interp interp;
+    tk_transport tr;
+    pthread_mutex_t lock;   /* replay + iopub */
+    char session[40];
+    int exec_count;
+    int aborting;           /* shell thread only */
+    atomic_int cancel;
+    atomic_int stop, restart;
+    atomic_ulong dropped;
+};
+
+typedef struct req { tk_core *c; tk_channel ch; tk_msg *m; } req;
+
+static void logbad(tk_core *c, tk_channel ch, const char *why) {
+    static const char *names[] = {"shell", "control", "stdin", "iopub"};
+    atomic_fetch_add(&c->dropped, 1);
+    fprintf(stderr, "txkernel: dropped a message on %s: %s\n", names[ch], why);
+}
+
+/* Sends msg_type with content (borrowed) on ch; route gives identities. */
+static void send_msg(tk_core *c, tk_channel ch, const tk_msg *route, json_t *parent,
+                     const char *msg_type, json_t *content, json_t *metadata) {
+    json_t *h = tk_msg_header_new(c->session, msg_type);
+    json_t *md = metadata ? json_incref(metadata) : json_object();
+    json_t *empty = parent ? NULL : json_object();
+    tk_frame *f = NULL;
+    size_t n = 0;
+    int rc = h && md ? tk_msg_encode(c->signer, route, h, parent ? parent : empty, md, content, &f, &n) : -1;
+    if (rc == 0) {
+        if (ch == TK_CH_IOPUB) pthread_mutex_lock(&c->lock);
+        c->tr.send(c->tr.self, ch, f, n);
+        if (ch == TK_CH_IOPUB) pthread_mutex_unlock(&c->lock);
+    } else {
+        fprintf(stderr, "txkernel: out of memory encoding %s\n", msg_type);
+    }
+    tk_frames_free(f, n);
+    json_decref(h);
+    json_decref(md);
+    json_decref(empty);
+}
+
+static void publish(tk_core *c, json_t *parent, const char *msg_type, json_t *content) {
+    char topic[96];
+    snprintf(topic, sizeof topic, "kernel.%s.%s", c->session, msg_type);
+    uint8_t *ids[1] = {(uint8_t *)topic};
+    size_t lens[1] = {strlen(topic)};
+    tk_msg route = {.nids = 1, .ids = ids, .id_lens = lens};
+    send_msg(c, TK_CH_IOPUB, &route, parent, msg_type, content, NULL);
+}
+
+static void publish_new(tk_core *c, json_t *parent, const char *msg_type, json_t *content) {
+    if (content) publish(c, parent, msg_type, content);
+    json_decref(content);
+}
+
+static void status(tk_core *c, json_t *parent, const char *state) {
+    publish_new(c, parent, "status", json_pack("{s:s}", "execution_state", state));
+}
+
+/* reply content is stolen */
+static void reply(req *r, const char *type, json_t *content) {
+    json_t *md = json_pack("{s:s}", "status", json_string_value(json_object_get(content, "status")) ?: "ok");
+    send_msg(r->c, r->ch, r->m, r->m->header, type, content, md);
+    json_decref(md);
+    json_decref(content);
+}
+
+static void reply_error(req *r, const char *type, const char *evalue) {
+    fprintf(stderr, "txkernel: bad %s: %s\n", r->m->msg_type, evalue);
+    reply(r, type, json_pack("{s:s,s:s,s:s,s:[]}", "status", "error", "ename", "ProtocolError",
+                             "evalue", evalue, "traceback"));
+}
+
+/* ---- the output sink given to the interpreter ---------------------------- */
+
+typedef struct exec_out {
+    tk_out base;
+    req *r;
+    int count, silent;
+    json_t *payload;     /* array */
+    json_t *error;       /* {ename, evalue, traceback} of the last error, or NULL */
+    char *result_text;   /* text/plain of the last execute_result, for history */
+} exec_out;
+
+static void o_stream(tk_out *o, const char *name, const char *text) {
+    exec_out *x = (exec_out *)o;
+    publish_new(x->r->c, x->r->m->header, "stream", json_pack("{s:s,s:s}", "name", name, "text", text));
+}
+
+static void o_display(tk_out *o, json_t *data, json_t *metadata, const char *display_id, int update) {
+    exec_out *x = (exec_out *)o;
+    json_t *c = json_pack("{s:O,s:o}", "data", data, "metadata", metadata ? json_incref(metadata) : json_object());
+    if (c && display_id) json_object_set_new(c, "transient", json_pack("{s:s}", "display_id", display_id));
+    publish_new(x->r->c, x->r->m->header, update && display_id ? "update_display_data" : "display_data", c);
+}
+
+static void o_result(tk_out *o, json_t *data, json_t *metadata) {
+    exec_out *x = (exec_out *)o;
+    const char *t = json_string_value(json_object_get(data, "text/plain"));
+    if (t) { free(x->result_text); x->result_text = strdup(t); }
+    if (x->silent) return;
+    publish_new(x->r->c, x->r->m->header, "execute_result",
+                json_pack("{s:i,s:O,s:o}", "execution_count", x->count, "data", data, "metadata",
+                          metadata ? json_incref(metadata) : json_object()));
+}
+
+static void o_clear(tk_out *o, int wait) {
+    exec_out *x = (exec_out *)o;
+    publish_new(x->r->c, x->r->m->header, "clear_output", json_pack("{s:b}", "wait", wait));
+}
+
+static void o_error(tk_out *o, const char *ename, const char *evalue, json_t *tb) {
+    exec_out *x = (exec_out *)o;
+    json_t *e = json_pack("{s:s,s:s,s:o}", "ename", ename, "evalue", evalue, "traceback",
+                          tb ? json_incref(tb) : json_pack("[s]", evalue));
+    if (!e) return;
+    json_decref(x->error);
+    x->error = e;
+    publish(x->r->c, x->r->m->header, "error", e);
+}
+
+static void o_page(tk_out *o, json_t *data) {
+    exec_out *x = (exec_out *)o;
+    json_array_append_new(x->payload, json_pack("{s:s,s:O,s:i}", "source", "page", "data", data, "start", 0));
+}
+
+static const tk_out_ops exec_out_ops = {o_stream, o_display, o_result, o_clear, o_error, o_page};
+
+/* ---- handlers ------------------------------------------------------------ */
+
+static int want_bool(json_t *content, const char *key, int dflt) {
+    json_t *v = json_object_get(content, key);
+    return json_is_boolean(v) ? json_is_true(v) : dflt;
+}
+
+static void h_execute(req *r) {
+    tk_core *c = r->c;
+    json_t *ct = r->m->content;
+    const char *code = json_string_value(json_object_get(ct, "code"));
+    if (!code) { reply_error(r, "execute_reply", "content.code must be a string"); return; }
+    if (c->aborting) {
+        reply(r, "execute_reply", json_pack("{s:s,s:i}", "status", "aborted", "execution_count", c->exec_count));
+        return;
+    }
+    int silent = want_bool(ct, "silent", 0);
+    int store = silent ? 0 : want_bool(ct, "store_history", 1);
+    int stop_on_error = want_bool(ct, "stop_on_error", 1);
+    tk_exec_opts eo = {.silent = silent, .store_history = store,
+                       .allow_stdin = want_bool(ct, "allow_stdin", 0),
+                       .execution_count = store ? c->exec_count + 1 : c->exec_count};
+    if (store) c->exec_count++;
+    if (!silent)
+        publish_new(c, r->m->header, "execute_input",
+                    json_pack("{s:s,s:i}", "code", code, "execution_count", eo.execution_count));
+    exec_out x = {.base = {&exec_out_ops, NULL}, .r = r, .count = eo.execution_count,
+                  .silent = silent, .payload = json_array()};
+    atomic_store(&c->cancel, 0);
+    int rc = c->interp.execute ? c->interp.execute(c->interp.self, code, &eo, &x.base, &c->cancel) : 0;
+    if (rc != 0 && !x.error)
+        o_error(&x.base, "Error", "the cell failed without saying why", NULL);
+    if (store && c->hist) tk_history_add(c->hist, eo.execution_count, code, x.result_text);
+    if (x.error) {
+        json_t *rep = json_deep_copy(x.error);
+        json_object_set_new(rep, "status", json_string("error"));
+        json_object_set_new(rep, "execution_count", json_integer(eo.execution_count));
+        reply(r, "execute_reply", rep);
+        if (stop_on_error) c->aborting = 1;
+    } else {
+        reply(r, "execute_reply", json_pack("{s:s,s:i,s:O,s:{}}", "status", "ok", "execution_count",
+                                            eo.execution_count, "payload", x.payload, "user_expressions"));
+    }
+    json_decref(x.payload);
+    json_decref(x.error);
+    free(x.result_text);
+}
+
+/* code-point offset -> byte offset in UTF-8 text (clamped to the end) */
+static size_t cp_to_byte(const char *s, long cp) {
+    size_t b = 0;
+    for (long k = 0; s[b] && k < cp; k++) {
+        b++;
+        while (s[b] && ((unsigned char)s[b] & 0xC0) == 0x80) b++;
+    }
+    return b;
+}
+
+static long byte_to_cp(const char *s, size_t b) {
+    long k = 0;
+    for (size_t i = 0; i < b && s[i]; i++)
+        if (((unsigned char)s[i] & 0xC0) != 0x80) k++;
+    return k;
+}
+
+static int get_code_cursor(req *r, const char *reply_type, const char **code, size_t *cursor) {
+    json_t *ct = r->m->content, *cp = json_object_get(ct, "cursor_pos");
+    *code = json_string_value(json_object_get(ct, "code"));
+    if (!*code) { reply_error(r, reply_type, "content.code must be a string"); return -1; }
+    if (cp && !json_is_null(cp) && !json_is_integer(cp)) {
+        reply_error(r, reply_type, "content.cursor_pos must be an integer");
+        return -1;
+    }
+    long pos = json_is_integer(cp) ? (long)json_integer_value(cp) : (long)strlen(*code);
+    *cursor = cp_to_byte(*code, pos < 0 ? 0 : pos);
+    return 0;
+}
+
+static void h_complete(req *r) {
+    const char *code;
+    size_t cur;
+    if (get_code_cursor(r, "complete_reply", &code, &cur)) return;
+    json_t *matches = json_array();
+    size_t start = cur, end = cur;
+    if (r->c->interp.complete) r->c->interp.complete(r->c->interp.self, code, cur, matches, &start, &end);
+    reply(r, "complete_reply", json_pack("{s:s,s:o,s:i,s:i,s:{}}", "status", "ok", "matches", matches,
+                                         "cursor_start", (int)byte_to_cp(code, start), "cursor_end",
+                                         (int)byte_to_cp(code, end), "metadata"));
+}
+
+static void h_inspect(req *r) {
+    const char *code;
+    size_t cur;
+    if (get_code_cursor(r, "inspect_reply", &code, &cur)) return;
+    json_t *dl = json_object_get(r->m->content, "detail_level");
+    json_t *data = json_object();
+    int found = r->c->interp.inspect
+                    ? r->c->interp.inspect(r->c->interp.self, code, cur, json_is_integer(dl) ? (int)json_integer_value(dl) : 0, data)
+                    : 0;
+    reply(r, "inspect_reply", json_pack("{s:s,s:b,s:o,s:{}}", "status", "ok", "found", found, "data", data, "metadata"));
+}
+
+static void h_is_complete(req *r) {
+    const char *code = json_string_value(json_object_get(r->m->content, "code"));
+    if (!code) { reply_error(r, "is_complete_reply", "content.code must be a string"); return; }
+    const char *indent = "";
+    const char *st = r->c->interp.is_complete ? r->c->interp.is_complete(r->c->interp.self, code, &indent) : "unknown";
+    json_t *rep = json_pack("{s:s}", "status", st);
+    if (!strcmp(st, "incomplete")) json_object_set_new(rep, "indent", json_string(indent ? indent : ""));
+    reply(r, "is_complete_reply", rep);
+}
+
+static void h_history(req *r) {
+    const char *why = "history is off";
+    json_t *h = r->c->hist ? tk_history_query(r->c->hist, r->m->content, &why) : NULL;
+    if (!h) { reply_error(r, "history_reply", why); return; }
+    reply(r, "history_reply", json_pack("{s:s,s:o}", "status", "ok", "history", h));
+}
+
+static void h_kernel_info(req *r) {
+    json_t *ct = json_pack("{s:s,s:s,s:s,s:s,s:b}", "status", "ok", "protocol_version", TK_PROTOCOL_VERSION,
+                           "implementation", "txkernel", "implementation_version", TK_KERNEL_VERSION,
+                           "debugger", 0);
+    if (r->c->interp.kernel_info) r->c->interp.kernel_info(r->c->interp.self, ct);
+    if (!json_object_get(ct, "language_info"))
+        json_object_set_new(ct, "language_info", json_pack("{s:s,s:s,s:s}", "name", "txkernel",
+                                                           "version", TK_KERNEL_VERSION, "file_extension", ".txk"));
+    if (!json_object_get(ct, "banner")) json_object_set_new(ct, "banner", json_string("txkernel"));
+    reply(r, "kernel_info_reply", ct);
+}
+
+static void h_comm_info(req *r) {
+    reply(r, "comm_info_reply", json_pack("{s:s,s:{}}", "status", "ok", "comms"));
+}
+
+static void h_comm_open(req *r) {
+    /* No comm targets exist: close it at once so the frontend does not wait. */
+    const char *id = json_string_value(json_object_get(r->m->content, "comm_id"));
+    const char *target = json_string_value(json_object_get(r->m->content, "target_name"));
+    fprintf(stderr, "txkernel: no comm target \"%s\"; closing comm\n", target ? target : "?");
+    if (id) publish_new(r->c, r->m->header, "comm_close", json_pack("{s:s,s:{}}", "comm_id", id, "data"));
+}
+
+static void h_comm_ignore(req *r) { (void)r; }
+
+static void h_shutdown(req *r) {
+    int restart = want_bool(r->m->content, "restart", 0);
+    json_t *ct = json_pack("{s:s,s:b}", "status", "ok", "restart", restart);
+    publish(r->c, r->m->header, "shutdown_reply", ct); /* protocol 5.4 also broadcasts it */
+    reply(r, "shutdown_reply", ct);
+    atomic_store(&r->c->restart, restart);
+    atomic_store(&r->c->cancel, 1);
+    atomic_store(&r->c->stop, 1);
+}
+
+static void h_interrupt(req *r) {
+    atomic_store(&r->c->cancel, 1);
+    reply(r, "interrupt_reply", json_pack("{s:s}", "status", "ok"));
+}
+
+typedef struct handler {
+    const char *type;
+    void (*fn)(req *r);
+    int control_ok;   /* safe to run on the control thread while a cell runs */
+    int status;       /* publish busy/idle around it */
+} handler;
+
+static const handler HANDLERS[] = {
+    {"execute_request", h_execute, 0, 1},
+    {"complete_request", h_complete, 0, 1},
+    {"inspect_request", h_inspect, 0, 1},
+    {"is_complete_request", h_is_complete, 0, 1},
+    {"history_request", h_history, 0, 1},
+    {"kernel_info_request", h_kernel_info, 1, 1},
+    {"comm_info_request", h_comm_info, 1, 1},
+    {"comm_open", h_comm_open, 0, 1},
+    {"comm_msg", h_comm_ignore, 0, 1},
+    {"comm_close", h_comm_ignore, 0, 1},
+    {"shutdown_request", h_shutdown, 1, 1},
+    {"interrupt_request", h_interrupt, 1, 1},
+};
+
+void tk_core_handle(tk_core *c, tk_channel ch, const tk_frame *frames, size_t n) {
+    tk_kerr err = {{0}};
+    tk_msg *m = tk_msg_decode(c->signer, frames, n, &err);
+    if (!m) { logbad(c, ch, err.msg); return; }
+    pthread_mutex_lock(&c->lock);
+    int replayed = tk_replay_check(c->replay, m->replay_key, m->replay_key_len);
+    pthread_mutex_unlock(&c->lock);
+    if (replayed) {
+        snprintf(err.msg, sizeof err.msg, "message %.64s was received before (replayed signature); not run again", m->msg_id);
+        logbad(c, ch, err.msg);
+        tk_msg_destroy(&m);
+        return;
+    }
+    const handler *h = NULL;
+    for (size_t i = 0; i < sizeof HANDLERS / sizeof *HANDLERS; i++)
+        if (!strcmp(HANDLERS[i].type, m->msg_type)) { h = &HANDLERS[i]; break; }
+    if (!h || (ch == TK_CH_CONTROL && !h->control_ok) || ch == TK_CH_STDIN || ch == TK_CH_IOPUB) {
+        snprintf(err.msg, sizeof err.msg, "message type \"%.64s\" is not served on this channel", m->msg_type);
+        logbad(c, ch, err.msg);
+        tk_msg_destroy(&m);
+        return;
+    }
+    req r = {c, ch, m};
+    if (h->status) status(c, m->header, "busy");
+    h->fn(&r);
+    if (h->status) status(c, m->header, "idle");
+    tk_msg_destroy(&m);
+}
+
+void tk_core_shell_idle(tk_core *c) { c->aborting = 0; }
+
+void tk_core_starting(tk_core *c) { status(c, NULL, "starting"); }
+
+void tk_core_publish(tk_core *c, const char *msg_type, json_t *content) { publish(c, NULL, msg_type, content); }
+
+atomic_int *tk_core_cancel_flag(tk_core *c) { return &c->cancel; }
+
+int tk_core_should_stop(tk_core *c, int *restart) {
+    if (restart) *restart = atomic_load(&c->restart);
+    return atomic_load(&c->stop);
+}
+
+unsigned long tk_core_dropped(tk_core *c) { return atomic_load(&c->dropped); }
+int tk_core_execution_count(tk_core *c) { return c->exec_count; }
+const char *tk_core_session(tk_core *c) { return c->session; }
+
+tk_core *tk_core_new(const tk_core_opts *o, tk_kerr *err) {
+    tk_core *c = calloc(1, sizeof *c);
+    if (!c) goto oom;
+    pthread_mutex_init(&c->lock, NULL);
+    c->interp = o->interp;
+    c->tr = o->transport;
+    c->signer = tk_signer_new(o->key, o->key_len);
+    c->replay = tk_replay_new();
+    if (!c->signer || !c->replay) goto oom;
+    char path[4096];
+    if (o->history_path) snprintf(path, sizeof path, "%s", o->history_path);
+    else tk_history_default_path(path, sizeof path);
+    c->hist = tk_history_open(path);
+    if (!c->hist) goto oom;
+    json_t *h = tk_msg_header_new("", "x"); /* borrow its uuid as our session id */
+    snprintf(c->session, sizeof c->session, "%s", json_string_value(json_object_get(h, "msg_id")));
+    json_decref(h);
+    return c;
+oom:
+    if (err) snprintf(err->msg, sizeof err->msg, "out of memory creating the kernel core");
+    tk_core_destroy(&c);
+    return NULL;
+}
+
+void tk_core_destroy(tk_core **pc) {
+    if (!pc || !*pc) return;
+    tk_core *c = *pc;
+    tk_signer_destroy(&c->signer);
+    tk_replay_destroy(&c->replay);
+    tk_history_close(&c->hist);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    *pc = NULL;
+}

@@ -360,10 +360,14 @@ static tk_status scatter_add(cpu_ctx *c, tk_tensor *dst, int64_t rows_dst, const
     return TK_OK;
 }
 
-/* Rows in a table tensor: its first dim when it is 2-D, else unknown (-1). */
+/* Rows of C elements a tensor holds (its element count / C, whatever its
+ * shape: a [B,T,C] gradient is B*T rows), so ids past the end are refused
+ * instead of written out of bounds. */
 static int64_t table_rows(const tk_tensor *t, int64_t C) {
-    if (t->ndim >= 2) return t->shape[0];
-    return (t->ndim == 1 && C > 0) ? t->shape[0] / C : -1;
+    if (t->ndim < 1 || C <= 0) return -1;
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim && i < TK_MAX_DIMS; i++) n *= t->shape[i];
+    return n / C;
 }
 
 static tk_status cpu_embed_fwd(void *ctx, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,

@@ -765,6 +765,106 @@ static void test_adamw8_tracks_adamw(void) {
     rm(&p); rm(&p8); rm(&m); rm(&v); rm(&g); rm(&mq); rm(&vq); rm(&ms); rm(&vs);
 }
 
+/* ---- through the device: tk_dev_new + tk_op_* ------------------------------------------ */
+
+static void test_scatter_into_3d(void) {
+    /* a [B,T,C] gradient takes ids over all B*T rows */
+    tk_tensor din = mk(TK_F32, 2 * 3 * 4), dout = mk_rand(TK_F32, 2 * 4, 1), idx = mk(TK_I32, 2);
+    din.ndim = 3; din.shape[0] = 2; din.shape[1] = 3; din.shape[2] = 4;
+    ((int32_t *)idx.data)[0] = 0;
+    ((int32_t *)idx.data)[1] = 5;
+    TK_CHECK(BE->scatter_add_rows(CTX, &din, &dout, &idx, 2, 4) == TK_OK);
+    TK_CHECK(get(&din, 5 * 4 + 3) == get(&dout, 4 + 3));
+    ((int32_t *)idx.data)[1] = 6;
+    TK_CHECK(BE->scatter_add_rows(CTX, &din, &dout, &idx, 2, 4) == TK_EINVAL);
+    rm(&din); rm(&dout); rm(&idx);
+}
+
+static void test_converters_match_dtype_c(void) {
+    int bad = 0;
+    tk_tensor f = mk(TK_F32, 1), h = mk(TK_F16, 1), b = mk(TK_BF16, 1);
+    for (int i = 0; i < 20000; i++) {
+        float v = frand() * (float)ldexp(1.0, (i % 60) - 30);
+        ((float *)f.data)[0] = v;
+        BE->cast(CTX, &h, &f, 1);
+        BE->cast(CTX, &b, &f, 1);
+        bad += ((uint16_t *)h.data)[0] != tk_f32_to_f16(v);
+        bad += ((uint16_t *)b.data)[0] != tk_f32_to_bf16(v);
+        BE->cast(CTX, &f, &h, 1);
+        bad += ((float *)f.data)[0] != tk_f16_to_f32(((uint16_t *)h.data)[0]);
+    }
+    TK_CHECK_EQ_INT(bad, 0);
+    rm(&f); rm(&h); rm(&b);
+}
+
+/* A dense + bias + GELU + LayerNorm + cross-entropy chain through the public
+ * API on a cpu device, against the same arithmetic done here in double. */
+static void test_device_chain(void) {
+    tk_err err = {0};
+    tk_dev_opts o = {.kind = TK_DEV_CPU, .threads = 2};
+    tk_dev *d = tk_dev_new(&o, &err);
+    TK_CHECK_MSG(d != NULL, "%s", err.msg);
+    if (!d) return;
+    enum { N = 6, K = 8, C = 5 };
+    tk_tensor x = {0}, w = {0}, bias = {0}, h = {0}, g = {0}, y = {0}, lw = {0}, lb = {0}, mean = {0}, rstd = {0};
+    tk_tensor lab = {0}, loss = {0};
+    int64_t sx[2] = {N, K}, sw[2] = {K, C}, sc[1] = {C}, sh[2] = {N, C}, sn[1] = {N};
+    TK_CHECK(tk_tensor_alloc(d, &x, TK_F32, 2, sx, TK_CAT_ACT, "x", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(d, &w, TK_BF16, 2, sw, TK_CAT_PARAM, "dense.weight", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(d, &bias, TK_F32, 1, sc, TK_CAT_PARAM, "dense.bias", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(d, &h, TK_F32, 2, sh, TK_CAT_ACT, "dense", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(d, &g, TK_F32, 2, sh, TK_CAT_ACT, "gelu", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(d, &y, TK_F32, 2, sh, TK_CAT_ACT, "ln", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(d, &lw, TK_F32, 1, sc, TK_CAT_PARAM, "ln.weight", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(d, &lb, TK_F32, 1, sc, TK_CAT_PARAM, "ln.bias", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(d, &mean, TK_F32, 1, sn, TK_CAT_ACT, "ln.mean", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(d, &rstd, TK_F32, 1, sn, TK_CAT_ACT, "ln.rstd", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(d, &lab, TK_I32, 1, sn, TK_CAT_INPUT, "labels", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(d, &loss, TK_F32, 1, sn, TK_CAT_ACT, "loss", &err) == TK_OK);
+    float hx[N * K], hw[K * C], hb[C], hlw[C], hlb[C], out[N];
+    int32_t hl[N];
+    for (int i = 0; i < N * K; i++) hx[i] = frand();
+    for (int i = 0; i < K * C; i++) hw[i] = frand();
+    for (int i = 0; i < C; i++) { hb[i] = frand(); hlw[i] = 1 + 0.1f * frand(); hlb[i] = 0.1f * frand(); }
+    for (int i = 0; i < N; i++) hl[i] = i == 3 ? -100 : i % C;
+    TK_CHECK(tk_tensor_write_f32(d, &x, hx, &err) == TK_OK);
+    TK_CHECK(tk_tensor_write_f32(d, &w, hw, &err) == TK_OK);
+    TK_CHECK(tk_tensor_write_f32(d, &bias, hb, &err) == TK_OK);
+    TK_CHECK(tk_tensor_write_f32(d, &lw, hlw, &err) == TK_OK);
+    TK_CHECK(tk_tensor_write_f32(d, &lb, hlb, &err) == TK_OK);
+    TK_CHECK(tk_tensor_write(d, &lab, hl, &err) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &h, &x, &w, &bias, 0, 0, N, C, K, 1, 0, 0, 0, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_gelu_fwd(d, &g, &h, N * C) == TK_OK);
+    TK_CHECK(tk_op_layernorm_fwd(d, &y, &mean, &rstd, &g, &lw, &lb, N, C, 1e-12f) == TK_OK);
+    TK_CHECK(tk_op_xent_fwd(d, &loss, NULL, &y, &lab, N, C) == TK_OK);
+    TK_CHECK(tk_tensor_read_f32(d, &loss, out, &err) == TK_OK);
+    int bad = 0;
+    for (int r = 0; r < N; r++) {
+        double z[C], m = 0, v = 0, mx = -1e300, s = 0;
+        for (int j = 0; j < C; j++) {
+            double a = hb[j];
+            for (int k = 0; k < K; k++) a += (double)hx[r * K + k] * ref_bf2f(ref_f2bf(hw[k * C + j]));
+            z[j] = 0.5 * a * (1 + erf(a / sqrt(2.0)));
+            m += z[j] / C;
+        }
+        for (int j = 0; j < C; j++) v += (z[j] - m) * (z[j] - m) / C;
+        for (int j = 0; j < C; j++) { z[j] = (z[j] - m) / sqrt(v + 1e-12) * hlw[j] + hlb[j]; mx = fmax(mx, z[j]); }
+        for (int j = 0; j < C; j++) s += exp(z[j] - mx);
+        double ref = hl[r] < 0 ? 0 : mx + log(s) - z[hl[r]];
+        if (!close_to(out[r], ref, 1e-4, 1e-5)) {
+            if (bad++ < 3) fprintf(stderr, "  row %d: %g vs %g\n", r, out[r], ref);
+        }
+    }
+    TK_CHECK_EQ_INT(bad, 0);
+    tk_cost cost;
+    tk_dev_cost_get(d, &cost);
+    TK_CHECK(cost.n_ops == 4 && cost.flops > 2.0 * N * C * K);
+    tk_tensor *all[] = {&x, &w, &bias, &h, &g, &y, &lw, &lb, &mean, &rstd, &lab, &loss};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) tk_tensor_free(d, all[i]);
+    tk_dev_destroy(&d);
+    TK_CHECK(d == NULL);
+}
+
 int main(void) {
     BE = tk_backend_cpu();
     /* two threads even on a one-core machine, so the parallel paths run */
@@ -790,6 +890,9 @@ int main(void) {
     TK_RUN(test_adamw_many_and_16bit_grad);
     TK_RUN(test_q8_codes);
     TK_RUN(test_adamw8_tracks_adamw);
+    TK_RUN(test_scatter_into_3d);
+    TK_RUN(test_converters_match_dtype_c);
+    TK_RUN(test_device_chain);
     BE->destroy(CTX);
     BE->destroy(CTX1);
     return tk_test_done();

@@ -205,12 +205,14 @@ void tk_cupti_release(void) {
     int last = S.refs > 0 && --S.refs == 0;
     pthread_mutex_unlock(&S.lock);
     if (!last) return;
-    cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    /* Disable first, then flush: afterwards CUPTI holds no buffer and will
+     * not call back, so the plugin can be unloaded. */
     cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMORY2);
     cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     cuptiActivityDisable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
     cuptiActivityDisable(CUPTI_ACTIVITY_KIND_RUNTIME);
     cuptiActivityDisable(CUPTI_ACTIVITY_KIND_DRIVER);
+    cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     pthread_mutex_lock(&S.lock);
     S.active = 0;
     free(S.corr_key); free(S.corr_ext); free(S.pending); free(S.lives);

@@ -1,0 +1,145 @@
+/* gpu_common.h — helpers for the GPU-only tests (make test-gpu).
+ *
+ * Each test opens a cpu device (the reference) and a cuda device through the
+ * public API, uploads the same host data to both, runs the same op and
+ * compares what comes back. The binaries are built by `make all` (so they
+ * cannot rot) but only run by `make test-gpu`, on a machine with a GPU.
+ *
+ * Tolerances (relative, against max(|ref|, 1e-2 * max|ref| over the tensor),
+ * so values that cancel to near zero are judged on the tensor's scale):
+ *   f32 results              1e-5
+ *   f16 results              2e-3  (one f16 rounding is 2^-11 ~ 4.9e-4; the
+ *                                   two sides may round a different fp32 value)
+ *   bf16 results             1.6e-2 (one bf16 rounding is 2^-8 ~ 3.9e-3)
+ *   GEMM with 16-bit inputs and f32 output: 1e-4 (tensor cores sum in a
+ *                                   different order and alignment than BLAS)
+ *   f32 row sums followed by a subtraction (layernorm_bwd din, softmax_bwd)
+ *   and column sums of products (layernorm_bwd dw):
+ *                            1e-4 (a sum over ~1000 terms in another order
+ *                                   differs by ~1e-6 of its terms, and the
+ *                                   subtraction can leave a result 100x smaller)
+ * Every op gets inputs with identical bytes on both sides (no chaining of one
+ * op's output into the next), so 16-bit roundings do not compound.
+ */
+#ifndef TK_GPU_COMMON_H
+#define TK_GPU_COMMON_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include "tk_backend_impl.h"
+#include "tk_cuda.h"
+#include "tk_gpu.h"
+#include "tk_test.h"
+
+static tk_dev *g_cpu, *g_gpu;
+
+/* Opens both devices; on failure says why (test-gpu runs only where a GPU is,
+ * so a missing one is a failure, not a skip). */
+static int gpu_open(void) {
+    tk_err err = {0};
+    tk_dev_opts oc = { .kind = TK_DEV_CPU };
+    tk_dev_opts og = { .kind = TK_DEV_CUDA };
+    g_cpu = tk_dev_new(&oc, &err);
+    if (!g_cpu) { fprintf(stderr, "cpu device: %s\n", err.msg); return 0; }
+    g_gpu = tk_dev_new(&og, &err);
+    if (!g_gpu) { fprintf(stderr, "cuda device: %s\n", err.msg); return 0; }
+    return 1;
+}
+
+static void gpu_close(void) {
+    tk_dev_destroy(&g_gpu);
+    tk_dev_destroy(&g_cpu);
+}
+
+static uint64_t g_rng = 0x243F6A8885A308D3ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
+}
+
+/* The same tensor on both devices. */
+typedef struct { tk_tensor c, g; int64_t n; tk_dtype dt; } pair;
+
+static void pair_free(pair *p) {
+    tk_tensor_free(g_cpu, &p->c);
+    tk_tensor_free(g_gpu, &p->g);
+}
+
+/* Allocates on both; fills with host values from `vals` (f32, converted to
+ * the dtype) or, when NULL, uniform in [-scale, scale). */
+static pair pair_new(tk_dtype dt, int64_t n, const float *vals, float scale) {
+    pair p = { .n = n, .dt = dt };
+    int64_t shape[1] = { n };
+    tk_err err = {0};
+    float *h = malloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) h[i] = vals ? vals[i] : scale * frand();
+    TK_CHECK_MSG(tk_tensor_alloc(g_cpu, &p.c, dt, 1, shape, TK_CAT_TEMP, "test", &err) == TK_OK, "%s", err.msg);
+    TK_CHECK_MSG(tk_tensor_alloc(g_gpu, &p.g, dt, 1, shape, TK_CAT_TEMP, "test", &err) == TK_OK, "%s", err.msg);
+    if (dt == TK_F32 || dt == TK_F16 || dt == TK_BF16) {
+        TK_CHECK_MSG(tk_tensor_write_f32(g_cpu, &p.c, h, &err) == TK_OK, "%s", err.msg);
+        TK_CHECK_MSG(tk_tensor_write_f32(g_gpu, &p.g, h, &err) == TK_OK, "%s", err.msg);
+    } else { /* integer codes and masks start at zero */
+        memset(h, 0, (size_t)(n ? n : 1) * sizeof(float));
+        TK_CHECK_MSG(tk_tensor_write(g_cpu, &p.c, h, &err) == TK_OK, "%s", err.msg);
+        TK_CHECK_MSG(tk_tensor_write(g_gpu, &p.g, h, &err) == TK_OK, "%s", err.msg);
+    }
+    free(h);
+    return p;
+}
+
+/* An i32 tensor with the given values on both devices. */
+static pair pair_i32(int64_t n, const int32_t *vals) {
+    pair p = { .n = n, .dt = TK_I32 };
+    int64_t shape[1] = { n };
+    tk_err err = {0};
+    TK_CHECK(tk_tensor_alloc(g_cpu, &p.c, TK_I32, 1, shape, TK_CAT_INPUT, "test", &err) == TK_OK);
+    TK_CHECK(tk_tensor_alloc(g_gpu, &p.g, TK_I32, 1, shape, TK_CAT_INPUT, "test", &err) == TK_OK);
+    TK_CHECK(tk_tensor_write(g_cpu, &p.c, vals, &err) == TK_OK);
+    TK_CHECK(tk_tensor_write(g_gpu, &p.g, vals, &err) == TK_OK);
+    return p;
+}
+
+static double tol_for(tk_dtype dt) {
+    return dt == TK_F16 ? 2e-3 : dt == TK_BF16 ? 1.6e-2 : 1e-5;
+}
+
+/* Compares the cuda copy with the cpu copy; returns the worst relative error. */
+static double pair_cmp(const pair *p, double tol, const char *what) {
+    tk_err err = {0};
+    float *a = malloc((size_t)(p->n ? p->n : 1) * sizeof(float));
+    float *b = malloc((size_t)(p->n ? p->n : 1) * sizeof(float));
+    TK_CHECK_MSG(tk_dev_sync(g_gpu, &err) == TK_OK, "%s: sync: %s", what, err.msg);
+    TK_CHECK_MSG(tk_tensor_read_f32(g_cpu, &p->c, a, &err) == TK_OK, "%s", err.msg);
+    TK_CHECK_MSG(tk_tensor_read_f32(g_gpu, &p->g, b, &err) == TK_OK, "%s", err.msg);
+    double mx = 0.0, worst = 0.0;
+    int64_t at = -1;
+    for (int64_t i = 0; i < p->n; i++) mx = fmax(mx, fabs(a[i]));
+    double floor_ = 1e-2 * mx > 1e-30 ? 1e-2 * mx : 1e-30;
+    for (int64_t i = 0; i < p->n; i++) {
+        double e = fabs((double)a[i] - b[i]) / fmax(fabs(a[i]), floor_);
+        if (!(e <= worst)) { worst = e; at = i; } /* NaN counts as worst */
+    }
+    TK_CHECK_MSG(worst <= tol, "%s: rel err %.3g at [%lld] (cpu %.9g, cuda %.9g), tol %.3g", what, worst,
+                 (long long)at, at >= 0 ? a[at] : 0.0, at >= 0 ? b[at] : 0.0, tol);
+    free(a);
+    free(b);
+    return worst;
+}
+
+/* Raw bytes equal on both sides (masks, copies, integer codes). */
+static int pair_same_bytes(const pair *p, const char *what) {
+    tk_err err = {0};
+    size_t nb = tk_tensor_nbytes(&p->c);
+    unsigned char *a = malloc(nb ? nb : 1), *b = malloc(nb ? nb : 1);
+    TK_CHECK(tk_tensor_read(g_cpu, &p->c, a, &err) == TK_OK);
+    TK_CHECK(tk_tensor_read(g_gpu, &p->g, b, &err) == TK_OK);
+    int same = memcmp(a, b, nb) == 0;
+    TK_CHECK_MSG(same, "%s: bytes differ between cpu and cuda", what);
+    free(a);
+    free(b);
+    return same;
+}
+
+static const tk_dtype FLOATS[3] = { TK_F32, TK_F16, TK_BF16 };
+
+#endif

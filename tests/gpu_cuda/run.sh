@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# run.sh BUILD — runs every GPU test binary in BUILD/gpu_tests against the
+# plugin BUILD/libtk_cuda.so and prints one closing line "N passed, N failed"
+# (the sum of the binaries' own lines; a binary that crashes or prints no
+# closing line counts as one failure). Exit status 1 when anything failed.
+set -u
+build=${1:-build}
+export TXK_CUDA_PLUGIN="$(cd "$build" && pwd)/libtk_cuda.so"
+passed=0
+failed=0
+for t in "$build"/gpu_tests/gpu_*; do
+    case "$t" in *.d|*.o) continue ;; esac
+    [ -x "$t" ] || continue
+    start=$(date +%s)
+    out=$("$t" 2>&1)
+    rc=$?
+    line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+    if [ -z "$line" ]; then
+        p=0; f=1
+    else
+        p=${line%% passed*}; f=${line#*passed, }; f=${f%% failed*}
+        if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    fi
+    echo "$(basename "$t"): $p passed, $f failed ($(( $(date +%s) - start ))s)"
+    if [ "$f" -ne 0 ]; then printf '%s\n' "$out" | tail -n 40 | sed 's/^/    /'; fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,1218 @@
+/* model.c — BERT forward and backward composed from the tk_op_* device ops.
+ *
+ * Layout and habits (llm.c style): tensors are row-major, a sequence batch
+ * is (B, T) with B = examples * towers, hidden states are (B*T, H). A layer
+ * is a forward function that fills a struct of saved activations and a
+ * backward function that consumes (and frees) them.
+ *
+ * What it guarantees (see tk_model.h): every tensor is allocated through the
+ * device's tagged allocator in an order that depends on the options and the
+ * batch shape only — never on the backend — so meta plans the real sequence;
+ * a step frees all it allocated, also on error; dropout is regenerated from
+ * (seed, step, layer, site), which is also how backward gets the attention
+ * dropout mask back without storing it (only the softmax output is kept).
+ *
+ * Memory choices (they show in the planner): Q, K, V are kept head-split
+ * (B,NH,T,HS) for backward; the attention probabilities are kept once (the
+ * dropped-out copy is regenerated in backward); layers whose parameters and
+ * inputs need no gradient (frozen prefix) run as in eval, keeping nothing.
+ */
+#include "tk_model.h"
+#include "tk_safetensors.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define OWN_MAX 96
+
+typedef struct pslot {
+    tk_param p;
+    tk_tensor w, g;
+    char name[OWN_MAX + 16];
+    char owner[OWN_MAX];
+    int init;              /* 0 normal(0.02), 1 ones, 2 zeros */
+    int ndim;
+    int64_t shape[2];      /* the described shape (w is filled by the allocation) */
+} pslot;
+
+/* Parameter indices of one encoder layer, in allocation order. */
+enum { LQW, LQB, LKW, LKB, LVW, LVB, LAOW, LAOB, LLN1W, LLN1B, LIW, LIB, LOW, LOB, LLN2W, LLN2B,
+       LNP };
+/* Owners of the activations one layer keeps. */
+enum { OQ, OK_, OV, OSELF, OAO, OLN1, OI, OO, OLN2, NOWN };
+
+struct tk_model {
+    tk_dev *dev;
+    tk_model_opts o;
+    int H, NH, HS, I, L;
+    int np;
+    pslot *ps;
+    int emb;               /* first embedding param: word, pos, type, ln w, ln b */
+    int layer0;            /* first param of layer 0; layer l starts at layer0 + l*LNP */
+    int pool;              /* pooler w (-1 if no pooler) */
+    int head;              /* head w, then b */
+    char (*own)[NOWN][OWN_MAX]; /* per layer activation owners */
+    int grads;             /* gradients allocated */
+};
+
+/* ---- descriptions ----------------------------------------------------- */
+
+static void add_param(tk_model *m, const char *owner, const char *leaf, int no_decay, int init,
+                      int frozen, int ndim, int64_t d0, int64_t d1) {
+    pslot *s = &m->ps[m->np++];
+    snprintf(s->owner, sizeof s->owner, "%s", owner);
+    snprintf(s->name, sizeof s->name, "%s.%s", owner, leaf);
+    s->init = init;
+    s->ndim = ndim;
+    s->shape[0] = d0;
+    s->shape[1] = d1;
+    s->p.name = s->name;
+    s->p.owner = s->owner;
+    s->p.w = &s->w;
+    s->p.g = &s->g;
+    s->p.no_decay = no_decay;
+    s->p.frozen = frozen;
+}
+
+static void add_linear(tk_model *m, const char *owner, int64_t out, int64_t in, int frozen) {
+    add_param(m, owner, "weight", 0, 0, frozen, 2, out, in);
+    add_param(m, owner, "bias", 1, 2, frozen, 1, out, 0);
+}
+
+static void add_ln(tk_model *m, const char *owner, int64_t c, int frozen) {
+    add_param(m, owner, "weight", 1, 1, frozen, 1, c, 0);
+    add_param(m, owner, "bias", 1, 2, frozen, 1, c, 0);
+}
+
+static tk_status check_opts(const tk_model_opts *o, tk_err *err) {
+    tk_status st = tk_bert_dims_check(&o->dims, err);
+    if (st != TK_OK) return st;
+    if (o->precision != TK_PREC_FP32 || o->recompute != TK_RECOMPUTE_NONE ||
+        o->attention != TK_ATTN_STANDARD) {
+        tk_err_set(err, TK_EINVAL, "model: precision fp16/bf16, recompute and fused attention are "
+                   "not available in this build of the model yet; use precision: fp32, "
+                   "recompute: none, attention: standard");
+        return TK_EINVAL;
+    }
+    if (o->head == TK_HEAD_POOLED && o->num_labels <= 0) {
+        tk_err_set(err, TK_EINVAL, "model: num_labels must be > 0 for the pooled head");
+        return TK_EINVAL;
+    }
+    if (o->head == TK_HEAD_FLATTEN_DENSE && (o->num_labels <= 0 || o->towers <= 0 || o->max_len <= 0)) {
+        tk_err_set(err, TK_EINVAL, "model: flatten_dense needs head_units > 0, towers > 0 and "
+                   "max_len > 0 (got %d, %d, %d)", o->num_labels, o->towers, o->max_len);
+        return TK_EINVAL;
+    }
+    if (o->head == TK_HEAD_FLATTEN_DENSE && o->max_len > o->dims.max_position) {
+        tk_err_set(err, TK_EINVAL, "model: max_len %d exceeds max_position_embeddings %d",
+                   o->max_len, o->dims.max_position);
+        return TK_EINVAL;
+    }
+    if (o->freeze_layers < 0 || o->freeze_layers > o->dims.layers) {
+        tk_err_set(err, TK_EINVAL, "model: freeze_layers %d must be in [0, %d]", o->freeze_layers,
+                   o->dims.layers);
+        return TK_EINVAL;
+    }
+    return TK_OK;
+}
+
+tk_model *tk_model_new(tk_dev *dev, const tk_model_opts *opts, tk_err *err) {
+    if (check_opts(opts, err) != TK_OK) return NULL;
+    tk_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        tk_err_set(err, TK_EINVAL, "model: out of host memory");
+        return NULL;
+    }
+    m->dev = dev;
+    m->o = *opts;
+    if (m->o.head == TK_HEAD_SPAN) m->o.num_labels = 2;
+    if (m->o.head != TK_HEAD_FLATTEN_DENSE) m->o.towers = 1;
+    const tk_bert_dims *d = &m->o.dims;
+    m->H = d->hidden;
+    m->NH = d->heads;
+    m->HS = d->hidden / d->heads;
+    m->I = d->intermediate;
+    m->L = d->layers;
+    int cap = 5 + LNP * m->L + 2 + 2;
+    m->ps = calloc((size_t)cap, sizeof *m->ps);
+    m->own = calloc((size_t)m->L, sizeof *m->own);
+    if (!m->ps || !m->own) {
+        tk_err_set(err, TK_EINVAL, "model: out of host memory");
+        tk_model_destroy(&m);
+        return NULL;
+    }
+    int fe = m->o.freeze_embeddings;
+    m->emb = m->np;
+    add_param(m, "bert.embeddings.word_embeddings", "weight", 0, 0, fe, 2, d->vocab_size, m->H);
+    add_param(m, "bert.embeddings.position_embeddings", "weight", 0, 0, fe, 2, d->max_position, m->H);
+    add_param(m, "bert.embeddings.token_type_embeddings", "weight", 0, 0, fe, 2, d->type_vocab, m->H);
+    add_ln(m, "bert.embeddings.LayerNorm", m->H, fe);
+    m->layer0 = m->np;
+    for (int l = 0; l < m->L; l++) {
+        char b[40];
+        int fz = l < m->o.freeze_layers;
+        snprintf(b, sizeof b, "bert.encoder.layer.%d", l);
+#define OWN(ix, suffix) snprintf(m->own[l][ix], OWN_MAX, "%s.%s", b, suffix)
+        OWN(OQ, "attention.self.query");
+        OWN(OK_, "attention.self.key");
+        OWN(OV, "attention.self.value");
+        OWN(OSELF, "attention.self");
+        OWN(OAO, "attention.output.dense");
+        OWN(OLN1, "attention.output.LayerNorm");
+        OWN(OI, "intermediate.dense");
+        OWN(OO, "output.dense");
+        OWN(OLN2, "output.LayerNorm");
+#undef OWN
+        add_linear(m, m->own[l][OQ], m->H, m->H, fz);
+        add_linear(m, m->own[l][OK_], m->H, m->H, fz);
+        add_linear(m, m->own[l][OV], m->H, m->H, fz);
+        add_linear(m, m->own[l][OAO], m->H, m->H, fz);
+        add_ln(m, m->own[l][OLN1], m->H, fz);
+        add_linear(m, m->own[l][OI], m->I, m->H, fz);
+        add_linear(m, m->own[l][OO], m->H, m->I, fz);
+        add_ln(m, m->own[l][OLN2], m->H, fz);
+    }
+    m->pool = -1;
+    if (m->o.head == TK_HEAD_POOLED) {
+        m->pool = m->np;
+        add_linear(m, "bert.pooler.dense", m->H, m->H, 0);
+    }
+    m->head = m->np;
+    if (m->o.head == TK_HEAD_POOLED)
+        add_linear(m, "classifier", m->o.num_labels, m->H, 0);
+    else if (m->o.head == TK_HEAD_SPAN)
+        add_linear(m, "qa_outputs", 2, m->H, 0);
+    else
+        add_linear(m, "classifier", m->o.num_labels,
+                   (int64_t)m->o.towers * m->o.max_len * m->H, 0);
+    for (int i = 0; i < m->np; i++) {
+        pslot *s = &m->ps[i];
+        if (tk_tensor_alloc(dev, &s->w, TK_F32, s->ndim, s->shape, TK_CAT_PARAM, s->owner, err) !=
+            TK_OK) {
+            tk_model_destroy(&m);
+            return NULL;
+        }
+    }
+    return m;
+}
+
+void tk_model_destroy(tk_model **pm) {
+    if (!pm || !*pm) return;
+    tk_model *m = *pm;
+    /* Free in reverse order of allocation, gradients (allocated later) first. */
+    for (int i = m->np - 1; i >= 0 && m->ps; i--) tk_tensor_free(m->dev, &m->ps[i].g);
+    for (int i = m->np - 1; i >= 0 && m->ps; i--) tk_tensor_free(m->dev, &m->ps[i].w);
+    free(m->ps);
+    free(m->own);
+    free(m);
+    *pm = NULL;
+}
+
+const tk_model_opts *tk_model_opts_of(const tk_model *m) { return &m->o; }
+tk_dev *tk_model_dev(const tk_model *m) { return m->dev; }
+int tk_model_n_params(const tk_model *m) { return m->np; }
+const tk_param *tk_model_param(const tk_model *m, int i) {
+    return (i >= 0 && i < m->np) ? &m->ps[i].p : NULL;
+}
+const tk_param *tk_model_param_find(const tk_model *m, const char *name) {
+    for (int i = 0; i < m->np; i++)
+        if (strcmp(m->ps[i].name, name) == 0) return &m->ps[i].p;
+    return NULL;
+}
+int64_t tk_model_n_weights(const tk_model *m) {
+    int64_t n = 0;
+    for (int i = 0; i < m->np; i++) n += tk_tensor_numel(&m->ps[i].w);
+    return n;
+}
+int64_t tk_model_n_trainable(const tk_model *m) {
+    int64_t n = 0;
+    for (int i = 0; i < m->np; i++)
+        if (!m->ps[i].p.frozen) n += tk_tensor_numel(&m->ps[i].w);
+    return n;
+}
+
+int64_t tk_model_n_logits(const tk_model *m, int B, int T) {
+    return m->o.head == TK_HEAD_SPAN ? (int64_t)B * T * 2 : (int64_t)B * m->o.num_labels;
+}
+
+tk_status tk_model_alloc_grads(tk_model *m, tk_err *err) {
+    if (m->grads) return TK_OK;
+    for (int i = 0; i < m->np; i++) {
+        pslot *s = &m->ps[i];
+        if (s->p.frozen) continue;
+        tk_status st = tk_tensor_alloc(m->dev, &s->g, TK_F32, s->ndim, s->shape, TK_CAT_GRAD,
+                                       s->owner, err);
+        if (st == TK_OK) st = tk_op_fill(m->dev, &s->g, 0.0f, tk_tensor_numel(&s->g));
+        if (st != TK_OK) {
+            for (int j = i; j >= 0; j--) tk_tensor_free(m->dev, &m->ps[j].g);
+            if (err && !err->msg[0]) tk_err_set(err, st, "model: cannot zero gradient of %s", s->name);
+            return st;
+        }
+    }
+    m->grads = 1;
+    return TK_OK;
+}
+
+tk_status tk_model_zero_grads(tk_model *m, tk_err *err) {
+    for (int i = 0; i < m->np; i++) {
+        pslot *s = &m->ps[i];
+        if (!s->g.data && tk_tensor_numel(&s->g) == 0) continue;
+        tk_status st = tk_op_fill(m->dev, &s->g, 0.0f, tk_tensor_numel(&s->g));
+        if (st != TK_OK) {
+            tk_err_set(err, st, "model: cannot zero gradient of %s", s->name);
+            return st;
+        }
+    }
+    return TK_OK;
+}
+
+/* ---- weights ---------------------------------------------------------- */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Fills host buffer with the init of slot s: N(0, 0.02) by Box-Muller from a
+ * generator keyed by (seed, parameter index), so a parameter's values do not
+ * depend on which other parameters exist. */
+static void init_values(const pslot *s, int idx, uint64_t seed, float *buf, int64_t n) {
+    if (s->init == 1 || s->init == 2) {
+        float v = s->init == 1 ? 1.0f : 0.0f;
+        for (int64_t i = 0; i < n; i++) buf[i] = v;
+        return;
+    }
+    uint64_t st = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(idx + 1));
+    for (int64_t i = 0; i < n; i += 2) {
+        double u1 = ((splitmix(&st) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+        double u2 = (splitmix(&st) >> 11) * (1.0 / 9007199254740992.0);
+        double r = sqrt(-2.0 * log(u1)) * 0.02;
+        buf[i] = (float)(r * cos(2 * M_PI * u2));
+        if (i + 1 < n) buf[i + 1] = (float)(r * sin(2 * M_PI * u2));
+    }
+}
+
+static tk_status init_slot(tk_model *m, int i, uint64_t seed, tk_err *err) {
+    pslot *s = &m->ps[i];
+    int64_t n = tk_tensor_numel(&s->w);
+    float *buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
+    if (!buf) {
+        tk_err_set(err, TK_EINVAL, "model: out of host memory initialising %s", s->name);
+        return TK_EINVAL;
+    }
+    init_values(s, i, seed, buf, n);
+    tk_status st = tk_tensor_write_f32(m->dev, &s->w, buf, err);
+    free(buf);
+    return st;
+}
+
+tk_status tk_model_init_random(tk_model *m, uint64_t seed, tk_err *err) {
+    /* Meta holds no data: skip the arithmetic (allocations are unaffected). */
+    if (tk_dev_kind_of(m->dev) == TK_DEV_META) return TK_OK;
+    for (int i = 0; i < m->np; i++) {
+        tk_status st = init_slot(m, i, seed, err);
+        if (st != TK_OK) return st;
+    }
+    return TK_OK;
+}
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void shape_str(char *b, size_t n, int nd, const int64_t *sh) {
+    size_t k = (size_t)snprintf(b, n, "[");
+    for (int i = 0; i < nd && k < n; i++)
+        k += (size_t)snprintf(b + k, n - k, "%s%lld", i ? ", " : "", (long long)sh[i]);
+    if (k < n) snprintf(b + k, n - k, "]");
+}
+
+static void report_add(char *report, size_t report_n, const char *fmt, const char *a) {
+    if (!report || !report_n) return;
+    size_t k = strlen(report);
+    if (k + 1 < report_n) snprintf(report + k, report_n - k, fmt, a);
+}
+
+/* Finds the checkpoint entry for a parameter: with or without "bert.", and
+ * the old LayerNorm.gamma/beta names. */
+static const tk_st_entry *find_entry(const tk_st_file *f, const char *name) {
+    const tk_st_entry *e = tk_st_find(f, name);
+    const char *bare = strncmp(name, "bert.", 5) == 0 ? name + 5 : NULL;
+    if (!e && bare) e = tk_st_find(f, bare);
+    size_t n = strlen(name);
+    if (!e && strstr(name, "LayerNorm.") && n > 7) {
+        char alt[OWN_MAX + 16];
+        int isw = strcmp(name + n - 7, ".weight") == 0;
+        snprintf(alt, sizeof alt, "%.*s.%s", (int)(n - (isw ? 7 : 5)), name, isw ? "gamma" : "beta");
+        e = tk_st_find(f, alt);
+        if (!e && bare) e = tk_st_find(f, alt + 5);
+    }
+    return e;
+}
+
+tk_status tk_model_load_hf(tk_model *m, const char *path, int *n_init_missing, char *report,
+                           size_t report_n, tk_err *err) {
+    char file[TK_PATH_MAX + 32];
+    if (is_dir(path)) snprintf(file, sizeof file, "%s/model.safetensors", path);
+    else snprintf(file, sizeof file, "%s", path);
+    if (report && report_n) report[0] = 0;
+    if (n_init_missing) *n_init_missing = 0;
+    tk_st_file *f = tk_st_open(file, err);
+    if (!f) return err ? err->status : TK_EIO;
+    tk_status st = TK_OK;
+    float *buf = NULL;
+    size_t bufn = 0;
+    int is_meta = tk_dev_kind_of(m->dev) == TK_DEV_META;
+    char *used = calloc((size_t)tk_st_count(f) + 1, 1);
+    if (!used) {
+        tk_st_close(&f);
+        tk_err_set(err, TK_EINVAL, "model: out of host memory");
+        return TK_EINVAL;
+    }
+    /* Pass 1: check every name, shape and dtype before touching weights. */
+    for (int i = 0; i < m->np && st == TK_OK; i++) {
+        pslot *s = &m->ps[i];
+        const tk_st_entry *e = find_entry(f, s->name);
+        int optional = i >= (m->pool >= 0 ? m->pool : m->head);
+        if (!e) {
+            if (!optional) {
+                char want[64];
+                shape_str(want, sizeof want, s->w.ndim, s->w.shape);
+                tk_err_set(err, TK_EFORMAT, "%s: tensor '%s' (shape %s) is missing", file, s->name,
+                           want);
+                st = TK_EFORMAT;
+            }
+            continue;
+        }
+        used[e - tk_st_at(f, 0)] = 1;
+        int same = e->ndim == s->w.ndim;
+        for (int k = 0; same && k < e->ndim; k++) same = e->shape[k] == s->w.shape[k];
+        if (!same) {
+            char want[64], got[64];
+            shape_str(want, sizeof want, s->w.ndim, s->w.shape);
+            shape_str(got, sizeof got, e->ndim, e->shape);
+            tk_err_set(err, TK_EFORMAT, "%s: tensor '%s' has shape %s, the model expects %s%s", file,
+                       e->name, got, want,
+                       i >= m->head ? " (a head for another number of labels? set num_labels to "
+                                      "match, or remove the head's tensors to start it fresh)"
+                                    : " (config.json does not match the weights?)");
+            st = TK_EFORMAT;
+        } else if (e->dtype != TK_ST_F32 && e->dtype != TK_ST_F16 && e->dtype != TK_ST_BF16) {
+            tk_err_set(err, TK_EFORMAT, "%s: tensor '%s' has dtype %s, expected F32, F16 or BF16", file,
+                       e->name, tk_st_dtype_name(e->dtype));
+            st = TK_EFORMAT;
+        }
+    }
+    /* Pass 2: copy (or initialise what is optional and absent). */
+    for (int i = 0; i < m->np && st == TK_OK; i++) {
+        pslot *s = &m->ps[i];
+        const tk_st_entry *e = find_entry(f, s->name);
+        if (!e) {
+            if (n_init_missing) (*n_init_missing)++;
+            if (strcmp(s->name + strlen(s->name) - 7, ".weight") == 0)
+                report_add(report, report_n, "%s: not in the checkpoint, newly initialized\n",
+                           s->owner);
+            if (!is_meta) st = init_slot(m, i, m->o.seed, err);
+            continue;
+        }
+        if (is_meta) continue;
+        size_t n = (size_t)tk_st_numel(e);
+        if (n > bufn) {
+            free(buf);
+            buf = malloc(n * sizeof *buf);
+            bufn = buf ? n : 0;
+            if (!buf) {
+                tk_err_set(err, TK_EINVAL, "model: out of host memory loading %s", e->name);
+                st = TK_EINVAL;
+                break;
+            }
+        }
+        st = tk_st_read_f32(f, e, buf, err);
+        if (st == TK_OK) st = tk_tensor_write_f32(m->dev, &s->w, buf, err);
+    }
+    /* What the checkpoint has that the model does not use (an MLM head, a
+     * head of another task): ignored, as HF does, and reported. */
+    for (int i = 0; st == TK_OK && i < tk_st_count(f); i++) {
+        const tk_st_entry *e = tk_st_at(f, i);
+        if (used[i] || strstr(e->name, "position_ids")) continue;
+        report_add(report, report_n, "%s: in the checkpoint but not used by this model\n", e->name);
+    }
+    free(used);
+    free(buf);
+    tk_st_close(&f);
+    return st;
+}
+
+tk_status tk_model_save_hf(tk_model *m, const char *dir, tk_err *err) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        tk_err_set(err, TK_EIO, "%s: cannot create folder: %s", dir, strerror(errno));
+        return TK_EIO;
+    }
+    tk_st_writer *w = tk_st_writer_new();
+    float **bufs = calloc((size_t)m->np, sizeof *bufs);
+    tk_status st = TK_OK;
+    if (!w || !bufs) {
+        tk_err_set(err, TK_EIO, "%s: out of host memory", dir);
+        st = TK_EIO;
+    }
+    for (int i = 0; i < m->np && st == TK_OK; i++) {
+        pslot *s = &m->ps[i];
+        int64_t n = tk_tensor_numel(&s->w);
+        bufs[i] = calloc((size_t)(n ? n : 1), sizeof(float));
+        if (!bufs[i]) {
+            tk_err_set(err, TK_EIO, "%s: out of host memory", dir);
+            st = TK_EIO;
+            break;
+        }
+        st = tk_tensor_read_f32(m->dev, &s->w, bufs[i], err);
+        if (st == TK_OK) st = tk_st_writer_add(w, s->name, TK_ST_F32, s->w.ndim, s->w.shape, bufs[i], err);
+    }
+    if (st == TK_OK) st = tk_st_writer_metadata(w, "format", "pt", err);
+    char path[TK_PATH_MAX + 32];
+    if (st == TK_OK) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        st = tk_st_writer_write(w, path, err);
+    }
+    if (st == TK_OK) {
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        st = tk_bert_dims_write_config_json(path, &m->o.dims,
+                                            m->o.head == TK_HEAD_POOLED ? m->o.num_labels : 0, err);
+    }
+    for (int i = 0; bufs && i < m->np; i++) free(bufs[i]);
+    free(bufs);
+    tk_st_writer_destroy(&w);
+    return st;
+}
+
+/* ---- one step ----------------------------------------------------------- */
+
+/* Activations one encoder layer keeps for backward (all tk_tensor, so the
+ * cleanup can walk them as an array). */
+typedef struct lacts {
+    tk_tensor qh, kh, vh;     /* (Bs,NH,T,HS) */
+    tk_tensor probs;          /* (Bs,NH,T,T) softmax output, before dropout */
+    tk_tensor ctx;            /* (N,H) merged context */
+    tk_tensor r1, mean1, rstd1, a1; /* attention residual sum, its LN stats and output */
+    tk_tensor u, g;           /* (N,I) intermediate pre- and post-GELU */
+    tk_tensor r2, mean2, rstd2, out; /* FFN residual sum, LN stats, layer output */
+} lacts;
+#define LACTS_N ((int)(sizeof(lacts) / sizeof(tk_tensor)))
+
+/* Step-level tensors: inputs, embeddings, head, backward scratch. */
+typedef struct stens {
+    tk_tensor ids, tt, pos, mask, cidx, labels, starts, ends, ones;
+    tk_tensor ex, emean, erstd, h0;
+    tk_tensor cls, pooled, pd, logits, losses;
+    tk_tensor dlogits, dpd, dcls, dh, dx;
+    tk_tensor dr, dtmp, dbig, probs_d, dvh, dprobs, dqh, dkh, dbuf, tmp;
+} stens;
+#define STENS_N ((int)(sizeof(stens) / sizeof(tk_tensor)))
+
+typedef struct step {
+    tk_model *m;
+    tk_dev *d;
+    tk_err *err;
+    int train;                /* dropout on; activations kept for backward */
+    int B, Bs, T;
+    int64_t N;                /* Bs * T rows */
+    uint64_t seed;            /* dropout seed of this step */
+    stens s;
+    lacts *la;                /* [L] */
+    int nvalid, nvalid2;      /* non-ignored rows of the loss(es) */
+} step;
+
+static void step_cleanup(step *S) {
+    /* Reverse order of typical allocation keeps the cache tidy. */
+    tk_tensor *st = (tk_tensor *)&S->s;
+    for (int i = STENS_N - 1; i >= 0; i--) tk_tensor_free(S->d, &st[i]);
+    for (int l = S->m->L - 1; S->la && l >= 0; l--) {
+        tk_tensor *t = (tk_tensor *)&S->la[l];
+        for (int i = LACTS_N - 1; i >= 0; i--) tk_tensor_free(S->d, &t[i]);
+    }
+    free(S->la);
+    S->la = NULL;
+}
+
+#define TRY(x) do { tk_status _st = (x); if (_st != TK_OK) return fail(S, _st, #x, __LINE__); } while (0)
+
+static tk_status fail(step *S, tk_status st, const char *what, int line) {
+    if (S->err && S->err->status == TK_OK) {
+        if (st == TK_EOOM) {
+            const tk_oom *o = tk_dev_last_oom(S->d);
+            char a[32];
+            tk_err_set(S->err, st, "out of memory allocating %s for %s (%s)",
+                       o ? tk_format_bytes(o->requested, a, sizeof a) : "?",
+                       o ? o->owner_name : "?", o ? tk_cat_name(o->tag.cat) : "?");
+        } else {
+            tk_err_set(S->err, st, "model step failed (%s) in %s [model.c:%d]", tk_status_name(st),
+                       what, line);
+        }
+    }
+    return st;
+}
+
+static tk_status al(step *S, tk_tensor *t, tk_dtype dt, int nd, int64_t a, int64_t b, int64_t c,
+                    int64_t d, tk_cat cat, const char *owner) {
+    int64_t sh[4] = {a, b, c, d};
+    return tk_tensor_alloc(S->d, t, dt, nd, sh, cat, owner, S->err);
+}
+static tk_status alf(step *S, tk_tensor *t, int64_t rows, int64_t cols, tk_cat cat, const char *owner) {
+    return al(S, t, TK_F32, 2, rows, cols, 0, 0, cat, owner);
+}
+
+static void fr(step *S, tk_tensor *t) { tk_tensor_free(S->d, t); }
+
+static const tk_tensor *PW(const step *S, int i) { return &S->m->ps[i].w; }
+static tk_tensor *PG(const step *S, int i) {
+    pslot *p = &S->m->ps[i];
+    return p->p.frozen ? NULL : &p->g;
+}
+
+/* out (rows,O) = in (rows,I) @ W(O,I)^T + b */
+static tk_status linear_fwd(step *S, tk_tensor *out, const tk_tensor *in, int wi, int64_t rows,
+                            int64_t O, int64_t I) {
+    return tk_op_gemm(S->d, out, in, PW(S, wi), PW(S, wi + 1), 0, 1, rows, O, I, 1, 0, 0, 0, 1.0f, 0.0f);
+}
+
+/* dW += dout^T @ in, db += sum dout, and din (=, or += when acc) dout @ W.
+ * din NULL: the input needs no gradient. */
+static tk_status linear_bwd(step *S, tk_tensor *din, const tk_tensor *dout, const tk_tensor *in, int wi,
+                            int64_t rows, int64_t O, int64_t I, int acc) {
+    tk_tensor *dW = PG(S, wi), *db = PG(S, wi + 1);
+    tk_status st = TK_OK;
+    if (dW) st = tk_op_gemm(S->d, dW, dout, in, NULL, 1, 0, O, I, rows, 1, 0, 0, 0, 1.0f, 1.0f);
+    if (st == TK_OK && db) st = tk_op_bias_grad(S->d, db, dout, rows, O);
+    if (st == TK_OK && din)
+        st = tk_op_gemm(S->d, din, dout, PW(S, wi), NULL, 0, 0, rows, I, O, 1, 0, 0, 0, 1.0f,
+                        acc ? 1.0f : 0.0f);
+    return st;
+}
+
+/* Dropout offsets: layer (embeddings -1, head L) and site select disjoint
+ * ranges of the counter, so masks never repeat within a step. */
+static uint64_t doff(int layer, int site) {
+    return ((uint64_t)(layer + 2) << 48) | ((uint64_t)site << 44);
+}
+enum { SITE_EMB, SITE_PROBS, SITE_ATTN_OUT, SITE_FFN_OUT, SITE_HEAD };
+
+/* Does any parameter at or below layer l (embeddings = -1) take a gradient?
+ * Layers >= freeze_layers are trainable. */
+static int grads_below(const tk_model *m, int l) {
+    return !m->o.freeze_embeddings || l >= m->o.freeze_layers;
+}
+/* Does layer l's backward have to run (own params trainable, or something
+ * below needs the input gradient)? */
+static int layer_backward(const tk_model *m, int l) {
+    return l >= m->o.freeze_layers || grads_below(m, l - 1);
+}
+
+static tk_status embeddings_fwd(step *S, const tk_batch *b, int keep) {
+    tk_model *m = S->m;
+    const int64_t N = S->N, H = m->H;
+    const char *own = "bert.embeddings.LayerNorm";
+    tk_cat c = keep ? TK_CAT_ACT : TK_CAT_TEMP;
+    stens *s = &S->s;
+    TRY(alf(S, &s->ex, N, H, c, "bert.embeddings.word_embeddings"));
+    TRY(tk_op_embed_fwd(S->d, &s->ex, &s->ids, PW(S, m->emb), N, H));
+    TRY(alf(S, &s->tmp, N, H, TK_CAT_TEMP, "bert.embeddings.position_embeddings"));
+    TRY(tk_op_embed_fwd(S->d, &s->tmp, &s->pos, PW(S, m->emb + 1), N, H));
+    TRY(tk_op_add(S->d, &s->ex, &s->ex, &s->tmp, N * H));
+    TRY(tk_op_embed_fwd(S->d, &s->tmp, &s->tt, PW(S, m->emb + 2), N, H));
+    TRY(tk_op_add(S->d, &s->ex, &s->ex, &s->tmp, N * H));
+    fr(S, &s->tmp);
+    TRY(al(S, &s->emean, TK_F32, 1, N, 0, 0, 0, c, own));
+    TRY(al(S, &s->erstd, TK_F32, 1, N, 0, 0, 0, c, own));
+    TRY(alf(S, &s->h0, N, H, TK_CAT_ACT, own));
+    TRY(tk_op_layernorm_fwd(S->d, &s->h0, &s->emean, &s->erstd, &s->ex, PW(S, m->emb + 3),
+                            PW(S, m->emb + 4), N, H, m->o.dims.layer_norm_eps));
+    if (!keep) {
+        fr(S, &s->erstd);
+        fr(S, &s->emean);
+        fr(S, &s->ex);
+    }
+    float p = m->o.dims.hidden_dropout;
+    if (S->train && p > 0)
+        TRY(tk_op_dropout_fwd(S->d, &s->h0, NULL, &s->h0, N * H, p, S->seed, doff(-1, SITE_EMB)));
+    (void)b;
+    return TK_OK;
+}
+
+/* One encoder layer: A->out from in (N,H). keep: save for backward (else free
+ * each activation after its last use; `in` is then freed too). */
+static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep) {
+    tk_model *m = S->m;
+    lacts *A = &S->la[l];
+    stens *s = &S->s;
+    const int64_t N = S->N, H = m->H, I = m->I, Bs = S->Bs, T = S->T, NH = m->NH, HS = m->HS;
+    const int w = m->layer0 + l * LNP;
+    char (*own)[OWN_MAX] = m->own[l];
+    const float ph = S->train ? m->o.dims.hidden_dropout : 0.0f;
+    const float pa = S->train ? m->o.dims.attn_dropout : 0.0f;
+    const tk_cat ca = keep ? TK_CAT_ACT : TK_CAT_TEMP;
+
+    /* Q, K, V: linear into one scratch, then split heads into what is kept. */
+    TRY(alf(S, &s->tmp, N, H, TK_CAT_TEMP, own[OQ]));
+    tk_tensor *qkv[3] = {&A->qh, &A->kh, &A->vh};
+    for (int j = 0; j < 3; j++) {
+        TRY(linear_fwd(S, &s->tmp, in, w + LQW + 2 * j, N, H, H));
+        TRY(al(S, qkv[j], TK_F32, 4, Bs, NH, T, HS, ca, own[OQ + j]));
+        TRY(tk_op_split_heads(S->d, qkv[j], &s->tmp, Bs, T, NH, HS));
+    }
+    fr(S, &s->tmp);
+    /* scores = Q K^T per (b, head); probs = softmax(scores / sqrt(HS) + mask) */
+    TRY(al(S, &s->tmp, TK_F32, 4, Bs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    TRY(tk_op_gemm(S->d, &s->tmp, &A->qh, &A->kh, NULL, 0, 1, T, T, HS, Bs * NH, T * HS, T * HS,
+                   T * T, 1.0f, 0.0f));
+    if (!keep) {
+        fr(S, &A->kh);
+        fr(S, &A->qh);
+    }
+    TRY(al(S, &A->probs, TK_F32, 4, Bs, NH, T, T, ca, own[OSELF]));
+    TRY(tk_op_softmax_fwd(S->d, &A->probs, &s->tmp, &s->mask, Bs, NH, T, 1.0f / sqrtf((float)HS)));
+    fr(S, &s->tmp);
+    tk_tensor *pd = &A->probs;
+    if (pa > 0) {
+        TRY(al(S, &s->probs_d, TK_F32, 4, Bs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+        TRY(tk_op_dropout_fwd(S->d, &s->probs_d, NULL, &A->probs, Bs * NH * T * T, pa, S->seed,
+                              doff(l, SITE_PROBS)));
+        pd = &s->probs_d;
+    }
+    /* ctx = probs_d @ V, merged back to (N,H) */
+    TRY(al(S, &s->tmp, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
+    TRY(tk_op_gemm(S->d, &s->tmp, pd, &A->vh, NULL, 0, 0, T, HS, T, Bs * NH, T * T, T * HS, T * HS,
+                   1.0f, 0.0f));
+    fr(S, &s->probs_d);
+    if (!keep) {
+        fr(S, &A->probs);
+        fr(S, &A->vh);
+    }
+    TRY(alf(S, &A->ctx, N, H, ca, own[OSELF]));
+    TRY(tk_op_merge_heads(S->d, &A->ctx, &s->tmp, Bs, T, NH, HS));
+    fr(S, &s->tmp);
+    /* r1 = dropout(ctx Wao^T + b) + in; a1 = LN(r1) */
+    TRY(alf(S, &A->r1, N, H, ca, own[OLN1]));
+    TRY(linear_fwd(S, &A->r1, &A->ctx, w + LAOW, N, H, H));
+    if (!keep) fr(S, &A->ctx);
+    if (ph > 0)
+        TRY(tk_op_dropout_fwd(S->d, &A->r1, NULL, &A->r1, N * H, ph, S->seed, doff(l, SITE_ATTN_OUT)));
+    TRY(tk_op_add(S->d, &A->r1, &A->r1, in, N * H));
+    if (!keep) fr(S, in);
+    TRY(al(S, &A->mean1, TK_F32, 1, N, 0, 0, 0, ca, own[OLN1]));
+    TRY(al(S, &A->rstd1, TK_F32, 1, N, 0, 0, 0, ca, own[OLN1]));
+    TRY(alf(S, &A->a1, N, H, ca, own[OLN1]));
+    TRY(tk_op_layernorm_fwd(S->d, &A->a1, &A->mean1, &A->rstd1, &A->r1, PW(S, w + LLN1W),
+                            PW(S, w + LLN1B), N, H, m->o.dims.layer_norm_eps));
+    if (!keep) {
+        fr(S, &A->rstd1);
+        fr(S, &A->mean1);
+        fr(S, &A->r1);
+    }
+    /* FFN: g = gelu(a1 Wi^T + b); r2 = dropout(g Wo^T + b) + a1; out = LN(r2) */
+    TRY(alf(S, &A->u, N, I, ca, own[OI]));
+    TRY(linear_fwd(S, &A->u, &A->a1, w + LIW, N, I, H));
+    TRY(alf(S, &A->g, N, I, ca, own[OI]));
+    TRY(tk_op_gelu_fwd(S->d, &A->g, &A->u, N * I));
+    if (!keep) fr(S, &A->u);
+    TRY(alf(S, &A->r2, N, H, ca, own[OLN2]));
+    TRY(linear_fwd(S, &A->r2, &A->g, w + LOW, N, H, I));
+    if (!keep) fr(S, &A->g);
+    if (ph > 0)
+        TRY(tk_op_dropout_fwd(S->d, &A->r2, NULL, &A->r2, N * H, ph, S->seed, doff(l, SITE_FFN_OUT)));
+    TRY(tk_op_add(S->d, &A->r2, &A->r2, &A->a1, N * H));
+    if (!keep) fr(S, &A->a1);
+    TRY(al(S, &A->mean2, TK_F32, 1, N, 0, 0, 0, ca, own[OLN2]));
+    TRY(al(S, &A->rstd2, TK_F32, 1, N, 0, 0, 0, ca, own[OLN2]));
+    /* The output is always ACT: it is the next layer's input. */
+    TRY(alf(S, &A->out, N, H, TK_CAT_ACT, own[OLN2]));
+    TRY(tk_op_layernorm_fwd(S->d, &A->out, &A->mean2, &A->rstd2, &A->r2, PW(S, w + LLN2W),
+                            PW(S, w + LLN2B), N, H, m->o.dims.layer_norm_eps));
+    if (!keep) {
+        fr(S, &A->rstd2);
+        fr(S, &A->mean2);
+        fr(S, &A->r2);
+    }
+    return TK_OK;
+}
+
+/* Backward of layer l. dout (N,H) is the gradient of A->out; it is consumed.
+ * On return s->dh holds the gradient of the layer's input `in` (when
+ * need_din), and the layer's activations and `in` are freed. */
+static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
+    tk_model *m = S->m;
+    lacts *A = &S->la[l];
+    stens *s = &S->s;
+    const int64_t N = S->N, H = m->H, I = m->I, Bs = S->Bs, T = S->T, NH = m->NH, HS = m->HS;
+    const int w = m->layer0 + l * LNP;
+    char (*own)[OWN_MAX] = m->own[l];
+    const float ph = S->train ? m->o.dims.hidden_dropout : 0.0f;
+    const float pa = S->train ? m->o.dims.attn_dropout : 0.0f;
+    tk_dev *d = S->d;
+
+    /* LN2: dr (= d r2) from dh (= d out) */
+    fr(S, &A->out);
+    TRY(alf(S, &s->dr, N, H, TK_CAT_TEMP, own[OLN2]));
+    TRY(tk_op_layernorm_bwd(d, &s->dr, PG(S, w + LLN2W), PG(S, w + LLN2B), &s->dh, &A->r2,
+                            PW(S, w + LLN2W), &A->mean2, &A->rstd2, N, H, 0));
+    fr(S, &s->dh);
+    fr(S, &A->rstd2);
+    fr(S, &A->mean2);
+    fr(S, &A->r2);
+    /* FFN output dense (through its dropout) */
+    tk_tensor *dO = &s->dr;
+    if (ph > 0) {
+        TRY(alf(S, &s->dtmp, N, H, TK_CAT_TEMP, own[OO]));
+        TRY(tk_op_dropout_bwd(d, &s->dtmp, &s->dr, N * H, ph, S->seed, doff(l, SITE_FFN_OUT)));
+        dO = &s->dtmp;
+    }
+    TRY(alf(S, &s->dbig, N, I, TK_CAT_TEMP, own[OO]));
+    TRY(linear_bwd(S, &s->dbig, dO, &A->g, w + LOW, N, H, I, 0));
+    fr(S, &s->dtmp);
+    fr(S, &A->g);
+    /* GELU, in place on the (N,I) gradient */
+    TRY(tk_op_gelu_bwd(d, &s->dbig, &A->u, &s->dbig, N * I));
+    fr(S, &A->u);
+    /* intermediate dense; its input gradient joins the residual in dr (= d a1) */
+    TRY(linear_bwd(S, &s->dr, &s->dbig, &A->a1, w + LIW, N, I, H, 1));
+    fr(S, &s->dbig);
+    fr(S, &A->a1);
+    /* LN1: dh (= d r1) */
+    TRY(alf(S, &s->dh, N, H, TK_CAT_TEMP, own[OLN1]));
+    TRY(tk_op_layernorm_bwd(d, &s->dh, PG(S, w + LLN1W), PG(S, w + LLN1B), &s->dr, &A->r1,
+                            PW(S, w + LLN1W), &A->mean1, &A->rstd1, N, H, 0));
+    fr(S, &s->dr);
+    fr(S, &A->rstd1);
+    fr(S, &A->mean1);
+    fr(S, &A->r1);
+    /* attention output dense (through its dropout): dctx in dr */
+    dO = &s->dh;
+    if (ph > 0) {
+        TRY(alf(S, &s->dtmp, N, H, TK_CAT_TEMP, own[OAO]));
+        TRY(tk_op_dropout_bwd(d, &s->dtmp, &s->dh, N * H, ph, S->seed, doff(l, SITE_ATTN_OUT)));
+        dO = &s->dtmp;
+    }
+    TRY(alf(S, &s->dr, N, H, TK_CAT_TEMP, own[OAO]));
+    TRY(linear_bwd(S, &s->dr, dO, &A->ctx, w + LAOW, N, H, H, 0));
+    fr(S, &s->dtmp);
+    fr(S, &A->ctx);
+    /* back to heads */
+    TRY(al(S, &s->dbuf, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
+    TRY(tk_op_split_heads(d, &s->dbuf, &s->dr, Bs, T, NH, HS));
+    fr(S, &s->dr);
+    /* probs_d regenerated from the kept probs and the step's dropout seed */
+    tk_tensor *pd = &A->probs;
+    if (pa > 0) {
+        TRY(al(S, &s->probs_d, TK_F32, 4, Bs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+        TRY(tk_op_dropout_fwd(d, &s->probs_d, NULL, &A->probs, Bs * NH * T * T, pa, S->seed,
+                              doff(l, SITE_PROBS)));
+        pd = &s->probs_d;
+    }
+    /* dV = probs_d^T dctx ; dprobs_d = dctx V^T */
+    TRY(al(S, &s->dvh, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OV]));
+    TRY(tk_op_gemm(d, &s->dvh, pd, &s->dbuf, NULL, 1, 0, T, HS, T, Bs * NH, T * T, T * HS, T * HS,
+                   1.0f, 0.0f));
+    fr(S, &s->probs_d);
+    TRY(al(S, &s->dprobs, TK_F32, 4, Bs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    TRY(tk_op_gemm(d, &s->dprobs, &s->dbuf, &A->vh, NULL, 0, 1, T, T, HS, Bs * NH, T * HS, T * HS,
+                   T * T, 1.0f, 0.0f));
+    fr(S, &s->dbuf);
+    fr(S, &A->vh);
+    if (pa > 0)
+        TRY(tk_op_dropout_bwd(d, &s->dprobs, &s->dprobs, Bs * NH * T * T, pa, S->seed,
+                              doff(l, SITE_PROBS)));
+    /* softmax (the scale folds 1/sqrt(HS) into dscores), in place */
+    TRY(tk_op_softmax_bwd(d, &s->dprobs, &A->probs, &s->dprobs, Bs * NH * T, T,
+                          1.0f / sqrtf((float)HS)));
+    fr(S, &A->probs);
+    /* dQ = dS K ; dK = dS^T Q */
+    TRY(al(S, &s->dqh, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OQ]));
+    TRY(tk_op_gemm(d, &s->dqh, &s->dprobs, &A->kh, NULL, 0, 0, T, HS, T, Bs * NH, T * T, T * HS,
+                   T * HS, 1.0f, 0.0f));
+    TRY(al(S, &s->dkh, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OK_]));
+    TRY(tk_op_gemm(d, &s->dkh, &s->dprobs, &A->qh, NULL, 1, 0, T, HS, T, Bs * NH, T * T, T * HS,
+                   T * HS, 1.0f, 0.0f));
+    fr(S, &s->dprobs);
+    fr(S, &A->kh);
+    fr(S, &A->qh);
+    /* Q, K, V linears: the input gradient is the residual path (dh = d r1)
+     * plus the three projections. */
+    tk_tensor *dheads[3] = {&s->dqh, &s->dkh, &s->dvh};
+    TRY(alf(S, &s->dbuf, N, H, TK_CAT_TEMP, own[OQ]));
+    for (int j = 0; j < 3; j++) {
+        TRY(tk_op_merge_heads(d, &s->dbuf, dheads[j], Bs, T, NH, HS));
+        fr(S, dheads[j]);
+        TRY(linear_bwd(S, need_din ? &s->dh : NULL, &s->dbuf, in, w + LQW + 2 * j, N, H, H, 1));
+    }
+    fr(S, &s->dbuf);
+    fr(S, in);
+    if (!need_din) fr(S, &s->dh);
+    return TK_OK;
+}
+
+static tk_status embeddings_bwd(step *S) {
+    tk_model *m = S->m;
+    stens *s = &S->s;
+    const int64_t N = S->N, H = m->H;
+    const float ph = S->train ? m->o.dims.hidden_dropout : 0.0f;
+    if (ph > 0)
+        TRY(tk_op_dropout_bwd(S->d, &s->dh, &s->dh, N * H, ph, S->seed, doff(-1, SITE_EMB)));
+    TRY(alf(S, &s->dx, N, H, TK_CAT_TEMP, "bert.embeddings.LayerNorm"));
+    TRY(tk_op_layernorm_bwd(S->d, &s->dx, PG(S, m->emb + 3), PG(S, m->emb + 4), &s->dh, &s->ex,
+                            PW(S, m->emb + 3), &s->emean, &s->erstd, N, H, 0));
+    fr(S, &s->dh);
+    fr(S, &s->erstd);
+    fr(S, &s->emean);
+    fr(S, &s->ex);
+    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb), &s->ids, &s->dx, N, H));
+    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb + 1), &s->pos, &s->dx, N, H));
+    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb + 2), &s->tt, &s->dx, N, H));
+    fr(S, &s->dx);
+    return TK_OK;
+}
+
+/* Copies the host batch to INPUT tensors, checking ids against the tables. */
+static tk_status inputs(step *S, const tk_batch *b) {
+    tk_model *m = S->m;
+    stens *s = &S->s;
+    const int64_t N = S->N;
+    const tk_bert_dims *dm = &m->o.dims;
+    int32_t *host = malloc((size_t)N * sizeof *host);
+    if (!host) {
+        tk_err_set(S->err, TK_EINVAL, "model: out of host memory");
+        return TK_EINVAL;
+    }
+    tk_status st = TK_OK;
+    for (int64_t i = 0; i < N && st == TK_OK; i++)
+        if (b->input_ids[i] < 0 || b->input_ids[i] >= dm->vocab_size) {
+            tk_err_set(S->err, TK_EINVAL, "batch: input_ids[%lld] = %d is outside the vocabulary "
+                       "(0..%d)", (long long)i, b->input_ids[i], dm->vocab_size - 1);
+            st = TK_EINVAL;
+        } else if (b->token_type_ids && (b->token_type_ids[i] < 0 ||
+                                         b->token_type_ids[i] >= dm->type_vocab)) {
+            tk_err_set(S->err, TK_EINVAL, "batch: token_type_ids[%lld] = %d is outside 0..%d",
+                       (long long)i, b->token_type_ids[i], dm->type_vocab - 1);
+            st = TK_EINVAL;
+        }
+    if (st == TK_OK && m->o.head != TK_HEAD_SPAN && b->labels)
+        for (int i = 0; i < S->B && st == TK_OK; i++)
+            if (b->labels[i] >= m->o.num_labels) {
+                tk_err_set(S->err, TK_EINVAL, "batch: label %d of example %d is outside 0..%d",
+                           b->labels[i], i, m->o.num_labels - 1);
+                st = TK_EINVAL;
+            }
+    const char *own = "inputs";
+#define IN_TENSOR(t, n) do { if (st == TK_OK) st = al(S, t, TK_I32, 1, n, 0, 0, 0, TK_CAT_INPUT, own); } while (0)
+#define WR(t, src) do { if (st == TK_OK) st = tk_tensor_write(S->d, t, src, S->err); } while (0)
+    IN_TENSOR(&s->ids, N);
+    WR(&s->ids, b->input_ids);
+    IN_TENSOR(&s->tt, N);
+    if (b->token_type_ids) {
+        WR(&s->tt, b->token_type_ids);
+    } else if (st == TK_OK) {
+        memset(host, 0, (size_t)N * sizeof *host);
+        WR(&s->tt, host);
+    }
+    IN_TENSOR(&s->pos, N);
+    for (int64_t i = 0; i < N; i++) host[i] = (int32_t)(i % S->T);
+    WR(&s->pos, host);
+    IN_TENSOR(&s->mask, N);
+    if (b->attention_mask) {
+        WR(&s->mask, b->attention_mask);
+    } else {
+        for (int64_t i = 0; i < N; i++) host[i] = 1;
+        WR(&s->mask, host);
+    }
+    if (m->o.head == TK_HEAD_POOLED) {
+        IN_TENSOR(&s->cidx, S->B);
+        for (int i = 0; i < S->B; i++) host[i] = i * S->T;
+        WR(&s->cidx, host);
+    }
+    if (m->o.head != TK_HEAD_SPAN) {
+        IN_TENSOR(&s->labels, S->B);
+        S->nvalid = 0;
+        for (int i = 0; i < S->B; i++) {
+            host[i] = b->labels ? (b->labels[i] < 0 ? -1 : b->labels[i]) : -1;
+            S->nvalid += host[i] >= 0;
+        }
+        WR(&s->labels, host);
+    } else {
+        /* As HF: positions are clamped to [0, T] and T is ignored. */
+        tk_tensor *pt[2] = {&s->starts, &s->ends};
+        const int32_t *src[2] = {b->start_positions, b->end_positions};
+        int *nv[2] = {&S->nvalid, &S->nvalid2};
+        for (int k = 0; k < 2; k++) {
+            IN_TENSOR(pt[k], S->B);
+            *nv[k] = 0;
+            for (int i = 0; i < S->B; i++) {
+                int32_t p = src[k] ? src[k][i] : S->T;
+                if (p < 0) p = 0;
+                host[i] = p >= S->T ? -1 : p;
+                *nv[k] += host[i] >= 0;
+            }
+            WR(pt[k], host);
+        }
+        /* A column of ones: qa_outputs' bias as a rank-1 GEMM update. */
+        if (st == TK_OK) st = al(S, &s->ones, TK_F32, 1, N, 0, 0, 0, TK_CAT_TEMP, "qa_outputs");
+        if (st == TK_OK) st = tk_op_fill(S->d, &s->ones, 1.0f, N);
+    }
+#undef IN_TENSOR
+#undef WR
+    free(host);
+    if (st != TK_OK) return fail(S, st, "inputs", __LINE__);
+    return TK_OK;
+}
+
+static double mean_loss(step *S, const tk_tensor *losses, int n, int nvalid) {
+    float *h = calloc((size_t)n, sizeof *h);
+    double sum = 0;
+    if (!h) return NAN;
+    if (tk_tensor_read_f32(S->d, losses, h, NULL) == TK_OK)
+        for (int i = 0; i < n; i++) sum += h[i];
+    free(h);
+    return nvalid ? sum / nvalid : 0.0;
+}
+
+/* Head forward from hL (N,H); fills logits, losses. `keep` saves for backward
+ * (else hL is freed once read). */
+static tk_status head_fwd(step *S, tk_tensor *hL, int keep, int want_loss, double *loss) {
+    tk_model *m = S->m;
+    stens *s = &S->s;
+    const int64_t H = m->H, B = S->B, N = S->N, V = m->o.num_labels;
+    const tk_cat ca = keep ? TK_CAT_ACT : TK_CAT_TEMP;
+    *loss = 0;
+    if (m->o.head == TK_HEAD_POOLED) {
+        TRY(alf(S, &s->cls, B, H, ca, "bert.pooler.dense"));
+        TRY(tk_op_gather_rows(S->d, &s->cls, hL, &s->cidx, B, H));
+        if (!keep) fr(S, hL);
+        TRY(alf(S, &s->pooled, B, H, ca, "bert.pooler.dense"));
+        TRY(linear_fwd(S, &s->pooled, &s->cls, m->pool, B, H, H));
+        if (!keep) fr(S, &s->cls);
+        TRY(tk_op_tanh_fwd(S->d, &s->pooled, &s->pooled, B * H));
+        tk_tensor *x = &s->pooled;
+        float p = S->train ? m->o.dims.hidden_dropout : 0.0f;
+        if (p > 0) {
+            TRY(alf(S, &s->pd, B, H, ca, "classifier"));
+            TRY(tk_op_dropout_fwd(S->d, &s->pd, NULL, &s->pooled, B * H, p, S->seed,
+                                  doff(m->L, SITE_HEAD)));
+            x = &s->pd;
+        }
+        TRY(alf(S, &s->logits, B, V, ca, "classifier"));
+        TRY(linear_fwd(S, &s->logits, x, m->head, B, V, H));
+        if (!keep) {
+            fr(S, &s->pd);
+            fr(S, &s->pooled);
+        }
+    } else if (m->o.head == TK_HEAD_FLATTEN_DENSE) {
+        /* (B, towers*T*H) is exactly hL's memory: each example's towers are adjacent. */
+        const int64_t K = (int64_t)m->o.towers * S->T * H;
+        TRY(alf(S, &s->logits, B, V, ca, "classifier"));
+        TRY(linear_fwd(S, &s->logits, hL, m->head, B, V, K));
+        if (!keep) fr(S, hL);
+    } else {
+        /* logits^T (2, N) = Wqa (2,H) @ hL^T, bias as a rank-1 update, so that
+         * start and end logits are each a contiguous (B,T) block. */
+        TRY(alf(S, &s->logits, 2, N, ca, "qa_outputs"));
+        TRY(tk_op_gemm(S->d, &s->logits, PW(S, m->head), hL, NULL, 0, 1, 2, N, H, 1, 0, 0, 0, 1.0f,
+                       0.0f));
+        TRY(tk_op_gemm(S->d, &s->logits, PW(S, m->head + 1), &s->ones, NULL, 0, 0, 2, N, 1, 1, 0, 0, 0,
+                       1.0f, 1.0f));
+        if (!keep) fr(S, hL);
+    }
+    if (!want_loss) return TK_OK;
+    if (m->o.head != TK_HEAD_SPAN) {
+        TRY(al(S, &s->losses, TK_F32, 1, B, 0, 0, 0, TK_CAT_TEMP, "classifier"));
+        TRY(tk_op_xent_fwd(S->d, &s->losses, NULL, &s->logits, &s->labels, B, V));
+        *loss = mean_loss(S, &s->losses, (int)B, S->nvalid);
+        fr(S, &s->losses);
+    } else {
+        tk_tensor ls = tk_tensor_view(&s->logits, 0, N), le = tk_tensor_view(&s->logits, N, N);
+        TRY(al(S, &s->losses, TK_F32, 1, B, 0, 0, 0, TK_CAT_TEMP, "qa_outputs"));
+        TRY(tk_op_xent_fwd(S->d, &s->losses, NULL, &ls, &s->starts, B, S->T));
+        double l1 = mean_loss(S, &s->losses, (int)B, S->nvalid);
+        TRY(tk_op_xent_fwd(S->d, &s->losses, NULL, &le, &s->ends, B, S->T));
+        double l2 = mean_loss(S, &s->losses, (int)B, S->nvalid2);
+        fr(S, &s->losses);
+        *loss = (l1 + l2) / 2;
+    }
+    return TK_OK;
+}
+
+/* Head backward: leaves d hL (N,H) in s->dh. */
+static tk_status head_bwd(step *S, tk_tensor *hL, float grad_scale) {
+    tk_model *m = S->m;
+    stens *s = &S->s;
+    tk_dev *d = S->d;
+    const int64_t H = m->H, B = S->B, N = S->N, V = m->o.num_labels;
+    if (m->o.head == TK_HEAD_SPAN) {
+        TRY(alf(S, &s->dlogits, 2, N, TK_CAT_TEMP, "qa_outputs"));
+        tk_tensor ls = tk_tensor_view(&s->logits, 0, N), le = tk_tensor_view(&s->logits, N, N);
+        tk_tensor ds = tk_tensor_view(&s->dlogits, 0, N), de = tk_tensor_view(&s->dlogits, N, N);
+        TRY(tk_op_xent_bwd(d, &ds, &ls, &s->starts, B, S->T,
+                           S->nvalid ? 0.5f * grad_scale / S->nvalid : 0.0f));
+        TRY(tk_op_xent_bwd(d, &de, &le, &s->ends, B, S->T,
+                           S->nvalid2 ? 0.5f * grad_scale / S->nvalid2 : 0.0f));
+        fr(S, &s->logits);
+        tk_tensor *dW = PG(S, m->head), *db = PG(S, m->head + 1);
+        TRY(tk_op_gemm(d, dW, &s->dlogits, hL, NULL, 0, 0, 2, H, N, 1, 0, 0, 0, 1.0f, 1.0f));
+        TRY(tk_op_gemm(d, db, &s->dlogits, &s->ones, NULL, 0, 0, 2, 1, N, 1, 0, 0, 0, 1.0f, 1.0f));
+        TRY(alf(S, &s->dh, N, H, TK_CAT_TEMP, "qa_outputs"));
+        TRY(tk_op_gemm(d, &s->dh, &s->dlogits, PW(S, m->head), NULL, 1, 0, N, H, 2, 1, 0, 0, 0, 1.0f,
+                       0.0f));
+        fr(S, &s->dlogits);
+        return TK_OK;
+    }
+    TRY(alf(S, &s->dlogits, B, V, TK_CAT_TEMP, "classifier"));
+    TRY(tk_op_xent_bwd(d, &s->dlogits, &s->logits, &s->labels, B, V,
+                       S->nvalid ? grad_scale / S->nvalid : 0.0f));
+    fr(S, &s->logits);
+    if (m->o.head == TK_HEAD_FLATTEN_DENSE) {
+        const int64_t K = (int64_t)m->o.towers * S->T * H;
+        TRY(alf(S, &s->dh, N, H, TK_CAT_TEMP, "classifier"));
+        TRY(linear_bwd(S, &s->dh, &s->dlogits, hL, m->head, B, V, K, 0));
+        fr(S, &s->dlogits);
+        return TK_OK;
+    }
+    float p = S->train ? m->o.dims.hidden_dropout : 0.0f;
+    tk_tensor *x = p > 0 ? &s->pd : &s->pooled;
+    TRY(alf(S, &s->dpd, B, H, TK_CAT_TEMP, "classifier"));
+    TRY(linear_bwd(S, &s->dpd, &s->dlogits, x, m->head, B, V, H, 0));
+    fr(S, &s->dlogits);
+    fr(S, &s->pd);
+    if (p > 0)
+        TRY(tk_op_dropout_bwd(d, &s->dpd, &s->dpd, B * H, p, S->seed, doff(m->L, SITE_HEAD)));
+    TRY(tk_op_tanh_bwd(d, &s->dpd, &s->pooled, &s->dpd, B * H));
+    fr(S, &s->pooled);
+    TRY(alf(S, &s->dcls, B, H, TK_CAT_TEMP, "bert.pooler.dense"));
+    TRY(linear_bwd(S, &s->dcls, &s->dpd, &s->cls, m->pool, B, H, H, 0));
+    fr(S, &s->dpd);
+    fr(S, &s->cls);
+    TRY(alf(S, &s->dh, N, H, TK_CAT_TEMP, "bert.pooler.dense"));
+    TRY(tk_op_fill(d, &s->dh, 0.0f, N * H));
+    TRY(tk_op_scatter_add_rows(d, &s->dh, &s->dcls, &s->cidx, B, H));
+    fr(S, &s->dcls);
+    return TK_OK;
+}
+
+static tk_status read_logits(step *S, float *logits) {
+    tk_model *m = S->m;
+    int64_t n = tk_model_n_logits(m, S->B, S->T);
+    float *h = calloc((size_t)n, sizeof *h);
+    if (!h) {
+        tk_err_set(S->err, TK_EINVAL, "model: out of host memory");
+        return TK_EINVAL;
+    }
+    tk_status st = tk_tensor_read_f32(S->d, &S->s.logits, h, S->err);
+    if (st == TK_OK && m->o.head == TK_HEAD_SPAN) {
+        for (int64_t i = 0; i < S->N; i++) {
+            logits[2 * i] = h[i];
+            logits[2 * i + 1] = h[S->N + i];
+        }
+    } else if (st == TK_OK) {
+        memcpy(logits, h, (size_t)n * sizeof *h);
+    }
+    free(h);
+    return st;
+}
+
+static tk_status step_begin(step *S, tk_model *m, const tk_batch *b, int train, uint64_t stepno,
+                            tk_err *err) {
+    memset(S, 0, sizeof *S);
+    S->m = m;
+    S->d = m->dev;
+    S->err = err;
+    S->train = train;
+    S->B = b->B;
+    S->T = b->T;
+    S->Bs = b->B * m->o.towers;
+    S->N = (int64_t)S->Bs * b->T;
+    S->seed = m->o.seed ^ (0x9E3779B97F4A7C15ull * (stepno + 1));
+    if (err) err->status = TK_OK, err->msg[0] = 0;
+    if (b->B <= 0 || b->T <= 0 || !b->input_ids) {
+        tk_err_set(err, TK_EINVAL, "batch: needs B > 0, T > 0 and input_ids (got B=%d, T=%d)", b->B,
+                   b->T);
+        return TK_EINVAL;
+    }
+    if (b->T > m->o.dims.max_position) {
+        tk_err_set(err, TK_EINVAL, "batch: sequence length %d exceeds max_position_embeddings %d",
+                   b->T, m->o.dims.max_position);
+        return TK_EINVAL;
+    }
+    if (m->o.head == TK_HEAD_FLATTEN_DENSE && b->T != m->o.max_len) {
+        tk_err_set(err, TK_EINVAL, "batch: flatten_dense needs every batch padded to max_len %d "
+                   "(got %d); use batching: fixed", m->o.max_len, b->T);
+        return TK_EINVAL;
+    }
+    S->la = calloc((size_t)m->L, sizeof *S->la);
+    if (!S->la) {
+        tk_err_set(err, TK_EINVAL, "model: out of host memory");
+        return TK_EINVAL;
+    }
+    return inputs(S, b);
+}
+
+static tk_status fwd_bwd(step *S, const tk_batch *b, float grad_scale, float *loss, float *logits) {
+    tk_model *m = S->m;
+    const int L = m->L;
+    TRY(embeddings_fwd(S, b, grads_below(m, -1)));
+    tk_tensor *h = &S->s.h0;
+    for (int l = 0; l < L; l++) {
+        TRY(layer_fwd(S, l, h, layer_backward(m, l)));
+        h = &S->la[l].out;
+    }
+    double lo;
+    TRY(head_fwd(S, h, 1, 1, &lo));
+    if (loss) *loss = (float)lo;
+    if (logits) TRY(read_logits(S, logits));
+    TRY(head_bwd(S, h, grad_scale));
+    for (int l = L - 1; l >= 0; l--) {
+        if (!layer_backward(m, l)) break;
+        tk_tensor *in = l ? &S->la[l - 1].out : &S->s.h0;
+        TRY(layer_bwd(S, l, in, grads_below(m, l - 1)));
+    }
+    if (grads_below(m, -1)) TRY(embeddings_bwd(S));
+    return TK_OK;
+}
+
+tk_status tk_model_forward_backward(tk_model *m, const tk_batch *b, uint64_t stepno, float grad_scale,
+                                    float *loss, float *logits, tk_err *err) {
+    step S;
+    /* Gradients outlive the step: allocate them before its inputs so they
+     * do not sit between freed step blocks. */
+    tk_status st = tk_model_alloc_grads(m, err);
+    if (st != TK_OK) return st;
+    st = step_begin(&S, m, b, 1, stepno, err);
+    if (st == TK_OK) st = fwd_bwd(&S, b, grad_scale, loss, logits);
+    step_cleanup(&S);
+    return st;
+}
+
+static tk_status fwd_eval(step *S, const tk_batch *b, float *loss, float *logits) {
+    tk_model *m = S->m;
+    TRY(embeddings_fwd(S, b, 0));
+    tk_tensor *h = &S->s.h0;
+    for (int l = 0; l < m->L; l++) {
+        TRY(layer_fwd(S, l, h, 0));
+        h = &S->la[l].out;
+    }
+    int want = m->o.head == TK_HEAD_SPAN ? (b->start_positions && b->end_positions) : !!b->labels;
+    double lo;
+    TRY(head_fwd(S, h, 0, want, &lo));
+    if (loss) *loss = (float)lo;
+    if (logits) TRY(read_logits(S, logits));
+    return TK_OK;
+}
+
+tk_status tk_model_forward_eval(tk_model *m, const tk_batch *b, float *loss, float *logits,
+                                tk_err *err) {
+    step S;
+    tk_status st = step_begin(&S, m, b, 0, 0, err);
+    if (st == TK_OK) st = fwd_eval(&S, b, loss, logits);
+    step_cleanup(&S);
+    return st;
+}

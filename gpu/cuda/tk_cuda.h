@@ -62,6 +62,9 @@ void tk_cuda_scope_pop(void *ctx);
  * tk_cuda_mem_totals_get, which flushes). Owners >= TK_CUDA_MAX_SCOPES and
  * kernels outside any scope are counted under -1. */
 void tk_cuda_scope_kernel_time(void *ctx, int owner, uint64_t *n_kernels, double *ns);
+typedef void (*tk_cuda_scope_push_fn)(void *ctx, int owner);
+typedef void (*tk_cuda_scope_pop_fn)(void *ctx);
+typedef void (*tk_cuda_scope_kernel_time_fn)(void *ctx, int owner, uint64_t *n_kernels, double *ns);
 
 #ifdef __cplusplus
 }

@@ -35,7 +35,7 @@ static tk_dev *g_cpu, *g_gpu;
 
 /* Opens both devices; on failure says why (test-gpu runs only where a GPU is,
  * so a missing one is a failure, not a skip). */
-static int gpu_open(void) {
+static inline int gpu_open(void) {
     tk_err err = {0};
     tk_dev_opts oc = { .kind = TK_DEV_CPU };
     tk_dev_opts og = { .kind = TK_DEV_CUDA };
@@ -46,13 +46,13 @@ static int gpu_open(void) {
     return 1;
 }
 
-static void gpu_close(void) {
+static inline void gpu_close(void) {
     tk_dev_destroy(&g_gpu);
     tk_dev_destroy(&g_cpu);
 }
 
 static uint64_t g_rng = 0x243F6A8885A308D3ull;
-static float frand(void) { /* uniform in [-1, 1) */
+static inline float frand(void) { /* uniform in [-1, 1) */
     g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
     return (float)((g_rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
 }
@@ -60,14 +60,14 @@ static float frand(void) { /* uniform in [-1, 1) */
 /* The same tensor on both devices. */
 typedef struct { tk_tensor c, g; int64_t n; tk_dtype dt; } pair;
 
-static void pair_free(pair *p) {
+static inline void pair_free(pair *p) {
     tk_tensor_free(g_cpu, &p->c);
     tk_tensor_free(g_gpu, &p->g);
 }
 
 /* Allocates on both; fills with host values from `vals` (f32, converted to
  * the dtype) or, when NULL, uniform in [-scale, scale). */
-static pair pair_new(tk_dtype dt, int64_t n, const float *vals, float scale) {
+static inline pair pair_new(tk_dtype dt, int64_t n, const float *vals, float scale) {
     pair p = { .n = n, .dt = dt };
     int64_t shape[1] = { n };
     tk_err err = {0};
@@ -88,7 +88,7 @@ static pair pair_new(tk_dtype dt, int64_t n, const float *vals, float scale) {
 }
 
 /* An i32 tensor with the given values on both devices. */
-static pair pair_i32(int64_t n, const int32_t *vals) {
+static inline pair pair_i32(int64_t n, const int32_t *vals) {
     pair p = { .n = n, .dt = TK_I32 };
     int64_t shape[1] = { n };
     tk_err err = {0};
@@ -99,12 +99,12 @@ static pair pair_i32(int64_t n, const int32_t *vals) {
     return p;
 }
 
-static double tol_for(tk_dtype dt) {
+static inline double tol_for(tk_dtype dt) {
     return dt == TK_F16 ? 2e-3 : dt == TK_BF16 ? 1.6e-2 : 1e-5;
 }
 
 /* Compares the cuda copy with the cpu copy; returns the worst relative error. */
-static double pair_cmp(const pair *p, double tol, const char *what) {
+static inline double pair_cmp(const pair *p, double tol, const char *what) {
     tk_err err = {0};
     float *a = malloc((size_t)(p->n ? p->n : 1) * sizeof(float));
     float *b = malloc((size_t)(p->n ? p->n : 1) * sizeof(float));
@@ -127,7 +127,7 @@ static double pair_cmp(const pair *p, double tol, const char *what) {
 }
 
 /* Raw bytes equal on both sides (masks, copies, integer codes). */
-static int pair_same_bytes(const pair *p, const char *what) {
+static inline int pair_same_bytes(const pair *p, const char *what) {
     tk_err err = {0};
     size_t nb = tk_tensor_nbytes(&p->c);
     unsigned char *a = malloc(nb ? nb : 1), *b = malloc(nb ? nb : 1);

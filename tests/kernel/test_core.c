@@ -1,0 +1,522 @@
+/* test_core.c — the protocol core driven through an in-memory transport:
+ * signing (RFC 4231 vectors, any key length), verification, replay, malformed
+ * input, dispatch, status order, execution count, stop_on_error, completion in
+ * code points, history, interrupts, shutdown; and the magic registry. Every
+ * message the core sends is decoded here with the same key, so its signatures
+ * are checked too. */
+#include "tk_kernel.h"
+#include "tk_magics.h"
+#include "tk_test.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KEY "a0436f6c-1916-498b-8eb9-e81ab9368e84"
+
+/* ---- in-memory transport: decodes and keeps what the core sends ---------- */
+#define MAXSENT 512
+typedef struct sent { tk_channel ch; tk_msg *m; } sent;
+typedef struct mem { tk_signer *s; sent out[MAXSENT]; int n, bad; pthread_mutex_t lock; } mem;
+
+static void mem_send(void *self, tk_channel ch, const tk_frame *f, size_t n) {
+    mem *t = self;
+    tk_kerr err;
+    tk_msg *m = tk_msg_decode(t->s, f, n, &err);
+    pthread_mutex_lock(&t->lock);
+    if (!m) { t->bad++; fprintf(stderr, "  core sent an undecodable message: %s\n", err.msg); }
+    else if (t->n < MAXSENT) { t->out[t->n].ch = ch; t->out[t->n++].m = m; }
+    else tk_msg_destroy(&m);
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void mem_clear(mem *t) {
+    for (int i = 0; i < t->n; i++) tk_msg_destroy(&t->out[i].m);
+    t->n = 0;
+}
+
+typedef struct fx { mem t; tk_magics *mg; tk_core *c; tk_signer *client; int seq; } fx;
+
+static void fx_init(fx *x) {
+    memset(x, 0, sizeof *x);
+    pthread_mutex_init(&x->t.lock, NULL);
+    x->t.s = tk_signer_new((const uint8_t *)KEY, strlen(KEY));
+    x->client = tk_signer_new((const uint8_t *)KEY, strlen(KEY));
+    x->mg = tk_magics_new();
+    tk_core_opts o = {.key = (const uint8_t *)KEY, .key_len = strlen(KEY), .interp = tk_magics_interp(x->mg),
+                      .transport = {&x->t, mem_send}, .history_path = ""};
+    tk_kerr err;
+    x->c = tk_core_new(&o, &err);
+}
+
+static void fx_free(fx *x) {
+    mem_clear(&x->t);
+    tk_core_destroy(&x->c);
+    tk_magics_destroy(&x->mg);
+    tk_signer_destroy(&x->t.s);
+    tk_signer_destroy(&x->client);
+    pthread_mutex_destroy(&x->t.lock);
+}
+
+/* Builds a signed request; returns frames (free with tk_frames_free). */
+static tk_frame *req_frames(fx *x, const tk_signer *s, const char *type, json_t *content, size_t *n, char *id_out) {
+    char id[64];
+    snprintf(id, sizeof id, "test-%d", ++x->seq);
+    if (id_out) strcpy(id_out, id);
+    json_t *h = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "msg_id", id, "session", "sess-test", "username", "t",
+                          "date", "2026-01-01T00:00:00.000000Z", "msg_type", type, "version", "5.3");
+    json_t *p = json_object(), *md = json_object();
+    uint8_t ident[] = "client-1";
+    uint8_t *ids[1] = {ident};
+    size_t lens[1] = {8};
+    tk_msg route = {.nids = 1, .ids = ids, .id_lens = lens};
+    tk_frame *f = NULL;
+    tk_msg_encode(s, &route, h, p, md, content, &f, n);
+    json_decref(h); json_decref(p); json_decref(md); json_decref(content);
+    return f;
+}
+
+static void send_req(fx *x, tk_channel ch, const char *type, json_t *content) {
+    size_t n;
+    tk_frame *f = req_frames(x, x->client, type, content, &n, NULL);
+    tk_core_handle(x->c, ch, f, n);
+    tk_frames_free(f, n);
+}
+
+static json_t *exec_content(const char *code) {
+    return json_pack("{s:s,s:b,s:b,s:{},s:b,s:b}", "code", code, "silent", 0, "store_history", 1,
+                     "user_expressions", "allow_stdin", 0, "stop_on_error", 1);
+}
+
+/* the i-th sent message of a type on a channel (or NULL) */
+static tk_msg *find(fx *x, tk_channel ch, const char *type, int nth) {
+    for (int i = 0; i < x->t.n; i++)
+        if (x->t.out[i].ch == ch && !strcmp(x->t.out[i].m->msg_type, type) && nth-- == 0) return x->t.out[i].m;
+    return NULL;
+}
+static int count_type(fx *x, const char *type) {
+    int k = 0;
+    for (int i = 0; i < x->t.n; i++) k += !strcmp(x->t.out[i].m->msg_type, type);
+    return k;
+}
+static const char *cstr(tk_msg *m, const char *k) { return m ? json_string_value(json_object_get(m->content, k)) : NULL; }
+static long long cint(tk_msg *m, const char *k) { return m ? json_integer_value(json_object_get(m->content, k)) : -999; }
+
+/* ---- signing and decoding ------------------------------------------------ */
+
+static void test_hmac_rfc4231_any_key_length(void) {
+    /* RFC 4231 case 2 split over four frames, and case 6 (131-byte key). */
+    tk_signer *s = tk_signer_new((const uint8_t *)"Jefe", 4);
+    tk_frame p[4] = {{(const uint8_t *)"what do ya", 10}, {(const uint8_t *)" want ", 6},
+                     {(const uint8_t *)"for nothing", 11}, {(const uint8_t *)"?", 1}};
+    char hex[65];
+    tk_signer_sign(s, p, hex);
+    TK_CHECK_STR(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    tk_signer_destroy(&s);
+    TK_CHECK(s == NULL);
+    uint8_t key[131];
+    memset(key, 0xaa, sizeof key);
+    s = tk_signer_new(key, sizeof key);
+    const char *d = "Test Using Larger Than Block-Size Key - Hash Key First";
+    tk_frame q[4] = {{(const uint8_t *)d, strlen(d)}, {(const uint8_t *)"", 0}, {(const uint8_t *)"", 0}, {(const uint8_t *)"", 0}};
+    tk_signer_sign(s, q, hex);
+    TK_CHECK_STR(hex, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+    tk_signer_destroy(&s);
+    s = tk_signer_new(NULL, 0); /* empty key: empty signature */
+    tk_signer_sign(s, q, hex);
+    TK_CHECK_STR(hex, "");
+    tk_signer_destroy(&s);
+    tk_signer_destroy(&s); /* no-op on NULL */
+}
+
+static void test_decode_rejects_bad_input(void) {
+    fx x; fx_init(&x);
+    size_t n;
+    tk_kerr err;
+    tk_frame *f = req_frames(&x, x.client, "kernel_info_request", json_object(), &n, NULL);
+    tk_msg *m = tk_msg_decode(x.t.s, f, n, &err);
+    TK_CHECK(m && !strcmp(m->msg_type, "kernel_info_request") && m->nids == 1);
+    tk_msg_destroy(&m);
+    TK_CHECK(m == NULL);
+    tk_frame g[8];
+    memcpy(g, f, n * sizeof *f);
+    /* wrong signature: flip one hex digit */
+    char sig[65];
+    memcpy(sig, g[2].data, 64); sig[64] = 0;
+    sig[0] = sig[0] == 'a' ? 'b' : 'a';
+    g[2].data = (const uint8_t *)sig;
+    TK_CHECK(tk_msg_decode(x.t.s, g, n, &err) == NULL && strstr(err.msg, "signature"));
+    g[2].len = 0; /* unsigned */
+    TK_CHECK(tk_msg_decode(x.t.s, g, n, &err) == NULL && strstr(err.msg, "unsigned"));
+    g[2] = f[2];
+    TK_CHECK(tk_msg_decode(x.t.s, g, n - 1, &err) == NULL && strstr(err.msg, "missing frames"));
+    TK_CHECK(tk_msg_decode(x.t.s, g + 2, n - 2, &err) == NULL && strstr(err.msg, "delimiter"));
+    TK_CHECK(tk_msg_decode(x.t.s, g, 0, &err) == NULL);
+    /* valid signatures over bad JSON, non-objects, invalid UTF-8, wrong types:
+     * signed with the right key so only the parser can refuse them */
+    const char *bad_headers[] = {"{\"msg_id\":", "[1,2]", "{\"msg_id\":\"\xff\xfe\",\"msg_type\":\"x\"}",
+                                 "{\"msg_id\":5,\"msg_type\":\"execute_request\"}", "{\"msg_id\":\"a\"}",
+                                 "{\"msg_id\":\"a\",\"msg_id\":\"b\",\"msg_type\":\"x\"}",
+                                 "{\"msg_id\":\"a\",\"msg_type\":\"x\",\"session\":[]}"};
+    for (size_t i = 0; i < sizeof bad_headers / sizeof *bad_headers; i++) {
+        g[3].data = (const uint8_t *)bad_headers[i];
+        g[3].len = strlen(bad_headers[i]);
+        char hex[65];
+        tk_signer_sign(x.client, &g[3], hex);
+        g[2].data = (const uint8_t *)hex;
+        g[2].len = 64;
+        m = tk_msg_decode(x.t.s, g, n, &err);
+        TK_CHECK_MSG(m == NULL, "header %zu accepted", i);
+        tk_msg_destroy(&m);
+    }
+    /* oversized: the length check comes before any byte is read, so a frame
+     * claiming more than the limit is refused without touching its data */
+    memcpy(g, f, n * sizeof *f);
+    g[6].len = TK_MSG_MAX_BYTES + 1;
+    TK_CHECK(tk_msg_decode(x.t.s, g, n, &err) == NULL && strstr(err.msg, "too large"));
+    tk_frames_free(f, n);
+    fx_free(&x);
+}
+
+static void test_replay_guard_forgets_oldest(void) {
+    tk_replay *r = tk_replay_new();
+    TK_CHECK_EQ_INT(tk_replay_check(r, (const uint8_t *)"a", 1), 0);
+    TK_CHECK_EQ_INT(tk_replay_check(r, (const uint8_t *)"a", 1), 1);
+    char k[32];
+    for (int i = 0; i < TK_REPLAY_KEEP; i++) {
+        int len = snprintf(k, sizeof k, "k%d", i);
+        tk_replay_check(r, (const uint8_t *)k, (size_t)len);
+    }
+    /* "a" fell out of the window; the newest is still remembered */
+    TK_CHECK_EQ_INT(tk_replay_check(r, (const uint8_t *)"a", 1), 0);
+    int len = snprintf(k, sizeof k, "k%d", TK_REPLAY_KEEP - 1);
+    TK_CHECK_EQ_INT(tk_replay_check(r, (const uint8_t *)k, (size_t)len), 1);
+    tk_replay_destroy(&r);
+    TK_CHECK(r == NULL);
+}
+
+/* ---- the core ------------------------------------------------------------- */
+
+static void test_kernel_info_and_status_order(void) {
+    fx x; fx_init(&x);
+    send_req(&x, TK_CH_SHELL, "kernel_info_request", json_object());
+    TK_CHECK_EQ_INT(x.t.bad, 0);
+    TK_CHECK_EQ_INT(x.t.n, 3);
+    TK_CHECK(x.t.out[0].ch == TK_CH_IOPUB && !strcmp(cstr(x.t.out[0].m, "execution_state"), "busy"));
+    TK_CHECK(x.t.out[1].ch == TK_CH_SHELL && !strcmp(x.t.out[1].m->msg_type, "kernel_info_reply"));
+    TK_CHECK(x.t.out[2].ch == TK_CH_IOPUB && !strcmp(cstr(x.t.out[2].m, "execution_state"), "idle"));
+    tk_msg *r = x.t.out[1].m;
+    json_t *li = json_object_get(r->content, "language_info");
+    TK_CHECK_STR(json_string_value(json_object_get(li, "name")), "txkernel");
+    TK_CHECK_STR(json_string_value(json_object_get(li, "file_extension")), ".txk");
+    TK_CHECK_STR(json_string_value(json_object_get(li, "pygments_lexer")), "yaml");
+    TK_CHECK_STR(cstr(r, "protocol_version"), "5.3");
+    TK_CHECK(json_array_size(json_object_get(r->content, "help_links")) >= 1);
+    /* the reply is routed back to the requester and parented on the request */
+    TK_CHECK(r->nids == 1 && r->id_lens[0] == 8 && !memcmp(r->ids[0], "client-1", 8));
+    TK_CHECK_STR(json_string_value(json_object_get(r->parent, "msg_type")), "kernel_info_request");
+    fx_free(&x);
+}
+
+static void test_execute_outputs_then_idle(void) {
+    fx x; fx_init(&x);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo hi\n%echo --stderr err\n%txversion"));
+    const char *want[] = {"status", "execute_input", "stream", "stream", "execute_result", "execute_reply", "status"};
+    TK_CHECK_EQ_INT(x.t.n, 7);
+    for (int i = 0; i < x.t.n && i < 7; i++) TK_CHECK_STR(x.t.out[i].m->msg_type, want[i]);
+    TK_CHECK_STR(cstr(find(&x, TK_CH_IOPUB, "stream", 0), "text"), "hi\n");
+    TK_CHECK_STR(cstr(find(&x, TK_CH_IOPUB, "stream", 1), "name"), "stderr");
+    TK_CHECK_EQ_INT(cint(find(&x, TK_CH_IOPUB, "execute_input", 0), "execution_count"), 1);
+    TK_CHECK_EQ_INT(cint(find(&x, TK_CH_IOPUB, "execute_result", 0), "execution_count"), 1);
+    tk_msg *rep = find(&x, TK_CH_SHELL, "execute_reply", 0);
+    TK_CHECK_STR(cstr(rep, "status"), "ok");
+    TK_CHECK_EQ_INT(cint(rep, "execution_count"), 1);
+    TK_CHECK_STR(cstr(x.t.out[6].m, "execution_state"), "idle");
+    fx_free(&x);
+}
+
+static void test_execution_count_rules(void) {
+    fx x; fx_init(&x);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo 1"));
+    json_t *c = exec_content("%echo 2");
+    json_object_set_new(c, "store_history", json_false());
+    send_req(&x, TK_CH_SHELL, "execute_request", c);
+    TK_CHECK_EQ_INT(tk_core_execution_count(x.c), 1);
+    c = exec_content("%txversion");
+    json_object_set_new(c, "silent", json_true());
+    mem_clear(&x.t);
+    send_req(&x, TK_CH_SHELL, "execute_request", c);
+    TK_CHECK_EQ_INT(tk_core_execution_count(x.c), 1);
+    TK_CHECK(find(&x, TK_CH_IOPUB, "execute_input", 0) == NULL);   /* silent: no broadcast */
+    TK_CHECK(find(&x, TK_CH_IOPUB, "execute_result", 0) == NULL);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%nosuch"));
+    TK_CHECK_EQ_INT(tk_core_execution_count(x.c), 2);               /* errors count too */
+    fx_free(&x);
+}
+
+static void test_error_is_one_reply_and_one_iopub_error(void) {
+    fx x; fx_init(&x);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%ecoh hi"));
+    TK_CHECK_EQ_INT(count_type(&x, "error"), 1);
+    tk_msg *rep = find(&x, TK_CH_SHELL, "execute_reply", 0);
+    TK_CHECK_STR(cstr(rep, "status"), "error");
+    TK_CHECK_STR(cstr(rep, "ename"), "UsageError");
+    TK_CHECK(cstr(rep, "evalue") && strstr(cstr(rep, "evalue"), "did you mean %echo?"));
+    TK_CHECK(json_is_array(json_object_get(rep->content, "traceback")));
+    mem_clear(&x.t);
+    tk_core_shell_idle(x.c);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("model: bert-base-cased"));
+    rep = find(&x, TK_CH_SHELL, "execute_reply", 0);
+    TK_CHECK(cstr(rep, "evalue") && strstr(cstr(rep, "evalue"), "Cells start with a magic"));
+    fx_free(&x);
+}
+
+static void test_stop_on_error_aborts_queued(void) {
+    fx x; fx_init(&x);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%nosuch"));
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo queued"));  /* already queued */
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "aborted");
+    TK_CHECK(find(&x, TK_CH_IOPUB, "stream", 0) == NULL);
+    tk_core_shell_idle(x.c);  /* queue drained: new work runs again */
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo later"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 2), "status"), "ok");
+    /* with stop_on_error false nothing is aborted */
+    mem_clear(&x.t);
+    json_t *c = exec_content("%nosuch");
+    json_object_set_new(c, "stop_on_error", json_false());
+    send_req(&x, TK_CH_SHELL, "execute_request", c);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo next"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "ok");
+    fx_free(&x);
+}
+
+static void test_bad_messages_never_run(void) {
+    fx x; fx_init(&x);
+    size_t n;
+    tk_signer *wrong = tk_signer_new((const uint8_t *)"not-the-key", 11);
+    tk_frame *f = req_frames(&x, wrong, "execute_request", exec_content("%echo evil"), &n, NULL);
+    tk_core_handle(x.c, TK_CH_SHELL, f, n);
+    tk_frames_free(f, n);
+    tk_signer_destroy(&wrong);
+    tk_signer *none = tk_signer_new(NULL, 0);
+    f = req_frames(&x, none, "execute_request", exec_content("%echo unsigned"), &n, NULL);
+    tk_core_handle(x.c, TK_CH_SHELL, f, n);
+    tk_frames_free(f, n);
+    tk_signer_destroy(&none);
+    TK_CHECK_EQ_INT(x.t.n, 0);
+    TK_CHECK_EQ_INT(tk_core_dropped(x.c), 2);
+    /* a valid request right after is answered */
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo fine"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 0), "status"), "ok");
+    TK_CHECK_EQ_INT(tk_core_execution_count(x.c), 1);
+    fx_free(&x);
+}
+
+static void test_replayed_message_runs_once(void) {
+    fx x; fx_init(&x);
+    size_t n;
+    tk_frame *f = req_frames(&x, x.client, "execute_request", exec_content("%echo once"), &n, NULL);
+    tk_core_handle(x.c, TK_CH_SHELL, f, n);
+    tk_core_handle(x.c, TK_CH_SHELL, f, n);
+    tk_core_handle(x.c, TK_CH_CONTROL, f, n);
+    tk_frames_free(f, n);
+    TK_CHECK_EQ_INT(count_type(&x, "execute_reply"), 1);
+    TK_CHECK_EQ_INT(count_type(&x, "stream"), 1);
+    TK_CHECK_EQ_INT(tk_core_dropped(x.c), 2);
+    fx_free(&x);
+}
+
+static void test_wrong_types_get_error_replies(void) {
+    fx x; fx_init(&x);
+    send_req(&x, TK_CH_SHELL, "execute_request", json_pack("{s:i}", "code", 5));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 0), "ename"), "ProtocolError");
+    send_req(&x, TK_CH_SHELL, "complete_request", json_pack("{s:s,s:s}", "code", "%e", "cursor_pos", "x"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "complete_reply", 0), "status"), "error");
+    send_req(&x, TK_CH_SHELL, "history_request", json_pack("{s:s}", "hist_access_type", "sideways"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "history_reply", 0), "status"), "error");
+    TK_CHECK_EQ_INT(tk_core_execution_count(x.c), 0);
+    /* execute on control is not served (it would race the shell thread) */
+    mem_clear(&x.t);
+    send_req(&x, TK_CH_CONTROL, "execute_request", exec_content("%echo x"));
+    send_req(&x, TK_CH_SHELL, "no_such_request", json_object());
+    TK_CHECK_EQ_INT(x.t.n, 0);
+    fx_free(&x);
+}
+
+static void test_complete_counts_code_points(void) {
+    fx x; fx_init(&x);
+    /* "ü" and "é" are two bytes each; positions are in code points */
+    send_req(&x, TK_CH_SHELL, "complete_request", json_pack("{s:s,s:i}", "code", "# üé\n%ec", "cursor_pos", 8));
+    tk_msg *r = find(&x, TK_CH_SHELL, "complete_reply", 0);
+    json_t *mt = json_object_get(r->content, "matches");
+    TK_CHECK_EQ_INT(json_array_size(mt), 1);
+    TK_CHECK_STR(json_string_value(json_array_get(mt, 0)), "%echo");
+    TK_CHECK_EQ_INT(cint(r, "cursor_start"), 5);
+    TK_CHECK_EQ_INT(cint(r, "cursor_end"), 8);
+    send_req(&x, TK_CH_SHELL, "inspect_request", json_pack("{s:s,s:i,s:i}", "code", "%slee", "cursor_pos", 3, "detail_level", 0));
+    TK_CHECK(json_is_false(json_object_get(find(&x, TK_CH_SHELL, "inspect_reply", 0)->content, "found")));
+    send_req(&x, TK_CH_SHELL, "inspect_request", json_pack("{s:s,s:i,s:i}", "code", "%sleep 3", "cursor_pos", 2, "detail_level", 0));
+    tk_msg *ir = find(&x, TK_CH_SHELL, "inspect_reply", 1);
+    TK_CHECK(json_is_true(json_object_get(ir->content, "found")));
+    const char *help = json_string_value(json_object_get(json_object_get(ir->content, "data"), "text/plain"));
+    TK_CHECK(help && strstr(help, "%sleep SECONDS"));
+    fx_free(&x);
+}
+
+static void test_history_tail_range_search(void) {
+    fx x; fx_init(&x);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo a"));
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%txversion"));
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo a"));
+    mem_clear(&x.t);
+    send_req(&x, TK_CH_SHELL, "history_request", json_pack("{s:s,s:i,s:b,s:b}", "hist_access_type", "tail", "n", 2, "output", 1, "raw", 1));
+    json_t *h = json_object_get(find(&x, TK_CH_SHELL, "history_reply", 0)->content, "history");
+    TK_CHECK_EQ_INT(json_array_size(h), 2);
+    json_t *e = json_array_get(h, 0); /* [session, 2, ["%txversion", "txkernel ..."]] */
+    TK_CHECK_EQ_INT(json_integer_value(json_array_get(e, 1)), 2);
+    TK_CHECK_STR(json_string_value(json_array_get(json_array_get(e, 2), 0)), "%txversion");
+    TK_CHECK(strstr(json_string_value(json_array_get(json_array_get(e, 2), 1)) ?: "", "txkernel"));
+    send_req(&x, TK_CH_SHELL, "history_request", json_pack("{s:s,s:i,s:i,s:i}", "hist_access_type", "range", "session", 0, "start", 1, "stop", 3));
+    TK_CHECK_EQ_INT(json_array_size(json_object_get(find(&x, TK_CH_SHELL, "history_reply", 1)->content, "history")), 2);
+    send_req(&x, TK_CH_SHELL, "history_request", json_pack("{s:s,s:s,s:b}", "hist_access_type", "search", "pattern", "%echo*", "unique", 1));
+    TK_CHECK_EQ_INT(json_array_size(json_object_get(find(&x, TK_CH_SHELL, "history_reply", 2)->content, "history")), 1);
+    send_req(&x, TK_CH_SHELL, "history_request", json_pack("{s:s,s:s}", "hist_access_type", "search", "pattern", "%echo*"));
+    TK_CHECK_EQ_INT(json_array_size(json_object_get(find(&x, TK_CH_SHELL, "history_reply", 3)->content, "history")), 2);
+    fx_free(&x);
+}
+
+static void test_history_survives_restart(void) {
+    char path[] = "/tmp/txk-hist-XXXXXX";
+    int fd = mkstemp(path);
+    TK_CHECK(fd >= 0);
+    close(fd);
+    for (int round = 0; round < 2; round++) {
+        fx x; fx_init(&x);
+        tk_core_destroy(&x.c);
+        tk_core_opts o = {.key = (const uint8_t *)KEY, .key_len = strlen(KEY), .interp = tk_magics_interp(x.mg),
+                          .transport = {&x.t, mem_send}, .history_path = path};
+        x.c = tk_core_new(&o, NULL);
+        send_req(&x, TK_CH_SHELL, "execute_request", exec_content(round ? "%echo second" : "%echo first"));
+        send_req(&x, TK_CH_SHELL, "history_request", json_pack("{s:s,s:i}", "hist_access_type", "tail", "n", 10));
+        json_t *h = json_object_get(find(&x, TK_CH_SHELL, "history_reply", 0)->content, "history");
+        TK_CHECK_EQ_INT(json_array_size(h), round + 1);
+        if (round) {  /* the first kernel's cell, from an earlier session number */
+            TK_CHECK_STR(json_string_value(json_array_get(json_array_get(h, 0), 2)), "%echo first");
+            TK_CHECK(json_integer_value(json_array_get(json_array_get(h, 0), 0)) <
+                     json_integer_value(json_array_get(json_array_get(h, 1), 0)));
+        }
+        fx_free(&x);
+    }
+    unlink(path);
+}
+
+static void *interrupt_later(void *arg) {
+    fx *x = arg;
+    struct timespec d = {0, 100 * 1000 * 1000};
+    nanosleep(&d, NULL);
+    send_req(x, TK_CH_CONTROL, "interrupt_request", json_object());
+    return NULL;
+}
+
+static void test_interrupt_ends_sleep(void) {
+    fx x; fx_init(&x);
+    pthread_t th;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pthread_create(&th, NULL, interrupt_later, &x);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%sleep 30"));
+    pthread_join(th, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double el = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    TK_CHECK_MSG(el < 1.0, "took %.2fs", el);
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 0), "ename"), "KeyboardInterrupt");
+    TK_CHECK_STR(cstr(find(&x, TK_CH_CONTROL, "interrupt_reply", 0), "status"), "ok");
+    /* the next cell runs (after the queue drained) */
+    tk_core_shell_idle(x.c);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo after"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "ok");
+    fx_free(&x);
+}
+
+static void test_comm_open_closed_and_shutdown(void) {
+    fx x; fx_init(&x);
+    send_req(&x, TK_CH_SHELL, "comm_open", json_pack("{s:s,s:s,s:{}}", "comm_id", "c1", "target_name", "nope", "data"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_IOPUB, "comm_close", 0), "comm_id"), "c1");
+    send_req(&x, TK_CH_SHELL, "comm_info_request", json_object());
+    TK_CHECK(json_is_object(json_object_get(find(&x, TK_CH_SHELL, "comm_info_reply", 0)->content, "comms")));
+    int restart = 0;
+    TK_CHECK_EQ_INT(tk_core_should_stop(x.c, &restart), 0);
+    send_req(&x, TK_CH_CONTROL, "shutdown_request", json_pack("{s:b}", "restart", 1));
+    tk_msg *r = find(&x, TK_CH_CONTROL, "shutdown_reply", 0);
+    TK_CHECK(r && json_is_true(json_object_get(r->content, "restart")));
+    TK_CHECK(find(&x, TK_CH_IOPUB, "shutdown_reply", 0) != NULL);
+    TK_CHECK_EQ_INT(tk_core_should_stop(x.c, &restart), 1);
+    TK_CHECK_EQ_INT(restart, 1);
+    fx_free(&x);
+}
+
+/* ---- the magic registry -------------------------------------------------- */
+
+static int run_dummy(tk_magic_ctx *c) { (void)c; return 0; }
+static const tk_magic_def DUP[] = {{"echo", TK_MAGIC_LINE, run_dummy, "dup", NULL},
+                                   {"zzextra", TK_MAGIC_CELL, run_dummy, "extra", NULL}};
+
+static void test_registry_table_and_closest(void) {
+    tk_magics *m = tk_magics_new();
+    TK_CHECK(tk_magics_find(m, "lsmagic") && tk_magics_find(m, "sleep") && tk_magics_find(m, "clear"));
+    size_t before = tk_magics_count(m);
+    TK_CHECK_EQ_INT(tk_magics_add_table(m, DUP, 2), -1);    /* duplicate refused ... */
+    TK_CHECK_EQ_INT(tk_magics_count(m), before + 1);         /* ... the new one kept */
+    TK_CHECK(tk_magics_find(m, "echo")->run != run_dummy);
+    for (size_t i = 1; i < tk_magics_count(m); i++)
+        TK_CHECK(strcmp(tk_magics_at(m, i - 1)->name, tk_magics_at(m, i)->name) < 0);
+    TK_CHECK_STR(tk_magics_closest(m, "txverison"), "txversion");
+    TK_CHECK_STR(tk_magics_closest(m, "lsmagc"), "lsmagic");
+    TK_CHECK(tk_magics_closest(m, "completelydifferent") == NULL);
+    tk_interp it = tk_magics_interp(m);
+    const char *ind;
+    TK_CHECK_STR(it.is_complete(m, "%%zzextra", &ind), "incomplete");
+    TK_CHECK_STR(it.is_complete(m, "%%zzextra\nbody\n", &ind), "complete");
+    TK_CHECK_STR(it.is_complete(m, "%zzextra", &ind), "invalid");
+    TK_CHECK_STR(it.is_complete(m, "%echo x", &ind), "complete");
+    TK_CHECK_STR(it.is_complete(m, "plain text", &ind), "invalid");
+    tk_magics_destroy(&m);
+    TK_CHECK(m == NULL);
+}
+
+static int g_sess_destroyed;
+static void sess_destroy(void *p) { free(p); g_sess_destroyed++; }
+
+static void test_session_pointer_owned(void) {
+    tk_magics *m = tk_magics_new();
+    tk_magics_set_session(m, malloc(16), sess_destroy);
+    TK_CHECK(tk_magics_session(m) != NULL);
+    tk_magics_set_session(m, malloc(16), sess_destroy);   /* replacing frees the old one */
+    TK_CHECK_EQ_INT(g_sess_destroyed, 1);
+    tk_magics_destroy(&m);
+    TK_CHECK_EQ_INT(g_sess_destroyed, 2);
+}
+
+int main(void) {
+    TK_RUN(test_hmac_rfc4231_any_key_length);
+    TK_RUN(test_decode_rejects_bad_input);
+    TK_RUN(test_replay_guard_forgets_oldest);
+    TK_RUN(test_kernel_info_and_status_order);
+    TK_RUN(test_execute_outputs_then_idle);
+    TK_RUN(test_execution_count_rules);
+    TK_RUN(test_error_is_one_reply_and_one_iopub_error);
+    TK_RUN(test_stop_on_error_aborts_queued);
+    TK_RUN(test_bad_messages_never_run);
+    TK_RUN(test_replayed_message_runs_once);
+    TK_RUN(test_wrong_types_get_error_replies);
+    TK_RUN(test_complete_counts_code_points);
+    TK_RUN(test_history_tail_range_search);
+    TK_RUN(test_history_survives_restart);
+    TK_RUN(test_interrupt_ends_sleep);
+    TK_RUN(test_comm_open_closed_and_shutdown);
+    TK_RUN(test_registry_table_and_closest);
+    TK_RUN(test_session_pointer_owned);
+    return tk_test_done();
+}

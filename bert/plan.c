@@ -188,6 +188,12 @@ tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result 
         tk_err_set(err, TK_EINVAL, "plan: batch_size and max_len must be >= 1");
         return TK_EINVAL;
     }
+    /* Before the data is read the label count may be unknown (0); the
+     * classifier is then planned with 2 classes (it is H*2 weights). */
+    tk_config cc = *c;
+    if (cc.head == TK_HEAD_POOLED && cc.num_labels <= 0)
+        cc.num_labels = 2;
+    c = &cc;
     tk_model_opts mo;
     tk_status st = tk_model_opts_from_config(&mo, c, err);
     if (st != TK_OK)

@@ -2,7 +2,12 @@
  *
  * Capacities are "usable bytes as PyTorch reports them" (the total capacity
  * in its OOM message, i.e. cudaMemGetInfo's total), so a plan against "t4"
- * matches what a Colab user sees. Peak FLOP/s and bandwidth are vendor
+ * matches what a Colab user sees. T4, K80, P100, V100-16 and A100-40 are the
+ * figures in FACTS.md; A100-80 (79.15 GiB), L4 (22.03 GiB; 22.03-22.07 with
+ * other drivers) and H100-80 (79.19 GiB; 79.14-79.25 with other drivers and
+ * board variants) are read off users' pasted PyTorch OOM messages. The
+ * driver reserves slightly different amounts per version, so these are good
+ * to a few hundredths of a GiB. Peak FLOP/s and bandwidth are vendor
  * datasheet figures (dense, no sparsity; fp16 = tensor-core fp16 with fp32
  * accumulate where the card has tensor cores, else the plain fp16 rate);
  * they drive the cost model's relative speed estimates only.
@@ -39,7 +44,7 @@ static const tk_gpu_profile profiles[] = {
     {"l4", "NVIDIA L4", GIB(22.03), MB(600), 30.3 * T, 121 * T, 300 * G, 8, 9},
     {"a100-40", "NVIDIA A100-SXM4-40GB", GIB(39.59), MB(600), 19.5 * T, 312 * T, 1555 * G, 8, 0},
     {"a100-80", "NVIDIA A100-SXM4-80GB", GIB(79.15), MB(600), 19.5 * T, 312 * T, 2039 * G, 8, 0},
-    {"h100-80", "NVIDIA H100 80GB HBM3", GIB(79.11), MB(600), 66.9 * T, 989 * T, 3350 * G, 9, 0},
+    {"h100-80", "NVIDIA H100 80GB HBM3", GIB(79.19), MB(600), 66.9 * T, 989 * T, 3350 * G, 9, 0},
 };
 #define N_PROFILES ((int)(sizeof profiles / sizeof profiles[0]))
 

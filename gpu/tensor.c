@@ -23,11 +23,13 @@ size_t tk_tensor_nbytes(const tk_tensor *t) {
     return t ? (size_t)tk_tensor_numel(t) * tk_dtype_size(t->dtype) : 0;
 }
 
-/* "out of device memory on cuda (NVIDIA T4): tried to allocate 24.00 MiB for
- * act of bert.encoder.layer.7.output.dense. ..." — same facts as PyTorch's
- * message, plus who asked. */
+/* The same facts PyTorch's message gives, plus who asked and what kind of
+ * memory it was: "CUDA out of memory: tried to allocate 24.00 MiB for
+ * bert.encoder.layer.7.output.dense (act). Device NVIDIA T4 has a capacity of
+ * 14.75 GiB of which 8.00 MiB is free; 13.10 GiB is allocated and 13.50 GiB
+ * reserved (...)". */
 static void oom_message(tk_dev *d, const tk_oom *o, tk_err *err) {
-    char req[32], cap[32], fr[32], al[32], rs[32], gap[32], lf[32];
+    char req[32], cap[32], fr[32], al[32], rs[32], gap[32], lf[32], where[200];
     tk_dev_info info;
     tk_dev_info_get(d, &info);
     tk_format_bytes(o->requested, req, sizeof req);
@@ -37,16 +39,19 @@ static void oom_message(tk_dev *d, const tk_oom *o, tk_err *err) {
     tk_format_bytes(o->reserved, rs, sizeof rs);
     tk_format_bytes(o->reserved - o->allocated, gap, sizeof gap);
     tk_format_bytes(o->largest_free_block, lf, sizeof lf);
-    const char *dev = d->kind == TK_DEV_CUDA ? "cuda" : d->kind == TK_DEV_CPU ? "cpu" : "meta";
+    if (o->capacity)
+        snprintf(where, sizeof where, "Device %.80s has a %scapacity of %s of which %s is free",
+                 info.name, d->capacity && d->kind != TK_DEV_CUDA ? "simulated " : "", cap, fr);
+    else
+        snprintf(where, sizeof where, "Device %.80s (no capacity limit set) refused more memory",
+                 info.name);
     tk_err_set(err, TK_EOOM,
-               "%s out of memory: tried to allocate %s for %s (%s) on %s (%s%s) with a "
-               "capacity of %s of which %s is free; %s is allocated and %s reserved "
-               "(%s reserved but unallocated, largest free block %s)%s",
+               "%s out of memory: tried to allocate %s for %s (%s). %s; %s is allocated and %s "
+               "reserved (%s reserved but unallocated, largest free block %s).%s",
                d->kind == TK_DEV_CUDA ? "CUDA" : "Device", req, o->owner_name,
-               tk_cat_name(o->tag.cat), dev, info.name, info.simulated ? ", simulated" : "",
-               cap, fr, al, rs, gap, lf,
-               o->fragmentation ? ". The cache is fragmented: enough is reserved but no free "
-                                  "block is large enough" : "");
+               tk_cat_name(o->tag.cat), where, al, rs, gap, lf,
+               o->fragmentation ? " The cache is fragmented: enough is reserved but no free block "
+                                  "is large enough; emptying the cache would let it start over." : "");
 }
 
 tk_status tk_tensor_alloc(tk_dev *d, tk_tensor *t, tk_dtype dt, int ndim, const int64_t *shape,

@@ -1,0 +1,773 @@
+/* advisor.c — diagnoses of a plan or an OOM, the catalogue of fixes, and the
+ * search that plans each fix and combinations of them on the meta device.
+ *
+ * Guarantees: every candidate offered was planned by tk_plan with the config
+ * it shows (a config the trainer rejects is dropped, never offered); the
+ * search is bounded by a plan budget; nothing here allocates device memory
+ * outside the planner's meta devices.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tk_advisor.h"
+
+static const char *const DIAG_NAMES[TK_DIAG_COUNT] = {
+    "capacity", "headroom", "fragmentation", "dominant layer", "dominant category",
+    "padding", "data spike", "leak",
+};
+static const char *const FIX_NAMES[TK_FIX_COUNT] = {
+    "release", "head", "max_len", "padding", "precision", "accumulate", "recompute",
+    "attention", "adamw8bit", "freeze embeddings", "freeze layers", "empty_cache",
+    "eval_batch_size", "batch_size",
+};
+
+const char *tk_diag_name(tk_diag_kind k) {
+    return (unsigned)k < TK_DIAG_COUNT ? DIAG_NAMES[k] : "?";
+}
+const char *tk_fix_name(tk_fix_kind k) {
+    return (unsigned)k < TK_FIX_COUNT ? FIX_NAMES[k] : "?";
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+static char *fmtb(size_t b, char *buf) { return tk_format_bytes(b, buf, 32); }
+
+/* ---- corpus helpers ------------------------------------------------------ */
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile (0..1) of the lengths, nearest-rank. */
+static int quantile(const int32_t *len, int n, double q) {
+    if (!len || n <= 0)
+        return 0;
+    int32_t *s = malloc((size_t)n * sizeof *s);
+    if (!s)
+        return 0;
+    memcpy(s, len, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, cmp_i32);
+    int idx = (int)ceil(q * n) - 1;
+    if (idx < 0)
+        idx = 0;
+    if (idx >= n)
+        idx = n - 1;
+    int v = s[idx];
+    free(s);
+    return v;
+}
+
+static double share_longer(const int32_t *len, int n, int max_len) {
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        k += len[i] > max_len;
+    return n ? (double)k / n : 0.0;
+}
+
+static int round_up8(int x) { return (x + 7) / 8 * 8; }
+
+/* ---- the fixes: pure config -> config ----------------------------------- */
+
+int tk_fix_apply(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_lengths,
+                 char *reason, size_t rn) {
+    switch (f->kind) {
+    case TK_FIX_RELEASE:
+        snprintf(reason, rn, "release what the earlier run still holds (%%txreset) before training");
+        return 0;
+    case TK_FIX_HEAD:
+        if (c->head != TK_HEAD_FLATTEN_DENSE)
+            return -1;
+        c->head = c->task == TK_TASK_QA ? TK_HEAD_SPAN : TK_HEAD_POOLED;
+        snprintf(reason, rn, "%s head instead of a Dense layer over the flattened sequence",
+                 c->task == TK_TASK_QA ? "per-token span (start/end)" : "pooled [CLS]");
+        return 0;
+    case TK_FIX_MAX_LEN: {
+        if (!lengths || n_lengths <= 0 || f->value <= 0 || f->value >= c->max_len)
+            return -1;
+        double cut = 100.0 * share_longer(lengths, n_lengths, f->value);
+        snprintf(reason, rn, "max_len %d -> %d: truncates %.1f%% of the %d examples", c->max_len,
+                 f->value, cut, n_lengths);
+        c->max_len = f->value;
+        return 0;
+    }
+    case TK_FIX_PADDING:
+        if (c->batching != TK_BATCH_FIXED || !lengths || n_lengths <= 0)
+            return -1;
+        c->batching = f->variant == 2 ? TK_BATCH_BUCKETS : TK_BATCH_DYNAMIC;
+        if (f->variant == 2 && c->buckets <= 0)
+            c->buckets = 8;
+        snprintf(reason, rn, "%s: pad each batch to its longest example, not to max_len",
+                 f->variant == 2 ? "length buckets" : "dynamic padding");
+        return 0;
+    case TK_FIX_PRECISION:
+        if (c->precision != TK_PREC_FP32)
+            return -1;
+        c->precision = f->variant == 2 ? TK_PREC_BF16 : TK_PREC_FP16;
+        snprintf(reason, rn, "%s mixed precision: 16-bit activations, fp32 master weights%s",
+                 f->variant == 2 ? "bf16" : "fp16",
+                 f->variant == 2 ? "" : ", dynamic loss scaling");
+        return 0;
+    case TK_FIX_ACCUMULATE: {
+        int k = f->value;
+        int acc = c->accumulate > 1 ? c->accumulate : 1;
+        if (k < 2 || c->batch_size % k != 0 || c->batch_size / k < 1)
+            return -1;
+        snprintf(reason, rn, "batch %d -> %d micro-batches of %d, accumulate %d: same effective batch %d",
+                 c->batch_size, k, c->batch_size / k, acc * k, c->batch_size * acc);
+        c->batch_size /= k;
+        c->accumulate = acc * k;
+        return 0;
+    }
+    case TK_FIX_RECOMPUTE:
+        if (c->recompute != TK_RECOMPUTE_NONE)
+            return -1;
+        c->recompute = TK_RECOMPUTE_LAYERS;
+        snprintf(reason, rn, "recompute each encoder layer in backward, keeping only its input");
+        return 0;
+    case TK_FIX_ATTENTION:
+        if (c->attention != TK_ATTN_STANDARD)
+            return -1;
+        c->attention = TK_ATTN_FUSED;
+        snprintf(reason, rn, "memory-efficient attention: no L x L probabilities kept for backward");
+        return 0;
+    case TK_FIX_OPTIM8:
+        if (c->optimizer != TK_OPTIM_ADAMW)
+            return -1;
+        c->optimizer = TK_OPTIM_ADAMW8;
+        snprintf(reason, rn, "8-bit AdamW: block-quantised moments, about 6 bytes less per parameter");
+        return 0;
+    case TK_FIX_FREEZE_EMB:
+        if (c->freeze_embeddings)
+            return -1;
+        c->freeze_embeddings = 1;
+        snprintf(reason, rn, "freeze the embeddings: no gradient or optimizer state for them");
+        return 0;
+    case TK_FIX_FREEZE_LAYERS:
+        if (f->value <= c->freeze_layers || f->value >= c->layers)
+            return -1;
+        c->freeze_layers = f->value;
+        snprintf(reason, rn, "freeze the first %d of %d encoder layers", f->value, c->layers);
+        return 0;
+    case TK_FIX_EMPTY_CACHE:
+        if (c->empty_cache == TK_EMPTY_EVERY && c->empty_cache_every == 1)
+            return -1;
+        c->empty_cache = TK_EMPTY_EVERY;
+        c->empty_cache_every = 1;
+        snprintf(reason, rn, "return cached free segments to the device after every step");
+        return 0;
+    case TK_FIX_EVAL_BATCH: {
+        int eb = c->eval_batch_size > 0 ? c->eval_batch_size : c->batch_size;
+        if (f->value <= 0 || f->value >= eb)
+            return -1;
+        snprintf(reason, rn, "eval batch %d -> %d", eb, f->value);
+        c->eval_batch_size = f->value;
+        return 0;
+    }
+    case TK_FIX_BATCH:
+        if (f->value <= 0 || f->value >= c->batch_size)
+            return -1;
+        snprintf(reason, rn, "batch %d -> %d (changes the effective batch; retune lr)",
+                 c->batch_size, f->value);
+        c->batch_size = f->value;
+        return 0;
+    case TK_FIX_COUNT:
+        break;
+    }
+    return -1;
+}
+
+/* ---- costs ---------------------------------------------------------------- */
+
+/* Relative time per training sample of a plan. The roofline step time when a
+ * GPU profile is known; otherwise FLOPs plus bytes weighted by a generic
+ * 10 FLOP/byte machine balance — only ratios of it are used. */
+static double time_per_sample(const tk_config *c, const tk_plan_result *p) {
+    double t = p->step_seconds > 0 ? p->step_seconds
+                                    : p->train_step.flops + 10.0 * p->train_step.bytes;
+    int acc = c->accumulate > 1 ? c->accumulate : 1;
+    double samples = (double)c->batch_size * acc;
+    return samples > 0 ? t / samples : t;
+}
+
+static int effective_batch(const tk_config *c) {
+    return c->batch_size * (c->accumulate > 1 ? c->accumulate : 1);
+}
+
+/* ---- diagnoses ------------------------------------------------------------ */
+
+typedef struct {
+    const tk_advise_input *in;
+    tk_advice *out;
+    size_t available;          /* what a run may take now */
+    size_t margin_bytes;
+    int cause[TK_FIX_COUNT];   /* 1: this fix removes a diagnosed cause */
+    double base_tps;
+} adv_ctx;
+
+static void add_diag(tk_advice *a, tk_diag_kind k, const char *title, const char *evidence) {
+    if (a->n_diag >= TK_DIAG_COUNT)
+        return;
+    tk_diag *d = &a->diag[a->n_diag++];
+    d->kind = k;
+    snprintf(d->title, sizeof d->title, "%s", title);
+    snprintf(d->evidence, sizeof d->evidence, "%s", evidence);
+}
+
+static void diagnose(adv_ctx *x) {
+    const tk_advise_input *in = x->in;
+    tk_advice *a = x->out;
+    const tk_plan_result *p = &a->base;
+    const tk_config *c = in->config;
+    char b1[32], b2[32], b3[32], b4[32], t[160], e[768];
+    size_t need = p->peak_reserved;
+
+    if (a->capacity && need > a->capacity) {
+        snprintf(t, sizeof t, "the run needs %s; the device has %s", fmtb(need, b1),
+                 fmtb(a->capacity, b2));
+        snprintf(e, sizeof e,
+                 "planned peak %s reserved (%s allocated) at batch %d x %d tokens; capacity %s; short by %s",
+                 fmtb(need, b1), fmtb(p->peak_allocated, b2), p->batch, p->seq,
+                 fmtb(a->capacity, b3), fmtb(need - a->capacity, b4));
+        add_diag(a, TK_DIAG_CAPACITY, t, e);
+    } else if (a->capacity && need > x->available) {
+        snprintf(t, sizeof t, "the run fits the device (%s of %s) but only %s is free now",
+                 fmtb(need, b1), fmtb(a->capacity, b2), fmtb(x->available, b3));
+        if (in->held_by_session)
+            snprintf(e, sizeof e, "an earlier run in this session still holds %s; %%txreset releases it",
+                     fmtb(in->held_by_session, b1));
+        else
+            snprintf(e, sizeof e, "%s of the device is taken outside this run (another process or the CUDA context)",
+                     fmtb(a->capacity - x->available, b1));
+        add_diag(a, TK_DIAG_HEADROOM, t, e);
+        if (in->held_by_session)
+            x->cause[TK_FIX_RELEASE] = 1;
+    }
+
+    if (in->oom && in->oom->fragmentation) {
+        const tk_oom *o = in->oom;
+        snprintf(t, sizeof t, "fragmentation: %s cached but no free block of %s",
+                 fmtb(o->reserved - o->allocated, b1), fmtb(o->rounded, b2));
+        snprintf(e, sizeof e,
+                 "asked %s for %s (%s); reserved %s, allocated %s, largest free block %s",
+                 fmtb(o->requested, b1), o->owner_name, tk_cat_name(o->tag.cat),
+                 fmtb(o->reserved, b2), fmtb(o->allocated, b3), fmtb(o->largest_free_block, b4));
+        add_diag(a, TK_DIAG_FRAGMENTATION, t, e);
+        x->cause[TK_FIX_EMPTY_CACHE] = 1;
+    }
+
+    /* dominant layer: one owner's bytes at the peak (params, grads, state) */
+    if (p->n_top > 0 && p->peak_allocated > 0) {
+        double share = (double)p->top[0].bytes / (double)p->peak_allocated;
+        if (share >= 0.25) {
+            snprintf(t, sizeof t, "%s holds %.0f%% of the peak (%s)", p->top[0].owner, 100 * share,
+                     fmtb(p->top[0].bytes, b1));
+            int is_head = c->head == TK_HEAD_FLATTEN_DENSE &&
+                          strncmp(p->top[0].owner, "bert.", 5) != 0;
+            if (is_head) {
+                int64_t in_f = (int64_t)(c->towers > 0 ? c->towers : 1) * c->max_len * c->hidden;
+                size_t w = (size_t)in_f * (size_t)(c->head_units > 0 ? c->head_units : 1) * 4;
+                snprintf(e, sizeof e,
+                         "the flatten_dense head's weight is [%d x %lld] = %s in fp32; with its gradient and "
+                         "two Adam moments %s. A per-token span head needs %s",
+                         c->head_units, (long long)in_f, fmtb(w, b1), fmtb(4 * w, b2),
+                         fmtb((size_t)(2 * c->hidden + 2) * 4, b3));
+                x->cause[TK_FIX_HEAD] = 1;
+            } else {
+                snprintf(e, sizeof e, "%s of %s allocated at the peak belong to %s",
+                         fmtb(p->top[0].bytes, b1), fmtb(p->peak_allocated, b2), p->top[0].owner);
+            }
+            add_diag(a, TK_DIAG_DOMINANT_LAYER, t, e);
+        }
+    }
+
+    /* dominant category */
+    if (p->peak_allocated > 0) {
+        size_t states = p->by_cat_at_peak[TK_CAT_PARAM] + p->by_cat_at_peak[TK_CAT_GRAD] +
+                        p->by_cat_at_peak[TK_CAT_OPTIM];
+        size_t act = p->by_cat_at_peak[TK_CAT_ACT] + p->by_cat_at_peak[TK_CAT_TEMP];
+        double sa = (double)act / (double)p->peak_allocated;
+        double ss = (double)states / (double)p->peak_allocated;
+        if (sa >= 0.5) {
+            snprintf(t, sizeof t, "activations are %.0f%% of the peak (%s)", 100 * sa, fmtb(act, b1));
+            snprintf(e, sizeof e,
+                     "batch %d x %d tokens: activations %s vs params+grads+optimizer %s; they scale "
+                     "with batch x max_len (attention with max_len squared)",
+                     p->batch, p->seq, fmtb(act, b1), fmtb(states, b2));
+            add_diag(a, TK_DIAG_DOMINANT_CATEGORY, t, e);
+        } else if (ss >= 0.6) {
+            snprintf(t, sizeof t, "model states are %.0f%% of the peak (%s)", 100 * ss, fmtb(states, b1));
+            snprintf(e, sizeof e, "params %s, grads %s, optimizer %s; activations %s",
+                     fmtb(p->by_cat_at_peak[TK_CAT_PARAM], b1), fmtb(p->by_cat_at_peak[TK_CAT_GRAD], b2),
+                     fmtb(p->by_cat_at_peak[TK_CAT_OPTIM], b3), fmtb(act, b4));
+            add_diag(a, TK_DIAG_DOMINANT_CATEGORY, t, e);
+        }
+    }
+
+    /* corpus: padding and spikes */
+    if (in->lengths && in->n_lengths > 0) {
+        int p50 = quantile(in->lengths, in->n_lengths, 0.50);
+        int p99 = quantile(in->lengths, in->n_lengths, 0.99);
+        int mx = quantile(in->lengths, in->n_lengths, 1.0);
+        if (c->batching == TK_BATCH_FIXED && c->max_len >= 2 * round_up8(p99)) {
+            double real = 0;
+            for (int i = 0; i < in->n_lengths; i++)
+                real += in->lengths[i] < c->max_len ? in->lengths[i] : c->max_len;
+            double waste = 1.0 - real / ((double)in->n_lengths * c->max_len);
+            snprintf(t, sizeof t, "99%% of examples are at most %d tokens; max_len %d pads them", p99,
+                     c->max_len);
+            snprintf(e, sizeof e,
+                     "%d examples: p50 %d, p99 %d, max %d tokens; with fixed padding %.0f%% of every "
+                     "batch is padding",
+                     in->n_lengths, p50, p99, mx, 100 * waste);
+            add_diag(a, TK_DIAG_PADDING, t, e);
+            x->cause[TK_FIX_MAX_LEN] = 1;
+            x->cause[TK_FIX_PADDING] = 1;
+        }
+        if (c->batching != TK_BATCH_FIXED && mx > 2 * p99 && mx > 2 * p50) {
+            int cap = mx < c->max_len ? mx : c->max_len;
+            snprintf(t, sizeof t, "the longest batch pads to %d tokens; the typical one to about %d", cap,
+                     p50);
+            snprintf(e, sizeof e,
+                     "with %s batching memory follows the longest batch: p50 %d, p99 %d, max %d; the "
+                     "peak comes only when that batch comes, so the OOM looks intermittent",
+                     c->batching == TK_BATCH_BUCKETS ? "bucketed" : "dynamic", p50, p99, mx);
+            add_diag(a, TK_DIAG_DATA_SPIKE, t, e);
+            x->cause[TK_FIX_MAX_LEN] = 1;
+        }
+    }
+
+    /* leak: allocated at step boundaries keeps growing */
+    if (in->step_allocated && in->n_steps >= 3) {
+        int up = 0;
+        for (int i = 1; i < in->n_steps; i++)
+            up += in->step_allocated[i] > in->step_allocated[i - 1];
+        size_t first = in->step_allocated[0], last = in->step_allocated[in->n_steps - 1];
+        if (last > first && up >= (in->n_steps - 1) * 3 / 4) {
+            size_t per = (last - first) / (size_t)(in->n_steps - 1);
+            snprintf(t, sizeof t, "allocated grows by %s per step%s%s", fmtb(per, b1),
+                     in->leak_owner ? " in " : "", in->leak_owner ? in->leak_owner : "");
+            snprintf(e, sizeof e,
+                     "allocated at step boundaries went from %s to %s over %d steps; something keeps a "
+                     "reference each step%s%s",
+                     fmtb(first, b1), fmtb(last, b2), in->n_steps, in->leak_owner ? ": " : "",
+                     in->leak_owner ? in->leak_owner : "");
+            add_diag(a, TK_DIAG_LEAK, t, e);
+        }
+    }
+}
+
+/* ---- candidates ----------------------------------------------------------- */
+
+typedef struct {
+    tk_candidate *v;
+    int n, cap;
+} cand_list;
+
+static int has_kind(const tk_candidate *c, tk_fix_kind k) {
+    for (int i = 0; i < c->n_fixes; i++)
+        if (c->fixes[i].kind == k)
+            return 1;
+    return 0;
+}
+
+/* Applies fixes to the config, plans it and fills a candidate. Returns 0, or
+ * -1 when a fix does not apply or the trainer rejects the config. */
+static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
+    const tk_advise_input *in = x->in;
+    memset(out, 0, sizeof *out);
+    out->config = *in->config;
+    out->n_fixes = n;
+    double risk_keep = 1.0;
+    char rtext[192] = "";
+    for (int i = 0; i < n; i++) {
+        char reason[256];
+        if (tk_fix_apply(&out->config, &fixes[i], in->lengths, in->n_lengths, reason, sizeof reason))
+            return -1;
+        out->fixes[i] = fixes[i];
+        size_t l = strlen(out->reason);
+        snprintf(out->reason + l, sizeof out->reason - l, "%s%s", l ? "; " : "", reason);
+        l = strlen(out->label);
+        char lab[48];
+        switch (fixes[i].kind) {
+        case TK_FIX_MAX_LEN: snprintf(lab, sizeof lab, "max_len %d", fixes[i].value); break;
+        case TK_FIX_ACCUMULATE: snprintf(lab, sizeof lab, "accumulate x%d", fixes[i].value); break;
+        case TK_FIX_PRECISION: snprintf(lab, sizeof lab, "%s", fixes[i].variant == 2 ? "bf16" : "fp16"); break;
+        case TK_FIX_PADDING: snprintf(lab, sizeof lab, "%s", fixes[i].variant == 2 ? "length buckets" : "dynamic padding"); break;
+        case TK_FIX_FREEZE_LAYERS: snprintf(lab, sizeof lab, "freeze %d layers", fixes[i].value); break;
+        case TK_FIX_EVAL_BATCH: snprintf(lab, sizeof lab, "eval batch %d", fixes[i].value); break;
+        case TK_FIX_BATCH: snprintf(lab, sizeof lab, "batch %d", fixes[i].value); break;
+        case TK_FIX_HEAD:
+            snprintf(lab, sizeof lab, "%s head", out->config.head == TK_HEAD_SPAN ? "span" : "pooled");
+            break;
+        default: snprintf(lab, sizeof lab, "%s", tk_fix_name(fixes[i].kind)); break;
+        }
+        snprintf(out->label + l, sizeof out->label - l, "%s%s", l ? " + " : "", lab);
+
+        /* risk to results, per fix */
+        double r = 0;
+        char w[96] = "";
+        switch (fixes[i].kind) {
+        case TK_FIX_MAX_LEN:
+            r = share_longer(in->lengths, in->n_lengths, fixes[i].value);
+            snprintf(w, sizeof w, "truncates %.1f%% of examples", 100 * r);
+            break;
+        case TK_FIX_PRECISION:
+            r = fixes[i].variant == 2 ? 0.01 : 0.02;
+            snprintf(w, sizeof w, "%s rounding", fixes[i].variant == 2 ? "bf16" : "fp16 range and");
+            break;
+        case TK_FIX_OPTIM8: r = 0.02; snprintf(w, sizeof w, "quantised optimizer state"); break;
+        case TK_FIX_FREEZE_EMB:
+        case TK_FIX_FREEZE_LAYERS: {
+            double frozen = 0;
+            const tk_config *cc = &out->config;
+            double H = cc->hidden, L = cc->layers;
+            double emb = (cc->vocab_size + cc->max_position + cc->type_vocab + 2) * H;
+            double layer = 4 * H * H + 2 * H * cc->intermediate + 9 * H + cc->intermediate;
+            double total = emb + L * layer;
+            if (fixes[i].kind == TK_FIX_FREEZE_EMB)
+                frozen = emb;
+            else
+                frozen = fixes[i].value * layer;
+            r = total > 0 ? frozen / total : 0;
+            snprintf(w, sizeof w, "%.0f%% of weights frozen", 100 * r);
+            break;
+        }
+        case TK_FIX_HEAD: r = 0.05; snprintf(w, sizeof w, "a different head (retrain it)"); break;
+        case TK_FIX_BATCH: r = 0.10; snprintf(w, sizeof w, "effective batch changes"); break;
+        default: break;
+        }
+        risk_keep *= 1.0 - r;
+        if (w[0]) {
+            l = strlen(rtext);
+            snprintf(rtext + l, sizeof rtext - l, "%s%s", l ? "; " : "", w);
+        }
+        if (fixes[i].kind == TK_FIX_RELEASE)
+            out->action_only = n == 1;
+        if (x->cause[fixes[i].kind])
+            out->addresses_cause = 1;
+    }
+    out->risk = 1.0 - risk_keep;
+    snprintf(out->risk_text, sizeof out->risk_text, "%s", rtext[0] ? rtext : "none");
+
+    tk_plan_result p;
+    tk_err e;
+    if (tk_plan(&out->config, (const int *)in->lengths, in->n_lengths, &p, &e) != TK_OK)
+        return -1;
+    x->out->n_planned++;
+    size_t avail = has_kind(out, TK_FIX_RELEASE) ? x->available + in->held_by_session : x->available;
+    if (x->out->capacity && avail > x->out->capacity)
+        avail = x->out->capacity;
+    out->peak = p.peak_reserved;
+    out->margin = (int64_t)avail - (int64_t)p.peak_reserved;
+    out->fits = !avail || p.peak_reserved <= avail;
+    out->fits_margin = !avail || p.peak_reserved + x->margin_bytes <= avail;
+    double tps = time_per_sample(&out->config, &p);
+    out->slowdown = x->base_tps > 0 ? tps / x->base_tps : 1.0;
+    return 0;
+}
+
+static int push(cand_list *l, const tk_candidate *c) {
+    if (l->n == l->cap) {
+        int nc = l->cap ? 2 * l->cap : 64;
+        tk_candidate *v = realloc(l->v, (size_t)nc * sizeof *v);
+        if (!v)
+            return -1;
+        l->v = v;
+        l->cap = nc;
+    }
+    l->v[l->n++] = *c;
+    return 0;
+}
+
+static int tier(const tk_candidate *c) { return c->fits_margin ? 0 : c->fits ? 1 : 2; }
+
+static int cmp_cand(const void *pa, const void *pb) {
+    const tk_candidate *a = pa, *b = pb;
+    if (tier(a) != tier(b))
+        return tier(a) - tier(b);
+    if (tier(a) == 2) /* nothing fits: the closest first */
+        return a->margin > b->margin ? -1 : a->margin < b->margin;
+    if (a->addresses_cause != b->addresses_cause)
+        return b->addresses_cause - a->addresses_cause;
+    if (a->n_fixes != b->n_fixes)
+        return a->n_fixes - b->n_fixes;
+    /* a fix that puts more than 2% of results at risk (truncated examples,
+     * frozen weights) ranks after those that do not */
+    if ((a->risk > 0.02) != (b->risk > 0.02))
+        return a->risk > 0.02 ? 1 : -1;
+    /* slowdowns within 2% are a tie: then the lower risk */
+    if (fabs(a->slowdown - b->slowdown) > 0.02 * (a->slowdown < b->slowdown ? a->slowdown : b->slowdown))
+        return a->slowdown < b->slowdown ? -1 : 1;
+    if (a->risk != b->risk)
+        return a->risk < b->risk ? -1 : 1;
+    return a->peak < b->peak ? -1 : a->peak > b->peak;
+}
+
+/* The single fixes worth trying for this config. */
+static int single_fixes(const adv_ctx *x, tk_fix *f, int max) {
+    const tk_advise_input *in = x->in;
+    const tk_config *c = in->config;
+    int n = 0;
+#define ADD(K, V, VAR) do { if (n < max) f[n++] = (tk_fix){ (K), (V), (VAR) }; } while (0)
+    if (in->held_by_session)
+        ADD(TK_FIX_RELEASE, 0, 0);
+    if (c->head == TK_HEAD_FLATTEN_DENSE)
+        ADD(TK_FIX_HEAD, 0, 0);
+    if (in->lengths && in->n_lengths > 0) {
+        int p99 = round_up8(quantile(in->lengths, in->n_lengths, 0.99));
+        int p95 = round_up8(quantile(in->lengths, in->n_lengths, 0.95));
+        if (p99 < c->max_len)
+            ADD(TK_FIX_MAX_LEN, p99, 0);
+        if (p95 < p99)
+            ADD(TK_FIX_MAX_LEN, p95, 0);
+        if (c->batching == TK_BATCH_FIXED) {
+            ADD(TK_FIX_PADDING, 0, 1);
+            ADD(TK_FIX_PADDING, 0, 2);
+        }
+    }
+    if (c->precision == TK_PREC_FP32) {
+        ADD(TK_FIX_PRECISION, 0, 1);
+        const tk_gpu_profile *g = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
+        if (!g || g->cc_major >= 8) /* bf16 tensor cores need Ampere or newer */
+            ADD(TK_FIX_PRECISION, 0, 2);
+    }
+    for (int k = 2; k <= 8; k *= 2)
+        if (c->batch_size % k == 0)
+            ADD(TK_FIX_ACCUMULATE, k, 0);
+    ADD(TK_FIX_RECOMPUTE, 0, 0);
+    ADD(TK_FIX_ATTENTION, 0, 0);
+    ADD(TK_FIX_OPTIM8, 0, 0);
+    ADD(TK_FIX_FREEZE_EMB, 0, 0);
+    if (c->layers >= 2)
+        ADD(TK_FIX_FREEZE_LAYERS, c->layers / 2, 0);
+    if (in->oom)
+        ADD(TK_FIX_EMPTY_CACHE, 0, 0);
+    int eb = c->eval_batch_size > 0 ? c->eval_batch_size : c->batch_size;
+    if (eb > 1)
+        ADD(TK_FIX_EVAL_BATCH, eb / 2, 0);
+    if (c->batch_size > 1)
+        ADD(TK_FIX_BATCH, c->batch_size / 2, 0);
+#undef ADD
+    return n;
+}
+
+/* Kinds that are combined in the search; the others stand alone. */
+static int combinable(tk_fix_kind k) {
+    return k != TK_FIX_RELEASE && k != TK_FIX_BATCH && k != TK_FIX_EVAL_BATCH &&
+           k != TK_FIX_EMPTY_CACHE;
+}
+
+tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
+    double t0 = now_ms();
+    if (!in || !in->config || !out) {
+        tk_err_set(err, TK_EINVAL, "tk_advise: config is required");
+        return TK_EINVAL;
+    }
+    memset(out, 0, sizeof *out);
+    if (in->plan) {
+        out->base = *in->plan;
+    } else {
+        if (tk_plan(in->config, (const int *)in->lengths, in->n_lengths, &out->base, err) != TK_OK)
+            return err ? err->status : TK_EINVAL;
+        out->n_planned++;
+    }
+    adv_ctx x = { .in = in, .out = out };
+    out->capacity = out->base.capacity;
+    if (in->oom && !out->capacity)
+        out->capacity = in->oom->capacity;
+    size_t avail = in->free_now ? in->free_now : out->capacity;
+    if (!in->free_now && in->held_by_session && avail > in->held_by_session)
+        avail -= in->held_by_session;
+    x.available = avail;
+    out->free_now = avail;
+    double mf = in->margin_frac > 0 ? in->margin_frac : 0.05;
+    x.margin_bytes = (size_t)(mf * (double)out->capacity);
+    x.base_tps = time_per_sample(in->config, &out->base);
+    out->base_effective_batch = effective_batch(in->config);
+
+    diagnose(&x);
+
+    int budget = in->max_plans > 0 ? in->max_plans : 400;
+    tk_fix singles[32];
+    int ns = single_fixes(&x, singles, 32);
+    cand_list all = { 0 };
+    tk_candidate c;
+    /* which singles were planned, and which fit with margin (supersets of a
+     * set that fits already are not searched: they only add change) */
+    int ok1[32] = { 0 }, fit1[32] = { 0 };
+    for (int i = 0; i < ns && out->n_planned < budget; i++) {
+        if (evaluate(&x, &singles[i], 1, &c) == 0) {
+            ok1[i] = 1;
+            fit1[i] = c.fits_margin;
+            if (push(&all, &c))
+                goto nomem;
+        }
+    }
+    /* pairs, then triples, of combinable fixes of different kinds */
+    int pair_fit[32][32];
+    memset(pair_fit, 0, sizeof pair_fit);
+    for (int i = 0; i < ns && out->n_planned < budget; i++) {
+        if (!ok1[i] || fit1[i] || !combinable(singles[i].kind))
+            continue;
+        for (int j = i + 1; j < ns && out->n_planned < budget; j++) {
+            if (!ok1[j] || fit1[j] || !combinable(singles[j].kind) || singles[j].kind == singles[i].kind)
+                continue;
+            tk_fix f[2] = { singles[i], singles[j] };
+            if (evaluate(&x, f, 2, &c) == 0) {
+                pair_fit[i][j] = c.fits_margin ? 1 : -1;
+                if (push(&all, &c))
+                    goto nomem;
+            }
+        }
+    }
+    for (int i = 0; i < ns && out->n_planned < budget; i++) {
+        for (int j = i + 1; j < ns && out->n_planned < budget; j++) {
+            if (pair_fit[i][j] != -1)
+                continue;
+            for (int k = j + 1; k < ns && out->n_planned < budget; k++) {
+                if (pair_fit[i][k] != -1 || pair_fit[j][k] != -1 ||
+                    singles[k].kind == singles[i].kind || singles[k].kind == singles[j].kind)
+                    continue;
+                tk_fix f[3] = { singles[i], singles[j], singles[k] };
+                if (evaluate(&x, f, 3, &c) == 0 && push(&all, &c))
+                    goto nomem;
+            }
+        }
+    }
+    qsort(all.v, (size_t)all.n, sizeof *all.v, cmp_cand);
+    out->n_cand = all.n < TK_ADVICE_MAX_CANDS ? all.n : TK_ADVICE_MAX_CANDS;
+    memcpy(out->cand, all.v, (size_t)out->n_cand * sizeof *all.v);
+    free(all.v);
+    out->ms = now_ms() - t0;
+    return TK_OK;
+nomem:
+    free(all.v);
+    tk_err_set(err, TK_EOOM, "advisor: out of host memory while ranking fixes");
+    return TK_EOOM;
+}
+
+int tk_advice_auto(const tk_advice *a) {
+    for (int i = 0; i < a->n_cand; i++) {
+        const tk_candidate *c = &a->cand[i];
+        if (c->fits_margin && !has_kind(c, TK_FIX_BATCH) &&
+            effective_batch(&c->config) == a->base_effective_batch)
+            return i;
+    }
+    return -1;
+}
+
+/* ---- reports -------------------------------------------------------------- */
+
+static void sb_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void sb_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
+    if (!*buf)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(*buf + *len, *cap - *len, fmt, ap);
+        va_end(ap);
+        if (k < 0)
+            return;
+        if ((size_t)k < *cap - *len) {
+            *len += (size_t)k;
+            return;
+        }
+        size_t nc = *cap * 2 + (size_t)k;
+        char *nb = realloc(*buf, nc);
+        if (!nb) {
+            free(*buf);
+            *buf = NULL;
+            return;
+        }
+        *buf = nb;
+        *cap = nc;
+    }
+}
+
+char *tk_advice_format(const tk_advice *a, int top) {
+    size_t cap = 4096, len = 0;
+    char *s = malloc(cap);
+    char b1[32], b2[32];
+    if (!s)
+        return NULL;
+    s[0] = 0;
+    sb_printf(&s, &len, &cap, "Planned peak %s of %s available",
+              fmtb(a->base.peak_reserved, b1), fmtb(a->free_now, b2));
+    sb_printf(&s, &len, &cap, a->base.fits && a->base.peak_reserved <= a->free_now ? " - fits.\n" : " - does not fit.\n");
+    if (a->n_diag) {
+        sb_printf(&s, &len, &cap, "\nWhy:\n");
+        for (int i = 0; i < a->n_diag; i++)
+            sb_printf(&s, &len, &cap, "  [%s] %s\n      %s\n", tk_diag_name(a->diag[i].kind),
+                      a->diag[i].title, a->diag[i].evidence);
+    }
+    int n = top > 0 && top < a->n_cand ? top : a->n_cand;
+    sb_printf(&s, &len, &cap, "\nFixes (%d planned in %.0f ms), best first:\n", a->n_planned, a->ms);
+    sb_printf(&s, &len, &cap, "  %-3s %-44s %12s %12s %9s  %s\n", "#", "fix", "peak", "margin",
+              "time", "risk");
+    for (int i = 0; i < n; i++) {
+        const tk_candidate *c = &a->cand[i];
+        char mg[40];
+        if (c->margin >= 0)
+            fmtb((size_t)c->margin, mg);
+        else {
+            mg[0] = '-';
+            fmtb((size_t)(-c->margin), mg + 1);
+        }
+        sb_printf(&s, &len, &cap, "  %-3d %-44.44s %12s %12s %8.2fx  %s%s\n", i + 1, c->label,
+                  fmtb(c->peak, b1), mg, c->slowdown, c->risk_text, c->fits ? "" : "  (does not fit)");
+    }
+    int au = tk_advice_auto(a);
+    if (au >= 0)
+        sb_printf(&s, &len, &cap, "\n%%txfix %d applies: %s\n%%txfix auto picks #%d.\n", au + 1,
+                  a->cand[au].reason, au + 1);
+    else
+        sb_printf(&s, &len, &cap, "\nNo single change or combination found fits with margin.\n");
+    return s;
+}
+
+char *tk_advice_json(const tk_advice *a) {
+    json_t *o = json_pack("{s:I, s:I, s:I, s:i, s:f, s:i}", "peak", (json_int_t)a->base.peak_reserved,
+                          "available", (json_int_t)a->free_now, "capacity", (json_int_t)a->capacity,
+                          "planned", a->n_planned, "ms", a->ms, "auto", tk_advice_auto(a));
+    json_t *diags = json_array(), *cands = json_array();
+    if (!o || !diags || !cands) {
+        json_decref(o);
+        json_decref(diags);
+        json_decref(cands);
+        return NULL;
+    }
+    for (int i = 0; i < a->n_diag; i++)
+        json_array_append_new(diags, json_pack("{s:s, s:s, s:s}", "kind", tk_diag_name(a->diag[i].kind),
+                                               "title", a->diag[i].title, "evidence", a->diag[i].evidence));
+    for (int i = 0; i < a->n_cand; i++) {
+        const tk_candidate *c = &a->cand[i];
+        json_t *fx = json_array();
+        for (int k = 0; fx && k < c->n_fixes; k++)
+            json_array_append_new(fx, json_pack("{s:s, s:i, s:i}", "kind", tk_fix_name(c->fixes[k].kind),
+                                                "value", c->fixes[k].value, "variant", c->fixes[k].variant));
+        json_array_append_new(cands, json_pack("{s:s, s:s, s:I, s:I, s:b, s:b, s:f, s:f, s:s, s:b, s:b, s:o*}",
+                                               "label", c->label, "reason", c->reason,
+                                               "peak", (json_int_t)c->peak, "margin", (json_int_t)c->margin,
+                                               "fits", c->fits, "fits_margin", c->fits_margin,
+                                               "slowdown", c->slowdown, "risk", c->risk,
+                                               "risk_text", c->risk_text, "addresses_cause", c->addresses_cause,
+                                               "action_only", c->action_only, "fixes", fx));
+    }
+    json_object_set_new(o, "diagnoses", diags);
+    json_object_set_new(o, "candidates", cands);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}

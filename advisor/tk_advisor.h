@@ -1,0 +1,151 @@
+/* tk_advisor.h — why a run does not fit, and which change makes it fit.
+ *
+ * Inputs: a config, optionally the plan of it (or the record of a run-time
+ * OOM), the corpus' token lengths, what the device has free now and what an
+ * earlier run in this session still holds, and the allocated bytes sampled at
+ * step boundaries. Output: diagnoses, each with its evidence in numbers, and
+ * a ranked list of candidate fixes, each a config the planner has planned.
+ *
+ * Every fix is a pure function config -> config (tk_fix_apply) with a one-line
+ * reason. A fix the trainer cannot run (the planner rejects the config) is
+ * never offered. Ranking: first whether it fits with margin, then whether it
+ * removes a diagnosed cause (a cause before a symptom), then fewer changes,
+ * then whether more than 2% of results are at risk, then the predicted time
+ * per training sample relative to the original config (from the meta
+ * FLOP/byte counts and the GPU profile), then the risk to results (examples
+ * truncated, effective batch changed, share of the model frozen).
+ *
+ * Ownership: tk_advise fills a caller-owned tk_advice (plain data, no heap;
+ * about 200 KB, so allocate it, do not put it on a thread's stack); inputs are
+ * borrowed for the call.
+ */
+#ifndef TK_ADVISOR_H
+#define TK_ADVISOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tk_gpu.h"
+#include "tk_config.h"
+#include "tk_plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    TK_DIAG_CAPACITY = 0,   /* the run needs more than the card has */
+    TK_DIAG_HEADROOM,       /* fits the card, not what is free now */
+    TK_DIAG_FRAGMENTATION,  /* enough cached but no block fits */
+    TK_DIAG_DOMINANT_LAYER, /* one owner's param+grad+optim state is a large share */
+    TK_DIAG_DOMINANT_CATEGORY, /* activations (or model states) dominate the peak */
+    TK_DIAG_PADDING,        /* max_len far above what the corpus needs */
+    TK_DIAG_DATA_SPIKE,     /* the longest batch is far above the typical one */
+    TK_DIAG_LEAK,           /* allocated grows at step boundaries */
+    TK_DIAG_COUNT
+} tk_diag_kind;
+
+const char *tk_diag_name(tk_diag_kind k); /* "capacity", "headroom", ... */
+
+typedef struct tk_diag {
+    tk_diag_kind kind;
+    char title[160];     /* one line */
+    char evidence[768];  /* the numbers behind it */
+} tk_diag;
+
+typedef enum {
+    TK_FIX_RELEASE = 0,     /* release what an earlier run still holds (%txreset) */
+    TK_FIX_HEAD,            /* span / pooled head instead of flatten_dense */
+    TK_FIX_MAX_LEN,         /* max_len from the corpus percentiles */
+    TK_FIX_PADDING,         /* dynamic padding or length buckets */
+    TK_FIX_PRECISION,       /* fp16 / bf16 mixed precision */
+    TK_FIX_ACCUMULATE,      /* smaller micro-batch, same effective batch */
+    TK_FIX_RECOMPUTE,       /* gradient checkpointing */
+    TK_FIX_ATTENTION,       /* memory-efficient attention */
+    TK_FIX_OPTIM8,          /* 8-bit AdamW */
+    TK_FIX_FREEZE_EMB,      /* frozen embeddings */
+    TK_FIX_FREEZE_LAYERS,   /* frozen lower encoder layers */
+    TK_FIX_EMPTY_CACHE,     /* release cached segments between steps */
+    TK_FIX_EVAL_BATCH,      /* smaller eval batch */
+    TK_FIX_BATCH,           /* smaller batch (changes the effective batch) */
+    TK_FIX_COUNT
+} tk_fix_kind;
+
+const char *tk_fix_name(tk_fix_kind k); /* "max_len", "fp16", ... */
+
+/* One fix with its parameter (max_len, k, N, ...). */
+typedef struct tk_fix {
+    tk_fix_kind kind;
+    int value;           /* the fix's number: new max_len, k, layers, N steps, ... */
+    int variant;         /* fix-specific choice (precision: 1 fp16, 2 bf16; padding: 1 dynamic, 2 buckets) */
+} tk_fix;
+
+#define TK_ADVICE_MAX_FIXES 4
+#define TK_ADVICE_MAX_CANDS 48
+
+typedef struct tk_candidate {
+    int n_fixes;
+    tk_fix fixes[TK_ADVICE_MAX_FIXES];
+    char label[160];       /* "fp16 + accumulate 4" */
+    char reason[512];      /* why, one line per fix joined by "; " */
+    tk_config config;      /* the config with the fixes applied */
+    size_t peak;           /* planned peak reserved bytes */
+    int64_t margin;        /* capacity - peak */
+    int fits;              /* 1: fits in what is free */
+    int fits_margin;       /* 1: fits with the safety margin */
+    int addresses_cause;   /* 1: removes a diagnosed cause */
+    double slowdown;       /* predicted time per sample / original's (below 1 = faster) */
+    double risk;           /* 0 = none; the share of results at stake */
+    char risk_text[192];   /* what is at risk, in words ("truncates 0.8% of examples") */
+    int action_only;       /* 1: no config change (release the previous run) */
+} tk_candidate;
+
+typedef struct tk_advise_input {
+    const tk_config *config;      /* required */
+    const tk_plan_result *plan;   /* plan of config; NULL: the advisor plans it */
+    const tk_oom *oom;            /* a run-time OOM record, or NULL */
+    const int32_t *lengths;       /* corpus token lengths (special tokens included), or NULL */
+    int n_lengths;
+    size_t free_now;              /* what the device has free now; 0: its capacity */
+    size_t held_by_session;       /* bytes an earlier run in this session still holds */
+    const size_t *step_allocated; /* allocated at step boundaries, or NULL */
+    int n_steps;
+    const char *leak_owner;       /* the owner that grew, if the caller knows */
+    double margin_frac;           /* safety margin as a share of capacity (default 0.05) */
+    int max_plans;                /* budget of plans for the search (default 400) */
+} tk_advise_input;
+
+typedef struct tk_advice {
+    tk_plan_result base;          /* the plan of the config as given */
+    size_t capacity, free_now;
+    int n_diag;
+    tk_diag diag[TK_DIAG_COUNT];
+    int n_cand;
+    tk_candidate cand[TK_ADVICE_MAX_CANDS]; /* ranked, best first */
+    int base_effective_batch;     /* batch_size x accumulate as given */
+    int n_planned;                /* configs planned to get here */
+    double ms;                    /* time the advice took */
+} tk_advice;
+
+/* Applies one fix to *c (pure; c is modified in place). Returns 0 and writes a
+ * one-line reason, or -1 if the fix does not apply to this config (already so,
+ * nothing to gain, needs corpus lengths that are missing). */
+int tk_fix_apply(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_lengths,
+                 char *reason, size_t reason_n);
+
+/* Diagnoses and ranks fixes. TK_OK even when nothing fits (then the best
+ * candidates are those that come closest); errors are bad configs. */
+tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err);
+
+/* The index of the cheapest candidate that fits with margin and keeps the
+ * effective batch, or -1. */
+int tk_advice_auto(const tk_advice *a);
+
+/* Text report: diagnoses and the ranked table (new string, free()). */
+char *tk_advice_format(const tk_advice *a, int top);
+/* JSON object of the advice (new string, free()). */
+char *tk_advice_json(const tk_advice *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,198 @@
+/* test_advisor.c — one scenario per diagnosis, each built to trigger it,
+ * asserting the diagnosis and the top-ranked fix; plus the seed scenario's
+ * %txfix auto and the fixes' purity. Plans run on the meta backend. */
+#include <stdlib.h>
+#include "tk_test.h"
+#include "tk_advisor.h"
+
+static tk_advice *adv;
+
+static int has_diag(const tk_advice *a, tk_diag_kind k) {
+    for (int i = 0; i < a->n_diag; i++)
+        if (a->diag[i].kind == k)
+            return 1;
+    return 0;
+}
+static const tk_diag *get_diag(const tk_advice *a, tk_diag_kind k) {
+    for (int i = 0; i < a->n_diag; i++)
+        if (a->diag[i].kind == k)
+            return &a->diag[i];
+    return NULL;
+}
+static int top_has(const tk_advice *a, tk_fix_kind k) {
+    if (a->n_cand == 0)
+        return 0;
+    for (int i = 0; i < a->cand[0].n_fixes; i++)
+        if (a->cand[0].fixes[i].kind == k)
+            return 1;
+    return 0;
+}
+
+static void base_config(tk_config *c, const char *model, int max_len, int batch, const char *cap) {
+    tk_err e;
+    tk_config_defaults(c);
+    snprintf(c->model, sizeof c->model, "%s", model);
+    c->max_len = max_len;
+    c->batch_size = batch;
+    c->device = TK_DEVICE_META;
+    if (cap && tk_parse_bytes(cap, &c->capacity) != 0)
+        c->capacity = 0;
+    TK_CHECK(tk_config_resolve_model(c, &e) == TK_OK);
+}
+
+/* A long-tailed corpus: most examples 20..150 tokens, 1% longer. */
+static int32_t *corpus(int n, int p99_target) {
+    int32_t *l = malloc((size_t)n * sizeof *l);
+    uint64_t s = 42;
+    for (int i = 0; i < n; i++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        int r = (int)((s >> 33) % 1000);
+        l[i] = r < 995 ? 20 + (int)((s >> 13) % (uint64_t)(p99_target - 20)) : 200 + r;
+    }
+    return l;
+}
+
+static void test_seed_capacity_auto(void) {
+    tk_config c;
+    tk_err e;
+    base_config(&c, "bert-base-cased", 512, 32, "7.43GiB");
+    tk_advise_input in = { .config = &c };
+    TK_CHECK(tk_advise(&in, adv, &e) == TK_OK);
+    TK_CHECK(has_diag(adv, TK_DIAG_CAPACITY));
+    TK_CHECK(!adv->base.fits);
+    int au = tk_advice_auto(adv);
+    TK_CHECK_MSG(au >= 0, "no fitting candidate among %d", adv->n_cand);
+    if (au >= 0) {
+        const tk_candidate *k = &adv->cand[au];
+        TK_CHECK(k->fits_margin);
+        TK_CHECK_EQ_INT(k->config.batch_size * k->config.accumulate, 32);
+        /* re-plan the chosen config on its own: it fits under the capacity with margin */
+        tk_plan_result p;
+        TK_CHECK(tk_plan(&k->config, NULL, 0, &p, &e) == TK_OK);
+        TK_CHECK(p.fits);
+        TK_CHECK(p.peak_reserved + (size_t)(0.05 * (double)c.capacity) <= c.capacity);
+        fprintf(stderr, "  seed auto: %s, peak %zu of %zu (%d configs planned in %.0f ms)\n", k->label,
+                p.peak_reserved, c.capacity, adv->n_planned, adv->ms);
+    }
+}
+
+static void test_flatten_head(void) {
+    tk_config c;
+    tk_err e;
+    base_config(&c, "bert-base-uncased", 512, 8, "15.90GiB"); /* the seed's P100 */
+    c.task = TK_TASK_QA;
+    c.head = TK_HEAD_FLATTEN_DENSE;
+    c.head_units = 1604;
+    c.towers = 2;
+    tk_advise_input in = { .config = &c };
+    TK_CHECK(tk_advise(&in, adv, &e) == TK_OK);
+    const tk_diag *d = get_diag(adv, TK_DIAG_DOMINANT_LAYER);
+    TK_CHECK(d != NULL);
+    if (d) {
+        TK_CHECK(strstr(d->evidence, "786432") != NULL);
+        TK_CHECK(strstr(d->evidence, "4.70 GiB") != NULL);
+        fprintf(stderr, "  %s\n  %s\n", d->title, d->evidence);
+    }
+    TK_CHECK(top_has(adv, TK_FIX_HEAD));
+}
+
+static void test_max_len_from_corpus(void) {
+    tk_config c;
+    tk_err e;
+    base_config(&c, "bert-base-cased", 512, 32, "14.75GiB");
+    int n = 5000;
+    int32_t *len = corpus(n, 150);
+    tk_advise_input in = { .config = &c, .lengths = len, .n_lengths = n };
+    TK_CHECK(tk_advise(&in, adv, &e) == TK_OK);
+    TK_CHECK(has_diag(adv, TK_DIAG_PADDING));
+    TK_CHECK(top_has(adv, TK_FIX_MAX_LEN));
+    if (adv->n_cand) {
+        TK_CHECK(strstr(adv->cand[0].risk_text, "truncates") != NULL);
+        TK_CHECK(adv->cand[0].config.max_len <= 160);
+        TK_CHECK(adv->cand[0].risk <= 0.02);
+        fprintf(stderr, "  top: %s (%s)\n", adv->cand[0].label, adv->cand[0].risk_text);
+    }
+    free(len);
+}
+
+static void test_fragmentation(void) {
+    tk_config c;
+    tk_err e;
+    base_config(&c, "bert-small", 128, 16, "2GiB");
+    tk_oom o;
+    memset(&o, 0, sizeof o);
+    o.requested = o.rounded = 24u << 20;
+    o.capacity = c.capacity;
+    o.reserved = 1900u << 20;
+    o.allocated = 1500u << 20;
+    o.largest_free_block = 20u << 20;
+    o.fragmentation = 1;
+    snprintf(o.owner_name, sizeof o.owner_name, "bert.encoder.layer.3.intermediate.dense");
+    o.tag.cat = TK_CAT_ACT;
+    tk_advise_input in = { .config = &c, .oom = &o };
+    TK_CHECK(tk_advise(&in, adv, &e) == TK_OK);
+    TK_CHECK(has_diag(adv, TK_DIAG_FRAGMENTATION));
+    TK_CHECK(top_has(adv, TK_FIX_EMPTY_CACHE));
+}
+
+static void test_earlier_run_held(void) {
+    tk_config c;
+    tk_err e;
+    base_config(&c, "bert-small", 128, 16, "1GiB");
+    tk_plan_result p;
+    TK_CHECK(tk_plan(&c, NULL, 0, &p, &e) == TK_OK);
+    TK_CHECK(p.fits);
+    /* an earlier run holds all but a sliver of what the run needs */
+    size_t held = c.capacity - p.peak_reserved / 2;
+    tk_advise_input in = { .config = &c, .held_by_session = held };
+    TK_CHECK(tk_advise(&in, adv, &e) == TK_OK);
+    TK_CHECK(has_diag(adv, TK_DIAG_HEADROOM));
+    TK_CHECK(top_has(adv, TK_FIX_RELEASE));
+    TK_CHECK(adv->n_cand > 0 && adv->cand[0].action_only);
+}
+
+static void test_leak_named(void) {
+    tk_config c;
+    tk_err e;
+    base_config(&c, "bert-tiny", 64, 8, "1GiB");
+    size_t steps[6] = { 100u << 20, 104u << 20, 108u << 20, 112u << 20, 116u << 20, 120u << 20 };
+    tk_advise_input in = { .config = &c, .step_allocated = steps, .n_steps = 6,
+                           .leak_owner = "classifier" };
+    TK_CHECK(tk_advise(&in, adv, &e) == TK_OK);
+    const tk_diag *d = get_diag(adv, TK_DIAG_LEAK);
+    TK_CHECK(d != NULL && strstr(d->title, "classifier") != NULL);
+    /* a flat series is no leak */
+    size_t flat[6] = { 100, 100, 100, 100, 100, 100 };
+    in.step_allocated = flat;
+    TK_CHECK(tk_advise(&in, adv, &e) == TK_OK);
+    TK_CHECK(!has_diag(adv, TK_DIAG_LEAK));
+}
+
+static void test_fix_purity(void) {
+    tk_config c, d;
+    char r[256];
+    base_config(&c, "bert-base-cased", 512, 32, "7.43GiB");
+    d = c;
+    tk_fix f = { TK_FIX_ACCUMULATE, 4, 0 };
+    TK_CHECK(tk_fix_apply(&d, &f, NULL, 0, r, sizeof r) == 0);
+    TK_CHECK_EQ_INT(d.batch_size, 8);
+    TK_CHECK_EQ_INT(d.accumulate, 4);
+    TK_CHECK_EQ_INT(c.batch_size, 32);
+    tk_fix m = { TK_FIX_MAX_LEN, 128, 0 };
+    TK_CHECK(tk_fix_apply(&d, &m, NULL, 0, r, sizeof r) == -1); /* needs corpus lengths */
+    tk_fix h = { TK_FIX_HEAD, 0, 0 };
+    TK_CHECK(tk_fix_apply(&d, &h, NULL, 0, r, sizeof r) == -1); /* not a flatten head */
+}
+
+int main(void) {
+    adv = malloc(sizeof *adv);
+    TK_RUN(test_fix_purity);
+    TK_RUN(test_seed_capacity_auto);
+    TK_RUN(test_flatten_head);
+    TK_RUN(test_max_len_from_corpus);
+    TK_RUN(test_fragmentation);
+    TK_RUN(test_earlier_run_held);
+    TK_RUN(test_leak_named);
+    free(adv);
+    return tk_test_done();
+}

@@ -1,0 +1,156 @@
+"""Interrupts (SIGINT and interrupt_request during %sleep 30), restarts through
+KernelManager, shutdown, and bad signatures / replays over real sockets."""
+import os, signal, sys, time
+import pytest
+import zmq
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import txk_util  # noqa: E402
+
+
+@pytest.fixture
+def kernel():
+    km, kc = txk_util.start("tcp")
+    yield km, kc
+    txk_util.stop(km, kc)
+
+
+def _sleep_then(kc, do_interrupt):
+    msg_id = kc.execute("%sleep 30")
+    # wait until the cell is running (its execute_input is out)
+    while True:
+        m = kc.get_iopub_msg(timeout=10)
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "execute_input":
+            break
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    do_interrupt()
+    reply = kc.get_shell_msg(timeout=5)
+    elapsed = time.monotonic() - t0
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert elapsed < 1.0, f"interrupt took {elapsed:.2f}s"
+    r, outs = txk_util.run_cell(kc, "%echo still alive")
+    assert r["content"]["status"] == "ok"
+    assert any(o["msg_type"] == "stream" and "still alive" in o["content"]["text"] for o in outs)
+
+
+def test_sigint_interrupts_sleep(kernel):
+    km, kc = kernel
+    _sleep_then(kc, lambda: os.kill(km.provisioner.process.pid, signal.SIGINT))
+
+
+def test_interrupt_request_interrupts_sleep(kernel):
+    km, kc = kernel
+    def via_control():
+        msg = kc.session.msg("interrupt_request", {})
+        kc.control_channel.send(msg)
+        rep = kc.get_control_msg(timeout=2)
+        assert rep["msg_type"] == "interrupt_reply" and rep["content"]["status"] == "ok"
+    _sleep_then(kc, via_control)
+
+
+def test_kernel_manager_interrupt_signal_mode(kernel):
+    km, kc = kernel  # kernelspec says interrupt_mode signal: jupyter_client sends SIGINT
+    _sleep_then(kc, km.interrupt_kernel)
+
+
+def test_restart_ten_times():
+    km, kc = txk_util.start("tcp")
+    try:
+        for i in range(10):
+            km.restart_kernel(now=False)
+            kc.wait_for_ready(timeout=20)
+            r, outs = txk_util.run_cell(kc, f"%echo round {i}")
+            assert r["content"]["status"] == "ok"
+            assert r["content"]["execution_count"] == 1  # a fresh kernel each time
+            assert outs[0]["content"]["text"] == f"round {i}\n"
+    finally:
+        txk_util.stop(km, kc)
+    assert not km.is_alive()
+
+
+def test_shutdown_request_exits_cleanly():
+    km, kc = txk_util.start("ipc")
+    proc = km.provisioner.process
+    kc.shutdown(restart=False)
+    rep = kc.get_control_msg(timeout=5)
+    assert rep["msg_type"] == "shutdown_reply" and rep["content"]["restart"] is False
+    assert proc.wait(timeout=5) == 0
+    kc.stop_channels()
+    km.cleanup_resources()
+
+
+def _raw_shell(kc, frames_fn):
+    """Sends a hand-built message on a fresh DEALER to the shell port."""
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    s.connect(f"tcp://{kc.ip}:{kc.shell_port}")
+    return s
+
+
+def _execute_frames(session, code, key_override=None, sign=True):
+    msg = session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
+                                          "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+    parts = [session.pack(msg["header"]), session.pack(msg["parent_header"]),
+             session.pack(msg["metadata"]), session.pack(msg["content"])]
+    if not sign:
+        sig = b""
+    elif key_override is not None:
+        import hmac, hashlib
+        h = hmac.new(key_override, digestmod=hashlib.sha256)
+        for p in parts:
+            h.update(p)
+        sig = h.hexdigest().encode()
+    else:
+        sig = session.sign(parts)
+    return msg, [b"<IDS|MSG>", sig] + parts
+
+
+def _replies(sock, wait=0.6):
+    out = []
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if sock.poll(50):
+            out.append(sock.recv_multipart())
+    return out
+
+
+def test_bad_signatures_and_replay_never_run(kernel):
+    km, kc = kernel
+    sess = kc.session
+    sock = _raw_shell(kc, None)
+    try:
+        _, wrong = _execute_frames(sess, "%echo --stderr WRONG-SIG", key_override=b"not the key")
+        _, unsigned = _execute_frames(sess, "%echo --stderr NO-SIG", sign=False)
+        sock.send_multipart(wrong)
+        sock.send_multipart(unsigned)
+        assert _replies(sock) == []
+        good_msg, good = _execute_frames(sess, "%echo valid request")
+        sock.send_multipart(good)
+        got = _replies(sock, 2.0)
+        assert len(got) == 1
+        reply = sess.deserialize(sess.feed_identities(got[0])[1])
+        assert reply["parent_header"]["msg_id"] == good_msg["header"]["msg_id"]
+        assert reply["content"]["status"] == "ok"
+        count = reply["content"]["execution_count"]
+        sock.send_multipart(good)  # the same signed message again: a replay
+        assert _replies(sock) == []
+        # the kernel still answers, and ran the valid cell exactly once
+        r, _ = txk_util.run_cell(kc, "%echo next")
+        assert r["content"]["execution_count"] == count + 1
+        # malformed: missing frames, junk JSON (correctly signed), invalid UTF-8
+        sock.send_multipart([b"<IDS|MSG>", b"x"])
+        parts = [b"{not json", b"{}", b"{}", b"{}"]
+        sock.send_multipart([b"<IDS|MSG>", sess.sign(parts)] + parts)
+        parts = [b'{"msg_id":"\xff","msg_type":"execute_request"}', b"{}", b"{}", b'{"code":"%echo x"}']
+        sock.send_multipart([b"<IDS|MSG>", sess.sign(parts)] + parts)
+        assert _replies(sock) == []
+        r, _ = txk_util.run_cell(kc, "%echo after junk")
+        assert r["content"]["status"] == "ok"
+        assert r["content"]["execution_count"] == count + 2
+    finally:
+        sock.close()
+    assert km.is_alive()

@@ -12,3 +12,10 @@ $(BUILD)/train_parity: tests/bert/train_parity_main.c $(LIB_ASAN)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -Itests $< $(LIB_ASAN) $(LIBS) -o $@
 all: $(BUILD)/train_parity
+
+# bert_parity: the C side of tests/bert/test_parity_torch.py (model logits, loss
+# and every gradient vs a torch reference); ASan build, it is a test.
+$(BUILD)/bert_parity: tests/bert/parity_main.c $(LIB_ASAN)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -Itests $< $(LIB_ASAN) $(LIBS) -o $@
+all: $(BUILD)/bert_parity

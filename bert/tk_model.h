@@ -137,10 +137,12 @@ tk_status tk_model_init_random(tk_model *m, uint64_t seed, tk_err *err);
  * bert.embeddings.position_ids ignored. Pooler and head may be absent: they
  * are then initialised at random and *n_init_missing (may be NULL) counts
  * them; `report` (may be NULL, size report_n) receives one line per
- * initialised module, as HF warns "newly initialized". Missing encoder
- * weights, extra unknown tensors of the encoder, wrong shapes and
- * non-float dtypes are errors naming the tensor, the expected and the found
- * shape/dtype. F32, F16 and BF16 are converted to f32. */
+ * initialised module, as HF warns "newly initialized", and one per
+ * checkpoint tensor the model does not use (an MLM head, say), which is
+ * ignored as HF does. Missing encoder weights, wrong shapes and non-float
+ * dtypes are errors naming the tensor, the expected and the found
+ * shape/dtype. F32, F16 and BF16 are converted to f32. On meta only the
+ * names, shapes and dtypes are checked. */
 tk_status tk_model_load_hf(tk_model *m, const char *path, int *n_init_missing,
                            char *report, size_t report_n, tk_err *err);
 

@@ -218,6 +218,15 @@ void tk_cupti_release(void) {
     free(S.corr_key); free(S.corr_ext); free(S.pending); free(S.lives);
     S.corr_key = NULL; S.corr_ext = NULL; S.pending = NULL; S.lives = NULL;
     S.n_lives = S.cap_lives = S.n_pending = 0;
+    /* A later session starts from zero: frees made while tracing was off
+     * were not seen, so the old totals would be wrong. */
+    S.live = S.peak = S.n_alloc = S.n_free = S.dropped = 0;
+    S.n_src = 0;
+    memset(S.src, 0, sizeof S.src);
+    S.n_kernels = 0;
+    S.kernel_ns = 0.0;
+    memset(S.scope_n, 0, sizeof S.scope_n);
+    memset(S.scope_ns, 0, sizeof S.scope_ns);
     pthread_mutex_unlock(&S.lock);
 }
 

@@ -7,11 +7,11 @@
  * store (round to nearest even, as tk_f32_to_f16/bf16).
  *
  * Guarantees:
- *  - Deterministic: no float atomics. Reductions over rows (bias and
- *    LayerNorm weight gradients, embedding and scatter accumulation) walk the
- *    rows in order, one thread per column, so a run repeats bit for bit and
- *    accumulations happen in the cpu backend's order. Whole-tensor sums go
- *    through a fixed two-pass reduction in the plugin's scratch.
+ *  - Deterministic: no float atomics. Embedding and scatter accumulation
+ *    walk the rows in order, one thread per column, so they add in the cpu
+ *    backend's order. Column sums (bias and LayerNorm weight gradients) use
+ *    a fixed split of the rows over 8 lanes; whole-tensor sums a fixed
+ *    two-pass reduction in the plugin's scratch. A run repeats bit for bit.
  *  - Ops never allocate. An index out of range (token id, label, row) is
  *    skipped and sets a sticky flag that the next sync reports.
  *  - Every launch is followed by a launch-error check returning TK_EDEVICE.
@@ -249,17 +249,33 @@ __global__ void k_layernorm_bwd_in(void *din, int dtd, const void *dout, int dtg
     }
 }
 
-/* dw[c] += sum_n dout[n,c] * norm[n,c]; db[c] += sum_n dout[n,c]; rows in order. */
+/* Column sums: blocks of COL_W columns x COL_H row lanes. Lane y sums rows
+ * y, y + COL_H, ... of its column in order; lane 0 then adds the COL_H
+ * partials in lane order. Fixed order for a given N, so a run repeats bit
+ * for bit, and COL_H times the parallelism of one thread per column. */
+#define COL_W 32
+#define COL_H 8
+
+/* dw[c] += sum_n dout[n,c] * norm[n,c]; db[c] += sum_n dout[n,c]. */
 __global__ void k_layernorm_bwd_wb(void *dw, int dtw, void *db, int dtb, const void *dout, int dtg,
                                    const void *in, int dti, const float *mean, const float *rstd,
                                    int64_t N, int64_t C) {
-    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ float pw[COL_H][COL_W], pb[COL_H][COL_W];
+    int64_t c = (int64_t)blockIdx.x * COL_W + threadIdx.x;
     float sw = 0.0f, sb = 0.0f;
-    for (int64_t n = 0; n < N; n++) {
-        float g = ld(dout, dtg, n * C + c);
-        sw += g * (ld(in, dti, n * C + c) - mean[n]) * rstd[n];
-        sb += g;
+    if (c < C)
+        for (int64_t n = threadIdx.y; n < N; n += COL_H) {
+            float g = ld(dout, dtg, n * C + c);
+            sw += g * ((ld(in, dti, n * C + c) - mean[n]) * rstd[n]);
+            sb += g;
+        }
+    pw[threadIdx.y][threadIdx.x] = sw;
+    pb[threadIdx.y][threadIdx.x] = sb;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= C) return;
+    for (int y = 1; y < COL_H; y++) {
+        sw += pw[y][threadIdx.x];
+        sb += pb[y][threadIdx.x];
     }
     if (dw) st(dw, dtw, c, ld(dw, dtw, c) + sw);
     if (db) st(db, dtb, c, ld(db, dtb, c) + sb);
@@ -365,11 +381,17 @@ __global__ void k_xent_bwd(void *dlogits, int dtd, const void *logits, int dtl, 
 
 /* ---- columns: bias gradient, row gathers and scatters ------------------------- */
 
+/* db[c] += sum_n dout[n, c], in the column-sum layout of k_layernorm_bwd_wb. */
 __global__ void k_bias_grad(void *db, int dtb, const void *dout, int dtg, int64_t N, int64_t C) {
-    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ float part[COL_H][COL_W];
+    int64_t c = (int64_t)blockIdx.x * COL_W + threadIdx.x;
     float s = 0.0f;
-    for (int64_t n = 0; n < N; n++) s += ld(dout, dtg, n * C + c);
+    if (c < C)
+        for (int64_t n = threadIdx.y; n < N; n += COL_H) s += ld(dout, dtg, n * C + c);
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= C) return;
+    for (int y = 1; y < COL_H; y++) s += part[y][threadIdx.x];
     st(db, dtb, c, ld(db, dtb, c) + s);
 }
 
@@ -591,7 +613,7 @@ tk_status tk_cuda_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_ten
         TK_CU_LAUNCHED("k_layernorm_bwd_in");
     }
     if (dw || db) {
-        k_layernorm_bwd_wb<<<(unsigned)((C + THREADS - 1) / THREADS), THREADS>>>(
+        k_layernorm_bwd_wb<<<(unsigned)((C + COL_W - 1) / COL_W), dim3(COL_W, COL_H)>>>(
             dw ? dw->data : NULL, dw ? DT(dw) : 0, db ? db->data : NULL, db ? DT(db) : 0, dout->data,
             DT(dout), in->data, DT(in), (const float *)mean->data, (const float *)rstd->data, N, C);
         TK_CU_LAUNCHED("k_layernorm_bwd_wb");
@@ -704,8 +726,8 @@ tk_status tk_cuda_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *logit
 tk_status tk_cuda_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, int64_t N, int64_t C) {
     NEED_FLOAT("bias_grad", db); NEED_FLOAT("bias_grad", dout);
     if (C == 0) return TK_OK;
-    k_bias_grad<<<(unsigned)((C + THREADS - 1) / THREADS), THREADS>>>(db->data, DT(db), dout->data,
-                                                                      DT(dout), N, C);
+    k_bias_grad<<<(unsigned)((C + COL_W - 1) / COL_W), dim3(COL_W, COL_H)>>>(db->data, DT(db), dout->data,
+                                                                            DT(dout), N, C);
     TK_CU_LAUNCHED("k_bias_grad");
     return TK_OK;
 }

@@ -1,0 +1,103 @@
+/* test_cuda_shared.c — the cuda plugin's per-element rules, checked on the
+ * host (no GPU needed, so `make test` runs it).
+ *
+ * gpu/cuda/cuda_shared.h holds the AdamW update and the dropout scale that
+ * the cuda kernels run; it compiles with gcc as well as nvcc. Here the gcc
+ * build of it must reproduce the cpu backend's tk_op_adamw bit for bit, and
+ * its dropout scale the cpu backend's kept values. The kernels are built with
+ * -fmad=false, so the device build does the same IEEE operations in the same
+ * order; the GPU suite (make test-gpu) checks that on real hardware.
+ */
+#include <stdlib.h>
+#include "cuda/cuda_shared.h"
+#include "tk_test.h"
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
+}
+
+static tk_dev *open_cpu(void) {
+    tk_dev_opts o = { .kind = TK_DEV_CPU, .threads = 1 };
+    tk_err err = {0};
+    tk_dev *d = tk_dev_new(&o, &err);
+    TK_CHECK_MSG(d != NULL, "%s", err.msg);
+    return d;
+}
+
+static tk_tensor upload(tk_dev *d, const float *h, int64_t n) {
+    tk_tensor t = {0};
+    tk_err err = {0};
+    int64_t shape[1] = { n };
+    TK_CHECK(tk_tensor_alloc(d, &t, TK_F32, 1, shape, TK_CAT_OPTIM, "test", &err) == TK_OK);
+    TK_CHECK(tk_tensor_write(d, &t, h, &err) == TK_OK);
+    return t;
+}
+
+static void test_adamw_matches_cpu_bitwise(void) {
+    enum { N = 4099 };
+    static float p[N], m[N], v[N], g[N], hp_[N], hm[N], hv[N], back[N];
+    tk_dev *d = open_cpu();
+    if (!d) return;
+    for (int i = 0; i < N; i++) { p[i] = frand(); m[i] = 0.0f; v[i] = 0.0f; }
+    memcpy(hp_, p, sizeof p); memcpy(hm, m, sizeof m); memcpy(hv, v, sizeof v);
+    tk_tensor tp = upload(d, p, N), tm = upload(d, m, N), tv = upload(d, v, N);
+    tk_adamw_hp hp = { .lr = 2e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                       .weight_decay = 0.01f, .grad_scale = 0.125f, .step = 1 };
+    tk_err err = {0};
+    for (hp.step = 1; hp.step <= 5; hp.step++) {
+        for (int i = 0; i < N; i++) g[i] = 3.0f * frand();
+        tk_tensor tg = upload(d, g, N);
+        TK_CHECK(tk_op_adamw(d, &tp, &tg, &tm, &tv, N, &hp) == TK_OK);
+        tk_tensor_free(d, &tg);
+        tk_adamw_coef k = tk_adamw_coef_of(&hp);
+        for (int i = 0; i < N; i++) tk_adamw_update(&hp_[i], &hm[i], &hv[i], g[i] * k.grad_scale, &k);
+    }
+    TK_CHECK(tk_tensor_read(d, &tp, back, &err) == TK_OK);
+    TK_CHECK_MSG(memcmp(back, hp_, sizeof back) == 0, "params differ from the cpu backend");
+    TK_CHECK(tk_tensor_read(d, &tm, back, &err) == TK_OK);
+    TK_CHECK_MSG(memcmp(back, hm, sizeof back) == 0, "m differs from the cpu backend");
+    TK_CHECK(tk_tensor_read(d, &tv, back, &err) == TK_OK);
+    TK_CHECK_MSG(memcmp(back, hv, sizeof back) == 0, "v differs from the cpu backend");
+    tk_tensor_free(d, &tp); tk_tensor_free(d, &tm); tk_tensor_free(d, &tv);
+    tk_dev_destroy(&d);
+}
+
+/* Kept values = x * tk_dropout_scale(p), dropped ones 0, for p in (0,1) and
+ * p = 0 (a copy; the op wrappers reject p >= 1). */
+static void test_dropout_scale_matches_cpu(void) {
+    enum { N = 1000 };
+    static float x[N], out[N];
+    static uint8_t mask[N];
+    const float ps[3] = { 0.1f, 0.3f, 0.0f };
+    tk_dev *d = open_cpu();
+    if (!d) return;
+    for (int i = 0; i < N; i++) x[i] = frand();
+    tk_tensor tx = upload(d, x, N), to = upload(d, x, N), tmk = {0};
+    int64_t shape[1] = { N };
+    tk_err err = {0};
+    TK_CHECK(tk_tensor_alloc(d, &tmk, TK_U8, 1, shape, TK_CAT_ACT, "test", &err) == TK_OK);
+    for (int k = 0; k < 3; k++) {
+        TK_CHECK(tk_op_dropout_fwd(d, &to, &tmk, &tx, N, ps[k], 42, 7) == TK_OK);
+        TK_CHECK(tk_tensor_read(d, &to, out, &err) == TK_OK);
+        TK_CHECK(tk_tensor_read(d, &tmk, mask, &err) == TK_OK);
+        float sc = tk_dropout_scale(ps[k]);
+        uint64_t key = tk_dropout_key(42);
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            int keep = ps[k] <= 0.0f ? 1 : tk_dropout_keep(key, 7 + (uint64_t)i, ps[k]);
+            float want = keep ? x[i] * sc : 0.0f;
+            if (mask[i] != keep || memcmp(&out[i], &want, sizeof want) != 0) bad++;
+        }
+        TK_CHECK_MSG(bad == 0, "p=%g: %d elements differ", ps[k], bad);
+    }
+    tk_tensor_free(d, &tx); tk_tensor_free(d, &to); tk_tensor_free(d, &tmk);
+    tk_dev_destroy(&d);
+}
+
+int main(void) {
+    TK_RUN(test_adamw_matches_cpu_bitwise);
+    TK_RUN(test_dropout_scale_matches_cpu);
+    return tk_test_done();
+}

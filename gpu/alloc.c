@@ -321,9 +321,8 @@ size_t tk_alloc_owner_at_peak(const tk_alloc *a, int owner, tk_cat cat) {
 /* Freezes the peak breakdown before the live state moves down. */
 static void peak_freeze(tk_alloc *a) {
     if (!a->peak_live) return;
+    /* rows past n_owners stay zero: owners interned later had nothing then */
     memcpy(a->at_peak, a->owner_live, (size_t)a->n_owners * TK_CAT_COUNT * sizeof(size_t));
-    memset(a->at_peak + (size_t)a->n_owners * TK_CAT_COUNT, 0,
-           (size_t)(a->owners_cap - a->n_owners) * TK_CAT_COUNT * sizeof(size_t));
     memcpy(a->by_cat_at_peak, a->by_cat, sizeof a->by_cat);
     a->peak_live = 0;
 }
@@ -497,8 +496,9 @@ static void account(tk_alloc *a, const blk *b, int sign) {
         if (a->owner_total[b->tag.owner] > a->owner_peak[b->tag.owner])
             a->owner_peak[b->tag.owner] = a->owner_total[b->tag.owner];
         if (a->requested > a->requested_peak) a->requested_peak = a->requested;
-        /* >=: the breakdown kept is the last moment the peak was reached */
-        if (a->allocated >= a->allocated_peak) { a->allocated_peak = a->allocated; a->peak_live = 1; }
+        /* only a new peak arms a copy, so alloc/free cycles at a steady peak
+         * (every training step) copy nothing */
+        if (a->allocated > a->allocated_peak) { a->allocated_peak = a->allocated; a->peak_live = 1; }
     } else {
         peak_freeze(a);
         a->allocated -= b->size;

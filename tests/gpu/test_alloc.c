@@ -372,7 +372,7 @@ static void test_random_accounting(void) {
             size_t tot = 0;
             for (int cc = 0; cc < TK_CAT_COUNT; cc++) tot += mine[o][cc];
             if (tot > owner_peak[o]) owner_peak[o] = tot;
-            if (alloc_now >= alloc_peak) { alloc_peak = alloc_now; memcpy(mine_peak, mine, sizeof mine); }
+            if (alloc_now > alloc_peak) { alloc_peak = alloc_now; memcpy(mine_peak, mine, sizeof mine); }
         }
         if (!accounting_ok(a)) bad++;
         if (stats(a).allocated != alloc_now) bad++;

@@ -260,7 +260,7 @@ tk_status tk_model_alloc_grads(tk_model *m, tk_err *err) {
 tk_status tk_model_zero_grads(tk_model *m, tk_err *err) {
     for (int i = 0; i < m->np; i++) {
         pslot *s = &m->ps[i];
-        if (!s->g.data && tk_tensor_numel(&s->g) == 0) continue;
+        if (s->p.frozen) continue; /* no gradient was allocated for it */
         tk_status st = tk_op_fill(m->dev, &s->g, 0.0f, tk_tensor_numel(&s->g));
         if (st != TK_OK) {
             tk_err_set(err, st, "model: cannot zero gradient of %s", s->name);

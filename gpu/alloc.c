@@ -96,6 +96,8 @@ struct tk_alloc {
     /* owners */
     int n_owners, owners_cap;
     char **owner_names;
+    int *owner_index;          /* open addressing by name hash: id + 1, 0 = empty */
+    size_t owner_index_cap;
     size_t *owner_live;        /* [owner * TK_CAT_COUNT + cat] */
     size_t *owner_total;       /* [owner] */
     size_t *owner_peak;        /* [owner] */
@@ -281,17 +283,41 @@ static int owners_reserve(tk_alloc *a, int n) {
     return 0;
 }
 
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    while (*s) { h ^= (unsigned char)*s++; h *= 1099511628211ull; }
+    return h;
+}
+
+/* The planner interns every tensor's owner name (thousands per planned step,
+ * hundreds of plans per %txadvise), so the lookup is a hash probe. */
+static int owner_index_grow(tk_alloc *a) {
+    size_t ncap = a->owner_index_cap ? a->owner_index_cap * 2 : 256;
+    int *ni = calloc(ncap, sizeof *ni);
+    if (!ni) return -1;
+    for (int id = 0; id < a->n_owners; id++) {
+        size_t j = name_hash(a->owner_names[id]) & (ncap - 1);
+        while (ni[j]) j = (j + 1) & (ncap - 1);
+        ni[j] = id + 1;
+    }
+    free(a->owner_index);
+    a->owner_index = ni;
+    a->owner_index_cap = ncap;
+    return 0;
+}
+
 int tk_alloc_owner_id(tk_alloc *a, const char *name) {
     if (!a) return -1;
     if (!name || !*name) name = "(unowned)";
-    /* Owners number a few hundred for BERT and are interned once per tensor
-     * description, so a scan is cheaper than keeping a second hash map. */
-    for (int i = a->n_owners - 1; i >= 0; i--)
-        if (strcmp(a->owner_names[i], name) == 0) return i;
+    if ((size_t)(a->n_owners + 1) * 2 > a->owner_index_cap && owner_index_grow(a) != 0) return -1;
+    size_t mask = a->owner_index_cap - 1, j = name_hash(name) & mask;
+    for (; a->owner_index[j]; j = (j + 1) & mask)
+        if (strcmp(a->owner_names[a->owner_index[j] - 1], name) == 0) return a->owner_index[j] - 1;
     if (owners_reserve(a, a->n_owners + 1) != 0) return -1;
     char *copy = strdup(name);
     if (!copy) return -1;
     a->owner_names[a->n_owners] = copy;
+    a->owner_index[j] = a->n_owners + 1;
     return a->n_owners++;
 }
 
@@ -437,6 +463,7 @@ void tk_alloc_destroy(tk_alloc **pa) {
     while (a->spare) { blk *b = a->spare; a->spare = b->next; free(b); }
     for (int i = 0; i < a->n_owners; i++) free(a->owner_names[i]);
     free(a->owner_names);
+    free(a->owner_index);
     free(a->owner_live);
     free(a->at_peak);
     free(a->owner_total);

@@ -470,6 +470,30 @@ static void test_bad_tags(void) {
     tk_alloc_destroy(&a);
 }
 
+static void test_many_owners(void) {
+    fake_mem f;
+    tk_alloc *a = fake_alloc(&f, 0);
+    char name[64];
+    int bad = 0;
+    for (int i = 0; i < 1500; i++) {
+        snprintf(name, sizeof name, "bert.encoder.layer.%d.attention.self.query", i);
+        if (tk_alloc_owner_id(a, name) != i) bad++;
+    }
+    for (int i = 1499; i >= 0; i--) {
+        snprintf(name, sizeof name, "bert.encoder.layer.%d.attention.self.query", i);
+        if (tk_alloc_owner_id(a, name) != i) bad++;
+        if (strcmp(tk_alloc_owner_name(a, i), name) != 0) bad++;
+    }
+    TK_CHECK_EQ_INT(bad, 0);
+    TK_CHECK_EQ_INT(tk_alloc_n_owners(a), 1500);
+    void *p = must_alloc(a, 4096, (tk_tag){TK_CAT_OPTIM, 1234});
+    TK_CHECK_EQ_INT(tk_alloc_owner_live(a, 1234, TK_CAT_OPTIM), 4096);
+    TK_CHECK_EQ_INT(tk_alloc_owner_at_peak(a, 1234, TK_CAT_OPTIM), 4096);
+    tk_alloc_free(a, p);
+    TK_CHECK(accounting_ok(a));
+    tk_alloc_destroy(&a);
+}
+
 static void test_snapshot_json(void) {
     fake_mem f;
     tk_alloc *a = fake_alloc(&f, 64 * MiB);
@@ -516,6 +540,7 @@ int main(void) {
     TK_RUN(test_reset_peak);
     TK_RUN(test_event_hook);
     TK_RUN(test_bad_tags);
+    TK_RUN(test_many_owners);
     TK_RUN(test_snapshot_json);
     return tk_test_done();
 }

@@ -13,12 +13,16 @@
  * they drive the cost model's relative speed estimates only.
  *
  * Context overhead: the CUDA context plus the kernels of the libraries a
- * fine-tuning process loads (cuBLAS/cuBLASLt). FACTS.md gives the range
- * 0.3-1.3 GB (HF measured ~1.3 GB with cuBLAS and cuDNN kernels on a V100).
- * Without CUDA lazy loading (pre-Ampere-era drivers and the CUDA 11 stacks
- * still common on older cards) the whole kernel image is resident, so older
- * cards get the upper end; newer stacks load lazily, so the Ampere/Ada/Hopper
- * entries take the lower end. These are planning defaults, not measurements.
+ * fine-tuning process loads (cuBLAS/cuBLASLt), which live outside the
+ * allocator. Reported sizes: ~300 MB for a bare primary context (ollama's
+ * notes on contexts per GPU), ~700-800 MB for a PyTorch process after its
+ * first CUDA call (PyTorch forum answers), ~1.3 GB with cuBLAS and cuDNN
+ * kernels on a V100 (HF, quoted in FACTS.md). Cards that only run older,
+ * eagerly loading CUDA stacks (K80, P100, V100) get the top of that range;
+ * T4 the typical PyTorch figure; Ampere/Ada/Hopper, where CUDA 12+ loads
+ * kernels lazily by default, the lower middle. These are planning defaults,
+ * not our measurements: on a real card the cuda plugin measures the actual
+ * outside-allocator bytes with CUPTI.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -37,7 +41,7 @@
 
 static const tk_gpu_profile profiles[] = {
     /* name, long name, capacity, context overhead, fp32, fp16, bandwidth, cc */
-    {"t4", "NVIDIA Tesla T4", GIB(14.75), MB(1000), 8.1 * T, 65 * T, 320 * G, 7, 5},
+    {"t4", "NVIDIA Tesla T4", GIB(14.75), MB(800), 8.1 * T, 65 * T, 320 * G, 7, 5},
     {"k80", "NVIDIA Tesla K80 (one GK210)", GIB(11.17), MB(1300), 4.37 * T, 4.37 * T, 240 * G, 3, 7},
     {"p100", "NVIDIA Tesla P100-PCIE-16GB", GIB(15.90), MB(1300), 9.3 * T, 18.7 * T, 732 * G, 6, 0},
     {"v100-16", "NVIDIA Tesla V100-SXM2-16GB", GIB(15.78), MB(1300), 15.7 * T, 125 * T, 900 * G, 7, 0},

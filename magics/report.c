@@ -1,0 +1,408 @@
+/* report.c — the reports a notebook cell and `txk` both show: the plan, the
+ * OOM autopsy, the per-epoch history and live memory (text/plain, text/html,
+ * SVG, Vega-Lite and application/json in one bundle); plus the small helpers
+ * every txkernel magic uses (argument splitting, emitting a bundle).
+ *
+ * Guarantees: numbers shown are the allocator's exact byte counts, formatted
+ * as PyTorch formats them; the application/json part carries raw bytes so
+ * scripts and tests compare integers, not text.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tk_render.h"
+#include "tk_session.h"
+#include "tk_train.h"
+#include "tk_txmagics.h"
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+int tk_txargs_split(const char *s, char ***argv, int *argc) {
+    char **v = NULL;
+    int n = 0, cap = 0;
+    size_t len = strlen(s);
+    char *word = malloc(len + 1);
+    if (!word) return -1;
+    const char *p = s;
+    for (;;) {
+        while (*p && isspace((unsigned char)*p)) p++;
+        if (!*p) break;
+        size_t w = 0;
+        char q = 0;
+        while (*p && (q || !isspace((unsigned char)*p))) {
+            if (!q && (*p == '"' || *p == '\'')) q = *p;
+            else if (q && *p == q) q = 0;
+            else word[w++] = *p;
+            p++;
+        }
+        if (q) goto fail;
+        word[w] = 0;
+        if (n + 1 >= cap) {
+            cap = cap ? cap * 2 : 8;
+            char **nv = realloc(v, (size_t)cap * sizeof *nv);
+            if (!nv) goto fail;
+            v = nv;
+        }
+        if (!(v[n] = strdup(word))) goto fail;
+        n++;
+    }
+    free(word);
+    if (!v && !(v = calloc(1, sizeof *v))) return -1;
+    v[n] = NULL;
+    *argv = v;
+    *argc = n;
+    return 0;
+fail:
+    free(word);
+    tk_txargs_free(v, n);
+    return -1;
+}
+
+void tk_txargs_free(char **argv, int argc) {
+    for (int i = 0; argv && i < argc; i++) free(argv[i]);
+    free(argv);
+}
+
+void tk_txemit(tk_magic_ctx *m, json_t *bundle, int json_only) {
+    if (json_only) {
+        json_t *j = json_object_get(bundle, "application/json");
+        char *s = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+        json_t *b = json_pack("{s:s}", "text/plain", s ? s : "{}");
+        if (j) json_object_set(b, "application/json", j);
+        m->out->ops->display(m->out, b, NULL, NULL, 0);
+        json_decref(b);
+        free(s);
+        return;
+    }
+    m->out->ops->display(m->out, bundle, NULL, NULL, 0);
+}
+
+static const char *B(size_t n, char buf[32]) { return tk_format_bytes(n, buf, 32); }
+
+static json_t *cats_json(const size_t *by) {
+    json_t *o = json_object();
+    for (int c = 0; c < TK_CAT_COUNT; c++) json_object_set_new(o, tk_cat_name((tk_cat)c), json_integer((json_int_t)by[c]));
+    return o;
+}
+
+/* Category table + SVG bars of bytes per category. */
+static void add_cats(tk_sb *text, tk_sb *html, const size_t *by, const char *title, char **svg_out) {
+    const char *h[] = {"category", ">bytes", ">MiB"};
+    tk_rtable *t = tk_rtable_new(title, 3, h);
+    const char *labels[TK_CAT_COUNT];
+    double mib[TK_CAT_COUNT];
+    char b[32];
+    for (int c = 0; c < TK_CAT_COUNT; c++) {
+        labels[c] = tk_cat_name((tk_cat)c);
+        mib[c] = (double)by[c] / (1 << 20);
+        if (t && by[c]) tk_rtable_rowf(t, "%s\t%s\t%.1f", labels[c], B(by[c], b), mib[c]);
+    }
+    if (t) {
+        char *x = tk_rtable_text(t), *y = tk_rtable_html(t);
+        if (x) tk_sb_addf(text, "\n%s", x);
+        if (y) tk_sb_add(html, y);
+        free(x);
+        free(y);
+        tk_rtable_destroy(&t);
+    }
+    if (svg_out) *svg_out = tk_svg_bars(title, "MiB", TK_CAT_COUNT, labels, mib);
+}
+
+/* ---- plan ------------------------------------------------------------------ */
+
+json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
+    tk_sb text = {0}, html = {0};
+    char a[32], b[32], c[32], d[32];
+    size_t limit = free_bytes ? free_bytes : p->capacity;
+    int fits = p->fits && (!limit || p->peak_reserved <= limit);
+    int64_t margin = limit ? (int64_t)limit - (int64_t)p->peak_reserved : 0;
+    size_t amargin = (size_t)(margin < 0 ? -margin : margin);
+    tk_sb_addf(&text, "Plan: batch %d x seq %d, %lld parameters (%lld trainable)\n", p->batch, p->seq,
+               (long long)p->n_params, (long long)p->n_trainable);
+    if (limit)
+        tk_sb_addf(&text, "Predicted peak %s reserved (%s allocated) vs %s %s: %s (%s %s)\n", B(p->peak_reserved, a),
+                   B(p->peak_allocated, b), B(limit, c), free_bytes ? "free" : "capacity",
+                   fits ? "FITS" : "DOES NOT FIT", fits ? "margin" : "short by", B(amargin, d));
+    else
+        tk_sb_addf(&text, "Predicted peak %s reserved (%s allocated); no capacity limit set\n",
+                   B(p->peak_reserved, a), B(p->peak_allocated, b));
+    tk_sb_addf(&html, "<div class=\"txk-plan\"><p><b style=\"color:%s\">%s</b> — batch %d × seq %d, predicted peak "
+                      "<b>%s</b> reserved (%s allocated)",
+               limit ? (fits ? "#2e7d32" : "#c62828") : "#333", limit ? (fits ? "Fits" : "Does not fit") : "Plan",
+               p->batch, p->seq, B(p->peak_reserved, a), B(p->peak_allocated, b));
+    if (limit)
+        tk_sb_addf(&html, " of %s %s (%s %s)", B(limit, c), free_bytes ? "free" : "capacity",
+                   fits ? "margin" : "short by", B(amargin, d));
+    tk_sb_add(&html, "</p>");
+    if (p->oom) {
+        tk_sb_addf(&text, "The planned step runs out during %s: %s for %s (%s)\n", p->oom_phase,
+                   B(p->oom_record.requested, a), p->oom_record.owner_name, tk_cat_name(p->oom_record.tag.cat));
+        tk_sb_addf(&html, "<p>The planned step runs out during <b>%s</b>: %s for <code>", p->oom_phase,
+                   B(p->oom_record.requested, a));
+        tk_sb_add_html(&html, p->oom_record.owner_name);
+        tk_sb_addf(&html, "</code> (%s)</p>", tk_cat_name(p->oom_record.tag.cat));
+    }
+    tk_sb_addf(&text, "Model states: params %s, grads %s, optimizer %s\n", B(p->param_bytes, a), B(p->grad_bytes, b),
+               B(p->optim_bytes, c));
+    char *svg = NULL;
+    tk_sb_add(&html, "<div style=\"display:flex;gap:24px;align-items:flex-start\">");
+    add_cats(&text, &html, p->by_cat_at_peak, "At the peak, by category", &svg);
+    const char *h[] = {"owner", ">bytes", ">% of peak"};
+    tk_rtable *t = tk_rtable_new("Top owners at the peak", 3, h);
+    for (int i = 0; t && i < p->n_top; i++)
+        tk_rtable_rowf(t, "%s\t%s\t%.1f", p->top[i].owner, B(p->top[i].bytes, a),
+                       p->peak_allocated ? 100.0 * (double)p->top[i].bytes / (double)p->peak_allocated : 0);
+    if (t) {
+        char *x = tk_rtable_text(t), *y = tk_rtable_html(t);
+        if (x) tk_sb_addf(&text, "\n%s", x);
+        if (y) tk_sb_add(&html, y);
+        free(x);
+        free(y);
+        tk_rtable_destroy(&t);
+    }
+    tk_sb_add(&html, "</div>");
+    if (svg) tk_sb_add(&html, svg);
+    tk_sb_addf(&text, "\nOne optimizer step: %.3g GFLOP", p->train_step.flops / 1e9);
+    if (p->profile[0]) tk_sb_addf(&text, "; about %.3g s on %s (roofline estimate)", p->step_seconds, p->profile);
+    tk_sb_addf(&text, "\nPlanned on the meta device in %.1f ms; nothing was allocated on the device.\n", p->plan_ms);
+    tk_sb_addf(&html, "<p><small>Planned on the meta device in %.1f ms; nothing was allocated on the device.</small></p></div>",
+               p->plan_ms);
+
+    json_t *top = json_array();
+    for (int i = 0; i < p->n_top; i++)
+        json_array_append_new(top, json_pack("{s:s, s:I}", "owner", p->top[i].owner, "bytes", (json_int_t)p->top[i].bytes));
+    json_t *j = json_pack("{s:i, s:i, s:I, s:I, s:I, s:I, s:b, s:I, s:I, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:b, s:f, s:f, s:s}",
+                          "batch", p->batch, "seq", p->seq, "capacity", (json_int_t)p->capacity, "free",
+                          (json_int_t)free_bytes, "peak_allocated", (json_int_t)p->peak_allocated, "peak_reserved",
+                          (json_int_t)p->peak_reserved, "fits", fits, "margin", (json_int_t)margin, "limit",
+                          (json_int_t)limit, "by_category_at_peak", cats_json(p->by_cat_at_peak), "top", top,
+                          "param_bytes", (json_int_t)p->param_bytes, "grad_bytes", (json_int_t)p->grad_bytes,
+                          "optim_bytes", (json_int_t)p->optim_bytes, "n_params", (json_int_t)p->n_params,
+                          "n_trainable", (json_int_t)p->n_trainable, "oom", p->oom, "step_gflop",
+                          p->train_step.flops / 1e9, "plan_ms", p->plan_ms, "profile", p->profile);
+    if (p->oom) json_object_set_new(j, "oom_record", tk_report_oom_json(&p->oom_record, p->oom_phase));
+    json_t *bundle = tk_bundle_new("");
+    char *tx = tk_sb_take(&text);
+    json_object_set_new(bundle, "text/plain", json_string(tx ? tx : ""));
+    free(tx);
+    tk_bundle_take(bundle, "text/html", tk_sb_take(&html));
+    tk_bundle_take(bundle, "image/svg+xml", svg);
+    json_object_set_new(bundle, "application/json", j);
+    return bundle;
+}
+
+/* ---- OOM autopsy ------------------------------------------------------------ */
+
+/* The next things to try, from what holds the memory; the advisor
+ * (%txadvise) ranks real fixes, these are the plain first steps. */
+static void oom_hints(tk_sb *b, const tk_oom *o) {
+    size_t states = o->by_cat[TK_CAT_PARAM] + o->by_cat[TK_CAT_GRAD] + o->by_cat[TK_CAT_OPTIM];
+    size_t acts = o->by_cat[TK_CAT_ACT] + o->by_cat[TK_CAT_TEMP];
+    char a[32];
+    if (o->fragmentation)
+        tk_sb_addf(b, "  - the cache is fragmented (%s reserved but unallocated, no block large enough): "
+                      "empty_cache: every:50 or on_oom\n", B(o->reserved - o->allocated, a));
+    if (o->n_top > 0 && o->allocated && o->top[0].bytes * 2 > o->allocated)
+        tk_sb_addf(b, "  - %s alone holds %s: a smaller head or freezing it (head: span / pooled)\n", o->top[0].owner,
+                   B(o->top[0].bytes, a));
+    if (acts >= states)
+        tk_sb_add(b, "  - activations dominate: smaller batch_size with accumulate (same effective batch), "
+                     "shorter max_len, recompute: layers, precision: fp16/bf16, attention: fused\n");
+    else
+        tk_sb_add(b, "  - weights, gradients and optimizer state dominate: optimizer: adamw8bit, "
+                     "freeze: embeddings or layers:N, precision: fp16/bf16\n");
+    tk_sb_add(b, "  - %txadvise ranks the fixes for this OOM by predicted memory and speed\n");
+}
+
+char *tk_report_oom_text(const tk_oom *o, const char *phase) {
+    tk_sb b = {0};
+    char r[32], cap[32], fr[32], al[32], rs[32], lf[32];
+    tk_sb_addf(&b, "Out of device memory%s%s: tried to allocate %s (rounded %s) for %s (%s).\n",
+               phase && *phase ? " during " : "", phase ? phase : "", B(o->requested, r), B(o->rounded, lf),
+               o->owner_name[0] ? o->owner_name : "(unowned)", tk_cat_name(o->tag.cat));
+    tk_sb_addf(&b, "Capacity %s, free %s, allocated %s, reserved %s, largest free block %s.\n", B(o->capacity, cap),
+               B(o->free_bytes, fr), B(o->allocated, al), B(o->reserved, rs), B(o->largest_free_block, lf));
+    tk_sb_add(&b, "Live memory by category:");
+    for (int c = 0; c < TK_CAT_COUNT; c++)
+        if (o->by_cat[c]) tk_sb_addf(&b, " %s %s;", tk_cat_name((tk_cat)c), B(o->by_cat[c], r));
+    tk_sb_add(&b, "\nTop owners:\n");
+    for (int i = 0; i < o->n_top; i++) tk_sb_addf(&b, "  %-60s %s\n", o->top[i].owner, B(o->top[i].bytes, r));
+    tk_sb_add(&b, "What to try:\n");
+    oom_hints(&b, o);
+    return tk_sb_take(&b);
+}
+
+json_t *tk_report_oom_json(const tk_oom *o, const char *phase) {
+    json_t *top = json_array();
+    for (int i = 0; i < o->n_top; i++)
+        json_array_append_new(top, json_pack("{s:s, s:I}", "owner", o->top[i].owner, "bytes", (json_int_t)o->top[i].bytes));
+    return json_pack("{s:s, s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:o, s:o}", "phase", phase ? phase : "",
+                     "requested", (json_int_t)o->requested, "rounded", (json_int_t)o->rounded, "owner", o->owner_name,
+                     "category", tk_cat_name(o->tag.cat), "capacity", (json_int_t)o->capacity, "free",
+                     (json_int_t)o->free_bytes, "allocated", (json_int_t)o->allocated, "reserved",
+                     (json_int_t)o->reserved, "largest_free_block", (json_int_t)o->largest_free_block,
+                     "fragmentation", o->fragmentation, "by_category", cats_json(o->by_cat), "top", top);
+}
+
+/* ---- history ------------------------------------------------------------------ */
+
+json_t *tk_report_history(const tk_epoch_stats *h, int n, int task) {
+    const char *hc[] = {">epoch", ">train loss", ">dev loss", ">accuracy", ">macro F1", ">samples/s", ">seconds", ">peak allocated"};
+    const char *hq[] = {">epoch", ">train loss", ">dev loss", ">exact match", ">F1", ">samples/s", ">seconds", ">peak allocated"};
+    tk_rtable *t = tk_rtable_new("Per epoch", 8, task == TK_TASK_QA ? hq : hc);
+    json_t *rows = json_array();
+    char b[32];
+    for (int i = 0; t && i < n; i++) {
+        float m1 = task == TK_TASK_QA ? h[i].dev_em : h[i].dev_acc, m2 = task == TK_TASK_QA ? h[i].dev_span_f1 : h[i].dev_f1;
+        char dl[32];
+        if (h[i].dev_loss == h[i].dev_loss) snprintf(dl, sizeof dl, "%.4f", h[i].dev_loss);
+        else snprintf(dl, sizeof dl, "-");
+        tk_rtable_rowf(t, "%d\t%.4f\t%s\t%.4f\t%.4f\t%.1f\t%.2f\t%s", h[i].epoch, h[i].train_loss, dl, m1, m2,
+                       h[i].samples_per_s, h[i].seconds, B(h[i].peak_allocated, b));
+        json_t *r = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:I, s:I}", "epoch", h[i].epoch, "train_loss",
+                              (double)h[i].train_loss, task == TK_TASK_QA ? "dev_em" : "dev_acc", (double)m1,
+                              task == TK_TASK_QA ? "dev_f1" : "dev_macro_f1", (double)m2, "samples_per_s",
+                              h[i].samples_per_s, "seconds", h[i].seconds, "peak_allocated",
+                              (json_int_t)h[i].peak_allocated, "peak_reserved", (json_int_t)h[i].peak_reserved);
+        json_object_set_new(r, "dev_loss", h[i].dev_loss == h[i].dev_loss ? json_real(h[i].dev_loss) : json_null());
+        json_array_append_new(rows, r);
+    }
+    json_t *bundle = tk_bundle_new("");
+    if (t) {
+        tk_bundle_take(bundle, "text/plain", tk_rtable_text(t));
+        tk_bundle_take(bundle, "text/html", tk_rtable_html(t));
+        tk_rtable_destroy(&t);
+    }
+    json_object_set_new(bundle, "application/json", rows);
+    return bundle;
+}
+
+/* ---- live memory ---------------------------------------------------------------- */
+
+/* "bert.encoder.layer.7.attention.self.query" -> "bert.encoder.layer.7";
+ * "bert.embeddings.word_embeddings" -> "bert.embeddings"; others stay. */
+static void layer_of(const char *owner, char *out, size_t n) {
+    const char *p = strstr(owner, "encoder.layer.");
+    if (p) {
+        p += strlen("encoder.layer.");
+        while (isdigit((unsigned char)*p)) p++;
+        snprintf(out, n, "%.*s", (int)(p - owner), owner);
+        return;
+    }
+    p = strstr(owner, "embeddings");
+    if (p) {
+        snprintf(out, n, "%.*s", (int)(p - owner) + (int)strlen("embeddings"), owner);
+        return;
+    }
+    p = strstr(owner, "pooler");
+    if (p) {
+        snprintf(out, n, "%.*s", (int)(p - owner) + (int)strlen("pooler"), owner);
+        return;
+    }
+    snprintf(out, n, "%s", owner);
+}
+
+typedef struct { char name[128]; size_t live, peak; size_t by[TK_CAT_COUNT]; } mem_row;
+
+static int row_cmp(const void *a, const void *b) {
+    const mem_row *x = a, *y = b;
+    if (x->live != y->live) return x->live < y->live ? 1 : -1;
+    return strcmp(x->name, y->name);
+}
+
+json_t *tk_report_mem(tk_dev *d, const char *by, int top) {
+    tk_alloc *a = tk_dev_alloc(d);
+    tk_alloc_stats st;
+    tk_alloc_stats_get(a, &st);
+    tk_dev_info info;
+    tk_dev_info_get(d, &info);
+    if (top <= 0) top = 10;
+    int by_owner = by && !strcmp(by, "owner"), by_layer = by && !strcmp(by, "layer");
+    tk_sb text = {0}, html = {0};
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
+    tk_sb_addf(&text, "%s (%s): capacity %s%s, free %s, allocated %s (peak %s), reserved %s (peak %s)\n", info.name,
+               tk_dev_kind_of(d) == TK_DEV_CUDA ? "cuda" : tk_dev_kind_of(d) == TK_DEV_CPU ? "cpu" : "meta",
+               B(info.total, b1), info.simulated ? " (simulated)" : "", B(info.free_bytes, b2), B(st.allocated, b3),
+               B(st.allocated_peak, b4), B(st.reserved, b5), B(st.reserved_peak, b6));
+    tk_sb_addf(&text, "allocations %llu, frees %llu, segments %zu, alloc retries %llu, OOMs %llu\n",
+               (unsigned long long)st.n_alloc, (unsigned long long)st.n_free, st.n_segments,
+               (unsigned long long)st.n_retries, (unsigned long long)st.n_ooms);
+    tk_sb_add(&html, "<div class=\"txk-mem\"><p><b>");
+    tk_sb_add_html(&html, info.name);
+    tk_sb_addf(&html, "</b>: capacity %s%s, free %s, allocated <b>%s</b> (peak %s), reserved %s (peak %s)</p>",
+               B(info.total, b1), info.simulated ? " (simulated)" : "", B(info.free_bytes, b2), B(st.allocated, b3),
+               B(st.allocated_peak, b4), B(st.reserved, b5), B(st.reserved_peak, b6));
+    tk_sb_add(&html, "<div style=\"display:flex;gap:24px;align-items:flex-start\">");
+    char *svg = NULL;
+    add_cats(&text, &html, st.by_cat, "Live bytes by category", &svg);
+
+    /* owners (or layers): live bytes now and peak */
+    int no = tk_alloc_n_owners(a);
+    mem_row *rows = calloc((size_t)(no > 0 ? no : 1), sizeof *rows);
+    int nr = 0;
+    for (int id = 0; rows && id < no; id++) {
+        char name[128];
+        const char *on = tk_alloc_owner_name(a, id);
+        if (by_layer) layer_of(on ? on : "?", name, sizeof name);
+        else snprintf(name, sizeof name, "%s", on ? on : "?");
+        int k = 0;
+        while (k < nr && strcmp(rows[k].name, name)) k++;
+        if (k == nr) snprintf(rows[nr++].name, sizeof rows[0].name, "%s", name);
+        for (int c = 0; c < TK_CAT_COUNT; c++) {
+            size_t v = tk_alloc_owner_live(a, id, (tk_cat)c);
+            rows[k].by[c] += v;
+            rows[k].live += v;
+        }
+        rows[k].peak += tk_alloc_owner_peak(a, id);
+    }
+    json_t *jrows = json_array();
+    if (rows && (by_owner || by_layer)) {
+        qsort(rows, (size_t)nr, sizeof *rows, row_cmp);
+        const char *h[] = {by_layer ? "layer" : "owner", ">live", ">param", ">grad", ">optim", ">act", ">peak"};
+        tk_rtable *t = tk_rtable_new(by_layer ? "Live bytes by layer" : "Top owners (live bytes)", 7, h);
+        for (int i = 0; t && i < nr && i < top; i++) {
+            char c1[32], c2[32], c3[32], c4[32], c5[32], c6[32];
+            tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s", rows[i].name, B(rows[i].live, c1), B(rows[i].by[TK_CAT_PARAM], c2),
+                           B(rows[i].by[TK_CAT_GRAD], c3), B(rows[i].by[TK_CAT_OPTIM], c4), B(rows[i].by[TK_CAT_ACT], c5),
+                           B(rows[i].peak, c6));
+        }
+        if (t) {
+            char *x = tk_rtable_text(t), *y = tk_rtable_html(t);
+            if (x) tk_sb_addf(&text, "\n%s", x);
+            if (y) tk_sb_add(&html, y);
+            free(x);
+            free(y);
+            tk_rtable_destroy(&t);
+        }
+    }
+    for (int i = 0; rows && i < nr; i++)
+        if (rows[i].live || rows[i].peak)
+            json_array_append_new(jrows, json_pack("{s:s, s:I, s:I, s:o}", "name", rows[i].name, "live",
+                                                   (json_int_t)rows[i].live, "peak", (json_int_t)rows[i].peak,
+                                                   "by_category", cats_json(rows[i].by)));
+    free(rows);
+    tk_sb_add(&html, "</div>");
+    if (svg) tk_sb_add(&html, svg);
+    tk_sb_add(&html, "</div>");
+    json_t *j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o}",
+                          "device", info.name, "kind",
+                          tk_dev_kind_of(d) == TK_DEV_CUDA ? "cuda" : tk_dev_kind_of(d) == TK_DEV_CPU ? "cpu" : "meta",
+                          "simulated", info.simulated, "capacity", (json_int_t)info.total, "free",
+                          (json_int_t)info.free_bytes, "allocated", (json_int_t)st.allocated, "allocated_peak",
+                          (json_int_t)st.allocated_peak, "reserved", (json_int_t)st.reserved, "reserved_peak",
+                          (json_int_t)st.reserved_peak, "n_alloc", (json_int_t)st.n_alloc, "n_free",
+                          (json_int_t)st.n_free, "n_segments_alloc", (json_int_t)st.n_segments_alloc, "n_ooms",
+                          (json_int_t)st.n_ooms, "n_retries", (json_int_t)st.n_retries, "largest_free_block",
+                          (json_int_t)st.largest_free_block, "by_category", cats_json(st.by_cat),
+                          by_layer ? "layers" : "owners", jrows);
+    json_t *bundle = tk_bundle_new("");
+    char *tx = tk_sb_take(&text);
+    json_object_set_new(bundle, "text/plain", json_string(tx ? tx : ""));
+    free(tx);
+    tk_bundle_take(bundle, "text/html", tk_sb_take(&html));
+    tk_bundle_take(bundle, "image/svg+xml", svg);
+    json_object_set_new(bundle, "application/json", j);
+    return bundle;
+}

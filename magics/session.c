@@ -1,0 +1,322 @@
+/* session.c — the notebook session and the run pipeline (implements the
+ * session part of tk_session.h; the data step lives in txdata.c, the
+ * reports in report.c).
+ *
+ * Guarantees:
+ *  - A run whose plan does not fit in what the device has free returns
+ *    TK_RUN_PLANNED_OOM without a single allocation on the device.
+ *  - After every run end (done, OOM, cancel, error) the model is destroyed and
+ *    the allocator's cache emptied, so allocated is back at the baseline and
+ *    reserved holds no segment of the run.
+ *  - The device survives between runs as long as the config asks for the
+ *    same kind and capacity.
+ */
+#include "tk_session.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "tk_model.h"
+#include "tk_train.h"
+
+struct tk_session {
+    tk_dev *dev;
+    tk_dev_kind kind;
+    size_t capacity;
+    int threads;
+    int have_config, have_plan, have_oom;
+    tk_config config;
+    tk_plan_result plan;
+    tk_oom oom;
+    int *lengths;
+    int n_lengths;
+    tk_mem_sample *tl;
+    int ntl, captl;
+};
+
+tk_session *tk_session_new(void) { return calloc(1, sizeof(tk_session)); }
+
+void tk_session_destroy(tk_session **ps) {
+    if (!ps || !*ps) return;
+    tk_session_reset(*ps);
+    free(*ps);
+    *ps = NULL;
+}
+
+void tk_session_reset(tk_session *s) {
+    tk_dev_destroy(&s->dev);
+    free(s->lengths);
+    free(s->tl);
+    memset(s, 0, sizeof *s);
+}
+
+size_t tk_session_capacity_of(const tk_config *c) {
+    if (c->capacity) return c->capacity;
+    const tk_gpu_profile *p = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
+    /* a GPU profile on cuda describes another card: the real one decides */
+    if (p && c->device != TK_DEVICE_CUDA) return p->capacity;
+    return 0;
+}
+
+static tk_dev *open_dev(tk_dev_kind kind, size_t cap, int threads, tk_err *err) {
+    tk_dev_opts o = {.kind = kind, .capacity = cap, .threads = threads};
+    return tk_dev_new(&o, err);
+}
+
+tk_dev *tk_session_device(tk_session *s, const tk_config *c, char *note, tk_err *err) {
+    size_t cap = tk_session_capacity_of(c);
+    tk_dev_kind want = c->device == TK_DEVICE_META ? TK_DEV_META
+                     : c->device == TK_DEVICE_CPU  ? TK_DEV_CPU : TK_DEV_CUDA;
+    if (note) note[0] = 0;
+    if (s->dev && s->capacity == cap && s->threads == c->threads &&
+        (s->kind == want || (c->device == TK_DEVICE_AUTO && s->kind == TK_DEV_CPU)))
+        return s->dev;
+    tk_dev_destroy(&s->dev);
+    tk_err e = {0};
+    tk_dev *d = open_dev(want, cap, c->threads, &e);
+    if (!d && c->device == TK_DEVICE_AUTO) {
+        if (note) snprintf(note, 256, "no usable GPU (%.200s); running on the cpu", e.msg);
+        want = TK_DEV_CPU;
+        d = open_dev(want, cap, c->threads, &e);
+    }
+    if (!d) {
+        tk_err_set(err, e.status ? e.status : TK_EDEVICE, "device: %s", e.msg);
+        return NULL;
+    }
+    s->dev = d;
+    s->kind = want;
+    s->capacity = cap;
+    s->threads = c->threads;
+    return d;
+}
+
+tk_dev *tk_session_current_device(tk_session *s) { return s->dev; }
+
+const tk_config *tk_session_config(const tk_session *s) { return s->have_config ? &s->config : NULL; }
+void tk_session_set_config(tk_session *s, const tk_config *c) {
+    s->config = *c;
+    s->have_config = 1;
+}
+const tk_plan_result *tk_session_plan(const tk_session *s) { return s->have_plan ? &s->plan : NULL; }
+void tk_session_set_plan(tk_session *s, const tk_plan_result *p) {
+    s->plan = *p;
+    s->have_plan = 1;
+}
+const tk_oom *tk_session_oom(const tk_session *s) { return s->have_oom ? &s->oom : NULL; }
+
+const int *tk_session_lengths(const tk_session *s, int *n) {
+    *n = s->n_lengths;
+    return s->lengths;
+}
+
+void tk_session_set_lengths(tk_session *s, const int *len, int n) {
+    int *copy = n > 0 ? malloc((size_t)n * sizeof *copy) : NULL;
+    if (n > 0 && !copy) return; /* keep the old ones rather than none */
+    if (n > 0) memcpy(copy, len, (size_t)n * sizeof *copy);
+    free(s->lengths);
+    s->lengths = copy;
+    s->n_lengths = copy ? n : 0;
+}
+
+const tk_mem_sample *tk_session_timeline(const tk_session *s, int *n) {
+    *n = s->ntl;
+    return s->tl;
+}
+
+static void timeline_add(tk_session *s, int64_t step, size_t alloc, size_t reserved, size_t peak) {
+    if (s->ntl == s->captl) {
+        int ncap = s->captl ? s->captl * 2 : 256;
+        tk_mem_sample *n = realloc(s->tl, (size_t)ncap * sizeof *n);
+        if (!n) return; /* a shorter timeline, not a failed run */
+        s->tl = n;
+        s->captl = ncap;
+    }
+    s->tl[s->ntl++] = (tk_mem_sample){step, alloc, reserved, peak};
+}
+
+void tk_run_report_clear(tk_run_report *r) {
+    if (!r) return;
+    free(r->history);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- the run ------------------------------------------------------------------ */
+
+typedef struct {
+    tk_session *s;
+    const tk_run_hooks *h;
+    tk_run_report *r;
+} run_ctx;
+
+static int run_progress(void *ud, const tk_progress *p) {
+    run_ctx *x = ud;
+    timeline_add(x->s, p->step, p->allocated, p->reserved, p->peak);
+    return x->h && x->h->on_progress ? x->h->on_progress(x->h->ud, p) : 0;
+}
+
+static void run_epoch(void *ud, const tk_epoch_stats *e) {
+    run_ctx *x = ud;
+    if (x->h && x->h->on_epoch) x->h->on_epoch(x->h->ud, e);
+}
+
+static void note(const tk_run_hooks *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(const tk_run_hooks *h, const char *fmt, ...) {
+    if (!h || !h->on_note) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    h->on_note(h->ud, line);
+}
+
+/* An HF folder with weights: load them; otherwise start from random init. */
+static int has_weights(const char *model) {
+    char p[TK_PATH_MAX + 32];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/model.safetensors", model);
+    if (stat(p, &st) == 0) return 1;
+    return strstr(model, ".safetensors") && stat(model, &st) == 0;
+}
+
+static size_t dev_free(tk_dev *d) {
+    tk_dev_info info;
+    tk_dev_info_get(d, &info);
+    return info.free_bytes;
+}
+
+tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks *h,
+                           tk_run_report *r, tk_err *err) {
+    memset(r, 0, sizeof *r);
+    r->end = TK_RUN_FAILED;
+    tk_config cc = *c;
+    tk_session_set_config(s, c);
+    tk_dev *d = tk_session_device(s, &cc, r->device_note, err);
+    if (!d) return TK_EDEVICE;
+    if (r->device_note[0]) note(h, "%s", r->device_note);
+    tk_alloc *a = tk_dev_alloc(d);
+    tk_alloc_stats st;
+    tk_alloc_stats_get(a, &st);
+    r->baseline = st.allocated;
+
+    tk_run_data data;
+    tk_status rc = tk_run_data_load(&cc, &data, err);
+    if (rc != TK_OK) return rc;
+    if (data.vocab_note[0]) note(h, "%s", data.vocab_note);
+    tk_session_set_lengths(s, data.lengths, data.n_lengths);
+    if (cc.task == TK_TASK_CLASSIFY && cc.head == TK_HEAD_POOLED && cc.num_labels == 0)
+        cc.num_labels = data.num_labels;
+    note(h, "data: %d training examples in %d batches, %d dev examples%s", data.n_examples, data.n_train,
+         data.n_dev_examples, data.n_truncated ? "" : "");
+    if (data.n_truncated) note(h, "data: %d examples were truncated to max_len %d", data.n_truncated, cc.max_len);
+
+    /* Plan first, at the worst-case batch of this corpus, against what the
+     * device has free now (an earlier run may still hold memory). */
+    rc = tk_plan(&cc, data.lengths, data.n_lengths, &r->plan, err);
+    if (rc != TK_OK) {
+        tk_run_data_clear(&data);
+        return rc;
+    }
+    tk_session_set_plan(s, &r->plan);
+    size_t limit = tk_session_capacity_of(&cc);
+    r->free_before = dev_free(d);
+    int known_limit = limit || tk_dev_kind_of(d) == TK_DEV_CUDA;
+    if (r->plan.oom || (known_limit && r->plan.peak_reserved > r->free_before)) {
+        r->end = TK_RUN_PLANNED_OOM;
+        tk_run_data_clear(&data);
+        return TK_OK;
+    }
+
+    /* The model, then the loop. */
+    tk_model_opts mo;
+    tk_model *m = NULL;
+    tk_batch *tb = NULL, *db = NULL;
+    s->ntl = 0;
+    if ((rc = tk_model_opts_from_config(&mo, &cc, err)) != TK_OK) goto out;
+    snprintf(r->oom_phase, sizeof r->oom_phase, "model");
+    if (!(m = tk_model_new(d, &mo, err))) {
+        rc = err && err->status ? err->status : TK_EOOM;
+        if (rc == TK_EOOM && tk_dev_last_oom(d)) {
+            r->have_oom = 1;
+            r->oom = *tk_dev_last_oom(d);
+        }
+        goto out;
+    }
+    if (has_weights(cc.model)) {
+        char report[1024] = "";
+        int missing = 0;
+        if ((rc = tk_model_load_hf(m, cc.model, &missing, report, sizeof report, err)) != TK_OK) goto out;
+        note(h, "weights: loaded %s%s%s", cc.model, missing ? "; newly initialised: " : "", missing ? report : "");
+    } else if ((rc = tk_model_init_random(m, cc.seed, err)) != TK_OK) {
+        goto out;
+    }
+    tb = calloc((size_t)(data.n_train > 0 ? data.n_train : 1), sizeof *tb);
+    db = calloc((size_t)(data.n_dev > 0 ? data.n_dev : 1), sizeof *db);
+    if (!tb || !db) {
+        tk_err_set(err, TK_EINVAL, "out of host memory for %d batches", data.n_train + data.n_dev);
+        rc = TK_EINVAL;
+        goto out;
+    }
+    for (int i = 0; i < data.n_train + data.n_dev; i++) {
+        const tk_hbatch *hb = i < data.n_train ? &data.train[i] : &data.dev[i - data.n_train];
+        tk_batch *b = i < data.n_train ? &tb[i] : &db[i - data.n_train];
+        *b = (tk_batch){.B = hb->B, .T = hb->T, .input_ids = hb->input_ids,
+                        .token_type_ids = hb->token_type_ids, .attention_mask = hb->attention_mask,
+                        .labels = hb->labels, .start_positions = hb->start_positions,
+                        .end_positions = hb->end_positions};
+    }
+    snprintf(r->oom_phase, sizeof r->oom_phase, "training");
+    {
+        /* progress every step: the timeline wants each step, the display
+         * throttles itself */
+        cc.log_every = 1;
+        run_ctx x = {s, h, r};
+        tk_train_callbacks cb = {.on_progress = run_progress, .on_epoch = run_epoch, .ud = &x};
+        tk_train_result tr;
+        memset(&tr, 0, sizeof tr);
+        rc = tk_train_run(&cc, m, tb, data.n_train, db, data.n_dev, &cb, &tr, err);
+        r->steps = tr.steps;
+        r->epochs_done = tr.epochs_done;
+        r->n_history = tr.n_history;
+        r->history = tr.history;
+        tr.history = NULL;
+        r->peak_allocated = tr.peak_allocated;
+        r->peak_reserved = tr.peak_reserved;
+        r->seconds = tr.seconds;
+        memcpy(r->checkpoint, tr.checkpoint, sizeof r->checkpoint);
+        if (tr.have_oom) {
+            r->have_oom = 1;
+            r->oom = tr.oom;
+        }
+        tk_train_result_clear(&tr);
+    }
+out:
+    tk_model_destroy(&m);
+    tk_alloc_empty_cache(a);
+    free(tb);
+    free(db);
+    tk_run_data_clear(&data);
+    tk_alloc_stats_get(a, &st);
+    r->allocated_after = st.allocated;
+    if (rc == TK_EOOM) {
+        r->end = TK_RUN_OOM;
+        if (!r->have_oom && tk_dev_last_oom(d)) {
+            r->have_oom = 1;
+            r->oom = *tk_dev_last_oom(d);
+        }
+        if (r->have_oom) {
+            s->oom = r->oom;
+            s->have_oom = 1;
+        }
+        return TK_OK;
+    }
+    if (rc == TK_ECANCEL) {
+        r->end = TK_RUN_CANCELLED;
+        return TK_OK;
+    }
+    if (rc == TK_OK) r->end = TK_RUN_DONE;
+    return rc;
+}

@@ -1,0 +1,149 @@
+/* tk_session.h — the notebook session: what one kernel remembers between
+ * cells, and the run pipeline `%%txtrain` and `txk train` share.
+ *
+ * A session holds the device (kept between cells so memory figures carry
+ * over and an earlier run's leftovers are visible), the last config, the
+ * last plan, the last run's result and history, the last OOM record, the
+ * memory timeline of the last run, and the token lengths of the last corpus
+ * looked at. The advisor (issue 7) reads the last config / plan / OOM from
+ * here; it never reaches into the magics.
+ *
+ * The run pipeline: config -> data (tokenizer, dataset, features, host
+ * batches) -> plan on meta at the worst-case batch -> if the plan does not fit
+ * in what the device has free, stop before allocating anything -> model ->
+ * tk_train_run -> release the model. Whatever happens, the device's allocated
+ * bytes return to what they were before the run (the session baseline).
+ *
+ * Ownership: the session owns everything it holds; getters return borrowed
+ * pointers valid until the next call that changes that part of the session.
+ */
+#ifndef TK_SESSION_H
+#define TK_SESSION_H
+
+#include <stdint.h>
+#include "tk_config.h"
+#include "tk_gpu.h"
+#include "tk_plan.h"
+#include "tk_render.h"
+
+struct tk_progress;     /* tk_train.h */
+struct tk_epoch_stats;
+
+/* Training data as host batches, independent of the data module's own batch
+ * type (each array owned; shapes as tk_model.h's tk_batch). */
+typedef struct tk_hbatch {
+    int B, T;
+    int32_t *input_ids, *token_type_ids, *attention_mask; /* B*T (flatten_dense: B*towers*T) */
+    int32_t *labels, *start_positions, *end_positions;    /* B or NULL */
+} tk_hbatch;
+
+/* What the data step hands the trainer. */
+typedef struct tk_run_data {
+    tk_hbatch *train, *dev;
+    int n_train, n_dev;
+    int num_labels;          /* from the data (classification) */
+    int n_examples, n_dev_examples, n_truncated;
+    int *lengths;            /* token length (incl. specials, capped at max_len) per training feature */
+    int n_lengths;
+    char vocab_note[1400];    /* where the vocabulary came from, for the user */
+} tk_run_data;
+
+/* Builds the data for a run from config `c` (train_file, dev_file or
+ * dev_split, columns, task, max_len, batching, batch sizes). The vocabulary
+ * is c->vocab, else the model folder's vocab.txt, else one learned from the
+ * training texts (written next to output_dir or in /tmp) — said in
+ * vocab_note. Implemented in txdata.c. */
+tk_status tk_run_data_load(const tk_config *c, tk_run_data *out, tk_err *err);
+void tk_run_data_clear(tk_run_data *d);
+
+/* ---- the session ---------------------------------------------------------- */
+
+typedef struct tk_session tk_session;
+
+tk_session *tk_session_new(void);
+void tk_session_destroy(tk_session **ps);
+
+/* The device for config c: kept from an earlier call when it matches (kind
+ * and capacity), else the old one is released and a new one opened (auto:
+ * cuda when present, else cpu; `note` (may be NULL, 256 bytes) says when it
+ * fell back). Borrowed. */
+tk_dev *tk_session_device(tk_session *s, const tk_config *c, char *note, tk_err *err);
+tk_dev *tk_session_current_device(tk_session *s); /* borrowed; NULL if none yet */
+/* Capacity a config runs against: capacity, else its GPU profile's, else 0. */
+size_t tk_session_capacity_of(const tk_config *c);
+
+/* Last config (NULL before the first). The session keeps a copy. */
+const tk_config *tk_session_config(const tk_session *s);
+void tk_session_set_config(tk_session *s, const tk_config *c);
+const tk_plan_result *tk_session_plan(const tk_session *s);
+void tk_session_set_plan(tk_session *s, const tk_plan_result *p);
+const tk_oom *tk_session_oom(const tk_session *s);       /* last run-time OOM, or NULL */
+/* Corpus lengths from the last %txdata or run (borrowed, may be NULL). */
+const int *tk_session_lengths(const tk_session *s, int *n);
+void tk_session_set_lengths(tk_session *s, const int *len, int n);
+/* Releases everything: device, last run, timeline (keeps nothing). */
+void tk_session_reset(tk_session *s);
+
+/* A sample of the memory timeline (one per optimizer step of the last run). */
+typedef struct tk_mem_sample { int64_t step; size_t allocated, reserved, peak; } tk_mem_sample;
+const tk_mem_sample *tk_session_timeline(const tk_session *s, int *n);
+
+/* ---- a run ------------------------------------------------------------------- */
+
+typedef enum {
+    TK_RUN_DONE = 0,     /* trained to the end */
+    TK_RUN_PLANNED_OOM,  /* the plan did not fit; nothing was allocated on the device */
+    TK_RUN_OOM,          /* ran out at run time; memory released; oom holds the record */
+    TK_RUN_CANCELLED,    /* interrupted at a step boundary */
+    TK_RUN_FAILED        /* a config, data or device error; err says which */
+} tk_run_end;
+
+typedef struct tk_run_hooks {
+    void (*on_note)(void *ud, const char *line);                  /* one-line status messages */
+    int (*on_progress)(void *ud, const struct tk_progress *p);   /* every step; nonzero cancels */
+    void (*on_epoch)(void *ud, const struct tk_epoch_stats *e);
+    void *ud;
+} tk_run_hooks;
+
+typedef struct tk_run_report {
+    tk_run_end end;
+    tk_plan_result plan;        /* the plan made before the run */
+    size_t free_before;         /* device bytes free when the run started */
+    size_t baseline, allocated_after;
+    int have_oom;
+    tk_oom oom;
+    char oom_phase[32];         /* "model", "training" */
+    int64_t steps;
+    int epochs_done, n_history;
+    struct tk_epoch_stats *history; /* owned (tk_run_report_clear) */
+    size_t peak_allocated, peak_reserved;
+    double seconds;
+    char checkpoint[TK_PATH_MAX];
+    char device_note[256];
+} tk_run_report;
+void tk_run_report_clear(tk_run_report *r);
+
+/* Runs config c (already parsed and validated) in the session. Returns TK_OK
+ * when the pipeline ran to an end described in r->end (including planned and
+ * run-time OOM and cancel); another status when it could not start (err). */
+tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks *h,
+                           tk_run_report *r, tk_err *err);
+
+/* ---- reports shared by the magics and `txk` (text + HTML + JSON) ----------- */
+
+/* The plan: peak vs capacity/free, category breakdown, top owners. `free`
+ * is what the device has free (0 = unknown: compare with capacity). */
+json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes);
+/* An OOM autopsy: what was being allocated, for which layer and category,
+ * capacity, free, allocated, reserved, largest free block, top owners, and
+ * the next things to try. `phase` may be NULL. */
+char *tk_report_oom_text(const tk_oom *o, const char *phase);
+json_t *tk_report_oom_json(const tk_oom *o, const char *phase);
+/* The per-epoch table of a run. */
+json_t *tk_report_history(const struct tk_epoch_stats *h, int n, int task);
+
+/* Live memory of a device: `by` is "category", "owner" or "layer". */
+json_t *tk_report_mem(tk_dev *d, const char *by, int top);
+/* The bundle's "application/json" part is what --json prints. */
+
+#endif

@@ -1,0 +1,57 @@
+/* tk_txmagics.h — what the txkernel magics (%%txtrain, %txplan, %txmem,
+ * %txdata, %txdevice, %txreset) share with each other and with `txk`:
+ * argument splitting, emitting a MIME bundle, and the report builders that
+ * both a cell and a shell command print.
+ *
+ * Ownership: bundles are new references unless said otherwise; argv arrays
+ * from tk_txargs_split are freed with tk_txargs_free.
+ */
+#ifndef TK_TXMAGICS_H
+#define TK_TXMAGICS_H
+
+#include <jansson.h>
+#include "tk_config.h"
+#include "tk_gpu.h"
+#include "tk_magics.h"
+
+/* Splits a magic's argument line like a shell: blanks separate words, single
+ * and double quotes group (no expansion). 0, or -1 on unbalanced quotes/OOM. */
+int tk_txargs_split(const char *s, char ***argv, int *argc);
+void tk_txargs_free(char **argv, int argc);
+
+/* Shows a bundle as display_data. json_only: only its application/json part,
+ * with text/plain the same JSON indented (what --json asks for). */
+void tk_txemit(tk_magic_ctx *m, json_t *bundle, int json_only);
+
+/* A config from a cell: `base`, then the YAML body (if any), then the
+ * `key=value` words of the magic line. skip_flags: words starting with "--"
+ * are the caller's (and --gpu/--file take the next word). 0, or -1 after
+ * reporting the error (line and key named) through the sink. */
+int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out, int skip_flags);
+
+/* The corpus report of %txdata / `txk data`. */
+typedef struct tk_data_report_opts {
+    const char *path, *text_col, *pair_col, *model, *vocab;
+    int max_len, batch_size, buckets; /* 0 = 512, 32, 8 */
+} tk_data_report_opts;
+/* On success *bundle holds text/plain, text/html, image/svg+xml, Vega-Lite and
+ * application/json; *lengths (may be NULL) gets a new array of n token
+ * lengths capped at max_len. */
+tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **lengths, int *n,
+                         tk_err *err);
+
+/* Largest batch size per sequence length (64..512) that fits the config's
+ * capacity, found by bisection over plans on meta. A table bundle. */
+tk_status tk_max_batch_report(const tk_config *c, json_t **bundle, tk_err *err);
+
+/* The device: kind, name, capacity, free, other processes (NVML when the
+ * driver has it), driver/CUDA versions; on cpu and meta the capacity is said
+ * to be simulated. `d` may be NULL (no device opened yet: describes what a
+ * run would get from config c). */
+json_t *tk_device_report(tk_dev *d, const tk_config *c);
+
+#define TXDATA_USAGE "%txdata FILE [--text COL] [--pair COL] [--model M] [--vocab FILE] [--max-len N] [--batch N] [--json]"
+
+int tk_magics_register_txdata(tk_magics *m);
+
+#endif

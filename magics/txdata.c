@@ -1,0 +1,484 @@
+/* txdata.c — data for a run (tk_run_data_load) and the corpus report behind
+ * `%txdata FILE` and `txk data FILE`.
+ *
+ * This is the only file of magics/ that includes tk_data.h: it turns the data
+ * module's batches into tk_hbatch, so the rest of the session speaks the
+ * model's batch type only.
+ *
+ * Guarantees: every failure names the file (and line/column where the data
+ * module knows it) and frees what was built; a corpus report never touches
+ * a device.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "tk_data.h"
+#include "tk_magics.h"
+#include "tk_render.h"
+#include "tk_session.h"
+#include "tk_txmagics.h"
+
+/* ---- the tokenizer a run uses --------------------------------------------- */
+
+static int file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* FNV-1a of the texts' file name and size, so a learned vocabulary is reused
+ * for the same corpus and not for another one. */
+static uint64_t fnv(const char *s, uint64_t h) {
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* c->vocab, else the model folder's vocab.txt, else a vocabulary learned from
+ * `texts` (n of them). `note` says which. */
+static tk_tokenizer *run_tokenizer(const tk_config *c, const char *corpus, const char *const *texts,
+                                   int n, char *note, size_t note_n, tk_err *err) {
+    tk_config r = *c;
+    tk_err ignore = {0};
+    tk_config_resolve_model(&r, &ignore); /* lower-casing and vocab size of a preset, if it is one */
+    tk_tokenizer_opts o = {.lowercase = r.lowercase, .strip_accents = -1};
+    char path[TK_PATH_MAX + 64];
+    if (c->vocab[0]) {
+        snprintf(note, note_n, "vocabulary: %s", c->vocab);
+        return tk_tokenizer_new(c->vocab, &o, err);
+    }
+    snprintf(path, sizeof path, "%s/vocab.txt", c->model);
+    if (file_exists(path)) {
+        snprintf(note, note_n, "vocabulary: %.600s", path);
+        return tk_tokenizer_new(path, &o, err);
+    }
+    /* A preset names a shape, not weights: there is no vocab.txt to read and
+     * we never download one. Learn a WordPiece vocabulary from the data. */
+    int size = r.vocab_size > 0 ? r.vocab_size : 30522;
+    struct stat st;
+    uint64_t h = fnv(corpus, 1469598103934665603ull) ^ (uint64_t)(stat(corpus, &st) == 0 ? st.st_size : 0);
+    h = fnv(r.lowercase > 0 ? "lc" : "cs", h) * 31 + (uint64_t)size;
+    if (c->output_dir[0]) snprintf(path, sizeof path, "%s/vocab.txt", c->output_dir);
+    else snprintf(path, sizeof path, "/tmp/txk-vocab-%016llx.txt", (unsigned long long)h);
+    if (c->output_dir[0]) mkdir(c->output_dir, 0777);
+    if (!(c->output_dir[0] == 0 && file_exists(path))) {
+        tk_status st2 = tk_vocab_build(texts, n, size, r.lowercase > 0, 0, path, err);
+        if (st2 != TK_OK) return NULL;
+    }
+    o.lowercase = r.lowercase > 0;
+    snprintf(note, note_n,
+             "vocabulary: learned from %.300s (%.300s has no vocab.txt here; set vocab: to use yours) -> %.600s",
+             corpus, c->model, path);
+    return tk_tokenizer_new(path, &o, err);
+}
+
+/* ---- host batches ------------------------------------------------------------ */
+
+static int32_t *dup32(const int32_t *p, size_t n) {
+    if (!p) return NULL;
+    int32_t *q = malloc(n * sizeof *q);
+    if (q) memcpy(q, p, n * sizeof *q);
+    return q;
+}
+
+static void hbatch_free(tk_hbatch *b) {
+    free(b->input_ids);
+    free(b->token_type_ids);
+    free(b->attention_mask);
+    free(b->labels);
+    free(b->start_positions);
+    free(b->end_positions);
+    memset(b, 0, sizeof *b);
+}
+
+/* Every batch of epoch 0 (the trainer shuffles their order per epoch). */
+static tk_status make_batches(const tk_features *f, const tk_config *c, int batch_size, int pad_id,
+                              tk_hbatch **out, int *nout, tk_err *err) {
+    tk_batching_opts bo = {.strategy = c->head == TK_HEAD_FLATTEN_DENSE ? TK_BATCH_FIXED : c->batching,
+                           .batch_size = batch_size, .buckets = c->buckets, .shuffle = 0,
+                           .drop_last = 0, .seed = c->seed};
+    tk_batches *bs = tk_batches_new(f, &bo, pad_id, err);
+    if (!bs) return err && err->status ? err->status : TK_EINVAL;
+    int n = tk_batches_count(bs);
+    tk_hbatch *hb = calloc((size_t)(n > 0 ? n : 1), sizeof *hb);
+    tk_batch b;
+    memset(&b, 0, sizeof b);
+    tk_status st = hb ? TK_OK : TK_EINVAL;
+    if (!hb) tk_err_set(err, TK_EINVAL, "out of host memory for %d batches", n);
+    for (int i = 0; st == TK_OK && i < n; i++) {
+        if ((st = tk_batches_get(bs, 0, i, &b, err)) != TK_OK) break;
+        size_t bt = (size_t)b.B * (size_t)b.T;
+        hb[i].B = b.B;
+        hb[i].T = b.T;
+        hb[i].input_ids = dup32(b.input_ids, bt);
+        hb[i].token_type_ids = dup32(b.token_type_ids, bt);
+        hb[i].attention_mask = dup32(b.attention_mask, bt);
+        hb[i].labels = dup32(b.labels, (size_t)b.B);
+        hb[i].start_positions = dup32(b.start_positions, (size_t)b.B);
+        hb[i].end_positions = dup32(b.end_positions, (size_t)b.B);
+        if (!hb[i].input_ids || !hb[i].token_type_ids || !hb[i].attention_mask) {
+            tk_err_set(err, TK_EINVAL, "out of host memory for batch %d", i);
+            st = TK_EINVAL;
+        }
+    }
+    tk_batch_clear(&b);
+    tk_batches_destroy(&bs);
+    if (st != TK_OK) {
+        for (int i = 0; hb && i < n; i++) hbatch_free(&hb[i]);
+        free(hb);
+        return st;
+    }
+    *out = hb;
+    *nout = n;
+    return TK_OK;
+}
+
+void tk_run_data_clear(tk_run_data *d) {
+    if (!d) return;
+    for (int i = 0; i < d->n_train; i++) hbatch_free(&d->train[i]);
+    for (int i = 0; i < d->n_dev; i++) hbatch_free(&d->dev[i]);
+    free(d->train);
+    free(d->dev);
+    free(d->lengths);
+    memset(d, 0, sizeof *d);
+}
+
+static tk_status lengths_of(const tk_features *f, tk_run_data *out, tk_err *err) {
+    out->lengths = malloc((size_t)(f->n > 0 ? f->n : 1) * sizeof(int));
+    if (!out->lengths) {
+        tk_err_set(err, TK_EINVAL, "out of host memory");
+        return TK_EINVAL;
+    }
+    for (int i = 0; i < f->n; i++) out->lengths[i] = f->len[i];
+    out->n_lengths = f->n;
+    return TK_OK;
+}
+
+static tk_status load_classify(const tk_config *c, tk_run_data *out, tk_err *err) {
+    tk_data_cols cols = {.text = c->text_col, .text_pair = c->text_pair_col, .label = c->label_col};
+    tk_dataset *all = NULL, *train = NULL, *dev = NULL;
+    tk_tokenizer *tok = NULL;
+    tk_features *ft = NULL, *fd = NULL;
+    tk_status st;
+    if ((st = tk_dataset_load(c->train_file, &cols, &all, err)) != TK_OK) goto out;
+    if (c->dev_file[0]) {
+        if ((st = tk_dataset_load(c->dev_file, &cols, &dev, err)) != TK_OK) goto out;
+        if ((st = tk_dataset_use_labels(dev, all->labels, all->num_labels, err)) != TK_OK) goto out;
+        train = all;
+        all = NULL;
+    } else if (c->dev_split > 0) {
+        if ((st = tk_dataset_split(all, c->dev_split, c->seed, &train, &dev, err)) != TK_OK) goto out;
+    } else {
+        train = all;
+        all = NULL;
+    }
+    if (c->max_examples > 0 && train->n > c->max_examples) train->n = c->max_examples;
+    if (!(tok = run_tokenizer(c, c->train_file, (const char *const *)train->text, train->n, out->vocab_note,
+                              sizeof out->vocab_note, err))) {
+        st = err && err->status ? err->status : TK_EINVAL;
+        goto out;
+    }
+    if ((st = tk_features_classify(tok, train, c->max_len, TK_TRUNC_LONGEST_FIRST, &ft, err)) != TK_OK) goto out;
+    if (dev && (st = tk_features_classify(tok, dev, c->max_len, TK_TRUNC_LONGEST_FIRST, &fd, err)) != TK_OK)
+        goto out;
+    int pad = tk_tokenizer_special(tok).pad;
+    out->num_labels = train->num_labels;
+    out->n_examples = train->n;
+    out->n_dev_examples = dev ? dev->n : 0;
+    out->n_truncated = ft->n_truncated;
+    if ((st = lengths_of(ft, out, err)) != TK_OK) goto out;
+    if ((st = make_batches(ft, c, c->batch_size, pad, &out->train, &out->n_train, err)) != TK_OK) goto out;
+    if (fd && (st = make_batches(fd, c, c->eval_batch_size > 0 ? c->eval_batch_size : c->batch_size, pad,
+                                 &out->dev, &out->n_dev, err)) != TK_OK)
+        goto out;
+out:
+    tk_features_destroy(&ft);
+    tk_features_destroy(&fd);
+    tk_tokenizer_destroy(&tok);
+    tk_dataset_destroy(&all);
+    tk_dataset_destroy(&train);
+    tk_dataset_destroy(&dev);
+    return st;
+}
+
+static tk_status load_squad(const tk_config *c, tk_run_data *out, tk_err *err) {
+    tk_squad *train = NULL, *dev = NULL;
+    tk_tokenizer *tok = NULL;
+    tk_features *ft = NULL, *fd = NULL;
+    const char **texts = NULL;
+    tk_status st;
+    if ((st = tk_squad_load(c->train_file, &train, err)) != TK_OK) goto out;
+    if (c->dev_file[0] && (st = tk_squad_load(c->dev_file, &dev, err)) != TK_OK) goto out;
+    if (c->max_examples > 0 && train->n > c->max_examples) train->n = c->max_examples;
+    texts = malloc((size_t)(2 * train->n + 1) * sizeof *texts);
+    if (!texts) {
+        tk_err_set(err, TK_EINVAL, "out of host memory");
+        st = TK_EINVAL;
+        goto out;
+    }
+    for (int i = 0; i < train->n; i++) {
+        texts[2 * i] = train->ex[i].question;
+        texts[2 * i + 1] = train->ex[i].context;
+    }
+    if (!(tok = run_tokenizer(c, c->train_file, texts, 2 * train->n, out->vocab_note, sizeof out->vocab_note,
+                              err))) {
+        st = err && err->status ? err->status : TK_EINVAL;
+        goto out;
+    }
+    if ((st = tk_features_squad(tok, train, c->max_len, c->doc_stride, &ft, err)) != TK_OK) goto out;
+    if (dev && (st = tk_features_squad(tok, dev, c->max_len, c->doc_stride, &fd, err)) != TK_OK) goto out;
+    int pad = tk_tokenizer_special(tok).pad;
+    out->n_examples = train->n;
+    out->n_dev_examples = dev ? dev->n : 0;
+    if ((st = lengths_of(ft, out, err)) != TK_OK) goto out;
+    if ((st = make_batches(ft, c, c->batch_size, pad, &out->train, &out->n_train, err)) != TK_OK) goto out;
+    if (fd && (st = make_batches(fd, c, c->eval_batch_size > 0 ? c->eval_batch_size : c->batch_size, pad,
+                                 &out->dev, &out->n_dev, err)) != TK_OK)
+        goto out;
+out:
+    free(texts);
+    tk_features_destroy(&ft);
+    tk_features_destroy(&fd);
+    tk_tokenizer_destroy(&tok);
+    tk_squad_destroy(&train);
+    tk_squad_destroy(&dev);
+    return st;
+}
+
+tk_status tk_run_data_load(const tk_config *c, tk_run_data *out, tk_err *err) {
+    memset(out, 0, sizeof *out);
+    if (!c->train_file[0]) {
+        tk_err_set(err, TK_EINVAL, "train_file: not set (name a CSV, TSV, JSONL or SQuAD JSON file)");
+        return TK_EINVAL;
+    }
+    if (c->head == TK_HEAD_FLATTEN_DENSE && c->towers > 1) {
+        tk_err_set(err, TK_EINVAL,
+                   "towers: %d-tower training from a data file is not supported; plan it with %%txplan "
+                   "(or train with towers: 1)", c->towers);
+        return TK_EINVAL;
+    }
+    tk_status st = c->task == TK_TASK_QA ? load_squad(c, out, err) : load_classify(c, out, err);
+    if (st != TK_OK) tk_run_data_clear(out);
+    return st;
+}
+
+/* ---- the corpus report -------------------------------------------------------- */
+
+tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **lengths_out, int *n_out,
+                         tk_err *err) {
+    tk_table *t = NULL;
+    tk_tokenizer *tok = NULL;
+    int32_t *len = NULL;
+    const char **texts = NULL;
+    tk_rtable *tp = NULL, *tt = NULL, *tw = NULL;
+    tk_status st;
+    *bundle = NULL;
+    if ((st = tk_table_read(o->path, &t, err)) != TK_OK) return st;
+    const char *col = o->text_col && *o->text_col ? o->text_col : "text";
+    int ci = tk_table_col(t, col), pi = o->pair_col && *o->pair_col ? tk_table_col(t, o->pair_col) : -1;
+    if (ci < 0 || (o->pair_col && *o->pair_col && pi < 0)) {
+        tk_sb b = {0};
+        for (int i = 0; i < t->ncols; i++) tk_sb_addf(&b, "%s%s", i ? ", " : "", t->cols[i]);
+        char *list = tk_sb_take(&b);
+        tk_err_set(err, TK_EINVAL, "%s: no column '%s' (columns: %s; pick one with --text COL)", t->name,
+                   ci < 0 ? col : o->pair_col, list ? list : "?");
+        free(list);
+        st = TK_EINVAL;
+        goto out;
+    }
+    texts = malloc((size_t)(t->nrows > 0 ? t->nrows : 1) * sizeof *texts);
+    len = malloc((size_t)(t->nrows > 0 ? t->nrows : 1) * sizeof *len);
+    if (!texts || !len) {
+        tk_err_set(err, TK_EINVAL, "out of host memory");
+        st = TK_EINVAL;
+        goto out;
+    }
+    for (int i = 0; i < t->nrows; i++) texts[i] = t->cells[(size_t)i * t->ncols + ci];
+    tk_config c;
+    tk_config_defaults(&c);
+    if (o->model && *o->model) snprintf(c.model, sizeof c.model, "%s", o->model);
+    if (o->vocab && *o->vocab) snprintf(c.vocab, sizeof c.vocab, "%s", o->vocab);
+    char vnote[1400] = "";
+    if (!(tok = run_tokenizer(&c, o->path, texts, t->nrows, vnote, sizeof vnote, err))) {
+        st = err && err->status ? err->status : TK_EINVAL;
+        goto out;
+    }
+    for (int i = 0; i < t->nrows; i++) {
+        int n = tk_count_tokens(tok, texts[i], (size_t)-1);
+        int np = pi >= 0 ? tk_count_tokens(tok, t->cells[(size_t)i * t->ncols + pi], (size_t)-1) : 0;
+        if (n < 0 || np < 0) {
+            tk_err_set(err, TK_EINVAL, "out of host memory while tokenizing");
+            st = TK_EINVAL;
+            goto out;
+        }
+        len[i] = n + np + (pi >= 0 ? 3 : 2); /* [CLS] a [SEP] (b [SEP]) */
+    }
+    tk_length_stats ls;
+    tk_length_stats_compute(len, t->nrows, &ls);
+    int max_len = o->max_len > 0 ? o->max_len : 512;
+    int batch = o->batch_size > 0 ? o->batch_size : 32;
+    tk_padding_report pr[3];
+    if ((st = tk_padding_waste(len, t->nrows, max_len, batch, o->buckets > 0 ? o->buckets : 8, 42, pr, err)) !=
+        TK_OK)
+        goto out;
+
+    /* percentiles, truncation and padding tables */
+    const char *hp[] = {"statistic", ">tokens"};
+    tp = tk_rtable_new("Token lengths (with [CLS]/[SEP])", 2, hp);
+    tk_rtable_rowf(tp, "examples\t%d", ls.n);
+    tk_rtable_rowf(tp, "mean\t%.1f", ls.mean);
+    tk_rtable_rowf(tp, "min\t%d", ls.min);
+    tk_rtable_rowf(tp, "p50\t%d", ls.p50);
+    tk_rtable_rowf(tp, "p90\t%d", ls.p90);
+    tk_rtable_rowf(tp, "p95\t%d", ls.p95);
+    tk_rtable_rowf(tp, "p99\t%d", ls.p99);
+    tk_rtable_rowf(tp, "max\t%d", ls.max);
+    const char *ht[] = {">max_len", ">% truncated"};
+    tt = tk_rtable_new("Examples cut at each max_len", 2, ht);
+    for (int k = 0; k < TK_LEN_CANDIDATES; k++) tk_rtable_rowf(tt, "%d\t%.2f", ls.cand[k], ls.pct_truncated[k]);
+    const char *hw[] = {"batching", ">batches", ">longest batch", ">real tokens", ">padded tokens", ">% padding"};
+    char title[128];
+    snprintf(title, sizeof title, "Padding at max_len %d, batch %d", max_len, batch);
+    tw = tk_rtable_new(title, 6, hw);
+    static const char *const names[] = {"fixed", "dynamic", "buckets"};
+    for (int k = 0; k < 3; k++)
+        tk_rtable_rowf(tw, "%s\t%d\t%d\t%lld\t%lld\t%.1f", names[k], pr[k].num_batches, pr[k].max_T,
+                       (long long)pr[k].real_tokens, (long long)pr[k].padded_tokens, 100 * pr[k].waste);
+    if (!tp || !tt || !tw) {
+        tk_err_set(err, TK_EINVAL, "out of host memory");
+        st = TK_EINVAL;
+        goto out;
+    }
+    char labels[TK_LEN_HIST_BINS][32];
+    const char *lp[TK_LEN_HIST_BINS];
+    double hv[TK_LEN_HIST_BINS];
+    for (int k = 0; k < TK_LEN_HIST_BINS; k++) {
+        snprintf(labels[k], sizeof labels[k], "%d-%d", ls.hist_edge[k], ls.hist_edge[k + 1] - 1);
+        lp[k] = labels[k];
+        hv[k] = ls.hist[k];
+    }
+    char htitle[300];
+    snprintf(htitle, sizeof htitle, "Token lengths of %s (%s)", t->name, col);
+
+    tk_sb text = {0}, html = {0};
+    char *a = tk_rtable_text(tp), *b2 = tk_rtable_text(tt), *c2 = tk_rtable_text(tw);
+    tk_sb_addf(&text, "%s: %d examples, column '%s'\n%s\n\n%s\n%s\n%s", t->name, ls.n, col, vnote, a ? a : "",
+               b2 ? b2 : "", c2 ? c2 : "");
+    free(a);
+    free(b2);
+    free(c2);
+    tk_sb_add(&html, "<div class=\"txk-data\"><p>");
+    tk_sb_add_html(&html, t->name);
+    tk_sb_addf(&html, ": %d examples, column '", ls.n);
+    tk_sb_add_html(&html, col);
+    tk_sb_add(&html, "'<br><small>");
+    tk_sb_add_html(&html, vnote);
+    tk_sb_add(&html, "</small></p>");
+    char *svg = tk_svg_bars(htitle, "examples", TK_LEN_HIST_BINS, lp, hv);
+    if (svg) tk_sb_add(&html, svg);
+    tk_sb_add(&html, "<div style=\"display:flex;gap:24px;align-items:flex-start\">");
+    char *h1 = tk_rtable_html(tp), *h2 = tk_rtable_html(tt), *h3 = tk_rtable_html(tw);
+    tk_sb_addf(&html, "%s%s%s</div></div>", h1 ? h1 : "", h2 ? h2 : "", h3 ? h3 : "");
+    free(h1);
+    free(h2);
+    free(h3);
+
+    json_t *out = tk_bundle_new("");
+    json_object_set_new(out, "text/plain", json_string(text.p ? text.p : ""));
+    tk_sb_clear(&text);
+    tk_bundle_take(out, "text/html", tk_sb_take(&html));
+    tk_bundle_take(out, "image/svg+xml", svg);
+    tk_bundle_take_json(out, "application/vnd.vegalite.v5+json",
+                        tk_vegalite_bars(htitle, "tokens", "examples", TK_LEN_HIST_BINS, lp, hv));
+    json_t *pj = json_array();
+    for (int k = 0; k < 3; k++)
+        json_array_append_new(pj, json_pack("{s:s, s:i, s:i, s:I, s:I, s:f}", "batching", names[k], "batches",
+                                            pr[k].num_batches, "max_T", pr[k].max_T, "real_tokens",
+                                            (json_int_t)pr[k].real_tokens, "padded_tokens",
+                                            (json_int_t)pr[k].padded_tokens, "waste", pr[k].waste));
+    json_t *tj = json_object();
+    for (int k = 0; k < TK_LEN_CANDIDATES; k++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", ls.cand[k]);
+        json_object_set_new(tj, key, json_real(ls.pct_truncated[k]));
+    }
+    json_object_set_new(out, "application/json",
+                        json_pack("{s:s, s:s, s:i, s:f, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:o, s:s}", "file", t->name,
+                                  "column", col, "examples", ls.n, "mean", ls.mean, "min", ls.min, "p50", ls.p50,
+                                  "p90", ls.p90, "p95", ls.p95, "p99", ls.p99, "max", ls.max, "pct_truncated", tj,
+                                  "padding", pj, "vocabulary", vnote));
+    *bundle = out;
+    if (lengths_out) {
+        int *copy = malloc((size_t)(t->nrows > 0 ? t->nrows : 1) * sizeof *copy);
+        if (copy)
+            for (int i = 0; i < t->nrows; i++) copy[i] = len[i] < max_len ? len[i] : max_len;
+        *lengths_out = copy;
+        *n_out = copy ? t->nrows : 0;
+    }
+out:
+    tk_rtable_destroy(&tp);
+    tk_rtable_destroy(&tt);
+    tk_rtable_destroy(&tw);
+    free(texts);
+    free(len);
+    tk_tokenizer_destroy(&tok);
+    tk_table_destroy(&t);
+    return st;
+}
+
+/* ---- %txdata ------------------------------------------------------------------- */
+
+static int run_txdata(tk_magic_ctx *m) {
+    tk_session *s = m->session;
+    char **argv = NULL;
+    int argc = 0;
+    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "out of memory");
+    tk_data_report_opts o = {0};
+    const tk_config *last = tk_session_config(s);
+    o.max_len = last ? last->max_len : 0;
+    o.batch_size = last ? last->batch_size : 0;
+    o.buckets = last ? last->buckets : 0;
+    int json_only = 0, rc = 0;
+    for (int i = 0; i < argc && !rc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) json_only = 1;
+        else if (!strcmp(a, "--text") && v) { o.text_col = v; i++; }
+        else if (!strcmp(a, "--pair") && v) { o.pair_col = v; i++; }
+        else if (!strcmp(a, "--model") && v) { o.model = v; i++; }
+        else if (!strcmp(a, "--vocab") && v) { o.vocab = v; i++; }
+        else if (!strcmp(a, "--max-len") && v) { o.max_len = atoi(v); i++; }
+        else if (!strcmp(a, "--batch") && v) { o.batch_size = atoi(v); i++; }
+        else if (a[0] != '-' && !o.path) o.path = a;
+        else rc = tk_magic_error(m, "UsageError", "%%txdata: unexpected '%s'\nusage: %s", a, TXDATA_USAGE);
+    }
+    if (!rc && !o.path) rc = tk_magic_error(m, "UsageError", "%%txdata: which file?\nusage: %s", TXDATA_USAGE);
+    if (!rc && !o.model && last) o.model = last->model;
+    if (!rc) {
+        json_t *bundle = NULL;
+        int *len = NULL, n = 0;
+        tk_err err = {0};
+        if (tk_data_report(&o, &bundle, &len, &n, &err) != TK_OK) {
+            rc = tk_magic_error(m, "DataError", "%s", err.msg);
+        } else {
+            tk_session_set_lengths(s, len, n);
+            tk_txemit(m, bundle, json_only);
+            json_decref(bundle);
+        }
+        free(len);
+    }
+    tk_txargs_free(argv, argc);
+    return rc;
+}
+
+static const tk_magic_def TXDATA[] = {
+    {"txdata", TK_MAGIC_LINE, run_txdata, "token lengths, truncation and padding waste of a data file",
+     "%txdata FILE [--text COL] [--pair COL] [--model M] [--vocab vocab.txt] [--max-len N] [--batch N] [--json]\n\n"
+     "Tokenizes the text column of a CSV/TSV/JSONL file and shows the token-length\n"
+     "histogram, percentiles (p50/p90/p95/p99/max), the share of examples cut at\n"
+     "max_len 64..512, and the padding waste of fixed, dynamic and bucketed batching\n"
+     "at the given max_len and batch size (default: the last %txtrain config's).\n"
+     "The lengths are kept for %txplan's dynamic-padding worst case."},
+};
+
+int tk_magics_register_txdata(tk_magics *m) { return tk_magics_add_table(m, TXDATA, 1); }

@@ -1,0 +1,198 @@
+/* txplan.c — `%txplan` / `%%txplan`: the planned peak of a run and where it
+ * goes, without training; `--max-batch`: the largest batch per sequence
+ * length that fits a capacity.
+ *
+ * The base config is the session's last one (from %%txtrain, %txplan or
+ * %txfix), so `%txplan batch_size=8` asks "and with batch 8?". The plan and
+ * the config become the session's last, for %txadvise.
+ *
+ * Guarantees: planning runs on a private meta device; the session's device
+ * is never touched.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tk_magics.h"
+#include "tk_plan.h"
+#include "tk_render.h"
+#include "tk_session.h"
+#include "tk_txmagics.h"
+
+/* Largest batch in [1, hi] whose plan fits `cap`, by bisection (a plan's
+ * peak grows with the batch). 0 when batch 1 does not fit. */
+static int largest_batch(tk_config c, int seq, size_t cap, int hi, size_t *peak, tk_err *err) {
+    c.max_len = seq;
+    c.batch_size = 1;
+    c.eval_batch_size = 0;
+    c.capacity = cap;
+    tk_plan_result p;
+    if (tk_plan(&c, NULL, 0, &p, err) != TK_OK) return -1;
+    if (!p.fits) return 0;
+    *peak = p.peak_reserved;
+    int lo = 1;
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        c.batch_size = mid;
+        if (tk_plan(&c, NULL, 0, &p, err) != TK_OK) return -1;
+        if (p.fits) {
+            lo = mid;
+            *peak = p.peak_reserved;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
+tk_status tk_max_batch_report(const tk_config *c0, json_t **bundle, tk_err *err) {
+    tk_config c = *c0;
+    size_t cap = tk_session_capacity_of(&c);
+    *bundle = NULL;
+    if (!cap) {
+        tk_err_set(err, TK_EINVAL, "--max-batch needs a capacity: give --gpu PROFILE or capacity=7.43GiB");
+        return TK_EINVAL;
+    }
+    tk_config dims = c;
+    if (tk_config_resolve_model(&dims, err) != TK_OK) return err->status;
+    static const int seqs[] = {64, 128, 256, 384, 512};
+    char title[256], cb[32];
+    snprintf(title, sizeof title, "Largest batch per sequence length: %.120s on %s (%s)", c.model,
+             c.gpu[0] ? c.gpu : "capacity", tk_format_bytes(cap, cb, sizeof cb));
+    const char *h[] = {">max_len", ">largest batch", ">peak reserved", ">margin"};
+    tk_rtable *t = tk_rtable_new(title, 4, h);
+    if (!t) {
+        tk_err_set(err, TK_EINVAL, "out of host memory");
+        return TK_EINVAL;
+    }
+    const char *labels[5];
+    char lb[5][16];
+    double vals[5];
+    int n = 0;
+    for (int i = 0; i < 5; i++) {
+        if (dims.max_position && seqs[i] > dims.max_position) break;
+        size_t peak = 0;
+        int b = largest_batch(c, seqs[i], cap, 4096, &peak, err);
+        if (b < 0) {
+            tk_rtable_destroy(&t);
+            return err->status ? err->status : TK_EINVAL;
+        }
+        char pb[32], mb[32];
+        tk_rtable_rowf(t, "%d\t%d\t%s\t%s", seqs[i], b, b ? tk_format_bytes(peak, pb, sizeof pb) : "-",
+                       b ? tk_format_bytes(cap - peak, mb, sizeof mb) : "-");
+        snprintf(lb[n], sizeof lb[n], "%d", seqs[i]);
+        labels[n] = lb[n];
+        vals[n++] = b;
+    }
+    json_t *out = tk_bundle_new("");
+    char *txt = tk_rtable_text(t);
+    tk_sb s = {0};
+    tk_sb_addf(&s, "%s(%s, precision %s, optimizer %s; planned on meta, nothing allocated)\n", txt ? txt : "",
+               c.model, c.precision == TK_PREC_FP32 ? "fp32" : c.precision == TK_PREC_FP16 ? "fp16" : "bf16",
+               c.optimizer == TK_OPTIM_ADAMW8 ? "adamw8bit" : "adamw");
+    free(txt);
+    tk_bundle_take(out, "text/plain", tk_sb_take(&s));
+    char *html = tk_rtable_html(t);
+    char *svg = tk_svg_bars(title, "batch", n, labels, vals);
+    tk_sb hs = {0};
+    if (html) tk_sb_add(&hs, html);
+    if (svg) tk_sb_add(&hs, svg);
+    free(html);
+    tk_bundle_take(out, "text/html", tk_sb_take(&hs));
+    tk_bundle_take(out, "image/svg+xml", svg);
+    tk_bundle_take_json(out, "application/vnd.vegalite.v5+json",
+                        tk_vegalite_bars(title, "max_len", "largest_batch", n, labels, vals));
+    tk_bundle_take_json(out, "application/json", tk_rtable_json(t));
+    tk_rtable_destroy(&t);
+    *bundle = out;
+    return TK_OK;
+}
+
+static int run_txplan(tk_magic_ctx *m) {
+    tk_session *s = m->session;
+    tk_config base;
+    const tk_config *last = tk_session_config(s);
+    if (last && !m->is_cell) base = *last;
+    else tk_config_defaults(&base);
+    tk_config c;
+    if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
+    char **argv = NULL;
+    int argc = 0, json_only = 0, max_batch = 0, rc = 0;
+    tk_err err = {0};
+    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
+    for (int i = 0; i < argc && !rc; i++) {
+        if (!strcmp(argv[i], "--json")) json_only = 1;
+        else if (!strcmp(argv[i], "--max-batch")) max_batch = 1;
+        else if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file")) {
+            if (i + 1 >= argc) {
+                rc = tk_magic_error(m, "UsageError", "%s needs a value", argv[i]);
+            } else if (!strcmp(argv[i], "--gpu")) {
+                if (tk_config_set(&c, "gpu", argv[++i], &err) != TK_OK) rc = tk_magic_error(m, "ConfigError", "%s", err.msg);
+            } else {
+                /* a YAML file read under the overrides already applied: re-apply */
+                FILE *f = fopen(argv[++i], "rb");
+                if (!f) {
+                    rc = tk_magic_error(m, "ConfigError", "%s: cannot open", argv[i]);
+                } else {
+                    char *buf = NULL;
+                    size_t len = 0;
+                    FILE *mem = open_memstream(&buf, &len);
+                    char chunk[4096];
+                    size_t k;
+                    while (mem && (k = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, k, mem);
+                    if (mem) fclose(mem);
+                    fclose(f);
+                    tk_config fresh;
+                    tk_config_defaults(&fresh);
+                    if (tk_config_parse_yaml(&fresh, buf ? buf : "", len, argv[i], &err) != TK_OK)
+                        rc = tk_magic_error(m, "ConfigError", "%s", err.msg);
+                    else if (tk_txconfig_from_cell(m, &fresh, &c, 1))
+                        rc = -1;
+                    free(buf);
+                }
+            }
+        } else if (!strncmp(argv[i], "--", 2)) {
+            rc = tk_magic_error(m, "UsageError", "%%txplan: unknown option %s\nusage: %%txplan [key=value ...] "
+                                                  "[--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--json]", argv[i]);
+        }
+    }
+    tk_txargs_free(argv, argc);
+    if (rc) return rc;
+    if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
+    json_t *bundle = NULL;
+    if (max_batch) {
+        if (tk_max_batch_report(&c, &bundle, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
+    } else {
+        int n = 0;
+        const int *len = tk_session_lengths(s, &n);
+        tk_plan_result p;
+        if (c.capacity == 0 && !c.gpu[0]) {
+            /* plan against the session device's capacity when it has one */
+            tk_dev *d = tk_session_current_device(s);
+            tk_dev_info info;
+            tk_dev_info_get(d, &info);
+            if (d && tk_dev_kind_of(d) == TK_DEV_CUDA) c.capacity = info.total;
+        }
+        if (tk_plan(&c, len, n, &p, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
+        tk_session_set_config(s, &c);
+        tk_session_set_plan(s, &p);
+        bundle = tk_report_plan(&p, 0);
+    }
+    tk_txemit(m, bundle, json_only);
+    json_decref(bundle);
+    return 0;
+}
+
+static const tk_magic_def TXPLAN[] = {
+    {"txplan", TK_MAGIC_BOTH, run_txplan, "predicted peak memory of a run and who takes it, without training",
+     "%txplan [key=value ...] [--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--json]\n"
+     "%%txplan [key=value ...]\n<YAML config>\n\n"
+     "Runs one training step (and an eval step) of the config on the meta device: no\n"
+     "arithmetic, same allocator, same allocation order as a real run. Shows the peak\n"
+     "(allocated and reserved) against the capacity, the bytes per category at the peak\n"
+     "and the top owners (HF module names). The line form starts from the last config of\n"
+     "the session and applies key=value overrides: %txplan batch_size=8 precision=fp16.\n"
+     "--max-batch: the largest batch for max_len 64..512 that fits the capacity."},
+};
+
+int tk_magics_register_txplan(tk_magics *m) { return tk_magics_add_table(m, TXPLAN, 1); }

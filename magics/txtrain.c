@@ -1,0 +1,275 @@
+/* txtrain.c — `%%txtrain`: a YAML config in, a plan, a live-progress
+ * training run, a per-epoch table, or an OOM autopsy out. Also creates the
+ * notebook session every txkernel magic shares, and offers config-key
+ * completion and help inside the cell body.
+ *
+ * Guarantees:
+ *  - A config error ends the cell before anything runs, naming line and key.
+ *  - When the plan does not fit what the device has free, the cell shows the
+ *    plan and ends with an error; nothing was allocated on the device.
+ *  - A run-time OOM ends the cell with an autopsy (what, for whom, capacity,
+ *    free, allocated, reserved, largest free block, top owners); the run's
+ *    memory is released and the kernel keeps serving.
+ *  - An interrupt stops at the next optimizer step; the last epoch's
+ *    checkpoint stays.
+ *  - Progress updates are throttled (at most 4 a second, plus the last one).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tk_magics.h"
+#include "tk_render.h"
+#include "tk_session.h"
+#include "tk_train.h"
+#include "tk_txmagics.h"
+
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    tk_magic_ctx *m;
+    char display_id[64];
+    int shown;
+    double last;
+    tk_progress p;
+    int have_p;
+} run_view;
+
+static void fmt_eta(double s, char *buf, size_t n) {
+    if (!(s >= 0) || s > 1e7) { snprintf(buf, n, "?"); return; }
+    int t = (int)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%dh%02dm", t / 3600, t / 60 % 60);
+    else snprintf(buf, n, "%dm%02ds", t / 60, t % 60);
+}
+
+static void show_progress(run_view *v, int final) {
+    const tk_progress *p = &v->p;
+    char label[512], eta[32], al[32], pk[32], cap[32];
+    fmt_eta(p->eta_s, eta, sizeof eta);
+    snprintf(label, sizeof label,
+             "epoch %d/%d  step %lld/%lld  loss %.4f  %.1f samples/s  ETA %s  mem %s alloc / %s peak / %s",
+             p->epoch, p->epochs, (long long)p->step, (long long)p->total_steps, p->loss, p->samples_per_s,
+             final ? "0m00s" : eta, tk_format_bytes(p->allocated, al, sizeof al),
+             tk_format_bytes(p->peak, pk, sizeof pk),
+             p->capacity ? tk_format_bytes(p->capacity, cap, sizeof cap) : "no limit");
+    double frac = p->total_steps > 0 ? (double)p->step / (double)p->total_steps : 0;
+    json_t *b = tk_bundle_new("");
+    tk_bundle_take(b, "text/plain", tk_text_progress(frac, 30, label));
+    tk_bundle_take(b, "text/html", tk_html_progress(frac, label));
+    json_object_set_new(b, "application/json",
+                        json_pack("{s:i, s:i, s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:I}", "epoch", p->epoch, "epochs",
+                                  p->epochs, "step", (json_int_t)p->step, "total_steps", (json_int_t)p->total_steps,
+                                  "loss", (double)p->loss, "samples_per_s", p->samples_per_s, "eta_s", p->eta_s,
+                                  "allocated", (json_int_t)p->allocated, "peak", (json_int_t)p->peak, "capacity",
+                                  (json_int_t)p->capacity));
+    v->m->out->ops->display(v->m->out, b, NULL, v->display_id, v->shown);
+    json_decref(b);
+    v->shown = 1;
+}
+
+static int on_progress(void *ud, const tk_progress *p) {
+    run_view *v = ud;
+    v->p = *p;
+    v->have_p = 1;
+    double t = now_s();
+    if (!v->shown || t - v->last >= 0.25) {
+        show_progress(v, 0);
+        v->last = t;
+    }
+    return v->m->cancel && atomic_load(v->m->cancel) ? 1 : 0;
+}
+
+static void on_note(void *ud, const char *line) {
+    run_view *v = ud;
+    tk_magic_printf(v->m, "stdout", "%s\n", line);
+}
+
+static int run_txtrain(tk_magic_ctx *m) {
+    tk_session *s = m->session;
+    tk_config c;
+    tk_config base;
+    tk_config_defaults(&base);
+    if (tk_txconfig_from_cell(m, &base, &c, 0)) return -1;
+    tk_err err = {0};
+    if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
+
+    run_view v;
+    memset(&v, 0, sizeof v);
+    v.m = m;
+    snprintf(v.display_id, sizeof v.display_id, "txtrain-%d-%lld", m->execution_count, (long long)time(NULL));
+    tk_run_hooks h = {.on_note = on_note, .on_progress = on_progress, .ud = &v};
+    tk_run_report r;
+    tk_status st = tk_session_train(s, &c, &h, &r, &err);
+    char b1[32], b2[32], b3[32], b4[32];
+    int rc = 0;
+    if (st != TK_OK) {
+        rc = tk_magic_error(m, st == TK_EFORMAT || st == TK_EIO ? "DataError" : "RunError", "%s", err.msg);
+        tk_run_report_clear(&r);
+        return rc;
+    }
+    switch (r.end) {
+    case TK_RUN_PLANNED_OOM: {
+        json_t *pb = tk_report_plan(&r.plan, r.free_before);
+        m->out->ops->display(m->out, pb, NULL, NULL, 0);
+        json_decref(pb);
+        rc = tk_magic_error(m, "OutOfMemoryPlanned",
+                            "the plan needs %s at its peak but the device has %s free: stopped before "
+                            "allocating anything (see the plan above; %%txadvise ranks fixes)",
+                            tk_format_bytes(r.plan.peak_reserved, b1, sizeof b1),
+                            tk_format_bytes(r.free_before, b2, sizeof b2));
+        break;
+    }
+    case TK_RUN_OOM: {
+        if (v.have_p) show_progress(&v, 0);
+        char *txt = r.have_oom ? tk_report_oom_text(&r.oom, r.oom_phase) : NULL;
+        rc = tk_magic_error(m, "OutOfMemoryError",
+                            "%s%sAll memory of this run was released: allocated is back to %s (baseline %s); "
+                            "the kernel is still running.",
+                            txt ? txt : err.msg, txt ? "" : "\n", tk_format_bytes(r.allocated_after, b1, sizeof b1),
+                            tk_format_bytes(r.baseline, b2, sizeof b2));
+        free(txt);
+        break;
+    }
+    case TK_RUN_CANCELLED:
+        if (v.have_p) show_progress(&v, 0);
+        tk_magic_printf(m, "stdout", "Interrupted after step %lld (%d complete epochs). %s%s\n", (long long)r.steps,
+                        r.epochs_done, r.checkpoint[0] ? "Last checkpoint: " : "No checkpoint written.",
+                        r.checkpoint);
+        rc = tk_magic_interrupted(m);
+        break;
+    case TK_RUN_DONE: {
+        if (v.have_p) show_progress(&v, 1);
+        json_t *hb = tk_report_history(r.history, r.n_history, c.task);
+        m->out->ops->display(m->out, hb, NULL, NULL, 0);
+        json_decref(hb);
+        char line[1024];
+        snprintf(line, sizeof line,
+                 "Trained %lld steps in %.1f s. Peak %s allocated, %s reserved (planned %s). Allocated now %s.%s%s",
+                 (long long)r.steps, r.seconds, tk_format_bytes(r.peak_allocated, b1, sizeof b1),
+                 tk_format_bytes(r.peak_reserved, b2, sizeof b2),
+                 tk_format_bytes(r.plan.peak_allocated, b3, sizeof b3),
+                 tk_format_bytes(r.allocated_after, b4, sizeof b4), r.checkpoint[0] ? " Checkpoint: " : "",
+                 r.checkpoint);
+        json_t *res = tk_bundle_new(line);
+        const tk_epoch_stats *last = r.n_history ? &r.history[r.n_history - 1] : NULL;
+        json_object_set_new(res, "application/json",
+                            json_pack("{s:I, s:f, s:I, s:I, s:I, s:I, s:s, s:f, s:f}", "steps", (json_int_t)r.steps,
+                                      "seconds", r.seconds, "peak_allocated", (json_int_t)r.peak_allocated,
+                                      "peak_reserved", (json_int_t)r.peak_reserved, "planned_peak_allocated",
+                                      (json_int_t)r.plan.peak_allocated, "allocated_after",
+                                      (json_int_t)r.allocated_after, "checkpoint", r.checkpoint, "train_loss",
+                                      last ? (double)last->train_loss : 0.0, "dev_acc",
+                                      last ? (double)last->dev_acc : 0.0));
+        m->out->ops->result(m->out, res, NULL);
+        json_decref(res);
+        break;
+    }
+    default:
+        rc = tk_magic_error(m, "RunError", "%s", err.msg[0] ? err.msg : "the run failed");
+    }
+    tk_run_report_clear(&r);
+    return rc;
+}
+
+/* ---- config from a cell ------------------------------------------------------- */
+
+int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out, int skip_flags) {
+    tk_err err = {0};
+    *out = *base;
+    if (m->body && *m->body && tk_config_parse_yaml(out, m->body, strlen(m->body), "cell", &err) != TK_OK)
+        return tk_magic_error(m, "ConfigError", "%s", err.msg);
+    char **argv = NULL;
+    int argc = 0;
+    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
+    int rc = 0;
+    for (int i = 0; i < argc && !rc; i++) {
+        if (skip_flags && !strncmp(argv[i], "--", 2)) {
+            if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file")) i++; /* flags that take a value */
+            continue;
+        }
+        char *eq = strchr(argv[i], '=');
+        if (!eq) {
+            rc = tk_magic_error(m, "UsageError", "%s%s: expected key=value, got '%s'", m->is_cell ? "%%" : "%",
+                                m->name, argv[i]);
+            break;
+        }
+        *eq = 0;
+        if (tk_config_set(out, argv[i], eq + 1, &err) != TK_OK) rc = tk_magic_error(m, "ConfigError", "%s", err.msg);
+    }
+    tk_txargs_free(argv, argc);
+    return rc;
+}
+
+/* ---- completion and help of config keys ----------------------------------------- */
+
+/* Inside a %%txtrain/%%txplan body, a word at the start of a line (after
+ * indentation) completes to config keys. */
+static void complete_keys(void *ctx, const char *code, size_t cursor, json_t *matches, size_t *start,
+                          size_t *end) {
+    (void)ctx;
+    if (strncmp(code, "%%txtrain", 9) && strncmp(code, "%%txplan", 8)) return;
+    size_t ls = cursor;
+    while (ls > 0 && code[ls - 1] != '\n') ls--;
+    if (ls == 0) return; /* the magic line itself */
+    size_t ws = ls;
+    while (ws < cursor && (code[ws] == ' ' || code[ws] == '\t')) ws++;
+    for (size_t i = ws; i < cursor; i++)
+        if (code[i] == ':' || code[i] == ' ') return;
+    size_t n = cursor - ws;
+    int added = 0;
+    for (const char *const *k = tk_config_keys(); *k; k++)
+        if (!strncmp(*k, code + ws, n)) {
+            json_array_append_new(matches, json_string(*k));
+            added = 1;
+        }
+    if (added) {
+        *start = ws;
+        *end = cursor;
+    }
+}
+
+static int inspect_key(void *ctx, const char *word, int detail, json_t *data) {
+    (void)ctx;
+    (void)detail;
+    const char *h = tk_config_key_help(word);
+    if (!h) return 0;
+    char buf[600];
+    snprintf(buf, sizeof buf, "%s: %s", word, h);
+    json_object_set_new(data, "text/plain", json_string(buf));
+    return 1;
+}
+
+static void session_free(void *p) {
+    tk_session *s = p;
+    tk_session_destroy(&s);
+}
+
+static const tk_magic_def TXTRAIN[] = {
+    {"txtrain", TK_MAGIC_CELL, run_txtrain, "plan, then fine-tune BERT from a YAML config (live progress, OOM autopsy)",
+     "%%txtrain [key=value ...]\n<YAML config>\n\n"
+     "Example:\n  %%txtrain\n  model: bert-mini\n  train_file: train.csv\n  max_len: 128\n  batch_size: 16\n"
+     "  epochs: 2\n  device: {capacity: 800MiB}\n\n"
+     "First plans the run on the meta device at the worst-case batch. If the predicted\n"
+     "peak exceeds what the device has free, stops before allocating anything and shows\n"
+     "where the memory would go. Else trains with a live progress bar (epoch, step, loss,\n"
+     "samples/s, ETA, memory), then shows a per-epoch table. A run-time OOM ends the cell\n"
+     "with an autopsy and releases the run's memory. Interrupt stops at the next step.\n"
+     "Keys: %txhelp config, or Tab inside the body; Shift-Tab on a key shows its help."},
+};
+
+int tk_magics_register_txtrain(tk_magics *m) {
+    if (!tk_magics_session(m)) {
+        tk_session *s = tk_session_new();
+        if (!s) return -1;
+        tk_magics_set_session(m, s, session_free);
+    }
+    tk_magics_add_completer(m, complete_keys, NULL);
+    tk_magics_add_inspector(m, inspect_key, NULL);
+    return tk_magics_add_table(m, TXTRAIN, 1);
+}

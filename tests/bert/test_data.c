@@ -360,6 +360,55 @@ static void test_squad(void) {
     tk_tokenizer_destroy(&t);
 }
 
+/* The project's generated sets (tests/data, run from the repository root):
+ * realistic lengths, and every SQuAD answer recoverable from its features. */
+static void test_generated_sets(void) {
+    tk_err err = {0};
+    tk_tokenizer *t = tk_tokenizer_new("tests/data/vocab_uncased.txt", NULL, &err);
+    TK_CHECK_MSG(t != NULL, "%s", err.msg);
+    if (!t) return;
+    tk_dataset *d = NULL;
+    tk_features *f = NULL;
+    TK_CHECK(tk_dataset_load("tests/data/reviews_train.csv", NULL, &d, &err) == TK_OK);
+    TK_CHECK(d && tk_features_classify(t, d, 512, TK_TRUNC_LONGEST_FIRST, &f, &err) == TK_OK);
+    if (f) {
+        tk_length_stats s;
+        tk_length_stats_compute(f->full_len, f->n, &s);
+        fprintf(stderr, "  reviews_train: n=%d p50=%d p90=%d p99=%d max=%d >128: %.1f%% >512: %.1f%%\n", s.n, s.p50,
+                s.p90, s.p99, s.max, s.pct_truncated[1], s.pct_truncated[5]);
+        TK_CHECK_EQ_INT(d->num_labels, 3);
+        TK_CHECK(s.p99 > 100 && s.p99 < 250); /* long tail as generated */
+        TK_CHECK(s.max > 512);                /* a few outliers */
+        TK_CHECK(s.p50 < 60);
+    }
+    tk_features_destroy(&f);
+    tk_dataset_destroy(&d);
+    tk_squad *sq = NULL;
+    TK_CHECK(tk_squad_load("tests/data/squad_dev.json", &sq, &err) == TK_OK);
+    TK_CHECK(sq && tk_features_squad(t, sq, 128, 32, &f, &err) == TK_OK);
+    if (f) {
+        int *hit = calloc((size_t)sq->n, sizeof(int)), bad = 0, missing = 0;
+        for (int i = 0; i < f->n; i++) {
+            if (f->start_pos[i] == 0) continue;
+            const tk_squad_example *e = &sq->ex[f->example[i]];
+            int64_t o = f->off[i];
+            int bs = f->ctx_bstart[o + f->start_pos[i]], be = f->ctx_bend[o + f->end_pos[i]];
+            size_t al = strlen(e->answer_text[0]);
+            /* lower-casing does not change these ASCII answers' byte spans */
+            if ((size_t)(be - bs) != al || strncmp(e->context + bs, e->answer_text[0], al) != 0) bad++;
+            hit[f->example[i]] = 1;
+        }
+        for (int i = 0; i < sq->n; i++) missing += !hit[i];
+        fprintf(stderr, "  squad_dev: %d questions, %d features, %d contexts split\n", sq->n, f->n, f->n_truncated);
+        TK_CHECK_EQ_INT(bad, 0);
+        TK_CHECK_EQ_INT(missing, 0); /* stride 32 keeps every short answer whole in some window */
+        free(hit);
+    }
+    tk_features_destroy(&f);
+    tk_squad_destroy(&sq);
+    tk_tokenizer_destroy(&t);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/tk_data_XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
@@ -371,6 +420,7 @@ int main(void) {
     TK_RUN(test_split);
     TK_RUN(test_features_and_batches);
     TK_RUN(test_squad);
+    TK_RUN(test_generated_sets);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

@@ -87,3 +87,54 @@ def test_pairs_truncated(vocab, lower, strategy, max_len):
 @pytest.mark.parametrize("vocab,lower", VOCABS)
 def test_single_truncated(vocab, lower):
     compare(vocab, lower, [{"a": l} for l in corpus_lines()[::7]], 24, "longest_first")
+
+def hf_squad_features(vocab, lower, path, max_len, stride):
+    """HF run_qa.py prepare_train_features, on `tokenizers` directly, with one
+    deliberate difference: run_qa's start walk runs past the context into the
+    final [SEP] (whose offsets are (0, 0)), so an answer that ends a window
+    gets start = the [SEP] and start > end; we stop the walk at the context's
+    last token, which labels that answer (start = end = its token)."""
+    t = BertWordPieceTokenizer(os.path.join(DATA, vocab), lowercase=bool(lower))
+    t.enable_truncation(max_len, stride=stride, strategy="only_second")
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)["data"]
+    feats, ex = [], 0
+    for art in data:
+        for p in art["paragraphs"]:
+            for qa in p["qas"]:
+                enc = t.encode(qa["question"].lstrip(), p["context"])
+                a = qa["answers"][0]
+                s_char, e_char = a["answer_start"], a["answer_start"] + len(a["text"])
+                for w in [enc] + list(enc.overflowing):
+                    seq, offs = w.sequence_ids, w.offsets
+                    ts = 0
+                    while seq[ts] != 1:
+                        ts += 1
+                    te = len(w.ids) - 1
+                    while seq[te] != 1:
+                        te -= 1
+                    if not (offs[ts][0] <= s_char and offs[te][1] >= e_char):
+                        sp = ep = 0
+                    else:
+                        last = te
+                        while ts <= last and offs[ts][0] <= s_char:
+                            ts += 1
+                        sp = ts - 1
+                        while offs[te][1] >= e_char:
+                            te -= 1
+                        ep = te + 1
+                    feats.append({"example": ex, "start": sp, "end": ep, "ids": w.ids, "type_ids": w.type_ids})
+                ex += 1
+    return feats
+
+@pytest.mark.parametrize("vocab,lower", VOCABS)
+@pytest.mark.parametrize("max_len,stride", [(64, 16), (128, 32)])
+def test_squad_features(vocab, lower, max_len, stride):
+    path = os.path.join(DATA, "squad_dev.json")
+    r = subprocess.run([TOK_DUMP, "--squad", os.path.join(DATA, vocab), str(lower), path, str(max_len), str(stride)],
+                       capture_output=True, text=True, check=True)
+    c = [json.loads(l) for l in r.stdout.splitlines()]
+    h = hf_squad_features(vocab, lower, path, max_len, stride)
+    assert len(c) == len(h)
+    bad = [(x, y) for x, y in zip(c, h) if x != y]
+    assert not bad, f"{len(bad)} of {len(c)} features differ; first: {bad[0]!r}"[:3000]

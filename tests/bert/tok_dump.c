@@ -8,6 +8,9 @@
  *   tok_dump --bench VOCAB LOWER FILE REPEAT
  *       tokenizes every line of FILE REPEAT times; prints bytes, tokens, seconds
  *       and MB/s as one JSON object.
+ *   tok_dump --squad VOCAB LOWER FILE MAX_LEN STRIDE
+ *       SQuAD features (tk_features_squad), one JSON line per window:
+ *       {"example", "ids", "type_ids", "start", "end"}.
  *   tok_dump --vocab OUT SIZE LOWER FILE...
  *       learns a WordPiece vocabulary (tk_vocab_build) from the lines of FILEs.
  */
@@ -17,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "tk_tokenizer.h"
+#include "tk_data.h"
 
 static int bench(const char *vocab, int lower, const char *path, int repeat) {
     tk_err err = {0};
@@ -91,7 +94,35 @@ out:
     return rc;
 }
 
+static int squad(char **argv) {
+    tk_err err = {0};
+    tk_tokenizer_opts o = {.lowercase = atoi(argv[3]), .strip_accents = -1};
+    tk_tokenizer *t = tk_tokenizer_new(argv[2], &o, &err);
+    tk_squad *sq = NULL;
+    tk_features *f = NULL;
+    if (!t || tk_squad_load(argv[4], &sq, &err) != TK_OK ||
+        tk_features_squad(t, sq, atoi(argv[5]), atoi(argv[6]), &f, &err) != TK_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        tk_squad_destroy(&sq);
+        tk_tokenizer_destroy(&t);
+        return 1;
+    }
+    for (int i = 0; i < f->n; i++) {
+        printf("{\"example\": %d, \"start\": %d, \"end\": %d, \"ids\": [", f->example[i], f->start_pos[i],
+               f->end_pos[i]);
+        for (int64_t k = f->off[i]; k < f->off[i + 1]; k++) printf("%s%d", k > f->off[i] ? "," : "", f->ids[k]);
+        printf("], \"type_ids\": [");
+        for (int64_t k = f->off[i]; k < f->off[i + 1]; k++) printf("%s%d", k > f->off[i] ? "," : "", f->type_ids[k]);
+        printf("]}\n");
+    }
+    tk_features_destroy(&f);
+    tk_squad_destroy(&sq);
+    tk_tokenizer_destroy(&t);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 7 && strcmp(argv[1], "--squad") == 0) return squad(argv);
     if (argc >= 6 && strcmp(argv[1], "--vocab") == 0) return vocab(argc, argv);
     if (argc == 6 && strcmp(argv[1], "--bench") == 0)
         return bench(argv[2], atoi(argv[3]), argv[4], atoi(argv[5]));

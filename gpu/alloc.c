@@ -543,7 +543,7 @@ tk_status tk_alloc_malloc(tk_alloc *a, size_t bytes, tk_tag tag, void **ptr, tk_
     if ((unsigned)tag.cat >= TK_CAT_COUNT || tag.owner >= a->n_owners) return TK_EINVAL;
     if (tag.owner < 0 && (tag.owner = tk_alloc_owner_id(a, NULL)) < 0) return TK_EOOM;
     size_t rounded = bytes > SIZE_MAX - KROUND_LARGE ? bytes : round_size(bytes);
-    if (rounded == bytes && bytes > SIZE_MAX - KROUND_LARGE) goto oom;
+    if (bytes > SIZE_MAX - KROUND_LARGE) goto oom; /* no device has that much */
     int pool = rounded <= KSMALL_SIZE ? POOL_SMALL : POOL_LARGE;
     if (a->tab_n + 1 > a->tab_cap / 2 && tab_grow(a) != 0) goto oom;
 

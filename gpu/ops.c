@@ -197,7 +197,7 @@ tk_status tk_op_layernorm_fwd(tk_dev *d, tk_tensor *out, tk_tensor *mean, tk_ten
     TRY(arg(d, op, "rstd", rstd, M_F32, N, 1));
     TRY(arg(d, op, "in", in, M_FLT, smul(N, C), 0));
     TRY(arg(d, op, "w", w, M_FLT, C, 0));
-    TRY(arg(d, op, "b", b, M_FLT, C, 1));
+    TRY(arg(d, op, "b", b, M_FLT, C, 0));
     double nc = (double)N * C;
     charge(d, 8.0 * nc, nc * (sz(in) + sz(out)) + C * (sz(w) + sz(b)) + N * (sz(mean) + sz(rstd)));
     DISPATCH(layernorm_fwd, out, mean, rstd, in, w, b, N, C, eps);

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tk_gpu.h"
+#include "tk_backend_impl.h"
 #include "tk_test.h"
 
 #define MiB ((size_t)1 << 20)
@@ -141,6 +141,8 @@ static void test_cost_and_checks(void) {
     tk_adamw_hp hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 0};
     TK_CHECK(tk_op_adamw(d, &C, &C, &C, &C, 10, &hp) == TK_EINVAL);
     TK_CHECK(tk_op_gemm(NULL, &C, &A, &B, NULL, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0) == TK_EINVAL);
+    TK_CHECK(tk_op_layernorm_fwd(d, &C, NULL, NULL, &C, &bias, NULL, 64, 16, 1e-12f) == TK_EINVAL);
+    TK_CHECK_MSG(strstr(tk_dev_last_err(d)->msg, "layernorm_fwd: b is missing") != NULL, "%s", tk_dev_last_err(d)->msg);
     tk_tensor empty = {0};
     empty.ndim = 1;
     empty.shape[0] = 8;
@@ -170,6 +172,11 @@ static void test_cuda_fallback(void) {
         TK_CHECK(strchr(err.msg, '\n') == NULL); /* one line */
     }
     unsetenv("TXK_CUDA_PLUGIN");
+    tk_dev *m = open_dev(TK_DEV_META, 0);
+    TK_CHECK(tk_dev_backend_ctx(m) != NULL);
+    TK_CHECK(tk_dev_plugin_sym(m, "tk_cuda_mem_totals_get") == NULL); /* no plugin on meta */
+    TK_CHECK(tk_dev_sync(m, &err) == TK_OK);
+    tk_dev_destroy(&m);
     o.kind = (tk_dev_kind)7;
     TK_CHECK(tk_dev_new(&o, &err) == NULL && err.status == TK_EINVAL);
 }

@@ -44,6 +44,7 @@ typedef struct tk_cuda_ctx {
     size_t seg_live, seg_peak;
     char last_error[256];        /* why the last seg_alloc failed, for the caller's message */
     int cupti_on;                /* this ctx holds a reference on the CUPTI session */
+    char cupti_why[256];         /* why CUPTI is off, when it is */
 } tk_cuda_ctx;
 
 /* Formats a message into err (which may be NULL); returns st. */

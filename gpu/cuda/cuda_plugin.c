@@ -297,9 +297,11 @@ tk_status tk_cuda_plugin_open(const tk_dev_opts *opts, const tk_backend **be, vo
     /* CUPTI before the context: allocations made while creating cuBLAS and
      * its workspace are then in the records too. Failure is not fatal. */
     c->cupti_on = tk_cupti_acquire(why, sizeof why);
-    if (!c->cupti_on)
+    if (!c->cupti_on) {
+        snprintf(c->cupti_why, sizeof c->cupti_why, "%s", why);
         fprintf(stderr, "txkernel cuda: CUPTI tracing off (%s); memory outside the allocator "
                 "is then only what the plugin itself allocated\n", why);
+    }
     tk_status st = open_device(c, err);
     if (st != TK_OK) {
         cu_destroy(c);
@@ -320,8 +322,10 @@ tk_status tk_cuda_mem_totals_get(void *vctx, tk_cuda_mem_totals *out, tk_err *er
         if (st != TK_OK) return tk_cuda_fail(err, st, "CUPTI could not flush its activity buffers");
         tk_cupti_fill(out);
     } else {
-        snprintf(out->cupti_error, sizeof out->cupti_error, "CUPTI was not enabled at open");
+        snprintf(out->cupti_error, sizeof out->cupti_error, "%s",
+                 c->cupti_why[0] ? c->cupti_why : "CUPTI was not enabled at open");
     }
+    TK_CU(cudaMemGetInfo(&out->device_free, &out->device_total), err);
     pthread_mutex_lock(&c->lock);
     out->segments_live = c->seg_live;
     out->segments_peak = c->seg_peak;

@@ -37,6 +37,9 @@ typedef struct tk_cuda_mem_totals {
     size_t plugin_bytes;         /* cuBLAS workspace + plugin scratch */
     size_t workspace_bytes;      /* of which the cuBLAS workspace */
     size_t outside_allocator;    /* device_live - segments_live (plugin_bytes without CUPTI) */
+    size_t device_total, device_free; /* cudaMemGetInfo now: total - free - device_live is what
+                                        no allocation record covers (the CUDA context, module
+                                        code, and other processes on the same GPU) */
     uint64_t n_alloc_records, n_free_records;
     uint64_t dropped_records;    /* CUPTI records lost for lack of buffer space */
     uint64_t n_kernels;          /* kernels CUPTI timed */

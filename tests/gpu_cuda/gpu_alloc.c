@@ -127,6 +127,7 @@ static void test_cupti_reconciles(void) {
     TK_CHECK(t.n_sources >= 1);
     TK_CHECK(t.n_kernels >= 3 && t.kernel_ns > 0.0);
     TK_CHECK_EQ_INT(t.dropped_records, 0);
+    TK_CHECK(t.device_total > 0 && t.device_total - t.device_free >= t.device_live);
     fprintf(stderr, "  CUPTI: device live %zu B, allocator reserved %zu B, outside %zu B "
             "(plugin %zu B), %d sources:", t.device_live, s.reserved, t.outside_allocator,
             t.plugin_bytes, t.n_sources);

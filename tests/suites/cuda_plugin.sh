@@ -45,7 +45,7 @@ for bin in "$B/txk" "$B/txkernel"; do
     check "$(basename "$bin") links no CUDA library" \
         bash -c "test -x '$bin' && ! readelf -d '$bin' | grep -Eq 'libcuda|libcublas|libcupti'"
 done
-for t in gpu_ops gpu_alloc; do
+for t in gpu_ops gpu_alloc gpu_model; do
     check "GPU test $t built" test -x "$B/gpu_tests/$t"
 done
 echo "$pass passed, $fail failed"

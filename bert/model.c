@@ -14,7 +14,8 @@
  *
  * Memory choices (they show in the planner): Q, K, V are kept head-split
  * (B,NH,T,HS) for backward; the attention probabilities are kept once (the
- * dropped-out copy is regenerated in backward); layers whose parameters and
+ * dropped-out copy is regenerated in backward); GELU's output is recomputed
+ * from its input in backward rather than kept; layers whose parameters and
  * inputs need no gradient (frozen prefix) run as in eval, keeping nothing.
  */
 #include "tk_model.h"
@@ -500,7 +501,8 @@ typedef struct lacts {
     tk_tensor probs;          /* (Bs,NH,T,T) softmax output, before dropout */
     tk_tensor ctx;            /* (N,H) merged context */
     tk_tensor r1, mean1, rstd1, a1; /* attention residual sum, its LN stats and output */
-    tk_tensor u, g;           /* (N,I) intermediate pre- and post-GELU */
+    tk_tensor u;              /* (N,I) intermediate before GELU */
+    tk_tensor g;              /* (N,I) after GELU: scratch, recomputed in backward */
     tk_tensor r2, mean2, rstd2, out; /* FFN residual sum, LN stats, layer output */
 } lacts;
 #define LACTS_N ((int)(sizeof(lacts) / sizeof(tk_tensor)))
@@ -717,12 +719,14 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep) {
     /* FFN: g = gelu(a1 Wi^T + b); r2 = dropout(g Wo^T + b) + a1; out = LN(r2) */
     TRY(alf(S, &A->u, N, I, ca, own[OI]));
     TRY(linear_fwd(S, &A->u, &A->a1, w + LIW, N, I, H));
-    TRY(alf(S, &A->g, N, I, ca, own[OI]));
+    /* g is not kept: backward recomputes it from u (one cheap elementwise
+     * pass saves an (N,I) activation per layer). */
+    TRY(alf(S, &A->g, N, I, TK_CAT_TEMP, own[OI]));
     TRY(tk_op_gelu_fwd(S->d, &A->g, &A->u, N * I));
     if (!keep) fr(S, &A->u);
     TRY(alf(S, &A->r2, N, H, ca, own[OLN2]));
     TRY(linear_fwd(S, &A->r2, &A->g, w + LOW, N, H, I));
-    if (!keep) fr(S, &A->g);
+    fr(S, &A->g);
     if (ph > 0)
         TRY(tk_op_dropout_fwd(S->d, &A->r2, NULL, &A->r2, N * H, ph, S->seed, doff(l, SITE_FFN_OUT)));
     TRY(tk_op_add(S->d, &A->r2, &A->r2, &A->a1, N * H));
@@ -771,6 +775,8 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
         TRY(tk_op_dropout_bwd(d, &s->dtmp, &s->dr, N * H, ph, S->seed, doff(l, SITE_FFN_OUT)));
         dO = &s->dtmp;
     }
+    TRY(alf(S, &A->g, N, I, TK_CAT_TEMP, own[OI]));
+    TRY(tk_op_gelu_fwd(d, &A->g, &A->u, N * I));
     TRY(alf(S, &s->dbig, N, I, TK_CAT_TEMP, own[OO]));
     TRY(linear_bwd(S, &s->dbig, dO, &A->g, w + LOW, N, H, I, 0));
     fr(S, &s->dtmp);

@@ -11,6 +11,10 @@
  * and the request retried once (n_retries); then it is an OOM (n_ooms) with a
  * tk_oom record. One stream only.
  *
+ * Chaos switch (tk_alloc_fail_segment_after): the Nth segment request fails,
+ * and so does the retry of the malloc call it belongs to, so the failure
+ * reaches the caller as an OOM exactly once; later requests succeed again.
+ *
  * Guarantees: every live byte is attributed to an (owner, category) and the
  * per-owner and per-category totals equal `allocated` after every event; a
  * failed request changes nothing but the counters; nothing here aborts.

@@ -148,8 +148,61 @@ static void test_recovers_after_failure(void) {
     TK_CHECK_EQ_INT(h.live, 0);
 }
 
+/* The same on a cpu device through tensors: every failure leaves an empty
+ * tensor, a record and a one-line message; the script frees what it holds. */
+static int tensor_script(tk_dev *d, int *n_oom, int *bad) {
+    static const int64_t rows[] = {1, 300, 4096, 70000, 2, 9000, 128, 50000};
+    tk_tensor t[8];
+    memset(t, 0, sizeof t);
+    tk_err err = {0};
+    int held = 0, st = 0;
+    for (int i = 0; i < 8; i++) {
+        int64_t shape[2] = {rows[i], 64};
+        tk_status s = tk_tensor_alloc(d, &t[held], i % 2 ? TK_F16 : TK_F32, 2, shape,
+                                      (tk_cat)(i % TK_CAT_COUNT), i % 3 ? "encoder" : "head", &err);
+        if (s != TK_OK) {
+            (*n_oom)++;
+            if (s != TK_EOOM || t[held].data || !tk_dev_last_oom(d) || strchr(err.msg, '\n') ||
+                !strstr(err.msg, "out of memory: tried to allocate"))
+                (*bad)++;
+            st = 1;
+            break;
+        }
+        if (tk_op_fill(d, &t[held], 1.0f, tk_tensor_numel(&t[held])) != TK_OK) (*bad)++;
+        held++;
+        if (i == 4) { tk_tensor_free(d, &t[1]); t[1] = t[--held]; memset(&t[held], 0, sizeof t[held]); }
+    }
+    for (int i = 0; i < held; i++) tk_tensor_free(d, &t[i]);
+    return st;
+}
+
+static void test_tensor_chaos_on_cpu(void) {
+    tk_dev_opts o = {.kind = TK_DEV_CPU, .threads = 1};
+    tk_err err = {0};
+    int bad = 0, missing = 0;
+    uint64_t clean_segments = 0;
+    for (uint64_t n = 0; n <= clean_segments + 1; n++) { /* n = 0: the clean run */
+        tk_dev *d = tk_dev_new(&o, &err);
+        TK_CHECK_MSG(d != NULL, "%s", err.msg);
+        if (!d) return;
+        tk_alloc_fail_segment_after(tk_dev_alloc(d), n);
+        int ooms = 0;
+        tensor_script(d, &ooms, &bad);
+        tk_alloc_stats s;
+        tk_alloc_stats_get(tk_dev_alloc(d), &s);
+        if (s.allocated != 0) bad++;
+        if (n == 0) clean_segments = s.n_segments_alloc;
+        if (ooms != (n >= 1 && n <= clean_segments)) missing++;
+        tk_dev_destroy(&d);
+    }
+    TK_CHECK(clean_segments >= 2); /* a small and a large segment */
+    TK_CHECK_EQ_INT(bad, 0);
+    TK_CHECK_EQ_INT(missing, 0);
+}
+
 int main(void) {
     TK_RUN(test_fail_every_segment_request);
     TK_RUN(test_recovers_after_failure);
+    TK_RUN(test_tensor_chaos_on_cpu);
     return tk_test_done();
 }

@@ -113,7 +113,11 @@ static int run_clear(tk_magic_ctx *c) {
     return 0;
 }
 
+static int run_pass(tk_magic_ctx *c) { (void)c; return 0; }
+
 static const tk_magic_def BASIC[] = {
+    {"pass", TK_MAGIC_LINE, run_pass, "do nothing",
+     "%pass\n\nDoes nothing and outputs nothing: the cheapest cell, for latency benchmarks."},
     {"lsmagic", TK_MAGIC_LINE, run_lsmagic, "list every magic",
      "%lsmagic\n\nLists every magic with a one-line summary (as text and as an HTML table)."},
     {"txhelp", TK_MAGIC_LINE, run_txhelp, "help on txkernel or on one magic",

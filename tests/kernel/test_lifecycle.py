@@ -151,6 +151,17 @@ def test_bad_signatures_and_replay_never_run(kernel):
         r, _ = txk_util.run_cell(kc, "%echo after junk")
         assert r["content"]["status"] == "ok"
         assert r["content"]["execution_count"] == count + 2
+        # huge: over the kernel's 64 MiB limit; ZeroMQ drops that connection
+        big = zmq.Context.instance().socket(zmq.DEALER)
+        big.linger = 0
+        big.connect(f"tcp://{kc.ip}:{kc.shell_port}")
+        _, frames = _execute_frames(sess, "%echo big")
+        big.send_multipart(frames[:5] + [b'{"code": "' + b"x" * (65 << 20) + b'"}'])
+        time.sleep(0.5)
+        big.close()
+        r, _ = txk_util.run_cell(kc, "%echo after huge")
+        assert r["content"]["status"] == "ok"
+        assert r["content"]["execution_count"] == count + 3
     finally:
         sock.close()
     assert km.is_alive()

@@ -865,12 +865,154 @@ static void test_device_chain(void) {
     TK_CHECK(d == NULL);
 }
 
-int main(void) {
+/* ---- --torch DIR: the PyTorch comparison's runner ------------------------------------------
+ * tests/gpu/test_cpu_ops_torch.py writes DIR/in.bin, runs this binary with
+ * --torch DIR, and compares DIR/out.bin with torch's results. Both files are a
+ * sequence of records: name (32 bytes, NUL padded), kind (i32: 0 f32, 1 i32),
+ * count (i64), then count little-endian elements. */
+
+typedef struct { char name[32]; int32_t kind; int64_t n; void *data; } rec;
+typedef struct { rec r[64]; int n; } recs;
+
+static int recs_read(recs *rs, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    rs->n = 0;
+    rec r;
+    while (rs->n < 64 && fread(r.name, 32, 1, f) == 1) {
+        if (fread(&r.kind, 4, 1, f) != 1 || fread(&r.n, 8, 1, f) != 1 || r.n < 0) break;
+        r.data = malloc((size_t)(r.n ? r.n : 1) * 4);
+        if (!r.data || fread(r.data, 4, (size_t)r.n, f) != (size_t)r.n) { free(r.data); break; }
+        rs->r[rs->n++] = r;
+    }
+    fclose(f);
+    return 0;
+}
+
+static tk_tensor in_t(recs *rs, const char *name) {
+    tk_tensor t;
+    memset(&t, 0, sizeof t);
+    for (int i = 0; i < rs->n; i++)
+        if (strcmp(rs->r[i].name, name) == 0) {
+            t.data = rs->r[i].data;
+            t.shape[0] = rs->r[i].n;
+            t.ndim = 1;
+            t.dtype = rs->r[i].kind ? TK_I32 : TK_F32;
+        }
+    if (!t.data) fprintf(stderr, "--torch: input %s missing\n", name);
+    return t;
+}
+
+static void out_w(FILE *f, const char *name, const tk_tensor *t, int64_t n) {
+    char nm[32] = {0};
+    snprintf(nm, sizeof nm, "%s", name);
+    int32_t kind = 0;
+    fwrite(nm, 32, 1, f);
+    fwrite(&kind, 4, 1, f);
+    fwrite(&n, 8, 1, f);
+    fwrite(t->data, 4, (size_t)n, f);
+}
+
+static int torch_io(const char *dir) {
+    char path[4096];
+    recs rs;
+    snprintf(path, sizeof path, "%s/in.bin", dir);
+    if (recs_read(&rs, path) != 0) { fprintf(stderr, "--torch: cannot read %s\n", path); return 2; }
+    snprintf(path, sizeof path, "%s/out.bin", dir);
+    FILE *f = fopen(path, "wb");
+    if (!f) { fprintf(stderr, "--torch: cannot write %s\n", path); return 2; }
+    tk_tensor dims = in_t(&rs, "dims");
+    if (!dims.data) { fclose(f); return 2; }
+    const int32_t *dm = dims.data;
+    int64_t Bt = dm[0], M = dm[1], N = dm[2], K = dm[3], B = dm[4], NH = dm[5], T = dm[6], V = dm[7], R = dm[8], C = dm[9];
+    int st = 0;
+#define OUT(name, n) do { tk_tensor _o = mk(TK_F32, (n)); tk_tensor *o = &_o;
+#define END(name, n) out_w(f, name, o, (n)); rm(o); } while (0)
+    /* gemm: C = A @ B^T + bias, A [Bt,M,K], B [Bt,N,K]; and gemm with transA: A2 [Bt,K,M] */
+    tk_tensor A = in_t(&rs, "A"), Bm = in_t(&rs, "B"), A2 = in_t(&rs, "A2"), bias = in_t(&rs, "bias");
+    OUT("gemm", Bt * M * N);
+    st |= BE->gemm(CTX, o, &A, &Bm, &bias, 0, 1, M, N, K, Bt, M * K, N * K, M * N, 1.0f, 0.0f);
+    END("gemm", Bt * M * N);
+    OUT("gemm_tA", Bt * M * N);
+    st |= BE->gemm(CTX, o, &A2, &Bm, NULL, 1, 1, M, N, K, Bt, M * K, N * K, M * N, 0.5f, 0.0f);
+    END("gemm_tA", Bt * M * N);
+    /* layernorm over rows R of C */
+    tk_tensor x = in_t(&rs, "ln_x"), w = in_t(&rs, "ln_w"), b = in_t(&rs, "ln_b"), dy = in_t(&rs, "ln_dy");
+    tk_tensor mean = mk(TK_F32, R), rstd = mk(TK_F32, R), dw = mk(TK_F32, C), db = mk(TK_F32, C);
+    OUT("ln_y", R * C);
+    st |= BE->layernorm_fwd(CTX, o, &mean, &rstd, &x, &w, &b, R, C, 1e-12f);
+    END("ln_y", R * C);
+    OUT("ln_dx", R * C);
+    st |= BE->layernorm_bwd(CTX, o, &dw, &db, &dy, &x, &w, &mean, &rstd, R, C, 0);
+    END("ln_dx", R * C);
+    out_w(f, "ln_dw", &dw, C);
+    out_w(f, "ln_db", &db, C);
+    rm(&mean); rm(&rstd); rm(&dw); rm(&db);
+    /* gelu, tanh on the same x */
+    tk_tensor ex = in_t(&rs, "ew_x"), ed = in_t(&rs, "ew_d");
+    int64_t ne = ex.shape[0];
+    OUT("gelu", ne); st |= BE->gelu_fwd(CTX, o, &ex, ne); END("gelu", ne);
+    OUT("gelu_dx", ne); st |= BE->gelu_bwd(CTX, o, &ex, &ed, ne); END("gelu_dx", ne);
+    tk_tensor ty = mk(TK_F32, ne);
+    st |= BE->tanh_fwd(CTX, &ty, &ex, ne);
+    out_w(f, "tanh", &ty, ne);
+    OUT("tanh_dx", ne); st |= BE->tanh_bwd(CTX, o, &ty, &ed, ne); END("tanh_dx", ne);
+    rm(&ty);
+    /* attention softmax with mask, scale 0.125 */
+    tk_tensor sx = in_t(&rs, "sm_x"), smask = in_t(&rs, "sm_mask"), sd = in_t(&rs, "sm_d");
+    int64_t ns = B * NH * T * T;
+    tk_tensor sy = mk(TK_F32, ns);
+    st |= BE->softmax_fwd(CTX, &sy, &sx, &smask, B, NH, T, 0.125f);
+    out_w(f, "sm_y", &sy, ns);
+    OUT("sm_dx", ns); st |= BE->softmax_bwd(CTX, o, &sy, &sd, B * NH * T, T, 0.125f); END("sm_dx", ns);
+    rm(&sy);
+    /* cross-entropy: rows R of V, mean over valid labels */
+    tk_tensor lg = in_t(&rs, "xe_logits"), lab = in_t(&rs, "xe_labels");
+    int nvalid = 0;
+    for (int64_t i = 0; i < R; i++) nvalid += ((int32_t *)lab.data)[i] >= 0;
+    OUT("xe_loss", R); st |= BE->xent_fwd(CTX, o, NULL, &lg, &lab, R, V); END("xe_loss", R);
+    OUT("xe_dlogits", R * V);
+    st |= BE->xent_bwd(CTX, o, &lg, &lab, R, V, 1.0f / (float)(nvalid ? nvalid : 1));
+    END("xe_dlogits", R * V);
+    /* embedding backward (index_add) and bias grad */
+    tk_tensor ids = in_t(&rs, "emb_ids"), edy = in_t(&rs, "emb_dy");
+    OUT("emb_dtable", V * C);
+    st |= BE->embed_bwd(CTX, o, &ids, &edy, R, C);
+    END("emb_dtable", V * C);
+    OUT("bias_grad", C); st |= BE->bias_grad(CTX, o, &edy, R, C); END("bias_grad", C);
+    /* three AdamW steps */
+    tk_tensor p0 = in_t(&rs, "adam_p"), g3 = in_t(&rs, "adam_g");
+    int64_t np = p0.shape[0];
+    tk_tensor am = mk(TK_F32, np), av = mk(TK_F32, np);
+    tk_adamw_hp hp = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f, .grad_scale = 1.0f};
+    for (int s2 = 0; s2 < 3; s2++) {
+        tk_tensor g = g3;
+        g.data = (float *)g3.data + s2 * np;
+        hp.step = s2 + 1;
+        st |= BE->adamw(CTX, &p0, &g, &am, &av, np, &hp);
+    }
+    out_w(f, "adam_p", &p0, np);
+    rm(&am); rm(&av);
+#undef OUT
+#undef END
+    fclose(f);
+    for (int i = 0; i < rs.n; i++) free(rs.r[i].data);
+    (void)Bt;
+    return st ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
     BE = tk_backend_cpu();
     /* two threads even on a one-core machine, so the parallel paths run */
     tk_dev_opts o = {.kind = TK_DEV_CPU, .threads = 2}, o1 = {.kind = TK_DEV_CPU, .threads = 1};
     CTX = tk_cpu_ctx_new(&o);
     CTX1 = tk_cpu_ctx_new(&o1);
+    if (argc == 3 && strcmp(argv[1], "--torch") == 0) {
+        int rc = torch_io(argv[2]);
+        BE->destroy(CTX);
+        BE->destroy(CTX1);
+        return rc;
+    }
     TK_RUN(test_memory_and_info);
     TK_RUN(test_cast_f16_all_values);
     TK_RUN(test_cast_f32_to_16bit_rounding);

@@ -19,3 +19,9 @@ $(BUILD)/bert_parity: tests/bert/parity_main.c $(LIB_ASAN)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -Itests $< $(LIB_ASAN) $(LIBS) -o $@
 all: $(BUILD)/bert_parity
+
+# Tokenizer throughput against HF tokenizers (bench/tokenizer_bench.py).
+.PHONY: bench-tokenizer
+bench-tokenizer: $(BUILD)/tok_dump
+	$(PY) bench/tokenizer_bench.py --build $(BUILD)
+bench: bench-tokenizer

@@ -40,6 +40,12 @@ typedef struct tk_data_report_opts {
 tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **lengths, int *n,
                          tk_err *err);
 
+/* Learns a WordPiece vocabulary of at most `size` tokens from column
+ * text_col (NULL = "text") of a CSV/TSV/JSONL file into out_path; says how
+ * many texts were read and how many tokens the vocabulary has. */
+tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, int lowercase,
+                             const char *out_path, int *n_texts, int *n_tokens, tk_err *err);
+
 /* Largest batch size per sequence length (64..512) that fits the config's
  * capacity, found by bisection over plans on meta. A table bundle. */
 tk_status tk_max_batch_report(const tk_config *c, json_t **bundle, tk_err *err);

@@ -426,6 +426,36 @@ out:
     return st;
 }
 
+tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, int lowercase,
+                             const char *out_path, int *n_texts, int *n_tokens, tk_err *err) {
+    tk_table *t = NULL;
+    tk_status st = tk_table_read(path, &t, err);
+    if (st != TK_OK) return st;
+    const char *col = text_col && *text_col ? text_col : "text";
+    int ci = tk_table_col(t, col);
+    const char **texts = ci >= 0 ? malloc((size_t)(t->nrows > 0 ? t->nrows : 1) * sizeof *texts) : NULL;
+    if (ci < 0) {
+        tk_err_set(err, TK_EINVAL, "%s: no column '%s' (use --text COL)", t->name, col);
+        st = TK_EINVAL;
+    } else if (!texts) {
+        tk_err_set(err, TK_EINVAL, "out of host memory");
+        st = TK_EINVAL;
+    } else {
+        for (int i = 0; i < t->nrows; i++) texts[i] = t->cells[(size_t)i * t->ncols + ci];
+        st = tk_vocab_build(texts, t->nrows, size, lowercase, 0, out_path, err);
+    }
+    if (st == TK_OK) {
+        tk_tokenizer *tok = tk_tokenizer_new(out_path, NULL, err);
+        *n_texts = t->nrows;
+        *n_tokens = tok ? tk_tokenizer_vocab_size(tok) : 0;
+        if (!tok) st = err && err->status ? err->status : TK_EIO;
+        tk_tokenizer_destroy(&tok);
+    }
+    free(texts);
+    tk_table_destroy(&t);
+    return st;
+}
+
 /* ---- %txdata ------------------------------------------------------------------- */
 
 static int run_txdata(tk_magic_ctx *m) {

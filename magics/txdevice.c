@@ -114,7 +114,7 @@ json_t *tk_device_report(tk_dev *d, const tk_config *c) {
                        tk_dev_kind_of(d) == TK_DEV_CPU ? "; the arithmetic runs on the cpu" : "; meta does no arithmetic");
         if (info.cc_major) tk_sb_addf(&text, "Compute capability %d.%d\n", info.cc_major, info.cc_minor);
         if (info.driver[0] || info.runtime[0])
-            tk_sb_addf(&text, "Driver %s, CUDA runtime %s\n", info.driver[0] ? info.driver : "?",
+            tk_sb_addf(&text, "Driver %s, runtime %s\n", info.driver[0] ? info.driver : "?",
                        info.runtime[0] ? info.runtime : "?");
         json_object_set_new(j, "kind", json_string(kind));
         json_object_set_new(j, "name", json_string(info.name));

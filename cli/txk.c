@@ -1,0 +1,392 @@
+/* txk — the txkernel engine from a shell: the same plans, runs and reports as
+ * the notebook magics, as text or (with --json) as JSON for scripts.
+ *
+ *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE] [--max-batch] [--json]
+ *   txk train cfg.yaml [key=value ...] [--json]
+ *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
+ *   txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]
+ *   txk mem [--device cpu|cuda|meta] [--capacity 7.43GiB] [--json]
+ *   txk keys
+ *   txk kernel -f CONNECTION_FILE
+ *
+ * Subcommands dispatch through one table. Exit status: 0 success; 1 error;
+ * 2 usage; 3 the plan does not fit (nothing was allocated); 4 out of memory
+ * at run time; 130 interrupted.
+ */
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tk_config.h"
+#include "tk_kernel.h"
+#include "tk_magics.h"
+#include "tk_plan.h"
+#include "tk_render.h"
+#include "tk_session.h"
+#include "tk_train.h"
+#include "tk_txmagics.h"
+
+enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_PLAN_OOM = 3, EXIT_OOM = 4, EXIT_INT = 130 };
+
+/* Prints a bundle: its text/plain, or its application/json with --json. */
+static void emit(json_t *bundle, int json) {
+    if (json) {
+        json_t *j = json_object_get(bundle, "application/json");
+        char *s = json_dumps(j ? j : json_object(), JSON_INDENT(2) | JSON_SORT_KEYS);
+        if (s) puts(s);
+        free(s);
+    } else {
+        const char *t = json_string_value(json_object_get(bundle, "text/plain"));
+        if (t) fputs(t, stdout);
+    }
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *mem = open_memstream(&buf, &n);
+    char chunk[8192];
+    size_t k;
+    while (mem && (k = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, k, mem);
+    fclose(f);
+    if (!mem) return NULL;
+    fclose(mem);
+    *len = n;
+    return buf;
+}
+
+/* cfg.yaml then key=value words; other words are left in argv for the caller
+ * (flags). Returns 0, or an exit status after printing the error. */
+static int load_config(const char *path, char **argv, int argc, tk_config *c) {
+    tk_err err = {0};
+    tk_config_defaults(c);
+    size_t len = 0;
+    char *y = read_file(path, &len);
+    if (!y) {
+        fprintf(stderr, "txk: %s: cannot read the config\n", path);
+        return EXIT_ERR;
+    }
+    tk_status st = tk_config_parse_yaml(c, y, len, path, &err);
+    free(y);
+    if (st != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    for (int i = 0; i < argc; i++) {
+        char *eq = argv[i][0] != '-' ? strchr(argv[i], '=') : NULL;
+        if (!eq) continue;
+        *eq = 0;
+        st = tk_config_set(c, argv[i], eq + 1, &err);
+        *eq = '=';
+        if (st != TK_OK) {
+            fprintf(stderr, "txk: %s\n", err.msg);
+            return EXIT_ERR;
+        }
+    }
+    if (tk_config_validate(c, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s: %s\n", path, err.msg);
+        return EXIT_ERR;
+    }
+    return 0;
+}
+
+static int has_flag(char **argv, int argc, const char *flag) {
+    for (int i = 0; i < argc; i++) if (!strcmp(argv[i], flag)) return 1;
+    return 0;
+}
+
+static const char *flag_value(char **argv, int argc, const char *flag) {
+    for (int i = 0; i + 1 < argc; i++) if (!strcmp(argv[i], flag)) return argv[i + 1];
+    return NULL;
+}
+
+/* Words that are neither flags, flag values nor key=value. */
+static int check_words(char **argv, int argc, const char *const *valued, const char *const *bare) {
+    for (int i = 0; i < argc; i++) {
+        int ok = strchr(argv[i], '=') && argv[i][0] != '-';
+        for (int k = 0; valued && valued[k] && !ok; k++)
+            if (!strcmp(argv[i], valued[k])) { ok = 1; i++; }
+        for (int k = 0; bare && bare[k] && !ok; k++) ok = !strcmp(argv[i], bare[k]);
+        if (!ok) {
+            fprintf(stderr, "txk: unexpected '%s' (see txk --help)\n", argv[i]);
+            return EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
+/* ---- plan ------------------------------------------------------------------------ */
+
+static int cmd_plan(int argc, char **argv) {
+    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P] [--max-batch] [--json]\n"); return EXIT_USAGE; }
+    static const char *const valued[] = {"--gpu", NULL}, *const bare[] = {"--json", "--max-batch", NULL};
+    int rc = check_words(argv + 1, argc - 1, valued, bare);
+    if (rc) return rc;
+    tk_config c;
+    if ((rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
+    tk_err err = {0};
+    const char *gpu = flag_value(argv, argc, "--gpu");
+    if (gpu && tk_config_set(&c, "gpu", gpu, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    int json = has_flag(argv, argc, "--json");
+    json_t *b = NULL;
+    if (has_flag(argv, argc, "--max-batch")) {
+        if (tk_max_batch_report(&c, &b, &err) != TK_OK) {
+            fprintf(stderr, "txk: %s\n", err.msg);
+            return EXIT_ERR;
+        }
+        emit(b, json);
+        json_decref(b);
+        return EXIT_OK;
+    }
+    tk_plan_result p;
+    if (tk_plan(&c, NULL, 0, &p, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    b = tk_report_plan(&p, 0);
+    emit(b, json);
+    json_decref(b);
+    return p.fits ? EXIT_OK : EXIT_PLAN_OOM;
+}
+
+/* ---- train ------------------------------------------------------------------------- */
+
+static atomic_int g_cancel;
+static void on_sigint(int sig) {
+    (void)sig;
+    atomic_store(&g_cancel, 1);
+}
+
+typedef struct { int tty; double last; } train_view;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void train_note(void *ud, const char *line) {
+    (void)ud;
+    fprintf(stderr, "%s\n", line);
+}
+
+static int train_progress(void *ud, const struct tk_progress *p) {
+    train_view *v = ud;
+    double t = now_s();
+    if (p->step == p->total_steps || t - v->last >= (v->tty ? 0.25 : 5.0)) {
+        char al[32], pk[32];
+        fprintf(stderr, "%sepoch %d/%d step %lld/%lld loss %.4f %.1f samples/s ETA %.0fs mem %s (peak %s)%s",
+                v->tty ? "\r" : "", p->epoch, p->epochs, (long long)p->step, (long long)p->total_steps, p->loss,
+                p->samples_per_s, p->eta_s, tk_format_bytes(p->allocated, al, sizeof al),
+                tk_format_bytes(p->peak, pk, sizeof pk), v->tty ? "   " : "\n");
+        v->last = t;
+    }
+    return atomic_load(&g_cancel);
+}
+
+static int cmd_train(int argc, char **argv) {
+    if (argc < 1) { fprintf(stderr, "usage: txk train cfg.yaml [key=value ...] [--json]\n"); return EXIT_USAGE; }
+    static const char *const bare[] = {"--json", NULL};
+    int rc = check_words(argv + 1, argc - 1, NULL, bare);
+    if (rc) return rc;
+    tk_config c;
+    if ((rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
+    int json = has_flag(argv, argc, "--json");
+    tk_session *s = tk_session_new();
+    if (!s) return EXIT_ERR;
+    signal(SIGINT, on_sigint);
+    train_view v = {isatty(2), 0};
+    tk_run_hooks h = {.on_note = train_note, .on_progress = train_progress, .ud = &v};
+    tk_run_report r;
+    tk_err err = {0};
+    tk_status st = tk_session_train(s, &c, &h, &r, &err);
+    if (v.tty) fputc('\n', stderr);
+    char b1[32], b2[32];
+    if (st != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        rc = EXIT_ERR;
+    } else if (r.end == TK_RUN_PLANNED_OOM) {
+        json_t *b = tk_report_plan(&r.plan, r.free_before);
+        emit(b, json);
+        json_decref(b);
+        fprintf(stderr, "txk: the plan needs %s but %s is free: stopped before allocating anything\n",
+                tk_format_bytes(r.plan.peak_reserved, b1, sizeof b1), tk_format_bytes(r.free_before, b2, sizeof b2));
+        rc = EXIT_PLAN_OOM;
+    } else if (r.end == TK_RUN_OOM) {
+        if (json && r.have_oom) {
+            json_t *j = tk_report_oom_json(&r.oom, r.oom_phase);
+            char *sj = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
+            if (sj) puts(sj);
+            free(sj);
+            json_decref(j);
+        } else {
+            char *t = r.have_oom ? tk_report_oom_text(&r.oom, r.oom_phase) : NULL;
+            fputs(t ? t : err.msg, stdout);
+            free(t);
+        }
+        rc = EXIT_OOM;
+    } else if (r.end == TK_RUN_CANCELLED) {
+        fprintf(stderr, "txk: interrupted after step %lld; %s%s\n", (long long)r.steps,
+                r.checkpoint[0] ? "last checkpoint " : "no checkpoint", r.checkpoint);
+        rc = EXIT_INT;
+    } else {
+        json_t *b = tk_report_history(r.history, r.n_history, c.task);
+        emit(b, json);
+        json_decref(b);
+        if (!json)
+            printf("trained %lld steps in %.1f s; peak %s allocated (planned %s)%s%s\n", (long long)r.steps, r.seconds,
+                   tk_format_bytes(r.peak_allocated, b1, sizeof b1), tk_format_bytes(r.plan.peak_allocated, b2, sizeof b2),
+                   r.checkpoint[0] ? "; checkpoint " : "", r.checkpoint);
+    }
+    tk_run_report_clear(&r);
+    tk_session_destroy(&s);
+    return rc;
+}
+
+/* ---- data, vocab ------------------------------------------------------------------ */
+
+static int cmd_data(int argc, char **argv) {
+    if (argc < 1) { fprintf(stderr, "usage: %s\n", TXDATA_USAGE + 1); return EXIT_USAGE; }
+    static const char *const valued[] = {"--text", "--pair", "--model", "--vocab", "--max-len", "--batch", NULL};
+    static const char *const bare[] = {"--json", NULL};
+    int rc = check_words(argv + 1, argc - 1, valued, bare);
+    if (rc) return rc;
+    const char *ml = flag_value(argv, argc, "--max-len"), *bs = flag_value(argv, argc, "--batch");
+    tk_data_report_opts o = {.path = argv[0], .text_col = flag_value(argv, argc, "--text"),
+                             .pair_col = flag_value(argv, argc, "--pair"), .model = flag_value(argv, argc, "--model"),
+                             .vocab = flag_value(argv, argc, "--vocab"), .max_len = ml ? atoi(ml) : 0,
+                             .batch_size = bs ? atoi(bs) : 0};
+    json_t *b = NULL;
+    tk_err err = {0};
+    if (tk_data_report(&o, &b, NULL, NULL, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    emit(b, has_flag(argv, argc, "--json"));
+    json_decref(b);
+    return EXIT_OK;
+}
+
+static int cmd_vocab(int argc, char **argv) {
+    static const char *const valued[] = {"-o", "--size", "--text", NULL};
+    static const char *const bare[] = {"--lowercase", NULL};
+    const char *out = flag_value(argv, argc, "-o"), *size = flag_value(argv, argc, "--size");
+    if (argc < 1 || !out || !size || atoi(size) < 10 || check_words(argv + 1, argc - 1, valued, bare)) {
+        fprintf(stderr, "usage: txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]\n");
+        return EXIT_USAGE;
+    }
+    tk_err err = {0};
+    int n_texts = 0, n_tokens = 0;
+    if (tk_vocab_from_file(argv[0], flag_value(argv, argc, "--text"), atoi(size), has_flag(argv, argc, "--lowercase"),
+                           out, &n_texts, &n_tokens, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    printf("wrote %s: %d tokens learned from %d texts\n", out, n_tokens, n_texts);
+    return EXIT_OK;
+}
+
+/* ---- mem, keys, kernel ------------------------------------------------------------- */
+
+static int cmd_mem(int argc, char **argv) {
+    static const char *const valued[] = {"--device", "--capacity", NULL}, *const bare[] = {"--json", NULL};
+    int rc = check_words(argv, argc, valued, bare);
+    if (rc) return rc;
+    tk_config c;
+    tk_err err = {0};
+    tk_config_defaults(&c);
+    const char *dev = flag_value(argv, argc, "--device"), *cap = flag_value(argv, argc, "--capacity");
+    if ((dev && tk_config_set(&c, "device", dev, &err) != TK_OK) ||
+        (cap && tk_config_set(&c, "capacity", cap, &err) != TK_OK)) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    tk_session *s = tk_session_new();
+    char note[256];
+    tk_dev *d = s ? tk_session_device(s, &c, note, &err) : NULL;
+    if (!d) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        tk_session_destroy(&s);
+        return EXIT_ERR;
+    }
+    int json = has_flag(argv, argc, "--json");
+    json_t *b = tk_device_report(d, &c);
+    json_t *m = tk_report_mem(d, "owner", 10);
+    if (json) {
+        json_t *both = json_pack("{s:O, s:O}", "device", json_object_get(b, "application/json"), "memory",
+                                 json_object_get(m, "application/json"));
+        char *sj = json_dumps(both, JSON_INDENT(2) | JSON_SORT_KEYS);
+        if (sj) puts(sj);
+        free(sj);
+        json_decref(both);
+    } else {
+        emit(b, 0);
+        emit(m, 0);
+    }
+    json_decref(b);
+    json_decref(m);
+    tk_session_destroy(&s);
+    return EXIT_OK;
+}
+
+static int cmd_keys(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    for (const char *const *k = tk_config_keys(); *k; k++) printf("%-24s %s\n", *k, tk_config_key_help(*k));
+    return EXIT_OK;
+}
+
+static int cmd_kernel(int argc, char **argv) {
+    const char *conn = flag_value(argv, argc, "-f");
+    if (!conn) {
+        fprintf(stderr, "usage: txk kernel -f CONNECTION_FILE\n");
+        return EXIT_USAGE;
+    }
+    tk_magics *m = tk_magics_new();
+    if (!m) return EXIT_ERR;
+    tk_interp it = tk_magics_interp(m);
+    tk_kerr err = {{0}};
+    int rc = tk_kernel_serve(conn, &it, &err);
+    if (rc) fprintf(stderr, "txk: %s\n", err.msg);
+    tk_magics_destroy(&m);
+    return rc ? EXIT_ERR : EXIT_OK;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------ */
+
+typedef struct { const char *name; int (*run)(int argc, char **argv); const char *summary; } txk_cmd;
+
+static const txk_cmd CMDS[] = {
+    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P] [--max-batch] [--json]   planned peak memory, no training"},
+    {"train", cmd_train, "cfg.yaml [key=value ...] [--json]   plan, then train (stops before allocating if it won't fit)"},
+    {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
+    {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
+    {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory"},
+    {"keys", cmd_keys, "   every config key with its help"},
+    {"kernel", cmd_kernel, "-f CONNECTION_FILE   serve as a Jupyter kernel"},
+};
+
+static int usage(FILE *f) {
+    fprintf(f, "txk — BERT fine-tuning memory planner and trainer (txkernel)\n\nusage:\n");
+    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) fprintf(f, "  txk %-7s %s\n", CMDS[i].name, CMDS[i].summary);
+    fprintf(f, "\nexit status: 0 ok, 1 error, 2 usage, 3 plan does not fit, 4 out of memory, 130 interrupted\n");
+    return f == stdout ? EXIT_OK : EXIT_USAGE;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return usage(stderr);
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) return usage(stdout);
+    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)
+        if (!strcmp(argv[1], CMDS[i].name)) return CMDS[i].run(argc - 2, argv + 2);
+    fprintf(stderr, "txk: unknown command '%s'\n\n", argv[1]);
+    return usage(stderr);
+}

@@ -304,9 +304,14 @@ static void test_meta_matches_cpu_oom(void) {
         TK_CHECK_EQ_INT(om->reserved, oc->reserved);
         TK_CHECK_STR(om->owner_name, oc->owner_name);
     }
-    tk_alloc_stats s;
+    tk_alloc_stats s, sm;
     tk_alloc_stats_get(tk_dev_alloc(cpu), &s);
+    tk_alloc_stats_get(tk_dev_alloc(meta), &sm);
     TK_CHECK_EQ_INT(s.allocated, 0); /* the script released everything */
+    TK_CHECK_EQ_INT(s.n_retries, sm.n_retries);
+    TK_CHECK_EQ_INT(s.n_ooms, sm.n_ooms);
+    TK_CHECK_EQ_INT(s.n_ooms, 1);
+    TK_CHECK_EQ_INT(s.reserved_peak, sm.reserved_peak);
     tk_dev_destroy(&meta);
     tk_dev_destroy(&cpu);
 }

@@ -92,11 +92,11 @@ static void add_ln(tk_model *m, const char *owner, int64_t c, int frozen) {
 static tk_status check_opts(const tk_model_opts *o, tk_err *err) {
     tk_status st = tk_bert_dims_check(&o->dims, err);
     if (st != TK_OK) return st;
-    if (o->precision != TK_PREC_FP32 || o->recompute != TK_RECOMPUTE_NONE ||
+    if (o->precision != TK_PREC_FP32 || o->recompute == TK_RECOMPUTE_ATTENTION ||
         o->attention != TK_ATTN_STANDARD) {
-        tk_err_set(err, TK_EINVAL, "model: precision fp16/bf16, recompute and fused attention are "
-                   "not available in this build of the model yet; use precision: fp32, "
-                   "recompute: none, attention: standard");
+        tk_err_set(err, TK_EINVAL, "model: precision fp16/bf16, recompute: attention and fused "
+                   "attention are not available in this build of the model yet; use precision: "
+                   "fp32, recompute: none or layers, attention: standard");
         return TK_EINVAL;
     }
     if (o->head == TK_HEAD_POOLED && o->num_labels <= 0) {
@@ -647,8 +647,9 @@ static tk_status embeddings_fwd(step *S, const tk_batch *b, int keep) {
 }
 
 /* One encoder layer: A->out from in (N,H). keep: save for backward (else free
- * each activation after its last use; `in` is then freed too). */
-static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep) {
+ * each activation after its last use). free_in: free `in` after its last use
+ * (eval; not when recompute keeps it as the layer's checkpoint). */
+static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in) {
     tk_model *m = S->m;
     lacts *A = &S->la[l];
     stens *s = &S->s;
@@ -705,7 +706,7 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep) {
     if (ph > 0)
         TRY(tk_op_dropout_fwd(S->d, &A->r1, NULL, &A->r1, N * H, ph, S->seed, doff(l, SITE_ATTN_OUT)));
     TRY(tk_op_add(S->d, &A->r1, &A->r1, in, N * H));
-    if (!keep) fr(S, in);
+    if (free_in) fr(S, in);
     TRY(al(S, &A->mean1, TK_F32, 1, N, 0, 0, 0, ca, own[OLN1]));
     TRY(al(S, &A->rstd1, TK_F32, 1, N, 0, 0, 0, ca, own[OLN1]));
     TRY(alf(S, &A->a1, N, H, ca, own[OLN1]));
@@ -1168,7 +1169,11 @@ static tk_status fwd_bwd(step *S, const tk_batch *b, float grad_scale, float *lo
     TRY(embeddings_fwd(S, b, grads_below(m, -1)));
     tk_tensor *h = &S->s.h0;
     for (int l = 0; l < L; l++) {
-        TRY(layer_fwd(S, l, h, layer_backward(m, l)));
+        /* Under recompute only each layer's input is kept (it is the
+         * previous layer's output, always kept); the rest is rebuilt in
+         * backward with the same dropout masks. */
+        int bw = layer_backward(m, l), rc = bw && m->o.recompute == TK_RECOMPUTE_LAYERS;
+        TRY(layer_fwd(S, l, h, bw && !rc, !bw));
         h = &S->la[l].out;
     }
     double lo;
@@ -1179,6 +1184,12 @@ static tk_status fwd_bwd(step *S, const tk_batch *b, float grad_scale, float *lo
     for (int l = L - 1; l >= 0; l--) {
         if (!layer_backward(m, l)) break;
         tk_tensor *in = l ? &S->la[l - 1].out : &S->s.h0;
+        if (m->o.recompute == TK_RECOMPUTE_LAYERS) {
+            /* The output is no longer needed (the head or layer l+1 is done
+             * with it); the recomputed forward allocates it anew. */
+            fr(S, &S->la[l].out);
+            TRY(layer_fwd(S, l, in, 1, 0));
+        }
         TRY(layer_bwd(S, l, in, grads_below(m, l - 1)));
     }
     if (grads_below(m, -1)) TRY(embeddings_bwd(S));
@@ -1203,7 +1214,7 @@ static tk_status fwd_eval(step *S, const tk_batch *b, float *loss, float *logits
     TRY(embeddings_fwd(S, b, 0));
     tk_tensor *h = &S->s.h0;
     for (int l = 0; l < m->L; l++) {
-        TRY(layer_fwd(S, l, h, 0));
+        TRY(layer_fwd(S, l, h, 0, 1));
         h = &S->la[l].out;
     }
     int want = m->o.head == TK_HEAD_SPAN ? (b->start_positions && b->end_positions) : !!b->labels;

@@ -81,7 +81,7 @@ typedef struct tk_model_opts {
     int towers;            /* flatten_dense: sequences per example through the shared BERT (>= 1) */
     int max_len;           /* flatten_dense: the fixed sequence length L (its weight is [N, towers*L*H]) */
     tk_precision precision;/* only TK_PREC_FP32 is implemented so far */
-    tk_recompute recompute;/* only TK_RECOMPUTE_NONE is implemented so far */
+    tk_recompute recompute;/* none | layers (keep each layer's input, rebuild the rest in backward) */
     tk_attention attention;/* only TK_ATTN_STANDARD is implemented so far */
     int freeze_embeddings; /* 1: embeddings get no gradient */
     int freeze_layers;     /* the first N encoder layers get no gradient */

@@ -359,11 +359,13 @@ static void run_seq(tk_dev_kind k, const tk_model_opts *o, evlog *log, size_t *p
 }
 
 static void test_meta_equals_cpu(void) {
-    for (int variant = 0; variant < 5; variant++) {
+    for (int variant = 0; variant < 7; variant++) {
         tk_model_opts o = tiny_opts(variant == 1 ? TK_HEAD_SPAN
                                    : variant == 2 ? TK_HEAD_FLATTEN_DENSE : TK_HEAD_POOLED);
         if (variant == 3) o.freeze_embeddings = 1, o.freeze_layers = 1;
         if (variant == 4) o.freeze_layers = 2, o.dims.attn_dropout = 0;
+        if (variant == 5) o.recompute = TK_RECOMPUTE_LAYERS;
+        if (variant == 6) o.recompute = TK_RECOMPUTE_LAYERS, o.freeze_layers = 1, o.head = TK_HEAD_SPAN;
         evlog a = {0}, b = {0};
         size_t pa = 0, pb = 0;
         run_seq(TK_DEV_CPU, &o, &a, &pa);
@@ -409,6 +411,58 @@ static void test_freeze(void) {
     TK_CHECK(peak[1] < peak[0]);
     TK_CHECK(grad[1] < grad[0]);
     tk_dev_destroy(&d);
+}
+
+/* recompute: layers gives bit-identical gradients (dropout on) with a lower
+ * peak, for each head. */
+static void test_recompute(void) {
+    const tk_head_kind heads[3] = {TK_HEAD_POOLED, TK_HEAD_SPAN, TK_HEAD_FLATTEN_DENSE};
+    for (int hk = 0; hk < 3; hk++) {
+        float *g[2] = {NULL, NULL};
+        int64_t ng = 0;
+        size_t peak[2] = {0, 0};
+        float loss[2] = {0, 0};
+        for (int rc = 0; rc < 2; rc++) {
+            tk_dev *d = dev_new(TK_DEV_CPU);
+            if (!d) return;
+            tk_model_opts o = tiny_opts(heads[hk]);
+            o.dims.layers = 3;
+            o.recompute = rc ? TK_RECOMPUTE_LAYERS : TK_RECOMPUTE_NONE;
+            tk_err e = {0};
+            tk_model *m = tk_model_new(d, &o, &e);
+            TK_CHECK_MSG(m && tk_model_init_random(m, 9, &e) == TK_OK, "%s", e.msg);
+            if (!m) {
+                tk_dev_destroy(&d);
+                return;
+            }
+            tk_model_alloc_grads(m, &e);
+            tk_alloc_reset_peak(tk_dev_alloc(d));
+            tbatch tb;
+            make_batch(&tb, 3, 8, o.towers);
+            TK_CHECK_MSG(tk_model_forward_backward(m, &tb.b, 4, 0.5f, &loss[rc], NULL, &e) == TK_OK,
+                         "%s", e.msg);
+            tk_alloc_stats s;
+            tk_alloc_stats_get(tk_dev_alloc(d), &s);
+            peak[rc] = s.allocated_peak;
+            ng = 0;
+            for (int i = 0; i < tk_model_n_params(m); i++) ng += tk_tensor_numel(tk_model_param(m, i)->g);
+            g[rc] = calloc((size_t)ng, sizeof(float));
+            int64_t off = 0;
+            for (int i = 0; i < tk_model_n_params(m); i++) {
+                const tk_param *p = tk_model_param(m, i);
+                tk_tensor_read_f32(d, p->g, g[rc] + off, NULL);
+                off += tk_tensor_numel(p->g);
+            }
+            tk_model_destroy(&m);
+            tk_dev_destroy(&d);
+        }
+        TK_CHECK(loss[0] == loss[1]);
+        TK_CHECK_MSG(g[0] && g[1] && memcmp(g[0], g[1], (size_t)ng * sizeof(float)) == 0,
+                     "head %d: gradients differ under recompute", hk);
+        TK_CHECK_MSG(peak[1] < peak[0], "head %d: peak %zu with recompute vs %zu", hk, peak[1], peak[0]);
+        free(g[0]);
+        free(g[1]);
+    }
 }
 
 /* Out of memory in the middle of a step: a clean error, nothing leaked, and
@@ -588,6 +642,7 @@ int main(void) {
     TK_RUN(test_grad_finite_difference);
     TK_RUN(test_meta_equals_cpu);
     TK_RUN(test_freeze);
+    TK_RUN(test_recompute);
     TK_RUN(test_oom_mid_step);
     TK_RUN(test_save_load);
     TK_RUN(test_bad_batch);

@@ -6,7 +6,10 @@
 #   test-gpu                builds and runs them; needs a GPU
 #
 # The plugin is self-contained (linked with --no-undefined): binaries dlopen it
-# without exporting their own symbols. Host code is compiled by gcc against the
+# without exporting their own symbols. It is linked -z nodelete: dlclose then
+# leaves it, CUDA and CUPTI mapped, because CUPTI's worker thread and the CUDA
+# runtime's teardown must not run into unmapped code when a device is closed
+# and reopened in one kernel session. Host code is compiled by gcc against the
 # toolkit's headers; only cuda_ops.cu goes through nvcc. Architectures: SASS
 # for sm_75 (T4), sm_80 (A100; runs on sm_86/sm_89 too) and sm_90 (H100), plus
 # compute_90 PTX for newer cards, which keeps the nvcc step short on 2 cores.
@@ -42,19 +45,19 @@ test-gpu:
 
 else
 
-$(BUILD)/cuda/%.o: $(CUDA_DIR)/%.c
+$(BUILD)/cuda/%.o: $(CUDA_DIR)/%.c $(CUDA_DIR)/module.mk
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 -O2 -g -fPIC -fvisibility=hidden $(WARN) $(CUDA_INCS) -MMD -MP -c $< -o $@
 
-$(BUILD)/cuda/%.o: $(CUDA_DIR)/%.cu
+$(BUILD)/cuda/%.o: $(CUDA_DIR)/%.cu $(CUDA_DIR)/module.mk
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 -O2 -lineinfo -fmad=false $(CUDA_GENCODE) $(CUDA_INCS) \
 	    -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings \
 	    -MMD -MP -c $< -o $@
 
-$(CUDA_PLUGIN): $(CUDA_HOBJS) $(CUDA_DOBJS)
-	$(NVCC) -shared $(CUDA_GENCODE) -cudart shared -o $@ $^ -L$(CUDA_LIBDIR) -lcublas -lcublasLt -lcupti \
-	    -Xlinker --no-undefined -Xlinker -rpath,$(CUDA_LIBDIR) -lpthread
+$(CUDA_PLUGIN): $(CUDA_HOBJS) $(CUDA_DOBJS) $(CUDA_DIR)/module.mk
+	$(NVCC) -shared $(CUDA_GENCODE) -cudart shared -o $@ $(CUDA_HOBJS) $(CUDA_DOBJS) -L$(CUDA_LIBDIR) -lcublas -lcublasLt -lcupti \
+	    -Xlinker --no-undefined -Xlinker -rpath,$(CUDA_LIBDIR) -Xlinker -z,nodelete -lpthread
 
 # GPU tests link the release library (ASan and the CUDA driver do not mix)
 # and reach the plugin the way the binaries do: gpu/dev.c dlopens it

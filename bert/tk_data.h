@@ -155,8 +155,9 @@ void tk_features_destroy(tk_features **p);
 
 /* ---- batching ------------------------------------------------------------ */
 
-/* One batch as host int32 arrays, row-major [B, T]. Filled by
- * tk_batches_get; the arrays are owned by the tk_batch (tk_batch_clear). */
+/* One batch as host int32 arrays, row-major [B, T]. Start from a zeroed
+ * tk_batch; tk_batches_get fills it, growing its one block of memory when a
+ * batch needs more; the arrays are owned by the tk_batch (tk_batch_clear). */
 typedef struct tk_batch {
     int B, T;                  /* rows and padded length */
     int32_t *input_ids, *token_type_ids, *attention_mask; /* B*T; pad id, 0, 0 in padding */

@@ -75,6 +75,38 @@ static void test_csv_errors(void) {
     TK_CHECK(t == NULL);
 }
 
+/* Seeded random CSV-ish text: each parse either succeeds or fails with a
+ * message naming the file; ASan sees no overflow and no leak. */
+static void test_csv_random(void) {
+    static const char *frag[] = {"a", ",", "\"", "\"\"", "\n", "\r\n", "\r", " ", "x,y", "\xC3\xA9", "\t"};
+    uint64_t s = 7;
+    int ok = 0, bad = 0;
+    for (int it = 0; it < 3000; it++) {
+        char buf[256] = "text,label\n";
+        size_t n = strlen(buf);
+        int parts = 1 + (int)(s % 40);
+        for (int k = 0; k < parts; k++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            const char *f = frag[(s >> 33) % 11];
+            memcpy(buf + n, f, strlen(f));
+            n += strlen(f);
+        }
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        tk_table *t = NULL;
+        tk_err err = {0};
+        tk_status st = tk_csv_parse(buf, n, ',', "r.csv", &t, &err);
+        if (st == TK_OK) {
+            ok++;
+            if (t->nrows > 0 && t->ncols != 2) bad++;
+        } else if (strncmp(err.msg, "r.csv:", 6) != 0 || t != NULL) {
+            bad++;
+        }
+        tk_table_destroy(&t);
+    }
+    TK_CHECK_EQ_INT(bad, 0);
+    TK_CHECK(ok > 0);
+}
+
 static void test_dataset_errors(void) {
     tk_dataset *d = NULL;
     tk_err err = {0};
@@ -352,6 +384,21 @@ static void test_squad(void) {
                       "\"answers\":[{\"text\":\"def\",\"answer_start\":3}]}]}]}]}";
     TK_CHECK(tk_squad_parse(bad, strlen(bad), "sq.json", &sq, &err) == TK_EFORMAT);
     TK_CHECK_STR(err.msg, "sq.json: question 'q9': answer 'def' not at answer_start 3 (context has ' de' there)");
+    /* v2.0: an impossible question labels every window (0, 0) */
+    const char *v2 = "{\"version\":\"v2.0\",\"data\":[{\"paragraphs\":[{\"context\":\"the city was founded\",\"qas\":["
+                     "{\"id\":\"i1\",\"question\":\"who?\",\"answers\":[],\"is_impossible\":true}]}]}]}";
+    TK_CHECK(tk_squad_parse(v2, strlen(v2), "v2.json", &sq, &err) == TK_OK);
+    if (sq) {
+        TK_CHECK(sq->ex[0].is_impossible == 1 && sq->ex[0].nanswers == 0);
+        TK_CHECK(tk_features_squad(t, sq, 32, 8, &f, &err) == TK_OK);
+        if (f) TK_CHECK(f->n == 1 && f->start_pos[0] == 0 && f->end_pos[0] == 0);
+        tk_features_destroy(&f);
+    }
+    tk_squad_destroy(&sq);
+    const char *v1bad = "{\"data\":[{\"paragraphs\":[{\"context\":\"abc\",\"qas\":[{\"id\":\"n1\",\"question\":\"?\","
+                        "\"answers\":[]}]}]}]}";
+    TK_CHECK(tk_squad_parse(v1bad, strlen(v1bad), "sq.json", &sq, &err) == TK_EFORMAT);
+    TK_CHECK_STR(err.msg, "sq.json: question 'n1': no answers (SQuAD v2.0 marks such questions \"is_impossible\": true)");
     TK_CHECK(tk_squad_parse("{\"data\": 1}", 11, "sq.json", &sq, &err) == TK_EFORMAT);
     TK_CHECK_STR(err.msg, "sq.json: not SQuAD JSON: no \"data\" list at the top level");
     TK_CHECK(tk_squad_parse("{\"data\": [", 10, "sq.json", &sq, &err) == TK_EFORMAT);
@@ -414,6 +461,7 @@ int main(void) {
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
     TK_RUN(test_csv_quoting);
     TK_RUN(test_csv_errors);
+    TK_RUN(test_csv_random);
     TK_RUN(test_dataset_errors);
     TK_RUN(test_labels_and_dev);
     TK_RUN(test_jsonl);

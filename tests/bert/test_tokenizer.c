@@ -232,6 +232,43 @@ static void test_vocab_build(void) {
     unlink(path);
 }
 
+/* Seeded random bytes (valid and invalid UTF-8, controls, punctuation):
+ * no crash under ASan, offsets ordered and inside the text. */
+static void test_random_bytes(void) {
+    tk_tokenizer *t = mk(1), *c = mk(0);
+    static const char *frag[] = {"un", "aff", "able", " ", "\t", "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80",
+                                 "!", "\xff", "\xC3", "\x01", "\xEF\xBF\xBD", "x", "\xE2\x80\x83", "\xCC\x81"};
+    uint64_t s = 42;
+    tk_encoding e = {0};
+    int bad = 0;
+    for (int it = 0; it < 2000; it++) {
+        char buf[512];
+        size_t n = 0;
+        int parts = (int)(s % 60);
+        for (int k = 0; k < parts; k++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            const char *f = frag[(s >> 33) % 16];
+            size_t l = strlen(f);
+            memcpy(buf + n, f, l);
+            n += l;
+        }
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        for (int pass = 0; pass < 2; pass++) {
+            e.n = 0;
+            if (tk_tokenize_append(pass ? c : t, buf, n, 0, &e, NULL) != TK_OK) { bad++; continue; }
+            for (int i = 0; i < e.n; i++) {
+                if (e.bstart[i] < 0 || e.bend[i] > (int)n || e.bstart[i] >= e.bend[i] || e.start[i] >= e.end[i]) bad++;
+                if (i && e.bstart[i] < e.bstart[i - 1]) bad++;
+            }
+            if (tk_count_tokens(pass ? c : t, buf, n) != e.n) bad++;
+        }
+    }
+    TK_CHECK_EQ_INT(bad, 0);
+    tk_encoding_clear(&e);
+    tk_tokenizer_destroy(&t);
+    tk_tokenizer_destroy(&c);
+}
+
 int main(void) {
     TK_RUN(test_unaffable);
     TK_RUN(test_accents_and_case);
@@ -241,5 +278,6 @@ int main(void) {
     TK_RUN(test_pairs_and_truncation);
     TK_RUN(test_vocab_errors);
     TK_RUN(test_vocab_build);
+    TK_RUN(test_random_bytes);
     return tk_test_done();
 }

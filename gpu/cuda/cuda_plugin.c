@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cuda_internal.h"
+#include "cuda_shared.h"
 
 const char *tk_cublas_status_str(cublasStatus_t s) {
     switch (s) {
@@ -192,20 +193,15 @@ static tk_status cu_gemm(void *vctx, tk_tensor *C, const tk_tensor *A, const tk_
         if (st != TK_OK) return st;
         beta = 1.0f;
     }
-    cublasOperation_t opa = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasOperation_t opb = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
-    int lda = (int)(transB ? K : N);
-    int ldb = (int)(transA ? M : K);
-    int ldc = (int)N;
-    if (lda < 1) lda = 1;
-    if (ldb < 1) ldb = 1;
+    tk_gemm_cm g = tk_gemm_colmajor(transA, transB, M, N, K);
     /* fp32 stays fp32 (CUBLAS_COMPUTE_32F without the TF32 fast path); 16-bit
      * inputs accumulate in fp32 on tensor cores. */
     cublasStatus_t s = cublasGemmStridedBatchedEx(
-        c->blas, opa, opb, (int)N, (int)M, (int)K, &alpha,
-        B->data, tb, lda, (long long)strideB,
-        A->data, ta, ldb, (long long)strideA, &beta,
-        C->data, tc, ldc, (long long)strideC, (int)batch,
+        c->blas, g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N,
+        (int)g.m, (int)g.n, (int)g.k, &alpha,
+        B->data, tb, (int)g.ld_first, (long long)strideB,
+        A->data, ta, (int)g.ld_second, (long long)strideA, &beta,
+        C->data, tc, (int)g.ldc, (long long)strideC, (int)batch,
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "txkernel cuda: %s:%d: cublasGemmStridedBatchedEx(M=%lld N=%lld K=%lld "

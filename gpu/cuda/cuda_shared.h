@@ -64,4 +64,31 @@ TK_HD void tk_adamw_update(float *p, float *m, float *v, float g, const tk_adamw
     *v = vi;
 }
 
+/* ---- GEMM layout ------------------------------------------------------------- */
+
+/* A row-major C (M×N) = op(A) @ op(B) is, read column-major, C^T (N×M) =
+ * op(B)^T @ op(A)^T: the column-major GEMM gets B first, with m = N, n = M.
+ * These are the column-major arguments (BLAS/cuBLAS order) for our call;
+ * trans_first/trans_second say whether the first (B) and second (A)
+ * operands are transposed. Host-tested against the cpu backend. */
+typedef struct tk_gemm_cm {
+    int trans_first, trans_second;
+    int64_t m, n, k, ld_first, ld_second, ldc;
+} tk_gemm_cm;
+
+TK_HD tk_gemm_cm tk_gemm_colmajor(int transA, int transB, int64_t M, int64_t N, int64_t K) {
+    tk_gemm_cm g;
+    g.trans_first = transB != 0;
+    g.trans_second = transA != 0;
+    g.m = N;
+    g.n = M;
+    g.k = K;
+    g.ld_first = transB ? K : N;  /* B stored N×K (transB) or K×N, row-major */
+    g.ld_second = transA ? M : K; /* A stored K×M (transA) or M×K, row-major */
+    g.ldc = N;
+    if (g.ld_first < 1) g.ld_first = 1;
+    if (g.ld_second < 1) g.ld_second = 1;
+    return g;
+}
+
 #endif

@@ -1,5 +1,5 @@
-/* test_cuda_shared.c — the cuda plugin's per-element rules, checked on the
- * host (no GPU needed, so `make test` runs it).
+/* test_cuda_shared.c — the cuda plugin's per-element rules and its GEMM
+ * layout, checked on the host (no GPU needed, so `make test` runs it).
  *
  * gpu/cuda/cuda_shared.h holds the AdamW update and the dropout scale that
  * the cuda kernels run; it compiles with gcc as well as nvcc. Here the gcc
@@ -7,7 +7,11 @@
  * its dropout scale the cpu backend's kept values. The kernels are built with
  * -fmad=false, so the device build does the same IEEE operations in the same
  * order; the GPU suite (make test-gpu) checks that on real hardware.
+ * The column-major arguments the plugin hands cuBLAS (tk_gemm_colmajor) are
+ * fed here to OpenBLAS's column-major sgemm, which has the same contract,
+ * and must give the cpu backend's row-major result for every transpose.
  */
+#include <cblas.h>
 #include <stdlib.h>
 #include "cuda/cuda_shared.h"
 #include "tk_test.h"
@@ -96,7 +100,34 @@ static void test_dropout_scale_matches_cpu(void) {
     tk_dev_destroy(&d);
 }
 
+static void test_gemm_colmajor_layout(void) {
+    enum { M = 5, N = 7, K = 3 };
+    static float A[M * K], B[K * N], Cref[M * N], Ccm[M * N];
+    tk_dev *d = open_cpu();
+    if (!d) return;
+    tk_err err = {0};
+    for (int tr = 0; tr < 4; tr++) {
+        int ta = tr & 1, tb = tr >> 1;
+        for (int i = 0; i < M * K; i++) A[i] = frand();
+        for (int i = 0; i < K * N; i++) B[i] = frand();
+        for (int i = 0; i < M * N; i++) Ccm[i] = Cref[i] = frand();
+        tk_tensor tA = upload(d, A, M * K), tB = upload(d, B, K * N), tC = upload(d, Cref, M * N);
+        TK_CHECK(tk_op_gemm(d, &tC, &tA, &tB, NULL, ta, tb, M, N, K, 1, 0, 0, 0, 0.5f, 0.25f) == TK_OK);
+        TK_CHECK(tk_tensor_read(d, &tC, Cref, &err) == TK_OK);
+        tk_gemm_cm g = tk_gemm_colmajor(ta, tb, M, N, K);
+        cblas_sgemm(CblasColMajor, g.trans_first ? CblasTrans : CblasNoTrans,
+                    g.trans_second ? CblasTrans : CblasNoTrans, (int)g.m, (int)g.n, (int)g.k, 0.5f,
+                    B, (int)g.ld_first, A, (int)g.ld_second, 0.25f, Ccm, (int)g.ldc);
+        double worst = 0.0;
+        for (int i = 0; i < M * N; i++) worst = fmax(worst, fabs((double)Cref[i] - Ccm[i]));
+        TK_CHECK_MSG(worst <= 1e-6, "transA=%d transB=%d: max abs diff %g", ta, tb, worst);
+        tk_tensor_free(d, &tA); tk_tensor_free(d, &tB); tk_tensor_free(d, &tC);
+    }
+    tk_dev_destroy(&d);
+}
+
 int main(void) {
+    TK_RUN(test_gemm_colmajor_layout);
     TK_RUN(test_adamw_matches_cpu_bitwise);
     TK_RUN(test_dropout_scale_matches_cpu);
     return tk_test_done();

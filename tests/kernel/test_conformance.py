@@ -17,7 +17,8 @@ class _Samples:
     code_stderr = "%echo --stderr something went to stderr"
     completion_samples = [
         {"text": "%ech", "matches": {"%echo"}},
-        {"text": "%tx", "matches": {"%txhelp", "%txversion"}},
+        {"text": "%txhe", "matches": {"%txhelp"}},
+        {"text": "%lsm", "matches": {"%lsmagic"}},
         {"text": "%%ec", "matches": {"%%echo"}},
         {"text": "%lsmagic\n%cl", "matches": {"%clear"}},
     ]

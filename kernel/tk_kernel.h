@@ -94,8 +94,10 @@ int tk_replay_check(tk_replay *r, const uint8_t *key, size_t len);
 /* ---- interpreter interface ---------------------------------------------- */
 
 /* Where an executing cell sends its output. The core implements it; every call
- * publishes at once on iopub with the executing request as parent. Arguments are
- * borrowed. */
+ * publishes at once on iopub with the executing request as parent, so all of a
+ * cell's output precedes its idle status. Valid only while execute runs; it may
+ * be called from a worker thread the interpreter starts and joins within that
+ * call (iopub sends are serialised). Arguments are borrowed. */
 typedef struct tk_out tk_out;
 typedef struct tk_out_ops {
     void (*stream)(tk_out *o, const char *name /* "stdout"|"stderr" */, const char *text);
@@ -118,8 +120,11 @@ typedef struct tk_exec_opts {
 } tk_exec_opts;
 
 /* The interpreter: a table of callbacks plus its own context pointer. Every
- * call happens on the shell thread except none; cancel is set from the control
- * thread or a signal handler, and the interpreter polls it. */
+ * callback runs on the shell thread, except kernel_info, which the control
+ * thread may also call while a cell runs (keep it free of mutable state).
+ * cancel is set from the control thread or a signal handler; the interpreter
+ * polls it and ends the cell with an error when it is set. Optional callbacks
+ * may be NULL: no completions, nothing found, "unknown", default info. */
 typedef struct tk_interp {
     void *self;
     /* Runs one cell. Returns 0 when the cell succeeded, -1 after out->error. */

@@ -429,28 +429,15 @@ __global__ void k_scatter_add(void *dst, int dtd, const void *src, int dts, cons
 /* (B,T,NH,HS) <-> (B,NH,T,HS). to_heads: out is (B,NH,T,HS). */
 __global__ void k_heads(void *out, int dto, const void *in, int dti, int64_t T, int64_t NH, int64_t HS,
                         int64_t total, int to_heads) {
-    GRID_STRIDE(k, total) {
-        int64_t s = k % HS, r = k / HS;
-        int64_t a1, a2, b;
-        if (to_heads) { /* k indexes out (B,NH,T,HS) */
-            a1 = r % T; r /= T;   /* t */
-            a2 = r % NH; b = r / NH; /* h */
-            st(out, dto, k, ld(in, dti, ((b * T + a1) * NH + a2) * HS + s));
-        } else {        /* k indexes out (B,T,NH,HS) */
-            a2 = r % NH; r /= NH; /* h */
-            a1 = r % T; b = r / T; /* t */
-            st(out, dto, k, ld(in, dti, ((b * NH + a2) * T + a1) * HS + s));
-        }
-    }
+    GRID_STRIDE(k, total) st(out, dto, k, ld(in, dti, tk_heads_src(k, T, NH, HS, to_heads)));
 }
 
 __global__ void k_bias_rows(void *Cm, int dtc, const void *bias, int dtb, int64_t M, int64_t N,
                             int64_t strideC, int64_t total, float beta) {
     GRID_STRIDE(k, total) {
-        int64_t nidx = k % N, r = k / N;
-        int64_t m = r % M, b = r / M;
-        int64_t at = b * strideC + m * N + nidx;
-        float v = ld(bias, dtb, nidx);
+        int64_t bi;
+        int64_t at = tk_bias_rows_at(k, M, N, strideC, &bi);
+        float v = ld(bias, dtb, bi);
         if (beta != 0.0f) v += beta * ld(Cm, dtc, at);
         st(Cm, dtc, at, v);
     }

@@ -91,4 +91,26 @@ TK_HD tk_gemm_cm tk_gemm_colmajor(int transA, int transB, int64_t M, int64_t N, 
     return g;
 }
 
+/* ---- index maps ------------------------------------------------------------- */
+
+/* Heads: element k of the output, as an element index of the input.
+ * to_heads: out (B,NH,T,HS) from in (B,T,NH,HS); else the reverse. */
+TK_HD int64_t tk_heads_src(int64_t k, int64_t T, int64_t NH, int64_t HS, int to_heads) {
+    int64_t s = k % HS, r = k / HS;
+    if (to_heads) {
+        int64_t t = r % T, h = (r / T) % NH, b = r / (T * NH);
+        return ((b * T + t) * NH + h) * HS + s;
+    }
+    int64_t h = r % NH, t = (r / NH) % T, b = r / (NH * T);
+    return ((b * NH + h) * T + t) * HS + s;
+}
+
+/* Biased GEMM: element k of the batch x M x N grid, as an element index of C
+ * (batch matrices strideC apart) and of the bias. */
+TK_HD int64_t tk_bias_rows_at(int64_t k, int64_t M, int64_t N, int64_t strideC, int64_t *bias_at) {
+    int64_t n = k % N, r = k / N;
+    *bias_at = n;
+    return (r / M) * strideC + (r % M) * N + n;
+}
+
 #endif

@@ -126,7 +126,51 @@ static void test_gemm_colmajor_layout(void) {
     tk_dev_destroy(&d);
 }
 
+/* The heads kernel reads input element tk_heads_src(k) for output k: that
+ * permutation must be the cpu backend's split/merge. */
+static void test_heads_index_map(void) {
+    enum { B = 2, T = 5, NH = 3, HS = 4, NE = B * T * NH * HS };
+    static float x[NE], ref[NE];
+    tk_dev *d = open_cpu();
+    if (!d) return;
+    tk_err err = {0};
+    for (int i = 0; i < NE; i++) x[i] = (float)i;
+    for (int to_heads = 0; to_heads < 2; to_heads++) {
+        tk_tensor tx = upload(d, x, NE), ty = upload(d, x, NE);
+        if (to_heads) TK_CHECK(tk_op_split_heads(d, &ty, &tx, B, T, NH, HS) == TK_OK);
+        else TK_CHECK(tk_op_merge_heads(d, &ty, &tx, B, T, NH, HS) == TK_OK);
+        TK_CHECK(tk_tensor_read(d, &ty, ref, &err) == TK_OK);
+        int bad = 0;
+        for (int64_t k = 0; k < NE; k++) bad += ref[k] != x[tk_heads_src(k, T, NH, HS, to_heads)];
+        TK_CHECK_MSG(bad == 0, "to_heads=%d: %d elements differ", to_heads, bad);
+        tk_tensor_free(d, &tx); tk_tensor_free(d, &ty);
+    }
+    tk_dev_destroy(&d);
+}
+
+/* The biased-GEMM pre-pass writes C[at] = bias[bias_at] for each k: every
+ * element of every batch matrix exactly once, never the gap between them. */
+static void test_bias_rows_index_map(void) {
+    enum { M = 3, N = 4, BATCH = 3, STRIDE = M * N + 5 };
+    static int hits[STRIDE * BATCH];
+    memset(hits, 0, sizeof hits);
+    int bad_bias = 0;
+    for (int64_t k = 0; k < (int64_t)M * N * BATCH; k++) {
+        int64_t bi;
+        int64_t at = tk_bias_rows_at(k, M, N, STRIDE, &bi);
+        TK_CHECK(at >= 0 && at < STRIDE * BATCH);
+        if (at >= 0 && at < STRIDE * BATCH) hits[at]++;
+        bad_bias += bi != (at % STRIDE) % N;
+    }
+    TK_CHECK_EQ_INT(bad_bias, 0);
+    for (int b = 0; b < BATCH; b++)
+        for (int i = 0; i < STRIDE; i++)
+            TK_CHECK_EQ_INT(hits[b * STRIDE + i], i < M * N ? 1 : 0);
+}
+
 int main(void) {
+    TK_RUN(test_heads_index_map);
+    TK_RUN(test_bias_rows_index_map);
     TK_RUN(test_gemm_colmajor_layout);
     TK_RUN(test_adamw_matches_cpu_bitwise);
     TK_RUN(test_dropout_scale_matches_cpu);

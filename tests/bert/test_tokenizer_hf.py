@@ -138,3 +138,48 @@ def test_squad_features(vocab, lower, max_len, stride):
     assert len(c) == len(h)
     bad = [(x, y) for x, y in zip(c, h) if x != y]
     assert not bad, f"{len(bad)} of {len(c)} features differ; first: {bad[0]!r}"[:3000]
+
+def fortunes_lines():
+    """Every fortune of Debian's fortunes packages (real English text with
+    odd punctuation and some Latin-1 era characters); [] when not installed."""
+    out = []
+    root = "/usr/share/games/fortunes"
+    for p in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        fp = os.path.join(root, p)
+        if "." in p or not os.path.isfile(fp):
+            continue
+        with open(fp, "rb") as f:
+            raw = f.read()
+        try:
+            txt = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            txt = raw.decode("latin-1")
+        out += [t for t in txt.split("\n%\n") if t.strip()]
+    return out
+
+@pytest.mark.parametrize("vocab,lower", VOCABS)
+def test_fortunes(vocab, lower):
+    lines = fortunes_lines()
+    if not lines:
+        pytest.skip("fortunes packages not installed")
+    compare(vocab, lower, [{"a": l} for l in lines])
+
+@pytest.mark.parametrize("lower", [1, 0])
+def test_vocab_from_hard_cases(lower, tmp_path):
+    """A vocabulary learned (by tk_vocab_build) from the hard cases themselves,
+    so accented, CJK, emoji and other non-ASCII pieces are in it and the
+    greedy match runs over them instead of ending in [UNK]."""
+    src = tmp_path / "texts.txt"
+    hard = [r["a"] for r in hard_cases() if "b" not in r]
+    src.write_text("\n".join(h.replace("\n", " ") for h in hard) + "\n" + "\n".join(corpus_lines()[:300]) + "\n",
+                   encoding="utf-8")
+    out = tmp_path / "vocab.txt"
+    subprocess.run([TOK_DUMP, "--vocab", str(out), "1200", str(lower), str(src)], check=True)
+    name = os.path.relpath(out, DATA)
+    unk = 0
+    c = c_side(name, lower, hard_cases(), 0, "longest_first")
+    for x in c:
+        unk += x["ids"].count(1)
+    compare(name, lower, hard_cases())
+    compare(name, lower, hard_cases(), 20, "longest_first")
+    assert unk < 20  # the learned vocabulary covers nearly every hard case

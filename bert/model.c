@@ -92,11 +92,9 @@ static void add_ln(tk_model *m, const char *owner, int64_t c, int frozen) {
 static tk_status check_opts(const tk_model_opts *o, tk_err *err) {
     tk_status st = tk_bert_dims_check(&o->dims, err);
     if (st != TK_OK) return st;
-    if (o->precision != TK_PREC_FP32 || o->recompute == TK_RECOMPUTE_ATTENTION ||
-        o->attention != TK_ATTN_STANDARD) {
-        tk_err_set(err, TK_EINVAL, "model: precision fp16/bf16, recompute: attention and fused "
-                   "attention are not available in this build of the model yet; use precision: "
-                   "fp32, recompute: none or layers, attention: standard");
+    if (o->precision != TK_PREC_FP32) {
+        tk_err_set(err, TK_EINVAL, "model: precision fp16/bf16 is not available in this build of "
+                   "the model yet; use precision: fp32");
         return TK_EINVAL;
     }
     if (o->head == TK_HEAD_POOLED && o->num_labels <= 0) {
@@ -513,7 +511,7 @@ typedef struct stens {
     tk_tensor ex, emean, erstd, h0;
     tk_tensor cls, pooled, pd, logits, losses;
     tk_tensor dlogits, dpd, dcls, dh, dx;
-    tk_tensor dr, dtmp, dbig, probs_d, dvh, dprobs, dqh, dkh, dbuf, tmp;
+    tk_tensor dr, dtmp, dbig, probs_d, dvh, dprobs, dqh, dkh, dbuf, tmp, ctxh, pchunk;
 } stens;
 #define STENS_N ((int)(sizeof(stens) / sizeof(tk_tensor)))
 
@@ -646,6 +644,33 @@ static tk_status embeddings_fwd(step *S, const tk_batch *b, int keep) {
     return TK_OK;
 }
 
+/* Whether backward finds the attention probabilities kept (standard), or
+ * rebuilds them from Q and K (recompute: attention, fused attention). */
+static int keeps_probs(const tk_model *m) {
+    return m->o.attention == TK_ATTN_STANDARD && m->o.recompute != TK_RECOMPUTE_ATTENTION;
+}
+
+/* Sequences per attention chunk: all of them, or for fused attention as many
+ * as keep one chunk's (NH,T,T) scores within attn_chunk_bytes (default 4 MiB;
+ * at least one sequence). Depends on shapes only, so meta plans the same. */
+static int64_t attn_chunk(const step *S) {
+    if (S->m->o.attention != TK_ATTN_FUSED) return S->Bs;
+    size_t budget = S->m->o.attn_chunk_bytes ? S->m->o.attn_chunk_bytes : (size_t)4 << 20;
+    int64_t per = (int64_t)S->m->NH * S->T * S->T * 4, cs = (int64_t)budget / per;
+    return cs < 1 ? 1 : cs > S->Bs ? S->Bs : cs;
+}
+
+/* P (nb sequences from b0, laid out (nb,NH,T,T)) = softmax(Q K^T / sqrt(HS)
+ * + mask), the softmax in place over the scores. */
+static tk_status attn_probs(step *S, lacts *A, tk_tensor *P, int64_t b0, int64_t nb) {
+    const int64_t T = S->T, NH = S->m->NH, HS = S->m->HS, PH = NH * T * HS;
+    tk_tensor Q = tk_tensor_view(&A->qh, b0 * PH, nb * PH), K = tk_tensor_view(&A->kh, b0 * PH, nb * PH);
+    tk_tensor mask = tk_tensor_view(&S->s.mask, b0 * T, nb * T);
+    TRY(tk_op_gemm(S->d, P, &Q, &K, NULL, 0, 1, T, T, HS, nb * NH, T * HS, T * HS, T * T, 1.0f, 0.0f));
+    TRY(tk_op_softmax_fwd(S->d, P, P, &mask, nb, NH, T, 1.0f / sqrtf((float)HS)));
+    return TK_OK;
+}
+
 /* One encoder layer: A->out from in (N,H). keep: save for backward (else free
  * each activation after its last use). free_in: free `in` after its last use
  * (eval; not when recompute keeps it as the layer's checkpoint). */
@@ -669,36 +694,41 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in)
         TRY(tk_op_split_heads(S->d, qkv[j], &s->tmp, Bs, T, NH, HS));
     }
     fr(S, &s->tmp);
-    /* scores = Q K^T per (b, head); probs = softmax(scores / sqrt(HS) + mask) */
-    TRY(al(S, &s->tmp, TK_F32, 4, Bs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    TRY(tk_op_gemm(S->d, &s->tmp, &A->qh, &A->kh, NULL, 0, 1, T, T, HS, Bs * NH, T * HS, T * HS,
-                   T * T, 1.0f, 0.0f));
+    /* Attention over chunks of cs sequences (all at once unless fused):
+     * P = softmax(Q K^T / sqrt(HS) + mask), computed in place over the
+     * scores; ctx = dropout(P) V. P is kept for backward only in the
+     * standard mode; otherwise backward rebuilds it chunk by chunk. */
+    const int kp = keep && keeps_probs(m);
+    const int64_t cs = attn_chunk(S), PP = NH * T * T, PH = NH * T * HS;
+    if (kp) TRY(al(S, &A->probs, TK_F32, 4, Bs, NH, T, T, TK_CAT_ACT, own[OSELF]));
+    TRY(al(S, &s->ctxh, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
+    if (!kp) TRY(al(S, &s->pchunk, TK_F32, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    if (pa > 0) TRY(al(S, &s->probs_d, TK_F32, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    for (int64_t b0 = 0; b0 < Bs; b0 += cs) {
+        const int64_t nb = Bs - b0 < cs ? Bs - b0 : cs;
+        tk_tensor P = kp ? tk_tensor_view(&A->probs, b0 * PP, nb * PP)
+                         : tk_tensor_view(&s->pchunk, 0, nb * PP);
+        TRY(attn_probs(S, A, &P, b0, nb));
+        tk_tensor PD = P;
+        if (pa > 0) {
+            PD = tk_tensor_view(&s->probs_d, 0, nb * PP);
+            TRY(tk_op_dropout_fwd(S->d, &PD, NULL, &P, nb * PP, pa, S->seed,
+                                  doff(l, SITE_PROBS) + (uint64_t)(b0 * PP)));
+        }
+        tk_tensor V = tk_tensor_view(&A->vh, b0 * PH, nb * PH), C = tk_tensor_view(&s->ctxh, b0 * PH, nb * PH);
+        TRY(tk_op_gemm(S->d, &C, &PD, &V, NULL, 0, 0, T, HS, T, nb * NH, T * T, T * HS, T * HS, 1.0f,
+                       0.0f));
+    }
+    fr(S, &s->probs_d);
+    fr(S, &s->pchunk);
     if (!keep) {
+        fr(S, &A->vh);
         fr(S, &A->kh);
         fr(S, &A->qh);
     }
-    TRY(al(S, &A->probs, TK_F32, 4, Bs, NH, T, T, ca, own[OSELF]));
-    TRY(tk_op_softmax_fwd(S->d, &A->probs, &s->tmp, &s->mask, Bs, NH, T, 1.0f / sqrtf((float)HS)));
-    fr(S, &s->tmp);
-    tk_tensor *pd = &A->probs;
-    if (pa > 0) {
-        TRY(al(S, &s->probs_d, TK_F32, 4, Bs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-        TRY(tk_op_dropout_fwd(S->d, &s->probs_d, NULL, &A->probs, Bs * NH * T * T, pa, S->seed,
-                              doff(l, SITE_PROBS)));
-        pd = &s->probs_d;
-    }
-    /* ctx = probs_d @ V, merged back to (N,H) */
-    TRY(al(S, &s->tmp, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
-    TRY(tk_op_gemm(S->d, &s->tmp, pd, &A->vh, NULL, 0, 0, T, HS, T, Bs * NH, T * T, T * HS, T * HS,
-                   1.0f, 0.0f));
-    fr(S, &s->probs_d);
-    if (!keep) {
-        fr(S, &A->probs);
-        fr(S, &A->vh);
-    }
     TRY(alf(S, &A->ctx, N, H, ca, own[OSELF]));
-    TRY(tk_op_merge_heads(S->d, &A->ctx, &s->tmp, Bs, T, NH, HS));
-    fr(S, &s->tmp);
+    TRY(tk_op_merge_heads(S->d, &A->ctx, &s->ctxh, Bs, T, NH, HS));
+    fr(S, &s->ctxh);
     /* r1 = dropout(ctx Wao^T + b) + in; a1 = LN(r1) */
     TRY(alf(S, &A->r1, N, H, ca, own[OLN1]));
     TRY(linear_fwd(S, &A->r1, &A->ctx, w + LAOW, N, H, H));
@@ -812,39 +842,48 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
     TRY(al(S, &s->dbuf, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
     TRY(tk_op_split_heads(d, &s->dbuf, &s->dr, Bs, T, NH, HS));
     fr(S, &s->dr);
-    /* probs_d regenerated from the kept probs and the step's dropout seed */
-    tk_tensor *pd = &A->probs;
-    if (pa > 0) {
-        TRY(al(S, &s->probs_d, TK_F32, 4, Bs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-        TRY(tk_op_dropout_fwd(d, &s->probs_d, NULL, &A->probs, Bs * NH * T * T, pa, S->seed,
-                              doff(l, SITE_PROBS)));
-        pd = &s->probs_d;
-    }
-    /* dV = probs_d^T dctx ; dprobs_d = dctx V^T */
+    /* Per chunk: P (kept, or rebuilt from Q and K), dropout(P) regenerated
+     * from the step's seed, then dV = PD^T dC, dPD = dC V^T, dropout and
+     * softmax backward in place (the softmax scale folds 1/sqrt(HS) in),
+     * dQ = dS K, dK = dS^T Q. */
+    const int kp = keeps_probs(m);
+    const int64_t cs = attn_chunk(S), PP = NH * T * T, PH = NH * T * HS;
     TRY(al(S, &s->dvh, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OV]));
-    TRY(tk_op_gemm(d, &s->dvh, pd, &s->dbuf, NULL, 1, 0, T, HS, T, Bs * NH, T * T, T * HS, T * HS,
-                   1.0f, 0.0f));
-    fr(S, &s->probs_d);
-    TRY(al(S, &s->dprobs, TK_F32, 4, Bs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    TRY(tk_op_gemm(d, &s->dprobs, &s->dbuf, &A->vh, NULL, 0, 1, T, T, HS, Bs * NH, T * HS, T * HS,
-                   T * T, 1.0f, 0.0f));
-    fr(S, &s->dbuf);
-    fr(S, &A->vh);
-    if (pa > 0)
-        TRY(tk_op_dropout_bwd(d, &s->dprobs, &s->dprobs, Bs * NH * T * T, pa, S->seed,
-                              doff(l, SITE_PROBS)));
-    /* softmax (the scale folds 1/sqrt(HS) into dscores), in place */
-    TRY(tk_op_softmax_bwd(d, &s->dprobs, &A->probs, &s->dprobs, Bs * NH * T, T,
-                          1.0f / sqrtf((float)HS)));
-    fr(S, &A->probs);
-    /* dQ = dS K ; dK = dS^T Q */
     TRY(al(S, &s->dqh, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OQ]));
-    TRY(tk_op_gemm(d, &s->dqh, &s->dprobs, &A->kh, NULL, 0, 0, T, HS, T, Bs * NH, T * T, T * HS,
-                   T * HS, 1.0f, 0.0f));
     TRY(al(S, &s->dkh, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OK_]));
-    TRY(tk_op_gemm(d, &s->dkh, &s->dprobs, &A->qh, NULL, 1, 0, T, HS, T, Bs * NH, T * T, T * HS,
-                   T * HS, 1.0f, 0.0f));
+    if (!kp) TRY(al(S, &s->pchunk, TK_F32, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    if (pa > 0) TRY(al(S, &s->probs_d, TK_F32, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    TRY(al(S, &s->dprobs, TK_F32, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    for (int64_t b0 = 0; b0 < Bs; b0 += cs) {
+        const int64_t nb = Bs - b0 < cs ? Bs - b0 : cs;
+        tk_tensor P = kp ? tk_tensor_view(&A->probs, b0 * PP, nb * PP)
+                         : tk_tensor_view(&s->pchunk, 0, nb * PP);
+        if (!kp) TRY(attn_probs(S, A, &P, b0, nb));
+        tk_tensor PD = P;
+        const uint64_t off = doff(l, SITE_PROBS) + (uint64_t)(b0 * PP);
+        if (pa > 0) {
+            PD = tk_tensor_view(&s->probs_d, 0, nb * PP);
+            TRY(tk_op_dropout_fwd(d, &PD, NULL, &P, nb * PP, pa, S->seed, off));
+        }
+        tk_tensor dC = tk_tensor_view(&s->dbuf, b0 * PH, nb * PH);
+        tk_tensor V = tk_tensor_view(&A->vh, b0 * PH, nb * PH), dV = tk_tensor_view(&s->dvh, b0 * PH, nb * PH);
+        tk_tensor Q = tk_tensor_view(&A->qh, b0 * PH, nb * PH), dQ = tk_tensor_view(&s->dqh, b0 * PH, nb * PH);
+        tk_tensor K = tk_tensor_view(&A->kh, b0 * PH, nb * PH), dK = tk_tensor_view(&s->dkh, b0 * PH, nb * PH);
+        tk_tensor dP = tk_tensor_view(&s->dprobs, 0, nb * PP);
+        const int64_t bh = nb * NH;
+        TRY(tk_op_gemm(d, &dV, &PD, &dC, NULL, 1, 0, T, HS, T, bh, T * T, T * HS, T * HS, 1.0f, 0.0f));
+        TRY(tk_op_gemm(d, &dP, &dC, &V, NULL, 0, 1, T, T, HS, bh, T * HS, T * HS, T * T, 1.0f, 0.0f));
+        if (pa > 0) TRY(tk_op_dropout_bwd(d, &dP, &dP, nb * PP, pa, S->seed, off));
+        TRY(tk_op_softmax_bwd(d, &dP, &P, &dP, nb * NH * T, T, 1.0f / sqrtf((float)HS)));
+        TRY(tk_op_gemm(d, &dQ, &dP, &K, NULL, 0, 0, T, HS, T, bh, T * T, T * HS, T * HS, 1.0f, 0.0f));
+        TRY(tk_op_gemm(d, &dK, &dP, &Q, NULL, 1, 0, T, HS, T, bh, T * T, T * HS, T * HS, 1.0f, 0.0f));
+    }
     fr(S, &s->dprobs);
+    fr(S, &s->probs_d);
+    fr(S, &s->pchunk);
+    fr(S, &s->dbuf);
+    fr(S, &A->probs);
+    fr(S, &A->vh);
     fr(S, &A->kh);
     fr(S, &A->qh);
     /* Q, K, V linears: the input gradient is the residual path (dh = d r1)

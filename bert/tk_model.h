@@ -82,7 +82,8 @@ typedef struct tk_model_opts {
     int max_len;           /* flatten_dense: the fixed sequence length L (its weight is [N, towers*L*H]) */
     tk_precision precision;/* only TK_PREC_FP32 is implemented so far */
     tk_recompute recompute;/* none | layers (keep each layer's input, rebuild the rest in backward) */
-    tk_attention attention;/* only TK_ATTN_STANDARD is implemented so far */
+    tk_attention attention;/* standard | fused (chunked over sequences, probabilities rebuilt in backward) */
+    size_t attn_chunk_bytes; /* fused: bytes of scores per chunk (0 = 4 MiB; at least one sequence) */
     int freeze_embeddings; /* 1: embeddings get no gradient */
     int freeze_layers;     /* the first N encoder layers get no gradient */
     uint64_t seed;         /* random init and dropout */

@@ -359,13 +359,15 @@ static void run_seq(tk_dev_kind k, const tk_model_opts *o, evlog *log, size_t *p
 }
 
 static void test_meta_equals_cpu(void) {
-    for (int variant = 0; variant < 7; variant++) {
+    for (int variant = 0; variant < 9; variant++) {
         tk_model_opts o = tiny_opts(variant == 1 ? TK_HEAD_SPAN
                                    : variant == 2 ? TK_HEAD_FLATTEN_DENSE : TK_HEAD_POOLED);
         if (variant == 3) o.freeze_embeddings = 1, o.freeze_layers = 1;
         if (variant == 4) o.freeze_layers = 2, o.dims.attn_dropout = 0;
         if (variant == 5) o.recompute = TK_RECOMPUTE_LAYERS;
         if (variant == 6) o.recompute = TK_RECOMPUTE_LAYERS, o.freeze_layers = 1, o.head = TK_HEAD_SPAN;
+        if (variant == 7) o.attention = TK_ATTN_FUSED, o.attn_chunk_bytes = 2048;
+        if (variant == 8) o.recompute = TK_RECOMPUTE_ATTENTION;
         evlog a = {0}, b = {0};
         size_t pa = 0, pb = 0;
         run_seq(TK_DEV_CPU, &o, &a, &pa);
@@ -462,6 +464,66 @@ static void test_recompute(void) {
         TK_CHECK_MSG(peak[1] < peak[0], "head %d: peak %zu with recompute vs %zu", hk, peak[1], peak[0]);
         free(g[0]);
         free(g[1]);
+    }
+}
+
+/* Fused (chunked) attention and recompute: attention match the standard
+ * path forward and backward (1e-5 relative), and keep less. Chunks of one
+ * and of two sequences (B*towers = 3 does not divide by 2). */
+static void test_attention_modes(void) {
+    const tk_head_kind heads[2] = {TK_HEAD_POOLED, TK_HEAD_FLATTEN_DENSE};
+    for (int hk = 0; hk < 2; hk++) {
+        float *g[4] = {NULL};
+        float loss[4] = {0}, logits[4][48];
+        size_t peak[4] = {0};
+        int64_t ng = 0;
+        for (int mode = 0; mode < 4; mode++) {
+            tk_dev *d = dev_new(TK_DEV_CPU);
+            if (!d) return;
+            tk_model_opts o = tiny_opts(heads[hk]);
+            if (mode == 1) o.attention = TK_ATTN_FUSED, o.attn_chunk_bytes = 1;
+            if (mode == 2) o.attention = TK_ATTN_FUSED, o.attn_chunk_bytes = 2 * 4 * 8 * 8 * 4;
+            if (mode == 3) o.recompute = TK_RECOMPUTE_ATTENTION;
+            tk_err e = {0};
+            tk_model *m = tk_model_new(d, &o, &e);
+            TK_CHECK_MSG(m && tk_model_init_random(m, 11, &e) == TK_OK, "%s", e.msg);
+            if (!m) {
+                tk_dev_destroy(&d);
+                return;
+            }
+            tk_model_alloc_grads(m, &e);
+            tk_alloc_reset_peak(tk_dev_alloc(d));
+            tbatch tb;
+            make_batch(&tb, 3, 8, o.towers);
+            TK_CHECK_MSG(tk_model_forward_backward(m, &tb.b, 2, 1.0f, &loss[mode], logits[mode], &e) == TK_OK,
+                         "%s", e.msg);
+            tk_alloc_stats s;
+            tk_alloc_stats_get(tk_dev_alloc(d), &s);
+            peak[mode] = s.allocated_peak;
+            ng = 0;
+            for (int i = 0; i < tk_model_n_params(m); i++) ng += tk_tensor_numel(tk_model_param(m, i)->g);
+            g[mode] = calloc((size_t)ng, sizeof(float));
+            int64_t off = 0;
+            for (int i = 0; i < tk_model_n_params(m); i++) {
+                const tk_param *p = tk_model_param(m, i);
+                tk_tensor_read_f32(d, p->g, g[mode] + off, NULL);
+                off += tk_tensor_numel(p->g);
+            }
+            tk_model_destroy(&m);
+            tk_dev_destroy(&d);
+        }
+        double gmax = 0;
+        for (int64_t i = 0; i < ng; i++) gmax = fmax(gmax, fabs(g[0][i]));
+        for (int mode = 1; mode < 4; mode++) {
+            TK_CHECK_NEAR(loss[mode], loss[0], 1e-5 * fabs(loss[0]));
+            for (int i = 0; i < 3 * (hk ? 7 : 3); i++) TK_CHECK_NEAR(logits[mode][i], logits[0][i], 1e-5);
+            double worst = 0;
+            for (int64_t i = 0; i < ng; i++) worst = fmax(worst, fabs(g[mode][i] - g[0][i]));
+            TK_CHECK_MSG(worst <= 1e-5 * gmax, "head %d mode %d: grad error %g of %g", hk, mode, worst, gmax);
+            TK_CHECK_MSG(peak[mode] < peak[0], "head %d mode %d: peak %zu vs %zu", hk, mode, peak[mode],
+                         peak[0]);
+        }
+        for (int mode = 0; mode < 4; mode++) free(g[mode]);
     }
 }
 
@@ -643,6 +705,7 @@ int main(void) {
     TK_RUN(test_meta_equals_cpu);
     TK_RUN(test_freeze);
     TK_RUN(test_recompute);
+    TK_RUN(test_attention_modes);
     TK_RUN(test_oom_mid_step);
     TK_RUN(test_save_load);
     TK_RUN(test_bad_batch);

@@ -177,11 +177,17 @@ int tk_cupti_acquire(char *why, size_t n) {
     CUPTI_TRY(cuptiActivityEnableAllocationSource(1));
     CUPTI_TRY(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMORY2));
     CUPTI_TRY(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
-    /* External correlation records are only emitted for API calls that are
-     * themselves recorded: enable runtime and driver API records too. */
-    CUPTI_TRY(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION));
-    CUPTI_TRY(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME));
-    CUPTI_TRY(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER));
+    /* Owner scopes are a bonus: external correlation records are only
+     * emitted for API calls that are themselves recorded, so runtime and
+     * driver API records go on too. If any of that fails, memory and kernel
+     * totals still work and every kernel counts as unscoped. */
+    if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER) != CUPTI_SUCCESS) {
+        cuptiActivityDisable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+        cuptiActivityDisable(CUPTI_ACTIVITY_KIND_RUNTIME);
+        cuptiActivityDisable(CUPTI_ACTIVITY_KIND_DRIVER);
+    }
     pthread_mutex_lock(&S.lock);
     S.refs = 1;
     S.active = 1;

@@ -8,6 +8,7 @@
  * scripts and tests compare integers, not text.
  */
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,6 +202,13 @@ static void oom_hints(tk_sb *b, const tk_oom *o) {
     size_t states = o->by_cat[TK_CAT_PARAM] + o->by_cat[TK_CAT_GRAD] + o->by_cat[TK_CAT_OPTIM];
     size_t acts = o->by_cat[TK_CAT_ACT] + o->by_cat[TK_CAT_TEMP];
     char a[32];
+    if (o->allocated == 0) {
+        tk_sb_addf(b, "  - nothing else was live: this allocation alone does not fit in %s (the allocator asks the "
+                      "device for whole segments: 2 MiB below 1 MiB, 20 MiB below 10 MiB); a smaller model, or "
+                      "more capacity\n", B(o->capacity, a));
+        tk_sb_add(b, "  - %txadvise ranks the fixes for this OOM by predicted memory and speed\n");
+        return;
+    }
     if (o->fragmentation)
         tk_sb_addf(b, "  - the cache is fragmented (%s reserved but unallocated, no block large enough): "
                       "empty_cache: every:50 or on_oom\n", B(o->reserved - o->allocated, a));
@@ -261,11 +269,13 @@ json_t *tk_report_history(const tk_epoch_stats *h, int n, int task) {
         else snprintf(dl, sizeof dl, "-");
         tk_rtable_rowf(t, "%d\t%.4f\t%s\t%.4f\t%.4f\t%.1f\t%.2f\t%s", h[i].epoch, h[i].train_loss, dl, m1, m2,
                        h[i].samples_per_s, h[i].seconds, B(h[i].peak_allocated, b));
-        json_t *r = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:I, s:I}", "epoch", h[i].epoch, "train_loss",
-                              (double)h[i].train_loss, task == TK_TASK_QA ? "dev_em" : "dev_acc", (double)m1,
-                              task == TK_TASK_QA ? "dev_f1" : "dev_macro_f1", (double)m2, "samples_per_s",
-                              h[i].samples_per_s, "seconds", h[i].seconds, "peak_allocated",
-                              (json_int_t)h[i].peak_allocated, "peak_reserved", (json_int_t)h[i].peak_reserved);
+        json_t *r = json_pack("{s:i, s:f, s:f, s:I, s:I}", "epoch", h[i].epoch, "samples_per_s", h[i].samples_per_s,
+                              "seconds", h[i].seconds, "peak_allocated", (json_int_t)h[i].peak_allocated,
+                              "peak_reserved", (json_int_t)h[i].peak_reserved);
+        /* NaN (no dev set) has no JSON spelling: null */
+        json_object_set_new(r, "train_loss", isfinite(h[i].train_loss) ? json_real(h[i].train_loss) : json_null());
+        json_object_set_new(r, task == TK_TASK_QA ? "dev_em" : "dev_acc", isfinite(m1) ? json_real(m1) : json_null());
+        json_object_set_new(r, task == TK_TASK_QA ? "dev_f1" : "dev_macro_f1", isfinite(m2) ? json_real(m2) : json_null());
         json_object_set_new(r, "dev_loss", h[i].dev_loss == h[i].dev_loss ? json_real(h[i].dev_loss) : json_null());
         json_array_append_new(rows, r);
     }

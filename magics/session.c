@@ -224,7 +224,8 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     size_t limit = tk_session_capacity_of(&cc);
     r->free_before = dev_free(d);
     int known_limit = limit || tk_dev_kind_of(d) == TK_DEV_CUDA;
-    if (r->plan.oom || (known_limit && r->plan.peak_reserved > r->free_before)) {
+    int ignore = h && h->ignore_plan;
+    if (!ignore && (r->plan.oom || (known_limit && r->plan.peak_reserved > r->free_before))) {
         r->end = TK_RUN_PLANNED_OOM;
         tk_run_data_clear(&data);
         return TK_OK;

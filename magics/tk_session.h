@@ -103,6 +103,9 @@ typedef struct tk_run_hooks {
     int (*on_progress)(void *ud, const struct tk_progress *p);   /* every step; nonzero cancels */
     void (*on_epoch)(void *ud, const struct tk_epoch_stats *e);
     void *ud;
+    /* 1: train even when the plan says it will not fit (as a plain PyTorch
+     * loop would), to see the run-time OOM and its autopsy */
+    int ignore_plan;
 } tk_run_hooks;
 
 typedef struct tk_run_report {

@@ -172,18 +172,21 @@ static tk_status load_classify(const tk_config *c, tk_run_data *out, tk_err *err
         train = all;
         all = NULL;
     }
-    if (c->max_examples > 0 && train->n > c->max_examples) train->n = c->max_examples;
-    if (!(tok = run_tokenizer(c, c->train_file, (const char *const *)train->text, train->n, out->vocab_note,
+    /* max_examples: a view of the first N (the dataset itself keeps its size,
+     * so destroying it frees every row) */
+    tk_dataset head = *train;
+    if (c->max_examples > 0 && head.n > c->max_examples) head.n = c->max_examples;
+    if (!(tok = run_tokenizer(c, c->train_file, (const char *const *)head.text, head.n, out->vocab_note,
                               sizeof out->vocab_note, err))) {
         st = err && err->status ? err->status : TK_EINVAL;
         goto out;
     }
-    if ((st = tk_features_classify(tok, train, c->max_len, TK_TRUNC_LONGEST_FIRST, &ft, err)) != TK_OK) goto out;
+    if ((st = tk_features_classify(tok, &head, c->max_len, TK_TRUNC_LONGEST_FIRST, &ft, err)) != TK_OK) goto out;
     if (dev && (st = tk_features_classify(tok, dev, c->max_len, TK_TRUNC_LONGEST_FIRST, &fd, err)) != TK_OK)
         goto out;
     int pad = tk_tokenizer_special(tok).pad;
     out->num_labels = train->num_labels;
-    out->n_examples = train->n;
+    out->n_examples = head.n;
     out->n_dev_examples = dev ? dev->n : 0;
     out->n_truncated = ft->n_truncated;
     if ((st = lengths_of(ft, out, err)) != TK_OK) goto out;
@@ -209,26 +212,27 @@ static tk_status load_squad(const tk_config *c, tk_run_data *out, tk_err *err) {
     tk_status st;
     if ((st = tk_squad_load(c->train_file, &train, err)) != TK_OK) goto out;
     if (c->dev_file[0] && (st = tk_squad_load(c->dev_file, &dev, err)) != TK_OK) goto out;
-    if (c->max_examples > 0 && train->n > c->max_examples) train->n = c->max_examples;
-    texts = malloc((size_t)(2 * train->n + 1) * sizeof *texts);
+    tk_squad head = *train;
+    if (c->max_examples > 0 && head.n > c->max_examples) head.n = c->max_examples;
+    texts = malloc((size_t)(2 * head.n + 1) * sizeof *texts);
     if (!texts) {
         tk_err_set(err, TK_EINVAL, "out of host memory");
         st = TK_EINVAL;
         goto out;
     }
-    for (int i = 0; i < train->n; i++) {
-        texts[2 * i] = train->ex[i].question;
-        texts[2 * i + 1] = train->ex[i].context;
+    for (int i = 0; i < head.n; i++) {
+        texts[2 * i] = head.ex[i].question;
+        texts[2 * i + 1] = head.ex[i].context;
     }
-    if (!(tok = run_tokenizer(c, c->train_file, texts, 2 * train->n, out->vocab_note, sizeof out->vocab_note,
+    if (!(tok = run_tokenizer(c, c->train_file, texts, 2 * head.n, out->vocab_note, sizeof out->vocab_note,
                               err))) {
         st = err && err->status ? err->status : TK_EINVAL;
         goto out;
     }
-    if ((st = tk_features_squad(tok, train, c->max_len, c->doc_stride, &ft, err)) != TK_OK) goto out;
+    if ((st = tk_features_squad(tok, &head, c->max_len, c->doc_stride, &ft, err)) != TK_OK) goto out;
     if (dev && (st = tk_features_squad(tok, dev, c->max_len, c->doc_stride, &fd, err)) != TK_OK) goto out;
     int pad = tk_tokenizer_special(tok).pad;
-    out->n_examples = train->n;
+    out->n_examples = head.n;
     out->n_dev_examples = dev ? dev->n : 0;
     if ((st = lengths_of(ft, out, err)) != TK_OK) goto out;
     if ((st = make_batches(ft, c, c->batch_size, pad, &out->train, &out->n_train, err)) != TK_OK) goto out;

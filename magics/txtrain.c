@@ -14,6 +14,7 @@
  *    checkpoint stays.
  *  - Progress updates are throttled (at most 4 a second, plus the last one).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,7 +96,22 @@ static int run_txtrain(tk_magic_ctx *m) {
     tk_config c;
     tk_config base;
     tk_config_defaults(&base);
-    if (tk_txconfig_from_cell(m, &base, &c, 0)) return -1;
+    if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
+    int ignore_plan = 0;
+    {
+        char **argv = NULL;
+        int argc = 0;
+        if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
+        for (int i = 0; i < argc; i++) {
+            if (!strcmp(argv[i], "--no-plan")) ignore_plan = 1;
+            else if (!strncmp(argv[i], "--", 2)) {
+                tk_magic_error(m, "UsageError", "%%%%txtrain: unknown option %s (known: --no-plan)", argv[i]);
+                tk_txargs_free(argv, argc);
+                return -1;
+            }
+        }
+        tk_txargs_free(argv, argc);
+    }
     tk_err err = {0};
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
 
@@ -103,7 +119,7 @@ static int run_txtrain(tk_magic_ctx *m) {
     memset(&v, 0, sizeof v);
     v.m = m;
     snprintf(v.display_id, sizeof v.display_id, "txtrain-%d-%lld", m->execution_count, (long long)time(NULL));
-    tk_run_hooks h = {.on_note = on_note, .on_progress = on_progress, .ud = &v};
+    tk_run_hooks h = {.on_note = on_note, .on_progress = on_progress, .ud = &v, .ignore_plan = ignore_plan};
     tk_run_report r;
     tk_status st = tk_session_train(s, &c, &h, &r, &err);
     char b1[32], b2[32], b3[32], b4[32];
@@ -158,14 +174,16 @@ static int run_txtrain(tk_magic_ctx *m) {
                  r.checkpoint);
         json_t *res = tk_bundle_new(line);
         const tk_epoch_stats *last = r.n_history ? &r.history[r.n_history - 1] : NULL;
-        json_object_set_new(res, "application/json",
-                            json_pack("{s:I, s:f, s:I, s:I, s:I, s:I, s:s, s:f, s:f}", "steps", (json_int_t)r.steps,
-                                      "seconds", r.seconds, "peak_allocated", (json_int_t)r.peak_allocated,
-                                      "peak_reserved", (json_int_t)r.peak_reserved, "planned_peak_allocated",
-                                      (json_int_t)r.plan.peak_allocated, "allocated_after",
-                                      (json_int_t)r.allocated_after, "checkpoint", r.checkpoint, "train_loss",
-                                      last ? (double)last->train_loss : 0.0, "dev_acc",
-                                      last ? (double)last->dev_acc : 0.0));
+        json_t *rj = json_pack("{s:I, s:f, s:I, s:I, s:I, s:I, s:s}", "steps", (json_int_t)r.steps, "seconds",
+                               r.seconds, "peak_allocated", (json_int_t)r.peak_allocated, "peak_reserved",
+                               (json_int_t)r.peak_reserved, "planned_peak_allocated",
+                               (json_int_t)r.plan.peak_allocated, "allocated_after", (json_int_t)r.allocated_after,
+                               "checkpoint", r.checkpoint);
+        /* metrics are NaN when there is no dev set: JSON has no NaN, say null */
+        json_object_set_new(rj, "train_loss", last && isfinite(last->train_loss) ? json_real(last->train_loss) : json_null());
+        json_object_set_new(rj, "dev_loss", last && isfinite(last->dev_loss) ? json_real(last->dev_loss) : json_null());
+        json_object_set_new(rj, "dev_acc", last && isfinite(last->dev_acc) ? json_real(last->dev_acc) : json_null());
+        json_object_set_new(res, "application/json", rj);
         m->out->ops->result(m->out, res, NULL);
         json_decref(res);
         break;
@@ -252,7 +270,7 @@ static void session_free(void *p) {
 
 static const tk_magic_def TXTRAIN[] = {
     {"txtrain", TK_MAGIC_CELL, run_txtrain, "plan, then fine-tune BERT from a YAML config (live progress, OOM autopsy)",
-     "%%txtrain [key=value ...]\n<YAML config>\n\n"
+     "%%txtrain [key=value ...] [--no-plan]\n<YAML config>\n\n"
      "Example:\n  %%txtrain\n  model: bert-mini\n  train_file: train.csv\n  max_len: 128\n  batch_size: 16\n"
      "  epochs: 2\n  device: {capacity: 800MiB}\n\n"
      "First plans the run on the meta device at the worst-case batch. If the predicted\n"
@@ -260,6 +278,7 @@ static const tk_magic_def TXTRAIN[] = {
      "where the memory would go. Else trains with a live progress bar (epoch, step, loss,\n"
      "samples/s, ETA, memory), then shows a per-epoch table. A run-time OOM ends the cell\n"
      "with an autopsy and releases the run's memory. Interrupt stops at the next step.\n"
+     "--no-plan trains even when the plan says it will not fit (to see where it breaks).\n"
      "Keys: %txhelp config, or Tab inside the body; Shift-Tab on a key shows its help."},
 };
 

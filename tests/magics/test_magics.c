@@ -1,0 +1,247 @@
+/* test_magics.c — the txkernel magics driven through the interpreter
+ * interface (tk_magics_interp), with an output sink that records every
+ * message: config errors name line and key, a plan that does not fit stops
+ * before the first device allocation, a run-time OOM releases everything,
+ * a small run trains, and %txmem / %txdata / %txdevice / %txreset answer. */
+#include <stdlib.h>
+#include <string.h>
+#include "tk_magics.h"
+#include "tk_test.h"
+
+typedef struct {
+    json_t *msgs; /* [{"type":..., "data"|"text"|"ename"/"evalue"}] */
+} rec;
+
+static void rec_stream(tk_out *o, const char *name, const char *text) {
+    rec *r = o->impl;
+    json_array_append_new(r->msgs, json_pack("{s:s, s:s, s:s}", "type", "stream", "name", name, "text", text));
+}
+static void rec_display(tk_out *o, json_t *data, json_t *md, const char *id, int update) {
+    (void)md;
+    rec *r = o->impl;
+    json_array_append_new(r->msgs, json_pack("{s:s, s:O, s:s}", "type", update ? "update" : "display", "data", data,
+                                             "id", id ? id : ""));
+}
+static void rec_result(tk_out *o, json_t *data, json_t *md) {
+    (void)md;
+    rec *r = o->impl;
+    json_array_append_new(r->msgs, json_pack("{s:s, s:O}", "type", "result", "data", data));
+}
+static void rec_clear(tk_out *o, int wait) { (void)o; (void)wait; }
+static void rec_error(tk_out *o, const char *ename, const char *evalue, json_t *tb) {
+    (void)tb;
+    rec *r = o->impl;
+    json_array_append_new(r->msgs, json_pack("{s:s, s:s, s:s}", "type", "error", "ename", ename, "evalue", evalue));
+}
+static void rec_page(tk_out *o, json_t *data) { (void)o; (void)data; }
+static const tk_out_ops REC_OPS = {rec_stream, rec_display, rec_result, rec_clear, rec_error, rec_page};
+
+static tk_magics *M;
+static tk_interp I;
+static atomic_int cancel_flag;
+
+/* Runs a cell; returns the recorded messages (new reference) and *rc. */
+static json_t *run(const char *code, int *rc) {
+    rec r = {json_array()};
+    tk_out out = {&REC_OPS, &r};
+    tk_exec_opts o = {0, 1, 0, 1};
+    *rc = I.execute(I.self, code, &o, &out, &cancel_flag);
+    return r.msgs;
+}
+
+static json_t *first(json_t *msgs, const char *type) {
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) if (!strcmp(json_string_value(json_object_get(m, "type")), type)) return m;
+    return NULL;
+}
+
+static const char *evalue(json_t *msgs) {
+    json_t *e = first(msgs, "error");
+    return e ? json_string_value(json_object_get(e, "evalue")) : "";
+}
+
+/* application/json of the last display in msgs (borrowed). */
+static json_t *last_json(json_t *msgs) {
+    json_t *found = NULL;
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        json_t *d = json_object_get(m, "data");
+        if (d && json_object_get(d, "application/json")) found = json_object_get(d, "application/json");
+    }
+    return found;
+}
+
+static json_int_t mem_field(const char *field) {
+    int rc;
+    json_t *msgs = run("%txmem --json", &rc);
+    json_t *j = last_json(msgs);
+    json_int_t v = j ? json_integer_value(json_object_get(j, field)) : -1;
+    json_decref(msgs);
+    return v;
+}
+
+#define TINY                                                                                   \
+    "model: bert-tiny\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"                    \
+    "vocab: tests/data/vocab_cased.txt\ntrain_file: tests/data/reviews_train.csv\n"            \
+    "dev_split: 0\nmax_examples: 16\nmax_len: 32\nbatch_size: 8\nmax_steps: 2\ndevice: cpu\n"
+
+static void test_config_errors(void) {
+    int rc;
+    json_t *m = run("%%txtrain\nmodel: bert-tiny\nbatchsize: 8\n", &rc);
+    TK_CHECK_EQ_INT(rc, -1);
+    TK_CHECK_STR(evalue(m), "cell:2: unknown key 'batchsize' (did you mean 'batch_size'?)");
+    json_decref(m);
+    m = run("%%txtrain\nmodel: bert-tiny\nprecision: fp8\n", &rc);
+    TK_CHECK_STR(evalue(m), "cell:2: precision: 'fp8' is not one of fp32, fp16, bf16");
+    json_decref(m);
+    m = run("%%txtrain batch_size=0\nmodel: bert-tiny\n", &rc);
+    TK_CHECK_STR(evalue(m), "batch_size: 0 is out of range (must be 1..1048576)");
+    json_decref(m);
+    m = run("%%txtrain --fast\nmodel: bert-tiny\n", &rc);
+    TK_CHECK_EQ_INT(rc, -1);
+    TK_CHECK(strstr(evalue(m), "unknown option --fast") != NULL);
+    json_decref(m);
+    m = run("%%txtrain\n" TINY "train_file: nope.csv\n", &rc);
+    TK_CHECK(strstr(evalue(m), "train_file: set twice") != NULL);
+    json_decref(m);
+}
+
+static void test_plan_line_magic(void) {
+    int rc;
+    json_t *m = run("%txplan model=bert-base-cased max_len=512 batch_size=32 capacity=7.43GiB gpu=t4 num_labels=2 --json",
+                    &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    json_t *j = last_json(m);
+    TK_CHECK(j != NULL);
+    TK_CHECK(json_is_false(json_object_get(j, "fits")));
+    TK_CHECK(json_integer_value(json_object_get(j, "peak_reserved")) > (json_int_t)(7.43 * (1 << 30)));
+    TK_CHECK_EQ_INT(json_integer_value(json_object_get(j, "n_params")), 108311810);
+    json_decref(m);
+    /* the line form starts from the last config: only batch_size changes */
+    m = run("%txplan batch_size=1 --json", &rc);
+    j = last_json(m);
+    TK_CHECK(j && json_integer_value(json_object_get(j, "batch")) == 1 && json_integer_value(json_object_get(j, "seq")) == 512);
+    json_decref(m);
+    m = run("%txplan --max-batch model=bert-tiny --json", &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    j = last_json(m);
+    TK_CHECK(json_is_array(j) && json_array_size(j) == 5);
+    TK_CHECK(j && json_integer_value(json_object_get(json_array_get(j, 0), "largest batch")) >=
+                      json_integer_value(json_object_get(json_array_get(j, 4), "largest batch")));
+    json_decref(m);
+}
+
+/* A plan that does not fit never reaches the device allocator. */
+static void test_plan_gate_allocates_nothing(void) {
+    int rc;
+    json_t *m = run("%txreset", &rc);
+    json_decref(m);
+    m = run("%%txtrain capacity=5MiB\n" TINY, &rc);
+    TK_CHECK_EQ_INT(rc, -1);
+    json_t *e = first(m, "error");
+    TK_CHECK(e && !strcmp(json_string_value(json_object_get(e, "ename")), "OutOfMemoryPlanned"));
+    TK_CHECK(last_json(m) && json_is_false(json_object_get(last_json(m), "fits")));
+    json_decref(m);
+    TK_CHECK_EQ_INT(mem_field("n_alloc"), 0);
+    TK_CHECK_EQ_INT(mem_field("allocated"), 0);
+    TK_CHECK_EQ_INT(mem_field("reserved"), 0);
+}
+
+/* --no-plan goes ahead and meets the OOM at run time: an autopsy, memory back
+ * to the baseline, and the next run in the same session works. */
+static void test_runtime_oom_then_fit(void) {
+    int rc;
+    for (int cycle = 0; cycle < 3; cycle++) {
+        json_t *m = run("%%txtrain capacity=21MiB --no-plan\n" TINY, &rc);
+        TK_CHECK_EQ_INT(rc, -1);
+        json_t *e = first(m, "error");
+        TK_CHECK(e && !strcmp(json_string_value(json_object_get(e, "ename")), "OutOfMemoryError"));
+        const char *v = evalue(m);
+        TK_CHECK_MSG(strstr(v, "tried to allocate") && strstr(v, "Capacity 21.00 MiB") && strstr(v, "Top owners:") &&
+                         strstr(v, "allocated is back to 0 bytes"),
+                     "%s", v);
+        json_decref(m);
+        TK_CHECK_EQ_INT(mem_field("allocated"), 0);
+    }
+    TK_CHECK(mem_field("n_ooms") >= 3);
+    json_t *m = run("%%txtrain\n" TINY, &rc);
+    TK_CHECK_MSG(rc == 0, "%s", evalue(m));
+    json_t *res = first(m, "result");
+    json_t *j = res ? json_object_get(json_object_get(res, "data"), "application/json") : NULL;
+    TK_CHECK(j && json_integer_value(json_object_get(j, "steps")) == 2);
+    /* on cpu the planned peak is the measured one, byte for byte */
+    TK_CHECK(j && json_integer_value(json_object_get(j, "peak_allocated")) ==
+                      json_integer_value(json_object_get(j, "planned_peak_allocated")));
+    TK_CHECK(first(m, "display") != NULL && first(m, "update") != NULL);
+    json_decref(m);
+    TK_CHECK_EQ_INT(mem_field("allocated"), 0);
+}
+
+static void test_mem_data_device_reset(void) {
+    int rc;
+    json_t *m = run("%txmem --by layer --top 3", &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    json_t *d = first(m, "display");
+    TK_CHECK(d && json_object_get(json_object_get(d, "data"), "image/svg+xml"));
+    json_decref(m);
+    m = run("%txmem --timeline --json", &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    json_t *tl = json_object_get(last_json(m), "timeline");
+    TK_CHECK_EQ_INT(json_array_size(tl), 2);
+    json_decref(m);
+    m = run("%txmem --by shoe", &rc);
+    TK_CHECK_EQ_INT(rc, -1);
+    json_decref(m);
+    m = run("%txdata tests/data/reviews_train.csv --vocab tests/data/vocab_cased.txt --max-len 128 --json", &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    json_t *j = last_json(m);
+    TK_CHECK(j && json_integer_value(json_object_get(j, "examples")) > 100);
+    TK_CHECK(j && json_integer_value(json_object_get(j, "p50")) <= json_integer_value(json_object_get(j, "p99")));
+    TK_CHECK(j && json_array_size(json_object_get(j, "padding")) == 3);
+    json_decref(m);
+    m = run("%txdata tests/data/reviews_train.csv --text body", &rc);
+    TK_CHECK(strstr(evalue(m), "no column 'body'") != NULL);
+    json_decref(m);
+    m = run("%txdevice --json", &rc);
+    j = last_json(m);
+    TK_CHECK(j && !strcmp(json_string_value(json_object_get(j, "kind")), "cpu"));
+    TK_CHECK(j && json_is_true(json_object_get(j, "simulated")));
+    json_decref(m);
+    m = run("%txreset", &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    json_decref(m);
+    m = run("%txmem --json", &rc);
+    TK_CHECK(last_json(m) && !strcmp(json_string_value(json_object_get(last_json(m), "device")), "none"));
+    json_decref(m);
+}
+
+static void test_completion(void) {
+    json_t *matches = json_array();
+    size_t start = 0, end = 0;
+    const char *code = "%%txtrain\nmodel: bert-tiny\nbatch_s";
+    I.complete(I.self, code, strlen(code), matches, &start, &end);
+    int found = 0;
+    size_t i;
+    json_t *v;
+    json_array_foreach(matches, i, v) found |= !strcmp(json_string_value(v), "batch_size");
+    TK_CHECK(found);
+    TK_CHECK_EQ_INT(end - start, 7);
+    json_decref(matches);
+}
+
+int main(void) {
+    M = tk_magics_new();
+    TK_CHECK(M != NULL);
+    if (!M) return tk_test_done();
+    I = tk_magics_interp(M);
+    TK_RUN(test_config_errors);
+    TK_RUN(test_plan_line_magic);
+    TK_RUN(test_plan_gate_allocates_nothing);
+    TK_RUN(test_runtime_oom_then_fit);
+    TK_RUN(test_mem_data_device_reset);
+    TK_RUN(test_completion);
+    tk_magics_destroy(&M);
+    return tk_test_done();
+}

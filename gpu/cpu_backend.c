@@ -288,7 +288,7 @@ static inline float v_phi(float x) {
 #endif
 
 TK_VEC_CLONES
-static void k_gelu_fwd(float *restrict o, const float *restrict x, int64_t n) {
+static void k_gelu_fwd(float *o, const float *x, int64_t n) { /* o may be x */
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) o[i] = x[i] * v_phi(x[i]);
 }
@@ -403,7 +403,7 @@ static inline void copy_row(void *dst, tk_dtype ddt, int64_t doff, const void *s
                             int64_t soff, int64_t C) {
     if (ddt == sdt) {
         size_t es = ddt == TK_F32 ? 4 : 2;
-        memcpy((char *)dst + doff * es, (const char *)src + soff * es, (size_t)C * es);
+        memmove((char *)dst + doff * es, (const char *)src + soff * es, (size_t)C * es);
     } else if (ddt == TK_F32) {
         to_f32((float *)dst + doff, src, sdt, soff, C);
     } else {
@@ -879,7 +879,7 @@ static float softmax_row(float *o, const float *x, int64_t V) {
 #pragma omp simd reduction(max : mx)
     for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
     if (o) {
-        memcpy(o, x, (size_t)V * sizeof(float));
+        memmove(o, x, (size_t)V * sizeof(float)); /* in-place xent_bwd: o == x */
         s = k_exp_sub_sum(o, mx, V);
         float inv = 1.0f / s;
 #pragma omp simd

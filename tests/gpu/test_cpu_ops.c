@@ -765,6 +765,31 @@ static void test_adamw8_tracks_adamw(void) {
     rm(&p); rm(&p8); rm(&m); rm(&v); rm(&g); rm(&mq); rm(&vq); rm(&ms); rm(&vs);
 }
 
+/* Ops whose output may be their input (the model runs some in place) give
+ * the same bits as out of place. */
+static void test_in_place(void) {
+    for (int d = 0; d < 3; d++) {
+        tk_dtype dt = FDT[d];
+        int64_t N = 9, V = 13, n = N * V;
+        size_t bytes = (size_t)n * (dt == TK_F32 ? 4 : 2);
+        tk_tensor x = mk_rand(dt, n, 4), o = mk(dt, n), io = mk(dt, n), dd = mk_rand(dt, n, 1), lab = mk(TK_I32, N);
+        for (int64_t i = 0; i < N; i++) ((int32_t *)lab.data)[i] = (int32_t)(i % V);
+#define SAME(call_out, call_in) do { memcpy(io.data, x.data, bytes); \
+        TK_CHECK((call_out) == TK_OK); TK_CHECK((call_in) == TK_OK); \
+        TK_CHECK(memcmp(o.data, io.data, bytes) == 0); } while (0)
+        SAME(BE->gelu_fwd(CTX, &o, &x, n), BE->gelu_fwd(CTX, &io, &io, n));
+        SAME(BE->gelu_bwd(CTX, &o, &x, &dd, n), BE->gelu_bwd(CTX, &io, &io, &dd, n));
+        SAME(BE->tanh_fwd(CTX, &o, &x, n), BE->tanh_fwd(CTX, &io, &io, n));
+        SAME(BE->dropout_fwd(CTX, &o, NULL, &x, n, 0.3f, 5, 9), BE->dropout_fwd(CTX, &io, NULL, &io, n, 0.3f, 5, 9));
+        SAME(BE->add(CTX, &o, &x, &dd, n), BE->add(CTX, &io, &io, &dd, n));
+        SAME(BE->xent_bwd(CTX, &o, &x, &lab, N, V, 0.5f), BE->xent_bwd(CTX, &io, &io, &lab, N, V, 0.5f));
+        SAME(BE->softmax_bwd(CTX, &o, &dd, &x, N, V, 0.5f), BE->softmax_bwd(CTX, &io, &dd, &io, N, V, 0.5f));
+        SAME(BE->cast(CTX, &o, &x, n), BE->cast(CTX, &io, &io, n));
+#undef SAME
+        rm(&x); rm(&o); rm(&io); rm(&dd); rm(&lab);
+    }
+}
+
 /* ---- through the device: tk_dev_new + tk_op_* ------------------------------------------ */
 
 static void test_scatter_into_3d(void) {
@@ -1032,6 +1057,7 @@ int main(int argc, char **argv) {
     TK_RUN(test_adamw_many_and_16bit_grad);
     TK_RUN(test_q8_codes);
     TK_RUN(test_adamw8_tracks_adamw);
+    TK_RUN(test_in_place);
     TK_RUN(test_scatter_into_3d);
     TK_RUN(test_converters_match_dtype_c);
     TK_RUN(test_device_chain);

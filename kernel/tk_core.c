@@ -362,6 +362,7 @@ void tk_core_handle(tk_core *c, tk_channel ch, const tk_frame *frames, size_t n)
 }
 
 void tk_core_shell_idle(tk_core *c) { c->aborting = 0; }
+int tk_core_aborting(tk_core *c) { return c->aborting; }
 
 void tk_core_starting(tk_core *c) { status(c, NULL, "starting"); }
 

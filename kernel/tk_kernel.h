@@ -171,6 +171,8 @@ void tk_core_handle(tk_core *c, tk_channel ch, const tk_frame *frames, size_t n)
 /* The transport calls this when the shell queue is empty: ends the abort of
  * queued executes that follows an error with stop_on_error. */
 void tk_core_shell_idle(tk_core *c);
+/* Nonzero while queued executes are being aborted after an error. */
+int tk_core_aborting(tk_core *c);
 /* Publishes status "starting" (once, at start). */
 void tk_core_starting(tk_core *c);
 /* The cancel flag the interpreter polls; interrupt_request and SIGINT set it. */

@@ -19,9 +19,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zmq.h>
 
 #define POLL_MS 50
+/* After a failed cell with stop_on_error, requests sent together with it (a
+ * "run all" burst) may still be in flight: those arriving within this window
+ * are aborted too. A C kernel fails a cell in microseconds, far sooner than the
+ * burst lands; ipykernel gets the same effect from its own latency. No person
+ * sends a new cell this fast; a scripted client that wants it run sends
+ * stop_on_error false. */
+#define ABORT_GRACE_MS 5
 #define MAX_FRAMES 256
 
 typedef struct zt {
@@ -249,6 +257,15 @@ int tk_kernel_serve(const char *connection_file, const tk_interp *interp, tk_ker
             /* drain the queue, then tell the core it is empty: that ends the
              * abort of queued executes after an error (stop_on_error) */
             while (!stopping(&t) && pump(&t, TK_CH_SHELL)) {}
+            if (tk_core_aborting(t.core)) {
+                struct timespec t0, now;
+                clock_gettime(CLOCK_MONOTONIC, &t0);
+                for (long left = ABORT_GRACE_MS; left > 0 && !stopping(&t);) {
+                    if (zmq_poll(items, 1, left) > 0) while (pump(&t, TK_CH_SHELL)) {}
+                    clock_gettime(CLOCK_MONOTONIC, &now);
+                    left = ABORT_GRACE_MS - ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000);
+                }
+            }
             tk_core_shell_idle(t.core);
         }
         if (n > 0 && (items[1].revents & ZMQ_POLLIN))

@@ -31,6 +31,9 @@ def _sleep_then(kc, do_interrupt):
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert elapsed < 1.0, f"interrupt took {elapsed:.2f}s"
+    # an interrupted cell is an error: requests landing within the kernel's 5 ms
+    # stop_on_error window would be aborted like a "run all" burst
+    time.sleep(0.05)
     r, outs = txk_util.run_cell(kc, "%echo still alive")
     assert r["content"]["status"] == "ok"
     assert any(o["msg_type"] == "stream" and "still alive" in o["content"]["text"] for o in outs)
@@ -165,3 +168,16 @@ def test_bad_signatures_and_replay_never_run(kernel):
     finally:
         sock.close()
     assert km.is_alive()
+
+
+def test_stop_on_error_aborts_queued_executes(kernel):
+    km, kc = kernel
+    ids = [kc.execute("%nosuchmagic"), kc.execute("%echo queued 1"), kc.execute("%echo queued 2")]
+    replies = {}
+    while len(replies) < 3:
+        r = kc.get_shell_msg(timeout=10)
+        replies[r["parent_header"]["msg_id"]] = r["content"]["status"]
+    assert [replies[i] for i in ids] == ["error", "aborted", "aborted"]
+    time.sleep(0.2)
+    r, outs = txk_util.run_cell(kc, "%echo runs again")
+    assert r["content"]["status"] == "ok" and outs[0]["content"]["text"] == "runs again\n"

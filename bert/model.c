@@ -33,6 +33,7 @@
 typedef struct pslot {
     tk_param p;
     tk_tensor w, g;
+    tk_tensor w16;         /* 16-bit copy for GEMMs and lookups (precision fp16/bf16, 2-D weights) */
     char name[OWN_MAX + 16];
     char owner[OWN_MAX];
     int init;              /* 0 normal(0.02), 1 ones, 2 zeros */
@@ -57,6 +58,7 @@ struct tk_model {
     int pool;              /* pooler w (-1 if no pooler) */
     int head;              /* head w, then b */
     char (*own)[NOWN][OWN_MAX]; /* per layer activation owners */
+    tk_dtype adt;          /* activation and GEMM-input dtype: f32, f16 or bf16 */
     int grads;             /* gradients allocated */
 };
 
@@ -92,11 +94,6 @@ static void add_ln(tk_model *m, const char *owner, int64_t c, int frozen) {
 static tk_status check_opts(const tk_model_opts *o, tk_err *err) {
     tk_status st = tk_bert_dims_check(&o->dims, err);
     if (st != TK_OK) return st;
-    if (o->precision != TK_PREC_FP32) {
-        tk_err_set(err, TK_EINVAL, "model: precision fp16/bf16 is not available in this build of "
-                   "the model yet; use precision: fp32");
-        return TK_EINVAL;
-    }
     if (o->head == TK_HEAD_POOLED && o->num_labels <= 0) {
         tk_err_set(err, TK_EINVAL, "model: num_labels must be > 0 for the pooled head");
         return TK_EINVAL;
@@ -196,6 +193,18 @@ tk_model *tk_model_new(tk_dev *dev, const tk_model_opts *opts, tk_err *err) {
             return NULL;
         }
     }
+    /* Mixed precision: f32 masters (what the optimizer updates and
+     * checkpoints hold) plus a 16-bit copy of every matrix, refreshed at the
+     * start of each step; biases and LayerNorm stay f32 (the ops take them). */
+    m->adt = m->o.precision == TK_PREC_FP16 ? TK_F16 : m->o.precision == TK_PREC_BF16 ? TK_BF16 : TK_F32;
+    for (int i = 0; m->adt != TK_F32 && i < m->np; i++) {
+        pslot *s = &m->ps[i];
+        if (s->ndim == 2 && tk_tensor_alloc(dev, &s->w16, m->adt, 2, s->shape, TK_CAT_PARAM, s->owner,
+                                            err) != TK_OK) {
+            tk_model_destroy(&m);
+            return NULL;
+        }
+    }
     return m;
 }
 
@@ -204,6 +213,7 @@ void tk_model_destroy(tk_model **pm) {
     tk_model *m = *pm;
     /* Free in reverse order of allocation, gradients (allocated later) first. */
     for (int i = m->np - 1; i >= 0 && m->ps; i--) tk_tensor_free(m->dev, &m->ps[i].g);
+    for (int i = m->np - 1; i >= 0 && m->ps; i--) tk_tensor_free(m->dev, &m->ps[i].w16);
     for (int i = m->np - 1; i >= 0 && m->ps; i--) tk_tensor_free(m->dev, &m->ps[i].w);
     free(m->ps);
     free(m->own);
@@ -259,7 +269,7 @@ tk_status tk_model_alloc_grads(tk_model *m, tk_err *err) {
 tk_status tk_model_zero_grads(tk_model *m, tk_err *err) {
     for (int i = 0; i < m->np; i++) {
         pslot *s = &m->ps[i];
-        if (s->p.frozen) continue; /* no gradient was allocated for it */
+        if (!s->g.ndim) continue; /* frozen, or gradients not allocated yet */
         tk_status st = tk_op_fill(m->dev, &s->g, 0.0f, tk_tensor_numel(&s->g));
         if (st != TK_OK) {
             tk_err_set(err, st, "model: cannot zero gradient of %s", s->name);
@@ -520,6 +530,7 @@ typedef struct step {
     tk_dev *d;
     tk_err *err;
     int train;                /* dropout on; activations kept for backward */
+    tk_dtype adt;             /* the model's activation dtype */
     int B, Bs, T;
     int64_t N;                /* Bs * T rows */
     uint64_t seed;            /* dropout seed of this step */
@@ -564,12 +575,17 @@ static tk_status al(step *S, tk_tensor *t, tk_dtype dt, int nd, int64_t a, int64
     return tk_tensor_alloc(S->d, t, dt, nd, sh, cat, owner, S->err);
 }
 static tk_status alf(step *S, tk_tensor *t, int64_t rows, int64_t cols, tk_cat cat, const char *owner) {
-    return al(S, t, TK_F32, 2, rows, cols, 0, 0, cat, owner);
+    return al(S, t, S->adt, 2, rows, cols, 0, 0, cat, owner);
 }
 
 static void fr(step *S, tk_tensor *t) { tk_tensor_free(S->d, t); }
 
 static const tk_tensor *PW(const step *S, int i) { return &S->m->ps[i].w; }
+/* The weight as GEMMs and lookups read it: the 16-bit copy when there is one. */
+static const tk_tensor *PWc(const step *S, int i) {
+    const pslot *p = &S->m->ps[i];
+    return p->w16.ndim ? &p->w16 : &p->w;
+}
 static tk_tensor *PG(const step *S, int i) {
     pslot *p = &S->m->ps[i];
     return p->p.frozen ? NULL : &p->g;
@@ -578,7 +594,7 @@ static tk_tensor *PG(const step *S, int i) {
 /* out (rows,O) = in (rows,I) @ W(O,I)^T + b */
 static tk_status linear_fwd(step *S, tk_tensor *out, const tk_tensor *in, int wi, int64_t rows,
                             int64_t O, int64_t I) {
-    return tk_op_gemm(S->d, out, in, PW(S, wi), PW(S, wi + 1), 0, 1, rows, O, I, 1, 0, 0, 0, 1.0f, 0.0f);
+    return tk_op_gemm(S->d, out, in, PWc(S, wi), PW(S, wi + 1), 0, 1, rows, O, I, 1, 0, 0, 0, 1.0f, 0.0f);
 }
 
 /* dW += dout^T @ in, db += sum dout, and din (=, or += when acc) dout @ W.
@@ -590,7 +606,7 @@ static tk_status linear_bwd(step *S, tk_tensor *din, const tk_tensor *dout, cons
     if (dW) st = tk_op_gemm(S->d, dW, dout, in, NULL, 1, 0, O, I, rows, 1, 0, 0, 0, 1.0f, 1.0f);
     if (st == TK_OK && db) st = tk_op_bias_grad(S->d, db, dout, rows, O);
     if (st == TK_OK && din)
-        st = tk_op_gemm(S->d, din, dout, PW(S, wi), NULL, 0, 0, rows, I, O, 1, 0, 0, 0, 1.0f,
+        st = tk_op_gemm(S->d, din, dout, PWc(S, wi), NULL, 0, 0, rows, I, O, 1, 0, 0, 0, 1.0f,
                         acc ? 1.0f : 0.0f);
     return st;
 }
@@ -620,11 +636,11 @@ static tk_status embeddings_fwd(step *S, const tk_batch *b, int keep) {
     tk_cat c = keep ? TK_CAT_ACT : TK_CAT_TEMP;
     stens *s = &S->s;
     TRY(alf(S, &s->ex, N, H, c, "bert.embeddings.word_embeddings"));
-    TRY(tk_op_embed_fwd(S->d, &s->ex, &s->ids, PW(S, m->emb), N, H));
+    TRY(tk_op_embed_fwd(S->d, &s->ex, &s->ids, PWc(S, m->emb), N, H));
     TRY(alf(S, &s->tmp, N, H, TK_CAT_TEMP, "bert.embeddings.position_embeddings"));
-    TRY(tk_op_embed_fwd(S->d, &s->tmp, &s->pos, PW(S, m->emb + 1), N, H));
+    TRY(tk_op_embed_fwd(S->d, &s->tmp, &s->pos, PWc(S, m->emb + 1), N, H));
     TRY(tk_op_add(S->d, &s->ex, &s->ex, &s->tmp, N * H));
-    TRY(tk_op_embed_fwd(S->d, &s->tmp, &s->tt, PW(S, m->emb + 2), N, H));
+    TRY(tk_op_embed_fwd(S->d, &s->tmp, &s->tt, PWc(S, m->emb + 2), N, H));
     TRY(tk_op_add(S->d, &s->ex, &s->ex, &s->tmp, N * H));
     fr(S, &s->tmp);
     TRY(al(S, &s->emean, TK_F32, 1, N, 0, 0, 0, c, own));
@@ -690,7 +706,7 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in)
     tk_tensor *qkv[3] = {&A->qh, &A->kh, &A->vh};
     for (int j = 0; j < 3; j++) {
         TRY(linear_fwd(S, &s->tmp, in, w + LQW + 2 * j, N, H, H));
-        TRY(al(S, qkv[j], TK_F32, 4, Bs, NH, T, HS, ca, own[OQ + j]));
+        TRY(al(S, qkv[j], S->adt, 4, Bs, NH, T, HS, ca, own[OQ + j]));
         TRY(tk_op_split_heads(S->d, qkv[j], &s->tmp, Bs, T, NH, HS));
     }
     fr(S, &s->tmp);
@@ -700,10 +716,10 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in)
      * standard mode; otherwise backward rebuilds it chunk by chunk. */
     const int kp = keep && keeps_probs(m);
     const int64_t cs = attn_chunk(S), PP = NH * T * T, PH = NH * T * HS;
-    if (kp) TRY(al(S, &A->probs, TK_F32, 4, Bs, NH, T, T, TK_CAT_ACT, own[OSELF]));
-    TRY(al(S, &s->ctxh, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
-    if (!kp) TRY(al(S, &s->pchunk, TK_F32, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    if (pa > 0) TRY(al(S, &s->probs_d, TK_F32, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    if (kp) TRY(al(S, &A->probs, S->adt, 4, Bs, NH, T, T, TK_CAT_ACT, own[OSELF]));
+    TRY(al(S, &s->ctxh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
+    if (!kp) TRY(al(S, &s->pchunk, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    if (pa > 0) TRY(al(S, &s->probs_d, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
     for (int64_t b0 = 0; b0 < Bs; b0 += cs) {
         const int64_t nb = Bs - b0 < cs ? Bs - b0 : cs;
         tk_tensor P = kp ? tk_tensor_view(&A->probs, b0 * PP, nb * PP)
@@ -839,7 +855,7 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
     fr(S, &s->dtmp);
     fr(S, &A->ctx);
     /* back to heads */
-    TRY(al(S, &s->dbuf, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
+    TRY(al(S, &s->dbuf, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
     TRY(tk_op_split_heads(d, &s->dbuf, &s->dr, Bs, T, NH, HS));
     fr(S, &s->dr);
     /* Per chunk: P (kept, or rebuilt from Q and K), dropout(P) regenerated
@@ -848,12 +864,12 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
      * dQ = dS K, dK = dS^T Q. */
     const int kp = keeps_probs(m);
     const int64_t cs = attn_chunk(S), PP = NH * T * T, PH = NH * T * HS;
-    TRY(al(S, &s->dvh, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OV]));
-    TRY(al(S, &s->dqh, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OQ]));
-    TRY(al(S, &s->dkh, TK_F32, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OK_]));
-    if (!kp) TRY(al(S, &s->pchunk, TK_F32, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    if (pa > 0) TRY(al(S, &s->probs_d, TK_F32, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    TRY(al(S, &s->dprobs, TK_F32, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    TRY(al(S, &s->dvh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OV]));
+    TRY(al(S, &s->dqh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OQ]));
+    TRY(al(S, &s->dkh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OK_]));
+    if (!kp) TRY(al(S, &s->pchunk, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    if (pa > 0) TRY(al(S, &s->probs_d, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    TRY(al(S, &s->dprobs, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
     for (int64_t b0 = 0; b0 < Bs; b0 += cs) {
         const int64_t nb = Bs - b0 < cs ? Bs - b0 : cs;
         tk_tensor P = kp ? tk_tensor_view(&A->probs, b0 * PP, nb * PP)
@@ -1064,7 +1080,7 @@ static tk_status head_fwd(step *S, tk_tensor *hL, int keep, int want_loss, doubl
         /* logits^T (2, N) = Wqa (2,H) @ hL^T, bias as a rank-1 update, so that
          * start and end logits are each a contiguous (B,T) block. */
         TRY(alf(S, &s->logits, 2, N, ca, "qa_outputs"));
-        TRY(tk_op_gemm(S->d, &s->logits, PW(S, m->head), hL, NULL, 0, 1, 2, N, H, 1, 0, 0, 0, 1.0f,
+        TRY(tk_op_gemm(S->d, &s->logits, PWc(S, m->head), hL, NULL, 0, 1, 2, N, H, 1, 0, 0, 0, 1.0f,
                        0.0f));
         TRY(tk_op_gemm(S->d, &s->logits, PW(S, m->head + 1), &s->ones, NULL, 0, 0, 2, N, 1, 1, 0, 0, 0,
                        1.0f, 1.0f));
@@ -1108,7 +1124,7 @@ static tk_status head_bwd(step *S, tk_tensor *hL, float grad_scale) {
         TRY(tk_op_gemm(d, dW, &s->dlogits, hL, NULL, 0, 0, 2, H, N, 1, 0, 0, 0, 1.0f, 1.0f));
         TRY(tk_op_gemm(d, db, &s->dlogits, &s->ones, NULL, 0, 0, 2, 1, N, 1, 0, 0, 0, 1.0f, 1.0f));
         TRY(alf(S, &s->dh, N, H, TK_CAT_TEMP, "qa_outputs"));
-        TRY(tk_op_gemm(d, &s->dh, &s->dlogits, PW(S, m->head), NULL, 1, 0, N, H, 2, 1, 0, 0, 0, 1.0f,
+        TRY(tk_op_gemm(d, &s->dh, &s->dlogits, PWc(S, m->head), NULL, 1, 0, N, H, 2, 1, 0, 0, 0, 1.0f,
                        0.0f));
         fr(S, &s->dlogits);
         return TK_OK;
@@ -1173,6 +1189,7 @@ static tk_status step_begin(step *S, tk_model *m, const tk_batch *b, int train, 
     S->d = m->dev;
     S->err = err;
     S->train = train;
+    S->adt = m->adt;
     S->B = b->B;
     S->T = b->T;
     S->Bs = b->B * m->o.towers;
@@ -1202,9 +1219,20 @@ static tk_status step_begin(step *S, tk_model *m, const tk_batch *b, int train, 
     return inputs(S, b);
 }
 
+/* Copies the f32 masters into their 16-bit copies (the optimizer changed
+ * the masters since the last step). */
+static tk_status refresh_copies(step *S) {
+    for (int i = 0; i < S->m->np; i++) {
+        pslot *p = &S->m->ps[i];
+        if (p->w16.ndim) TRY(tk_op_cast(S->d, &p->w16, &p->w, tk_tensor_numel(&p->w)));
+    }
+    return TK_OK;
+}
+
 static tk_status fwd_bwd(step *S, const tk_batch *b, float grad_scale, float *loss, float *logits) {
     tk_model *m = S->m;
     const int L = m->L;
+    TRY(refresh_copies(S));
     TRY(embeddings_fwd(S, b, grads_below(m, -1)));
     tk_tensor *h = &S->s.h0;
     for (int l = 0; l < L; l++) {
@@ -1250,6 +1278,7 @@ tk_status tk_model_forward_backward(tk_model *m, const tk_batch *b, uint64_t ste
 
 static tk_status fwd_eval(step *S, const tk_batch *b, float *loss, float *logits) {
     tk_model *m = S->m;
+    TRY(refresh_copies(S));
     TRY(embeddings_fwd(S, b, 0));
     tk_tensor *h = &S->s.h0;
     for (int l = 0; l < m->L; l++) {

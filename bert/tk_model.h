@@ -80,7 +80,7 @@ typedef struct tk_model_opts {
     int num_labels;        /* pooled: classes; flatten_dense: Dense units N; span: ignored (2) */
     int towers;            /* flatten_dense: sequences per example through the shared BERT (>= 1) */
     int max_len;           /* flatten_dense: the fixed sequence length L (its weight is [N, towers*L*H]) */
-    tk_precision precision;/* only TK_PREC_FP32 is implemented so far */
+    tk_precision precision;/* fp32, or fp16/bf16: 16-bit activations and GEMM inputs, f32 masters and grads */
     tk_recompute recompute;/* none | layers (keep each layer's input, rebuild the rest in backward) */
     tk_attention attention;/* standard | fused (chunked over sequences, probabilities rebuilt in backward) */
     size_t attn_chunk_bytes; /* fused: bytes of scores per chunk (0 = 4 MiB; at least one sequence) */
@@ -103,8 +103,8 @@ typedef struct tk_model tk_model;
 typedef struct tk_param {
     const char *name;      /* HF name: "bert.encoder.layer.0.attention.self.query.weight" */
     const char *owner;     /* HF module name (the allocation tag's owner): "...self.query" */
-    tk_tensor *w;          /* borrowed; f32 master weights */
-    tk_tensor *g;          /* borrowed; empty (data NULL, numel 0 ok) while grads are not allocated or frozen */
+    tk_tensor *w;          /* borrowed; f32 master weights (fp16/bf16 copies are internal) */
+    tk_tensor *g;          /* borrowed; empty (ndim 0, data NULL) while grads are not allocated, or frozen */
     int no_decay;          /* 1 for biases and LayerNorm (HF AdamW grouping) */
     int frozen;            /* 1: no gradient and no optimizer state */
 } tk_param;

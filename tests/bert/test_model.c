@@ -359,7 +359,7 @@ static void run_seq(tk_dev_kind k, const tk_model_opts *o, evlog *log, size_t *p
 }
 
 static void test_meta_equals_cpu(void) {
-    for (int variant = 0; variant < 9; variant++) {
+    for (int variant = 0; variant < 11; variant++) {
         tk_model_opts o = tiny_opts(variant == 1 ? TK_HEAD_SPAN
                                    : variant == 2 ? TK_HEAD_FLATTEN_DENSE : TK_HEAD_POOLED);
         if (variant == 3) o.freeze_embeddings = 1, o.freeze_layers = 1;
@@ -368,6 +368,8 @@ static void test_meta_equals_cpu(void) {
         if (variant == 6) o.recompute = TK_RECOMPUTE_LAYERS, o.freeze_layers = 1, o.head = TK_HEAD_SPAN;
         if (variant == 7) o.attention = TK_ATTN_FUSED, o.attn_chunk_bytes = 2048;
         if (variant == 8) o.recompute = TK_RECOMPUTE_ATTENTION;
+        if (variant == 9) o.precision = TK_PREC_FP16, o.head = TK_HEAD_SPAN;
+        if (variant == 10) o.precision = TK_PREC_BF16, o.attention = TK_ATTN_FUSED, o.freeze_embeddings = 1;
         evlog a = {0}, b = {0};
         size_t pa = 0, pb = 0;
         run_seq(TK_DEV_CPU, &o, &a, &pa);
@@ -524,6 +526,67 @@ static void test_attention_modes(void) {
                          peak[0]);
         }
         for (int mode = 0; mode < 4; mode++) free(g[mode]);
+    }
+}
+
+/* fp16/bf16: 16-bit activations and GEMM inputs, f32 masters and grads.
+ * Loss, logits and gradients track fp32 within the 16-bit formats' precision
+ * (fp16: 11 significant bits, bf16: 8), and the activations take less. */
+static void test_precision(void) {
+    const tk_precision precs[3] = {TK_PREC_FP32, TK_PREC_FP16, TK_PREC_BF16};
+    const double tol[3] = {0, 1e-2, 6e-2};
+    for (int hk = 0; hk < 3; hk++) {
+        float *g[3] = {NULL};
+        float loss[3] = {0};
+        size_t act[3] = {0};
+        int64_t ng = 0;
+        for (int pi = 0; pi < 3; pi++) {
+            tk_dev *d = dev_new(TK_DEV_CPU);
+            if (!d) return;
+            tk_model_opts o = tiny_opts(hk == 0 ? TK_HEAD_POOLED : hk == 1 ? TK_HEAD_SPAN : TK_HEAD_FLATTEN_DENSE);
+            o.precision = precs[pi];
+            tk_err e = {0};
+            tk_model *m = tk_model_new(d, &o, &e);
+            TK_CHECK_MSG(m && tk_model_init_random(m, 13, &e) == TK_OK, "%s", e.msg);
+            if (!m) {
+                tk_dev_destroy(&d);
+                return;
+            }
+            tk_model_alloc_grads(m, &e);
+            tk_alloc_stats s0, s1;
+            tk_alloc_stats_get(tk_dev_alloc(d), &s0);
+            tk_alloc_reset_peak(tk_dev_alloc(d));
+            tbatch tb;
+            make_batch(&tb, 3, 8, o.towers);
+            TK_CHECK_MSG(tk_model_forward_backward(m, &tb.b, 0, 1.0f, &loss[pi], NULL, &e) == TK_OK, "%s", e.msg);
+            tk_alloc_stats_get(tk_dev_alloc(d), &s1);
+            act[pi] = s1.allocated_peak - s0.allocated;
+            ng = 0;
+            for (int i = 0; i < tk_model_n_params(m); i++) ng += tk_tensor_numel(tk_model_param(m, i)->g);
+            g[pi] = calloc((size_t)ng, sizeof(float));
+            int64_t off = 0;
+            for (int i = 0; i < tk_model_n_params(m); i++) {
+                const tk_param *p = tk_model_param(m, i);
+                TK_CHECK(p->g->dtype == TK_F32 && p->w->dtype == TK_F32);
+                tk_tensor_read_f32(d, p->g, g[pi] + off, NULL);
+                off += tk_tensor_numel(p->g);
+            }
+            tk_model_destroy(&m);
+            tk_dev_destroy(&d);
+        }
+        double gmax = 0;
+        for (int64_t i = 0; i < ng; i++) gmax = fmax(gmax, fabs(g[0][i]));
+        for (int pi = 1; pi < 3; pi++) {
+            TK_CHECK_NEAR(loss[pi], loss[0], tol[pi] * fabs(loss[0]));
+            double worst = 0;
+            for (int64_t i = 0; i < ng; i++) worst = fmax(worst, fabs(g[pi][i] - g[0][i]));
+            fprintf(stderr, "  head %d %s: loss %.6f vs %.6f, max grad error %.3g of max %.3g\n", hk,
+                    pi == 1 ? "fp16" : "bf16", loss[pi], loss[0], worst, gmax);
+            TK_CHECK_MSG(worst <= tol[pi] * gmax, "head %d prec %d: grad error %g of %g", hk, pi, worst, gmax);
+            TK_CHECK_MSG(worst > 0, "head %d prec %d: 16-bit run identical to fp32", hk, pi);
+            TK_CHECK_MSG(act[pi] < act[0], "head %d prec %d: step memory %zu vs %zu", hk, pi, act[pi], act[0]);
+        }
+        for (int pi = 0; pi < 3; pi++) free(g[pi]);
     }
 }
 
@@ -706,6 +769,7 @@ int main(void) {
     TK_RUN(test_freeze);
     TK_RUN(test_recompute);
     TK_RUN(test_attention_modes);
+    TK_RUN(test_precision);
     TK_RUN(test_oom_mid_step);
     TK_RUN(test_save_load);
     TK_RUN(test_bad_batch);

@@ -69,6 +69,14 @@ def test_restart_ten_times():
             assert r["content"]["status"] == "ok"
             assert r["content"]["execution_count"] == 1  # a fresh kernel each time
             assert outs[0]["content"]["text"] == f"round {i}\n"
+        # history is per user on disk: every restarted kernel's cell is there,
+        # each under its own session number
+        msg_id = kc.history(hist_access_type="tail", n=10, output=False, raw=True)
+        rep = kc.get_shell_msg(timeout=5)
+        assert rep["parent_header"]["msg_id"] == msg_id
+        hist = rep["content"]["history"]
+        assert [h[2] for h in hist] == [f"%echo round {i}" for i in range(10)]
+        assert len({h[0] for h in hist}) == 10
     finally:
         txk_util.stop(km, kc)
     assert not km.is_alive()

@@ -325,6 +325,19 @@ static void m_complete(void *self, const char *code, size_t cursor, json_t *matc
     while (b > 0 && !isspace((unsigned char)code[b - 1])) b--;
     size_t pct = 0;
     while (b + pct < cursor && code[b + pct] == '%' && pct < 2) pct++;
+    /* the argument of %txhelp is a magic name too */
+    size_t ls = b;
+    while (ls > 0 && code[ls - 1] != '\n') ls--;
+    const char *lp = code + ls;
+    while (*lp == ' ' || *lp == '\t') lp++;
+    int help_arg = !pct && !strncmp(lp, "%txhelp", 7) && lp + 7 < code + b;
+    if (help_arg) {
+        for (size_t i = 0; i < m->n; i++)
+            if (!strncmp(m->defs[i]->name, code + b, cursor - b))
+                json_array_append_new(matches, json_string(m->defs[i]->name));
+        *start = b;
+        *end = cursor;
+    }
     if (pct) {
         const char *pre = code + b + pct;
         size_t pl = cursor - b - pct;

@@ -355,6 +355,10 @@ static void test_complete_counts_code_points(void) {
     TK_CHECK_STR(json_string_value(json_array_get(mt, 0)), "%echo");
     TK_CHECK_EQ_INT(cint(r, "cursor_start"), 5);
     TK_CHECK_EQ_INT(cint(r, "cursor_end"), 8);
+    send_req(&x, TK_CH_SHELL, "complete_request", json_pack("{s:s,s:i}", "code", "%txhelp sle", "cursor_pos", 11));
+    r = find(&x, TK_CH_SHELL, "complete_reply", 1);
+    TK_CHECK_STR(json_string_value(json_array_get(json_object_get(r->content, "matches"), 0)), "sleep");
+    TK_CHECK_EQ_INT(cint(r, "cursor_start"), 8);
     send_req(&x, TK_CH_SHELL, "inspect_request", json_pack("{s:s,s:i,s:i}", "code", "%slee", "cursor_pos", 3, "detail_level", 0));
     TK_CHECK(json_is_false(json_object_get(find(&x, TK_CH_SHELL, "inspect_reply", 0)->content, "found")));
     send_req(&x, TK_CH_SHELL, "inspect_request", json_pack("{s:s,s:i,s:i}", "code", "%sleep 3", "cursor_pos", 2, "detail_level", 0));

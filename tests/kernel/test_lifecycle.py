@@ -54,6 +54,15 @@ def test_interrupt_request_interrupts_sleep(kernel):
     _sleep_then(kc, via_control)
 
 
+def test_sigint_while_idle_is_harmless(kernel):
+    km, kc = kernel
+    os.kill(km.provisioner.process.pid, signal.SIGINT)
+    time.sleep(0.1)
+    assert km.is_alive()
+    r, outs = txk_util.run_cell(kc, "%sleep 0.05\n%echo not cancelled")
+    assert r["content"]["status"] == "ok" and outs[0]["content"]["text"] == "not cancelled\n"
+
+
 def test_kernel_manager_interrupt_signal_mode(kernel):
     km, kc = kernel  # kernelspec says interrupt_mode signal: jupyter_client sends SIGINT
     _sleep_then(kc, km.interrupt_kernel)

@@ -102,7 +102,7 @@ typedef struct exec_out {
     req *r;
     int count, silent;
     json_t *payload;     /* array */
-    json_t *error;       /* {ename, evalue, traceback} of the last error, or NULL */
+    json_t *error;       /* {ename, evalue, traceback} of the first error, or NULL */
     char *result_text;   /* text/plain of the last execute_result, for history */
 } exec_out;
 
@@ -135,6 +135,10 @@ static void o_clear(tk_out *o, int wait) {
 
 static void o_error(tk_out *o, const char *ename, const char *evalue, json_t *tb) {
     exec_out *x = (exec_out *)o;
+    if (x->error) { /* one cell, one error: the reply can carry only one */
+        fprintf(stderr, "txkernel: a second error in one cell was not sent: %s: %s\n", ename, evalue);
+        return;
+    }
     json_t *e = json_pack("{s:s,s:s,s:o}", "ename", ename, "evalue", evalue, "traceback",
                           tb ? json_incref(tb) : json_pack("[s]", evalue));
     if (!e) return;

@@ -273,6 +273,22 @@ static void test_error_is_one_reply_and_one_iopub_error(void) {
     fx_free(&x);
 }
 
+static int run_two_errors(tk_magic_ctx *c) {
+    tk_magic_error(c, "FirstError", "first");
+    return tk_magic_error(c, "SecondError", "second");
+}
+static const tk_magic_def TWO[] = {{"twoerrors", TK_MAGIC_LINE, run_two_errors, "errs twice", NULL}};
+
+static void test_second_error_in_a_cell_is_dropped(void) {
+    fx x; fx_init(&x);
+    tk_magics_add_table(x.mg, TWO, 1);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%twoerrors"));
+    TK_CHECK_EQ_INT(count_type(&x, "error"), 1);
+    TK_CHECK_STR(cstr(find(&x, TK_CH_IOPUB, "error", 0), "ename"), "FirstError");
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 0), "ename"), "FirstError");
+    fx_free(&x);
+}
+
 static void test_stop_on_error_aborts_queued(void) {
     fx x; fx_init(&x);
     send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%nosuch"));
@@ -511,6 +527,7 @@ int main(void) {
     TK_RUN(test_execute_outputs_then_idle);
     TK_RUN(test_execution_count_rules);
     TK_RUN(test_error_is_one_reply_and_one_iopub_error);
+    TK_RUN(test_second_error_in_a_cell_is_dropped);
     TK_RUN(test_stop_on_error_aborts_queued);
     TK_RUN(test_bad_messages_never_run);
     TK_RUN(test_replayed_message_runs_once);

@@ -86,4 +86,4 @@ demo: deps
 clean:
 	rm -rf $(BUILD)
 
--include $(REL_OBJS:.o=.d) $(ASAN_OBJS:.o=.d)
+-include $(REL_OBJS:.o=.d) $(ASAN_OBJS:.o=.d) $(TEST_BINS:=.d)

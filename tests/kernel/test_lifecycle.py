@@ -198,3 +198,29 @@ def test_stop_on_error_aborts_queued_executes(kernel):
     time.sleep(0.2)
     r, outs = txk_util.run_cell(kc, "%echo runs again")
     assert r["content"]["status"] == "ok" and outs[0]["content"]["text"] == "runs again\n"
+
+
+def test_heartbeat_echoes(kernel):
+    km, kc = kernel
+    s = zmq.Context.instance().socket(zmq.REQ)
+    s.linger = 0
+    s.connect(f"tcp://{kc.ip}:{kc.hb_port}")
+    try:
+        s.send(b"ping \x00\xff")
+        assert s.poll(2000)
+        assert s.recv() == b"ping \x00\xff"
+    finally:
+        s.close()
+
+
+def test_control_answers_while_cell_runs(kernel):
+    km, kc = kernel
+    msg_id = kc.execute("%sleep 1")
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    kc.control_channel.send(kc.session.msg("kernel_info_request", {}))
+    rep = kc.get_control_msg(timeout=2)
+    assert rep["msg_type"] == "kernel_info_reply"
+    assert time.monotonic() - t0 < 0.5  # answered mid-cell, not after it
+    r = kc.get_shell_msg(timeout=5)
+    assert r["parent_header"]["msg_id"] == msg_id and r["content"]["status"] == "ok"

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.join(ROOT, os.environ.get("TK_BUILD", "build"), "tests", "gpu", "test_cpu_ops")
+BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
+BIN = os.path.join(BUILD, "tests", "gpu", "test_cpu_ops")
 
 
 def write_recs(path, recs):

@@ -13,9 +13,15 @@
  *  - Dropout and the 8-bit AdamW codes follow tk_ops_spec.h bit for bit.
  *  - Nothing aborts. Host scratch (f32 copies of 16-bit GEMM operands, per
  *    thread row buffers) is malloc'd outside the tagged allocator because it
- *    is not device memory; a failed scratch malloc returns TK_EOOM.
+ *    is not device memory; a failed scratch malloc returns TK_EDEVICE (not
+ *    TK_EOOM, which promises a tk_oom record from the tagged allocator).
  * Arguments are validated by the tk_op_* wrappers; the ops here only return
  * TK_EINVAL for what only the data can reveal (an id or label out of range).
+ *
+ * Threads: opts->threads (0 = every core) is used for every OpenMP region of
+ * this context and passed to openblas_set_num_threads, which is process-wide:
+ * the last cpu context opened sets OpenBLAS's count. Transcendental loops use
+ * the branch-free exp/erfc below and an AVX2+FMA clone where the CPU has one.
  */
 /* Floating-point exceptions are never inspected here; without this GCC will
  * not turn the selects of the vector math below into blends (a compare could
@@ -348,7 +354,7 @@ static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_
     if (M <= 0 || N <= 0 || batch <= 0) return TK_OK;
     int a32 = A->dtype == TK_F32, b32 = B->dtype == TK_F32, c32 = C->dtype == TK_F32;
     size_t need = (a32 ? 0 : (size_t)(M * K)) + (b32 ? 0 : (size_t)(K * N)) + (c32 ? 0 : (size_t)(M * N));
-    if (need && gemm_scratch(c, need)) return TK_EOOM;
+    if (need && gemm_scratch(c, need)) return TK_EDEVICE;
     float *sa = c->gemm_scratch, *sb = sa + (a32 ? 0 : M * K), *sc = sb + (b32 ? 0 : K * N);
     int lda = (int)(transA ? M : K), ldb = (int)(transB ? K : N);
     for (int64_t bi = 0; bi < batch; bi++) {
@@ -371,25 +377,20 @@ static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_
             for (int64_t i = 0; i < M * N; i++) pc[i] = beta == 0.0f ? 0.0f : beta * pc[i];
         }
         if (bias) {
-#pragma omp parallel num_threads(c->nt) if (M * N > PAR_MIN)
-            {
-                float *bb = NULL;
-                const float *bv;
-                if (bias->dtype == TK_F32) bv = bias->data;
-                else {
-                    bb = malloc((size_t)N * sizeof(float));
-                    if (bb) to_f32(bb, bias->data, bias->dtype, 0, N);
-                    bv = bb;
-                }
-                if (bv) {
-#pragma omp for schedule(static)
-                    for (int64_t i = 0; i < M; i++) {
-                        float *row = pc + i * N;
-                        for (int64_t j = 0; j < N; j++) row[j] += bv[j];
-                    }
-                }
-                free(bb);
+            float *bb = NULL;
+            const float *bv = bias->data;
+            if (bias->dtype != TK_F32) {
+                bb = malloc((size_t)N * sizeof(float));
+                if (!bb) return TK_EDEVICE;
+                to_f32(bb, bias->data, bias->dtype, 0, N);
+                bv = bb;
             }
+#pragma omp parallel for num_threads(c->nt) schedule(static) if (M * N > PAR_MIN)
+            for (int64_t i = 0; i < M; i++) {
+                float *row = pc + i * N;
+                for (int64_t j = 0; j < N; j++) row[j] += bv[j];
+            }
+            free(bb);
         }
         if (!c32) par_from_f32(c, C, bi * strideC, sc, M * N);
     }
@@ -715,7 +716,7 @@ static tk_status cpu_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, t
         }
         free(buf);
     }
-    return failed ? TK_EOOM : TK_OK;
+    return failed ? TK_EDEVICE : TK_OK;
 }
 
 /* din = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * w;
@@ -728,7 +729,7 @@ static tk_status cpu_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_
     cpu_ctx *c = ctx;
     int nt = (N * C > PAR_MIN) ? c->nt : 1;
     float *part = calloc((size_t)nt * 2 * C, sizeof(float));
-    if (!part) return TK_EOOM;
+    if (!part) return TK_EDEVICE;
     int failed = 0;
     const float *mu = mean->data, *rs = rstd->data;
 #pragma omp parallel num_threads(nt)
@@ -784,7 +785,7 @@ static tk_status cpu_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_
         }
     }
     free(part);
-    return failed ? TK_EOOM : TK_OK;
+    return failed ? TK_EDEVICE : TK_OK;
 }
 
 /* HF BERT's extended attention mask: (1 - mask) * finfo(float32).min. */
@@ -839,7 +840,7 @@ static tk_status cpu_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in,
         }
         free(buf);
     }
-    return failed ? TK_EOOM : TK_OK;
+    return failed ? TK_EDEVICE : TK_OK;
 }
 
 static tk_status cpu_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
@@ -869,7 +870,7 @@ static tk_status cpu_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out
         }
         free(buf);
     }
-    return failed ? TK_EOOM : TK_OK;
+    return failed ? TK_EDEVICE : TK_OK;
 }
 
 /* One row: p = softmax(x) written to o (may be NULL), returns log-sum-exp.
@@ -917,7 +918,7 @@ static tk_status cpu_xent_fwd(void *ctx, tk_tensor *losses, tk_tensor *probs, co
         }
         free(buf);
     }
-    return failed ? TK_EOOM : TK_OK;
+    return failed ? TK_EDEVICE : TK_OK;
 }
 
 static tk_status cpu_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *logits,
@@ -950,7 +951,7 @@ static tk_status cpu_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *lo
         }
         free(buf);
     }
-    return failed ? TK_EOOM : TK_OK;
+    return failed ? TK_EDEVICE : TK_OK;
 }
 
 /* ---- reductions ----------------------------------------------------------- */
@@ -984,7 +985,7 @@ static tk_status cpu_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, 
         for (int64_t j = 0; j < w; j++) st1(db, c0 + j, ld1(db, c0 + j) + acc[j]);
         free(acc);
     }
-    return failed ? TK_EOOM : TK_OK;
+    return failed ? TK_EDEVICE : TK_OK;
 }
 
 #define SUMSQ_MAXT 256

@@ -790,6 +790,60 @@ static void test_in_place(void) {
     }
 }
 
+/* 16-bit storage is only storage: an op on 16-bit tensors gives the f32
+ * op's result on the same (already rounded) values, rounded once. */
+static tk_tensor widen(const tk_tensor *t, int64_t n) {
+    tk_tensor w = mk(TK_F32, n);
+    for (int64_t i = 0; i < n; i++) set(&w, i, get(t, i));
+    return w;
+}
+static int same_rounded(const tk_tensor *t16, const tk_tensor *t32, int64_t n) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float r = get(t32, i);
+        float want = t16->dtype == TK_F16 ? ref_h2f(ref_f2h(r)) : ref_bf2f(ref_f2bf(r));
+        if (get(t16, i) != want && bad++ < 3)
+            fprintf(stderr, "  [%ld] %g vs %g\n", (long)i, get(t16, i), want);
+    }
+    return bad;
+}
+
+static void test_16bit_backwards(void) {
+    for (int d = 1; d < 3; d++) {
+        tk_dtype dt = FDT[d];
+        int64_t N = 11, C = 40, n = N * C;
+        tk_tensor x = mk_rand(dt, n, 3), dy = mk_rand(dt, n, 1), w = mk_rand(dt, C, 1), b = mk_rand(dt, C, 1);
+        tk_tensor x3 = widen(&x, n), dy3 = widen(&dy, n), w3 = widen(&w, C), b3 = widen(&b, C);
+        tk_tensor mean = mk(TK_F32, N), rstd = mk(TK_F32, N), y = mk(dt, n), y3 = mk(TK_F32, n);
+        tk_tensor o = mk(dt, n), o3 = mk(TK_F32, n), dw = mk(TK_F32, C), db = mk(TK_F32, C);
+        TK_CHECK(BE->layernorm_fwd(CTX, &y, &mean, &rstd, &x, &w, &b, N, C, 1e-5f) == TK_OK);
+        TK_CHECK(BE->layernorm_fwd(CTX, &y3, &mean, &rstd, &x3, &w3, &b3, N, C, 1e-5f) == TK_OK);
+        TK_CHECK_EQ_INT(same_rounded(&y, &y3, n), 0);
+        TK_CHECK(BE->layernorm_bwd(CTX, &o, &dw, &db, &dy, &x, &w, &mean, &rstd, N, C, 0) == TK_OK);
+        TK_CHECK(BE->layernorm_bwd(CTX, &o3, &dw, &db, &dy3, &x3, &w3, &mean, &rstd, N, C, 0) == TK_OK);
+        TK_CHECK_EQ_INT(same_rounded(&o, &o3, n), 0);
+        TK_CHECK(BE->softmax_bwd(CTX, &o, &x, &dy, N, C, 0.5f) == TK_OK);
+        TK_CHECK(BE->softmax_bwd(CTX, &o3, &x3, &dy3, N, C, 0.5f) == TK_OK);
+        TK_CHECK_EQ_INT(same_rounded(&o, &o3, n), 0);
+        tk_tensor lab = mk(TK_I32, N);
+        for (int64_t i = 0; i < N; i++) ((int32_t *)lab.data)[i] = (int32_t)(i * 3 % C) - (i == 4 ? 100 : 0);
+        TK_CHECK(BE->xent_bwd(CTX, &o, &x, &lab, N, C, 0.25f) == TK_OK);
+        TK_CHECK(BE->xent_bwd(CTX, &o3, &x3, &lab, N, C, 0.25f) == TK_OK);
+        TK_CHECK_EQ_INT(same_rounded(&o, &o3, n), 0);
+        TK_CHECK(BE->tanh_bwd(CTX, &o, &x, &dy, n) == TK_OK);
+        TK_CHECK(BE->tanh_bwd(CTX, &o3, &x3, &dy3, n) == TK_OK);
+        TK_CHECK_EQ_INT(same_rounded(&o, &o3, n), 0);
+        TK_CHECK(BE->dropout_bwd(CTX, &o, &dy, n, 0.2f, 11, 0) == TK_OK);
+        TK_CHECK(BE->dropout_bwd(CTX, &o3, &dy3, n, 0.2f, 11, 0) == TK_OK);
+        TK_CHECK_EQ_INT(same_rounded(&o, &o3, n), 0);
+        TK_CHECK(BE->softmax_fwd(CTX, &o, &x, NULL, 1, 1, N, 0.3f) == TK_OK); /* N rows of N, no mask */
+        TK_CHECK(BE->softmax_fwd(CTX, &o3, &x3, NULL, 1, 1, N, 0.3f) == TK_OK);
+        TK_CHECK_EQ_INT(same_rounded(&o, &o3, N * N), 0);
+        rm(&x); rm(&dy); rm(&w); rm(&b); rm(&x3); rm(&dy3); rm(&w3); rm(&b3); rm(&mean); rm(&rstd);
+        rm(&y); rm(&y3); rm(&o); rm(&o3); rm(&dw); rm(&db); rm(&lab);
+    }
+}
+
 /* ---- through the device: tk_dev_new + tk_op_* ------------------------------------------ */
 
 static void test_scatter_into_3d(void) {
@@ -1058,6 +1112,7 @@ int main(int argc, char **argv) {
     TK_RUN(test_q8_codes);
     TK_RUN(test_adamw8_tracks_adamw);
     TK_RUN(test_in_place);
+    TK_RUN(test_16bit_backwards);
     TK_RUN(test_scatter_into_3d);
     TK_RUN(test_converters_match_dtype_c);
     TK_RUN(test_device_chain);

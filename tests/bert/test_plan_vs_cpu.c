@@ -1,8 +1,10 @@
 /* test_plan_vs_cpu.c — the planner's predicted peak equals the peak a real
  * cpu run reaches, byte for byte (allocated and reserved), for several
  * configs on bert-tiny and bert-mini: heads, accumulation, 8-bit AdamW,
- * freezing, eval batch size, capacity. Also: a plan that does not fit says so
- * (and where), without touching any real device, and bert-base plans fast. */
+ * freezing, eval batch size, capacity, and the memory-saving techniques
+ * (recompute layers/attention, fp16/bf16, fused attention, a combination).
+ * Also: a plan that does not fit says so (and where), without touching any
+ * real device, and bert-base plans fast. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +20,9 @@ typedef struct {
     tk_optim optim;
     int freeze_emb, freeze_layers;
     size_t capacity;
+    tk_precision prec;
+    tk_recompute recompute;
+    tk_attention attention;
 } pcase;
 
 static tk_config cfg_of(const pcase *p) {
@@ -36,6 +41,9 @@ static tk_config cfg_of(const pcase *p) {
     c.freeze_embeddings = p->freeze_emb;
     c.freeze_layers = p->freeze_layers;
     c.capacity = p->capacity;
+    c.precision = p->prec;
+    c.recompute = p->recompute;
+    c.attention = p->attention;
     c.dropout = 0.1f;
     c.lr = 1e-4f;
     c.epochs = 1;
@@ -112,12 +120,27 @@ static void run_case(const pcase *p) {
 
 static void test_plan_equals_cpu(void) {
     static const pcase cases[] = {
-        { "tiny pooled", "bert-tiny", TK_HEAD_POOLED, 4, 32, 0, 1, TK_OPTIM_ADAMW, 0, 0, 0 },
-        { "tiny span acc2 eval8", "bert-tiny", TK_HEAD_SPAN, 2, 64, 8, 2, TK_OPTIM_ADAMW, 0, 0, 0 },
-        { "tiny frozen", "bert-tiny", TK_HEAD_POOLED, 8, 32, 0, 1, TK_OPTIM_ADAMW, 1, 1, 0 },
-        { "tiny flatten_dense", "bert-tiny", TK_HEAD_FLATTEN_DENSE, 2, 16, 0, 1, TK_OPTIM_ADAMW, 0, 0, 0 },
-        { "mini adamw8 cap", "bert-mini", TK_HEAD_POOLED, 4, 32, 0, 1, TK_OPTIM_ADAMW8, 0, 0, 512u << 20 },
-        { "mini pooled acc3", "bert-mini", TK_HEAD_POOLED, 2, 48, 4, 3, TK_OPTIM_ADAMW, 0, 0, 0 },
+        { "tiny pooled", "bert-tiny", TK_HEAD_POOLED, 4, 32, 0, 1, TK_OPTIM_ADAMW, 0, 0, 0, TK_PREC_FP32, TK_RECOMPUTE_NONE, TK_ATTN_STANDARD },
+        { "tiny span acc2 eval8", "bert-tiny", TK_HEAD_SPAN, 2, 64, 8, 2, TK_OPTIM_ADAMW, 0, 0, 0, TK_PREC_FP32, TK_RECOMPUTE_NONE, TK_ATTN_STANDARD },
+        { "tiny frozen", "bert-tiny", TK_HEAD_POOLED, 8, 32, 0, 1, TK_OPTIM_ADAMW, 1, 1, 0, TK_PREC_FP32, TK_RECOMPUTE_NONE, TK_ATTN_STANDARD },
+        { "tiny flatten_dense", "bert-tiny", TK_HEAD_FLATTEN_DENSE, 2, 16, 0, 1, TK_OPTIM_ADAMW, 0, 0, 0, TK_PREC_FP32, TK_RECOMPUTE_NONE, TK_ATTN_STANDARD },
+        { "mini adamw8 cap", "bert-mini", TK_HEAD_POOLED, 4, 32, 0, 1, TK_OPTIM_ADAMW8, 0, 0, 512u << 20, TK_PREC_FP32, TK_RECOMPUTE_NONE, TK_ATTN_STANDARD },
+        { "mini pooled acc3", "bert-mini", TK_HEAD_POOLED, 2, 48, 4, 3, TK_OPTIM_ADAMW, 0, 0, 0, TK_PREC_FP32, TK_RECOMPUTE_NONE, TK_ATTN_STANDARD },
+        /* memory-saving techniques: the planner replays them as the cpu runs them */
+        { "tiny recompute layers", "bert-tiny", TK_HEAD_POOLED, 4, 32, 0, 1, TK_OPTIM_ADAMW, 0, 0, 0,
+          TK_PREC_FP32, TK_RECOMPUTE_LAYERS, TK_ATTN_STANDARD },
+        { "tiny recompute span acc2", "bert-tiny", TK_HEAD_SPAN, 2, 48, 4, 2, TK_OPTIM_ADAMW, 0, 0, 0,
+          TK_PREC_FP32, TK_RECOMPUTE_LAYERS, TK_ATTN_STANDARD },
+        { "tiny recompute attention", "bert-tiny", TK_HEAD_POOLED, 4, 32, 0, 1, TK_OPTIM_ADAMW, 0, 0, 0,
+          TK_PREC_FP32, TK_RECOMPUTE_ATTENTION, TK_ATTN_STANDARD },
+        { "tiny fp16", "bert-tiny", TK_HEAD_POOLED, 4, 32, 0, 1, TK_OPTIM_ADAMW, 0, 0, 0,
+          TK_PREC_FP16, TK_RECOMPUTE_NONE, TK_ATTN_STANDARD },
+        { "tiny bf16 span", "bert-tiny", TK_HEAD_SPAN, 2, 48, 0, 1, TK_OPTIM_ADAMW, 0, 0, 0,
+          TK_PREC_BF16, TK_RECOMPUTE_NONE, TK_ATTN_STANDARD },
+        { "tiny fused attention", "bert-tiny", TK_HEAD_POOLED, 4, 64, 0, 1, TK_OPTIM_ADAMW, 0, 0, 0,
+          TK_PREC_FP32, TK_RECOMPUTE_NONE, TK_ATTN_FUSED },
+        { "mini all: fp16 recompute fused adamw8 frozen", "bert-mini", TK_HEAD_POOLED, 2, 32, 0, 1,
+          TK_OPTIM_ADAMW8, 1, 1, 0, TK_PREC_FP16, TK_RECOMPUTE_LAYERS, TK_ATTN_FUSED },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i]);

@@ -998,10 +998,10 @@ static tk_status cpu_sumsq(void *ctx, tk_tensor *out, const tk_tensor *x, int64_
      * order: the same n and thread count give the same bits. */
 #pragma omp parallel num_threads(nt)
     {
-        int tid = omp_get_thread_num();
+        int tid = omp_get_thread_num(), nth = omp_get_num_threads(); /* the runtime may grant fewer */
         double acc = 0.0;
         float bx[CH];
-        for (int64_t ci = tid; ci < NCHUNK(n); ci += nt) {
+        for (int64_t ci = tid; ci < NCHUNK(n); ci += nth) {
             int64_t len = CHUNK_LEN(n, ci);
             const float *v = ld_chunk(bx, x, ci * CH, len);
             float s = 0.0f;

@@ -153,6 +153,7 @@ static int cmd_plan(int argc, char **argv) {
         return EXIT_ERR;
     }
     b = tk_report_plan(&p, 0);
+    tk_report_add_head_note(b, &c, &p);
     emit(b, json);
     json_decref(b);
     return p.fits ? EXIT_OK : EXIT_PLAN_OOM;

@@ -194,6 +194,47 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
     return bundle;
 }
 
+void tk_report_add_head_note(json_t *bundle, const tk_config *c, const tk_plan_result *p) {
+    if (c->head != TK_HEAD_FLATTEN_DENSE) return;
+    tk_config d = *c;
+    tk_err err = {0};
+    if (tk_config_resolve_model(&d, &err) != TK_OK) return;
+    int towers = d.towers > 0 ? d.towers : 1;
+    long long in = (long long)towers * d.max_len * d.hidden;
+    size_t wbytes = (size_t)in * (size_t)d.head_units * 4;
+    size_t owner_bytes = 0;
+    for (int i = 0; i < p->n_top; i++)
+        if (!strcmp(p->top[i].owner, "classifier")) owner_bytes = p->top[i].bytes;
+    size_t span = (size_t)2 * d.hidden * 4 + 2 * 4;
+    char a[32], b[32], e[32], line[1024];
+    snprintf(line, sizeof line,
+             "\nThe culprit: the head is a Dense(%d) over the flattened %d tower(s) x %d tokens x %d hidden, so its "
+             "weight classifier.weight is [%d x %lld] = %s in fp32%s%s%s. A per-token span head (head: span, "
+             "[2 x %d] + bias) needs %s.\n",
+             d.head_units, towers, d.max_len, d.hidden, d.head_units, in, tk_format_bytes(wbytes, a, sizeof a),
+             owner_bytes ? "; with its gradient, AdamW state and activations 'classifier' holds " : "",
+             owner_bytes ? tk_format_bytes(owner_bytes, b, sizeof b) : "", owner_bytes ? " at the peak" : "",
+             d.hidden, tk_format_bytes(span, e, sizeof e));
+    const char *t = json_string_value(json_object_get(bundle, "text/plain"));
+    tk_sb sb = {0};
+    tk_sb_add(&sb, t ? t : "");
+    tk_sb_add(&sb, line);
+    tk_bundle_take(bundle, "text/plain", tk_sb_take(&sb));
+    const char *h = json_string_value(json_object_get(bundle, "text/html"));
+    tk_sb hb = {0};
+    tk_sb_add(&hb, h ? h : "");
+    tk_sb_add(&hb, "<p style=\"color:#c62828\">");
+    tk_sb_add_html(&hb, line + 1);
+    tk_sb_add(&hb, "</p>");
+    tk_bundle_take(bundle, "text/html", tk_sb_take(&hb));
+    json_t *j = json_object_get(bundle, "application/json");
+    if (j)
+        json_object_set_new(j, "head", json_pack("{s:s, s:[i, I], s:I, s:I, s:I}", "owner", "classifier", "weight_shape",
+                                                 d.head_units, (json_int_t)in, "weight_bytes", (json_int_t)wbytes,
+                                                 "owner_bytes_at_peak", (json_int_t)owner_bytes, "span_head_bytes",
+                                                 (json_int_t)span));
+}
+
 /* ---- OOM autopsy ------------------------------------------------------------ */
 
 /* The next things to try, from what holds the memory; the advisor

@@ -137,6 +137,11 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
 /* The plan: peak vs capacity/free, category breakdown, top owners. `free`
  * is what the device has free (0 = unknown: compare with capacity). */
 json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes);
+/* For head flatten_dense: appends to a plan bundle (text/plain, text/html,
+ * application/json "head") the head's weight shape and bytes, its share of
+ * the peak, and what a per-token span head would take instead. No-op for
+ * other heads. */
+void tk_report_add_head_note(json_t *bundle, const tk_config *c, const tk_plan_result *p);
 /* An OOM autopsy: what was being allocated, for which layer and category,
  * capacity, free, allocated, reserved, largest free block, top owners, and
  * the next things to try. `phase` may be NULL. */

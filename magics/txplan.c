@@ -177,6 +177,7 @@ static int run_txplan(tk_magic_ctx *m) {
         tk_session_set_config(s, &c);
         tk_session_set_plan(s, &p);
         bundle = tk_report_plan(&p, 0);
+        tk_report_add_head_note(bundle, &c, &p);
     }
     tk_txemit(m, bundle, json_only);
     json_decref(bundle);

@@ -132,6 +132,7 @@ static int run_txtrain(tk_magic_ctx *m) {
     switch (r.end) {
     case TK_RUN_PLANNED_OOM: {
         json_t *pb = tk_report_plan(&r.plan, r.free_before);
+        tk_report_add_head_note(pb, &c, &r.plan);
         m->out->ops->display(m->out, pb, NULL, NULL, 0);
         json_decref(pb);
         rc = tk_magic_error(m, "OutOfMemoryPlanned",

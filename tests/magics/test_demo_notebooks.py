@@ -1,0 +1,110 @@
+"""The demo notebooks, executed by nbclient against the installed txkernel
+kernelspec (or, when TXKERNEL_BIN is set, a kernelspec for that binary), with
+assertions on what they show: the seed's planned OOM with its attribution and
+no device allocation, a real run-time OOM autopsy on the CPU, the run that
+fits; the two-tower SQuAD model's Dense(1604) head named with its bytes."""
+import os, sys
+
+import nbformat
+from nbclient import NotebookClient
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+DEMO = os.path.join(ROOT, "demo_notebooks")
+sys.path.insert(0, os.path.join(ROOT, "tests", "kernel"))
+
+
+def kernel_name():
+    if os.environ.get("TXKERNEL_BIN"):
+        import txk_util
+        return txk_util.dev_kernel_name()
+    return "txkernel"
+
+
+def execute(name):
+    nb = nbformat.read(os.path.join(DEMO, name), as_version=4)
+    NotebookClient(nb, kernel_name=kernel_name(), timeout=300,
+                   resources={"metadata": {"path": DEMO}}).execute()
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def text(cell):
+    parts = []
+    for o in cell.outputs:
+        if o.output_type == "stream":
+            parts.append(o.text)
+        elif o.output_type == "error":
+            parts.append(o.ename + ": " + o.evalue)
+        elif "text/plain" in o.get("data", {}):
+            parts.append(o.data["text/plain"])
+    return "\n".join(parts)
+
+
+def jdata(cell):
+    found = None
+    for o in cell.outputs:
+        d = o.get("data", {})
+        if "application/json" in d:
+            found = d["application/json"]
+    return found
+
+
+def errors(cell):
+    return [o for o in cell.outputs if o.output_type == "error"]
+
+
+def test_01_seed_oom():
+    cells = execute("01_seed_oom.ipynb")
+    device, plan, gate, mem0, maxb, data, oom, mem1, fit, timeline = cells
+    assert "capacity is simulated" in text(device) or "No device opened yet" in text(device)
+    # 1. the seed's plan: does not fit 7.43 GiB, activations dominate, attention layers on top
+    p = jdata(plan)
+    assert p["fits"] is False and p["capacity"] == 7977901752
+    assert p["peak_reserved"] > p["capacity"]
+    assert p["by_category_at_peak"]["act"] > p["by_category_at_peak"]["param"] * 10
+    assert p["top"][0]["owner"].startswith("bert.encoder.layer.")
+    assert "DOES NOT FIT" in text(plan) and "image/svg+xml" in plan.outputs[0].data
+    # %%txtrain stops before allocating: one error, and the allocator never ran
+    assert [e.ename for e in errors(gate)] == ["OutOfMemoryPlanned"]
+    assert "stopped before allocating anything" in errors(gate)[0].evalue
+    m0 = jdata(mem0)
+    assert m0["n_alloc"] == 0 and m0["allocated"] == 0 and m0["capacity"] == 7977901752
+    # largest batch per length: shrinking with the length, and 32 x 512 is not among them
+    rows = {r["max_len"]: r["largest batch"] for r in jdata(maxb)}
+    assert rows[64] >= rows[128] >= rows[256] >= rows[512] and rows[512] < 32
+    d = jdata(data)
+    assert d["p99"] < 512 and d["pct_truncated"]["128"] < 5
+    # 2. the run-time OOM: an autopsy, memory released, kernel alive
+    assert [e.ename for e in errors(oom)] == ["OutOfMemoryError"]
+    ev = errors(oom)[0].evalue
+    for what in ("tried to allocate", "Capacity 200.00 MiB", "largest free block", "Top owners:",
+                 "allocated is back to 0 bytes"):
+        assert what in ev, (what, ev)
+    assert "(act)" in ev or "(temp)" in ev
+    assert "0 bytes allocated" in text(mem1) or "allocated 0 bytes" in text(mem1)
+    # 3. the run that fits trains, and measured peak == planned peak on the cpu
+    assert not errors(fit)
+    res = [o for o in fit.outputs if o.output_type == "execute_result"][-1].data["application/json"]
+    assert res["steps"] > 0 and res["peak_allocated"] == res["planned_peak_allocated"]
+    assert res["peak_reserved"] <= 200 * 2**20 and res["allocated_after"] == 0
+    assert "Per epoch" in text(fit)
+    assert any("image/svg+xml" in o.get("data", {}) for o in timeline.outputs)
+
+
+def test_02_squad_flatten_head():
+    plan, plan1, span = execute("02_squad_flatten_head.ipynb")
+    p = jdata(plan)
+    assert p["fits"] is False
+    assert p["top"][0]["owner"] == "classifier"
+    head = p["head"]
+    assert head["weight_shape"] == [1604, 786432]
+    assert head["weight_bytes"] == 1604 * 786432 * 4
+    # weight + grad + two AdamW moments at least
+    assert head["owner_bytes_at_peak"] >= 4 * head["weight_bytes"]
+    t = text(plan)
+    assert "[1604 x 786432] = 4.70 GiB" in t and "classifier" in t
+    p1 = jdata(plan1)
+    assert p1["batch"] == 1 and p1["fits"] is False
+    assert p1["param_bytes"] + p1["grad_bytes"] + p1["optim_bytes"] > p1["capacity"]
+    ps = jdata(span)
+    assert ps["fits"] is True and ps["peak_reserved"] < p["peak_reserved"] / 3

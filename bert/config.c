@@ -374,7 +374,7 @@ static const char *closest_key(const char *name) {
 static void unknown_key_msg(const char *name, char *buf, size_t n) {
     const char *near = closest_key(name);
     if (near) snprintf(buf, n, "unknown key '%s' (did you mean '%s'?)", name, near);
-    else snprintf(buf, n, "unknown key '%s' (see %%txhelp config or `txk keys` for the list)", name);
+    else snprintf(buf, n, "unknown key '%s' (%%txkeys or `txk keys` lists every key)", name);
 }
 
 /* ---- setting one key from text ---------------------------------------- */

@@ -264,6 +264,24 @@ static int inspect_key(void *ctx, const char *word, int detail, json_t *data) {
     return 1;
 }
 
+static int run_txkeys(tk_magic_ctx *m) {
+    const char *h[] = {"key", "what it sets"};
+    tk_rtable *t = tk_rtable_new("Config keys (YAML in %%txtrain, key=value in %txplan)", 2, h);
+    if (!t) return tk_magic_error(m, "MemoryError", "out of host memory");
+    for (const char *const *k = tk_config_keys(); *k; k++) {
+        const char *row[2] = {*k, tk_config_key_help(*k)};
+        tk_rtable_row(t, row);
+    }
+    json_t *b = tk_bundle_new("");
+    tk_bundle_take(b, "text/plain", tk_rtable_text(t));
+    tk_bundle_take(b, "text/html", tk_rtable_html(t));
+    tk_bundle_take_json(b, "application/json", tk_rtable_json(t));
+    tk_rtable_destroy(&t);
+    m->out->ops->display(m->out, b, NULL, NULL, 0);
+    json_decref(b);
+    return 0;
+}
+
 static void session_free(void *p) {
     tk_session *s = p;
     tk_session_destroy(&s);
@@ -280,7 +298,10 @@ static const tk_magic_def TXTRAIN[] = {
      "samples/s, ETA, memory), then shows a per-epoch table. A run-time OOM ends the cell\n"
      "with an autopsy and releases the run's memory. Interrupt stops at the next step.\n"
      "--no-plan trains even when the plan says it will not fit (to see where it breaks).\n"
-     "Keys: %txhelp config, or Tab inside the body; Shift-Tab on a key shows its help."},
+     "Keys: %txkeys, or Tab inside the body; Shift-Tab on a key shows its help."},
+    {"txkeys", TK_MAGIC_LINE, run_txkeys, "every config key of %%txtrain with its help",
+     "%txkeys\n\nThe keys a %%txtrain body (YAML) or a %txplan key=value override can set, with\n"
+     "what each does. Nested sections model:, data:, train:, device: hold the same keys."},
 };
 
 int tk_magics_register_txtrain(tk_magics *m) {
@@ -291,5 +312,5 @@ int tk_magics_register_txtrain(tk_magics *m) {
     }
     tk_magics_add_completer(m, complete_keys, NULL);
     tk_magics_add_inspector(m, inspect_key, NULL);
-    return tk_magics_add_table(m, TXTRAIN, 1);
+    return tk_magics_add_table(m, TXTRAIN, sizeof TXTRAIN / sizeof TXTRAIN[0]);
 }

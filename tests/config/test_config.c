@@ -140,7 +140,7 @@ static const bad_case BAD[] = {
     {"max_lenght: 256\n", 1, "unknown key 'max_lenght' (did you mean 'max_len'?)"},
     {"learnig_rate: 1e-4\n", 1, "unknown key 'learnig_rate' (did you mean 'lr'?)"},
     {"train:\n  lr: 1e-5\n  warmpu_ratio: 0.1\n", 3, "unknown key 'warmpu_ratio' (did you mean 'warmup_ratio'?)"},
-    {"flux_capacitor: 1\n", 1, "unknown key 'flux_capacitor' (see %txhelp config or `txk keys` for the list)"},
+    {"flux_capacitor: 1\n", 1, "unknown key 'flux_capacitor' (%txkeys or `txk keys` lists every key)"},
     {"model: bert-tiny\n\n# the batch\n\nbatch_size: x\n", 5, "batch_size: 'x' is not an integer"},
     {"model: bert-base-cased\nmax_len: 512\nbatch_size: 32\nlr: 2e-5\nprecision: fp8\n", 5, "precision: 'fp8' is not one of fp32, fp16, bf16"},
     {"optimizer: sgd\n", 1, "optimizer: 'sgd' is not one of adamw, adamw8bit"},

@@ -217,6 +217,16 @@ static void test_mem_data_device_reset(void) {
     json_decref(m);
 }
 
+static void test_keys_magic(void) {
+    int rc;
+    json_t *m = run("%txkeys", &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    json_t *j = last_json(m);
+    TK_CHECK(json_array_size(j) > 50);
+    TK_CHECK_STR(json_string_value(json_object_get(json_array_get(j, 0), "key")), "model");
+    json_decref(m);
+}
+
 static void test_completion(void) {
     json_t *matches = json_array();
     size_t start = 0, end = 0;
@@ -241,6 +251,7 @@ int main(void) {
     TK_RUN(test_plan_gate_allocates_nothing);
     TK_RUN(test_runtime_oom_then_fit);
     TK_RUN(test_mem_data_device_reset);
+    TK_RUN(test_keys_magic);
     TK_RUN(test_completion);
     tk_magics_destroy(&M);
     return tk_test_done();

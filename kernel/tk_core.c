@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct tk_core {
     tk_signer *signer;
@@ -28,6 +29,7 @@ struct tk_core {
     char session[40];
     int exec_count;
     int aborting;           /* shell thread only */
+    double abort_before;    /* UTC seconds: executes sent before this are aborted */
     atomic_int cancel;
     atomic_int stop, restart;
     atomic_ulong dropped;
@@ -161,12 +163,46 @@ static int want_bool(json_t *content, const char *key, int dflt) {
     return json_is_boolean(v) ? json_is_true(v) : dflt;
 }
 
+static double now_utc(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Whether the request's header.date (ISO 8601, UTC "Z" or an offset) is before
+ * t. After a failed cell only requests the client sent before it could have
+ * seen the error are aborted (a "run all" burst queued behind the cell); one
+ * sent after the error reply, e.g. by a script that checks the error and goes
+ * on, runs. A missing or unreadable date counts as "after": run it. */
+static int sent_before(const tk_msg *m, double t) {
+    const char *d = json_string_value(json_object_get(m->header, "date"));
+    struct tm tm = {0};
+    double sec = 0;
+    int n = 0;
+    if (!d || sscanf(d, "%4d-%2d-%2dT%2d:%2d:%lf%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+                     &tm.tm_min, &sec, &n) != 6)
+        return 0;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    double off = 0;
+    const char *z = d + n;
+    int oh, om;
+    if (*z == '+' || *z == '-') {
+        if (sscanf(z + 1, "%2d:%2d", &oh, &om) != 2) return 0;
+        off = (*z == '+' ? 1 : -1) * (oh * 3600.0 + om * 60.0);
+    } else if (*z != 'Z' && *z != 0) {
+        return 0;
+    }
+    double when = (double)timegm(&tm) + sec - off;
+    return when < t;
+}
+
 static void h_execute(req *r) {
     tk_core *c = r->c;
     json_t *ct = r->m->content;
     const char *code = json_string_value(json_object_get(ct, "code"));
     if (!code) { reply_error(r, "execute_reply", "content.code must be a string"); return; }
-    if (c->aborting) {
+    if (c->aborting && sent_before(r->m, c->abort_before)) {
         reply(r, "execute_reply", json_pack("{s:s,s:i}", "status", "aborted", "execution_count", c->exec_count));
         return;
     }
@@ -192,7 +228,10 @@ static void h_execute(req *r) {
         json_object_set_new(rep, "status", json_string("error"));
         json_object_set_new(rep, "execution_count", json_integer(eo.execution_count));
         reply(r, "execute_reply", rep);
-        if (stop_on_error) c->aborting = 1;
+        if (stop_on_error) {
+            c->aborting = 1;
+            c->abort_before = now_utc();
+        }
     } else {
         reply(r, "execute_reply", json_pack("{s:s,s:i,s:O,s:{}}", "status", "ok", "execution_count",
                                             eo.execution_count, "payload", x.payload, "user_expressions"));

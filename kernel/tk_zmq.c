@@ -24,12 +24,12 @@
 
 #define POLL_MS 50
 /* After a failed cell with stop_on_error, requests sent together with it (a
- * "run all" burst) may still be in flight: those arriving within this window
- * are aborted too. A C kernel fails a cell in microseconds, far sooner than the
- * burst lands; ipykernel gets the same effect from its own latency. No person
- * sends a new cell this fast; a scripted client that wants it run sends
- * stop_on_error false. */
-#define ABORT_GRACE_MS 5
+ * "run all" burst) may still be in flight: the shell queue is watched this much
+ * longer before the abort ends. A C kernel fails a cell in microseconds, far
+ * sooner than such a burst lands; ipykernel gets the same effect from its own
+ * latency. The core aborts only executes whose header.date is before the error,
+ * so a request sent after the client saw the error still runs. */
+#define ABORT_GRACE_MS 20
 #define MAX_FRAMES 256
 
 typedef struct zt {

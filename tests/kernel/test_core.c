@@ -61,12 +61,14 @@ static void fx_free(fx *x) {
 }
 
 /* Builds a signed request; returns frames (free with tk_frames_free). */
+static const char *g_date = "2026-01-01T00:00:00.000000Z"; /* header.date of test requests */
+
 static tk_frame *req_frames(fx *x, const tk_signer *s, const char *type, json_t *content, size_t *n, char *id_out) {
     char id[64];
     snprintf(id, sizeof id, "test-%d", ++x->seq);
     if (id_out) strcpy(id_out, id);
     json_t *h = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "msg_id", id, "session", "sess-test", "username", "t",
-                          "date", "2026-01-01T00:00:00.000000Z", "msg_type", type, "version", "5.3");
+                          "date", g_date, "msg_type", type, "version", "5.3");
     json_t *p = json_object(), *md = json_object();
     uint8_t ident[] = "client-1";
     uint8_t *ids[1] = {ident};
@@ -295,9 +297,16 @@ static void test_stop_on_error_aborts_queued(void) {
     send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo queued"));  /* already queued */
     TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "aborted");
     TK_CHECK(find(&x, TK_CH_IOPUB, "stream", 0) == NULL);
+    /* sent after the error (a later date): a client that saw the error and
+     * goes on; it runs even before the queue drained */
+    g_date = "2999-01-01T00:00:00.000000+02:00";
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo sent after the error"));
+    g_date = "2026-01-01T00:00:00.000000Z";
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 2), "status"), "ok");
+    mem_clear(&x.t);
     tk_core_shell_idle(x.c);  /* queue drained: new work runs again */
     send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo later"));
-    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 2), "status"), "ok");
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 0), "status"), "ok");
     /* with stop_on_error false nothing is aborted */
     mem_clear(&x.t);
     json_t *c = exec_content("%nosuch");

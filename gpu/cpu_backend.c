@@ -23,10 +23,11 @@
  * the last cpu context opened sets OpenBLAS's count. Transcendental loops use
  * the branch-free exp/erfc below, with AVX-512 and AVX2 clones.
  */
-/* Floating-point exceptions are never inspected here; without this GCC will
- * not turn the selects of the vector math below into blends (a compare could
- * trap), and the exp/erf loops would stay scalar. */
-#pragma GCC optimize("no-trapping-math")
+/* Floating-point exceptions and errno are never inspected here; without this
+ * GCC will not turn the selects of the vector math below into blends (a
+ * compare could trap) nor vectorise sqrtf (it could set errno), and those
+ * loops would stay scalar. */
+#pragma GCC optimize("no-trapping-math", "no-math-errno")
 
 #include "tk_backend_impl.h"
 #include "tk_ops_spec.h"
@@ -1043,6 +1044,21 @@ static adam_k adam_consts(const tk_adamw_hp *hp) {
     return k;
 }
 
+TK_VEC_CLONES
+static void k_adamw(float *restrict p, float *restrict m, float *restrict v, const float *restrict g,
+                    int64_t n, const adam_k *kp) {
+    const adam_k k = *kp;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i] * k.gs;
+        float mi = k.b1 * m[i] + k.omb1 * gi;
+        float vi = k.b2 * v[i] + k.omb2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * k.decay - k.step_size * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
+    }
+}
+
 static tk_status cpu_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
                            int64_t n, const tk_adamw_hp *hp) {
     cpu_ctx *c = ctx;
@@ -1052,17 +1068,7 @@ static tk_status cpu_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, t
     for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
         float bg[CH];
         int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
-        const float *g = ld_chunk(bg, grad, off, len);
-        float *restrict pp = p + off, *restrict pm = mm + off, *restrict pv = vv + off;
-        for (int64_t i = 0; i < len; i++) {
-            float gi = g[i] * k.gs;
-            float mi = k.b1 * pm[i] + k.omb1 * gi;
-            float vi = k.b2 * pv[i] + k.omb2 * gi * gi;
-            pm[i] = mi;
-            pv[i] = vi;
-            float pi = pp[i] * k.decay;
-            pp[i] = pi - k.step_size * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
-        }
+        k_adamw(p + off, mm + off, vv + off, ld_chunk(bg, grad, off, len), len, &k);
     }
     return TK_OK;
 }

@@ -186,13 +186,15 @@ def test_bad_signatures_and_replay_never_run(kernel):
 
 def test_stop_on_error_aborts_queued_executes(kernel):
     km, kc = kernel
-    ids = [kc.execute("%nosuchmagic"), kc.execute("%echo queued 1"), kc.execute("%echo queued 2")]
+    # the failing cell runs 0.3 s first, so the two behind it are queued (sent
+    # before the error), as in "run all"; the kernel aborts exactly those
+    ids = [kc.execute("%sleep 0.3\n%nosuchmagic"), kc.execute("%echo queued 1"), kc.execute("%echo queued 2")]
     replies = {}
     while len(replies) < 3:
         r = kc.get_shell_msg(timeout=10)
         replies[r["parent_header"]["msg_id"]] = r["content"]["status"]
     assert [replies[i] for i in ids] == ["error", "aborted", "aborted"]
-    time.sleep(0.2)
+    # sent after the error reply arrived: runs at once, no waiting needed
     r, outs = txk_util.run_cell(kc, "%echo runs again")
     assert r["content"]["status"] == "ok" and outs[0]["content"]["text"] == "runs again\n"
 

@@ -391,6 +391,7 @@ static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_
 #pragma omp parallel for num_threads(c->nt) schedule(static) if (M * N > PAR_MIN)
             for (int64_t i = 0; i < M; i++) {
                 float *row = pc + i * N;
+#pragma omp simd
                 for (int64_t j = 0; j < N; j++) row[j] += bv[j];
             }
             free(bb);
@@ -451,6 +452,7 @@ static tk_status scatter_add(cpu_ctx *c, tk_tensor *dst, int64_t rows_dst, const
             for (int64_t i = 0; i < n; i++) {
                 float *restrict dr = d + (int64_t)ix[i] * C;
                 const float *restrict sr = s + i * C;
+#pragma omp simd
                 for (int64_t j = c0; j < c1; j++) dr[j] += sr[j];
             }
         } else {
@@ -528,6 +530,7 @@ static tk_status cpu_add(void *ctx, tk_tensor *out, const tk_tensor *a, const tk
         int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
         const float *x = ld_chunk(ba, a, off, len), *y = ld_chunk(bb, b, off, len);
         float *o = st_chunk(bo, out, off);
+#pragma omp simd
         for (int64_t i = 0; i < len; i++) o[i] = x[i] + y[i];
         st_commit(out, off, len, o);
     }
@@ -543,9 +546,11 @@ static tk_status cpu_axpby(void *ctx, tk_tensor *y, float alpha, const tk_tensor
         const float *xv = ld_chunk(bx, x, off, len);
         float *yv = st_chunk(by, y, off);
         if (beta == 0.0f) { /* as in BLAS: y is not read, so NaN garbage in y does not leak */
+#pragma omp simd
             for (int64_t i = 0; i < len; i++) yv[i] = alpha * xv[i];
         } else {
             if (y->dtype != TK_F32) to_f32(by, y->data, y->dtype, off, len);
+#pragma omp simd
             for (int64_t i = 0; i < len; i++) yv[i] = alpha * xv[i] + beta * yv[i];
         }
         st_commit(y, off, len, yv);
@@ -633,6 +638,7 @@ static tk_status cpu_tanh_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, c
         int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
         const float *y = ld_chunk(by, out, off, len), *d = ld_chunk(bd, dout, off, len);
         float *o = st_chunk(bo, din, off);
+#pragma omp simd
         for (int64_t i = 0; i < len; i++) o[i] = d[i] * (1.0f - y[i] * y[i]);
         st_commit(din, off, len, o);
     }
@@ -979,6 +985,7 @@ static tk_status cpu_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, 
             const float *d = dout->data;
             for (int64_t r = 0; r < N; r++) {
                 const float *restrict row = d + r * C + c0;
+#pragma omp simd
                 for (int64_t j = 0; j < w; j++) acc[j] += row[j];
             }
         } else {
@@ -1008,6 +1015,7 @@ static tk_status cpu_sumsq(void *ctx, tk_tensor *out, const tk_tensor *x, int64_
             int64_t len = CHUNK_LEN(n, ci);
             const float *v = ld_chunk(bx, x, ci * CH, len);
             float s = 0.0f;
+#pragma omp simd reduction(+ : s)
             for (int64_t i = 0; i < len; i++) s += v[i] * v[i];
             acc += s;
         }

@@ -1083,7 +1083,9 @@ static adam_k adam_consts(const tk_adamw_hp *hp) {
     return k;
 }
 
-TK_VEC_CLONES
+/* No AVX clones here: the update is memory-bound (no measurable gain), and
+ * without FMA contraction it stays bit-identical on every x86-64 machine and
+ * to gpu/cuda/cuda_shared.h's host build (tests/gpu_cuda_host checks that). */
 static void k_adamw(float *restrict p, float *restrict m, float *restrict v, const float *restrict g,
                     int64_t n, const adam_k *kp) {
     const adam_k k = *kp;

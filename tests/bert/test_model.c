@@ -85,6 +85,51 @@ static void test_presets(void) {
     TK_CHECK(strstr(e.msg, "bert-tiny") != NULL);
 }
 
+static void test_opts_from_config(void) {
+    tk_config c;
+    tk_config_defaults(&c);
+    snprintf(c.model, sizeof c.model, "bert-mini");
+    c.num_labels = 4;
+    c.layers = 2;
+    c.dropout = 0.0f;
+    c.recompute = TK_RECOMPUTE_LAYERS;
+    tk_model_opts o;
+    tk_err e = {0};
+    TK_CHECK_MSG(tk_model_opts_from_config(&o, &c, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(o.dims.hidden, 256);
+    TK_CHECK_EQ_INT(o.dims.layers, 2);
+    TK_CHECK_EQ_INT(o.num_labels, 4);
+    TK_CHECK_EQ_INT(o.recompute, TK_RECOMPUTE_LAYERS);
+    TK_CHECK_NEAR(o.dims.attn_dropout, 0.0, 0);
+    c.head = TK_HEAD_FLATTEN_DENSE;
+    c.head_units = 1604;
+    c.towers = 2;
+    TK_CHECK(tk_model_opts_from_config(&o, &c, &e) == TK_OK);
+    TK_CHECK_EQ_INT(o.num_labels, 1604);
+    TK_CHECK_EQ_INT(o.towers, 2);
+    c.head = TK_HEAD_POOLED;
+    c.num_labels = 0;
+    TK_CHECK(tk_model_opts_from_config(&o, &c, &e) == TK_EINVAL);
+    TK_CHECK(strstr(e.msg, "num_labels") != NULL);
+    snprintf(c.model, sizeof c.model, "/nonexistent/folder");
+    TK_CHECK(tk_model_opts_from_config(&o, &c, &e) == TK_EINVAL);
+    /* The seed's head on meta: bert-base, 2 towers x 512 x 768 inputs x 1604 units. */
+    tk_dev *d = dev_new(TK_DEV_META);
+    if (!d) return;
+    memset(&o, 0, sizeof o);
+    tk_bert_preset("bert-base-uncased", &o.dims, NULL);
+    o.head = TK_HEAD_FLATTEN_DENSE;
+    o.num_labels = 1604;
+    o.towers = 2;
+    o.max_len = 512;
+    tk_model *m = tk_model_new(d, &o, &e);
+    TK_CHECK(m != NULL);
+    const tk_param *p = m ? tk_model_param_find(m, "classifier.weight") : NULL;
+    TK_CHECK(p && p->w->shape[0] == 1604 && p->w->shape[1] == 786432);
+    tk_model_destroy(&m);
+    tk_dev_destroy(&d);
+}
+
 static void test_config_json(void) {
     tk_bert_dims d, r;
     tk_bert_preset("bert-mini", &d, NULL);
@@ -759,6 +804,7 @@ int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/tk_test_model.%d", (int)getpid());
     mkdir(tmpdir, 0755);
     TK_RUN(test_presets);
+    TK_RUN(test_opts_from_config);
     TK_RUN(test_config_json);
     TK_RUN(test_safetensors);
     TK_RUN(test_step_pooled);

@@ -296,9 +296,19 @@ static void step_head(tk_head_kind head) {
     m = tk_model_new(d, &o0, &e);
     TK_CHECK(m && tk_model_init_random(m, 7, &e) == TK_OK);
     float l1 = 0, l2 = 0, g1[48], g2[48];
+    TK_CHECK(tk_model_alloc_grads(m, &e) == TK_OK);
+    tk_alloc_stats_get(tk_dev_alloc(d), &s0);
+    tk_alloc_reset_peak(tk_dev_alloc(d));
     TK_CHECK(tk_model_forward_backward(m, &tb.b, 0, 1.0f, &l1, g1, &e) == TK_OK);
+    tk_alloc_stats_get(tk_dev_alloc(d), &s1);
+    size_t train_step = s1.allocated_peak - s0.allocated;
+    tk_alloc_stats_get(tk_dev_alloc(d), &s0);
     tk_alloc_reset_peak(tk_dev_alloc(d));
     TK_CHECK(tk_model_forward_eval(m, &tb.b, &l2, g2, &e) == TK_OK);
+    tk_alloc_stats_get(tk_dev_alloc(d), &s1);
+    /* Eval keeps no activation past its use: far below a training step. */
+    TK_CHECK_MSG(2 * (s1.allocated_peak - s0.allocated) < train_step, "eval %zu vs train %zu",
+                 s1.allocated_peak - s0.allocated, train_step);
     TK_CHECK_NEAR(l1, l2, 1e-6);
     int64_t nl = tk_model_n_logits(m, 3, 8);
     for (int64_t i = 0; i < nl; i++) TK_CHECK_NEAR(g1[i], g2[i], 1e-6);

@@ -227,11 +227,11 @@ static void h_execute(req *r) {
         json_t *rep = json_deep_copy(x.error);
         json_object_set_new(rep, "status", json_string("error"));
         json_object_set_new(rep, "execution_count", json_integer(eo.execution_count));
-        reply(r, "execute_reply", rep);
-        if (stop_on_error) {
+        if (stop_on_error) { /* stamped before the reply leaves: no client can have seen it earlier */
             c->aborting = 1;
             c->abort_before = now_utc();
         }
+        reply(r, "execute_reply", rep);
     } else {
         reply(r, "execute_reply", json_pack("{s:s,s:i,s:O,s:{}}", "status", "ok", "execution_count",
                                             eo.execution_count, "payload", x.payload, "user_expressions"));

@@ -89,6 +89,33 @@ size_t tk_adamw_state_bytes(const tk_adamw *o);
  * allocating (the planner and the advisor use it). */
 size_t tk_adamw_state_bytes_planned(const tk_adamw *o);
 
+/* ---- fp16 dynamic loss scaling ---------------------------------------- */
+
+/* torch.cuda.amp.GradScaler's policy: the loss (hence every gradient) is
+ * multiplied by `scale` so small fp16 activation gradients do not flush to
+ * zero; the optimizer step unscales (grad_scale = 1/scale). A step whose
+ * gradients overflowed (non-finite norm) is skipped and the scale halved; after
+ * growth_interval finite steps in a row it doubles. Only precision fp16 scales:
+ * fp32 and bf16 (fp32's exponent range) keep scale 1 and never change it. */
+#define TK_LOSS_SCALE_INIT 65536.0f     /* 2^16, GradScaler's init_scale */
+#define TK_LOSS_SCALE_GROWTH_INTERVAL 2000
+#define TK_LOSS_SCALE_MIN (1.0f / 16777216.0f) /* 2^-24: halving never reaches 0 */
+#define TK_LOSS_SCALE_MAX 16777216.0f   /* 2^24: growth stops (fp32 keeps headroom) */
+
+typedef struct tk_loss_scaler {
+    int enabled;               /* 1: precision fp16 */
+    float scale;               /* current loss scale (1 when disabled) */
+    int64_t good_steps;        /* finite steps since the scale last changed */
+    int64_t growth_interval;   /* finite steps before doubling */
+    int64_t skipped;           /* steps skipped for overflow so far */
+} tk_loss_scaler;
+
+void tk_loss_scaler_init(tk_loss_scaler *s, tk_precision p);
+/* After an optimizer step: overflow = 1 (the step was skipped) halves the
+ * scale and counts the skip; overflow = 0 counts a good step and doubles the
+ * scale every growth_interval of them. No-op when disabled. */
+void tk_loss_scaler_update(tk_loss_scaler *s, int overflow);
+
 /* ---- the training loop ------------------------------------------------ */
 
 /* What the progress callback sees. */
@@ -97,6 +124,8 @@ typedef struct tk_progress {
     int64_t step, total_steps;  /* optimizer steps done / planned */
     float loss;                 /* mean loss of the last log_every steps */
     float lr, grad_norm;
+    float loss_scale;           /* fp16: current loss scale; 1 otherwise */
+    int64_t skipped_steps;      /* fp16: steps skipped for overflow so far */
     double samples_per_s;       /* over the current epoch */
     double eta_s;               /* seconds left, at the current rate */
     size_t allocated, peak, reserved, capacity;
@@ -128,7 +157,9 @@ typedef struct tk_train_callbacks {
 
 typedef struct tk_train_result {
     tk_status status;
-    int64_t steps;              /* optimizer steps done */
+    int64_t steps;              /* optimizer updates applied (skipped steps excluded) */
+    int64_t skipped_steps;      /* fp16: steps skipped for a gradient overflow */
+    float loss_scale;           /* fp16: the loss scale at the end; 1 otherwise */
     int epochs_done;            /* complete epochs (evaluated) */
     int n_history;
     tk_epoch_stats *history;    /* n_history rows, owned (tk_train_result_clear) */

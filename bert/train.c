@@ -14,6 +14,11 @@
  *    them). On OOM the allocator's record is copied into the result.
  *  - A checkpoint is written only after a complete epoch, file by file
  *    atomically (tk_model_save_hf), so the last good one is never damaged.
+ *  - precision fp16 trains under a dynamic loss scale (tk_loss_scaler): a
+ *    step whose gradients overflowed changes nothing (weights, moments,
+ *    optimizer step count) but still counts as a loop step, so a run always
+ *    ends after total_steps. The scaler is host state only: the allocation
+ *    sequence is the one the planner replays.
  */
 #include <math.h>
 #include <stdio.h>
@@ -209,6 +214,32 @@ static tk_status evaluate(tk_model *m, const tk_batch *dev, int n_dev, tk_epoch_
     return st;
 }
 
+/* ---- fp16 loss scaling ------------------------------------------------ */
+
+void tk_loss_scaler_init(tk_loss_scaler *s, tk_precision p) {
+    memset(s, 0, sizeof *s);
+    s->enabled = p == TK_PREC_FP16;
+    s->scale = s->enabled ? TK_LOSS_SCALE_INIT : 1.0f;
+    s->growth_interval = TK_LOSS_SCALE_GROWTH_INTERVAL;
+}
+
+void tk_loss_scaler_update(tk_loss_scaler *s, int overflow) {
+    if (!s->enabled)
+        return;
+    if (overflow) {
+        s->skipped++;
+        s->good_steps = 0;
+        if (s->scale * 0.5f >= TK_LOSS_SCALE_MIN)
+            s->scale *= 0.5f;
+        return;
+    }
+    if (++s->good_steps >= s->growth_interval) {
+        s->good_steps = 0;
+        if (s->scale * 2.0f <= TK_LOSS_SCALE_MAX)
+            s->scale *= 2.0f;
+    }
+}
+
 /* ---- the loop --------------------------------------------------------- */
 
 static void fill_progress(tk_progress *p, tk_dev *d) {
@@ -224,10 +255,14 @@ static int cancelled(const tk_train_callbacks *cb) {
     return cb && cb->cancel && *cb->cancel;
 }
 
-/* One optimizer step over micro-batches order[g0..g1). */
+/* One optimizer step over micro-batches order[g0..g1). The gradients hold
+ * scale x the true gradient (fp16 loss scaling; scale 1 otherwise) and the
+ * optimizer unscales them; *skipped says the update was skipped for a
+ * non-finite gradient norm. */
 static tk_status train_group(tk_model *m, tk_adamw *opt, const tk_batch *train, const int *order,
-                             int g0, int g1, uint64_t *micro, float lr, double *loss_sum,
-                             int64_t *rows, float *gnorm, tk_err *err) {
+                             int g0, int g1, uint64_t *micro, float lr, float scale,
+                             double *loss_sum, int64_t *rows, float *gnorm, int *skipped,
+                             tk_err *err) {
     tk_status st = tk_model_zero_grads(m, err);
     if (st != TK_OK)
         return st;
@@ -237,7 +272,8 @@ static tk_status train_group(tk_model *m, tk_adamw *opt, const tk_batch *train, 
     for (int j = g0; j < g1 && st == TK_OK; j++) {
         const tk_batch *b = &train[order[j]];
         float loss = 0;
-        st = tk_model_forward_backward(m, b, (*micro)++, (float)b->B / (float)total, &loss, NULL, err);
+        st = tk_model_forward_backward(m, b, (*micro)++, scale * ((float)b->B / (float)total), &loss,
+                                       NULL, err);
         if (st == TK_OK) {
             *loss_sum += (double)loss * b->B;
             *rows += b->B;
@@ -245,8 +281,7 @@ static tk_status train_group(tk_model *m, tk_adamw *opt, const tk_batch *train, 
     }
     if (st != TK_OK)
         return st;
-    int skipped = 0;
-    return tk_adamw_step(opt, lr, 1.0f, gnorm, &skipped, err);
+    return tk_adamw_step(opt, lr, 1.0f / scale, gnorm, skipped, err);
 }
 
 tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, int n_train,
@@ -308,6 +343,8 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
     double log_loss = 0;
     int64_t log_rows = 0;
     int oom_retried = 0;
+    tk_loss_scaler scaler;
+    tk_loss_scaler_init(&scaler, c->precision);
     for (int ep = 0; ep < epochs && step < total_steps; ep++) {
         double t_ep = now_s(), ep_loss = 0;
         int64_t ep_rows = 0;
@@ -325,7 +362,9 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
             float lr = tk_sched_lr(&sched, step);
             double lsum = 0;
             int64_t rows = 0;
-            st = train_group(m, opt, train, order, g0, g1, &micro, lr, &lsum, &rows, &gnorm, err);
+            int skipped = 0;
+            st = train_group(m, opt, train, order, g0, g1, &micro, lr, scaler.scale, &lsum, &rows, &gnorm,
+                             &skipped, err);
             if (st == TK_EOOM && c->empty_cache == TK_EMPTY_ON_OOM && !oom_retried) {
                 /* The policy users apply by hand: release the cache, redo the
                  * whole step once (its gradients are zeroed again). */
@@ -333,10 +372,12 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
                 tk_alloc_empty_cache(a);
                 lsum = 0;
                 rows = 0;
-                st = train_group(m, opt, train, order, g0, g1, &micro, lr, &lsum, &rows, &gnorm, err);
+                st = train_group(m, opt, train, order, g0, g1, &micro, lr, scaler.scale, &lsum, &rows,
+                                 &gnorm, &skipped, err);
             }
             if (st != TK_OK)
                 goto out;
+            tk_loss_scaler_update(&scaler, skipped);
             step++;
             ep_loss += lsum;
             ep_rows += rows;
@@ -352,6 +393,7 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
                     .epoch = ep + 1, .epochs = epochs, .step = step, .total_steps = total_steps,
                     .loss = log_rows ? (float)(log_loss / (double)log_rows) : 0.0f,
                     .lr = lr, .grad_norm = gnorm,
+                    .loss_scale = scaler.scale, .skipped_steps = scaler.skipped,
                     .samples_per_s = el > 0 ? (double)ep_rows / el : 0,
                     .eta_s = el_run / (double)step * (double)(total_steps - step),
                 };
@@ -396,6 +438,8 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
 
 out:
     r->steps = tk_adamw_steps(opt);
+    r->skipped_steps = scaler.skipped;
+    r->loss_scale = scaler.scale;
     if (st == TK_EOOM) {
         const tk_oom *o = tk_dev_last_oom(d);
         if (o) {

@@ -50,6 +50,8 @@ typedef struct cpu_ctx {
     size_t gemm_scratch_n;
 } cpu_ctx;
 
+int tk_cpu_ctx_threads(void *ctx) { return ((cpu_ctx *)ctx)->nt; }
+
 void *tk_cpu_ctx_new(const tk_dev_opts *opts) {
     cpu_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
@@ -1192,6 +1194,8 @@ static const tk_backend cpu_backend = {
     .sumsq = cpu_sumsq,
     .adamw = cpu_adamw,
     .adamw8 = cpu_adamw8,
+    .attention_fwd = tk_cpu_attention_fwd,
+    .attention_bwd = tk_cpu_attention_bwd,
 };
 
 const tk_backend *tk_backend_cpu(void) { return &cpu_backend; }

@@ -20,6 +20,10 @@
  *    tanh 4 / 3, dropout 2, softmax 9 / 5 per element, layernorm 8 / 14,
  *    cross-entropy 7 / 8 per logit, AdamW 18 and 8-bit AdamW 30 per
  *    parameter, sum of squares 2, bias grad and scatter-add 1.
+ *  - fused attention per (sequence, head): forward 4*T*T*HS (q k^T and P v)
+ *    + 9*T*T (softmax) (+ 2*T*T dropout); backward 10*T*T*HS (q k^T again,
+ *    dout v^T, P^T dout, dS k, dS^T q) + 8*T*T (+ 2*T*T dropout). Bytes: its
+ *    tensors once each — the (T,T) matrix never goes to memory.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -455,4 +459,67 @@ tk_status tk_op_adamw8(tk_dev *d, tk_tensor *param, const tk_tensor *grad,
     TRY(arg(d, op, "vscale", vscale, M_F32, nb, 0));
     charge(d, 30.0 * n, (double)n * (8.0 + sz(grad) + 4.0) + 16.0 * nb);
     DISPATCH(adamw8, param, grad, m, mscale, v, vscale, n, hp);
+}
+
+/* ---- fused attention ---------------------------------------------------- */
+
+/* Shared checks of the fused attention ops; n = B*NH*T*HS. */
+static tk_status attn_args(tk_dev *d, const char *op, int64_t B, int64_t NH, int64_t T, int64_t HS,
+                           float p, const tk_tensor *mask, const tk_tensor *lse) {
+    TRY(sizes(d, op, 4, LL(B), LL(NH), LL(T), LL(HS)));
+    TRY(check_p(d, op, p));
+    TRY(arg(d, op, "mask", mask, M_I32, smul(B, T), 1));
+    return arg(d, op, "lse", lse, M_F32, smul(smul(B, NH), T), 0);
+}
+
+/* A real device without the op cannot run it (meta only counts). */
+static tk_status attn_missing(tk_dev *d, const char *op) {
+    if (tk_dev_kind_of(d) == TK_DEV_META) return TK_OK;
+    return fail(d, op, "the %s backend has no fused attention kernel; use attention: standard",
+                d->be->name);
+}
+
+tk_status tk_op_attention_fwd(tk_dev *d, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
+                              const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
+                              int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,
+                              uint64_t seed, uint64_t offset) {
+    const char *op = "attention_fwd";
+    DEV_OK();
+    TRY(attn_args(d, op, B, NH, T, HS, p, mask, lse));
+    int64_t n = smul(smul(B, NH), smul(T, HS));
+    TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    TRY(arg(d, op, "q", q, M_FLT, n, 0));
+    TRY(arg(d, op, "k", k, M_FLT, n, 0));
+    TRY(arg(d, op, "v", v, M_FLT, n, 0));
+    if (!d->be->attention_fwd) TRY(attn_missing(d, op));
+    double bh = (double)B * NH, tt = (double)T * T;
+    charge(d, bh * (4.0 * tt * HS + 9.0 * tt + (p > 0 ? 2.0 * tt : 0)),
+           (double)n * (sz(q) + sz(k) + sz(v) + sz(out)) + 4.0 * bh * T + (mask ? 4.0 * B * T : 0));
+    DISPATCH(attention_fwd, out, lse, q, k, v, mask, B, NH, T, HS, scale, p, seed, offset);
+}
+
+tk_status tk_op_attention_bwd(tk_dev *d, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
+                              const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
+                              const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
+                              const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, int64_t HS,
+                              float scale, float p, uint64_t seed, uint64_t offset) {
+    const char *op = "attention_bwd";
+    DEV_OK();
+    TRY(attn_args(d, op, B, NH, T, HS, p, mask, lse));
+    int64_t n = smul(smul(B, NH), smul(T, HS));
+    TRY(arg(d, op, "dq", dq, M_FLT, n, 0));
+    TRY(arg(d, op, "dk", dk, M_FLT, n, 0));
+    TRY(arg(d, op, "dv", dv, M_FLT, n, 0));
+    TRY(arg(d, op, "dout", dout, M_FLT, n, 0));
+    TRY(arg(d, op, "q", q, M_FLT, n, 0));
+    TRY(arg(d, op, "k", k, M_FLT, n, 0));
+    TRY(arg(d, op, "v", v, M_FLT, n, 0));
+    TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    if (!d->be->attention_bwd) TRY(attn_missing(d, op));
+    double bh = (double)B * NH, tt = (double)T * T;
+    charge(d, bh * (10.0 * tt * HS + 8.0 * tt + (p > 0 ? 2.0 * tt : 0)),
+           (double)n * (sz(dq) + sz(dk) + sz(dv) + sz(dout) + sz(q) + sz(k) + sz(v) + sz(out)) +
+               4.0 * bh * T + (mask ? 4.0 * B * T : 0));
+    DISPATCH(attention_bwd, dq, dk, dv, dout, q, k, v, out, lse, mask, B, NH, T, HS, scale, p, seed,
+             offset);
 }

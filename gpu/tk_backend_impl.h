@@ -85,11 +85,34 @@ typedef struct tk_backend {
     tk_status (*adamw8)(void *ctx, tk_tensor *param, const tk_tensor *grad,
                         tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
                         int64_t n, const tk_adamw_hp *hp);
+    /* optional: a backend without them cannot run attention: fused */
+    tk_status (*attention_fwd)(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
+                               const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
+                               int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,
+                               uint64_t seed, uint64_t offset);
+    tk_status (*attention_bwd)(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
+                               const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
+                               const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
+                               const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, int64_t HS,
+                               float scale, float p, uint64_t seed, uint64_t offset);
 } tk_backend;
 
 /* The host backend (OpenBLAS + OpenMP). ctx from tk_cpu_ctx_new. */
 const tk_backend *tk_backend_cpu(void);
 void *tk_cpu_ctx_new(const tk_dev_opts *opts);
+
+/* The cpu backend's thread count (ctx from tk_cpu_ctx_new), and its fused
+ * attention (gpu/cpu_attention.c), registered in the cpu table. */
+int tk_cpu_ctx_threads(void *ctx);
+tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
+                               const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
+                               int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,
+                               uint64_t seed, uint64_t offset);
+tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
+                               const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
+                               const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
+                               const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, int64_t HS,
+                               float scale, float p, uint64_t seed, uint64_t offset);
 
 /* The counting backend: no data, fake addresses, NULL ops. */
 const tk_backend *tk_backend_meta(void);

@@ -370,6 +370,29 @@ tk_status tk_op_scatter_add_rows(tk_dev *d, tk_tensor *din, const tk_tensor *dou
  * out when accumulate != 0. Also reports non-finite values via the sum. */
 tk_status tk_op_sumsq(tk_dev *d, tk_tensor *out, const tk_tensor *x, int64_t n, int accumulate);
 
+/* Memory-efficient ("fused") attention for B sequences, NH heads, T
+ * positions, head size HS: out = dropout(softmax(scale * q k^T + maskbias)) v
+ * with maskbias as tk_op_softmax_fwd's (mask i32 [B,T], may be NULL).
+ * q, k, v, out, dout, dq, dk, dv: (B, NH, T, HS), any float dtype,
+ * arithmetic in f32. The (T,T) probabilities are never stored: forward keeps
+ * only out and lse (f32 [B*NH*T], each row's log-sum-exp of its scaled,
+ * masked scores); backward rebuilds each probability from q, k and lse
+ * (FlashAttention's recurrence: dS = P * (dP - rowsum(dout * out))). Dropout
+ * (p > 0) on the probabilities uses the tk_op_dropout generator with element
+ * index offset + ((b*NH + h)*T + i)*T + j — the mask standard attention gets
+ * from tk_op_dropout_fwd over the (B,NH,T,T) probabilities at that offset.
+ * dq, dk, dv are overwritten. No backend must provide them: a device whose
+ * backend lacks them fails with TK_EINVAL (meta counts costs only). */
+tk_status tk_op_attention_fwd(tk_dev *d, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
+                              const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
+                              int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,
+                              uint64_t seed, uint64_t offset);
+tk_status tk_op_attention_bwd(tk_dev *d, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
+                              const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
+                              const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
+                              const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, int64_t HS,
+                              float scale, float p, uint64_t seed, uint64_t offset);
+
 /* AdamW (decoupled weight decay, bias-corrected). param f32 master; grad any
  * float dtype, multiplied by grad_scale first; m, v f32. step >= 1. */
 typedef struct tk_adamw_hp {

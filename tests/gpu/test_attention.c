@@ -1,0 +1,263 @@
+/* test_attention.c — fused attention (tk_op_attention_fwd/bwd) against
+ * standard attention built from the existing ops (batched GEMMs,
+ * softmax_fwd/bwd, dropout_fwd/bwd) on the cpu device:
+ *  - fp32, with and without dropout, with padded keys and a sequence whose
+ *    keys are all masked: out, dq, dk, dv within 1e-5 (absolute, values O(1));
+ *  - bf16 inputs/outputs against the fp32 reference within one bf16 ulp at 1;
+ *  - meta counts the op's cost without data, and the fused forward keeps
+ *    B*NH*T lse floats where standard keeps B*NH*T*T probabilities;
+ *  - bad arguments are refused with a message naming the tensor. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tk_gpu.h"
+#include "tk_test.h"
+
+enum { B = 3, NH = 2, T = 37, HS = 16 };
+#define N ((int64_t)B * NH * T * HS)
+#define NP ((int64_t)B * NH * T * T)
+
+static tk_dev *dev_of(tk_dev_kind kind) {
+    tk_dev_opts o = { .kind = kind, .threads = 2 };
+    tk_err e = { 0 };
+    tk_dev *d = tk_dev_new(&o, &e);
+    TK_CHECK_MSG(d != NULL, "%s", e.msg);
+    return d;
+}
+
+static void alloc(tk_dev *d, tk_tensor *t, tk_dtype dt, int64_t n, const float *init) {
+    tk_err e = { 0 };
+    TK_CHECK(tk_tensor_alloc(d, t, dt, 1, &n, TK_CAT_TEMP, "test", &e) == TK_OK);
+    if (init) TK_CHECK(tk_tensor_write_f32(d, t, init, &e) == TK_OK);
+}
+
+static float *rnd(int64_t n, uint64_t seed, float amp) {
+    float *x = malloc((size_t)n * sizeof *x);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = amp * ((float)(s >> 40) / 16777216.0f * 2.0f - 1.0f);
+    }
+    return x;
+}
+
+static float *readf(tk_dev *d, const tk_tensor *t) {
+    float *h = malloc((size_t)tk_tensor_numel(t) * sizeof *h);
+    tk_err e = { 0 };
+    TK_CHECK(tk_tensor_read_f32(d, t, h, &e) == TK_OK);
+    return h;
+}
+
+static double maxdiff(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - (double)b[i]);
+        if (!(x <= m)) m = x; /* NaN wins */
+    }
+    return m;
+}
+
+typedef struct {
+    float *out, *dq, *dk, *dv;
+} grads;
+
+static void grads_free(grads *g) {
+    free(g->out);
+    free(g->dq);
+    free(g->dk);
+    free(g->dv);
+}
+
+/* Host inputs shared by both paths. */
+typedef struct {
+    float *q, *k, *v, *dout;
+    int32_t mask[B * T];
+} inputs;
+
+static void inputs_make(inputs *in) {
+    in->q = rnd(N, 1, 1.0f);
+    in->k = rnd(N, 2, 1.0f);
+    in->v = rnd(N, 3, 1.0f);
+    in->dout = rnd(N, 4, 1.0f);
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < T; j++)
+            /* seq 0 all kept, seq 1 the last 12 keys padded, seq 2 all masked */
+            in->mask[b * T + j] = b == 0 ? 1 : b == 1 ? j < T - 12 : 0;
+}
+
+/* Standard attention from the existing ops: scores = q k^T (per head),
+ * P = softmax(scale*scores + mask), Pd = dropout(P), out = Pd v; backward
+ * through the same ops. */
+static grads standard(tk_dev *d, const inputs *in, float scale, float p, uint64_t seed, uint64_t off) {
+    tk_tensor q, k, v, S, P, Pd, o, go, dPd, dP, dS, dq, dk, dv, m;
+    memset(&m, 0, sizeof m);
+    alloc(d, &q, TK_F32, N, in->q);
+    alloc(d, &k, TK_F32, N, in->k);
+    alloc(d, &v, TK_F32, N, in->v);
+    alloc(d, &go, TK_F32, N, in->dout);
+    int64_t nm = B * T;
+    tk_err e = { 0 };
+    TK_CHECK(tk_tensor_alloc(d, &m, TK_I32, 1, &nm, TK_CAT_TEMP, "test", &e) == TK_OK);
+    TK_CHECK(tk_tensor_write(d, &m, in->mask, &e) == TK_OK);
+    alloc(d, &S, TK_F32, NP, NULL);
+    alloc(d, &P, TK_F32, NP, NULL);
+    alloc(d, &Pd, TK_F32, NP, NULL);
+    alloc(d, &o, TK_F32, N, NULL);
+    alloc(d, &dPd, TK_F32, NP, NULL);
+    alloc(d, &dP, TK_F32, NP, NULL);
+    alloc(d, &dS, TK_F32, NP, NULL);
+    alloc(d, &dq, TK_F32, N, NULL);
+    alloc(d, &dk, TK_F32, N, NULL);
+    alloc(d, &dv, TK_F32, N, NULL);
+    const int64_t BH = B * NH, TH = T * HS, TT = T * T;
+    TK_CHECK(tk_op_gemm(d, &S, &q, &k, NULL, 0, 1, T, T, HS, BH, TH, TH, TT, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_softmax_fwd(d, &P, &S, &m, B, NH, T, scale) == TK_OK);
+    TK_CHECK(tk_op_dropout_fwd(d, &Pd, NULL, &P, NP, p, seed, off) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &o, &Pd, &v, NULL, 0, 0, T, HS, T, BH, TT, TH, TH, 1.0f, 0.0f) == TK_OK);
+    /* dPd = dout v^T; dv = Pd^T dout; dP = dropout_bwd(dPd); dS = softmax_bwd */
+    TK_CHECK(tk_op_gemm(d, &dPd, &go, &v, NULL, 0, 1, T, T, HS, BH, TH, TH, TT, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &dv, &Pd, &go, NULL, 1, 0, T, HS, T, BH, TT, TH, TH, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_dropout_bwd(d, &dP, &dPd, NP, p, seed, off) == TK_OK);
+    TK_CHECK(tk_op_softmax_bwd(d, &dS, &P, &dP, BH * T, T, scale) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &dq, &dS, &k, NULL, 0, 0, T, HS, T, BH, TT, TH, TH, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &dk, &dS, &q, NULL, 1, 0, T, HS, T, BH, TT, TH, TH, 1.0f, 0.0f) == TK_OK);
+    grads g = { readf(d, &o), readf(d, &dq), readf(d, &dk), readf(d, &dv) };
+    tk_tensor *all[] = { &q, &k, &v, &S, &P, &Pd, &o, &go, &dPd, &dP, &dS, &dq, &dk, &dv, &m };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tk_tensor_free(d, all[i]);
+    return g;
+}
+
+static grads fused(tk_dev *d, const inputs *in, tk_dtype dt, float scale, float p, uint64_t seed,
+                   uint64_t off) {
+    tk_tensor q, k, v, o, go, lse, dq, dk, dv, m;
+    alloc(d, &q, dt, N, in->q);
+    alloc(d, &k, dt, N, in->k);
+    alloc(d, &v, dt, N, in->v);
+    alloc(d, &go, dt, N, in->dout);
+    alloc(d, &o, dt, N, NULL);
+    alloc(d, &lse, TK_F32, B * NH * T, NULL);
+    alloc(d, &dq, dt, N, NULL);
+    alloc(d, &dk, dt, N, NULL);
+    alloc(d, &dv, dt, N, NULL);
+    int64_t nm = B * T;
+    tk_err e = { 0 };
+    TK_CHECK(tk_tensor_alloc(d, &m, TK_I32, 1, &nm, TK_CAT_TEMP, "test", &e) == TK_OK);
+    TK_CHECK(tk_tensor_write(d, &m, in->mask, &e) == TK_OK);
+    TK_CHECK(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, &m, B, NH, T, HS, scale, p, seed, off) == TK_OK);
+    TK_CHECK(tk_op_attention_bwd(d, &dq, &dk, &dv, &go, &q, &k, &v, &o, &lse, &m, B, NH, T, HS, scale, p,
+                                 seed, off) == TK_OK);
+    grads g = { readf(d, &o), readf(d, &dq), readf(d, &dk), readf(d, &dv) };
+    tk_tensor *all[] = { &q, &k, &v, &o, &go, &lse, &dq, &dk, &dv, &m };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tk_tensor_free(d, all[i]);
+    return g;
+}
+
+static void compare(const char *what, const grads *a, const grads *b, double tol) {
+    double d[4] = { maxdiff(a->out, b->out, N), maxdiff(a->dq, b->dq, N), maxdiff(a->dk, b->dk, N),
+                    maxdiff(a->dv, b->dv, N) };
+    const char *nm[4] = { "out", "dq", "dk", "dv" };
+    fprintf(stderr, "  %s: max |diff| out %.2g dq %.2g dk %.2g dv %.2g\n", what, d[0], d[1], d[2], d[3]);
+    for (int i = 0; i < 4; i++)
+        TK_CHECK_MSG(d[i] <= tol, "%s: %s differs by %g (tolerance %g)", what, nm[i], d[i], tol);
+}
+
+static void test_matches_standard_f32(void) {
+    tk_dev *d = dev_of(TK_DEV_CPU);
+    inputs in;
+    inputs_make(&in);
+    const float scale = 1.0f / sqrtf((float)HS);
+    const float ps[2] = { 0.0f, 0.1f };
+    for (int i = 0; i < 2; i++) {
+        grads s = standard(d, &in, scale, ps[i], 77, 1000);
+        grads f = fused(d, &in, TK_F32, scale, ps[i], 77, 1000);
+        compare(ps[i] > 0 ? "fp32, dropout 0.1" : "fp32, no dropout", &f, &s, 1e-5);
+        /* the fully masked sequence attends uniformly; padded keys get nothing */
+        double mdv = 0;
+        for (int j = T - 12; j < T; j++)
+            for (int h = 0; h < NH; h++)
+                for (int c = 0; c < HS; c++)
+                    mdv = fmax(mdv, fabs(f.dv[((int64_t)(1 * NH + h) * T + j) * HS + c]));
+        TK_CHECK_MSG(mdv == 0.0, "padded keys got gradient %g", mdv);
+        grads_free(&s);
+        grads_free(&f);
+    }
+    /* A different dropout offset draws a different mask. */
+    grads a = fused(d, &in, TK_F32, scale, 0.1f, 77, 1000), b = fused(d, &in, TK_F32, scale, 0.1f, 77, 5);
+    TK_CHECK(maxdiff(a.out, b.out, N) > 1e-3);
+    grads_free(&a);
+    grads_free(&b);
+    free(in.q);
+    free(in.k);
+    free(in.v);
+    free(in.dout);
+    tk_alloc_stats st;
+    tk_alloc_stats_get(tk_dev_alloc(d), &st);
+    TK_CHECK_EQ_INT(st.allocated, 0);
+    tk_dev_destroy(&d);
+}
+
+/* 16-bit storage, f32 arithmetic: bf16 inputs (rounded) against the f32
+ * reference on the same rounded inputs; outputs carry bf16's 8-bit
+ * significand (relative 2^-8 of values O(1)). */
+static void test_bf16(void) {
+    tk_dev *d = dev_of(TK_DEV_CPU);
+    inputs in;
+    inputs_make(&in);
+    float *arrs[4] = { in.q, in.k, in.v, in.dout };
+    for (int a = 0; a < 4; a++)
+        for (int64_t i = 0; i < N; i++)
+            arrs[a][i] = tk_bf16_to_f32(tk_f32_to_bf16(arrs[a][i]));
+    const float scale = 0.25f;
+    grads s = standard(d, &in, scale, 0.1f, 3, 0);
+    grads f = fused(d, &in, TK_BF16, scale, 0.1f, 3, 0);
+    compare("bf16", &f, &s, 8e-3); /* one bf16 ulp at 1; measured 1.5e-3 */
+    grads_free(&s);
+    grads_free(&f);
+    for (int a = 0; a < 4; a++)
+        free(arrs[a]);
+    tk_dev_destroy(&d);
+}
+
+/* Meta: no data touched, the op's cost counted; memory of what is kept for
+ * backward: lse (B*NH*T f32) instead of the probabilities (B*NH*T*T). */
+static void test_meta_cost(void) {
+    tk_dev *d = dev_of(TK_DEV_META);
+    tk_tensor q, k, v, o, lse;
+    alloc(d, &q, TK_F16, N, NULL);
+    alloc(d, &k, TK_F16, N, NULL);
+    alloc(d, &v, TK_F16, N, NULL);
+    alloc(d, &o, TK_F16, N, NULL);
+    alloc(d, &lse, TK_F32, B * NH * T, NULL);
+    tk_dev_cost_reset(d);
+    TK_CHECK(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, NULL, B, NH, T, HS, 0.25f, 0.0f, 0, 0) == TK_OK);
+    tk_cost c;
+    tk_dev_cost_get(d, &c);
+    double bh = (double)B * NH, tt = (double)T * T;
+    TK_CHECK_NEAR(c.flops, bh * (4.0 * tt * HS + 9.0 * tt), 1.0);
+    TK_CHECK_NEAR(c.bytes, 4.0 * N * 2 + 4.0 * bh * T, 1.0);
+    TK_CHECK(tk_tensor_nbytes(&lse) * T == (size_t)NP * 4);
+    /* a missing lse is refused, named, and costs nothing */
+    tk_dev_cost_reset(d);
+    TK_CHECK_EQ_INT(tk_op_attention_fwd(d, &o, NULL, &q, &k, &v, NULL, B, NH, T, HS, 0.25f, 0.0f, 0, 0),
+                    TK_EINVAL);
+    TK_CHECK(strstr(tk_dev_last_err(d)->msg, "attention_fwd: lse is missing") != NULL);
+    TK_CHECK_EQ_INT(tk_op_attention_bwd(d, &q, &k, &v, &o, &q, &k, &v, &o, &lse, NULL, B, NH, T + 1, HS,
+                                        0.25f, 0.0f, 0, 0), TK_EINVAL);
+    TK_CHECK(strstr(tk_dev_last_err(d)->msg, "elements") != NULL);
+    tk_dev_cost_get(d, &c);
+    TK_CHECK(c.flops == 0);
+    tk_tensor *all[] = { &q, &k, &v, &o, &lse };
+    for (size_t i = 0; i < 5; i++)
+        tk_tensor_free(d, all[i]);
+    tk_dev_destroy(&d);
+}
+
+int main(void) {
+    TK_RUN(test_matches_standard_f32);
+    TK_RUN(test_bf16);
+    TK_RUN(test_meta_cost);
+    return tk_test_done();
+}

@@ -17,6 +17,9 @@
  * dropped-out copy is regenerated in backward); GELU's output is recomputed
  * from its input in backward rather than kept; layers whose parameters and
  * inputs need no gradient (frozen prefix) run as in eval, keeping nothing.
+ * attention: fused runs tk_op_attention_fwd/bwd, which keep only a per-row
+ * log-sum-exp (B,NH,T) instead of the (B,NH,T,T) probabilities; recompute:
+ * attention keeps nothing and rebuilds the probabilities chunk by chunk.
  */
 #include "tk_model.h"
 #include "tk_safetensors.h"
@@ -116,8 +119,22 @@ static tk_status check_opts(const tk_model_opts *o, tk_err *err) {
     return TK_OK;
 }
 
+/* attention: fused needs the backend's fused attention op; ask it with an
+ * empty call (the wrapper refuses when the backend has none), so a device
+ * that cannot run the config says so at model creation, not mid-step. */
+static tk_status check_backend(tk_dev *dev, const tk_model_opts *o, tk_err *err) {
+    if (o->attention != TK_ATTN_FUSED) return TK_OK;
+    tk_tensor z;
+    memset(&z, 0, sizeof z);
+    if (tk_op_attention_fwd(dev, &z, &z, &z, &z, &z, NULL, 0, 0, 0, 0, 1.0f, 0.0f, 0, 0) == TK_OK)
+        return TK_OK;
+    tk_err_set(err, TK_EINVAL, "model: attention: fused is not available here (%s)",
+               tk_dev_last_err(dev)->msg);
+    return TK_EINVAL;
+}
+
 tk_model *tk_model_new(tk_dev *dev, const tk_model_opts *opts, tk_err *err) {
-    if (check_opts(opts, err) != TK_OK) return NULL;
+    if (check_opts(opts, err) != TK_OK || check_backend(dev, opts, err) != TK_OK) return NULL;
     tk_model *m = calloc(1, sizeof *m);
     if (!m) {
         tk_err_set(err, TK_EINVAL, "model: out of host memory");
@@ -507,6 +524,7 @@ tk_status tk_model_save_hf(tk_model *m, const char *dir, tk_err *err) {
 typedef struct lacts {
     tk_tensor qh, kh, vh;     /* (Bs,NH,T,HS) */
     tk_tensor probs;          /* (Bs,NH,T,T) softmax output, before dropout */
+    tk_tensor lse;            /* fused: (Bs,NH,T) f32 log-sum-exp per query row */
     tk_tensor ctx;            /* (N,H) merged context */
     tk_tensor r1, mean1, rstd1, a1; /* attention residual sum, its LN stats and output */
     tk_tensor u;              /* (N,I) intermediate before GELU */
@@ -660,17 +678,21 @@ static tk_status embeddings_fwd(step *S, const tk_batch *b, int keep) {
     return TK_OK;
 }
 
+/* attention: fused — the fused op, no (T,T) matrix in this file's hands. */
+static int fused(const tk_model *m) { return m->o.attention == TK_ATTN_FUSED; }
+
 /* Whether backward finds the attention probabilities kept (standard), or
  * rebuilds them from Q and K (recompute: attention, fused attention). */
 static int keeps_probs(const tk_model *m) {
     return m->o.attention == TK_ATTN_STANDARD && m->o.recompute != TK_RECOMPUTE_ATTENTION;
 }
 
-/* Sequences per attention chunk: all of them, or for fused attention as many
- * as keep one chunk's (NH,T,T) scores within attn_chunk_bytes (default 4 MiB;
- * at least one sequence). Depends on shapes only, so meta plans the same. */
+/* Sequences per attention chunk: all of them when the probabilities are
+ * kept, else (recompute: attention) as many as keep one chunk's (NH,T,T)
+ * scores within attn_chunk_bytes (default 4 MiB; at least one sequence).
+ * Depends on shapes only, so meta plans the same. */
 static int64_t attn_chunk(const step *S) {
-    if (S->m->o.attention != TK_ATTN_FUSED) return S->Bs;
+    if (keeps_probs(S->m)) return S->Bs;
     size_t budget = S->m->o.attn_chunk_bytes ? S->m->o.attn_chunk_bytes : (size_t)4 << 20;
     int64_t per = (int64_t)S->m->NH * S->T * S->T * 4, cs = (int64_t)budget / per;
     return cs < 1 ? 1 : cs > S->Bs ? S->Bs : cs;
@@ -710,17 +732,25 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in)
         TRY(tk_op_split_heads(S->d, qkv[j], &s->tmp, Bs, T, NH, HS));
     }
     fr(S, &s->tmp);
-    /* Attention over chunks of cs sequences (all at once unless fused):
+    if (fused(m)) {
+        /* ctx = dropout(P) V without P: only the per-row lse is kept */
+        TRY(al(S, &A->lse, TK_F32, 3, Bs, NH, T, 0, ca, own[OSELF]));
+        TRY(al(S, &s->ctxh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
+        TRY(tk_op_attention_fwd(S->d, &s->ctxh, &A->lse, &A->qh, &A->kh, &A->vh, &s->mask, Bs, NH, T,
+                                HS, 1.0f / sqrtf((float)HS), pa, S->seed, doff(l, SITE_PROBS)));
+        if (!keep) fr(S, &A->lse);
+    }
+    /* Attention over chunks of cs sequences (all at once unless recomputed):
      * P = softmax(Q K^T / sqrt(HS) + mask), computed in place over the
      * scores; ctx = dropout(P) V. P is kept for backward only in the
      * standard mode; otherwise backward rebuilds it chunk by chunk. */
     const int kp = keep && keeps_probs(m);
     const int64_t cs = attn_chunk(S), PP = NH * T * T, PH = NH * T * HS;
     if (kp) TRY(al(S, &A->probs, S->adt, 4, Bs, NH, T, T, TK_CAT_ACT, own[OSELF]));
-    TRY(al(S, &s->ctxh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
-    if (!kp) TRY(al(S, &s->pchunk, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    if (pa > 0) TRY(al(S, &s->probs_d, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    for (int64_t b0 = 0; b0 < Bs; b0 += cs) {
+    if (!fused(m)) TRY(al(S, &s->ctxh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
+    if (!kp && !fused(m)) TRY(al(S, &s->pchunk, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    if (pa > 0 && !fused(m)) TRY(al(S, &s->probs_d, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    for (int64_t b0 = 0; b0 < Bs && !fused(m); b0 += cs) {
         const int64_t nb = Bs - b0 < cs ? Bs - b0 : cs;
         tk_tensor P = kp ? tk_tensor_view(&A->probs, b0 * PP, nb * PP)
                          : tk_tensor_view(&s->pchunk, 0, nb * PP);
@@ -853,6 +883,11 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
     TRY(alf(S, &s->dr, N, H, TK_CAT_TEMP, own[OAO]));
     TRY(linear_bwd(S, &s->dr, dO, &A->ctx, w + LAOW, N, H, H, 0));
     fr(S, &s->dtmp);
+    if (fused(m)) {
+        /* the fused backward reads the attention output, head-split */
+        TRY(al(S, &s->ctxh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
+        TRY(tk_op_split_heads(d, &s->ctxh, &A->ctx, Bs, T, NH, HS));
+    }
     fr(S, &A->ctx);
     /* back to heads */
     TRY(al(S, &s->dbuf, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
@@ -867,10 +902,14 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
     TRY(al(S, &s->dvh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OV]));
     TRY(al(S, &s->dqh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OQ]));
     TRY(al(S, &s->dkh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OK_]));
-    if (!kp) TRY(al(S, &s->pchunk, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    if (pa > 0) TRY(al(S, &s->probs_d, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    TRY(al(S, &s->dprobs, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    for (int64_t b0 = 0; b0 < Bs; b0 += cs) {
+    if (fused(m))
+        TRY(tk_op_attention_bwd(d, &s->dqh, &s->dkh, &s->dvh, &s->dbuf, &A->qh, &A->kh, &A->vh, &s->ctxh,
+                                &A->lse, &s->mask, Bs, NH, T, HS, 1.0f / sqrtf((float)HS), pa, S->seed,
+                                doff(l, SITE_PROBS)));
+    if (!kp && !fused(m)) TRY(al(S, &s->pchunk, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    if (pa > 0 && !fused(m)) TRY(al(S, &s->probs_d, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    if (!fused(m)) TRY(al(S, &s->dprobs, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    for (int64_t b0 = 0; b0 < Bs && !fused(m); b0 += cs) {
         const int64_t nb = Bs - b0 < cs ? Bs - b0 : cs;
         tk_tensor P = kp ? tk_tensor_view(&A->probs, b0 * PP, nb * PP)
                          : tk_tensor_view(&s->pchunk, 0, nb * PP);
@@ -898,6 +937,8 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
     fr(S, &s->probs_d);
     fr(S, &s->pchunk);
     fr(S, &s->dbuf);
+    fr(S, &s->ctxh);
+    fr(S, &A->lse);
     fr(S, &A->probs);
     fr(S, &A->vh);
     fr(S, &A->kh);

@@ -82,8 +82,8 @@ typedef struct tk_model_opts {
     int max_len;           /* flatten_dense: the fixed sequence length L (its weight is [N, towers*L*H]) */
     tk_precision precision;/* fp32, or fp16/bf16: 16-bit activations and GEMM inputs, f32 masters and grads */
     tk_recompute recompute;/* none | layers (keep each layer's input, rebuild the rest in backward) */
-    tk_attention attention;/* standard | fused (chunked over sequences, probabilities rebuilt in backward) */
-    size_t attn_chunk_bytes; /* fused: bytes of scores per chunk (0 = 4 MiB; at least one sequence) */
+    tk_attention attention;/* standard | fused (tk_op_attention_*: keeps a per-row logsumexp, not the probabilities) */
+    size_t attn_chunk_bytes; /* recompute: attention: bytes of scores per chunk (0 = 4 MiB; at least one sequence) */
     int freeze_embeddings; /* 1: embeddings get no gradient */
     int freeze_layers;     /* the first N encoder layers get no gradient */
     uint64_t seed;         /* random init and dropout */
@@ -113,7 +113,9 @@ typedef struct tk_param {
  * a fixed order: embeddings, layers 0..L-1, pooler, head. Weights are
  * uninitialised until tk_model_init_random or tk_model_load_hf. `dev` is
  * borrowed and must outlive the model. New reference; NULL on error (an OOM
- * leaves tk_dev_last_oom set and frees what was allocated). */
+ * leaves tk_dev_last_oom set and frees what was allocated). attention: fused
+ * on a device whose backend has no fused attention op is refused here
+ * (TK_EINVAL, the message says to use attention: standard). */
 tk_model *tk_model_new(tk_dev *dev, const tk_model_opts *opts, tk_err *err);
 void tk_model_destroy(tk_model **pm);
 

@@ -84,6 +84,7 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
                                int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,
                                uint64_t seed, uint64_t offset) {
     const int64_t BH = B * NH, TH = T * HS;
+    if (BH == 0 || T == 0) return TK_OK;
     const int32_t *mk = mask ? mask->data : NULL;
     const uint64_t key = tk_dropout_key(seed);
     const float keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -138,6 +139,7 @@ tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tenso
                                const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, int64_t HS,
                                float scale, float p, uint64_t seed, uint64_t offset) {
     const int64_t BH = B * NH, TH = T * HS;
+    if (BH == 0 || T == 0) return TK_OK;
     const int32_t *mk = mask ? mask->data : NULL;
     const uint64_t key = tk_dropout_key(seed);
     const float keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;

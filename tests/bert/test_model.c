@@ -421,7 +421,7 @@ static void test_meta_equals_cpu(void) {
         if (variant == 4) o.freeze_layers = 2, o.dims.attn_dropout = 0;
         if (variant == 5) o.recompute = TK_RECOMPUTE_LAYERS;
         if (variant == 6) o.recompute = TK_RECOMPUTE_LAYERS, o.freeze_layers = 1, o.head = TK_HEAD_SPAN;
-        if (variant == 7) o.attention = TK_ATTN_FUSED, o.attn_chunk_bytes = 2048;
+        if (variant == 7) o.attention = TK_ATTN_FUSED;
         if (variant == 8) o.recompute = TK_RECOMPUTE_ATTENTION;
         if (variant == 9) o.precision = TK_PREC_FP16, o.head = TK_HEAD_SPAN;
         if (variant == 10) o.precision = TK_PREC_BF16, o.attention = TK_ATTN_FUSED, o.freeze_embeddings = 1;
@@ -524,9 +524,10 @@ static void test_recompute(void) {
     }
 }
 
-/* Fused (chunked) attention and recompute: attention match the standard
- * path forward and backward (1e-5 relative), and keep less. Chunks of one
- * and of two sequences (B*towers = 3 does not divide by 2). */
+/* Fused attention (tk_op_attention_*) and recompute: attention match the
+ * standard path forward and backward (1e-5 relative), and keep less.
+ * recompute: attention in chunks of two and of one sequence (B*towers = 3
+ * does not divide by 2). */
 static void test_attention_modes(void) {
     const tk_head_kind heads[2] = {TK_HEAD_POOLED, TK_HEAD_FLATTEN_DENSE};
     for (int hk = 0; hk < 2; hk++) {
@@ -538,9 +539,9 @@ static void test_attention_modes(void) {
             tk_dev *d = dev_new(TK_DEV_CPU);
             if (!d) return;
             tk_model_opts o = tiny_opts(heads[hk]);
-            if (mode == 1) o.attention = TK_ATTN_FUSED, o.attn_chunk_bytes = 1;
-            if (mode == 2) o.attention = TK_ATTN_FUSED, o.attn_chunk_bytes = 2 * 4 * 8 * 8 * 4;
-            if (mode == 3) o.recompute = TK_RECOMPUTE_ATTENTION;
+            if (mode == 1) o.attention = TK_ATTN_FUSED;
+            if (mode == 2) o.recompute = TK_RECOMPUTE_ATTENTION, o.attn_chunk_bytes = 2 * 4 * 8 * 8 * 4;
+            if (mode == 3) o.recompute = TK_RECOMPUTE_ATTENTION, o.attn_chunk_bytes = 1;
             tk_err e = {0};
             tk_model *m = tk_model_new(d, &o, &e);
             TK_CHECK_MSG(m && tk_model_init_random(m, 11, &e) == TK_OK, "%s", e.msg);

@@ -198,6 +198,13 @@ tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result 
     tk_status st = tk_model_opts_from_config(&mo, c, err);
     if (st != TK_OK)
         return st;
+    /* The cuda backend has no fused attention kernel yet (the model refuses
+     * the config there), so a plan for it must not promise the saving. */
+    if (c->attention == TK_ATTN_FUSED && c->device == TK_DEVICE_CUDA) {
+        tk_err_set(err, TK_EINVAL, "plan: attention: fused is not available on device: cuda yet; "
+                   "use attention: standard (recompute: attention also avoids keeping the probabilities)");
+        return TK_EINVAL;
+    }
 
     const tk_gpu_profile *prof = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
     if (c->gpu[0] && !prof) {

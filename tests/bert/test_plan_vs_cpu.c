@@ -209,9 +209,29 @@ static void test_plan_dynamic_lengths(void) {
     TK_CHECK(a.peak_allocated < b.peak_allocated);
 }
 
+/* attention: fused has no cuda kernel: a cuda plan refuses it and says what
+ * to use instead (so the advisor never offers it there); cpu plans it. */
+static void test_plan_fused_needs_backend(void) {
+    tk_config c;
+    tk_config_defaults(&c);
+    snprintf(c.model, sizeof c.model, "bert-tiny");
+    c.num_labels = 2;
+    c.max_len = 64;
+    c.batch_size = 4;
+    c.attention = TK_ATTN_FUSED;
+    c.device = TK_DEVICE_CUDA;
+    tk_plan_result p;
+    tk_err e = { 0 };
+    TK_CHECK_EQ_INT(tk_plan(&c, NULL, 0, &p, &e), TK_EINVAL);
+    TK_CHECK(strstr(e.msg, "attention: standard") != NULL);
+    c.device = TK_DEVICE_CPU;
+    TK_CHECK_EQ_INT(tk_plan(&c, NULL, 0, &p, &e), TK_OK);
+}
+
 int main(void) {
     TK_RUN(test_plan_equals_cpu);
     TK_RUN(test_plan_does_not_fit);
     TK_RUN(test_plan_dynamic_lengths);
+    TK_RUN(test_plan_fused_needs_backend);
     return tk_test_done();
 }

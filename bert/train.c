@@ -312,6 +312,9 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
     int log_every = c->log_every > 0 ? c->log_every : 10;
 
     tk_status st = TK_OK;
+    /* before any exit path: the result reports it whatever happens */
+    tk_loss_scaler scaler;
+    tk_loss_scaler_init(&scaler, c->precision);
     tk_adamw *opt = NULL;
     int np = 0;
     tk_optim_param *ps = NULL;
@@ -343,8 +346,6 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
     double log_loss = 0;
     int64_t log_rows = 0;
     int oom_retried = 0;
-    tk_loss_scaler scaler;
-    tk_loss_scaler_init(&scaler, c->precision);
     for (int ep = 0; ep < epochs && step < total_steps; ep++) {
         double t_ep = now_s(), ep_loss = 0;
         int64_t ep_rows = 0;

@@ -31,11 +31,12 @@ static void test_reviews_bert_tiny(void) {
     snprintf(c.dev_file, sizeof c.dev_file, "tests/data/reviews_dev.csv");
     snprintf(c.text_col, sizeof c.text_col, "text");
     snprintf(c.label_col, sizeof c.label_col, "label");
-    c.max_len = 128;
+    c.max_len = 64;
+    c.max_examples = 640; /* keeps the ASan suite lean */
     c.batch_size = 32;
     c.eval_batch_size = 64;
     c.batching = TK_BATCH_DYNAMIC;
-    c.epochs = 3;
+    c.epochs = 2;
     c.lr = 2e-3f;
     c.warmup_ratio = 0.1f;
     c.dropout = 0.0f;
@@ -55,16 +56,16 @@ static void test_reviews_bert_tiny(void) {
     double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     TK_CHECK_MSG(st == TK_OK, "%s", e.msg);
     TK_CHECK(m != NULL);
-    TK_CHECK_EQ_INT(r.n_history, 3);
+    TK_CHECK_EQ_INT(r.n_history, 2);
     for (int i = 0; i < r.n_history; i++)
         fprintf(stderr, "  epoch %d: train loss %.4f dev loss %.4f acc %.3f macro-F1 %.3f, %.0f samples/s, peak %zu\n",
                 r.history[i].epoch, r.history[i].train_loss, r.history[i].dev_loss, r.history[i].dev_acc,
                 r.history[i].dev_f1, r.history[i].samples_per_s, r.history[i].peak_allocated);
     fprintf(stderr, "  %.1f s in all\n", secs);
-    if (r.n_history == 3) {
-        TK_CHECK_MSG(r.history[2].dev_acc >= 0.6f, "dev accuracy %.3f", r.history[2].dev_acc);
-        TK_CHECK(r.history[2].dev_f1 > 0.5f);
-        TK_CHECK(r.history[2].train_loss < r.history[0].train_loss);
+    if (r.n_history == 2) {
+        TK_CHECK_MSG(r.history[1].dev_acc >= 0.55f, "dev accuracy %.3f", r.history[1].dev_acc);
+        TK_CHECK(r.history[1].dev_f1 > 0.45f);
+        TK_CHECK(r.history[1].train_loss < r.history[0].train_loss);
     }
     TK_CHECK(progress_calls > 0);
     TK_CHECK(progress_peak > 0);

@@ -89,7 +89,8 @@ static json_t *cats_json(const size_t *by) {
 }
 
 /* Category table + SVG bars of bytes per category. */
-static void add_cats(tk_sb *text, tk_sb *html, const size_t *by, const char *title, char **svg_out) {
+static void add_cats(tk_sb *text, tk_sb *html, const size_t *by, const char *title, char **svg_out,
+                     json_t **vl_out) {
     const char *h[] = {"category", ">bytes", ">MiB"};
     tk_rtable *t = tk_rtable_new(title, 3, h);
     const char *labels[TK_CAT_COUNT];
@@ -109,6 +110,7 @@ static void add_cats(tk_sb *text, tk_sb *html, const size_t *by, const char *tit
         tk_rtable_destroy(&t);
     }
     if (svg_out) *svg_out = tk_svg_bars(title, "MiB", TK_CAT_COUNT, labels, mib);
+    if (vl_out) *vl_out = tk_vegalite_bars(title, "category", "MiB", TK_CAT_COUNT, labels, mib);
 }
 
 /* ---- plan ------------------------------------------------------------------ */
@@ -149,7 +151,8 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
                B(p->optim_bytes, c));
     char *svg = NULL;
     tk_sb_add(&html, "<div style=\"display:flex;gap:24px;align-items:flex-start\">");
-    add_cats(&text, &html, p->by_cat_at_peak, "At the peak, by category", &svg);
+    json_t *vl = NULL;
+    add_cats(&text, &html, p->by_cat_at_peak, "At the peak, by category", &svg, &vl);
     const char *h[] = {"owner", ">bytes", ">% of peak"};
     tk_rtable *t = tk_rtable_new("Top owners at the peak", 3, h);
     for (int i = 0; t && i < p->n_top; i++)
@@ -190,6 +193,7 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
     free(tx);
     tk_bundle_take(bundle, "text/html", tk_sb_take(&html));
     tk_bundle_take(bundle, "image/svg+xml", svg);
+    tk_bundle_take_json(bundle, "application/vnd.vegalite.v5+json", vl);
     json_object_set_new(bundle, "application/json", j);
     return bundle;
 }
@@ -387,7 +391,8 @@ json_t *tk_report_mem(tk_dev *d, const char *by, int top) {
                B(st.allocated_peak, b4), B(st.reserved, b5), B(st.reserved_peak, b6));
     tk_sb_add(&html, "<div style=\"display:flex;gap:24px;align-items:flex-start\">");
     char *svg = NULL;
-    add_cats(&text, &html, st.by_cat, "Live bytes by category", &svg);
+    json_t *vl = NULL;
+    add_cats(&text, &html, st.by_cat, "Live bytes by category", &svg, &vl);
 
     /* owners (or layers): live bytes now and peak */
     int no = tk_alloc_n_owners(a);
@@ -454,6 +459,7 @@ json_t *tk_report_mem(tk_dev *d, const char *by, int top) {
     free(tx);
     tk_bundle_take(bundle, "text/html", tk_sb_take(&html));
     tk_bundle_take(bundle, "image/svg+xml", svg);
+    tk_bundle_take_json(bundle, "application/vnd.vegalite.v5+json", vl);
     json_object_set_new(bundle, "application/json", j);
     return bundle;
 }

@@ -27,7 +27,8 @@ struct tk_session {
     tk_dev_kind kind;
     size_t capacity;
     int threads;
-    int have_config, have_plan, have_oom;
+    int have_config, have_plan, have_oom, have_run;
+    tk_run_report last_run;    /* history always NULL: the copy owns nothing */
     tk_config config;
     tk_plan_result plan;
     tk_oom oom;
@@ -35,6 +36,7 @@ struct tk_session {
     int n_lengths;
     tk_mem_sample *tl;
     int ntl, captl;
+    struct tk_advice *advice;  /* the last %txadvise (malloc'd, owned) */
 };
 
 tk_session *tk_session_new(void) { return calloc(1, sizeof(tk_session)); }
@@ -50,6 +52,7 @@ void tk_session_reset(tk_session *s) {
     tk_dev_destroy(&s->dev);
     free(s->lengths);
     free(s->tl);
+    free(s->advice);
     memset(s, 0, sizeof *s);
 }
 
@@ -106,6 +109,20 @@ void tk_session_set_plan(tk_session *s, const tk_plan_result *p) {
     s->have_plan = 1;
 }
 const tk_oom *tk_session_oom(const tk_session *s) { return s->have_oom ? &s->oom : NULL; }
+const struct tk_advice *tk_session_advice(const tk_session *s) { return s->advice; }
+void tk_session_take_advice(tk_session *s, struct tk_advice *a) {
+    if (s->advice != a) free(s->advice);
+    s->advice = a;
+}
+
+const tk_run_report *tk_session_last_run(const tk_session *s) { return s->have_run ? &s->last_run : NULL; }
+
+static void remember_run(tk_session *s, const tk_run_report *r) {
+    s->last_run = *r;
+    s->last_run.history = NULL;
+    s->last_run.n_history = 0;
+    s->have_run = 1;
+}
 
 const int *tk_session_lengths(const tk_session *s, int *n) {
     *n = s->n_lengths;
@@ -227,6 +244,7 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     int ignore = h && h->ignore_plan;
     if (!ignore && (r->plan.oom || (known_limit && r->plan.peak_reserved > r->free_before))) {
         r->end = TK_RUN_PLANNED_OOM;
+        remember_run(s, r);
         tk_run_data_clear(&data);
         return TK_OK;
     }
@@ -304,6 +322,7 @@ out:
     r->allocated_after = st.allocated;
     if (rc == TK_EOOM) {
         r->end = TK_RUN_OOM;
+        remember_run(s, r);
         if (!r->have_oom && tk_dev_last_oom(d)) {
             r->have_oom = 1;
             r->oom = *tk_dev_last_oom(d);
@@ -316,8 +335,10 @@ out:
     }
     if (rc == TK_ECANCEL) {
         r->end = TK_RUN_CANCELLED;
+        remember_run(s, r);
         return TK_OK;
     }
     if (rc == TK_OK) r->end = TK_RUN_DONE;
+    remember_run(s, r);
     return rc;
 }

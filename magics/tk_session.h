@@ -126,6 +126,17 @@ typedef struct tk_run_report {
 } tk_run_report;
 void tk_run_report_clear(tk_run_report *r);
 
+/* The last run's report without its history (NULL before the first run):
+ * the advisor compares its measured peak with the plan. Borrowed. */
+const tk_run_report *tk_session_last_run(const tk_session *s);
+
+/* The last advice of %txadvise (NULL before one), which %txfix picks from.
+ * take_advice hands the session a malloc'd tk_advice (it frees the old one;
+ * %txreset frees it too). */
+struct tk_advice;
+const struct tk_advice *tk_session_advice(const tk_session *s);
+void tk_session_take_advice(tk_session *s, struct tk_advice *a);
+
 /* Runs config c (already parsed and validated) in the session. Returns TK_OK
  * when the pipeline ran to an end described in r->end (including planned and
  * run-time OOM and cancel); another status when it could not start (err). */

@@ -29,6 +29,12 @@ void tk_txemit(tk_magic_ctx *m, json_t *bundle, int json_only);
  * reporting the error (line and key named) through the sink. */
 int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out, int skip_flags);
 
+/* Runs a validated config the way %%txtrain does (plan, train with live
+ * progress, per-epoch table or OOM autopsy) and reports through m's sink.
+ * ignore_plan: train even when the plan does not fit. The run's report stays
+ * in the session (tk_session_last_run). 0, or -1 after reporting an error. */
+int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan);
+
 /* The corpus report of %txdata / `txk data`. */
 typedef struct tk_data_report_opts {
     const char *path, *text_col, *pair_col, *model, *vocab;

@@ -92,10 +92,14 @@ static void on_note(void *ud, const char *line) {
 }
 
 static int run_txtrain(tk_magic_ctx *m) {
-    tk_session *s = m->session;
     tk_config c;
     tk_config base;
-    tk_config_defaults(&base);
+    const tk_config *last = tk_session_config(m->session);
+    if (!m->is_cell && !last)
+        return tk_magic_error(m, "UsageError", "%%txtrain (the line form) trains the session's last config, and there "
+                                               "is none yet: use %%%%txtrain with a YAML body");
+    if (!m->is_cell) base = *last; /* the line form: the last config (from %%txtrain, %txplan, %txfix) */
+    else tk_config_defaults(&base);
     if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     int ignore_plan = 0;
     {
@@ -114,7 +118,13 @@ static int run_txtrain(tk_magic_ctx *m) {
     }
     tk_err err = {0};
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
+    return tk_txtrain_run_config(m, &c, ignore_plan);
+}
 
+int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan) {
+    tk_session *s = m->session;
+    tk_config c = *cfg;
+    tk_err err = {0};
     run_view v;
     memset(&v, 0, sizeof v);
     v.m = m;
@@ -209,7 +219,10 @@ int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out
     int rc = 0;
     for (int i = 0; i < argc && !rc; i++) {
         if (skip_flags && !strncmp(argv[i], "--", 2)) {
-            if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file")) i++; /* flags that take a value */
+            /* flags that take a value (%txplan, %txadvise) */
+            if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file") || !strcmp(argv[i], "--top") ||
+                !strcmp(argv[i], "--margin"))
+                i++;
             continue;
         }
         char *eq = strchr(argv[i], '=');
@@ -288,8 +301,9 @@ static void session_free(void *p) {
 }
 
 static const tk_magic_def TXTRAIN[] = {
-    {"txtrain", TK_MAGIC_CELL, run_txtrain, "plan, then fine-tune BERT from a YAML config (live progress, OOM autopsy)",
-     "%%txtrain [key=value ...] [--no-plan]\n<YAML config>\n\n"
+    {"txtrain", TK_MAGIC_BOTH, run_txtrain, "plan, then fine-tune BERT from a YAML config (live progress, OOM autopsy)",
+     "%%txtrain [key=value ...] [--no-plan]\n<YAML config>\n"
+     "%txtrain [key=value ...] [--no-plan]   (the session's last config, e.g. after %txfix)\n\n"
      "Example:\n  %%txtrain\n  model: bert-mini\n  train_file: train.csv\n  max_len: 128\n  batch_size: 16\n"
      "  epochs: 2\n  device: {capacity: 800MiB}\n\n"
      "First plans the run on the meta device at the worst-case batch. If the predicted\n"

@@ -109,15 +109,17 @@ def test_twenty_oom_and_retry_cycles(kernel):
 def test_interrupt_stops_within_a_step_and_keeps_checkpoint(kernel):
     km, kc = kernel
     out_dir = tempfile.mkdtemp(prefix="txk-ckpt-")
-    code = "%%txtrain\n" + tiny(max_steps=0, epochs=200, max_examples=64, output_dir=out_dir)
+    code = "%%txtrain\n" + tiny(max_steps=0, epochs=100000, max_examples=64, output_dir=out_dir)
     msg_id = kc.execute(code)
     deadline = time.time() + 120
     while not glob.glob(os.path.join(out_dir, "**", "model.safetensors"), recursive=True):
         assert time.time() < deadline, "no checkpoint after 120 s"
         time.sleep(0.05)
     last_step = 0
-    # drain what is there, so the step we compare against is current
-    while True:
+    # drain what is there, so the step we compare against is current; progress
+    # keeps coming while the run trains, so the drain is bounded in time too
+    drain_end = time.time() + 1.0
+    while time.time() < drain_end:
         try:
             m = kc.get_iopub_msg(timeout=0.3)
         except Exception:
@@ -144,7 +146,7 @@ def test_interrupt_stops_within_a_step_and_keeps_checkpoint(kernel):
         if m["msg_type"] == "stream" and "Interrupted after step" in m["content"]["text"]:
             stopped = int(m["content"]["text"].split("Interrupted after step")[1].split()[0])
     assert stopped is not None and stopped >= last_step
-    assert stopped < 200 * 8
+    assert stopped < 100000 * 8
     # the checkpoint loads: in python, and as the start of a new run
     from safetensors.numpy import load_file
     ck = sorted(glob.glob(os.path.join(out_dir, "**", "model.safetensors"), recursive=True))[-1]

@@ -6,72 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include "tk_magics.h"
+#include "tk_session.h"
 #include "tk_test.h"
 
-typedef struct {
-    json_t *msgs; /* [{"type":..., "data"|"text"|"ename"/"evalue"}] */
-} rec;
-
-static void rec_stream(tk_out *o, const char *name, const char *text) {
-    rec *r = o->impl;
-    json_array_append_new(r->msgs, json_pack("{s:s, s:s, s:s}", "type", "stream", "name", name, "text", text));
-}
-static void rec_display(tk_out *o, json_t *data, json_t *md, const char *id, int update) {
-    (void)md;
-    rec *r = o->impl;
-    json_array_append_new(r->msgs, json_pack("{s:s, s:O, s:s}", "type", update ? "update" : "display", "data", data,
-                                             "id", id ? id : ""));
-}
-static void rec_result(tk_out *o, json_t *data, json_t *md) {
-    (void)md;
-    rec *r = o->impl;
-    json_array_append_new(r->msgs, json_pack("{s:s, s:O}", "type", "result", "data", data));
-}
-static void rec_clear(tk_out *o, int wait) { (void)o; (void)wait; }
-static void rec_error(tk_out *o, const char *ename, const char *evalue, json_t *tb) {
-    (void)tb;
-    rec *r = o->impl;
-    json_array_append_new(r->msgs, json_pack("{s:s, s:s, s:s}", "type", "error", "ename", ename, "evalue", evalue));
-}
-static void rec_page(tk_out *o, json_t *data) { (void)o; (void)data; }
-static const tk_out_ops REC_OPS = {rec_stream, rec_display, rec_result, rec_clear, rec_error, rec_page};
-
-static tk_magics *M;
-static tk_interp I;
-static atomic_int cancel_flag;
-
-/* Runs a cell; returns the recorded messages (new reference) and *rc. */
-static json_t *run(const char *code, int *rc) {
-    rec r = {json_array()};
-    tk_out out = {&REC_OPS, &r};
-    tk_exec_opts o = {0, 1, 0, 1};
-    *rc = I.execute(I.self, code, &o, &out, &cancel_flag);
-    return r.msgs;
-}
-
-static json_t *first(json_t *msgs, const char *type) {
-    size_t i;
-    json_t *m;
-    json_array_foreach(msgs, i, m) if (!strcmp(json_string_value(json_object_get(m, "type")), type)) return m;
-    return NULL;
-}
-
-static const char *evalue(json_t *msgs) {
-    json_t *e = first(msgs, "error");
-    return e ? json_string_value(json_object_get(e, "evalue")) : "";
-}
-
-/* application/json of the last display in msgs (borrowed). */
-static json_t *last_json(json_t *msgs) {
-    json_t *found = NULL;
-    size_t i;
-    json_t *m;
-    json_array_foreach(msgs, i, m) {
-        json_t *d = json_object_get(m, "data");
-        if (d && json_object_get(d, "application/json")) found = json_object_get(d, "application/json");
-    }
-    return found;
-}
+#include "magics_rec.h"
 
 static json_int_t mem_field(const char *field) {
     int rc;
@@ -118,8 +56,16 @@ static void test_plan_line_magic(void) {
     TK_CHECK(json_is_false(json_object_get(j, "fits")));
     TK_CHECK(json_integer_value(json_object_get(j, "peak_reserved")) > (json_int_t)(7.43 * (1 << 30)));
     TK_CHECK_EQ_INT(json_integer_value(json_object_get(j, "n_params")), 108311810);
+    json_t *d = first(m, "display");
+    TK_CHECK(d && json_object_get(json_object_get(d, "data"), "application/json"));
     json_decref(m);
     /* the line form starts from the last config: only batch_size changes */
+    m = run("%txplan batch_size=1", &rc);
+    d = first(m, "display");
+    TK_CHECK(d && json_object_get(json_object_get(d, "data"), "application/vnd.vegalite.v5+json") &&
+             json_object_get(json_object_get(d, "data"), "image/svg+xml") &&
+             json_object_get(json_object_get(d, "data"), "text/html"));
+    json_decref(m);
     m = run("%txplan batch_size=1 --json", &rc);
     j = last_json(m);
     TK_CHECK(j && json_integer_value(json_object_get(j, "batch")) == 1 && json_integer_value(json_object_get(j, "seq")) == 512);
@@ -176,6 +122,12 @@ static void test_runtime_oom_then_fit(void) {
                       json_integer_value(json_object_get(j, "planned_peak_allocated")));
     TK_CHECK(first(m, "display") != NULL && first(m, "update") != NULL);
     json_decref(m);
+    /* what the advisor reads from the session */
+    const tk_run_report *last = tk_session_last_run(tk_magics_session(M));
+    TK_CHECK(last && last->end == TK_RUN_DONE && last->history == NULL);
+    TK_CHECK(last && last->peak_allocated == last->plan.peak_allocated);
+    TK_CHECK(tk_session_config(tk_magics_session(M)) && tk_session_plan(tk_magics_session(M)));
+    TK_CHECK(tk_session_oom(tk_magics_session(M)) && tk_session_oom(tk_magics_session(M))->capacity == 21u << 20);
     TK_CHECK_EQ_INT(mem_field("allocated"), 0);
 }
 

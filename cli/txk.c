@@ -1,8 +1,9 @@
 /* txk — the txkernel engine from a shell: the same plans, runs and reports as
  * the notebook magics, as text or (with --json) as JSON for scripts.
  *
- *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE] [--max-batch] [--json]
+ *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE] [--max-batch] [--sweep] [--json]
  *   txk train cfg.yaml [key=value ...] [--json]
+ *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [-o F]] [--json]
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
  *   txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]
  *   txk mem [--device cpu|cuda|meta] [--capacity 7.43GiB] [--json]
@@ -21,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tk_advisor.h"
 #include "tk_config.h"
 #include "tk_kernel.h"
 #include "tk_magics.h"
@@ -124,8 +126,8 @@ static int check_words(char **argv, int argc, const char *const *valued, const c
 /* ---- plan ------------------------------------------------------------------------ */
 
 static int cmd_plan(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P] [--max-batch] [--json]\n"); return EXIT_USAGE; }
-    static const char *const valued[] = {"--gpu", NULL}, *const bare[] = {"--json", "--max-batch", NULL};
+    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P] [--max-batch] [--sweep] [--json]\n"); return EXIT_USAGE; }
+    static const char *const valued[] = {"--gpu", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
     tk_config c;
@@ -138,8 +140,9 @@ static int cmd_plan(int argc, char **argv) {
     }
     int json = has_flag(argv, argc, "--json");
     json_t *b = NULL;
-    if (has_flag(argv, argc, "--max-batch")) {
-        if (tk_max_batch_report(&c, &b, &err) != TK_OK) {
+    if (has_flag(argv, argc, "--max-batch") || has_flag(argv, argc, "--sweep")) {
+        tk_status st = has_flag(argv, argc, "--sweep") ? tk_sweep_report(&c, &b, &err) : tk_max_batch_report(&c, &b, &err);
+        if (st != TK_OK) {
             fprintf(stderr, "txk: %s\n", err.msg);
             return EXIT_ERR;
         }
@@ -250,6 +253,97 @@ static int cmd_train(int argc, char **argv) {
     }
     tk_run_report_clear(&r);
     tk_session_destroy(&s);
+    return rc;
+}
+
+/* ---- advise ---------------------------------------------------------------------- */
+
+/* Diagnoses and ranked fixes for a config, as %txadvise shows them; with
+ * --fix N|auto the chosen candidate's config is written as YAML (-o FILE, or
+ * stdout). The corpus lengths come from the config's train_file when it has
+ * one (the padding and max_len fixes need them). */
+static int cmd_advise(int argc, char **argv) {
+    if (argc < 1) {
+        fprintf(stderr, "usage: txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] "
+                        "[--fix N|auto [-o fixed.yaml]] [--json]\n");
+        return EXIT_USAGE;
+    }
+    static const char *const valued[] = {"--gpu", "--top", "--margin", "--fix", "-o", NULL};
+    static const char *const bare[] = {"--json", NULL};
+    int rc = check_words(argv + 1, argc - 1, valued, bare);
+    if (rc) return rc;
+    tk_config c;
+    if ((rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
+    tk_err err = {0};
+    const char *gpu = flag_value(argv, argc, "--gpu"), *top_s = flag_value(argv, argc, "--top");
+    const char *margin_s = flag_value(argv, argc, "--margin"), *fix = flag_value(argv, argc, "--fix");
+    const char *out_path = flag_value(argv, argc, "-o");
+    if (gpu && tk_config_set(&c, "gpu", gpu, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    int top = top_s ? atoi(top_s) : 12;
+    double margin = margin_s ? atof(margin_s) : 0.05;
+    if (top < 1 || !(margin >= 0 && margin < 0.5)) {
+        fprintf(stderr, "txk: --top wants 1 or more, --margin a share of capacity in [0, 0.5)\n");
+        return EXIT_USAGE;
+    }
+    if (out_path && !fix) {
+        fprintf(stderr, "txk: -o goes with --fix N|auto\n");
+        return EXIT_USAGE;
+    }
+    tk_run_data data;
+    memset(&data, 0, sizeof data);
+    if (c.train_file[0] && tk_run_data_load(&c, &data, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    tk_advise_input in = {.config = &c, .lengths = (const int32_t *)data.lengths, .n_lengths = data.n_lengths,
+                          .margin_frac = margin};
+    tk_advice *a = malloc(sizeof *a);
+    if (!a || tk_advise(&in, a, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", a ? err.msg : "out of host memory");
+        free(a);
+        tk_run_data_clear(&data);
+        return EXIT_ERR;
+    }
+    tk_run_data_clear(&data);
+    int pick = -1;
+    if (fix) {
+        char *end = NULL;
+        long k = strtol(fix, &end, 10);
+        pick = !strcmp(fix, "auto") ? tk_advice_auto(a) : (*fix && !*end && k >= 1 && k <= a->n_cand) ? (int)k - 1 : -2;
+        if (pick == -2) {
+            fprintf(stderr, "txk: --fix %s: give auto or a candidate number 1..%d\n", fix, a->n_cand);
+            free(a);
+            return EXIT_USAGE;
+        }
+    }
+    if (has_flag(argv, argc, "--json")) {
+        char *j = tk_advice_json(a);
+        if (j) puts(j);
+        free(j);
+    } else if (!fix || out_path) {
+        char *t = tk_advice_format(a, top);
+        if (t) fputs(t, stdout);
+        free(t);
+    }
+    rc = EXIT_OK;
+    if (fix && pick < 0) {
+        fprintf(stderr, "txk: --fix auto: no candidate fits with margin and keeps the effective batch\n");
+        rc = EXIT_PLAN_OOM;
+    } else if (fix) {
+        char *y = tk_config_to_yaml(&a->cand[pick].config);
+        FILE *f = out_path ? fopen(out_path, "w") : stdout;
+        if (!y || !f || fputs(y, f) < 0 || (out_path && fclose(f) != 0)) {
+            fprintf(stderr, "txk: %s: cannot write the fixed config\n", out_path ? out_path : "stdout");
+            rc = EXIT_ERR;
+        } else if (out_path) {
+            fprintf(stderr, "txk: wrote %s (#%d: %s)\n", out_path, pick + 1, a->cand[pick].label);
+        }
+        free(y);
+    }
+    free(a);
     return rc;
 }
 
@@ -367,7 +461,8 @@ static int cmd_kernel(int argc, char **argv) {
 typedef struct { const char *name; int (*run)(int argc, char **argv); const char *summary; } txk_cmd;
 
 static const txk_cmd CMDS[] = {
-    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P] [--max-batch] [--json]   planned peak memory, no training"},
+    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P] [--max-batch|--sweep] [--json]   planned peak memory, no training"},
+    {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--json]   plan, then train (stops before allocating if it won't fit)"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
     {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
@@ -384,6 +479,15 @@ static int usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* libgomp reads OMP_WAIT_POLICY once, when it loads: a spinning OpenMP
+     * pool starves OpenBLAS's threads (3x slower steps here), so start again
+     * with the passive policy unless the user chose one. */
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("TXK_NO_REEXEC")) {
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        setenv("TXK_NO_REEXEC", "1", 1);
+        execv("/proc/self/exe", argv);
+        /* exec failed: go on with the default policy */
+    }
     if (argc < 2) return usage(stderr);
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) return usage(stdout);
     for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)

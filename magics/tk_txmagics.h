@@ -56,6 +56,14 @@ tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, i
  * capacity, found by bisection over plans on meta. A table bundle. */
 tk_status tk_max_batch_report(const tk_config *c, json_t **bundle, tk_err *err);
 
+/* The planned peak, and its categories at the peak, of config c with each
+ * memory-saving technique and a few combinations (recompute layers/attention,
+ * fused attention, fp16, bf16, 8-bit AdamW, frozen embeddings, accumulate x4
+ * at a quarter of the batch, ...): a table bundle; application/json is one
+ * row per technique with peak_reserved, peak_allocated, at_peak per
+ * category, optim_bytes, grad_bytes, n_params. */
+tk_status tk_sweep_report(const tk_config *c, json_t **bundle, tk_err *err);
+
 /* The device: kind, name, capacity, free, other processes (NVML when the
  * driver has it), driver/CUDA versions; on cpu and meta the capacity is said
  * to be simulated. `d` may be NULL (no device opened yet: describes what a

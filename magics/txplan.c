@@ -108,6 +108,99 @@ tk_status tk_max_batch_report(const tk_config *c0, json_t **bundle, tk_err *err)
     return TK_OK;
 }
 
+/* ---- --sweep: each memory-saving technique, planned ------------------------- */
+
+typedef struct { const char *label; const char *kv[4]; } sweep_row;
+static const sweep_row SWEEP[] = {
+    {"baseline", {NULL}},
+    {"recompute layers", {"recompute=layers"}},
+    {"recompute attention", {"recompute=attention"}},
+    {"fused attention", {"attention=fused"}},
+    {"fp16", {"precision=fp16"}},
+    {"bf16", {"precision=bf16"}},
+    {"8-bit AdamW", {"optimizer=adamw8bit"}},
+    {"frozen embeddings", {"freeze_embeddings=true"}},
+    {"accumulate x4 (batch / 4)", {"accumulate=4"}},
+    {"fp16 + fused", {"precision=fp16", "attention=fused"}},
+    {"fp16 + recompute layers", {"precision=fp16", "recompute=layers"}},
+    {"bf16 + recompute + fused", {"precision=bf16", "recompute=layers", "attention=fused"}},
+    {"fp16 + recompute + fused + 8-bit AdamW", {"precision=fp16", "recompute=layers", "attention=fused", "optimizer=adamw8bit"}},
+};
+
+tk_status tk_sweep_report(const tk_config *c0, json_t **bundle, tk_err *err) {
+    *bundle = NULL;
+    size_t cap = tk_session_capacity_of(c0);
+    char title[256], b[8][32];
+    snprintf(title, sizeof title, "Peak per technique: %.120s, batch %d x max_len %d%s%s (planned on meta)", c0->model,
+             c0->batch_size, c0->max_len, cap ? ", capacity " : "", cap ? tk_format_bytes(cap, b[0], sizeof b[0]) : "");
+    const char *h[] = {"technique", ">peak reserved", ">vs baseline", ">param", ">grad", ">optim", ">act", ">temp",
+                       "fits"};
+    tk_rtable *t = tk_rtable_new(title, 9, h);
+    if (!t) {
+        tk_err_set(err, TK_EINVAL, "out of host memory");
+        return TK_EINVAL;
+    }
+    int n = (int)(sizeof SWEEP / sizeof SWEEP[0]);
+    const char *labels[sizeof SWEEP / sizeof SWEEP[0]];
+    double vals[sizeof SWEEP / sizeof SWEEP[0]];
+    json_t *rows = json_array();
+    size_t base = 0;
+    for (int i = 0; i < n; i++) {
+        tk_config c = *c0;
+        for (int k = 0; k < 4 && SWEEP[i].kv[k]; k++) {
+            char kv[64];
+            snprintf(kv, sizeof kv, "%s", SWEEP[i].kv[k]);
+            char *eq = strchr(kv, '=');
+            *eq = 0;
+            if (tk_config_set(&c, kv, eq + 1, err) != TK_OK) goto fail;
+        }
+        if (c.accumulate > 1) {
+            if (c.batch_size % c.accumulate) continue; /* batch not divisible: no such row */
+            c.batch_size /= c.accumulate;
+        }
+        tk_plan_result p;
+        if (tk_config_validate(&c, err) != TK_OK || tk_plan(&c, NULL, 0, &p, err) != TK_OK) goto fail;
+        if (i == 0) base = p.peak_reserved;
+        const size_t *bc = p.by_cat_at_peak;
+        tk_rtable_rowf(t, "%s\t%s\t%.2fx\t%s\t%s\t%s\t%s\t%s\t%s", SWEEP[i].label,
+                       tk_format_bytes(p.peak_reserved, b[0], sizeof b[0]), base ? (double)p.peak_reserved / (double)base : 1.0,
+                       tk_format_bytes(bc[TK_CAT_PARAM], b[1], sizeof b[1]), tk_format_bytes(bc[TK_CAT_GRAD], b[2], sizeof b[2]),
+                       tk_format_bytes(bc[TK_CAT_OPTIM], b[3], sizeof b[3]), tk_format_bytes(bc[TK_CAT_ACT], b[4], sizeof b[4]),
+                       tk_format_bytes(bc[TK_CAT_TEMP], b[5], sizeof b[5]), cap ? (p.fits ? "yes" : "no") : "-");
+        json_t *cats = json_object();
+        for (int k = 0; k < TK_CAT_COUNT; k++) json_object_set_new(cats, tk_cat_name((tk_cat)k), json_integer((json_int_t)bc[k]));
+        json_array_append_new(rows, json_pack("{s:s, s:I, s:I, s:I, s:o, s:I, s:I, s:b, s:i}", "technique", SWEEP[i].label,
+                                              "peak_reserved", (json_int_t)p.peak_reserved, "peak_allocated",
+                                              (json_int_t)p.peak_allocated, "n_params", (json_int_t)p.n_params, "at_peak",
+                                              cats, "optim_bytes", (json_int_t)p.optim_bytes, "grad_bytes",
+                                              (json_int_t)p.grad_bytes, "fits", p.fits, "batch", c.batch_size));
+        labels[i] = SWEEP[i].label;
+        vals[i] = (double)p.peak_reserved / (1 << 20);
+    }
+    {
+        json_t *out = tk_bundle_new("");
+        tk_bundle_take(out, "text/plain", tk_rtable_text(t));
+        char *html = tk_rtable_html(t);
+        char *svg = tk_svg_bars(title, "MiB", n, labels, vals);
+        tk_sb hs = {0};
+        if (html) tk_sb_add(&hs, html);
+        if (svg) tk_sb_add(&hs, svg);
+        free(html);
+        tk_bundle_take(out, "text/html", tk_sb_take(&hs));
+        tk_bundle_take(out, "image/svg+xml", svg);
+        tk_bundle_take_json(out, "application/vnd.vegalite.v5+json",
+                            tk_vegalite_bars(title, "technique", "peak_MiB", n, labels, vals));
+        tk_bundle_take_json(out, "application/json", rows);
+        tk_rtable_destroy(&t);
+        *bundle = out;
+        return TK_OK;
+    }
+fail:
+    json_decref(rows);
+    tk_rtable_destroy(&t);
+    return err->status ? err->status : TK_EINVAL;
+}
+
 static int run_txplan(tk_magic_ctx *m) {
     tk_session *s = m->session;
     tk_config base;
@@ -117,12 +210,13 @@ static int run_txplan(tk_magic_ctx *m) {
     tk_config c;
     if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     char **argv = NULL;
-    int argc = 0, json_only = 0, max_batch = 0, rc = 0;
+    int argc = 0, json_only = 0, max_batch = 0, sweep = 0, rc = 0;
     tk_err err = {0};
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
         if (!strcmp(argv[i], "--json")) json_only = 1;
         else if (!strcmp(argv[i], "--max-batch")) max_batch = 1;
+        else if (!strcmp(argv[i], "--sweep")) sweep = 1;
         else if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file")) {
             if (i + 1 >= argc) {
                 rc = tk_magic_error(m, "UsageError", "%s needs a value", argv[i]);
@@ -153,7 +247,7 @@ static int run_txplan(tk_magic_ctx *m) {
             }
         } else if (!strncmp(argv[i], "--", 2)) {
             rc = tk_magic_error(m, "UsageError", "%%txplan: unknown option %s\nusage: %%txplan [key=value ...] "
-                                                  "[--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--json]", argv[i]);
+                                                  "[--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--sweep] [--json]", argv[i]);
         }
     }
     tk_txargs_free(argv, argc);
@@ -162,6 +256,8 @@ static int run_txplan(tk_magic_ctx *m) {
     json_t *bundle = NULL;
     if (max_batch) {
         if (tk_max_batch_report(&c, &bundle, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
+    } else if (sweep) {
+        if (tk_sweep_report(&c, &bundle, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
     } else {
         int n = 0;
         const int *len = tk_session_lengths(s, &n);
@@ -186,14 +282,17 @@ static int run_txplan(tk_magic_ctx *m) {
 
 static const tk_magic_def TXPLAN[] = {
     {"txplan", TK_MAGIC_BOTH, run_txplan, "predicted peak memory of a run and who takes it, without training",
-     "%txplan [key=value ...] [--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--json]\n"
+     "%txplan [key=value ...] [--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--sweep] [--json]\n"
      "%%txplan [key=value ...]\n<YAML config>\n\n"
      "Runs one training step (and an eval step) of the config on the meta device: no\n"
      "arithmetic, same allocator, same allocation order as a real run. Shows the peak\n"
      "(allocated and reserved) against the capacity, the bytes per category at the peak\n"
      "and the top owners (HF module names). The line form starts from the last config of\n"
      "the session and applies key=value overrides: %txplan batch_size=8 precision=fp16.\n"
-     "--max-batch: the largest batch for max_len 64..512 that fits the capacity."},
+     "--max-batch: the largest batch for max_len 64..512 that fits the capacity.\n"
+     "--sweep: the peak (and its categories) with each memory-saving technique and a few\n"
+     "combinations: recompute, fused attention, fp16/bf16, 8-bit AdamW, frozen embeddings,\n"
+     "accumulation."},
 };
 
 int tk_magics_register_txplan(tk_magics *m) { return tk_magics_add_table(m, TXPLAN, 1); }

@@ -23,7 +23,7 @@ def cfg(text):
 def test_help_lists_every_subcommand():
     rc, out, _ = txk("--help")
     assert rc == 0
-    for sub in ("plan", "train", "data", "vocab", "mem", "keys", "kernel"):
+    for sub in ("plan", "advise", "train", "data", "vocab", "mem", "keys", "kernel"):
         assert f"txk {sub}" in out
     rc, _, err = txk("frobnicate")
     assert rc == 2 and "unknown command 'frobnicate'" in err
@@ -88,3 +88,84 @@ def test_train_tiny_then_planned_oom():
     assert len(rows) == 1 and rows[0]["epoch"] == 1
     rc, out, err = txk("train", cfg(base + "capacity: 5MiB\n"))
     assert rc == 3 and "stopped before allocating anything" in err
+
+
+def test_advise_seed_auto_fix_writes_a_config_that_fits():
+    """The seed: bert-base-cased, max_len 512, batch 32 on a 7.43 GiB card,
+    with the generated reviews corpus (p99 ~172 tokens) as train_file."""
+    c = cfg("model: bert-base-cased\nmax_len: 512\nbatch_size: 32\nnum_labels: 2\n"
+            f"vocab: {DATA}/vocab_cased.txt\ntrain_file: {DATA}/reviews_train.csv\n"
+            "device: {gpu: t4, capacity: 7.43GiB}\n")
+    rc, out, _ = txk("advise", c, "--json")
+    assert rc == 0, out
+    j = json.loads(out)
+    kinds = [d["kind"] for d in j["diagnoses"]]
+    assert kinds[0] == "capacity" and "padding" in kinds
+    assert j["planned"] >= 20 and j["auto"] >= 0
+    rc, out, _ = txk("advise", c, "--top", "3")
+    assert rc == 0 and "does not fit" in out and "Why:" in out and "%txfix auto picks" in out
+    fixed = c + ".fixed.yaml"
+    rc, _, err = txk("advise", c, "--fix", "auto", "-o", fixed)
+    assert rc == 0 and "wrote" in err, err
+    # the written config plans under the capacity with the 5% margin, same effective batch
+    rc, out, _ = txk("plan", fixed, "--json")
+    assert rc == 0, out
+    p = json.loads(out)
+    assert p["fits"] is True and p["peak_reserved"] * 1.0 <= 0.95 * 7977901752
+    text = open(fixed).read()
+    import yaml
+    y = yaml.safe_load(text)
+    flat = {}
+    for k, v in y.items():
+        if isinstance(v, dict):
+            flat.update(v)
+        else:
+            flat[k] = v
+    assert flat["batch_size"] * max(1, flat.get("accumulate", 1)) == 32
+    os.unlink(fixed)
+    rc, _, err = txk("advise", c, "--fix", "99")
+    assert rc == 2 and "candidate number" in err
+
+
+def _sweep(model, batch, gpu=None, *extra):
+    c = cfg(f"model: {model}\nmax_len: 512\nbatch_size: {batch}\nnum_labels: 2\n")
+    args = ["plan", c, "--sweep", "--json", *extra] + (["--gpu", gpu] if gpu else [])
+    rc, out, err = txk(*args)
+    assert rc == 0, err
+    return {r["technique"]: r for r in json.loads(out)}
+
+
+DIMS = {"bert-base-cased": (12, 768, 12, 28996), "bert-large-cased": (24, 1024, 16, 28996)}
+
+
+def test_sweep_techniques_match_first_principles():
+    """Each technique's planned effect, against counts from first principles:
+    8-bit AdamW saves ~6 bytes per parameter of optimizer state; fused
+    attention removes the kept L x L probabilities (4 bytes x batch x heads x
+    L^2 per layer, all layers but the one in backward at the peak); fp16
+    halves activation bytes; recompute keeps only layer inputs; accumulate x4
+    at a quarter of the batch keeps a quarter of the activations; frozen
+    embeddings drop their gradients (4 bytes per embedding parameter)."""
+    for model, batch in (("bert-base-cased", 32), ("bert-large-cased", 4)):
+        L, H, heads, V = DIMS[model]
+        s = _sweep(model, batch, "t4")
+        b = s["baseline"]
+        n = b["n_params"]
+        act = lambda r: r["at_peak"]["act"]
+        saved = b["optim_bytes"] - s["8-bit AdamW"]["optim_bytes"]
+        assert 5.5 * n <= saved <= 6.5 * n, (model, saved / n)
+        probs = 4 * batch * heads * 512 * 512
+        drop = act(b) - act(s["fused attention"])
+        assert (L - 1) * probs * 0.95 <= drop <= L * probs * 1.05, (model, drop / probs)
+        assert 0.45 <= act(s["fp16"]) / act(b) <= 0.6, (model, act(s["fp16"]) / act(b))
+        assert act(s["recompute layers"]) < 0.15 * act(b)
+        assert 0.2 <= act(s["accumulate x4 (batch / 4)"]) / act(b) <= 0.3
+        emb = (V + 512 + 2) * H + 2 * H
+        assert abs((b["grad_bytes"] - s["frozen embeddings"]["grad_bytes"]) - 4 * emb) <= 0.02 * 4 * emb
+        # every technique lowers the peak, and combinations lower it further
+        for name, r in s.items():
+            assert r["peak_reserved"] <= b["peak_reserved"], name
+        assert s["fp16 + recompute + fused + 8-bit AdamW"]["peak_reserved"] < s["fp16 + recompute layers"]["peak_reserved"]
+    # the seed's 7.43 GiB: the baseline does not fit, fp16 + recompute does
+    base = _sweep("bert-base-cased", 32, None, "capacity=7.43GiB")
+    assert not base["baseline"]["fits"] and base["fp16 + recompute layers"]["fits"]

@@ -1,0 +1,137 @@
+/* train_cpu.c — whole training steps of a BERT classifier on the cpu
+ * backend: forward, backward, zero_grad, AdamW with weight decay and
+ * clipping at 1.0 (HF Trainer defaults), timed per step, with the peak
+ * memory the step needs.
+ *
+ *   train_cpu [--model bert-mini] [--batch 16] [--seq 128] [--threads N] [--steps S]
+ *
+ * One warm-up step (it allocates the AdamW moments), then S steps. Prints one
+ * JSON line: step times (min, mean), samples/s from the mean, the allocator's
+ * peak allocated/reserved bytes, and the process' peak RSS growth over its
+ * RSS before the model was built. train_torch.py does the same in torch;
+ * run.py runs both and prints ratios. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "tk_model.h"
+#include "tk_train.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Current and peak resident set, bytes (from /proc/self/status). */
+static void rss(size_t *cur, size_t *peak) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    *cur = *peak = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long kb;
+        if (sscanf(line, "VmRSS: %lu kB", &kb) == 1) *cur = kb * 1024;
+        if (sscanf(line, "VmHWM: %lu kB", &kb) == 1) *peak = kb * 1024;
+    }
+    if (f) fclose(f);
+}
+
+int main(int argc, char **argv) {
+    const char *model = "bert-mini";
+    int B = 16, T = 128, threads = 1, steps = 5;
+    for (int i = 1; i < argc; i += 2) {
+        if (strchr(argv[i], '=') && argv[i][0] != '-') { i--; continue; } /* key=value: below */
+        if (i + 1 >= argc) { fprintf(stderr, "train_cpu: %s needs a value\n", argv[i]); return 2; }
+        if (!strcmp(argv[i], "--model")) model = argv[i + 1];
+        else if (!strcmp(argv[i], "--batch")) B = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seq")) T = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
+        else { fprintf(stderr, "train_cpu: unknown option %s\n", argv[i]); return 2; }
+    }
+    if (B < 1 || T < 2 || steps < 1) { fprintf(stderr, "train_cpu: bad sizes\n"); return 2; }
+    size_t rss0, hwm0;
+    rss(&rss0, &hwm0);
+    tk_err err = {0};
+    tk_config c;
+    tk_config_defaults(&c);
+    snprintf(c.model, sizeof c.model, "%s", model);
+    c.num_labels = 2;
+    c.batch_size = B;
+    c.max_len = T;
+    c.threads = threads;
+    c.device = TK_DEVICE_CPU;
+    /* key=value words set config keys: the memory-saving techniques
+     * (precision=fp16 recompute=layers attention=fused optimizer=adamw8bit
+     * freeze_embeddings=true ...) */
+    char tech[512] = "";
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] == '-') { i++; continue; }
+        char kv[256];
+        snprintf(kv, sizeof kv, "%s", argv[i]);
+        char *eq = strchr(kv, '=');
+        if (!eq) { fprintf(stderr, "train_cpu: unexpected '%s'\n", argv[i]); return 2; }
+        *eq = 0;
+        if (tk_config_set(&c, kv, eq + 1, &err) != TK_OK) { fprintf(stderr, "train_cpu: %s\n", err.msg); return 2; }
+        size_t l = strlen(tech);
+        snprintf(tech + l, sizeof tech - l, "%s%s", l ? " " : "", argv[i]);
+    }
+    tk_model_opts o;
+    if (tk_config_resolve_model(&c, &err) != TK_OK || tk_model_opts_from_config(&o, &c, &err) != TK_OK) {
+        fprintf(stderr, "train_cpu: %s\n", err.msg);
+        return 1;
+    }
+    o.seed = 1;
+    tk_dev_opts dopts = {.kind = TK_DEV_CPU, .threads = threads};
+    tk_dev *d = tk_dev_new(&dopts, &err);
+    tk_model *m = d ? tk_model_new(d, &o, &err) : NULL;
+    if (!m || tk_model_init_random(m, 1, &err) != TK_OK) { fprintf(stderr, "train_cpu: %s\n", err.msg); return 1; }
+    int np = 0;
+    tk_optim_param *pp = tk_train_optim_params(m, &np);
+    tk_adamw *opt = pp ? tk_adamw_new(d, &c, pp, np, &err) : NULL;
+    if (!opt) { fprintf(stderr, "train_cpu: %s\n", err.msg[0] ? err.msg : "no optimizer"); return 1; }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)B * T), *mask = malloc(sizeof(int32_t) * (size_t)B * T);
+    int32_t *types = calloc((size_t)B * T, sizeof(int32_t)), *labels = malloc(sizeof(int32_t) * (size_t)B);
+    for (int i = 0; i < B * T; i++) {
+        ids[i] = (int32_t)(1000 + (i * 7919) % 20000);
+        mask[i] = 1;
+    }
+    for (int i = 0; i < B; i++) labels[i] = i % 2;
+    /* accumulate=k: k micro-batches of B/k rows per optimizer step */
+    int k = c.accumulate > 1 ? c.accumulate : 1;
+    if (B % k) { fprintf(stderr, "train_cpu: batch %d is not a multiple of accumulate %d\n", B, k); return 2; }
+    tk_batch b = {.B = B / k, .T = T, .input_ids = ids, .token_type_ids = types, .attention_mask = mask, .labels = labels};
+    float loss = 0, gnorm = 0;
+    double best = 1e30, sum = 0;
+    for (int s = 0; s <= steps; s++) {
+        double t0 = now();
+        int skipped = 0;
+        tk_status st = tk_model_zero_grads(m, &err);
+        for (int j = 0; j < k && st == TK_OK; j++)
+            st = tk_model_forward_backward(m, &b, (uint64_t)(s * k + j), 1.0f / (float)k, &loss, NULL, &err);
+        if (st != TK_OK || tk_adamw_step(opt, 2e-5f, 1.0f, &gnorm, &skipped, &err) != TK_OK) {
+            fprintf(stderr, "train_cpu: %s\n", err.msg);
+            return 1;
+        }
+        double dt = now() - t0;
+        if (s == 0) continue;
+        best = dt < best ? dt : best;
+        sum += dt;
+    }
+    tk_alloc_stats st;
+    tk_alloc_stats_get(tk_dev_alloc(d), &st);
+    size_t rss1, hwm1;
+    rss(&rss1, &hwm1);
+    printf("{\"impl\": \"txkernel\", \"config\": \"%s\", \"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"steps\": %d, "
+           "\"min_ms\": %.2f, \"mean_ms\": %.2f, \"samples_per_s\": %.2f, \"loss\": %.5f, "
+           "\"alloc_peak\": %zu, \"reserved_peak\": %zu, \"rss_growth_peak\": %zu}\n",
+           tech, model, B, T, threads, steps, best * 1e3, sum / steps * 1e3, B / (sum / steps), loss, st.allocated_peak,
+           st.reserved_peak, hwm1 > rss0 ? hwm1 - rss0 : 0);
+    free(ids); free(mask); free(types); free(labels); free(pp);
+    tk_adamw_destroy(&opt);
+    tk_model_destroy(&m);
+    tk_dev_destroy(&d);
+    return 0;
+}

@@ -76,6 +76,19 @@ static double share_longer(const int32_t *len, int n, int max_len) {
 
 static int round_up8(int x) { return (x + 7) / 8 * 8; }
 
+/* The config with its model's dimensions filled in (hidden, layers, vocab,
+ * ... from a preset or config.json) when they were left to the model: the
+ * numbers in diagnoses, risks and the freeze-layers fix need them. The
+ * config itself keeps what the user wrote. */
+static tk_config dims_of(const tk_config *c) {
+    tk_config d = *c;
+    tk_err e;
+    if (d.hidden <= 0 || d.layers <= 0 || d.vocab_size <= 0)
+        if (tk_config_resolve_model(&d, &e) != TK_OK)
+            d = *c;
+    return d;
+}
+
 /* ---- the fixes: pure config -> config ----------------------------------- */
 
 int tk_fix_apply(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_lengths,
@@ -153,10 +166,13 @@ int tk_fix_apply(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_le
         snprintf(reason, rn, "freeze the embeddings: no gradient or optimizer state for them");
         return 0;
     case TK_FIX_FREEZE_LAYERS:
-        if (f->value <= c->freeze_layers || f->value >= c->layers)
+    {
+        int layers = dims_of(c).layers;
+        if (f->value <= c->freeze_layers || f->value >= layers)
             return -1;
         c->freeze_layers = f->value;
-        snprintf(reason, rn, "freeze the first %d of %d encoder layers", f->value, c->layers);
+        snprintf(reason, rn, "freeze the first %d of %d encoder layers", f->value, layers);
+    }
         return 0;
     case TK_FIX_EMPTY_CACHE:
         if (c->empty_cache == TK_EMPTY_EVERY && c->empty_cache_every == 1)
@@ -274,13 +290,15 @@ static void diagnose(adv_ctx *x) {
             int is_head = c->head == TK_HEAD_FLATTEN_DENSE &&
                           strncmp(p->top[0].owner, "bert.", 5) != 0;
             if (is_head) {
-                int64_t in_f = (int64_t)(c->towers > 0 ? c->towers : 1) * c->max_len * c->hidden;
-                size_t w = (size_t)in_f * (size_t)(c->head_units > 0 ? c->head_units : 1) * 4;
+                tk_config dc = dims_of(c);
+                const tk_config *hc = &dc;
+                int64_t in_f = (int64_t)(hc->towers > 0 ? hc->towers : 1) * hc->max_len * hc->hidden;
+                size_t w = (size_t)in_f * (size_t)(hc->head_units > 0 ? hc->head_units : 1) * 4;
                 snprintf(e, sizeof e,
                          "the flatten_dense head's weight is [%d x %lld] = %s in fp32; with its gradient and "
                          "two Adam moments %s. A per-token span head needs %s",
-                         c->head_units, (long long)in_f, fmtb(w, b1), fmtb(4 * w, b2),
-                         fmtb((size_t)(2 * c->hidden + 2) * 4, b3));
+                         hc->head_units, (long long)in_f, fmtb(w, b1), fmtb(4 * w, b2),
+                         fmtb((size_t)(2 * hc->hidden + 2) * 4, b3));
                 x->cause[TK_FIX_HEAD] = 1;
             } else {
                 snprintf(e, sizeof e, "%s of %s allocated at the peak belong to %s",
@@ -429,7 +447,8 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
         case TK_FIX_FREEZE_EMB:
         case TK_FIX_FREEZE_LAYERS: {
             double frozen = 0;
-            const tk_config *cc = &out->config;
+            tk_config dc = dims_of(&out->config);
+            const tk_config *cc = &dc;
             double H = cc->hidden, L = cc->layers;
             double emb = (cc->vocab_size + cc->max_position + cc->type_vocab + 2) * H;
             double layer = 4 * H * H + 2 * H * cc->intermediate + 9 * H + cc->intermediate;
@@ -550,8 +569,9 @@ static int single_fixes(const adv_ctx *x, tk_fix *f, int max) {
     ADD(TK_FIX_ATTENTION, 0, 0);
     ADD(TK_FIX_OPTIM8, 0, 0);
     ADD(TK_FIX_FREEZE_EMB, 0, 0);
-    if (c->layers >= 2)
-        ADD(TK_FIX_FREEZE_LAYERS, c->layers / 2, 0);
+    int layers = dims_of(c).layers;
+    if (layers >= 2)
+        ADD(TK_FIX_FREEZE_LAYERS, layers / 2, 0);
     if (in->oom)
         ADD(TK_FIX_EMPTY_CACHE, 0, 0);
     int eb = c->eval_batch_size > 0 ? c->eval_batch_size : c->batch_size;

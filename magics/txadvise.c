@@ -278,11 +278,12 @@ static int run_txfix(tk_magic_ctx *m) {
         tk_sb t = {0};
         tk_sb_addf(&t, "Fix #%d: %s\n  %s\nChanged:\n%s", i + 1, cand->label, cand->reason,
                    diff && *diff ? diff : "  (nothing)\n");
-        tk_sb_addf(&t, "Planned peak %s reserved (was %s), margin %s%s. The session's config is now this one: "
-                   "%%txtrain trains it (or %%txfix %s --run).\n",
+        tk_sb_addf(&t, "Planned peak %s reserved (was %s), margin %s%s. The session's config is now this one%s%s%s\n",
                    tk_format_bytes(cand->peak, b1, sizeof b1), tk_format_bytes(a->base.peak_reserved, b2, sizeof b2),
                    cand->margin < 0 ? "-" : "",
-                   tk_format_bytes((size_t)(cand->margin < 0 ? -cand->margin : cand->margin), b3, sizeof b3), what);
+                   tk_format_bytes((size_t)(cand->margin < 0 ? -cand->margin : cand->margin), b3, sizeof b3),
+                   run ? "; training it now." : ": %txtrain trains it (or %txfix ", run ? "" : what,
+                   run ? "" : " --run).");
         char *tt = tk_sb_take(&t);
         json_object_set_new(b, "text/plain", json_string(tt ? tt : ""));
         tk_sb h = {0};

@@ -55,7 +55,8 @@ def errors(cell):
 
 def test_01_seed_oom():
     cells = execute("01_seed_oom.ipynb")
-    device, plan, gate, mem0, maxb, data, oom, mem1, fit, timeline = cells
+    (device, plan, gate, mem0, maxb, data, advise0, fix0, plan_fixed, oom, mem1, advise1, fix1, fit,
+     timeline) = cells
     assert "capacity is simulated" in text(device) or "No device opened yet" in text(device)
     # 1. the seed's plan: does not fit 7.43 GiB, activations dominate, attention layers on top
     p = jdata(plan)
@@ -74,6 +75,17 @@ def test_01_seed_oom():
     assert rows[64] >= rows[128] >= rows[256] >= rows[512] and rows[512] < 32
     d = jdata(data)
     assert d["p99"] < 512 and d["pct_truncated"]["128"] < 5
+    # why, and the fix: capacity first, padding among the causes; auto keeps batch 32 and fits
+    a0 = jdata(advise0)
+    kinds = [x["kind"] for x in a0["diagnoses"]]
+    assert kinds[0] == "capacity" and "padding" in kinds, kinds
+    assert a0["auto"] >= 0 and a0["candidates"][a0["auto"]]["fits_margin"]
+    assert "<table" in advise0.outputs[0].data["text/html"]
+    f0 = jdata(fix0)
+    assert f0["fits_margin"] and f0["planned_peak"] <= 0.95 * 7977901752
+    assert "batch_size" not in f0["diff"] or "accumulate" in f0["diff"]
+    pf = jdata(plan_fixed)
+    assert pf["fits"] is True and pf["peak_reserved"] == f0["planned_peak"]
     # 2. the run-time OOM: an autopsy, memory released, kernel alive
     assert [e.ename for e in errors(oom)] == ["OutOfMemoryError"]
     ev = errors(oom)[0].evalue
@@ -82,6 +94,14 @@ def test_01_seed_oom():
         assert what in ev, (what, ev)
     assert "(act)" in ev or "(temp)" in ev
     assert "0 bytes allocated" in text(mem1) or "allocated 0 bytes" in text(mem1)
+    # the advisor on the run-time OOM, then the fix trained: measured == planned
+    a1 = jdata(advise1)
+    assert a1["diagnoses"][0]["kind"] == "capacity" and a1["auto"] >= 0
+    assert not errors(fix1), text(fix1)
+    t1 = text(fix1)
+    assert "Measured peak" in t1 and t1.count("equal, byte for byte") == 2, t1
+    r1 = [o for o in fix1.outputs if o.output_type == "execute_result"][-1].data["application/json"]
+    assert r1["steps"] > 0 and r1["peak_reserved"] <= 200 * 2**20 and r1["allocated_after"] == 0
     # 3. the run that fits trains, and measured peak == planned peak on the cpu
     assert not errors(fit)
     res = [o for o in fit.outputs if o.output_type == "execute_result"][-1].data["application/json"]
@@ -92,7 +112,7 @@ def test_01_seed_oom():
 
 
 def test_02_squad_flatten_head():
-    plan, plan1, span = execute("02_squad_flatten_head.ipynb")
+    plan, plan1, advise, span = execute("02_squad_flatten_head.ipynb")
     p = jdata(plan)
     assert p["fits"] is False
     assert p["top"][0]["owner"] == "classifier"
@@ -106,5 +126,12 @@ def test_02_squad_flatten_head():
     p1 = jdata(plan1)
     assert p1["batch"] == 1 and p1["fits"] is False
     assert p1["param_bytes"] + p1["grad_bytes"] + p1["optim_bytes"] > p1["capacity"]
+    a = jdata(advise)
+    kinds = [d["kind"] for d in a["diagnoses"]]
+    assert "dominant layer" in kinds
+    dom = [d for d in a["diagnoses"] if d["kind"] == "dominant layer"][0]
+    assert dom["title"].startswith("classifier") and "[1604 x 786432]" in dom["evidence"]
+    assert a["candidates"][0]["label"] == "span head" and a["candidates"][0]["fits_margin"]
+    assert all(not c["fits"] for c in a["candidates"][1:] if "head" not in c["label"])
     ps = jdata(span)
     assert ps["fits"] is True and ps["peak_reserved"] < p["peak_reserved"] / 3

@@ -169,3 +169,18 @@ def test_sweep_techniques_match_first_principles():
     # the seed's 7.43 GiB: the baseline does not fit, fp16 + recompute does
     base = _sweep("bert-base-cased", 32, None, "capacity=7.43GiB")
     assert not base["baseline"]["fits"] and base["fp16 + recompute layers"]["fits"]
+
+
+def test_finetune_above_chance_in_under_two_minutes():
+    """`txk train` on the generated 3-class reviews (chance ~0.33): bert-tiny
+    from random init, the example config, timed end to end."""
+    import time
+    t0 = time.time()
+    r = subprocess.run([TXK, "train", os.path.join("examples", "reviews_tiny.yaml"), "--json"], cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    wall = time.time() - t0
+    assert r.returncode == 0, r.stderr
+    epochs = json.loads(r.stdout)
+    assert len(epochs) == 3
+    assert epochs[-1]["dev_acc"] >= 0.8, epochs
+    assert wall < 120, wall

@@ -127,7 +127,7 @@ static int check_words(char **argv, int argc, const char *const *valued, const c
 
 static int cmd_plan(int argc, char **argv) {
     if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P] [--max-batch] [--sweep] [--json]\n"); return EXIT_USAGE; }
-    static const char *const valued[] = {"--gpu", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", NULL};
+    static const char *const valued[] = {"--gpu", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", "--measure", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
     tk_config c;
@@ -140,8 +140,9 @@ static int cmd_plan(int argc, char **argv) {
     }
     int json = has_flag(argv, argc, "--json");
     json_t *b = NULL;
-    if (has_flag(argv, argc, "--max-batch") || has_flag(argv, argc, "--sweep")) {
-        tk_status st = has_flag(argv, argc, "--sweep") ? tk_sweep_report(&c, &b, &err) : tk_max_batch_report(&c, &b, &err);
+    if (has_flag(argv, argc, "--max-batch") || has_flag(argv, argc, "--sweep") || has_flag(argv, argc, "--measure")) {
+        tk_status st = has_flag(argv, argc, "--sweep") || has_flag(argv, argc, "--measure")
+                             ? tk_sweep_report(&c, has_flag(argv, argc, "--measure"), &b, &err) : tk_max_batch_report(&c, &b, &err);
         if (st != TK_OK) {
             fprintf(stderr, "txk: %s\n", err.msg);
             return EXIT_ERR;

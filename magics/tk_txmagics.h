@@ -62,7 +62,11 @@ tk_status tk_max_batch_report(const tk_config *c, json_t **bundle, tk_err *err);
  * at a quarter of the batch, ...): a table bundle; application/json is one
  * row per technique with peak_reserved, peak_allocated, at_peak per
  * category, optim_bytes, grad_bytes, n_params. */
-tk_status tk_sweep_report(const tk_config *c, json_t **bundle, tk_err *err);
+/* measure: also run each row for two optimizer steps (+ one eval batch) of
+ * synthetic data on a fresh cpu device: measured peaks, whether they equal
+ * the plan, and ms per step (rows gain measured_peak_allocated/_reserved,
+ * measured_equals_plan, ms_per_step). */
+tk_status tk_sweep_report(const tk_config *c, int measure, json_t **bundle, tk_err *err);
 
 /* The device: kind, name, capacity, free, other processes (NVML when the
  * driver has it), driver/CUDA versions; on cpu and meta the capacity is said

@@ -12,11 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tk_magics.h"
+#include "tk_model.h"
 #include "tk_plan.h"
 #include "tk_render.h"
 #include "tk_session.h"
+#include "tk_train.h"
 #include "tk_txmagics.h"
 
 /* Largest batch in [1, hi] whose plan fits `cap`, by bisection (a plan's
@@ -127,15 +130,76 @@ static const sweep_row SWEEP[] = {
     {"fp16 + recompute + fused + 8-bit AdamW", {"precision=fp16", "recompute=layers", "attention=fused", "optimizer=adamw8bit"}},
 };
 
-tk_status tk_sweep_report(const tk_config *c0, json_t **bundle, tk_err *err) {
+/* Runs config c for two optimizer steps (2 x accumulate micro-batches of
+ * synthetic ids) and one eval batch on a fresh cpu device, the way the
+ * planner replays it; fills the measured peaks and the wall time per step. */
+static tk_status measure_on_cpu(tk_config c, size_t *peak_alloc, size_t *peak_res, double *ms_per_step,
+                                tk_err *err) {
+    c.device = TK_DEVICE_CPU;
+    c.capacity = 0;
+    c.gpu[0] = 0;
+    c.epochs = 1;
+    c.max_steps = 0;
+    c.output_dir[0] = 0;
+    c.resume_from[0] = 0;
+    tk_model_opts mo;
+    if (tk_model_opts_from_config(&mo, &c, err) != TK_OK) return err->status;
+    tk_dev_opts dopts = {.kind = TK_DEV_CPU, .threads = c.threads};
+    tk_dev *d = tk_dev_new(&dopts, err);
+    tk_model *m = d ? tk_model_new(d, &mo, err) : NULL;
+    tk_status st = m ? tk_model_init_random(m, 3, err) : (err->status ? err->status : TK_EDEVICE);
+    int rows = c.head == TK_HEAD_FLATTEN_DENSE ? (c.towers > 0 ? c.towers : 1) : 1;
+    int B = c.batch_size, T = c.max_len, EB = c.eval_batch_size > 0 ? c.eval_batch_size : B;
+    int k = c.accumulate > 1 ? c.accumulate : 1;
+    size_t nb = (size_t)(B > EB ? B : EB) * rows * T;
+    int32_t *ids = malloc(nb * 4), *types = calloc(nb, 4), *mask = malloc(nb * 4);
+    int32_t *lab = calloc((size_t)(B > EB ? B : EB), 4);
+    tk_batch *train = calloc((size_t)(2 * k), sizeof *train);
+    if (st == TK_OK && (!ids || !types || !mask || !lab || !train)) {
+        tk_err_set(err, TK_EINVAL, "out of host memory");
+        st = TK_EINVAL;
+    }
+    if (st == TK_OK) {
+        for (size_t i = 0; i < nb; i++) {
+            ids[i] = (int32_t)(100 + i % 500);
+            mask[i] = 1;
+        }
+        for (int i = 0; i < 2 * k; i++)
+            train[i] = (tk_batch){.B = B, .T = T, .input_ids = ids, .token_type_ids = types, .attention_mask = mask,
+                                  .labels = lab, .start_positions = lab, .end_positions = lab};
+        tk_batch dev = train[0];
+        dev.B = EB;
+        tk_train_result r;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        st = tk_train_run(&c, m, train, 2 * k, &dev, 1, NULL, &r, err);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        *peak_alloc = r.peak_allocated;
+        *peak_res = r.peak_reserved;
+        double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        *ms_per_step = r.steps > 0 ? 1e3 * sec / (double)r.steps : 0;
+        tk_train_result_clear(&r);
+    }
+    free(ids);
+    free(types);
+    free(mask);
+    free(lab);
+    free(train);
+    tk_model_destroy(&m);
+    tk_dev_destroy(&d);
+    return st;
+}
+
+tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_err *err) {
     *bundle = NULL;
     size_t cap = tk_session_capacity_of(c0);
     char title[256], b[8][32];
     snprintf(title, sizeof title, "Peak per technique: %.120s, batch %d x max_len %d%s%s (planned on meta)", c0->model,
              c0->batch_size, c0->max_len, cap ? ", capacity " : "", cap ? tk_format_bytes(cap, b[0], sizeof b[0]) : "");
     const char *h[] = {"technique", ">peak reserved", ">vs baseline", ">param", ">grad", ">optim", ">act", ">temp",
-                       "fits"};
-    tk_rtable *t = tk_rtable_new(title, 9, h);
+                       "fits", ">measured on cpu", "= plan", ">ms/step", ">time vs baseline"};
+    tk_rtable *t = tk_rtable_new(title, measure ? 13 : 9, h);
+    double base_ms = 0;
     if (!t) {
         tk_err_set(err, TK_EINVAL, "out of host memory");
         return TK_EINVAL;
@@ -162,11 +226,20 @@ tk_status tk_sweep_report(const tk_config *c0, json_t **bundle, tk_err *err) {
         if (tk_config_validate(&c, err) != TK_OK || tk_plan(&c, NULL, 0, &p, err) != TK_OK) goto fail;
         if (i == 0) base = p.peak_reserved;
         const size_t *bc = p.by_cat_at_peak;
-        tk_rtable_rowf(t, "%s\t%s\t%.2fx\t%s\t%s\t%s\t%s\t%s\t%s", SWEEP[i].label,
+        size_t m_alloc = 0, m_res = 0;
+        double ms = 0;
+        if (measure) {
+            if (measure_on_cpu(c, &m_alloc, &m_res, &ms, err) != TK_OK) goto fail;
+            if (i == 0) base_ms = ms;
+        }
+        int same = m_alloc == p.peak_allocated && m_res == p.peak_reserved;
+        tk_rtable_rowf(t, measure ? "%s\t%s\t%.2fx\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.2fx"
+                                  : "%s\t%s\t%.2fx\t%s\t%s\t%s\t%s\t%s\t%s", SWEEP[i].label,
                        tk_format_bytes(p.peak_reserved, b[0], sizeof b[0]), base ? (double)p.peak_reserved / (double)base : 1.0,
                        tk_format_bytes(bc[TK_CAT_PARAM], b[1], sizeof b[1]), tk_format_bytes(bc[TK_CAT_GRAD], b[2], sizeof b[2]),
                        tk_format_bytes(bc[TK_CAT_OPTIM], b[3], sizeof b[3]), tk_format_bytes(bc[TK_CAT_ACT], b[4], sizeof b[4]),
-                       tk_format_bytes(bc[TK_CAT_TEMP], b[5], sizeof b[5]), cap ? (p.fits ? "yes" : "no") : "-");
+                       tk_format_bytes(bc[TK_CAT_TEMP], b[5], sizeof b[5]), cap ? (p.fits ? "yes" : "no") : "-",
+                       tk_format_bytes(m_res, b[6], sizeof b[6]), same ? "yes" : "NO", ms, base_ms > 0 ? ms / base_ms : 1.0);
         json_t *cats = json_object();
         for (int k = 0; k < TK_CAT_COUNT; k++) json_object_set_new(cats, tk_cat_name((tk_cat)k), json_integer((json_int_t)bc[k]));
         json_array_append_new(rows, json_pack("{s:s, s:I, s:I, s:I, s:o, s:I, s:I, s:b, s:i}", "technique", SWEEP[i].label,
@@ -174,6 +247,13 @@ tk_status tk_sweep_report(const tk_config *c0, json_t **bundle, tk_err *err) {
                                               (json_int_t)p.peak_allocated, "n_params", (json_int_t)p.n_params, "at_peak",
                                               cats, "optim_bytes", (json_int_t)p.optim_bytes, "grad_bytes",
                                               (json_int_t)p.grad_bytes, "fits", p.fits, "batch", c.batch_size));
+        if (measure) {
+            json_t *row = json_array_get(rows, json_array_size(rows) - 1);
+            json_object_set_new(row, "measured_peak_allocated", json_integer((json_int_t)m_alloc));
+            json_object_set_new(row, "measured_peak_reserved", json_integer((json_int_t)m_res));
+            json_object_set_new(row, "measured_equals_plan", json_boolean(same));
+            json_object_set_new(row, "ms_per_step", json_real(ms));
+        }
         labels[i] = SWEEP[i].label;
         vals[i] = (double)p.peak_reserved / (1 << 20);
     }
@@ -210,13 +290,14 @@ static int run_txplan(tk_magic_ctx *m) {
     tk_config c;
     if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     char **argv = NULL;
-    int argc = 0, json_only = 0, max_batch = 0, sweep = 0, rc = 0;
+    int argc = 0, json_only = 0, max_batch = 0, sweep = 0, measure = 0, rc = 0;
     tk_err err = {0};
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
         if (!strcmp(argv[i], "--json")) json_only = 1;
         else if (!strcmp(argv[i], "--max-batch")) max_batch = 1;
         else if (!strcmp(argv[i], "--sweep")) sweep = 1;
+        else if (!strcmp(argv[i], "--measure")) measure = sweep = 1;
         else if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file")) {
             if (i + 1 >= argc) {
                 rc = tk_magic_error(m, "UsageError", "%s needs a value", argv[i]);
@@ -247,7 +328,7 @@ static int run_txplan(tk_magic_ctx *m) {
             }
         } else if (!strncmp(argv[i], "--", 2)) {
             rc = tk_magic_error(m, "UsageError", "%%txplan: unknown option %s\nusage: %%txplan [key=value ...] "
-                                                  "[--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--sweep] [--json]", argv[i]);
+                                                  "[--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]", argv[i]);
         }
     }
     tk_txargs_free(argv, argc);
@@ -257,7 +338,8 @@ static int run_txplan(tk_magic_ctx *m) {
     if (max_batch) {
         if (tk_max_batch_report(&c, &bundle, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
     } else if (sweep) {
-        if (tk_sweep_report(&c, &bundle, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
+        if (tk_sweep_report(&c, measure, &bundle, &err) != TK_OK)
+            return tk_magic_error(m, "PlanError", "%s", err.msg);
     } else {
         int n = 0;
         const int *len = tk_session_lengths(s, &n);
@@ -282,7 +364,7 @@ static int run_txplan(tk_magic_ctx *m) {
 
 static const tk_magic_def TXPLAN[] = {
     {"txplan", TK_MAGIC_BOTH, run_txplan, "predicted peak memory of a run and who takes it, without training",
-     "%txplan [key=value ...] [--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--sweep] [--json]\n"
+     "%txplan [key=value ...] [--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]\n"
      "%%txplan [key=value ...]\n<YAML config>\n\n"
      "Runs one training step (and an eval step) of the config on the meta device: no\n"
      "arithmetic, same allocator, same allocation order as a real run. Shows the peak\n"
@@ -292,7 +374,8 @@ static const tk_magic_def TXPLAN[] = {
      "--max-batch: the largest batch for max_len 64..512 that fits the capacity.\n"
      "--sweep: the peak (and its categories) with each memory-saving technique and a few\n"
      "combinations: recompute, fused attention, fp16/bf16, 8-bit AdamW, frozen embeddings,\n"
-     "accumulation."},
+     "accumulation. --measure also runs each row for two steps on the cpu (keep the\n"
+     "model small) and shows the measured peak, whether it equals the plan, and ms/step."},
 };
 
 int tk_magics_register_txplan(tk_magics *m) { return tk_magics_add_table(m, TXPLAN, 1); }

@@ -135,3 +135,24 @@ def test_02_squad_flatten_head():
     assert all(not c["fits"] for c in a["candidates"][1:] if "head" not in c["label"])
     ps = jdata(span)
     assert ps["fits"] is True and ps["peak_reserved"] < p["peak_reserved"] / 3
+
+
+def test_03_techniques():
+    planned, measured, advise = execute("03_techniques.ipynb")
+    rows = {r["technique"]: r for r in jdata(planned)}
+    base = rows["baseline"]
+    assert not base["fits"] and base["peak_reserved"] > 7977901752
+    # each technique lowers the peak; a combination fits the seed's card
+    assert all(r["peak_reserved"] <= base["peak_reserved"] for r in rows.values())
+    assert rows["fp16 + recompute layers"]["fits"] and rows["fp16 + recompute + fused + 8-bit AdamW"]["fits"]
+    assert rows["8-bit AdamW"]["at_peak"]["act"] == base["at_peak"]["act"]
+    assert rows["fp16"]["at_peak"]["param"] > base["at_peak"]["param"]
+    assert "image/svg+xml" in planned.outputs[0].data and "<table" in planned.outputs[0].data["text/html"]
+    # measured on the cpu: every row's peak equals its plan, byte for byte, and was timed
+    m = jdata(measured)
+    assert len(m) == len(rows)
+    for r in m:
+        assert r["measured_equals_plan"] is True, r
+        assert r["measured_peak_reserved"] == r["peak_reserved"] and r["ms_per_step"] > 0
+    a = jdata(advise)
+    assert a["diagnoses"][0]["kind"] == "capacity" and a["candidates"][0]["fits_margin"]

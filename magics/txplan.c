@@ -48,6 +48,27 @@ static int largest_batch(tk_config c, int seq, size_t cap, int hi, size_t *peak,
     return lo;
 }
 
+/* A table bundle with a bar chart: text/plain `text` (taken), the table's
+ * HTML followed by the SVG chart, the SVG alone, the Vega-Lite spec, and
+ * `json` (taken) as application/json. */
+static json_t *bars_bundle(const tk_rtable *t, char *text, const char *title, const char *unit, const char *label_field,
+                           const char *value_field, int n, const char *const *labels, const double *vals, json_t *json) {
+    json_t *out = tk_bundle_new("");
+    tk_bundle_take(out, "text/plain", text);
+    char *html = tk_rtable_html(t);
+    char *svg = tk_svg_bars(title, unit, n, labels, vals);
+    tk_sb hs = {0};
+    if (html) tk_sb_add(&hs, html);
+    if (svg) tk_sb_add(&hs, svg);
+    free(html);
+    tk_bundle_take(out, "text/html", tk_sb_take(&hs));
+    tk_bundle_take(out, "image/svg+xml", svg);
+    tk_bundle_take_json(out, "application/vnd.vegalite.v5+json",
+                        tk_vegalite_bars(title, label_field, value_field, n, labels, vals));
+    tk_bundle_take_json(out, "application/json", json);
+    return out;
+}
+
 tk_status tk_max_batch_report(const tk_config *c0, json_t **bundle, tk_err *err) {
     tk_config c = *c0;
     size_t cap = tk_session_capacity_of(&c);
@@ -87,27 +108,15 @@ tk_status tk_max_batch_report(const tk_config *c0, json_t **bundle, tk_err *err)
         labels[n] = lb[n];
         vals[n++] = b;
     }
-    json_t *out = tk_bundle_new("");
     char *txt = tk_rtable_text(t);
     tk_sb s = {0};
     tk_sb_addf(&s, "%s(%s, precision %s, optimizer %s; planned on meta, nothing allocated)\n", txt ? txt : "",
                c.model, c.precision == TK_PREC_FP32 ? "fp32" : c.precision == TK_PREC_FP16 ? "fp16" : "bf16",
                c.optimizer == TK_OPTIM_ADAMW8 ? "adamw8bit" : "adamw");
     free(txt);
-    tk_bundle_take(out, "text/plain", tk_sb_take(&s));
-    char *html = tk_rtable_html(t);
-    char *svg = tk_svg_bars(title, "batch", n, labels, vals);
-    tk_sb hs = {0};
-    if (html) tk_sb_add(&hs, html);
-    if (svg) tk_sb_add(&hs, svg);
-    free(html);
-    tk_bundle_take(out, "text/html", tk_sb_take(&hs));
-    tk_bundle_take(out, "image/svg+xml", svg);
-    tk_bundle_take_json(out, "application/vnd.vegalite.v5+json",
-                        tk_vegalite_bars(title, "max_len", "largest_batch", n, labels, vals));
-    tk_bundle_take_json(out, "application/json", tk_rtable_json(t));
+    *bundle = bars_bundle(t, tk_sb_take(&s), title, "batch", "max_len", "largest_batch", n, labels, vals,
+                          tk_rtable_json(t));
     tk_rtable_destroy(&t);
-    *bundle = out;
     return TK_OK;
 }
 
@@ -209,6 +218,7 @@ tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_
     double vals[sizeof SWEEP / sizeof SWEEP[0]];
     json_t *rows = json_array();
     size_t base = 0;
+    int nl = 0; /* rows shown (accumulate needs a batch it divides) */
     for (int i = 0; i < n; i++) {
         tk_config c = *c0;
         for (int k = 0; k < 4 && SWEEP[i].kv[k]; k++) {
@@ -254,27 +264,12 @@ tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_
             json_object_set_new(row, "measured_equals_plan", json_boolean(same));
             json_object_set_new(row, "ms_per_step", json_real(ms));
         }
-        labels[i] = SWEEP[i].label;
-        vals[i] = (double)p.peak_reserved / (1 << 20);
+        labels[nl] = SWEEP[i].label;
+        vals[nl++] = (double)p.peak_reserved / (1 << 20);
     }
-    {
-        json_t *out = tk_bundle_new("");
-        tk_bundle_take(out, "text/plain", tk_rtable_text(t));
-        char *html = tk_rtable_html(t);
-        char *svg = tk_svg_bars(title, "MiB", n, labels, vals);
-        tk_sb hs = {0};
-        if (html) tk_sb_add(&hs, html);
-        if (svg) tk_sb_add(&hs, svg);
-        free(html);
-        tk_bundle_take(out, "text/html", tk_sb_take(&hs));
-        tk_bundle_take(out, "image/svg+xml", svg);
-        tk_bundle_take_json(out, "application/vnd.vegalite.v5+json",
-                            tk_vegalite_bars(title, "technique", "peak_MiB", n, labels, vals));
-        tk_bundle_take_json(out, "application/json", rows);
-        tk_rtable_destroy(&t);
-        *bundle = out;
-        return TK_OK;
-    }
+    *bundle = bars_bundle(t, tk_rtable_text(t), title, "MiB", "technique", "peak_MiB", nl, labels, vals, rows);
+    tk_rtable_destroy(&t);
+    return TK_OK;
 fail:
     json_decref(rows);
     tk_rtable_destroy(&t);

@@ -10,11 +10,15 @@ with torch.nn (nn.TransformerEncoderLayer computes BERT's layer).
 import argparse
 import time
 
+import os
+import sys
+
 import torch
 import torch.nn as nn
 
-DIMS = {"bert-tiny": (2, 128, 2, 512), "bert-mini": (4, 256, 4, 1024), "bert-small": (4, 512, 8, 2048),
-        "bert-medium": (8, 512, 8, 2048), "bert-base-uncased": (12, 768, 12, 3072)}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_bert import DIMS, Bert, batch  # noqa: E402
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="bert-mini")
 ap.add_argument("--batch", type=int, default=32)
@@ -23,34 +27,13 @@ ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--steps", type=int, default=5)
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
-L, H, NH, I = DIMS[a.model]
-
-
-class Bert(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.word, self.pos, self.typ = nn.Embedding(30522, H), nn.Embedding(512, H), nn.Embedding(2, H)
-        self.ln = nn.LayerNorm(H, eps=1e-12)
-        self.drop = nn.Dropout(0.1)
-        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(H, NH, I, 0.1, activation="gelu", batch_first=True,
-                                                               layer_norm_eps=1e-12) for _ in range(L))
-        self.pool, self.cls = nn.Linear(H, H), nn.Linear(H, 2)
-
-    def forward(self, ids, pad):
-        T = ids.shape[1]
-        x = self.word(ids) + self.pos(torch.arange(T))[None] + self.typ(torch.zeros_like(ids))
-        x = self.drop(self.ln(x))
-        for layer in self.layers:
-            x = layer(x, src_key_padding_mask=pad)
-        return self.cls(self.drop(torch.tanh(self.pool(x[:, 0]))))
+assert a.model in DIMS, f"unknown model {a.model} (known: {', '.join(DIMS)})"
 
 
 torch.manual_seed(1)
-m = Bert().train()
+m = Bert(a.model).train()
 B, T = a.batch, a.seq
-ids = (1000 + (torch.arange(B * T) * 7919) % 20000).reshape(B, T)
-pad = torch.zeros(B, T, dtype=torch.bool)
-labels = torch.arange(B) % 2
+ids, pad, labels = batch(B, T)
 times = []
 for s in range(a.steps + 1):
     t0 = time.perf_counter()

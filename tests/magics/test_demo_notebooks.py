@@ -102,11 +102,13 @@ def test_01_seed_oom():
     assert "Measured peak" in t1 and t1.count("equal, byte for byte") == 2, t1
     r1 = [o for o in fix1.outputs if o.output_type == "execute_result"][-1].data["application/json"]
     assert r1["steps"] > 0 and r1["peak_reserved"] <= 200 * 2**20 and r1["allocated_after"] == 0
+    assert r1["dev_acc"] > 0.6, r1  # 3 classes: chance is ~0.33
     # 3. the run that fits trains, and measured peak == planned peak on the cpu
     assert not errors(fit)
     res = [o for o in fit.outputs if o.output_type == "execute_result"][-1].data["application/json"]
     assert res["steps"] > 0 and res["peak_allocated"] == res["planned_peak_allocated"]
     assert res["peak_reserved"] <= 200 * 2**20 and res["allocated_after"] == 0
+    assert res["dev_acc"] > 0.6, res
     assert "Per epoch" in text(fit)
     assert any("image/svg+xml" in o.get("data", {}) for o in timeline.outputs)
 

@@ -28,6 +28,14 @@ size_t tk_tensor_nbytes(const tk_tensor *t) {
  * bert.encoder.layer.7.output.dense (act). Device NVIDIA T4 has a capacity of
  * 14.75 GiB of which 8.00 MiB is free; 13.10 GiB is allocated and 13.50 GiB
  * reserved (...)". */
+/* "f32 [32, 12, 512, 512]" */
+static void describe(tk_dtype dt, const int64_t *shape, int ndim, char *buf, size_t n) {
+    size_t len = (size_t)snprintf(buf, n, "%s [", tk_dtype_name(dt));
+    for (int i = 0; i < ndim && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (len < n) snprintf(buf + len, n - len, "]");
+}
+
 static void oom_message(tk_dev *d, const tk_oom *o, tk_err *err) {
     char req[32], cap[32], fr[32], al[32], rs[32], gap[32], lf[32], where[200];
     tk_dev_info info;
@@ -46,10 +54,10 @@ static void oom_message(tk_dev *d, const tk_oom *o, tk_err *err) {
         snprintf(where, sizeof where, "Device %.80s (no capacity limit set) refused more memory",
                  info.name);
     tk_err_set(err, TK_EOOM,
-               "%s out of memory: tried to allocate %s for %s (%s). %s; %s is allocated and %s "
+               "%s out of memory: tried to allocate %s for %s (%s%s%s). %s; %s is allocated and %s "
                "reserved (%s reserved but unallocated, largest free block %s).%s",
                d->kind == TK_DEV_CUDA ? "CUDA" : "Device", req, o->owner_name,
-               tk_cat_name(o->tag.cat), where, al, rs, gap, lf,
+               tk_cat_name(o->tag.cat), o->tensor[0] ? ", " : "", o->tensor, where, al, rs, gap, lf,
                o->fragmentation ? " The cache is fragmented: enough is reserved but no free block "
                                   "is large enough; emptying the cache would let it start over." : "");
 }
@@ -91,7 +99,10 @@ tk_status tk_tensor_alloc(tk_dev *d, tk_tensor *t, tk_dtype dt, int ndim, const 
     tk_status st = tk_alloc_malloc(d->alloc, bytes, t->tag, &p, &d->last_oom);
     if (st != TK_OK) {
         d->has_oom = st == TK_EOOM;
-        if (st == TK_EOOM) oom_message(d, &d->last_oom, err);
+        if (st == TK_EOOM) {
+            describe(dt, shape, ndim, d->last_oom.tensor, sizeof d->last_oom.tensor);
+            oom_message(d, &d->last_oom, err);
+        }
         else tk_err_set(err, st, "tensor for %s: allocator refused the tag", who);
         memset(t, 0, sizeof *t);
         return st;

@@ -112,6 +112,7 @@ typedef struct tk_oom {
     size_t by_cat[TK_CAT_COUNT]; /* live bytes per category */
     int n_top;
     struct { char owner[128]; size_t bytes; } top[TK_OOM_TOP]; /* top live owners */
+    char tensor[96];         /* the tensor asked for, "f32 [32, 12, 512, 512]" ("" when not a tensor) */
 } tk_oom;
 
 typedef struct tk_alloc_stats {

@@ -272,9 +272,10 @@ static void oom_hints(tk_sb *b, const tk_oom *o) {
 char *tk_report_oom_text(const tk_oom *o, const char *phase) {
     tk_sb b = {0};
     char r[32], cap[32], fr[32], al[32], rs[32], lf[32];
-    tk_sb_addf(&b, "Out of device memory%s%s: tried to allocate %s (rounded %s) for %s (%s).\n",
+    tk_sb_addf(&b, "Out of device memory%s%s: tried to allocate %s (rounded %s) for %s (%s%s%s).\n",
                phase && *phase ? " during " : "", phase ? phase : "", B(o->requested, r), B(o->rounded, lf),
-               o->owner_name[0] ? o->owner_name : "(unowned)", tk_cat_name(o->tag.cat));
+               o->owner_name[0] ? o->owner_name : "(unowned)", tk_cat_name(o->tag.cat), o->tensor[0] ? ", " : "",
+               o->tensor);
     tk_sb_addf(&b, "Capacity %s, free %s, allocated %s, reserved %s, largest free block %s.\n", B(o->capacity, cap),
                B(o->free_bytes, fr), B(o->allocated, al), B(o->reserved, rs), B(o->largest_free_block, lf));
     tk_sb_add(&b, "Live memory by category:");
@@ -291,12 +292,13 @@ json_t *tk_report_oom_json(const tk_oom *o, const char *phase) {
     json_t *top = json_array();
     for (int i = 0; i < o->n_top; i++)
         json_array_append_new(top, json_pack("{s:s, s:I}", "owner", o->top[i].owner, "bytes", (json_int_t)o->top[i].bytes));
-    return json_pack("{s:s, s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:o, s:o}", "phase", phase ? phase : "",
+    return json_pack("{s:s, s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:o, s:o, s:s}", "phase", phase ? phase : "",
                      "requested", (json_int_t)o->requested, "rounded", (json_int_t)o->rounded, "owner", o->owner_name,
                      "category", tk_cat_name(o->tag.cat), "capacity", (json_int_t)o->capacity, "free",
                      (json_int_t)o->free_bytes, "allocated", (json_int_t)o->allocated, "reserved",
                      (json_int_t)o->reserved, "largest_free_block", (json_int_t)o->largest_free_block,
-                     "fragmentation", o->fragmentation, "by_category", cats_json(o->by_cat), "top", top);
+                     "fragmentation", o->fragmentation, "by_category", cats_json(o->by_cat), "top", top,
+                     "tensor", o->tensor);
 }
 
 /* ---- history ------------------------------------------------------------------ */

@@ -108,6 +108,9 @@ static void test_runtime_oom_then_fit(void) {
         TK_CHECK_MSG(strstr(v, "tried to allocate") && strstr(v, "Capacity 21.00 MiB") && strstr(v, "Top owners:") &&
                          strstr(v, "allocated is back to 0 bytes"),
                      "%s", v);
+        /* the first line names the tensor: "... for <owner> (<cat>, f32 [8, 32, 64])." */
+        const char *nl = strchr(v, '\n'), *lb = strstr(v, " [");
+        TK_CHECK_MSG(lb && nl && lb < nl && strstr(v, "]).") && strstr(v, "]).") < nl, "%s", v);
         json_decref(m);
         TK_CHECK_EQ_INT(mem_field("allocated"), 0);
     }

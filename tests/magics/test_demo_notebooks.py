@@ -92,7 +92,7 @@ def test_01_seed_oom():
     for what in ("tried to allocate", "Capacity 200.00 MiB", "largest free block", "Top owners:",
                  "allocated is back to 0 bytes"):
         assert what in ev, (what, ev)
-    assert "(act)" in ev or "(temp)" in ev
+    assert "(act, f32 [" in ev or "(temp, f32 [" in ev
     assert "0 bytes allocated" in text(mem1) or "allocated 0 bytes" in text(mem1)
     # the advisor on the run-time OOM, then the fix trained: measured == planned
     a1 = jdata(advise1)

@@ -2,7 +2,7 @@
  * the notebook magics, as text or (with --json) as JSON for scripts.
  *
  *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE] [--max-batch] [--sweep] [--json]
- *   txk train cfg.yaml [key=value ...] [--json]
+ *   txk train cfg.yaml [key=value ...] [--no-plan] [--json]
  *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [-o F]] [--json]
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
  *   txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]
@@ -199,8 +199,8 @@ static int train_progress(void *ud, const struct tk_progress *p) {
 }
 
 static int cmd_train(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: txk train cfg.yaml [key=value ...] [--json]\n"); return EXIT_USAGE; }
-    static const char *const bare[] = {"--json", NULL};
+    if (argc < 1) { fprintf(stderr, "usage: txk train cfg.yaml [key=value ...] [--no-plan] [--json]\n"); return EXIT_USAGE; }
+    static const char *const bare[] = {"--json", "--no-plan", NULL};
     int rc = check_words(argv + 1, argc - 1, NULL, bare);
     if (rc) return rc;
     tk_config c;
@@ -210,7 +210,8 @@ static int cmd_train(int argc, char **argv) {
     if (!s) return EXIT_ERR;
     signal(SIGINT, on_sigint);
     train_view v = {isatty(2), 0};
-    tk_run_hooks h = {.on_note = train_note, .on_progress = train_progress, .ud = &v};
+    tk_run_hooks h = {.on_note = train_note, .on_progress = train_progress, .ud = &v,
+                      .ignore_plan = has_flag(argv, argc, "--no-plan")};
     tk_run_report r;
     tk_err err = {0};
     tk_status st = tk_session_train(s, &c, &h, &r, &err);
@@ -464,7 +465,7 @@ typedef struct { const char *name; int (*run)(int argc, char **argv); const char
 static const txk_cmd CMDS[] = {
     {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P] [--max-batch|--sweep] [--json]   planned peak memory, no training"},
     {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes"},
-    {"train", cmd_train, "cfg.yaml [key=value ...] [--json]   plan, then train (stops before allocating if it won't fit)"},
+    {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway)"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
     {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
     {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory"},

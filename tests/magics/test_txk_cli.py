@@ -184,3 +184,19 @@ def test_finetune_above_chance_in_under_two_minutes():
     assert len(epochs) == 3
     assert epochs[-1]["dev_acc"] >= 0.8, epochs
     assert wall < 120, wall
+
+
+def test_train_plan_gate_and_run_time_oom_exit_statuses():
+    """A run that does not fit a simulated 200 MiB: `txk train` stops before
+    allocating (exit 3); with --no-plan it meets the OOM at run time and
+    prints the autopsy (exit 4), naming the tensor it was allocating."""
+    c = cfg(f"model: bert-tiny\nvocab: {DATA}/vocab_cased.txt\ntrain_file: {DATA}/reviews_train.csv\n"
+            "max_len: 256\nbatch_size: 64\nmax_examples: 128\ndevice: {capacity: 200MiB}\n")
+    rc, out, err = txk("train", c)
+    assert rc == 3 and "stopped before allocating anything" in err, err
+    rc, out, err = txk("train", c, "--no-plan")
+    assert rc == 4, (out, err)
+    first = out.splitlines()[0]
+    assert "tried to allocate" in first and "f32 [" in first and "Top owners:" in out, out
+    rc, out, err = txk("train", c, "--no-plan", "--json")
+    assert rc == 4 and json.loads(out)["tensor"].startswith("f32 [")

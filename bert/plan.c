@@ -75,16 +75,16 @@ typedef struct {
     tk_cost train_cost, eval_cost;
     int64_t n_params, n_trainable;
     int n_top;
-    struct { char owner[128]; size_t bytes; } top[TK_PLAN_TOP];
+    struct { char owner[128]; size_t bytes, by_cat[TK_CAT_COUNT]; } top[TK_PLAN_TOP];
 } sim_out;
 
 static void top_owners(tk_alloc *a, sim_out *o) {
     int n = tk_alloc_n_owners(a);
     o->n_top = 0;
     for (int id = 0; id < n; id++) {
-        size_t b = 0;
+        size_t b = 0, bc[TK_CAT_COUNT];
         for (int c = 0; c < TK_CAT_COUNT; c++)
-            b += tk_alloc_owner_at_peak(a, id, (tk_cat)c);
+            b += bc[c] = tk_alloc_owner_at_peak(a, id, (tk_cat)c);
         if (b == 0)
             continue;
         int pos = o->n_top < TK_PLAN_TOP ? o->n_top++ : TK_PLAN_TOP;
@@ -99,6 +99,7 @@ static void top_owners(tk_alloc *a, sim_out *o) {
         }
         snprintf(o->top[pos].owner, sizeof o->top[pos].owner, "%s", tk_alloc_owner_name(a, id));
         o->top[pos].bytes = b;
+        memcpy(o->top[pos].by_cat, bc, sizeof bc);
     }
 }
 
@@ -256,6 +257,7 @@ tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result 
     for (int i = 0; i < so->n_top; i++) {
         memcpy(out->top[i].owner, so->top[i].owner, sizeof out->top[i].owner);
         out->top[i].bytes = so->top[i].bytes;
+        memcpy(out->top[i].by_cat, so->top[i].by_cat, sizeof out->top[i].by_cat);
     }
     out->param_bytes = so->steady[TK_CAT_PARAM];
     out->grad_bytes = so->steady[TK_CAT_GRAD];

@@ -30,7 +30,11 @@ typedef struct tk_plan_result {
     size_t peak_allocated, peak_reserved;
     size_t by_cat_at_peak[TK_CAT_COUNT];
     int n_top;
-    struct { char owner[128]; size_t bytes; } top[TK_PLAN_TOP]; /* owners at the peak */
+    struct {
+        char owner[128];
+        size_t bytes;                 /* all categories */
+        size_t by_cat[TK_CAT_COUNT];  /* the same bytes per category */
+    } top[TK_PLAN_TOP];               /* owners at the peak, largest first */
     size_t param_bytes, grad_bytes, optim_bytes; /* steady-state totals */
     int64_t n_params, n_trainable;
     int fits;                      /* 1: peak_reserved <= capacity (or no capacity) */

@@ -113,6 +113,27 @@ static void add_cats(tk_sb *text, tk_sb *html, const size_t *by, const char *tit
     if (vl_out) *vl_out = tk_vegalite_bars(title, "category", "MiB", TK_CAT_COUNT, labels, mib);
 }
 
+/* "act 75%, temp 25%": an owner's bytes per category, largest first, the
+ * categories under 1% left out. */
+static void owner_split(const size_t *by, size_t total, char *buf, size_t n) {
+    int order[TK_CAT_COUNT];
+    for (int c = 0; c < TK_CAT_COUNT; c++) order[c] = c;
+    for (int i = 1; i < TK_CAT_COUNT; i++)
+        for (int j = i; j > 0 && by[order[j]] > by[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    size_t len = 0;
+    buf[0] = 0;
+    for (int k = 0; k < TK_CAT_COUNT && len < n; k++) {
+        int c = order[k];
+        if (!total || by[c] * 100 < total) continue;
+        len += (size_t)snprintf(buf + len, n - len, "%s%s %.0f%%", len ? ", " : "", tk_cat_name((tk_cat)c),
+                                100.0 * (double)by[c] / (double)total);
+    }
+}
+
 /* ---- plan ------------------------------------------------------------------ */
 
 json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
@@ -153,11 +174,14 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
     tk_sb_add(&html, "<div style=\"display:flex;gap:24px;align-items:flex-start\">");
     json_t *vl = NULL;
     add_cats(&text, &html, p->by_cat_at_peak, "At the peak, by category", &svg, &vl);
-    const char *h[] = {"owner", ">bytes", ">% of peak"};
-    tk_rtable *t = tk_rtable_new("Top owners at the peak", 3, h);
-    for (int i = 0; t && i < p->n_top; i++)
-        tk_rtable_rowf(t, "%s\t%s\t%.1f", p->top[i].owner, B(p->top[i].bytes, a),
-                       p->peak_allocated ? 100.0 * (double)p->top[i].bytes / (double)p->peak_allocated : 0);
+    const char *h[] = {"owner", ">bytes", ">% of peak", "by category"};
+    tk_rtable *t = tk_rtable_new("Top owners at the peak", 4, h);
+    for (int i = 0; t && i < p->n_top; i++) {
+        char split[160];
+        owner_split(p->top[i].by_cat, p->top[i].bytes, split, sizeof split);
+        tk_rtable_rowf(t, "%s\t%s\t%.1f\t%s", p->top[i].owner, B(p->top[i].bytes, a),
+                       p->peak_allocated ? 100.0 * (double)p->top[i].bytes / (double)p->peak_allocated : 0, split);
+    }
     if (t) {
         char *x = tk_rtable_text(t), *y = tk_rtable_html(t);
         if (x) tk_sb_addf(&text, "\n%s", x);
@@ -176,7 +200,8 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
 
     json_t *top = json_array();
     for (int i = 0; i < p->n_top; i++)
-        json_array_append_new(top, json_pack("{s:s, s:I}", "owner", p->top[i].owner, "bytes", (json_int_t)p->top[i].bytes));
+        json_array_append_new(top, json_pack("{s:s, s:I, s:o}", "owner", p->top[i].owner, "bytes",
+                                             (json_int_t)p->top[i].bytes, "by_category", cats_json(p->top[i].by_cat)));
     json_t *j = json_pack("{s:i, s:i, s:I, s:I, s:I, s:I, s:b, s:I, s:I, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:b, s:f, s:f, s:s}",
                           "batch", p->batch, "seq", p->seq, "capacity", (json_int_t)p->capacity, "free",
                           (json_int_t)free_bytes, "peak_allocated", (json_int_t)p->peak_allocated, "peak_reserved",

@@ -35,8 +35,12 @@ def test_plan_seed_does_not_fit_and_says_so():
     assert rc == 3
     j = json.loads(out)
     assert j["fits"] is False and j["capacity"] == 7977901752 and j["peak_reserved"] > j["capacity"]
+    # each top owner's bytes split by category, summing to its total; the attention blocks hold activations
+    for t in j["top"]:
+        assert sum(t["by_category"].values()) == t["bytes"], t
+    assert j["top"][0]["owner"].endswith("attention.self") and j["top"][0]["by_category"]["act"] > 0
     rc, out, _ = txk("plan", c)
-    assert rc == 3 and "DOES NOT FIT" in out and "Top owners at the peak" in out
+    assert rc == 3 and "DOES NOT FIT" in out and "Top owners at the peak" in out and "act 100%" in out
     # an override on the command line: batch 2 at max_len 128 fits
     rc, out, _ = txk("plan", c, "batch_size=2", "max_len=128", "--json")
     assert rc == 0 and json.loads(out)["fits"] is True and json.loads(out)["batch"] == 2

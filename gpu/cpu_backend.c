@@ -31,6 +31,7 @@
 
 #include "tk_backend_impl.h"
 #include "tk_ops_spec.h"
+#include "tk_cpu_vec.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -261,41 +262,10 @@ static inline void st_commit(tk_tensor *t, int64_t off, int64_t n, const float *
 #define NCHUNK(n) (((n) + CH - 1) / CH)
 #define CHUNK_LEN(n, ci) ((n) - (ci) * CH < CH ? (n) - (ci) * CH : CH)
 
-/* ---- vectorisable math ---------------------------------------------------------
- * glibc's expf/erff are scalar calls that stop the compiler from vectorising
- * a loop; these are branch-free (selects only) so `omp simd` loops vectorise.
- *  v_exp: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, Cephes' degree-7
- *    polynomial for e^r, 2^n built in the exponent bits; rounding of n by the
- *    1.5*2^23 trick. Relative error about 2 ulp; NaN stays NaN, x > 88
- *    saturates at e^88, and x < -80 gives exactly 0: masked softmax entries
- *    come out 0, and no result lands near the subnormal range (< 1.2e-38),
- *    where x86 arithmetic is ~100x slower (GELU's backward on activations
- *    of magnitude > 13 ran 5x slower before this cutoff).
+/* ---- vectorisable math (v_exp and TK_VEC_CLONES: tk_cpu_vec.h) --------------
  *  v_erfc: Numerical Recipes' erfcc Chebyshev fit, fractional error < 1.2e-7
  *    for z >= 0, which keeps GELU's far negative tail accurate in relative
  *    terms (1 + erf(x) computed from erf alone would cancel). */
-static inline float v_exp(float x) {
-    float xc = x < -80.0f ? -80.0f : (x > 88.0f ? 88.0f : x);
-    float t = xc * 1.44269504088896341f + 12582912.0f;
-    int32_t ti;
-    memcpy(&ti, &t, 4);
-    float n = t - 12582912.0f;
-    float r = xc - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t eb = (ti - 0x4B400000 + 127) << 23;
-    float sc;
-    memcpy(&sc, &eb, 4);
-    float res = p * sc;
-    return x < -80.0f ? 0.0f : res;
-}
-
 static inline float v_erfc_pos(float z) { /* z >= 0 */
     float t = 1.0f / (1.0f + 0.5f * z);
     float q = 0.17087277f;
@@ -316,18 +286,6 @@ static inline float v_phi(float x) {
     float e = 0.5f * v_erfc_pos(fabsf(x) * 0.70710678118654752440f);
     return x < 0.0f ? e : 1.0f - e;
 }
-
-/* The transcendental loops as array kernels, each compiled three times: for
- * x86-64-v4 (AVX-512, 16 lanes), x86-64-v3 (AVX2+FMA, 8 lanes) and the
- * baseline (SSE2, 4 lanes); the loader picks one per machine (ifunc). On the
- * 2-core EPYC dev box GELU fwd takes 5.8 ms (v3) vs 2.9 ms (v4) for 4.2M
- * elements. Results may differ in the last bits between the variants (FMA),
- * never between runs on one machine. ASan builds keep the baseline only. */
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-#define TK_VEC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TK_VEC_CLONES
-#endif
 
 TK_VEC_CLONES
 static void k_gelu_fwd(float *o, const float *x, int64_t n) { /* o may be x */

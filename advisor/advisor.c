@@ -353,8 +353,16 @@ static void diagnose(adv_ctx *x) {
         }
         if (c->batching != TK_BATCH_FIXED && mx > 2 * p99 && mx > 2 * p50) {
             int cap = mx < c->max_len ? mx : c->max_len;
+            /* a dynamic batch of B random examples pads to the longest of B:
+             * its median is the 0.5^(1/B) quantile of the lengths; a bucket's
+             * batch holds similar lengths, about the median one */
+            int typical = c->batching == TK_BATCH_BUCKETS
+                              ? p50
+                              : quantile(in->lengths, in->n_lengths, pow(0.5, 1.0 / (c->batch_size > 0 ? c->batch_size : 1)));
+            if (typical > cap)
+                typical = cap;
             snprintf(t, sizeof t, "the longest batch pads to %d tokens; the typical one to about %d", cap,
-                     p50);
+                     typical);
             snprintf(e, sizeof e,
                      "with %s batching memory follows the longest batch: p50 %d, p99 %d, max %d; the "
                      "peak comes only when that batch comes, so the OOM looks intermittent",

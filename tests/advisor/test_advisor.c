@@ -1,6 +1,7 @@
 /* test_advisor.c — one scenario per diagnosis, each built to trigger it,
  * asserting the diagnosis and the top-ranked fix; plus the seed scenario's
  * %txfix auto and the fixes' purity. Plans run on the meta backend. */
+#include <stdio.h>
 #include <stdlib.h>
 #include "tk_test.h"
 #include "tk_advisor.h"
@@ -184,6 +185,41 @@ static void test_fix_purity(void) {
     TK_CHECK(tk_fix_apply(&d, &h, NULL, 0, r, sizeof r) == -1); /* not a flatten head */
 }
 
+/* The one long batch that only sometimes comes: dynamic padding over a
+ * corpus of short examples with a few at 512. Diagnosed as a data spike whose
+ * typical batch (the median longest of 32 random examples) is far below the
+ * longest; the top fix cuts max_len, with its truncation said. */
+static void test_data_spike(void) {
+    tk_config c;
+    tk_err e;
+    base_config(&c, "bert-base-cased", 512, 32, "14.75GiB");
+    c.batching = TK_BATCH_DYNAMIC;
+    int n = 4000;
+    int32_t *len = malloc((size_t)n * sizeof *len);
+    for (int i = 0; i < n; i++)
+        len[i] = i % 400 == 7 ? 512 : 16 + (i * 37) % 96; /* 0.25% at 512, the rest 16..111 */
+    tk_advise_input in = { .config = &c, .lengths = len, .n_lengths = n };
+    TK_CHECK(tk_advise(&in, adv, &e) == TK_OK);
+    const tk_diag *d = get_diag(adv, TK_DIAG_DATA_SPIKE);
+    TK_CHECK(d != NULL);
+    if (d) {
+        int longest = 0, typical = 0;
+        TK_CHECK(sscanf(d->title, "the longest batch pads to %d tokens; the typical one to about %d", &longest,
+                        &typical) == 2);
+        TK_CHECK_EQ_INT(longest, 512);
+        /* 0.5^(1/32) = 0.9786: the 97.9th percentile of 16..111 is about 109 */
+        TK_CHECK_MSG(typical >= 100 && typical <= 111, "typical %d", typical);
+        TK_CHECK(strstr(d->evidence, "intermittent") != NULL);
+    }
+    TK_CHECK(adv->n_cand > 0 && adv->cand[0].fixes[0].kind == TK_FIX_MAX_LEN && adv->cand[0].fits_margin);
+    if (adv->n_cand) {
+        TK_CHECK(strstr(adv->cand[0].risk_text, "truncates 0.2% of examples") != NULL ||
+                 strstr(adv->cand[0].risk_text, "truncates 0.3% of examples") != NULL);
+        fprintf(stderr, "  spike: %s; top: %s (%s)\n", d ? d->title : "-", adv->cand[0].label, adv->cand[0].risk_text);
+    }
+    free(len);
+}
+
 int main(void) {
     adv = malloc(sizeof *adv);
     TK_RUN(test_fix_purity);
@@ -193,6 +229,7 @@ int main(void) {
     TK_RUN(test_fragmentation);
     TK_RUN(test_earlier_run_held);
     TK_RUN(test_leak_named);
+    TK_RUN(test_data_spike);
     free(adv);
     return tk_test_done();
 }

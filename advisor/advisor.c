@@ -733,9 +733,16 @@ char *tk_advice_format(const tk_advice *a, int top) {
     if (!s)
         return NULL;
     s[0] = 0;
-    sb_printf(&s, &len, &cap, "Planned peak %s of %s available",
-              fmtb(a->base.peak_reserved, b1), fmtb(a->free_now, b2));
-    sb_printf(&s, &len, &cap, a->base.fits && a->base.peak_reserved <= a->free_now ? " - fits.\n" : " - does not fit.\n");
+    int limited = a->free_now > 0;
+    if (limited) {
+        sb_printf(&s, &len, &cap, "Planned peak %s of %s available",
+                  fmtb(a->base.peak_reserved, b1), fmtb(a->free_now, b2));
+        sb_printf(&s, &len, &cap, a->base.fits && a->base.peak_reserved <= a->free_now ? " - fits.\n" : " - does not fit.\n");
+    } else {
+        sb_printf(&s, &len, &cap, "Planned peak %s; no capacity to fit against (give gpu: PROFILE or capacity: "
+                  "SIZE, or run on cuda): the fixes below are ranked by what they save and cost.\n",
+                  fmtb(a->base.peak_reserved, b1));
+    }
     if (a->n_diag) {
         sb_printf(&s, &len, &cap, "\nWhy:\n");
         for (int i = 0; i < a->n_diag; i++)
@@ -749,14 +756,16 @@ char *tk_advice_format(const tk_advice *a, int top) {
     for (int i = 0; i < n; i++) {
         const tk_candidate *c = &a->cand[i];
         char mg[40];
-        if (c->margin >= 0)
+        if (!limited)
+            snprintf(mg, sizeof mg, "-");
+        else if (c->margin >= 0)
             fmtb((size_t)c->margin, mg);
         else {
             mg[0] = '-';
             fmtb((size_t)(-c->margin), mg + 1);
         }
         sb_printf(&s, &len, &cap, "  %-3d %-44.44s %12s %12s %8.2fx  %s%s\n", i + 1, c->label,
-                  fmtb(c->peak, b1), mg, c->slowdown, c->risk_text, c->fits ? "" : "  (does not fit)");
+                  fmtb(c->peak, b1), mg, c->slowdown, c->risk_text, c->fits || !limited ? "" : "  (does not fit)");
     }
     int au = tk_advice_auto(a);
     if (au >= 0)

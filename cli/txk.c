@@ -290,6 +290,10 @@ static int cmd_advise(int argc, char **argv) {
         fprintf(stderr, "txk: --top wants 1 or more, --margin a share of capacity in [0, 0.5)\n");
         return EXIT_USAGE;
     }
+    if ((has_flag(argv, argc, "--fix") && !fix) || (has_flag(argv, argc, "-o") && !out_path)) {
+        fprintf(stderr, "txk: --fix needs N or auto, -o a file name\n");
+        return EXIT_USAGE;
+    }
     if (out_path && !fix) {
         fprintf(stderr, "txk: -o goes with --fix N|auto\n");
         return EXIT_USAGE;

@@ -51,9 +51,15 @@ static json_t *advice_bundle(const tk_advice *a, int top) {
     free(txt);
     char b1[32], b2[32], b3[32];
     tk_sb h = {0};
-    tk_sb_addf(&h, "<div><p><b>Planned peak %s</b> of %s available - %s.</p>",
-               tk_format_bytes(a->base.peak_reserved, b1, sizeof b1), tk_format_bytes(a->free_now, b2, sizeof b2),
-               a->base.fits && a->base.peak_reserved <= a->free_now ? "fits" : "does not fit");
+    int limited = a->free_now > 0;
+    if (limited)
+        tk_sb_addf(&h, "<div><p><b>Planned peak %s</b> of %s available - %s.</p>",
+                   tk_format_bytes(a->base.peak_reserved, b1, sizeof b1), tk_format_bytes(a->free_now, b2, sizeof b2),
+                   a->base.fits && a->base.peak_reserved <= a->free_now ? "fits" : "does not fit");
+    else
+        tk_sb_addf(&h, "<div><p><b>Planned peak %s</b>; no capacity to fit against (give <code>gpu:</code> or "
+                   "<code>capacity:</code>): the fixes are ranked by what they save and cost.</p>",
+                   tk_format_bytes(a->base.peak_reserved, b1, sizeof b1));
     if (a->n_diag) {
         tk_sb_add(&h, "<p><b>Why</b></p><ul>");
         for (int i = 0; i < a->n_diag; i++) {
@@ -76,14 +82,15 @@ static json_t *advice_bundle(const tk_advice *a, int top) {
     for (int i = 0; t && i < n; i++) {
         const tk_candidate *c = &a->cand[i];
         char mg[40];
-        if (c->margin >= 0) tk_format_bytes((size_t)c->margin, mg, sizeof mg);
+        if (!limited) snprintf(mg, sizeof mg, "-");
+        else if (c->margin >= 0) tk_format_bytes((size_t)c->margin, mg, sizeof mg);
         else {
             mg[0] = '-';
             tk_format_bytes((size_t)-c->margin, mg + 1, sizeof mg - 1);
         }
         tk_rtable_rowf(t, "%d\t%s\t%s\t%s\t%.2fx\t%s\t%s", i + 1, c->label, tk_format_bytes(c->peak, b3, sizeof b3),
                        mg, c->slowdown, c->risk_text[0] ? c->risk_text : "-",
-                       c->fits_margin ? "yes" : c->fits ? "no margin" : "no");
+                       !limited ? "-" : c->fits_margin ? "yes" : c->fits ? "no margin" : "no");
     }
     char *th = t ? tk_rtable_html(t) : NULL;
     if (th) tk_sb_add(&h, th);

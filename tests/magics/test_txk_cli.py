@@ -204,3 +204,12 @@ def test_train_plan_gate_and_run_time_oom_exit_statuses():
     assert "tried to allocate" in first and "f32 [" in first and "Top owners:" in out, out
     rc, out, err = txk("train", c, "--no-plan", "--json")
     assert rc == 4 and json.loads(out)["tensor"].startswith("f32 [")
+
+
+def test_advise_without_a_capacity_says_so():
+    c = cfg("model: bert-base-cased\nmax_len: 512\nbatch_size: 32\nnum_labels: 2\n")
+    rc, out, err = txk("advise", c, "--top", "3")
+    assert rc == 0, err
+    assert "no capacity to fit against" in out and "does not fit" not in out and "0 bytes available" not in out
+    rc, _, err = txk("advise", c, "--fix")
+    assert rc == 2 and "--fix needs N or auto" in err

@@ -322,7 +322,6 @@ out:
     r->allocated_after = st.allocated;
     if (rc == TK_EOOM) {
         r->end = TK_RUN_OOM;
-        remember_run(s, r);
         if (!r->have_oom && tk_dev_last_oom(d)) {
             r->have_oom = 1;
             r->oom = *tk_dev_last_oom(d);
@@ -331,6 +330,7 @@ out:
             s->oom = r->oom;
             s->have_oom = 1;
         }
+        remember_run(s, r); /* with its OOM record */
         return TK_OK;
     }
     if (rc == TK_ECANCEL) {

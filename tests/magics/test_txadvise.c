@@ -112,6 +112,9 @@ static void test_every_fix_measured(void) {
     json_t *e = first(m, "error");
     TK_CHECK(e && !strcmp(json_string_value(json_object_get(e, "ename")), "OutOfMemoryError"));
     json_decref(m);
+    /* the session remembers the run with its OOM record (the advisor reads it) */
+    const tk_run_report *lr = tk_session_last_run(tk_magics_session(M));
+    TK_CHECK(lr && lr->end == TK_RUN_OOM && lr->have_oom && lr->oom.requested > 0 && lr->oom.tensor[0]);
 
     m = run("%txadvise --json", &rc);
     TK_CHECK_MSG(rc == 0, "%s", evalue(m));

@@ -35,7 +35,8 @@ int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out
  * in the session (tk_session_last_run). 0, or -1 after reporting an error. */
 int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan);
 
-/* The corpus report of %txdata / `txk data`. */
+/* The corpus report of %txdata / `txk data`: a CSV/TSV/JSONL column (and an
+ * optional pair column), or a SQuAD .json file's question + context pairs. */
 typedef struct tk_data_report_opts {
     const char *path, *text_col, *pair_col, *model, *vocab;
     int max_len, batch_size, buckets; /* 0 = 512, 32, 8 */

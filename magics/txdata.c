@@ -268,61 +268,88 @@ tk_status tk_run_data_load(const tk_config *c, tk_run_data *out, tk_err *err) {
 
 /* ---- the corpus report -------------------------------------------------------- */
 
+/* A SQuAD file: a .json whose top level has "data" (else NULL, and the
+ * caller reads a table). */
+static tk_squad *try_squad(const char *path) {
+    size_t n = strlen(path);
+    if (n < 5 || strcmp(path + n - 5, ".json")) return NULL;
+    tk_squad *sq = NULL;
+    tk_err e = {0};
+    return tk_squad_load(path, &sq, &e) == TK_OK ? sq : NULL;
+}
+
 tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **lengths_out, int *n_out,
                          tk_err *err) {
     tk_table *t = NULL;
+    tk_squad *sq = try_squad(o->path);
     tk_tokenizer *tok = NULL;
     int32_t *len = NULL;
     const char **texts = NULL;
     tk_rtable *tp = NULL, *tt = NULL, *tw = NULL;
     tk_status st;
+    const char *name, *col;
+    int nrows, ci = -1, pi = -1;
     *bundle = NULL;
-    if ((st = tk_table_read(o->path, &t, err)) != TK_OK) return st;
-    const char *col = o->text_col && *o->text_col ? o->text_col : "text";
-    int ci = tk_table_col(t, col), pi = o->pair_col && *o->pair_col ? tk_table_col(t, o->pair_col) : -1;
-    if (ci < 0 || (o->pair_col && *o->pair_col && pi < 0)) {
-        tk_sb b = {0};
-        for (int i = 0; i < t->ncols; i++) tk_sb_addf(&b, "%s%s", i ? ", " : "", t->cols[i]);
-        char *list = tk_sb_take(&b);
-        tk_err_set(err, TK_EINVAL, "%s: no column '%s' (columns: %s; pick one with --text COL)", t->name,
-                   ci < 0 ? col : o->pair_col, list ? list : "?");
-        free(list);
-        st = TK_EINVAL;
-        goto out;
+    if (sq) {
+        /* question + context pairs: [CLS] q [SEP] c [SEP] */
+        name = sq->name;
+        col = "question + context";
+        nrows = sq->n;
+    } else {
+        if ((st = tk_table_read(o->path, &t, err)) != TK_OK) return st;
+        col = o->text_col && *o->text_col ? o->text_col : "text";
+        ci = tk_table_col(t, col);
+        pi = o->pair_col && *o->pair_col ? tk_table_col(t, o->pair_col) : -1;
+        if (ci < 0 || (o->pair_col && *o->pair_col && pi < 0)) {
+            tk_sb b = {0};
+            for (int i = 0; i < t->ncols; i++) tk_sb_addf(&b, "%s%s", i ? ", " : "", t->cols[i]);
+            char *list = tk_sb_take(&b);
+            tk_err_set(err, TK_EINVAL, "%s: no column '%s' (columns: %s; pick one with --text COL)", t->name,
+                       ci < 0 ? col : o->pair_col, list ? list : "?");
+            free(list);
+            st = TK_EINVAL;
+            goto out;
+        }
+        name = t->name;
+        nrows = t->nrows;
     }
-    texts = malloc((size_t)(t->nrows > 0 ? t->nrows : 1) * sizeof *texts);
-    len = malloc((size_t)(t->nrows > 0 ? t->nrows : 1) * sizeof *len);
+    texts = malloc((size_t)(nrows > 0 ? 2 * nrows : 1) * sizeof *texts);
+    len = malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof *len);
     if (!texts || !len) {
         tk_err_set(err, TK_EINVAL, "out of host memory");
         st = TK_EINVAL;
         goto out;
     }
-    for (int i = 0; i < t->nrows; i++) texts[i] = t->cells[(size_t)i * t->ncols + ci];
+    for (int i = 0; i < nrows; i++) {
+        texts[i] = sq ? sq->ex[i].context : t->cells[(size_t)i * t->ncols + ci];
+        texts[nrows + i] = sq ? sq->ex[i].question : pi >= 0 ? t->cells[(size_t)i * t->ncols + pi] : NULL;
+    }
     tk_config c;
     tk_config_defaults(&c);
     if (o->model && *o->model) snprintf(c.model, sizeof c.model, "%s", o->model);
     if (o->vocab && *o->vocab) snprintf(c.vocab, sizeof c.vocab, "%s", o->vocab);
     char vnote[1400] = "";
-    if (!(tok = run_tokenizer(&c, o->path, texts, t->nrows, vnote, sizeof vnote, err))) {
+    if (!(tok = run_tokenizer(&c, o->path, texts, nrows, vnote, sizeof vnote, err))) {
         st = err && err->status ? err->status : TK_EINVAL;
         goto out;
     }
-    for (int i = 0; i < t->nrows; i++) {
+    for (int i = 0; i < nrows; i++) {
+        const char *pair = texts[nrows + i];
         int n = tk_count_tokens(tok, texts[i], (size_t)-1);
-        int np = pi >= 0 ? tk_count_tokens(tok, t->cells[(size_t)i * t->ncols + pi], (size_t)-1) : 0;
+        int np = pair ? tk_count_tokens(tok, pair, (size_t)-1) : 0;
         if (n < 0 || np < 0) {
             tk_err_set(err, TK_EINVAL, "out of host memory while tokenizing");
             st = TK_EINVAL;
             goto out;
         }
-        len[i] = n + np + (pi >= 0 ? 3 : 2); /* [CLS] a [SEP] (b [SEP]) */
+        len[i] = n + np + (pair ? 3 : 2); /* [CLS] a [SEP] (b [SEP]) */
     }
     tk_length_stats ls;
-    tk_length_stats_compute(len, t->nrows, &ls);
+    tk_length_stats_compute(len, nrows, &ls);
     int max_len = o->max_len > 0 ? o->max_len : 512;
     int batch = o->batch_size > 0 ? o->batch_size : 32;
     tk_padding_report pr[3];
-    if ((st = tk_padding_waste(len, t->nrows, max_len, batch, o->buckets > 0 ? o->buckets : 8, 42, pr, err)) !=
+    if ((st = tk_padding_waste(len, nrows, max_len, batch, o->buckets > 0 ? o->buckets : 8, 42, pr, err)) !=
         TK_OK)
         goto out;
 
@@ -362,17 +389,17 @@ tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **le
         hv[k] = ls.hist[k];
     }
     char htitle[300];
-    snprintf(htitle, sizeof htitle, "Token lengths of %s (%s)", t->name, col);
+    snprintf(htitle, sizeof htitle, "Token lengths of %s (%s)", name, col);
 
     tk_sb text = {0}, html = {0};
     char *a = tk_rtable_text(tp), *b2 = tk_rtable_text(tt), *c2 = tk_rtable_text(tw);
-    tk_sb_addf(&text, "%s: %d examples, column '%s'\n%s\n\n%s\n%s\n%s", t->name, ls.n, col, vnote, a ? a : "",
+    tk_sb_addf(&text, "%s: %d examples, column '%s'\n%s\n\n%s\n%s\n%s", name, ls.n, col, vnote, a ? a : "",
                b2 ? b2 : "", c2 ? c2 : "");
     free(a);
     free(b2);
     free(c2);
     tk_sb_add(&html, "<div class=\"txk-data\"><p>");
-    tk_sb_add_html(&html, t->name);
+    tk_sb_add_html(&html, name);
     tk_sb_addf(&html, ": %d examples, column '", ls.n);
     tk_sb_add_html(&html, col);
     tk_sb_add(&html, "'<br><small>");
@@ -407,17 +434,17 @@ tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **le
         json_object_set_new(tj, key, json_real(ls.pct_truncated[k]));
     }
     json_object_set_new(out, "application/json",
-                        json_pack("{s:s, s:s, s:i, s:f, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:o, s:s}", "file", t->name,
+                        json_pack("{s:s, s:s, s:i, s:f, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:o, s:s}", "file", name,
                                   "column", col, "examples", ls.n, "mean", ls.mean, "min", ls.min, "p50", ls.p50,
                                   "p90", ls.p90, "p95", ls.p95, "p99", ls.p99, "max", ls.max, "pct_truncated", tj,
                                   "padding", pj, "vocabulary", vnote));
     *bundle = out;
     if (lengths_out) {
-        int *copy = malloc((size_t)(t->nrows > 0 ? t->nrows : 1) * sizeof *copy);
+        int *copy = malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof *copy);
         if (copy)
-            for (int i = 0; i < t->nrows; i++) copy[i] = len[i] < max_len ? len[i] : max_len;
+            for (int i = 0; i < nrows; i++) copy[i] = len[i] < max_len ? len[i] : max_len;
         *lengths_out = copy;
-        *n_out = copy ? t->nrows : 0;
+        *n_out = copy ? nrows : 0;
     }
 out:
     tk_rtable_destroy(&tp);
@@ -427,6 +454,7 @@ out:
     free(len);
     tk_tokenizer_destroy(&tok);
     tk_table_destroy(&t);
+    tk_squad_destroy(&sq);
     return st;
 }
 

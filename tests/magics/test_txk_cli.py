@@ -213,3 +213,17 @@ def test_advise_without_a_capacity_says_so():
     assert "no capacity to fit against" in out and "does not fit" not in out and "0 bytes available" not in out
     rc, _, err = txk("advise", c, "--fix")
     assert rc == 2 and "--fix needs N or auto" in err
+
+
+def test_data_reads_squad_question_context_pairs():
+    rc, out, err = txk("data", os.path.join(DATA, "squad_train.json"), "--vocab", os.path.join(DATA, "vocab_cased.txt"),
+                       "--json")
+    assert rc == 0, err
+    j = json.loads(out)
+    assert j["column"] == "question + context" and j["examples"] == 2000
+    # every pair has at least [CLS] q [SEP] c [SEP] and the percentiles are ordered
+    assert j["min"] >= 5 and j["p50"] <= j["p99"] <= j["max"]
+    assert j["pct_truncated"]["512"] <= j["pct_truncated"]["128"] <= j["pct_truncated"]["64"]
+    # a CSV still needs its column
+    rc, _, err = txk("data", os.path.join(DATA, "reviews_train.csv"), "--text", "nope")
+    assert rc == 1 and "no column 'nope'" in err

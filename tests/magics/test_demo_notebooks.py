@@ -114,7 +114,7 @@ def test_01_seed_oom():
 
 
 def test_02_squad_flatten_head():
-    plan, plan1, advise, span = execute("02_squad_flatten_head.ipynb")
+    plan, plan1, advise, span, data = execute("02_squad_flatten_head.ipynb")
     p = jdata(plan)
     assert p["fits"] is False
     assert p["top"][0]["owner"] == "classifier"
@@ -135,6 +135,8 @@ def test_02_squad_flatten_head():
     assert dom["title"].startswith("classifier") and "[1604 x 786432]" in dom["evidence"]
     assert a["candidates"][0]["label"] == "span head" and a["candidates"][0]["fits_margin"]
     assert all(not c["fits"] for c in a["candidates"][1:] if "head" not in c["label"])
+    d = jdata(data)
+    assert d["column"] == "question + context" and d["pct_truncated"]["384"] < 1 and d["p99"] < 384
     ps = jdata(span)
     assert ps["fits"] is True and ps["peak_reserved"] < p["peak_reserved"] / 3
 

@@ -76,6 +76,9 @@ typedef struct {
     int64_t n_params, n_trainable;
     int n_top;
     struct { char owner[128]; size_t bytes, by_cat[TK_CAT_COUNT]; } top[TK_PLAN_TOP];
+    /* asked for by tk_plan_tensors_at_peak: the tensors live at the peak */
+    tk_tensor_info *tensors;
+    int max_tensors, n_tensors;
 } sim_out;
 
 static void top_owners(tk_alloc *a, sim_out *o) {
@@ -106,11 +109,19 @@ static void top_owners(tk_alloc *a, sim_out *o) {
 /* One simulated run under `capacity` (0 = none). */
 static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t capacity, int B, int T,
                           int EB, sim_out *o, tk_err *err) {
+    tk_tensor_info *want = o->tensors;
+    int max_want = o->max_tensors;
     memset(o, 0, sizeof *o);
+    o->tensors = want;
+    o->max_tensors = max_want;
     tk_dev_opts dopts = { .kind = TK_DEV_META, .capacity = capacity };
     tk_dev *d = tk_dev_new(&dopts, err);
     if (!d)
         return TK_EDEVICE;
+    if (want && max_want > 0 && tk_dev_track_tensors(d, err) != TK_OK) {
+        tk_dev_destroy(&d);
+        return TK_EINVAL;
+    }
     tk_alloc *a = tk_dev_alloc(d);
     tk_model *m = NULL;
     tk_adamw *opt = NULL;
@@ -173,6 +184,8 @@ out:
         o->oom = *tk_dev_last_oom(d);
     tk_alloc_stats_get(a, &o->stats);
     top_owners(a, o);
+    if (want)
+        o->n_tensors = tk_dev_tensors_at_peak(d, want, max_want);
     tk_adamw_destroy(&opt);
     free(ps);
     tk_model_destroy(&m);
@@ -182,7 +195,28 @@ out:
     return o->st = st;
 }
 
+static tk_status plan_impl(const tk_config *c, const int *lengths, int n, tk_plan_result *out,
+                           tk_tensor_info *tensors, int max_tensors, int *n_tensors, tk_err *err);
+
 tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
+    return plan_impl(c, lengths, n, out, NULL, 0, NULL, err);
+}
+
+tk_status tk_plan_tensors_at_peak(const tk_config *c, const int *lengths, int n, tk_tensor_info *out, int max,
+                                  int *n_out, tk_err *err) {
+    *n_out = 0;
+    tk_plan_result *p = malloc(sizeof *p);
+    if (!p) {
+        tk_err_set(err, TK_EINVAL, "plan: out of host memory");
+        return TK_EINVAL;
+    }
+    tk_status st = plan_impl(c, lengths, n, p, out, max, n_out, err);
+    free(p);
+    return st;
+}
+
+static tk_status plan_impl(const tk_config *c, const int *lengths, int n, tk_plan_result *out,
+                           tk_tensor_info *tensors, int max_tensors, int *n_tensors, tk_err *err) {
     double t0 = now_ms();
     memset(out, 0, sizeof *out);
     if (!c || c->batch_size < 1 || c->max_len < 1) {
@@ -237,6 +271,8 @@ tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result 
         tk_err_set(err, TK_EINVAL, "plan: out of host memory");
         return TK_EINVAL;
     }
+    so->tensors = tensors;
+    so->max_tensors = max_tensors;
     st = simulate(c, &mo, capacity, B, T, EB, so, err);
     if (st == TK_EOOM && capacity) {
         out->oom = 1;
@@ -275,6 +311,8 @@ tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result 
         double tm = prof->bandwidth > 0 ? so->train_cost.bytes / prof->bandwidth : 0;
         out->step_seconds = tc > tm ? tc : tm;
     }
+    if (n_tensors)
+        *n_tensors = so->n_tensors;
     free(so);
     out->plan_ms = now_ms() - t0;
     return TK_OK;

@@ -55,6 +55,13 @@ typedef struct tk_plan_result {
  * oom = 1 (the record says where); errors are bad configs. */
 tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err);
 
+/* The largest tensors live at the planned peak (largest first, at most max),
+ * with owner, category, dtype and shape: the same plan simulated again with
+ * tensor tracking on. For reports, not for searches (tracking costs a list
+ * walk per free). *n_out gets the count. */
+tk_status tk_plan_tensors_at_peak(const tk_config *c, const int *lengths, int n, tk_tensor_info *out, int max,
+                                  int *n_out, tk_err *err);
+
 /* Human-readable summary (new string, free()). */
 char *tk_plan_format(const tk_plan_result *p);
 

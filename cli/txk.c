@@ -158,6 +158,9 @@ static int cmd_plan(int argc, char **argv) {
     }
     b = tk_report_plan(&p, 0);
     tk_report_add_head_note(b, &c, &p);
+    tk_tensor_info big[8];
+    int nb = 0;
+    if (tk_plan_tensors_at_peak(&c, NULL, 0, big, 8, &nb, &err) == TK_OK) tk_report_add_tensors(b, big, nb);
     emit(b, json);
     json_decref(b);
     return p.fits ? EXIT_OK : EXIT_PLAN_OOM;

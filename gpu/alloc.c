@@ -243,6 +243,14 @@ static blk *tab_take(tk_alloc *a, uintptr_t key) {
     return b;
 }
 
+size_t tk_alloc_block_size(const tk_alloc *a, const void *ptr) {
+    if (!a || !ptr || !a->tab_cap) return 0;
+    uintptr_t key = (uintptr_t)ptr;
+    size_t mask = a->tab_cap - 1, j = hash_addr(key, mask);
+    while (a->tab[j].b && a->tab[j].key != key) j = (j + 1) & mask;
+    return a->tab[j].b ? a->tab[j].b->size : 0;
+}
+
 /* ---- block structs ------------------------------------------------------- */
 
 static blk *blk_get(tk_alloc *a) {

@@ -193,6 +193,8 @@ void tk_dev_destroy(tk_dev **pd) {
     if (!pd || !*pd) return;
     tk_dev *d = *pd;
     tk_alloc_destroy(&d->alloc); /* segments go back before the backend goes */
+    free(d->live);
+    free(d->snap);
     if (d->be && d->ctx && d->be->destroy) d->be->destroy(d->ctx);
     if (d->dl) dlclose(d->dl);
     free(d);

@@ -36,6 +36,8 @@ static void describe(tk_dtype dt, const int64_t *shape, int ndim, char *buf, siz
     if (len < n) snprintf(buf + len, n - len, "]");
 }
 
+static void track_alloc(tk_dev *d, const tk_tensor *t, size_t bytes, size_t peak_before);
+
 static void oom_message(tk_dev *d, const tk_oom *o, tk_err *err) {
     char req[32], cap[32], fr[32], al[32], rs[32], gap[32], lf[32], where[200];
     tk_dev_info info;
@@ -96,6 +98,12 @@ tk_status tk_tensor_alloc(tk_dev *d, tk_tensor *t, tk_dtype dt, int ndim, const 
     t->tag.owner = id;
     size_t bytes = n * tk_dtype_size(dt);
     void *p = NULL;
+    size_t peak_before = 0;
+    if (d->track) {
+        tk_alloc_stats st0;
+        tk_alloc_stats_get(d->alloc, &st0);
+        peak_before = st0.allocated_peak;
+    }
     tk_status st = tk_alloc_malloc(d->alloc, bytes, t->tag, &p, &d->last_oom);
     if (st != TK_OK) {
         d->has_oom = st == TK_EOOM;
@@ -109,12 +117,109 @@ tk_status tk_tensor_alloc(tk_dev *d, tk_tensor *t, tk_dtype dt, int ndim, const 
     }
     t->data = p;
     t->owns = p != NULL;
+    if (d->track && p) track_alloc(d, t, bytes, peak_before);
     return TK_OK;
+}
+
+/* ---- tensor tracking ---------------------------------------------------- */
+
+tk_status tk_dev_track_tensors(tk_dev *d, tk_err *err) {
+    if (!d) {
+        tk_err_set(err, TK_EINVAL, "tk_dev_track_tensors: no device");
+        return TK_EINVAL;
+    }
+    d->track = 1;
+    return TK_OK;
+}
+
+static int grow_list(tk_live_tensor **v, int *cap, int need) {
+    if (need <= *cap) return 0;
+    int nc = *cap ? *cap : 256;
+    while (nc < need) nc *= 2;
+    tk_live_tensor *n = realloc(*v, (size_t)nc * sizeof *n);
+    if (!n) return -1;
+    *v = n;
+    *cap = nc;
+    return 0;
+}
+
+/* After an allocation: remember the tensor; a new peak arms the copy. A
+ * tracking list that cannot grow stops tracking (the report then says
+ * nothing rather than something wrong). */
+static void track_alloc(tk_dev *d, const tk_tensor *t, size_t bytes, size_t peak_before) {
+    if (grow_list(&d->live, &d->cap_live, d->n_live + 1)) {
+        d->track = 0;
+        return;
+    }
+    tk_live_tensor *e = &d->live[d->n_live++];
+    e->ptr = t->data;
+    e->owner = t->tag.owner;
+    e->cat = t->tag.cat;
+    e->dtype = t->dtype;
+    e->ndim = t->ndim;
+    memcpy(e->shape, t->shape, sizeof e->shape);
+    e->bytes = bytes;
+    e->block = tk_alloc_block_size(d->alloc, t->data);
+    tk_alloc_stats st;
+    tk_alloc_stats_get(d->alloc, &st);
+    if (st.allocated_peak > peak_before) d->peak_armed = 1;
+}
+
+/* Before a free: the first free after a new peak copies the live list (it
+ * is the peak's), then the tensor leaves the list. */
+static void track_free(tk_dev *d, const void *ptr) {
+    if (d->peak_armed) {
+        if (grow_list(&d->snap, &d->cap_snap, d->n_live)) {
+            d->track = 0;
+            return;
+        }
+        memcpy(d->snap, d->live, (size_t)d->n_live * sizeof *d->snap);
+        d->n_snap = d->n_live;
+        d->peak_armed = 0;
+    }
+    for (int i = d->n_live - 1; i >= 0; i--) /* frees are mostly of recent tensors */
+        if (d->live[i].ptr == ptr) {
+            d->live[i] = d->live[--d->n_live];
+            return;
+        }
+}
+
+static int cmp_info_bytes(const void *a, const void *b) {
+    const tk_tensor_info *x = a, *y = b;
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+    int c = strcmp(x->owner, y->owner);
+    return c ? c : (int)x->cat - (int)y->cat;
+}
+
+int tk_dev_tensors_at_peak(const tk_dev *d, tk_tensor_info *out, int max) {
+    if (!d || !d->track || !out || max <= 0) return 0;
+    const tk_live_tensor *v = d->peak_armed ? d->live : d->snap;
+    int n = d->peak_armed ? d->n_live : d->n_snap;
+    tk_tensor_info *all = malloc((size_t)(n > 0 ? n : 1) * sizeof *all);
+    if (!all) return 0;
+    for (int i = 0; i < n; i++) {
+        const char *name = tk_alloc_owner_name(d->alloc, v[i].owner);
+        snprintf(all[i].owner, sizeof all[i].owner, "%s", name ? name : "(unowned)");
+        all[i].cat = v[i].cat;
+        all[i].dtype = v[i].dtype;
+        all[i].ndim = v[i].ndim;
+        memcpy(all[i].shape, v[i].shape, sizeof all[i].shape);
+        all[i].bytes = v[i].bytes;
+        all[i].block = v[i].block;
+    }
+    qsort(all, (size_t)n, sizeof *all, cmp_info_bytes);
+    int k = n < max ? n : max;
+    memcpy(out, all, (size_t)k * sizeof *out);
+    free(all);
+    return k;
 }
 
 void tk_tensor_free(tk_dev *d, tk_tensor *t) {
     if (!t) return;
-    if (d && t->owns && t->data) tk_alloc_free(d->alloc, t->data);
+    if (d && t->owns && t->data) {
+        if (d->track) track_free(d, t->data);
+        tk_alloc_free(d->alloc, t->data);
+    }
     memset(t, 0, sizeof *t);
 }
 

@@ -154,6 +154,9 @@ void tk_alloc_reset_peak(tk_alloc *a);
 /* Live (and peak) bytes for one owner; owners are 0..tk_alloc_n_owners()-1. */
 int tk_alloc_n_owners(const tk_alloc *a);
 size_t tk_alloc_owner_live(const tk_alloc *a, int owner, tk_cat cat);
+/* The size of the live block at ptr as the allocator accounts it (rounded,
+ * and with an unsplit remainder included), or 0 if ptr is not live here. */
+size_t tk_alloc_block_size(const tk_alloc *a, const void *ptr);
 size_t tk_alloc_owner_peak(const tk_alloc *a, int owner); /* all categories */
 /* The live breakdown at the moment `allocated` last reached its peak:
  * bytes for (owner, cat). */
@@ -259,6 +262,24 @@ tk_status tk_tensor_alloc(tk_dev *d, tk_tensor *t, tk_dtype dt, int ndim, const 
                           tk_cat cat, const char *owner, tk_err *err);
 /* Frees an owning tensor (no-op on empty or view) and zeroes it. */
 void tk_tensor_free(tk_dev *d, tk_tensor *t);
+
+/* Tensor tracking: off by default (it costs a list walk per free). When on,
+ * the device keeps its live owning tensors and a copy of them as they were
+ * when `allocated` last reached its peak, so a report can name the tensors
+ * behind the peak with their shapes. Turn it on before the first tensor. */
+typedef struct tk_tensor_info {
+    char owner[128];
+    tk_cat cat;
+    tk_dtype dtype;
+    int ndim;
+    int64_t shape[TK_MAX_DIMS];
+    size_t bytes;                 /* the tensor's bytes */
+    size_t block;                 /* the allocator's block for it (rounded; what counts in allocated) */
+} tk_tensor_info;
+tk_status tk_dev_track_tensors(tk_dev *d, tk_err *err);
+/* The tensors live at the peak, largest first, at most max of them; returns
+ * how many were written (0 when tracking is off). */
+int tk_dev_tensors_at_peak(const tk_dev *d, tk_tensor_info *out, int max);
 /* A non-owning view of `numel` elements of t starting at element `offset`,
  * as a 1-D tensor; reshape by setting shape/ndim. */
 tk_tensor tk_tensor_view(const tk_tensor *t, int64_t offset, int64_t numel);

@@ -223,6 +223,49 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
     return bundle;
 }
 
+/* Appends "Largest tensors at the peak" (owner, category, dtype, shape,
+ * bytes) to a plan bundle: text, HTML, and application/json
+ * "tensors_at_peak". */
+void tk_report_add_tensors(json_t *bundle, const tk_tensor_info *t, int n) {
+    if (!bundle || !t || n <= 0) return;
+    const char *h[] = {"owner", "category", "tensor", ">bytes"};
+    tk_rtable *tb = tk_rtable_new("Largest tensors at the peak", 4, h);
+    json_t *arr = json_array();
+    char b[32];
+    for (int i = 0; tb && i < n; i++) {
+        char shape[96];
+        size_t len = (size_t)snprintf(shape, sizeof shape, "%s [", tk_dtype_name(t[i].dtype));
+        json_t *dims = json_array();
+        for (int k = 0; k < t[i].ndim && len < sizeof shape; k++) {
+            len += (size_t)snprintf(shape + len, sizeof shape - len, "%s%lld", k ? ", " : "", (long long)t[i].shape[k]);
+            json_array_append_new(dims, json_integer(t[i].shape[k]));
+        }
+        if (len < sizeof shape) snprintf(shape + len, sizeof shape - len, "]");
+        tk_rtable_rowf(tb, "%s\t%s\t%s\t%s", t[i].owner, tk_cat_name(t[i].cat), shape,
+                       tk_format_bytes(t[i].bytes, b, sizeof b));
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:o, s:I}", "owner", t[i].owner, "category",
+                                             tk_cat_name(t[i].cat), "dtype", tk_dtype_name(t[i].dtype), "shape", dims,
+                                             "bytes", (json_int_t)t[i].bytes));
+    }
+    char *x = tb ? tk_rtable_text(tb) : NULL, *y = tb ? tk_rtable_html(tb) : NULL;
+    const char *pt = json_string_value(json_object_get(bundle, "text/plain"));
+    tk_sb sb = {0};
+    tk_sb_add(&sb, pt ? pt : "");
+    if (x) tk_sb_addf(&sb, "\n%s", x);
+    tk_bundle_take(bundle, "text/plain", tk_sb_take(&sb));
+    const char *ph = json_string_value(json_object_get(bundle, "text/html"));
+    tk_sb hb = {0};
+    tk_sb_add(&hb, ph ? ph : "");
+    if (y) tk_sb_add(&hb, y);
+    tk_bundle_take(bundle, "text/html", tk_sb_take(&hb));
+    json_t *j = json_object_get(bundle, "application/json");
+    if (json_is_object(j)) json_object_set_new(j, "tensors_at_peak", arr);
+    else json_decref(arr);
+    free(x);
+    free(y);
+    tk_rtable_destroy(&tb);
+}
+
 void tk_report_add_head_note(json_t *bundle, const tk_config *c, const tk_plan_result *p) {
     if (c->head != TK_HEAD_FLATTEN_DENSE) return;
     tk_config d = *c;

@@ -153,6 +153,10 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes);
  * the peak, and what a per-token span head would take instead. No-op for
  * other heads. */
 void tk_report_add_head_note(json_t *bundle, const tk_config *c, const tk_plan_result *p);
+/* Appends the largest tensors at the planned peak (tk_plan_tensors_at_peak)
+ * to a plan bundle: a table in text and HTML, and "tensors_at_peak" in its
+ * application/json. No-op when n is 0. */
+void tk_report_add_tensors(json_t *bundle, const tk_tensor_info *t, int n);
 /* An OOM autopsy: what was being allocated, for which layer and category,
  * capacity, free, allocated, reserved, largest free block, top owners, and
  * the next things to try. `phase` may be NULL. */

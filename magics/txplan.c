@@ -351,6 +351,9 @@ static int run_txplan(tk_magic_ctx *m) {
         tk_session_set_plan(s, &p);
         bundle = tk_report_plan(&p, 0);
         tk_report_add_head_note(bundle, &c, &p);
+        tk_tensor_info big[8];
+        int nb = 0;
+        if (tk_plan_tensors_at_peak(&c, len, n, big, 8, &nb, &err) == TK_OK) tk_report_add_tensors(bundle, big, nb);
     }
     tk_txemit(m, bundle, json_only);
     json_decref(bundle);

@@ -229,8 +229,55 @@ static void test_plan_fused_needs_backend(void) {
     TK_CHECK_EQ_INT(tk_plan(&c, NULL, 0, &p, &e), TK_OK);
 }
 
+/* The tensors behind the peak: with every live tensor asked for, their
+ * allocator blocks add up to the planned peak, category by category, and
+ * each block holds its tensor; the largest for bert-base 32 x 512 is
+ * an attention probability tensor [32, 12, 512, 512] of a layer's self
+ * attention. */
+static void test_tensors_at_peak(void) {
+    static tk_tensor_info all[20000];
+    const char *models[] = { "bert-tiny", "bert-mini" };
+    for (int mi = 0; mi < 2; mi++) {
+        pcase pc = { "t", models[mi], TK_HEAD_POOLED, 4, 32, 0, 1, TK_OPTIM_ADAMW, 0, 0, 0, TK_PREC_FP32,
+                     TK_RECOMPUTE_NONE, TK_ATTN_STANDARD };
+        tk_config c = cfg_of(&pc);
+        tk_plan_result p;
+        tk_err e = { 0 };
+        int n = 0;
+        TK_CHECK(tk_plan(&c, NULL, 0, &p, &e) == TK_OK);
+        TK_CHECK(tk_plan_tensors_at_peak(&c, NULL, 0, all, 20000, &n, &e) == TK_OK);
+        TK_CHECK(n > 0 && n < 20000);
+        size_t sum = 0, by[TK_CAT_COUNT] = { 0 };
+        for (int i = 0; i < n; i++) {
+            size_t r = all[i].block;
+            TK_CHECK(r >= all[i].bytes && r - all[i].bytes < (2u << 20));
+            sum += r;
+            by[all[i].cat] += r;
+            if (i) TK_CHECK(all[i].bytes <= all[i - 1].bytes);
+        }
+        TK_CHECK_MSG(sum == p.peak_allocated, "%s: tensors %zu vs peak %zu", models[mi], sum, p.peak_allocated);
+        for (int k = 0; k < TK_CAT_COUNT; k++)
+            TK_CHECK_MSG(by[k] == p.by_cat_at_peak[k], "%s %s: %zu vs %zu", models[mi], tk_cat_name((tk_cat)k), by[k],
+                         p.by_cat_at_peak[k]);
+    }
+    tk_config c;
+    tk_config_defaults(&c);
+    snprintf(c.model, sizeof c.model, "bert-base-cased");
+    c.num_labels = 2;
+    c.max_len = 512;
+    c.batch_size = 32;
+    c.device = TK_DEVICE_META;
+    int n = 0;
+    tk_err e = { 0 };
+    TK_CHECK(tk_plan_tensors_at_peak(&c, NULL, 0, all, 3, &n, &e) == TK_OK && n == 3);
+    TK_CHECK(all[0].ndim == 4 && all[0].shape[0] == 32 && all[0].shape[1] == 12 && all[0].shape[2] == 512 &&
+             all[0].shape[3] == 512 && all[0].dtype == TK_F32 && all[0].bytes == (size_t)32 * 12 * 512 * 512 * 4);
+    TK_CHECK(strstr(all[0].owner, "attention.self") != NULL);
+}
+
 int main(void) {
     TK_RUN(test_plan_equals_cpu);
+    TK_RUN(test_tensors_at_peak);
     TK_RUN(test_plan_does_not_fit);
     TK_RUN(test_plan_dynamic_lengths);
     TK_RUN(test_plan_fused_needs_backend);

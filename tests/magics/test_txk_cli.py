@@ -39,8 +39,13 @@ def test_plan_seed_does_not_fit_and_says_so():
     for t in j["top"]:
         assert sum(t["by_category"].values()) == t["bytes"], t
     assert j["top"][0]["owner"].endswith("attention.self") and j["top"][0]["by_category"]["act"] > 0
+    # and the tensors behind it, with their shapes: the attention probabilities, 32 x 12 heads x 512 x 512
+    big = j["tensors_at_peak"][0]
+    assert big["shape"] == [32, 12, 512, 512] and big["dtype"] == "f32" and big["bytes"] == 32 * 12 * 512 * 512 * 4
+    assert big["owner"].endswith("attention.self") and big["category"] in ("act", "temp")
     rc, out, _ = txk("plan", c)
     assert rc == 3 and "DOES NOT FIT" in out and "Top owners at the peak" in out and "act 100%" in out
+    assert "Largest tensors at the peak" in out and "f32 [32, 12, 512, 512]" in out
     # an override on the command line: batch 2 at max_len 128 fits
     rc, out, _ = txk("plan", c, "batch_size=2", "max_len=128", "--json")
     assert rc == 0 and json.loads(out)["fits"] is True and json.loads(out)["batch"] == 2

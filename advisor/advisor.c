@@ -432,6 +432,7 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
         case TK_FIX_FREEZE_LAYERS: snprintf(lab, sizeof lab, "freeze %d layers", fixes[i].value); break;
         case TK_FIX_EVAL_BATCH: snprintf(lab, sizeof lab, "eval batch %d", fixes[i].value); break;
         case TK_FIX_BATCH: snprintf(lab, sizeof lab, "batch %d", fixes[i].value); break;
+        case TK_FIX_ATTENTION: snprintf(lab, sizeof lab, "fused attention"); break;
         case TK_FIX_HEAD:
             snprintf(lab, sizeof lab, "%s head", out->config.head == TK_HEAD_SPAN ? "span" : "pooled");
             break;

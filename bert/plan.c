@@ -233,14 +233,6 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, tk_pla
     tk_status st = tk_model_opts_from_config(&mo, c, err);
     if (st != TK_OK)
         return st;
-    /* The cuda backend has no fused attention kernel yet (the model refuses
-     * the config there), so a plan for it must not promise the saving. */
-    if (c->attention == TK_ATTN_FUSED && c->device == TK_DEVICE_CUDA) {
-        tk_err_set(err, TK_EINVAL, "plan: attention: fused is not available on device: cuda yet; "
-                   "use attention: standard (recompute: attention also avoids keeping the probabilities)");
-        return TK_EINVAL;
-    }
-
     const tk_gpu_profile *prof = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
     if (c->gpu[0] && !prof) {
         tk_err_set(err, TK_EINVAL, "plan: gpu: unknown GPU profile '%s'", c->gpu);
@@ -308,6 +300,11 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, tk_pla
         snprintf(out->profile, sizeof out->profile, "%s", prof->name);
         double rate = c->precision == TK_PREC_FP32 ? prof->fp32_flops : prof->fp16_flops;
         double tc = rate > 0 ? so->train_cost.flops / rate : 0;
+        /* Fused attention runs on the GPU's fp32 cores (no tensor cores) and
+         * its cuda kernels compute the scores twice in forward and backward:
+         * 6 + 14 T^2*HS FLOPs per head where the op counts 4 + 10. */
+        if (rate > 0 && prof->fp32_flops > 0 && so->train_cost.attn_flops > 0)
+            tc += so->train_cost.attn_flops * (20.0 / 14.0 / prof->fp32_flops - 1.0 / rate);
         double tm = prof->bandwidth > 0 ? so->train_cost.bytes / prof->bandwidth : 0;
         out->step_seconds = tc > tm ? tc : tm;
     }

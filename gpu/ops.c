@@ -493,6 +493,7 @@ tk_status tk_op_attention_fwd(tk_dev *d, tk_tensor *out, tk_tensor *lse, const t
     TRY(arg(d, op, "v", v, M_FLT, n, 0));
     if (!d->be->attention_fwd) TRY(attn_missing(d, op));
     double bh = (double)B * NH, tt = (double)T * T;
+    d->cost.attn_flops += bh * (4.0 * tt * HS + 9.0 * tt + (p > 0 ? 2.0 * tt : 0));
     charge(d, bh * (4.0 * tt * HS + 9.0 * tt + (p > 0 ? 2.0 * tt : 0)),
            (double)n * (sz(q) + sz(k) + sz(v) + sz(out)) + 4.0 * bh * T + (mask ? 4.0 * B * T : 0));
     DISPATCH(attention_fwd, out, lse, q, k, v, mask, B, NH, T, HS, scale, p, seed, offset);
@@ -517,6 +518,7 @@ tk_status tk_op_attention_bwd(tk_dev *d, tk_tensor *dq, tk_tensor *dk, tk_tensor
     TRY(arg(d, op, "out", out, M_FLT, n, 0));
     if (!d->be->attention_bwd) TRY(attn_missing(d, op));
     double bh = (double)B * NH, tt = (double)T * T;
+    d->cost.attn_flops += bh * (10.0 * tt * HS + 8.0 * tt + (p > 0 ? 2.0 * tt : 0));
     charge(d, bh * (10.0 * tt * HS + 8.0 * tt + (p > 0 ? 2.0 * tt : 0)),
            (double)n * (sz(dq) + sz(dk) + sz(dv) + sz(dout) + sz(q) + sz(k) + sz(v) + sz(out)) +
                4.0 * bh * T + (mask ? 4.0 * B * T : 0));

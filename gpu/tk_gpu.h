@@ -211,6 +211,7 @@ typedef struct tk_dev_info {
 typedef struct tk_cost {
     double flops;        /* floating-point operations */
     double bytes;        /* bytes read + written by ops */
+    double attn_flops;   /* of which in fused attention (tk_op_attention_*) */
     uint64_t n_ops;
 } tk_cost;
 

@@ -130,6 +130,15 @@ tk_status tk_cuda_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_t
 tk_status tk_cuda_adamw8(void *ctx, tk_tensor *param, const tk_tensor *grad,
                          tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
                          int64_t n, const tk_adamw_hp *hp);
+tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
+                                const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
+                                int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,
+                                uint64_t seed, uint64_t offset);
+tk_status tk_cuda_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
+                                const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
+                                const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
+                                const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, int64_t HS,
+                                float scale, float p, uint64_t seed, uint64_t offset);
 /* C[b, m, :] = beta * C[b, m, :] + bias (the first half of a biased gemm). */
 tk_status tk_cuda_bias_rows(void *ctx, tk_tensor *C, const tk_tensor *bias, int64_t M, int64_t N,
                             int64_t batch, int64_t strideC, float beta);

@@ -250,6 +250,8 @@ static const tk_backend cuda_backend = {
     .sumsq = tk_cuda_sumsq,
     .adamw = tk_cuda_adamw,
     .adamw8 = tk_cuda_adamw8,
+    .attention_fwd = tk_cuda_attention_fwd,
+    .attention_bwd = tk_cuda_attention_bwd,
 };
 
 /* Everything after the context exists; on failure the caller destroys c. */

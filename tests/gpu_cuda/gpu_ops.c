@@ -4,7 +4,8 @@
  * API, results compared within the tolerances in gpu_common.h. Ops that
  * move or select data (cast, heads, gather, embedding forward, dropout
  * masks and values, fill) must agree byte for byte, and so must the f32
- * AdamW step (both sides follow one operation order without FMA). Sizes are
+ * AdamW step (both sides follow one operation order without FMA); fused
+ * attention must also repeat itself bit for bit. Sizes are
  * odd on purpose: rows not a multiple of the block size, partial q8 blocks.
  */
 #include "gpu_common.h"
@@ -166,6 +167,77 @@ static void test_softmax(void) {
     free(mk);
 }
 
+/* The cpu copy's bytes onto the cuda copy (inputs one op computed, handed
+ * to the next with identical bytes on both sides). */
+static void pair_sync_from_cpu(pair *p) {
+    tk_err err = {0};
+    size_t nb = tk_tensor_nbytes(&p->c);
+    void *h = malloc(nb ? nb : 1);
+    TK_CHECK(tk_tensor_read(g_cpu, &p->c, h, &err) == TK_OK);
+    TK_CHECK(tk_tensor_write(g_gpu, &p->g, h, &err) == TK_OK);
+    free(h);
+}
+
+/* Fused attention (cuda_attention.h's tiles) against the cpu backend's:
+ * padded keys, a sequence with every key masked, dropout on and off, T not a
+ * multiple of either tile, each float dtype. Backward gets the cpu's out and
+ * lse on both sides. A second cuda run must repeat the first bit for bit
+ * (no atomics). */
+static void test_attention(void) {
+    const int64_t shapes[2][4] = { { 3, 2, 77, 64 }, { 1, 2, 384, 64 } };
+    for (int si = 0; si < 2; si++) {
+        const int64_t B = shapes[si][0], NH = shapes[si][1], T_ = shapes[si][2], HS = shapes[si][3];
+        const int64_t n = B * NH * T_ * HS, nl = B * NH * T_;
+        int32_t *mk = malloc((size_t)(B * T_) * sizeof(int32_t));
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T_; t++) mk[b * T_ + t] = t < (b == 0 ? T_ : b == 1 ? T_ / 3 : 0);
+        pair mask = pair_i32(B * T_, mk);
+        for (int di = 0; di < 3; di++) {
+            tk_dtype dt = FLOATS[di];
+            double tol = dt == TK_F32 ? 1e-4 : tol_for(dt);
+            for (int pi = 0; pi < 2; pi++) {
+                float p = pi ? 0.1f : 0.0f;
+                char what[96];
+                pair q = pair_new(dt, n, NULL, 1.0f), k = pair_new(dt, n, NULL, 1.0f), v = pair_new(dt, n, NULL, 1.0f);
+                pair g = pair_new(dt, n, NULL, 1.0f), out = pair_new(dt, n, NULL, 1.0f);
+                pair lse = pair_new(TK_F32, nl, NULL, 1.0f);
+                pair dq = pair_new(dt, n, NULL, 1.0f), dk = pair_new(dt, n, NULL, 1.0f), dv = pair_new(dt, n, NULL, 1.0f);
+                BOTH(tk_op_attention_fwd(D, T(out), T(lse), T(q), T(k), T(v), T(mask), B, NH, T_, HS, 0.125f, p, 5, 77));
+                snprintf(what, sizeof what, "attention_fwd T=%lld %s p=%g out", (long long)T_, tk_dtype_name(dt), p);
+                pair_cmp(&out, tol, what);
+                snprintf(what, sizeof what, "attention_fwd T=%lld %s p=%g lse", (long long)T_, tk_dtype_name(dt), p);
+                pair_cmp(&lse, 1e-5, what);
+                pair_sync_from_cpu(&out);
+                pair_sync_from_cpu(&lse);
+                BOTH(tk_op_attention_bwd(D, T(dq), T(dk), T(dv), T(g), T(q), T(k), T(v), T(out), T(lse), T(mask),
+                                         B, NH, T_, HS, 0.125f, p, 5, 77));
+                pair *grads[3] = { &dq, &dk, &dv };
+                const char *gn[3] = { "dq", "dk", "dv" };
+                for (int i = 0; i < 3; i++) {
+                    snprintf(what, sizeof what, "attention_bwd T=%lld %s p=%g %s", (long long)T_, tk_dtype_name(dt), p,
+                             gn[i]);
+                    pair_cmp(grads[i], tol, what);
+                }
+                /* determinism: the cuda backward again, same bytes */
+                tk_err err = {0};
+                size_t nb = tk_tensor_nbytes(&dk.g);
+                void *h1 = malloc(nb), *h2 = malloc(nb);
+                TK_CHECK(tk_tensor_read(g_gpu, &dk.g, h1, &err) == TK_OK);
+                TK_CHECK(tk_op_attention_bwd(g_gpu, &dq.g, &dk.g, &dv.g, &g.g, &q.g, &k.g, &v.g, &out.g, &lse.g,
+                                             &mask.g, B, NH, T_, HS, 0.125f, p, 5, 77) == TK_OK);
+                TK_CHECK(tk_tensor_read(g_gpu, &dk.g, h2, &err) == TK_OK);
+                TK_CHECK_MSG(memcmp(h1, h2, nb) == 0, "attention_bwd: a second cuda run differs");
+                free(h1);
+                free(h2);
+                pair_free(&q); pair_free(&k); pair_free(&v); pair_free(&g); pair_free(&out); pair_free(&lse);
+                pair_free(&dq); pair_free(&dk); pair_free(&dv);
+            }
+        }
+        pair_free(&mask);
+        free(mk);
+    }
+}
+
 static void test_dropout(void) {
     const int64_t n = 100003;
     const float ps[3] = { 0.1f, 0.5f, 0.0f };
@@ -311,6 +383,7 @@ int main(void) {
     TK_RUN(test_layernorm);
     TK_RUN(test_softmax);
     TK_RUN(test_dropout);
+    TK_RUN(test_attention);
     TK_RUN(test_xent);
     TK_RUN(test_bias_grad_heads);
     TK_RUN(test_sumsq);

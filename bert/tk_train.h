@@ -196,6 +196,29 @@ tk_status tk_train_run(const tk_config *c, tk_model *model, const tk_batch *trai
 tk_status tk_train_config(const tk_config *c, tk_dev *d, const tk_train_callbacks *cb,
                           tk_model **model_out, tk_train_result *r, tk_err *err);
 
+/* What tk_train_measure saw. */
+typedef struct tk_measure {
+    size_t peak_allocated, peak_reserved; /* the caching allocator, over the measured run */
+    double ms_per_step;         /* wall time per optimizer step (see timed_steps) */
+    int64_t timed_steps;
+    /* cuda only (have_device = 1): CUPTI's records of every device
+     * allocation in the process, and the plugin's own buffers */
+    int have_device, cupti_active;
+    size_t device_peak;         /* highest device bytes live (CUPTI) */
+    size_t plugin_bytes;        /* cuBLAS workspace + plugin scratch, allocated at open */
+    char device[128];           /* the device's name */
+} tk_measure;
+
+/* Runs config c the way the planner replays it — a fresh device of `kind`,
+ * random weights, two optimizer steps of `accumulate` micro-batches of
+ * synthetic ids at batch x max_len, one eval batch — and reports the
+ * allocator's peaks (equal to tk_plan's peak_allocated / peak_reserved when
+ * the plan is right) and, on cuda, CUPTI's device peak. Simulated capacities
+ * (capacity, gpu) are ignored. timed_steps > 0 then times that many more
+ * steps on the same model (after the memory run, without eval: a steady
+ * state); 0 times the two-step run itself. */
+tk_status tk_train_measure(const tk_config *c, tk_dev_kind kind, int timed_steps, tk_measure *out, tk_err *err);
+
 /* Optimizer parameters for a model (new array of tk_model_n_params entries,
  * free()); the model's tk_param pointers are borrowed. */
 tk_optim_param *tk_train_optim_params(tk_model *m, int *n);

@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "tk_train.h"
+#include "cuda/tk_cuda.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -462,4 +463,96 @@ out:
     }
     r->seconds = now_s() - t_start;
     return r->status = st;
+}
+
+/* ---- measuring a config the way the planner replays it ---------------------- */
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+tk_status tk_train_measure(const tk_config *c0, tk_dev_kind kind, int timed_steps, tk_measure *out, tk_err *err) {
+    memset(out, 0, sizeof *out);
+    tk_config c = *c0;
+    c.device = kind == TK_DEV_CUDA ? TK_DEVICE_CUDA : TK_DEVICE_CPU;
+    c.capacity = 0;
+    c.gpu[0] = 0;
+    c.epochs = 1;
+    c.max_steps = 0;
+    c.output_dir[0] = 0;
+    c.resume_from[0] = 0;
+    tk_model_opts mo;
+    if (tk_model_opts_from_config(&mo, &c, err) != TK_OK) return err->status;
+    tk_dev_opts dopts = {.kind = kind, .threads = c.threads};
+    tk_dev *d = tk_dev_new(&dopts, err);
+    tk_model *m = d ? tk_model_new(d, &mo, err) : NULL;
+    tk_status st = m ? tk_model_init_random(m, 3, err) : (err->status ? err->status : TK_EDEVICE);
+    int rows = c.head == TK_HEAD_FLATTEN_DENSE ? (c.towers > 0 ? c.towers : 1) : 1;
+    int B = c.batch_size, T = c.max_len, EB = c.eval_batch_size > 0 ? c.eval_batch_size : B;
+    int k = c.accumulate > 1 ? c.accumulate : 1;
+    int nsteps = timed_steps > 0 ? timed_steps : 0;
+    size_t nb = (size_t)(B > EB ? B : EB) * rows * T;
+    int32_t *ids = malloc(nb * 4), *types = calloc(nb, 4), *mask = malloc(nb * 4);
+    int32_t *lab = calloc((size_t)(B > EB ? B : EB), 4);
+    int nbatch = 2 * k > nsteps * k ? 2 * k : nsteps * k;
+    tk_batch *train = calloc((size_t)nbatch, sizeof *train);
+    if (st == TK_OK && (!ids || !types || !mask || !lab || !train)) {
+        tk_err_set(err, TK_EINVAL, "out of host memory");
+        st = TK_EINVAL;
+    }
+    if (st == TK_OK) {
+        tk_dev_info info;
+        tk_dev_info_get(d, &info);
+        snprintf(out->device, sizeof out->device, "%s", info.name);
+        for (size_t i = 0; i < nb; i++) {
+            ids[i] = (int32_t)(100 + i % 500);
+            mask[i] = 1;
+        }
+        for (int i = 0; i < nbatch; i++)
+            train[i] = (tk_batch){.B = B, .T = T, .input_ids = ids, .token_type_ids = types, .attention_mask = mask,
+                                  .labels = lab, .start_positions = lab, .end_positions = lab};
+        tk_batch dev = train[0];
+        dev.B = EB;
+        tk_train_result r;
+        double t0 = mono_s();
+        st = tk_train_run(&c, m, train, 2 * k, &dev, 1, NULL, &r, err);
+        if (st == TK_OK) st = tk_dev_sync(d, err);
+        double t1 = mono_s();
+        out->peak_allocated = r.peak_allocated;
+        out->peak_reserved = r.peak_reserved;
+        out->timed_steps = r.steps;
+        out->ms_per_step = r.steps > 0 ? 1e3 * (t1 - t0) / (double)r.steps : 0;
+        tk_train_result_clear(&r);
+        if (st == TK_OK && kind == TK_DEV_CUDA) {
+            /* CUPTI's figures before the timing run: the peak is the memory run's */
+            tk_cuda_mem_totals tot;
+            if ((st = tk_dev_cuda_mem_totals(d, &tot, err)) == TK_OK) {
+                out->have_device = 1;
+                out->cupti_active = tot.cupti_active;
+                out->device_peak = tot.device_peak;
+                out->plugin_bytes = tot.plugin_bytes;
+            }
+        }
+        if (st == TK_OK && nsteps > 0) {
+            tk_config ct = c;
+            ct.max_steps = nsteps;
+            t0 = mono_s();
+            st = tk_train_run(&ct, m, train, nsteps * k, NULL, 0, NULL, &r, err);
+            if (st == TK_OK) st = tk_dev_sync(d, err);
+            t1 = mono_s();
+            out->timed_steps = r.steps;
+            out->ms_per_step = r.steps > 0 ? 1e3 * (t1 - t0) / (double)r.steps : 0;
+            tk_train_result_clear(&r);
+        }
+    }
+    free(ids);
+    free(types);
+    free(mask);
+    free(lab);
+    free(train);
+    tk_model_destroy(&m);
+    tk_dev_destroy(&d);
+    return st;
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "tk_backend_impl.h"
+#include "cuda/tk_cuda.h"
 #include "dev_internal.h"
 
 /* ---- meta backend: fake addresses, nothing stored, no arithmetic --------- */
@@ -252,4 +253,15 @@ void *tk_dev_backend_ctx(tk_dev *d) { return d ? d->ctx : NULL; }
 void *tk_dev_plugin_sym(tk_dev *d, const char *name) {
     if (!d || !d->dl || !name) return NULL;
     return dlsym(d->dl, name);
+}
+
+tk_status tk_dev_cuda_mem_totals(tk_dev *d, tk_cuda_mem_totals *out, tk_err *err) {
+    memset(out, 0, sizeof *out);
+    tk_cuda_mem_totals_get_fn fn = (tk_cuda_mem_totals_get_fn)tk_dev_plugin_sym(d, "tk_cuda_mem_totals_get");
+    if (!d || tk_dev_kind_of(d) != TK_DEV_CUDA || !fn) {
+        tk_err_set(err, TK_EINVAL, "device memory records need a cuda device (this one is %s)",
+                   !d ? "missing" : tk_dev_kind_of(d) == TK_DEV_CPU ? "cpu" : tk_dev_kind_of(d) == TK_DEV_META ? "meta" : "cuda without its plugin");
+        return TK_EINVAL;
+    }
+    return fn(d->ctx, out, err);
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "tk_render.h"
+#include "cuda/tk_cuda.h"
 #include "tk_session.h"
 #include "tk_train.h"
 #include "tk_txmagics.h"
@@ -437,6 +438,56 @@ static int row_cmp(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
+/* On cuda: what CUPTI saw of device memory, reconciled with the allocator
+ * (every allocation in the process, library ones included), and what no
+ * allocation record covers. NULL on other devices. */
+static json_t *add_device_records(tk_dev *d, tk_sb *text, tk_sb *html) {
+    if (tk_dev_kind_of(d) != TK_DEV_CUDA) return NULL;
+    tk_cuda_mem_totals t;
+    tk_err e = {0};
+    char b1[32], b2[32], b3[32], b4[32], b5[32];
+    if (tk_dev_cuda_mem_totals(d, &t, &e) != TK_OK) {
+        tk_sb_addf(text, "device memory records unavailable: %s\n", e.msg);
+        return json_pack("{s:b, s:s}", "cupti_active", 0, "error", e.msg);
+    }
+    size_t used = t.device_total > t.device_free ? t.device_total - t.device_free : 0;
+    size_t unrecorded = used > t.device_live ? used - t.device_live : 0;
+    if (t.cupti_active) {
+        tk_sb_addf(text, "CUPTI: %s live on the device (peak %s) = allocator segments %s + outside the allocator %s "
+                   "(plugin's cuBLAS workspace and scratch %s)\n", B(t.device_live, b1), B(t.device_peak, b2),
+                   B(t.segments_live, b3), B(t.outside_allocator, b4), B(t.plugin_bytes, b5));
+        tk_sb_addf(html, "<p>CUPTI: <b>%s</b> live on the device (peak %s) = allocator segments %s + outside the "
+                   "allocator <b>%s</b> (cuBLAS workspace and plugin scratch %s)", B(t.device_live, b1),
+                   B(t.device_peak, b2), B(t.segments_live, b3), B(t.outside_allocator, b4), B(t.plugin_bytes, b5));
+        for (int i = 0; i < t.n_sources; i++)
+            if (t.sources[i].live || t.sources[i].peak) {
+                tk_sb_addf(text, "  allocated by %s: %s live, peak %s\n", t.sources[i].name, B(t.sources[i].live, b1),
+                           B(t.sources[i].peak, b2));
+                tk_sb_add(html, "<br>allocated by ");
+                tk_sb_add_html(html, t.sources[i].name);
+                tk_sb_addf(html, ": %s live, peak %s", B(t.sources[i].live, b1), B(t.sources[i].peak, b2));
+            }
+        tk_sb_add(html, "</p>");
+    } else {
+        tk_sb_addf(text, "CUPTI tracing off (%s): outside the allocator only the plugin's own buffers are known, %s\n",
+                   t.cupti_error, B(t.plugin_bytes, b1));
+    }
+    tk_sb_addf(text, "in use on the GPU but in no allocation record (CUDA context, module code, other processes): %s\n",
+               B(unrecorded, b1));
+    tk_sb_addf(html, "<p>In use on the GPU but in no allocation record (CUDA context, module code, other processes): "
+               "%s</p>", B(unrecorded, b1));
+    json_t *src = json_array();
+    for (int i = 0; i < t.n_sources; i++)
+        json_array_append_new(src, json_pack("{s:s, s:I, s:I}", "name", t.sources[i].name, "live",
+                                             (json_int_t)t.sources[i].live, "peak", (json_int_t)t.sources[i].peak));
+    return json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "cupti_active", t.cupti_active,
+                     "error", t.cupti_error, "device_live", (json_int_t)t.device_live, "device_peak",
+                     (json_int_t)t.device_peak, "segments_live", (json_int_t)t.segments_live, "outside_allocator",
+                     (json_int_t)t.outside_allocator, "plugin_bytes", (json_int_t)t.plugin_bytes, "workspace_bytes",
+                     (json_int_t)t.workspace_bytes, "unrecorded", (json_int_t)unrecorded, "dropped_records",
+                     (json_int_t)t.dropped_records, "sources", src);
+}
+
 json_t *tk_report_mem(tk_dev *d, const char *by, int top) {
     tk_alloc *a = tk_dev_alloc(d);
     tk_alloc_stats st;
@@ -459,6 +510,7 @@ json_t *tk_report_mem(tk_dev *d, const char *by, int top) {
     tk_sb_addf(&html, "</b>: capacity %s%s, free %s, allocated <b>%s</b> (peak %s), reserved %s (peak %s)</p>",
                B(info.total, b1), info.simulated ? " (simulated)" : "", B(info.free_bytes, b2), B(st.allocated, b3),
                B(st.allocated_peak, b4), B(st.reserved, b5), B(st.reserved_peak, b6));
+    json_t *records = add_device_records(d, &text, &html);
     tk_sb_add(&html, "<div style=\"display:flex;gap:24px;align-items:flex-start\">");
     char *svg = NULL;
     json_t *vl = NULL;
@@ -530,6 +582,7 @@ json_t *tk_report_mem(tk_dev *d, const char *by, int top) {
     tk_bundle_take(bundle, "text/html", tk_sb_take(&html));
     tk_bundle_take(bundle, "image/svg+xml", svg);
     tk_bundle_take_json(bundle, "application/vnd.vegalite.v5+json", vl);
+    if (records) json_object_set_new(j, "device_records", records);
     json_object_set_new(bundle, "application/json", j);
     return bundle;
 }

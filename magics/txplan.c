@@ -139,65 +139,6 @@ static const sweep_row SWEEP[] = {
     {"fp16 + recompute + fused + 8-bit AdamW", {"precision=fp16", "recompute=layers", "attention=fused", "optimizer=adamw8bit"}},
 };
 
-/* Runs config c for two optimizer steps (2 x accumulate micro-batches of
- * synthetic ids) and one eval batch on a fresh cpu device, the way the
- * planner replays it; fills the measured peaks and the wall time per step. */
-static tk_status measure_on_cpu(tk_config c, size_t *peak_alloc, size_t *peak_res, double *ms_per_step,
-                                tk_err *err) {
-    c.device = TK_DEVICE_CPU;
-    c.capacity = 0;
-    c.gpu[0] = 0;
-    c.epochs = 1;
-    c.max_steps = 0;
-    c.output_dir[0] = 0;
-    c.resume_from[0] = 0;
-    tk_model_opts mo;
-    if (tk_model_opts_from_config(&mo, &c, err) != TK_OK) return err->status;
-    tk_dev_opts dopts = {.kind = TK_DEV_CPU, .threads = c.threads};
-    tk_dev *d = tk_dev_new(&dopts, err);
-    tk_model *m = d ? tk_model_new(d, &mo, err) : NULL;
-    tk_status st = m ? tk_model_init_random(m, 3, err) : (err->status ? err->status : TK_EDEVICE);
-    int rows = c.head == TK_HEAD_FLATTEN_DENSE ? (c.towers > 0 ? c.towers : 1) : 1;
-    int B = c.batch_size, T = c.max_len, EB = c.eval_batch_size > 0 ? c.eval_batch_size : B;
-    int k = c.accumulate > 1 ? c.accumulate : 1;
-    size_t nb = (size_t)(B > EB ? B : EB) * rows * T;
-    int32_t *ids = malloc(nb * 4), *types = calloc(nb, 4), *mask = malloc(nb * 4);
-    int32_t *lab = calloc((size_t)(B > EB ? B : EB), 4);
-    tk_batch *train = calloc((size_t)(2 * k), sizeof *train);
-    if (st == TK_OK && (!ids || !types || !mask || !lab || !train)) {
-        tk_err_set(err, TK_EINVAL, "out of host memory");
-        st = TK_EINVAL;
-    }
-    if (st == TK_OK) {
-        for (size_t i = 0; i < nb; i++) {
-            ids[i] = (int32_t)(100 + i % 500);
-            mask[i] = 1;
-        }
-        for (int i = 0; i < 2 * k; i++)
-            train[i] = (tk_batch){.B = B, .T = T, .input_ids = ids, .token_type_ids = types, .attention_mask = mask,
-                                  .labels = lab, .start_positions = lab, .end_positions = lab};
-        tk_batch dev = train[0];
-        dev.B = EB;
-        tk_train_result r;
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        st = tk_train_run(&c, m, train, 2 * k, &dev, 1, NULL, &r, err);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        *peak_alloc = r.peak_allocated;
-        *peak_res = r.peak_reserved;
-        double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-        *ms_per_step = r.steps > 0 ? 1e3 * sec / (double)r.steps : 0;
-        tk_train_result_clear(&r);
-    }
-    free(ids);
-    free(types);
-    free(mask);
-    free(lab);
-    free(train);
-    tk_model_destroy(&m);
-    tk_dev_destroy(&d);
-    return st;
-}
 
 tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_err *err) {
     *bundle = NULL;
@@ -205,9 +146,12 @@ tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_
     char title[256], b[8][32];
     snprintf(title, sizeof title, "Peak per technique: %.120s, batch %d x max_len %d%s%s (planned on meta)", c0->model,
              c0->batch_size, c0->max_len, cap ? ", capacity " : "", cap ? tk_format_bytes(cap, b[0], sizeof b[0]) : "");
+    /* measured where the config says it runs: cuda, or else the cpu */
+    const int on_cuda = c0->device == TK_DEVICE_CUDA;
     const char *h[] = {"technique", ">peak reserved", ">vs baseline", ">param", ">grad", ">optim", ">act", ">temp",
-                       "fits", ">measured on cpu", "= plan", ">ms/step", ">time vs baseline"};
-    tk_rtable *t = tk_rtable_new(title, measure ? 13 : 9, h);
+                       "fits", on_cuda ? ">measured on cuda" : ">measured on cpu", "= plan", ">ms/step",
+                       ">time vs baseline", ">device peak (CUPTI)", ">vs plan + plugin"};
+    tk_rtable *t = tk_rtable_new(title, measure ? (on_cuda ? 15 : 13) : 9, h);
     double base_ms = 0;
     if (!t) {
         tk_err_set(err, TK_EINVAL, "out of host memory");
@@ -236,20 +180,31 @@ tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_
         if (tk_config_validate(&c, err) != TK_OK || tk_plan(&c, NULL, 0, &p, err) != TK_OK) goto fail;
         if (i == 0) base = p.peak_reserved;
         const size_t *bc = p.by_cat_at_peak;
-        size_t m_alloc = 0, m_res = 0;
-        double ms = 0;
+        tk_measure ms_ = {0};
         if (measure) {
-            if (measure_on_cpu(c, &m_alloc, &m_res, &ms, err) != TK_OK) goto fail;
-            if (i == 0) base_ms = ms;
+            /* cuda: ten more steps are timed (the first two include cuBLAS's warm-up) */
+            if (tk_train_measure(&c, on_cuda ? TK_DEV_CUDA : TK_DEV_CPU, on_cuda ? 10 : 0, &ms_, err) != TK_OK)
+                goto fail;
+            if (i == 0) base_ms = ms_.ms_per_step;
         }
+        size_t m_alloc = ms_.peak_allocated, m_res = ms_.peak_reserved;
+        double ms = ms_.ms_per_step;
         int same = m_alloc == p.peak_allocated && m_res == p.peak_reserved;
-        tk_rtable_rowf(t, measure ? "%s\t%s\t%.2fx\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.2fx"
+        /* CUPTI's device peak against the plan plus the plugin's fixed buffers */
+        double dev_ratio = ms_.cupti_active && p.peak_reserved + ms_.plugin_bytes > 0
+                               ? (double)ms_.device_peak / (double)(p.peak_reserved + ms_.plugin_bytes) : 0;
+        char dp[32];
+        snprintf(dp, sizeof dp, "-");
+        if (ms_.cupti_active) tk_format_bytes(ms_.device_peak, dp, sizeof dp);
+        tk_rtable_rowf(t, measure ? (on_cuda ? "%s\t%s\t%.2fx\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.2fx\t%s\t%.3fx"
+                                             : "%s\t%s\t%.2fx\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.2fx")
                                   : "%s\t%s\t%.2fx\t%s\t%s\t%s\t%s\t%s\t%s", SWEEP[i].label,
                        tk_format_bytes(p.peak_reserved, b[0], sizeof b[0]), base ? (double)p.peak_reserved / (double)base : 1.0,
                        tk_format_bytes(bc[TK_CAT_PARAM], b[1], sizeof b[1]), tk_format_bytes(bc[TK_CAT_GRAD], b[2], sizeof b[2]),
                        tk_format_bytes(bc[TK_CAT_OPTIM], b[3], sizeof b[3]), tk_format_bytes(bc[TK_CAT_ACT], b[4], sizeof b[4]),
                        tk_format_bytes(bc[TK_CAT_TEMP], b[5], sizeof b[5]), cap ? (p.fits ? "yes" : "no") : "-",
-                       tk_format_bytes(m_res, b[6], sizeof b[6]), same ? "yes" : "NO", ms, base_ms > 0 ? ms / base_ms : 1.0);
+                       tk_format_bytes(m_res, b[6], sizeof b[6]), same ? "yes" : "NO", ms, base_ms > 0 ? ms / base_ms : 1.0,
+                       dp, dev_ratio);
         json_t *cats = json_object();
         for (int k = 0; k < TK_CAT_COUNT; k++) json_object_set_new(cats, tk_cat_name((tk_cat)k), json_integer((json_int_t)bc[k]));
         json_array_append_new(rows, json_pack("{s:s, s:I, s:I, s:I, s:o, s:I, s:I, s:b, s:i}", "technique", SWEEP[i].label,
@@ -263,6 +218,12 @@ tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_
             json_object_set_new(row, "measured_peak_reserved", json_integer((json_int_t)m_res));
             json_object_set_new(row, "measured_equals_plan", json_boolean(same));
             json_object_set_new(row, "ms_per_step", json_real(ms));
+            json_object_set_new(row, "measured_on", json_string(on_cuda ? "cuda" : "cpu"));
+            if (ms_.have_device) {
+                json_object_set_new(row, "cupti_active", json_boolean(ms_.cupti_active));
+                json_object_set_new(row, "device_peak", json_integer((json_int_t)ms_.device_peak));
+                json_object_set_new(row, "plugin_bytes", json_integer((json_int_t)ms_.plugin_bytes));
+            }
         }
         labels[nl] = SWEEP[i].label;
         vals[nl++] = (double)p.peak_reserved / (1 << 20);
@@ -372,8 +333,10 @@ static const tk_magic_def TXPLAN[] = {
      "--max-batch: the largest batch for max_len 64..512 that fits the capacity.\n"
      "--sweep: the peak (and its categories) with each memory-saving technique and a few\n"
      "combinations: recompute, fused attention, fp16/bf16, 8-bit AdamW, frozen embeddings,\n"
-     "accumulation. --measure also runs each row for two steps on the cpu (keep the\n"
-     "model small) and shows the measured peak, whether it equals the plan, and ms/step."},
+     "accumulation. --measure also runs each row for two steps on the config's device\n"
+     "(the cpu: keep the model small; cuda for device: cuda) and shows the measured\n"
+     "peak, whether it equals the plan, and ms/step; on cuda ten more steps are timed\n"
+     "and CUPTI's device peak is set against the plan plus the plugin's own buffers."},
 };
 
 int tk_magics_register_txplan(tk_magics *m) { return tk_magics_add_table(m, TXPLAN, 1); }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "tk_plan.h"
+#include "cuda/tk_cuda.h"
 #include "tk_test.h"
 #include "tk_train.h"
 
@@ -236,6 +237,37 @@ static void test_plan_fused_on_cuda(void) {
     TK_CHECK_EQ_INT(saved[1], saved[0]);
 }
 
+/* tk_train_measure (what %txplan --sweep --measure and the GPU suite run):
+ * on cpu its peaks equal the plan, and timed_steps runs that many more
+ * steps after the memory run without moving the measured peak. */
+static void test_measure_matches_plan(void) {
+    tk_config c;
+    tk_config_defaults(&c);
+    snprintf(c.model, sizeof c.model, "bert-tiny");
+    c.num_labels = 2;
+    c.max_len = 32;
+    c.batch_size = 8;
+    c.accumulate = 2;
+    c.threads = 2;
+    tk_err e = { 0 };
+    tk_plan_result p;
+    TK_CHECK_MSG(tk_plan(&c, NULL, 0, &p, &e) == TK_OK, "%s", e.msg);
+    tk_measure m;
+    TK_CHECK_MSG(tk_train_measure(&c, TK_DEV_CPU, 3, &m, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(m.peak_reserved, p.peak_reserved);
+    TK_CHECK_EQ_INT(m.peak_allocated, p.peak_allocated);
+    TK_CHECK_EQ_INT(m.timed_steps, 3);
+    TK_CHECK(m.ms_per_step > 0);
+    TK_CHECK(!m.have_device);
+    /* the cuda records are refused on a cpu device, with the reason */
+    tk_dev_opts o = { .kind = TK_DEV_CPU, .threads = 1 };
+    tk_dev *d = tk_dev_new(&o, &e);
+    tk_cuda_mem_totals t;
+    TK_CHECK(tk_dev_cuda_mem_totals(d, &t, &e) == TK_EINVAL);
+    TK_CHECK(strstr(e.msg, "cuda") != NULL && strstr(e.msg, "cpu") != NULL);
+    tk_dev_destroy(&d);
+}
+
 /* The tensors behind the peak: with every live tensor asked for, their
  * allocator blocks add up to the planned peak, category by category, and
  * each block holds its tensor; the largest for bert-base 32 x 512 is
@@ -288,5 +320,6 @@ int main(void) {
     TK_RUN(test_plan_does_not_fit);
     TK_RUN(test_plan_dynamic_lengths);
     TK_RUN(test_plan_fused_on_cuda);
+    TK_RUN(test_measure_matches_plan);
     return tk_test_done();
 }

@@ -10,7 +10,9 @@
  *    cuBLAS workspace; freeing and emptying the cache moves CUPTI's total by
  *    exactly the segments returned; kernels are timed per owner scope.
  */
+#include <jansson.h>
 #include "gpu_common.h"
+#include "tk_session.h"
 
 static tk_cuda_mem_totals_get_fn totals_fn(void) {
     return (tk_cuda_mem_totals_get_fn)tk_dev_plugin_sym(g_gpu, "tk_cuda_mem_totals_get");
@@ -176,6 +178,31 @@ out:
     tk_tensor_free(g_gpu, &C);
 }
 
+/* %txmem's report on cuda carries CUPTI's view, reconciled: device live =
+ * segments + outside the allocator, and the text says so. */
+static void test_txmem_report_reconciles(void) {
+    tk_err err = {0};
+    tk_tensor t = {0};
+    int64_t shape[1] = { (int64_t)(7 << 20) / 4 };
+    TK_CHECK_MSG(tk_tensor_alloc(g_gpu, &t, TK_F32, 1, shape, TK_CAT_ACT, "test.report", &err) == TK_OK, "%s", err.msg);
+    json_t *b = tk_report_mem(g_gpu, "owner", 5);
+    const char *text = json_string_value(json_object_get(b, "text/plain"));
+    json_t *rec = json_object_get(json_object_get(b, "application/json"), "device_records");
+    TK_CHECK_MSG(rec != NULL, "no device_records in %%txmem's JSON");
+    if (rec && json_is_true(json_object_get(rec, "cupti_active"))) {
+        json_int_t live = json_integer_value(json_object_get(rec, "device_live"));
+        json_int_t seg = json_integer_value(json_object_get(rec, "segments_live"));
+        json_int_t out = json_integer_value(json_object_get(rec, "outside_allocator"));
+        TK_CHECK_EQ_INT(live, seg + out);
+        TK_CHECK(seg >= (json_int_t)(7 << 20));
+        TK_CHECK(text && strstr(text, "outside the allocator") != NULL);
+    } else {
+        TK_CHECK_MSG(0, "CUPTI inactive: %s", rec ? json_string_value(json_object_get(rec, "error")) : "?");
+    }
+    json_decref(b);
+    tk_tensor_free(g_gpu, &t);
+}
+
 int main(void) {
     if (!gpu_open()) {
         gpu_close();
@@ -186,6 +213,7 @@ int main(void) {
     TK_RUN(test_segments_roundtrip_empty_cache);
     TK_RUN(test_device_oom_recovers);
     TK_RUN(test_cupti_reconciles);
+    TK_RUN(test_txmem_report_reconciles);
     gpu_close();
     return tk_test_done();
 }

@@ -4,6 +4,12 @@
  * memory the step needs.
  *
  *   train_cpu [--model bert-mini] [--batch 16] [--seq 128] [--threads N] [--steps S]
+ *             [--device cpu|cuda] [key=value ...]
+ *
+ * --device cuda runs the same steps on the GPU (bench/train_gpu/run.py):
+ * each step ends with a device sync before it is timed, and the JSON adds
+ * CUPTI's device peak (every device allocation in the process) and the
+ * plugin's fixed buffers; the RSS figures then describe the host side only.
  *
  * One warm-up step (it allocates the AdamW moments), then S steps. Prints one
  * JSON line: step times (min, mean), samples/s from the mean, the allocator's
@@ -16,6 +22,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "cuda/tk_cuda.h"
 #include "tk_model.h"
 #include "tk_train.h"
 
@@ -40,7 +47,7 @@ static void rss(size_t *cur, size_t *peak) {
 
 int main(int argc, char **argv) {
     const char *model = "bert-mini";
-    int B = 16, T = 128, threads = 1, steps = 5;
+    int B = 16, T = 128, threads = 1, steps = 5, cuda = 0;
     for (int i = 1; i < argc; i += 2) {
         if (strchr(argv[i], '=') && argv[i][0] != '-') { i--; continue; } /* key=value: below */
         if (i + 1 >= argc) { fprintf(stderr, "train_cpu: %s needs a value\n", argv[i]); return 2; }
@@ -49,6 +56,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--seq")) T = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--device") && (!strcmp(argv[i + 1], "cpu") || !strcmp(argv[i + 1], "cuda")))
+            cuda = !strcmp(argv[i + 1], "cuda");
         else { fprintf(stderr, "train_cpu: unknown option %s\n", argv[i]); return 2; }
     }
     if (B < 1 || T < 2 || steps < 1) { fprintf(stderr, "train_cpu: bad sizes\n"); return 2; }
@@ -62,7 +71,7 @@ int main(int argc, char **argv) {
     c.batch_size = B;
     c.max_len = T;
     c.threads = threads;
-    c.device = TK_DEVICE_CPU;
+    c.device = cuda ? TK_DEVICE_CUDA : TK_DEVICE_CPU;
     /* key=value words set config keys: the memory-saving techniques
      * (precision=fp16 recompute=layers attention=fused optimizer=adamw8bit
      * freeze_embeddings=true ...) */
@@ -84,7 +93,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     o.seed = 1;
-    tk_dev_opts dopts = {.kind = TK_DEV_CPU, .threads = threads};
+    tk_dev_opts dopts = {.kind = cuda ? TK_DEV_CUDA : TK_DEV_CPU, .threads = threads};
     tk_dev *d = tk_dev_new(&dopts, &err);
     tk_model *m = d ? tk_model_new(d, &o, &err) : NULL;
     if (!m || tk_model_init_random(m, 1, &err) != TK_OK) { fprintf(stderr, "train_cpu: %s\n", err.msg); return 1; }
@@ -111,7 +120,8 @@ int main(int argc, char **argv) {
         tk_status st = tk_model_zero_grads(m, &err);
         for (int j = 0; j < k && st == TK_OK; j++)
             st = tk_model_forward_backward(m, &b, (uint64_t)(s * k + j), 1.0f / (float)k, &loss, NULL, &err);
-        if (st != TK_OK || tk_adamw_step(opt, 2e-5f, 1.0f, &gnorm, &skipped, &err) != TK_OK) {
+        if (st != TK_OK || tk_adamw_step(opt, 2e-5f, 1.0f, &gnorm, &skipped, &err) != TK_OK ||
+            tk_dev_sync(d, &err) != TK_OK) {
             fprintf(stderr, "train_cpu: %s\n", err.msg);
             return 1;
         }
@@ -124,11 +134,18 @@ int main(int argc, char **argv) {
     tk_alloc_stats_get(tk_dev_alloc(d), &st);
     size_t rss1, hwm1;
     rss(&rss1, &hwm1);
-    printf("{\"impl\": \"txkernel\", \"config\": \"%s\", \"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"steps\": %d, "
+    tk_cuda_mem_totals tot = {0};
+    tk_dev_info info;
+    tk_dev_info_get(d, &info);
+    if (cuda && tk_dev_cuda_mem_totals(d, &tot, &err) != TK_OK) { fprintf(stderr, "train_cpu: %s\n", err.msg); return 1; }
+    printf("{\"impl\": \"txkernel\", \"device\": \"%s\", \"config\": \"%s\", \"model\": \"%s\", \"batch\": %d, \"seq\": %d, "
+           "\"threads\": %d, \"steps\": %d, "
            "\"min_ms\": %.2f, \"mean_ms\": %.2f, \"samples_per_s\": %.2f, \"loss\": %.5f, "
-           "\"alloc_peak\": %zu, \"reserved_peak\": %zu, \"rss_growth_peak\": %zu}\n",
-           tech, model, B, T, threads, steps, best * 1e3, sum / steps * 1e3, B / (sum / steps), loss, st.allocated_peak,
-           st.reserved_peak, hwm1 > rss0 ? hwm1 - rss0 : 0);
+           "\"alloc_peak\": %zu, \"reserved_peak\": %zu, \"rss_growth_peak\": %zu, "
+           "\"cupti_active\": %d, \"device_peak\": %zu, \"plugin_bytes\": %zu}\n",
+           info.name, tech, model, B, T, threads, steps, best * 1e3, sum / steps * 1e3, B / (sum / steps), loss,
+           st.allocated_peak, st.reserved_peak, hwm1 > rss0 ? hwm1 - rss0 : 0, tot.cupti_active, tot.device_peak,
+           tot.plugin_bytes);
     free(ids); free(mask); free(types); free(labels); free(pp);
     tk_adamw_destroy(&opt);
     tk_model_destroy(&m);

@@ -196,6 +196,12 @@ TK_FA void tk_fa_store_rows(void *x, int dt, const float *src, int64_t ld, const
     }
 }
 
+/* Keys and values [k0, k0+kt) of sequence*head bh into sh->k, sh->v. */
+TK_FA void tk_fa_load_kv(const tk_fa_args *a, const tk_fa_smem *sh, int64_t bh, int64_t k0, int tid, int nt) {
+    tk_fa_load_rows(sh->k, a->HS + 1, a->k, a->dtk, a, bh, k0, a->kt, tid, nt);
+    tk_fa_load_rows(sh->v, a->HS + 1, a->v, a->dtv, a, bh, k0, a->kt, tid, nt);
+}
+
 /* The scaled, masked score of query row r (sh->q) and key j (sh->k) of the
  * tiles starting at q0 and k0; -inf for a masked key; 0 when the sequence
  * has no kept key. */
@@ -342,8 +348,7 @@ TK_FA int tk_fa_fwd_phase(const tk_fa_args *a, const tk_fa_smem *sh, int64_t bh,
         const int64_t k0 = (int64_t)(x / 3) * kt;
         const int nkv = (int)(a->T - k0 < kt ? a->T - k0 : kt);
         if (x % 3 == 0) {
-            tk_fa_load_rows(sh->k, HS + 1, a->k, a->dtk, a, bh, k0, kt, tid, nt);
-            tk_fa_load_rows(sh->v, HS + 1, a->v, a->dtv, a, bh, k0, kt, tid, nt);
+            tk_fa_load_kv(a, sh, bh, k0, tid, nt);
         } else if (x % 3 == 1) {
             for (int e = tid; e < qt * kt; e += nt) {
                 int r = e / kt, j = e % kt;
@@ -380,8 +385,7 @@ TK_FA int tk_fa_bwd_kv_phase(const tk_fa_args *a, const tk_fa_smem *sh, int64_t 
     float *dk = sh->acc, *dv = sh->acc + kh;
     if (ph == 0) {
         tk_fa_flag_phase(a, sh, b, 0, tid, nt);
-        tk_fa_load_rows(sh->k, HS + 1, a->k, a->dtk, a, bh, k0, kt, tid, nt);
-        tk_fa_load_rows(sh->v, HS + 1, a->v, a->dtv, a, bh, k0, kt, tid, nt);
+        tk_fa_load_kv(a, sh, bh, k0, tid, nt);
         for (int64_t e = tid; e < 2 * kh; e += nt) sh->acc[e] = 0.0f;
         return 1;
     }
@@ -444,8 +448,7 @@ TK_FA int tk_fa_bwd_q_phase(const tk_fa_args *a, const tk_fa_smem *sh, int64_t b
         const int64_t k0 = (int64_t)(x / 3) * kt;
         const int nkv = (int)(a->T - k0 < kt ? a->T - k0 : kt);
         if (x % 3 == 0) {
-            tk_fa_load_rows(sh->k, HS + 1, a->k, a->dtk, a, bh, k0, kt, tid, nt);
-            tk_fa_load_rows(sh->v, HS + 1, a->v, a->dtv, a, bh, k0, kt, tid, nt);
+            tk_fa_load_kv(a, sh, bh, k0, tid, nt);
         } else if (x % 3 == 1) {
             tk_fa_bwd_tile(a, sh, bh, q0, k0, 0, tid, nt);
         } else {
@@ -460,6 +463,17 @@ TK_FA int tk_fa_bwd_q_phase(const tk_fa_args *a, const tk_fa_smem *sh, int64_t b
     }
     tk_fa_store_rows(a->dq, a->dt_dq, sh->acc, HS, a, bh, q0, qt, tid, nt);
     return 0;
+}
+
+/* One thread's share of phase `ph` of block (bh, tile) of kernel `kind`;
+ * 1 while phases follow. */
+TK_FA int tk_fa_phase(int kind, const tk_fa_args *a, const tk_fa_smem *sh, int64_t bh, int64_t tile, int ph, int tid,
+                      int nt) {
+    switch (kind) {
+    case TK_FA_FWD: return tk_fa_fwd_phase(a, sh, bh, tile, ph, tid, nt);
+    case TK_FA_BWD_KV: return tk_fa_bwd_kv_phase(a, sh, bh, tile, ph, tid, nt);
+    default: return tk_fa_bwd_q_phase(a, sh, bh, tile, ph, tid, nt);
+    }
 }
 
 #endif

@@ -548,34 +548,12 @@ __global__ void k_adamw8(float *param, const void *grad, int dtg, int8_t *mq, fl
 /* One block per (sequence*head, tile); the phases of cuda_attention.h with a
  * barrier after each. The phase count depends only on T and the tiles, so
  * every thread reaches every barrier. */
-__global__ void __launch_bounds__(TK_FA_THREADS) k_attn_fwd(tk_fa_args a) {
+template <int KIND> __global__ void __launch_bounds__(TK_FA_THREADS) k_attn(tk_fa_args a) {
     extern __shared__ float fa_smem[];
     tk_fa_smem sh;
-    tk_fa_carve(&sh, fa_smem, TK_FA_FWD, a.HS, a.qt, a.kt);
+    tk_fa_carve(&sh, fa_smem, KIND, a.HS, a.qt, a.kt);
     for (int ph = 0;; ph++) {
-        int more = tk_fa_fwd_phase(&a, &sh, blockIdx.x, blockIdx.y, ph, threadIdx.x, blockDim.x);
-        __syncthreads();
-        if (!more) break;
-    }
-}
-
-__global__ void __launch_bounds__(TK_FA_THREADS) k_attn_bwd_kv(tk_fa_args a) {
-    extern __shared__ float fa_smem[];
-    tk_fa_smem sh;
-    tk_fa_carve(&sh, fa_smem, TK_FA_BWD_KV, a.HS, a.qt, a.kt);
-    for (int ph = 0;; ph++) {
-        int more = tk_fa_bwd_kv_phase(&a, &sh, blockIdx.x, blockIdx.y, ph, threadIdx.x, blockDim.x);
-        __syncthreads();
-        if (!more) break;
-    }
-}
-
-__global__ void __launch_bounds__(TK_FA_THREADS) k_attn_bwd_q(tk_fa_args a) {
-    extern __shared__ float fa_smem[];
-    tk_fa_smem sh;
-    tk_fa_carve(&sh, fa_smem, TK_FA_BWD_Q, a.HS, a.qt, a.kt);
-    for (int ph = 0;; ph++) {
-        int more = tk_fa_bwd_q_phase(&a, &sh, blockIdx.x, blockIdx.y, ph, threadIdx.x, blockDim.x);
+        int more = tk_fa_phase(KIND, &a, &sh, blockIdx.x, blockIdx.y, ph, threadIdx.x, blockDim.x);
         __syncthreads();
         if (!more) break;
     }
@@ -933,7 +911,7 @@ tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const
     if (st != TK_OK) return st;
     a.out = out->data; a.dt_out = DT(out);
     a.lse_out = (float *)lse->data;
-    k_attn_fwd<<<gq, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_FWD, HS, a.qt, a.kt)>>>(a);
+    k_attn<TK_FA_FWD><<<gq, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_FWD, HS, a.qt, a.kt)>>>(a);
     TK_CU_LAUNCHED("k_attn_fwd");
     return TK_OK;
 }
@@ -958,9 +936,9 @@ tk_status tk_cuda_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tens
     a.dq = dq->data; a.dt_dq = DT(dq);
     a.dk = dk->data; a.dt_dk = DT(dk);
     a.dv = dv->data; a.dt_dv = DT(dv);
-    k_attn_bwd_kv<<<gk, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_BWD_KV, HS, a.qt, a.kt)>>>(a);
+    k_attn<TK_FA_BWD_KV><<<gk, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_BWD_KV, HS, a.qt, a.kt)>>>(a);
     TK_CU_LAUNCHED("k_attn_bwd_kv");
-    k_attn_bwd_q<<<gq, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_BWD_Q, HS, a.qt, a.kt)>>>(a);
+    k_attn<TK_FA_BWD_Q><<<gq, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_BWD_Q, HS, a.qt, a.kt)>>>(a);
     TK_CU_LAUNCHED("k_attn_bwd_q");
     return TK_OK;
 }

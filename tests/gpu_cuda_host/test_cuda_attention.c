@@ -77,12 +77,9 @@ static double relerr(const float *ref, const float *x, int64_t n) {
     return worst;
 }
 
-typedef int (*phase_fn)(const tk_fa_args *, const tk_fa_smem *, int64_t, int64_t, int, int, int);
-
 /* Runs every block of one kernel, phase by phase; `reverse` runs a phase's
  * threads from the last to the first. */
 static void emulate(int kind, const tk_fa_args *a, int64_t BH, int reverse) {
-    phase_fn fn = kind == TK_FA_FWD ? tk_fa_fwd_phase : kind == TK_FA_BWD_KV ? tk_fa_bwd_kv_phase : tk_fa_bwd_q_phase;
     const int64_t tiles = kind == TK_FA_BWD_KV ? tk_fa_ntiles(a->T, a->kt) : tk_fa_ntiles(a->T, a->qt);
     tk_fa_smem sh;
     const size_t nf = tk_fa_carve(&sh, NULL, kind, a->HS, a->qt, a->kt);
@@ -96,7 +93,7 @@ static void emulate(int kind, const tk_fa_args *a, int64_t BH, int reverse) {
                 int more0 = -1, uniform = 1;
                 for (int i = 0; i < nt; i++) {
                     int tid = reverse ? nt - 1 - i : i;
-                    int more = fn(a, &sh, bh, tb, ph, tid, nt);
+                    int more = tk_fa_phase(kind, a, &sh, bh, tb, ph, tid, nt);
                     if (more0 < 0) more0 = more;
                     else if (more != more0) uniform = 0;
                 }

@@ -255,13 +255,24 @@ void *tk_dev_plugin_sym(tk_dev *d, const char *name) {
     return dlsym(d->dl, name);
 }
 
-tk_status tk_dev_cuda_mem_totals(tk_dev *d, tk_cuda_mem_totals *out, tk_err *err) {
-    memset(out, 0, sizeof *out);
-    tk_cuda_mem_totals_get_fn fn = (tk_cuda_mem_totals_get_fn)tk_dev_plugin_sym(d, "tk_cuda_mem_totals_get");
+/* The plugin's function `name`, or NULL with err saying why. */
+static void *cuda_fn(tk_dev *d, const char *name, tk_err *err) {
+    void *fn = tk_dev_plugin_sym(d, name);
     if (!d || tk_dev_kind_of(d) != TK_DEV_CUDA || !fn) {
         tk_err_set(err, TK_EINVAL, "device memory records need a cuda device (this one is %s)",
                    !d ? "missing" : tk_dev_kind_of(d) == TK_DEV_CPU ? "cpu" : tk_dev_kind_of(d) == TK_DEV_META ? "meta" : "cuda without its plugin");
-        return TK_EINVAL;
+        return NULL;
     }
-    return fn(d->ctx, out, err);
+    return fn;
+}
+
+tk_status tk_dev_cuda_mem_totals(tk_dev *d, tk_cuda_mem_totals *out, tk_err *err) {
+    memset(out, 0, sizeof *out);
+    tk_cuda_mem_totals_get_fn fn = (tk_cuda_mem_totals_get_fn)cuda_fn(d, "tk_cuda_mem_totals_get", err);
+    return fn ? fn(d->ctx, out, err) : TK_EINVAL;
+}
+
+tk_status tk_dev_cuda_mem_reset_peak(tk_dev *d, tk_err *err) {
+    tk_cuda_mem_reset_peak_fn fn = (tk_cuda_mem_reset_peak_fn)cuda_fn(d, "tk_cuda_mem_reset_peak", err);
+    return fn ? fn(d->ctx, err) : TK_EINVAL;
 }

@@ -12,6 +12,7 @@
  *    same kind and capacity.
  */
 #include "tk_session.h"
+#include "cuda/tk_cuda.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -249,6 +250,9 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
         return TK_OK;
     }
 
+    /* On cuda the device peak (CUPTI) starts afresh: the run's own. */
+    int cupti_run = tk_dev_kind_of(d) == TK_DEV_CUDA && tk_dev_cuda_mem_reset_peak(d, NULL) == TK_OK;
+
     /* The model, then the loop. */
     tk_model_opts mo;
     tk_model *m = NULL;
@@ -313,6 +317,14 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
         tk_train_result_clear(&tr);
     }
 out:
+    if (cupti_run) {
+        tk_cuda_mem_totals tot;
+        if (tk_dev_cuda_mem_totals(d, &tot, NULL) == TK_OK && tot.cupti_active) {
+            r->have_device_peak = 1;
+            r->device_peak = tot.device_peak;
+            r->plugin_bytes = tot.plugin_bytes;
+        }
+    }
     tk_model_destroy(&m);
     tk_alloc_empty_cache(a);
     free(tb);

@@ -123,6 +123,11 @@ typedef struct tk_run_report {
     double seconds;
     char checkpoint[TK_PATH_MAX];
     char device_note[256];
+    /* cuda: CUPTI's peak of every device allocation in the process over the
+     * run (segments + the plugin's buffers + libraries), and the plugin's
+     * fixed buffers; have_device_peak 0 elsewhere or with CUPTI off */
+    int have_device_peak;
+    size_t device_peak, plugin_bytes;
 } tk_run_report;
 void tk_run_report_clear(tk_run_report *r);
 

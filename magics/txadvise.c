@@ -339,6 +339,15 @@ static int run_txfix(tk_magic_ctx *m) {
                     v1, tk_format_bytes(r->peak_allocated, b3, sizeof b3),
                     tk_format_bytes(r->plan.peak_allocated, b4, sizeof b4), v2,
                     r->plan.peak_reserved == predicted ? "" : " (the advice's plan differed: new corpus lengths)");
+    if (r->have_device_peak) {
+        /* on cuda: everything the process had on the device, against the
+         * plan plus the plugin's own buffers (cuBLAS workspace, scratch) */
+        size_t want = r->plan.peak_reserved + r->plugin_bytes;
+        double off = want ? 100.0 * ((double)r->device_peak - (double)want) / (double)want : 0.0;
+        tk_magic_printf(m, "stdout", "Device peak (CUPTI, every allocation in the process) %s; plan + plugin "
+                        "buffers %s: %+.2f%%.\n", tk_format_bytes(r->device_peak, b1, sizeof b1),
+                        tk_format_bytes(want, b2, sizeof b2), off);
+    }
     return 0;
 }
 

@@ -189,6 +189,12 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
                  tk_format_bytes(r.plan.peak_allocated, b3, sizeof b3),
                  tk_format_bytes(r.allocated_after, b4, sizeof b4), r.checkpoint[0] ? " Checkpoint: " : "",
                  r.checkpoint);
+        if (r.have_device_peak) {
+            size_t l = strlen(line);
+            snprintf(line + l, sizeof line - l, " Device peak (CUPTI) %s, of which outside the allocator at least "
+                     "the plugin's %s.", tk_format_bytes(r.device_peak, b1, sizeof b1),
+                     tk_format_bytes(r.plugin_bytes, b2, sizeof b2));
+        }
         json_t *res = tk_bundle_new(line);
         const tk_epoch_stats *last = r.n_history ? &r.history[r.n_history - 1] : NULL;
         json_t *rj = json_pack("{s:I, s:f, s:I, s:I, s:I, s:I, s:s}", "steps", (json_int_t)r.steps, "seconds",
@@ -197,6 +203,10 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
                                (json_int_t)r.plan.peak_allocated, "allocated_after", (json_int_t)r.allocated_after,
                                "checkpoint", r.checkpoint);
         /* metrics are NaN when there is no dev set: JSON has no NaN, say null */
+        if (r.have_device_peak) {
+            json_object_set_new(rj, "device_peak", json_integer((json_int_t)r.device_peak));
+            json_object_set_new(rj, "plugin_bytes", json_integer((json_int_t)r.plugin_bytes));
+        }
         json_object_set_new(rj, "train_loss", last && isfinite(last->train_loss) ? json_real(last->train_loss) : json_null());
         json_object_set_new(rj, "dev_loss", last && isfinite(last->dev_loss) ? json_real(last->dev_loss) : json_null());
         json_object_set_new(rj, "dev_acc", last && isfinite(last->dev_acc) ? json_real(last->dev_acc) : json_null());

@@ -250,6 +250,13 @@ tk_status tk_cupti_flush(void) {
     return TK_OK;
 }
 
+void tk_cupti_reset_peak(void) {
+    pthread_mutex_lock(&S.lock);
+    S.peak = S.live;
+    for (int i = 0; i < S.n_src; i++) S.src[i].peak = S.src[i].live;
+    pthread_mutex_unlock(&S.lock);
+}
+
 void tk_cupti_fill(tk_cuda_mem_totals *out) {
     pthread_mutex_lock(&S.lock);
     out->cupti_active = S.active;

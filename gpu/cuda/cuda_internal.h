@@ -82,6 +82,7 @@ int tk_cupti_acquire(char *why, size_t n);  /* 1: active; 0: unavailable, *why s
 void tk_cupti_release(void);
 tk_status tk_cupti_flush(void);
 void tk_cupti_fill(tk_cuda_mem_totals *out);
+void tk_cupti_reset_peak(void); /* peaks (device and per source) := what is live now */
 
 /* cuda_ops.cu: every op except gemm (same argument lists as tk_backend). */
 tk_status tk_cuda_embed_fwd(void *ctx, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,

@@ -311,6 +311,22 @@ tk_status tk_cuda_plugin_open(const tk_dev_opts *opts, const tk_backend **be, vo
 }
 
 __attribute__((visibility("default")))
+tk_status tk_cuda_mem_reset_peak(void *vctx, tk_err *err) {
+    tk_cuda_ctx *c = vctx;
+    TK_CU(cudaDeviceSynchronize(), err);
+    if (c->cupti_on) {
+        /* records of what already happened must be in before the reset */
+        if (tk_cupti_flush() != TK_OK)
+            return tk_cuda_fail(err, TK_EDEVICE, "CUPTI could not flush its activity buffers");
+        tk_cupti_reset_peak();
+    }
+    pthread_mutex_lock(&c->lock);
+    c->seg_peak = c->seg_live;
+    pthread_mutex_unlock(&c->lock);
+    return TK_OK;
+}
+
+__attribute__((visibility("default")))
 tk_status tk_cuda_mem_totals_get(void *vctx, tk_cuda_mem_totals *out, tk_err *err) {
     tk_cuda_ctx *c = vctx;
     memset(out, 0, sizeof *out);

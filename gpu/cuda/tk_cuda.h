@@ -56,10 +56,17 @@ typedef struct tk_cuda_mem_totals {
 tk_status tk_cuda_mem_totals_get(void *ctx, tk_cuda_mem_totals *out, tk_err *err);
 typedef tk_status (*tk_cuda_mem_totals_get_fn)(void *ctx, tk_cuda_mem_totals *out, tk_err *err);
 
+/* Starts the peaks (CUPTI's device and per-library peaks, the segments'
+ * peak) afresh from what is live now, after waiting for the device: a run
+ * then reports its own peak, not the process' highest. */
+tk_status tk_cuda_mem_reset_peak(void *ctx, tk_err *err);
+typedef tk_status (*tk_cuda_mem_reset_peak_fn)(void *ctx, tk_err *err);
+
 /* The same from the main binaries' side (gpu/dev.c, not the plugin): the
  * totals of device d's plugin. TK_EINVAL (err says so) when d is not a cuda
  * device. */
 tk_status tk_dev_cuda_mem_totals(tk_dev *d, tk_cuda_mem_totals *out, tk_err *err);
+tk_status tk_dev_cuda_mem_reset_peak(tk_dev *d, tk_err *err);
 
 /* Kernel time per owner scope. Between push(id) and the matching pop, every
  * kernel the calling thread launches is counted against `id` (an allocator

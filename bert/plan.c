@@ -238,7 +238,10 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, tk_pla
         tk_err_set(err, TK_EINVAL, "plan: gpu: unknown GPU profile '%s'", c->gpu);
         return TK_EINVAL;
     }
-    size_t capacity = c->capacity ? c->capacity : (prof ? prof->capacity : 0);
+    /* an explicit capacity is the allocator's budget as given; a profile's
+     * card also holds the CUDA context and library kernels */
+    size_t capacity = c->capacity ? c->capacity : (prof ? tk_gpu_profile_budget(prof) : 0);
+    size_t context_bytes = !c->capacity && prof ? prof->capacity - capacity : 0;
 
     /* Worst-case shape: fixed padding pads every batch to max_len; dynamic
      * padding and buckets pad to the longest example of the batch, at worst
@@ -257,6 +260,7 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, tk_pla
     out->batch = B;
     out->seq = T;
     out->capacity = capacity;
+    out->context_bytes = context_bytes;
 
     sim_out *so = calloc(1, sizeof *so);
     if (!so) {
@@ -332,6 +336,9 @@ char *tk_plan_format(const tk_plan_result *p) {
         OUT(" of %s capacity: %s (%s %s)\n", tk_format_bytes(p->capacity, b3, sizeof b3),
             p->fits ? "fits" : "does NOT fit", p->fits ? "margin" : "short by",
             tk_format_bytes((size_t)(mg < 0 ? -mg : mg), b1, sizeof b1));
+        if (p->context_bytes)
+            OUT("(the %s profile's card less %s for the CUDA context and library kernels)\n", p->profile,
+                tk_format_bytes(p->context_bytes, b1, sizeof b1));
     } else {
         OUT(" (no capacity given)\n");
     }

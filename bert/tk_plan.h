@@ -27,6 +27,8 @@ extern "C" {
 typedef struct tk_plan_result {
     int batch, seq;                /* the worst-case shape planned */
     size_t capacity;               /* 0: no limit known (cpu without capacity) */
+    size_t context_bytes;          /* a GPU profile's context overhead, already taken
+                                      off its capacity (0 with an explicit capacity) */
     size_t peak_allocated, peak_reserved;
     size_t by_cat_at_peak[TK_CAT_COUNT];
     int n_top;

@@ -52,6 +52,10 @@ static const tk_gpu_profile profiles[] = {
 };
 #define N_PROFILES ((int)(sizeof profiles / sizeof profiles[0]))
 
+size_t tk_gpu_profile_budget(const tk_gpu_profile *p) {
+    return p && p->capacity > p->context_overhead ? p->capacity - p->context_overhead : 0;
+}
+
 const tk_gpu_profile *tk_gpu_profile_find(const char *name) {
     if (!name) return NULL;
     for (int i = 0; i < N_PROFILES; i++)

@@ -189,6 +189,10 @@ typedef struct tk_gpu_profile {
 /* Looks up a profile by name (case-insensitive); NULL if unknown. Borrowed. */
 const tk_gpu_profile *tk_gpu_profile_find(const char *name);
 const tk_gpu_profile *tk_gpu_profile_at(int i); /* NULL past the end */
+/* What the caching allocator can take on that card: capacity less the
+ * context overhead (the CUDA context and library kernels sit on the same
+ * memory, outside the allocator). Plans against a profile use this. */
+size_t tk_gpu_profile_budget(const tk_gpu_profile *p);
 /* Parses "7.43GiB", "15GB", "800MiB", "1234567" into bytes; 0 on success. */
 int tk_parse_bytes(const char *s, size_t *out);
 /* Formats bytes as PyTorch does: "24.00 MiB". Returns buf. */

@@ -61,7 +61,7 @@ size_t tk_session_capacity_of(const tk_config *c) {
     if (c->capacity) return c->capacity;
     const tk_gpu_profile *p = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
     /* a GPU profile on cuda describes another card: the real one decides */
-    if (p && c->device != TK_DEVICE_CUDA) return p->capacity;
+    if (p && c->device != TK_DEVICE_CUDA) return tk_gpu_profile_budget(p);
     return 0;
 }
 

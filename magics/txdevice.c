@@ -134,9 +134,14 @@ json_t *tk_device_report(tk_dev *d, const tk_config *c) {
     }
     if (c && c->gpu[0]) {
         const tk_gpu_profile *p = tk_gpu_profile_find(c->gpu);
-        if (p)
-            tk_sb_addf(&text, "Planning profile %s: %s, %s as PyTorch reports it, context ~%s\n", p->name, p->long_name,
-                       tk_format_bytes(p->capacity, a, sizeof a), tk_format_bytes(p->context_overhead, b, sizeof b));
+        if (p) {
+            char e[32];
+            tk_sb_addf(&text, "Planning profile %s: %s, %s as PyTorch reports it, context ~%s: %s for the allocator%s\n",
+                       p->name, p->long_name, tk_format_bytes(p->capacity, a, sizeof a),
+                       tk_format_bytes(p->context_overhead, b, sizeof b),
+                       tk_format_bytes(tk_gpu_profile_budget(p), e, sizeof e),
+                       c->capacity ? " (capacity: overrides it)" : "");
+        }
     }
     nvml_info nv;
     char why[160];

@@ -237,6 +237,34 @@ static void test_plan_fused_on_cuda(void) {
     TK_CHECK_EQ_INT(saved[1], saved[0]);
 }
 
+/* A GPU profile's card also holds the CUDA context and library kernels: a
+ * plan against `gpu: t4` gives the allocator the card's capacity less the
+ * profile's context overhead and says so; an explicit capacity is taken as
+ * the allocator's budget. */
+static void test_plan_profile_budget(void) {
+    tk_config c;
+    tk_config_defaults(&c);
+    snprintf(c.model, sizeof c.model, "bert-tiny");
+    c.num_labels = 2;
+    c.max_len = 64;
+    c.batch_size = 4;
+    snprintf(c.gpu, sizeof c.gpu, "t4");
+    const tk_gpu_profile *t4 = tk_gpu_profile_find("t4");
+    tk_plan_result p;
+    tk_err e = { 0 };
+    TK_CHECK_MSG(tk_plan(&c, NULL, 0, &p, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(p.capacity, t4->capacity - t4->context_overhead);
+    TK_CHECK_EQ_INT(p.context_bytes, t4->context_overhead);
+    TK_CHECK_EQ_INT(p.margin, (int64_t)p.capacity - (int64_t)p.peak_reserved);
+    char *txt = tk_plan_format(&p);
+    TK_CHECK(txt && strstr(txt, "for the CUDA context"));
+    free(txt);
+    c.capacity = (size_t)1 << 30;
+    TK_CHECK(tk_plan(&c, NULL, 0, &p, &e) == TK_OK);
+    TK_CHECK_EQ_INT(p.capacity, (size_t)1 << 30);
+    TK_CHECK_EQ_INT(p.context_bytes, 0);
+}
+
 /* tk_train_measure (what %txplan --sweep --measure and the GPU suite run):
  * on cpu its peaks equal the plan, and timed_steps runs that many more
  * steps after the memory run without moving the measured peak. */
@@ -321,5 +349,6 @@ int main(void) {
     TK_RUN(test_plan_dynamic_lengths);
     TK_RUN(test_plan_fused_on_cuda);
     TK_RUN(test_measure_matches_plan);
+    TK_RUN(test_plan_profile_budget);
     return tk_test_done();
 }

@@ -191,14 +191,20 @@ static void test_plan_does_not_fit(void) {
     TK_CHECK(p.margin > 0);
 }
 
-/* Dynamic padding plans the longest batch of the corpus, not max_len. */
-static void test_plan_dynamic_lengths(void) {
+/* bert-tiny, two labels, batch x max_len, defaults otherwise. */
+static tk_config tiny_cfg(int max_len, int batch) {
     tk_config c;
     tk_config_defaults(&c);
     snprintf(c.model, sizeof c.model, "bert-tiny");
     c.num_labels = 2;
-    c.max_len = 256;
-    c.batch_size = 8;
+    c.max_len = max_len;
+    c.batch_size = batch;
+    return c;
+}
+
+/* Dynamic padding plans the longest batch of the corpus, not max_len. */
+static void test_plan_dynamic_lengths(void) {
+    tk_config c = tiny_cfg(256, 8);
     c.batching = TK_BATCH_DYNAMIC;
     int lens[5] = { 12, 40, 90, 33, 7 };
     tk_plan_result a, b;
@@ -215,12 +221,7 @@ static void test_plan_dynamic_lengths(void) {
  * allocate nothing of their own): planned there, and it saves the same bytes
  * as on cpu, where the plan is checked against measured runs. */
 static void test_plan_fused_on_cuda(void) {
-    tk_config c;
-    tk_config_defaults(&c);
-    snprintf(c.model, sizeof c.model, "bert-tiny");
-    c.num_labels = 2;
-    c.max_len = 64;
-    c.batch_size = 4;
+    tk_config c = tiny_cfg(64, 4);
     tk_err e = { 0 };
     size_t saved[2] = { 0, 0 };
     const tk_device_choice devs[2] = { TK_DEVICE_CPU, TK_DEVICE_CUDA };
@@ -242,12 +243,7 @@ static void test_plan_fused_on_cuda(void) {
  * profile's context overhead and says so; an explicit capacity is taken as
  * the allocator's budget. */
 static void test_plan_profile_budget(void) {
-    tk_config c;
-    tk_config_defaults(&c);
-    snprintf(c.model, sizeof c.model, "bert-tiny");
-    c.num_labels = 2;
-    c.max_len = 64;
-    c.batch_size = 4;
+    tk_config c = tiny_cfg(64, 4);
     snprintf(c.gpu, sizeof c.gpu, "t4");
     const tk_gpu_profile *t4 = tk_gpu_profile_find("t4");
     tk_plan_result p;
@@ -269,12 +265,7 @@ static void test_plan_profile_budget(void) {
  * on cpu its peaks equal the plan, and timed_steps runs that many more
  * steps after the memory run without moving the measured peak. */
 static void test_measure_matches_plan(void) {
-    tk_config c;
-    tk_config_defaults(&c);
-    snprintf(c.model, sizeof c.model, "bert-tiny");
-    c.num_labels = 2;
-    c.max_len = 32;
-    c.batch_size = 8;
+    tk_config c = tiny_cfg(32, 8);
     c.accumulate = 2;
     c.threads = 2;
     tk_err e = { 0 };

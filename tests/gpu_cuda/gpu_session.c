@@ -25,19 +25,6 @@
     "train_file: tests/data/reviews_train.csv\ndev_file: tests/data/reviews_dev.csv\n"          \
     "max_examples: 256\nmax_len: 128\nbatch_size: 32\nbatching: fixed\nepochs: 1\ndevice: cuda\n"
 
-static json_t *stdout_text(json_t *msgs, char *buf, size_t n) {
-    size_t i, len = 0;
-    json_t *m;
-    buf[0] = 0;
-    json_array_foreach(msgs, i, m) {
-        if (strcmp(json_string_value(json_object_get(m, "type")), "stream")) continue;
-        const char *t = json_string_value(json_object_get(m, "text"));
-        len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s", t ? t : "");
-        if (len >= n) break;
-    }
-    return msgs;
-}
-
 /* The session's last run: allocator == plan, CUPTI within 3% of plan + plugin. */
 static void check_last_run(const char *what) {
     const tk_run_report *r = tk_session_last_run(tk_magics_session(M));
@@ -85,7 +72,7 @@ static void test_txfix_run_on_cuda(void) {
     m = run("%txfix auto --run", &rc);
     TK_CHECK_MSG(rc == 0, "%s", evalue(m));
     char out[8192];
-    stdout_text(m, out, sizeof out);
+    stdout_of(m, out, sizeof out);
     TK_CHECK_MSG(strstr(out, "Device peak (CUPTI") != NULL, "%s", out);
     json_decref(m);
     check_last_run("%txfix auto --run");

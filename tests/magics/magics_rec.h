@@ -74,4 +74,19 @@ static json_t *last_json(json_t *msgs) {
     return found;
 }
 
+/* Every stdout stream text in msgs, joined into buf (truncated to n);
+ * returns msgs. */
+static inline json_t *stdout_of(json_t *msgs, char *buf, size_t n) {
+    size_t i, len = 0;
+    json_t *m;
+    buf[0] = 0;
+    json_array_foreach(msgs, i, m) {
+        if (strcmp(json_string_value(json_object_get(m, "type")), "stream")) continue;
+        const char *t = json_string_value(json_object_get(m, "text"));
+        len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s", t ? t : "");
+        if (len >= n) break;
+    }
+    return msgs;
+}
+
 #endif

@@ -17,19 +17,6 @@
 
 #include "magics_rec.h"
 
-static json_t *stdout_of(json_t *msgs, char *buf, size_t n) {
-    size_t i, len = 0;
-    json_t *m;
-    buf[0] = 0;
-    json_array_foreach(msgs, i, m) {
-        if (strcmp(json_string_value(json_object_get(m, "type")), "stream")) continue;
-        const char *t = json_string_value(json_object_get(m, "text"));
-        len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s", t ? t : "");
-        if (len >= n) break;
-    }
-    return msgs;
-}
-
 #define SEED                                                                                   \
     "model: bert-base-cased\nnum_labels: 2\nmax_len: 512\nbatch_size: 32\ncapacity: 7.43GiB\n" \
     "device: cpu\n"

@@ -467,12 +467,6 @@ out:
 
 /* ---- measuring a config the way the planner replays it ---------------------- */
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 tk_status tk_train_measure(const tk_config *c0, tk_dev_kind kind, int timed_steps, tk_measure *out, tk_err *err) {
     memset(out, 0, sizeof *out);
     tk_config c = *c0;
@@ -516,10 +510,10 @@ tk_status tk_train_measure(const tk_config *c0, tk_dev_kind kind, int timed_step
         tk_batch dev = train[0];
         dev.B = EB;
         tk_train_result r;
-        double t0 = mono_s();
+        double t0 = now_s();
         st = tk_train_run(&c, m, train, 2 * k, &dev, 1, NULL, &r, err);
         if (st == TK_OK) st = tk_dev_sync(d, err);
-        double t1 = mono_s();
+        double t1 = now_s();
         out->peak_allocated = r.peak_allocated;
         out->peak_reserved = r.peak_reserved;
         out->timed_steps = r.steps;
@@ -538,10 +532,10 @@ tk_status tk_train_measure(const tk_config *c0, tk_dev_kind kind, int timed_step
         if (st == TK_OK && nsteps > 0) {
             tk_config ct = c;
             ct.max_steps = nsteps;
-            t0 = mono_s();
+            t0 = now_s();
             st = tk_train_run(&ct, m, train, nsteps * k, NULL, 0, NULL, &r, err);
             if (st == TK_OK) st = tk_dev_sync(d, err);
-            t1 = mono_s();
+            t1 = now_s();
             out->timed_steps = r.steps;
             out->ms_per_step = r.steps > 0 ? 1e3 * (t1 - t0) / (double)r.steps : 0;
             tk_train_result_clear(&r);

@@ -454,7 +454,9 @@ static json_t *add_device_records(tk_dev *d, tk_sb *text, tk_sb *html) {
         return json_pack("{s:b, s:s}", "cupti_active", 0, "error", e.msg);
     }
     size_t used = t.device_total > t.device_free ? t.device_total - t.device_free : 0;
-    size_t unrecorded = used > t.device_live ? used - t.device_live : 0;
+    /* without CUPTI, what the plugin itself knows it allocated stands in */
+    size_t recorded = t.cupti_active ? t.device_live : t.segments_live + t.plugin_bytes;
+    size_t unrecorded = used > recorded ? used - recorded : 0;
     if (t.cupti_active) {
         tk_sb_addf(text, "CUPTI: %s live on the device (peak %s) = allocator segments %s + outside the allocator %s "
                    "(plugin's cuBLAS workspace and scratch %s)\n", B(t.device_live, b1), B(t.device_peak, b2),
@@ -474,6 +476,9 @@ static json_t *add_device_records(tk_dev *d, tk_sb *text, tk_sb *html) {
     } else {
         tk_sb_addf(text, "CUPTI tracing off (%s): outside the allocator only the plugin's own buffers are known, %s\n",
                    t.cupti_error, B(t.plugin_bytes, b1));
+        tk_sb_add(html, "<p>CUPTI tracing off (");
+        tk_sb_add_html(html, t.cupti_error);
+        tk_sb_addf(html, "): outside the allocator only the plugin's own buffers are known, %s</p>", B(t.plugin_bytes, b1));
     }
     tk_sb_addf(text, "in use on the GPU but in no allocation record (CUDA context, module code, other processes): %s\n",
                B(unrecorded, b1));

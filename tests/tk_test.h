@@ -8,7 +8,9 @@
 #ifndef TK_TEST_H
 #define TK_TEST_H
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int tk_test_passed, tk_test_failed, tk_test_cur_failed;
@@ -43,4 +45,16 @@ static inline int tk_test_done(void) {
     printf("%d passed, %d failed\n", tk_test_passed, tk_test_failed);
     return tk_test_failed ? 1 : 0;
 }
+/* n floats uniform in [-amp, amp) from a seeded LCG (malloc'd; NULL when
+ * out of memory): the same inputs on every run and every machine. */
+static inline float *tk_test_uniform(int64_t n, uint64_t seed, float amp) {
+    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t i = 0; x && i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = amp * ((float)(s >> 40) / 16777216.0f * 2.0f - 1.0f);
+    }
+    return x;
+}
+
 #endif

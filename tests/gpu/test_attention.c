@@ -32,16 +32,6 @@ static void alloc(tk_dev *d, tk_tensor *t, tk_dtype dt, int64_t n, const float *
     if (init) TK_CHECK(tk_tensor_write_f32(d, t, init, &e) == TK_OK);
 }
 
-static float *rnd(int64_t n, uint64_t seed, float amp) {
-    float *x = malloc((size_t)n * sizeof *x);
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int64_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = amp * ((float)(s >> 40) / 16777216.0f * 2.0f - 1.0f);
-    }
-    return x;
-}
-
 static float *readf(tk_dev *d, const tk_tensor *t) {
     float *h = malloc((size_t)tk_tensor_numel(t) * sizeof *h);
     tk_err e = { 0 };
@@ -76,10 +66,10 @@ typedef struct {
 } inputs;
 
 static void inputs_make(inputs *in) {
-    in->q = rnd(N, 1, 1.0f);
-    in->k = rnd(N, 2, 1.0f);
-    in->v = rnd(N, 3, 1.0f);
-    in->dout = rnd(N, 4, 1.0f);
+    in->q = tk_test_uniform(N, 1, 1.0f);
+    in->k = tk_test_uniform(N, 2, 1.0f);
+    in->v = tk_test_uniform(N, 3, 1.0f);
+    in->dout = tk_test_uniform(N, 4, 1.0f);
     for (int b = 0; b < B; b++)
         for (int j = 0; j < T; j++)
             /* seq 0 all kept, seq 1 the last 12 keys padded, seq 2 all masked */

@@ -13,7 +13,6 @@
  *    peak against the plan, within 3%.
  * The GPU suite runs from the repository root (tests/data is read).
  */
-#include <math.h>
 #include "gpu_common.h"
 #include "tk_magics.h"
 #include "tk_session.h"
@@ -35,8 +34,7 @@ static void check_last_run(const char *what) {
                  r->peak_allocated, r->plan.peak_reserved, r->plan.peak_allocated);
     TK_CHECK_MSG(r->have_device_peak, "%s: no CUPTI device peak (tracing off?)", what);
     if (!r->have_device_peak) return;
-    double want = (double)(r->plan.peak_reserved + r->plugin_bytes);
-    double off = fabs((double)r->device_peak - want) / (double)r->device_peak;
+    double off = cupti_apart(r->device_peak, r->plan.peak_reserved, r->plugin_bytes);
     fprintf(stderr, "  %s: CUPTI device peak %zu, plan %zu + plugin %zu: %.2f%% apart\n", what, r->device_peak,
             r->plan.peak_reserved, r->plugin_bytes, 100.0 * off);
     TK_CHECK_MSG(off <= 0.03, "%s: %.2f%% apart", what, 100.0 * off);
@@ -79,12 +77,7 @@ static void test_txfix_run_on_cuda(void) {
 }
 
 int main(void) {
-    if (!gpu_open()) {
-        gpu_close();
-        printf("0 passed, 1 failed\n");
-        return 1;
-    }
-    gpu_close();
+    if (!gpu_probe()) return 1;
     M = tk_magics_new();
     I = tk_magics_interp(M);
     TK_RUN(test_txtrain_on_cuda);

@@ -38,16 +38,6 @@ typedef struct {
 
 static tk_dev *g_dev;
 
-static float *rnd(int64_t n, uint64_t seed, float amp) {
-    float *x = malloc((size_t)n * sizeof *x);
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int64_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = amp * ((float)(s >> 40) / 16777216.0f * 2.0f - 1.0f);
-    }
-    return x;
-}
-
 static tk_tensor mk(tk_dtype dt, int64_t n, const float *init) {
     tk_tensor t = { 0 };
     tk_err e = { 0 };
@@ -119,7 +109,7 @@ static void run_case(const char *name, const scase *c) {
     const int64_t BH = c->B * c->NH, n = BH * c->T * c->HS, nl = BH * c->T;
     const float scale = 1.0f / sqrtf((float)c->HS);
     tk_err e = { 0 };
-    float *hq = rnd(n, 1, 1.0f), *hk = rnd(n, 2, 1.0f), *hv = rnd(n, 3, 1.0f), *hg = rnd(n, 4, 1.0f);
+    float *hq = tk_test_uniform(n, 1, 1.0f), *hk = tk_test_uniform(n, 2, 1.0f), *hv = tk_test_uniform(n, 3, 1.0f), *hg = tk_test_uniform(n, 4, 1.0f);
     tk_tensor q = mk(c->dt, n, hq), k = mk(c->dt, n, hk), v = mk(c->dt, n, hv), g = mk(c->dt, n, hg);
     tk_tensor oc = mk(c->dt, n, NULL), lc = mk(TK_F32, nl, NULL);
     tk_tensor dqc = mk(c->dt, n, NULL), dkc = mk(c->dt, n, NULL), dvc = mk(c->dt, n, NULL);

@@ -63,7 +63,12 @@ ids = ((1000 + (torch.arange(B * T) * 7919) % 20000) % V).reshape(B, T).to(dev)
 mask = torch.ones(B, T, dtype=torch.long, device=dev)
 labels = (torch.arange(B) % 2).to(dev)
 dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(a.precision)
-scaler = torch.cuda.amp.GradScaler() if a.precision == "fp16" else None
+if a.precision != "fp16":
+    scaler = None
+elif hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):  # torch >= 2.3
+    scaler = torch.amp.GradScaler("cuda")
+else:
+    scaler = torch.cuda.amp.GradScaler()
 torch.cuda.reset_peak_memory_stats()
 times = []
 for s in range(a.steps + 1):

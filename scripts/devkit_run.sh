@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# devkit_run.sh — the GPU checks from a carried .devkit (scripts/devkit.sh),
+# run from the repository root on the GPU machine. Logs go to $OUT (the
+# device tool's folder) or bench/out/.
+#
+#   bash scripts/devkit_run.sh [info] [test] [bench] [techniques] [measure]
+#     info        GPU, driver, glibc, and which libraries the plugin resolves
+#     test        tests/gpu_cuda/run.sh (what `make test-gpu` runs)
+#     bench       bench/train_gpu/run.py: bert-base 32 x 128/512, fp32/fp16, vs HF
+#     techniques  bench/train_gpu/run.py --techniques --seq 512 (bert-base)
+#     measure     bench/train_gpu/run.py --techniques --models bert-mini --seq 128
+#   (no argument: info test bench)
+# BENCH_ARGS replaces bench's arguments, TECH_ARGS those of techniques.
+set -u -o pipefail
+kit=${KIT:-.devkit}
+out=${OUT:-bench/out}
+mkdir -p "$out"
+[ -f "$kit/build/bench/train_cpu" ] || { echo "devkit_run: no $kit (run scripts/devkit.sh here first)" >&2; exit 2; }
+chmod +x "$kit"/build/gpu_tests/gpu_* "$kit/build/bench/train_cpu" # in case the copy lost the modes
+
+# Our libraries first; then wherever CUDA keeps CUPTI and cuBLAS on this image.
+ld="$(pwd)/$kit/lib"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/extras/CUPTI/lib64; do [ -d "$d" ] && ld="$ld:$d"; done
+export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export TXK_CUDA_PLUGIN="$(pwd)/$kit/build/libtk_cuda.so"
+export PYTHONUNBUFFERED=1
+py=$(command -v python3)
+
+steps=${*:-info test bench}
+rc=0
+for s in $steps; do
+    echo "=== $s ($(date -u +%FT%TZ))"
+    case "$s" in
+    info)
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+        ldd --version | head -n 1
+        "$py" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' || true
+        ldd "$TXK_CUDA_PLUGIN" | grep -E 'cublas|cupti|cudart|not found' | tee "$out/info.log"
+        ldd "$kit/build/bench/train_cpu" | grep 'not found' && rc=1
+        ;;
+    test)
+        bash tests/gpu_cuda/run.sh "$kit/build" 2>&1 | tee "$out/test-gpu.log" || rc=1
+        ;;
+    bench)
+        # shellcheck disable=SC2086
+        "$py" bench/train_gpu/run.py "$kit/build" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench-train-gpu.log" || rc=1
+        ;;
+    techniques)
+        # shellcheck disable=SC2086
+        "$py" bench/train_gpu/run.py "$kit/build" ${TECH_ARGS:---techniques --seq 512} 2>&1 |
+            tee "$out/bench-techniques.log" || rc=1
+        ;;
+    measure)
+        "$py" bench/train_gpu/run.py "$kit/build" --techniques --models bert-mini --seq 128 2>&1 |
+            tee "$out/bench-techniques-mini.log" || rc=1
+        ;;
+    *)
+        echo "devkit_run: unknown step '$s' (info, test, bench, techniques, measure)" >&2
+        rc=2
+        ;;
+    esac
+done
+exit $rc

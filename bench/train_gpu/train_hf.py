@@ -50,7 +50,7 @@ cfg = BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention
                  max_position_embeddings=512, num_labels=2)
 try:
     m = BertForSequenceClassification._from_config(cfg, attn_implementation=a.attn)
-except (TypeError, ValueError):  # older transformers: no attn_implementation
+except (TypeError, ValueError, AttributeError):  # older transformers: no attn_implementation
     cfg._attn_implementation = a.attn
     m = BertForSequenceClassification(cfg)
 m = m.to(dev).train()
@@ -94,7 +94,8 @@ for s in range(a.steps + 1):
 mean = sum(times) / len(times)
 print(json.dumps({"impl": "hf", "torch": torch.__version__, "transformers": transformers.__version__,
                   "device": torch.cuda.get_device_name(), "model": a.model, "batch": B, "seq": T,
-                  "precision": a.precision, "attn": a.attn, "steps": a.steps,
+                  "precision": a.precision, "attn": a.attn,
+                  "attn_impl": getattr(m.config, "_attn_implementation", None), "steps": a.steps,
                   "min_ms": round(min(times) * 1e3, 2), "mean_ms": round(mean * 1e3, 2),
                   "samples_per_s": round(B / mean, 2), "loss": round(loss.item(), 5),
                   "alloc_peak": torch.cuda.max_memory_allocated(), "reserved_peak": torch.cuda.max_memory_reserved()}))

@@ -9,6 +9,9 @@
 #     bench       bench/train_gpu/run.py: bert-base 32 x 128/512, fp32/fp16, vs HF
 #     techniques  bench/train_gpu/run.py --techniques --seq 512 (bert-base)
 #     measure     bench/train_gpu/run.py --techniques --models bert-mini --seq 128
+#     sanitize    compute-sanitizer on gpu_ops: memcheck over every op, racecheck
+#                 and synccheck over the shared-memory kernels (attention,
+#                 LayerNorm, softmax, cross-entropy, column sums, 8-bit AdamW)
 #   (no argument: info test bench)
 # BENCH_ARGS replaces bench's arguments, TECH_ARGS those of techniques.
 set -u -o pipefail
@@ -25,6 +28,19 @@ export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TXK_CUDA_PLUGIN="$(pwd)/$kit/build/libtk_cuda.so"
 export PYTHONUNBUFFERED=1
 py=$(command -v python3)
+
+# memcheck over all of gpu_ops, then racecheck and synccheck test by test.
+sanitize_ops() {
+    local cs=$1 ops=$2 bad=0 only tool
+    "$cs" --tool memcheck --error-exitcode 9 "$ops" || bad=1
+    for only in attention layernorm softmax xent bias_grad sumsq adamw8; do
+        for tool in racecheck synccheck; do
+            echo "--- $tool $only"
+            TK_TEST_ONLY=$only "$cs" --tool $tool --error-exitcode 9 "$ops" || bad=1
+        done
+    done
+    return $bad
+}
 
 steps=${*:-info test bench}
 rc=0
@@ -54,8 +70,13 @@ for s in $steps; do
         "$py" bench/train_gpu/run.py "$kit/build" --techniques --models bert-mini --seq 128 2>&1 |
             tee "$out/bench-techniques-mini.log" || rc=1
         ;;
+    sanitize)
+        cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+        if [ -z "$cs" ]; then echo "devkit_run: compute-sanitizer not found"; rc=1; continue; fi
+        sanitize_ops "$cs" "$kit/build/gpu_tests/gpu_ops" 2>&1 | tee "$out/sanitize.log" || rc=1
+        ;;
     *)
-        echo "devkit_run: unknown step '$s' (info, test, bench, techniques, measure)" >&2
+        echo "devkit_run: unknown step '$s' (info, test, bench, techniques, measure, sanitize)" >&2
         rc=2
         ;;
     esac

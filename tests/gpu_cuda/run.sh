@@ -3,6 +3,8 @@
 # plugin BUILD/libtk_cuda.so and prints one closing line "N passed, N failed"
 # (the sum of the binaries' own lines; a binary that crashes or prints no
 # closing line counts as one failure). Exit status 1 when anything failed.
+# A binary still running after GPU_TEST_TIMEOUT seconds (300) is stopped and
+# counts as a failure, so a hung kernel costs one binary, not the whole run.
 set -u
 build=${1:-build}
 export TXK_CUDA_PLUGIN="$(cd "$build" && pwd)/libtk_cuda.so"
@@ -12,8 +14,10 @@ for t in "$build"/gpu_tests/gpu_*; do
     case "$t" in *.d|*.o) continue ;; esac
     [ -x "$t" ] || continue
     start=$(date +%s)
-    out=$("$t" 2>&1)
+    out=$(timeout "${GPU_TEST_TIMEOUT:-300}" "$t" 2>&1)
     rc=$?
+    if [ "$rc" -eq 124 ]; then out="$out
+$(basename "$t"): stopped after ${GPU_TEST_TIMEOUT:-300} s"; fi
     line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
     if [ -z "$line" ]; then
         p=0; f=1

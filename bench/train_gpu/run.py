@@ -11,6 +11,8 @@ computes) and sdpa (torch's fused kernels, the counterpart of
   run.py BUILD_DIR [--models bert-base-uncased] [--batch 32] [--seq 128,512]
                    [--precisions fp32,fp16] [--steps 20]
   run.py BUILD_DIR --techniques [--models bert-base-uncased] ...
+  --no-cupti: txkernel without CUPTI tracing (its device-peak column is then
+  empty); run with and without to see what the tracing costs.
 
 --techniques: the speed cost on cuda of each memory-saving technique
 (issue 5), the txkernel step with each against the same step without, with
@@ -34,7 +36,11 @@ ap.add_argument("--seq", default="128,512")
 ap.add_argument("--precisions", default="fp32,fp16")
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--techniques", action="store_true")
+ap.add_argument("--no-cupti", action="store_true",
+                help="time txkernel with CUPTI tracing off (TXK_CUPTI=0): the cost of the tracing")
 a = ap.parse_args()
+if a.no_cupti:
+    os.environ["TXK_CUPTI"] = "0"
 here = os.path.dirname(os.path.abspath(__file__))
 txk = os.path.join(a.build, "bench", "train_cpu")
 MiB = 1 << 20
@@ -85,7 +91,8 @@ if a.techniques:
                 base = base or r
                 print(f"{name:<58} {r['mean_ms']:>6.1f} ms {r['samples_per_s']:>10.1f} "
                       f"{r['mean_ms'] / base['mean_ms']:>5.2f}x {r['reserved_peak'] / MiB:>7.0f}Mi "
-                      f"{r['reserved_peak'] / base['reserved_peak']:>5.2f}x {r['device_peak'] / MiB:>8.0f}Mi")
+                      f"{r['reserved_peak'] / base['reserved_peak']:>5.2f}x "
+                      + (f"{r['device_peak'] / MiB:>8.0f}Mi" if r.get("cupti_active") else f"{'-':>10}"))
             print()
     sys.exit(0)
 

@@ -1,7 +1,8 @@
 /* cuda_plugin.c — the cuda backend's entry point, memory functions and GEMM.
  *
  * tk_cuda_plugin_open picks the device, starts CUPTI (before the context
- * exists, so every allocation is recorded), creates the context, the cuBLAS
+ * exists, so every allocation is recorded; TXK_CUPTI=0 in the environment
+ * leaves it off, to time a run without its tracing), creates the context, the cuBLAS
  * handle, and the plugin's own device buffers (cuBLAS workspace, reduction
  * scratch, error flags), and returns the backend table.
  *
@@ -294,7 +295,11 @@ tk_status tk_cuda_plugin_open(const tk_dev_opts *opts, const tk_backend **be, vo
     pthread_mutex_init(&c->lock, NULL);
     /* CUPTI before the context: allocations made while creating cuBLAS and
      * its workspace are then in the records too. Failure is not fatal. */
-    c->cupti_on = tk_cupti_acquire(why, sizeof why);
+    const char *want = getenv("TXK_CUPTI");
+    if (want && (strcmp(want, "0") == 0 || strcmp(want, "off") == 0))
+        snprintf(why, sizeof why, "turned off by TXK_CUPTI=%s", want);
+    else
+        c->cupti_on = tk_cupti_acquire(why, sizeof why);
     if (!c->cupti_on) {
         snprintf(c->cupti_why, sizeof c->cupti_why, "%s", why);
         fprintf(stderr, "txkernel cuda: CUPTI tracing off (%s); memory outside the allocator "

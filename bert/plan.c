@@ -239,7 +239,8 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, tk_pla
         return TK_EINVAL;
     }
     /* an explicit capacity is the allocator's budget as given; a profile's
-     * card also holds the CUDA context and library kernels */
+     * card also holds the CUDA context, library kernels and the cuda
+     * backend's own buffers */
     size_t capacity = c->capacity ? c->capacity : (prof ? tk_gpu_profile_budget(prof) : 0);
     size_t context_bytes = !c->capacity && prof ? prof->capacity - capacity : 0;
 
@@ -337,7 +338,7 @@ char *tk_plan_format(const tk_plan_result *p) {
             p->fits ? "fits" : "does NOT fit", p->fits ? "margin" : "short by",
             tk_format_bytes((size_t)(mg < 0 ? -mg : mg), b1, sizeof b1));
         if (p->context_bytes)
-            OUT("(the %s profile's card less %s for the CUDA context and library kernels)\n", p->profile,
+            OUT("(the %s profile's card less %s for the CUDA context, library kernels and the cuBLAS workspace)\n", p->profile,
                 tk_format_bytes(p->context_bytes, b1, sizeof b1));
     } else {
         OUT(" (no capacity given)\n");

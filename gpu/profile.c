@@ -53,7 +53,8 @@ static const tk_gpu_profile profiles[] = {
 #define N_PROFILES ((int)(sizeof profiles / sizeof profiles[0]))
 
 size_t tk_gpu_profile_budget(const tk_gpu_profile *p) {
-    return p && p->capacity > p->context_overhead ? p->capacity - p->context_overhead : 0;
+    size_t outside = p ? p->context_overhead + TK_CUDA_PLUGIN_BYTES : 0;
+    return p && p->capacity > outside ? p->capacity - outside : 0;
 }
 
 const tk_gpu_profile *tk_gpu_profile_find(const char *name) {

@@ -186,12 +186,21 @@ typedef struct tk_gpu_profile {
     int cc_major, cc_minor;
 } tk_gpu_profile;
 
+/* The cuda backend's own device buffers, taken once when it opens, outside
+ * the allocator: the cuBLAS workspace (32 MiB, NVIDIA's figure for Hopper,
+ * taken on every card so a plan does not depend on the card), reduction
+ * scratch (one double per block of a two-pass sum) and one error word. */
+#define TK_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
+#define TK_CUDA_RED_BLOCKS 1024
+#define TK_CUDA_PLUGIN_BYTES (TK_CUDA_WORKSPACE_BYTES + TK_CUDA_RED_BLOCKS * sizeof(double) + sizeof(unsigned))
+
 /* Looks up a profile by name (case-insensitive); NULL if unknown. Borrowed. */
 const tk_gpu_profile *tk_gpu_profile_find(const char *name);
 const tk_gpu_profile *tk_gpu_profile_at(int i); /* NULL past the end */
 /* What the caching allocator can take on that card: capacity less the
- * context overhead (the CUDA context and library kernels sit on the same
- * memory, outside the allocator). Plans against a profile use this. */
+ * context overhead (the CUDA context and library kernels) and less the cuda
+ * backend's own buffers, which sit on the same memory outside the
+ * allocator. Plans against a profile use this. */
 size_t tk_gpu_profile_budget(const tk_gpu_profile *p);
 /* Parses "7.43GiB", "15GB", "800MiB", "1234567" into bytes; 0 on success. */
 int tk_parse_bytes(const char *s, size_t *out);

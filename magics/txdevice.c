@@ -136,9 +136,12 @@ json_t *tk_device_report(tk_dev *d, const tk_config *c) {
         const tk_gpu_profile *p = tk_gpu_profile_find(c->gpu);
         if (p) {
             char e[32];
-            tk_sb_addf(&text, "Planning profile %s: %s, %s as PyTorch reports it, context ~%s: %s for the allocator%s\n",
+            char w[32];
+            tk_sb_addf(&text, "Planning profile %s: %s, %s as PyTorch reports it, context ~%s, cuBLAS workspace %s: "
+                              "%s for the allocator%s\n",
                        p->name, p->long_name, tk_format_bytes(p->capacity, a, sizeof a),
                        tk_format_bytes(p->context_overhead, b, sizeof b),
+                       tk_format_bytes(TK_CUDA_PLUGIN_BYTES, w, sizeof w),
                        tk_format_bytes(tk_gpu_profile_budget(p), e, sizeof e),
                        c->capacity ? " (capacity: overrides it)" : "");
         }

@@ -25,11 +25,8 @@
 extern "C" {
 #endif
 
-/* cuBLAS workspace: NVIDIA recommends 32 MiB on Hopper, 4 MiB before. We
- * take 32 MiB everywhere so the figure in a plan does not depend on the card. */
-#define TK_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
-/* Scratch for two-pass reductions: one double per block of the first pass. */
-#define TK_CUDA_RED_BLOCKS 1024
+/* TK_CUDA_WORKSPACE_BYTES, TK_CUDA_RED_BLOCKS and their sum with the error
+ * word, TK_CUDA_PLUGIN_BYTES, are in tk_gpu.h: plans leave room for them. */
 /* Sticky device-side error bits, reported by the next sync. */
 #define TK_CUDA_FLAG_BAD_INDEX 1u  /* an id/label/index outside its table */
 

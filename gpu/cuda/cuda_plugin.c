@@ -269,7 +269,7 @@ static tk_status open_device(tk_cuda_ctx *c, tk_err *err) {
     TK_CU(cudaMalloc((void **)&c->red, TK_CUDA_RED_BLOCKS * sizeof(double)), err);
     TK_CU(cudaMalloc((void **)&c->flags, sizeof(unsigned)), err);
     TK_CU(cudaMemset(c->flags, 0, sizeof(unsigned)), err);
-    c->plugin_bytes = TK_CUDA_WORKSPACE_BYTES + TK_CUDA_RED_BLOCKS * sizeof(double) + sizeof(unsigned);
+    c->plugin_bytes = TK_CUDA_PLUGIN_BYTES;
     return TK_OK;
 }
 

@@ -238,9 +238,10 @@ static void test_plan_fused_on_cuda(void) {
     TK_CHECK_EQ_INT(saved[1], saved[0]);
 }
 
-/* A GPU profile's card also holds the CUDA context and library kernels: a
- * plan against `gpu: t4` gives the allocator the card's capacity less the
- * profile's context overhead and says so; an explicit capacity is taken as
+/* A GPU profile's card also holds the CUDA context, library kernels and the
+ * cuda plugin's buffers: a plan against `gpu: t4` gives the allocator the
+ * card's capacity less the profile's context overhead and those buffers, and
+ * says so; an explicit capacity is taken as
  * the allocator's budget. */
 static void test_plan_profile_budget(void) {
     tk_config c = tiny_cfg(64, 4);
@@ -249,8 +250,8 @@ static void test_plan_profile_budget(void) {
     tk_plan_result p;
     tk_err e = { 0 };
     TK_CHECK_MSG(tk_plan(&c, NULL, 0, &p, &e) == TK_OK, "%s", e.msg);
-    TK_CHECK_EQ_INT(p.capacity, t4->capacity - t4->context_overhead);
-    TK_CHECK_EQ_INT(p.context_bytes, t4->context_overhead);
+    TK_CHECK_EQ_INT(p.capacity, t4->capacity - t4->context_overhead - TK_CUDA_PLUGIN_BYTES);
+    TK_CHECK_EQ_INT(p.context_bytes, t4->context_overhead + TK_CUDA_PLUGIN_BYTES);
     TK_CHECK_EQ_INT(p.margin, (int64_t)p.capacity - (int64_t)p.peak_reserved);
     char *txt = tk_plan_format(&p);
     TK_CHECK(txt && strstr(txt, "for the CUDA context"));

@@ -142,6 +142,8 @@ static tk_status open_cuda(tk_dev *d, const tk_dev_opts *opts, tk_err *err) {
 
 /* ---- devices ------------------------------------------------------------------ */
 
+static tk_dev *dev_finish(tk_dev *d, const tk_dev_opts *opts, tk_err *err);
+
 tk_dev *tk_dev_new(const tk_dev_opts *opts, tk_err *err) {
     tk_dev_opts def = {0};
     if (!opts) opts = &def;
@@ -166,6 +168,27 @@ tk_dev *tk_dev_new(const tk_dev_opts *opts, tk_err *err) {
         free(d);
         return NULL;
     }
+    return dev_finish(d, opts, err);
+}
+
+tk_dev *tk_dev_new_backend(const tk_dev_opts *opts, const tk_backend *be, void *ctx, tk_err *err) {
+    tk_dev_opts def = {0};
+    if (!opts) opts = &def;
+    tk_dev *d = calloc(1, sizeof *d);
+    if (!d) {
+        if (be && ctx && be->destroy) be->destroy(ctx);
+        tk_err_set(err, TK_EOOM, "out of host memory opening a device");
+        return NULL;
+    }
+    d->kind = opts->kind;
+    d->opts = *opts;
+    d->be = be;
+    d->ctx = ctx;
+    return dev_finish(d, opts, err);
+}
+
+/* The allocator over the backend's segments; takes d (destroyed on failure). */
+static tk_dev *dev_finish(tk_dev *d, const tk_dev_opts *opts, tk_err *err) {
     if (!d->be || !d->ctx) {
         tk_err_set(err, TK_EOOM, "could not create the %s backend (out of host memory)",
                    d->be ? d->be->name : "device");

@@ -118,6 +118,11 @@ tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tenso
 const tk_backend *tk_backend_meta(void);
 void *tk_meta_ctx_new(const tk_dev_opts *opts);
 
+/* A device over a backend the caller made (tests: the cuda kernels emulated
+ * on host threads). Takes ctx: the device destroys it, also on failure. The
+ * device's kind is opts->kind. */
+tk_dev *tk_dev_new_backend(const tk_dev_opts *opts, const tk_backend *be, void *ctx, tk_err *err);
+
 /* The backend context a device opened (borrowed), for a backend's extra
  * functions such as tk_cuda_mem_totals_get; and a symbol of the loaded cuda
  * plugin (NULL on other devices or when absent). */

@@ -24,6 +24,13 @@
 #include "cuda_shared.h"
 #include "cuda_attention.h"
 
+/* Every launch goes through TK_LAUNCH(kernel, grid, block[, smem])(args):
+ * nvcc's <<<>>> here; tests/gpu_cuda_host/cuda_emu.h defines it to run the
+ * same kernels on host threads, so `make test` runs this file without a GPU. */
+#ifndef TK_LAUNCH
+#define TK_LAUNCH(k, ...) k<<<__VA_ARGS__>>>
+#endif
+
 #define THREADS 256
 static_assert(TK_Q8_BLOCK == THREADS, "k_adamw8 runs one thread per element of a block");
 
@@ -543,6 +550,7 @@ __global__ void k_adamw8(float *param, const void *grad, int dtg, int8_t *mq, fl
     }
 }
 
+#ifndef TK_CUDA_EMU /* the host emulation tests attention by its phases (test_cuda_attention.c) */
 /* ---- fused attention (cuda_attention.h) ------------------------------------ */
 
 /* One block per (sequence*head, tile); the phases of cuda_attention.h with a
@@ -559,6 +567,8 @@ template <int KIND> __global__ void __launch_bounds__(TK_FA_THREADS) k_attn(tk_f
     }
 }
 
+#endif /* TK_CUDA_EMU */
+
 /* ---- host wrappers ---------------------------------------------------------- */
 
 #define CTX ((tk_cuda_ctx *)ctx)
@@ -571,7 +581,7 @@ tk_status tk_cuda_embed_fwd(void *ctx, tk_tensor *out, const tk_tensor *ids, con
     NEED_FLOAT("embed_fwd", out); NEED_FLOAT("embed_fwd", table); NEED_I32("embed_fwd", ids);
     if (n * C == 0) return TK_OK;
     int64_t rows = rows_of(table, C);
-    k_gather<<<grid_for(n * C), THREADS>>>(out->data, DT(out), table->data, DT(table),
+    TK_LAUNCH(k_gather, grid_for(n * C), THREADS)(out->data, DT(out), table->data, DT(table),
                                            (const int32_t *)ids->data, n, C, rows, CTX->flags);
     TK_CU_LAUNCHED("k_gather (embed_fwd)");
     return TK_OK;
@@ -582,7 +592,7 @@ tk_status tk_cuda_embed_bwd(void *ctx, tk_tensor *dtable, const tk_tensor *ids, 
     NEED_FLOAT("embed_bwd", dtable); NEED_FLOAT("embed_bwd", dout); NEED_I32("embed_bwd", ids);
     if (n * C == 0) return TK_OK;
     int64_t rows = rows_of(dtable, C);
-    k_scatter_add<<<(unsigned)((C + SCATTER_THREADS - 1) / SCATTER_THREADS), SCATTER_THREADS>>>(
+    TK_LAUNCH(k_scatter_add, (unsigned)((C + SCATTER_THREADS - 1) / SCATTER_THREADS), SCATTER_THREADS)(
         dtable->data, DT(dtable), dout->data, DT(dout), (const int32_t *)ids->data, n, C, rows, CTX->flags);
     TK_CU_LAUNCHED("k_scatter_add (embed_bwd)");
     return TK_OK;
@@ -591,7 +601,7 @@ tk_status tk_cuda_embed_bwd(void *ctx, tk_tensor *dtable, const tk_tensor *ids, 
 tk_status tk_cuda_add(void *ctx, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n) {
     NEED_FLOAT("add", out); NEED_FLOAT("add", a); NEED_FLOAT("add", b);
     if (n == 0) return TK_OK;
-    k_add<<<grid_for(n), THREADS>>>(out->data, DT(out), a->data, DT(a), b->data, DT(b), n);
+    TK_LAUNCH(k_add, grid_for(n), THREADS)(out->data, DT(out), a->data, DT(a), b->data, DT(b), n);
     TK_CU_LAUNCHED("k_add");
     return TK_OK;
 }
@@ -599,14 +609,14 @@ tk_status tk_cuda_add(void *ctx, tk_tensor *out, const tk_tensor *a, const tk_te
 tk_status tk_cuda_axpby(void *ctx, tk_tensor *y, float alpha, const tk_tensor *x, float beta, int64_t n) {
     NEED_FLOAT("axpby", y); NEED_FLOAT("axpby", x);
     if (n == 0) return TK_OK;
-    k_axpby<<<grid_for(n), THREADS>>>(y->data, DT(y), alpha, x->data, DT(x), beta, n);
+    TK_LAUNCH(k_axpby, grid_for(n), THREADS)(y->data, DT(y), alpha, x->data, DT(x), beta, n);
     TK_CU_LAUNCHED("k_axpby");
     return TK_OK;
 }
 
 tk_status tk_cuda_fill(void *ctx, tk_tensor *t, float value, int64_t n) {
     if (n == 0) return TK_OK;
-    k_fill<<<grid_for(n), THREADS>>>(t->data, DT(t), value, n);
+    TK_LAUNCH(k_fill, grid_for(n), THREADS)(t->data, DT(t), value, n);
     TK_CU_LAUNCHED("k_fill");
     return TK_OK;
 }
@@ -614,7 +624,7 @@ tk_status tk_cuda_fill(void *ctx, tk_tensor *t, float value, int64_t n) {
 tk_status tk_cuda_cast(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n) {
     NEED_FLOAT("cast", out); NEED_FLOAT("cast", in);
     if (n == 0) return TK_OK;
-    k_cast<<<grid_for(n), THREADS>>>(out->data, DT(out), in->data, DT(in), n);
+    TK_LAUNCH(k_cast, grid_for(n), THREADS)(out->data, DT(out), in->data, DT(in), n);
     TK_CU_LAUNCHED("k_cast");
     return TK_OK;
 }
@@ -627,7 +637,7 @@ tk_status tk_cuda_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, tk_t
         return bad("layernorm_fwd", "mean and rstd must be f32");
     if (N == 0 || C == 0) return TK_OK;
     if (N > INT32_MAX) return bad("layernorm_fwd", "more than 2^31 rows");
-    k_layernorm_fwd<<<(unsigned)N, THREADS>>>(out->data, DT(out), mean ? (float *)mean->data : NULL,
+    TK_LAUNCH(k_layernorm_fwd, (unsigned)N, THREADS)(out->data, DT(out), mean ? (float *)mean->data : NULL,
                                               rstd ? (float *)rstd->data : NULL, in->data, DT(in),
                                               w ? w->data : NULL, w ? DT(w) : 0, b ? b->data : NULL,
                                               b ? DT(b) : 0, C, eps);
@@ -645,14 +655,14 @@ tk_status tk_cuda_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_ten
     if (N == 0 || C == 0) return TK_OK;
     if (N > INT32_MAX) return bad("layernorm_bwd", "more than 2^31 rows");
     if (din) {
-        k_layernorm_bwd_in<<<(unsigned)N, THREADS>>>(din->data, DT(din), dout->data, DT(dout), in->data,
+        TK_LAUNCH(k_layernorm_bwd_in, (unsigned)N, THREADS)(din->data, DT(din), dout->data, DT(dout), in->data,
                                                      DT(in), w ? w->data : NULL, w ? DT(w) : 0,
                                                      (const float *)mean->data, (const float *)rstd->data,
                                                      C, accumulate);
         TK_CU_LAUNCHED("k_layernorm_bwd_in");
     }
     if (dw || db) {
-        k_layernorm_bwd_wb<<<(unsigned)((C + COL_W - 1) / COL_W), dim3(COL_W, COL_H)>>>(
+        TK_LAUNCH(k_layernorm_bwd_wb, (unsigned)((C + COL_W - 1) / COL_W), dim3(COL_W, COL_H))(
             dw ? dw->data : NULL, dw ? DT(dw) : 0, db ? db->data : NULL, db ? DT(db) : 0, dout->data,
             DT(dout), in->data, DT(in), (const float *)mean->data, (const float *)rstd->data, N, C);
         TK_CU_LAUNCHED("k_layernorm_bwd_wb");
@@ -663,7 +673,7 @@ tk_status tk_cuda_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_ten
 tk_status tk_cuda_gelu_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n) {
     NEED_FLOAT("gelu_fwd", out); NEED_FLOAT("gelu_fwd", in);
     if (n == 0) return TK_OK;
-    k_gelu_fwd<<<grid_for(n), THREADS>>>(out->data, DT(out), in->data, DT(in), n);
+    TK_LAUNCH(k_gelu_fwd, grid_for(n), THREADS)(out->data, DT(out), in->data, DT(in), n);
     TK_CU_LAUNCHED("k_gelu_fwd");
     return TK_OK;
 }
@@ -671,7 +681,7 @@ tk_status tk_cuda_gelu_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64
 tk_status tk_cuda_gelu_bwd(void *ctx, tk_tensor *din, const tk_tensor *in, const tk_tensor *dout, int64_t n) {
     NEED_FLOAT("gelu_bwd", din); NEED_FLOAT("gelu_bwd", in); NEED_FLOAT("gelu_bwd", dout);
     if (n == 0) return TK_OK;
-    k_gelu_bwd<<<grid_for(n), THREADS>>>(din->data, DT(din), in->data, DT(in), dout->data, DT(dout), n);
+    TK_LAUNCH(k_gelu_bwd, grid_for(n), THREADS)(din->data, DT(din), in->data, DT(in), dout->data, DT(dout), n);
     TK_CU_LAUNCHED("k_gelu_bwd");
     return TK_OK;
 }
@@ -679,7 +689,7 @@ tk_status tk_cuda_gelu_bwd(void *ctx, tk_tensor *din, const tk_tensor *in, const
 tk_status tk_cuda_tanh_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n) {
     NEED_FLOAT("tanh_fwd", out); NEED_FLOAT("tanh_fwd", in);
     if (n == 0) return TK_OK;
-    k_tanh_fwd<<<grid_for(n), THREADS>>>(out->data, DT(out), in->data, DT(in), n);
+    TK_LAUNCH(k_tanh_fwd, grid_for(n), THREADS)(out->data, DT(out), in->data, DT(in), n);
     TK_CU_LAUNCHED("k_tanh_fwd");
     return TK_OK;
 }
@@ -687,7 +697,7 @@ tk_status tk_cuda_tanh_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64
 tk_status tk_cuda_tanh_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout, int64_t n) {
     NEED_FLOAT("tanh_bwd", din); NEED_FLOAT("tanh_bwd", out); NEED_FLOAT("tanh_bwd", dout);
     if (n == 0) return TK_OK;
-    k_tanh_bwd<<<grid_for(n), THREADS>>>(din->data, DT(din), out->data, DT(out), dout->data, DT(dout), n);
+    TK_LAUNCH(k_tanh_bwd, grid_for(n), THREADS)(din->data, DT(din), out->data, DT(out), dout->data, DT(dout), n);
     TK_CU_LAUNCHED("k_tanh_bwd");
     return TK_OK;
 }
@@ -699,7 +709,7 @@ tk_status tk_cuda_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, co
     int64_t rows = B * NH * T;
     if (rows == 0) return TK_OK;
     if (rows > INT32_MAX) return bad("softmax_fwd", "more than 2^31 rows");
-    k_softmax_fwd<<<(unsigned)rows, THREADS>>>(out->data, DT(out), in->data, DT(in),
+    TK_LAUNCH(k_softmax_fwd, (unsigned)rows, THREADS)(out->data, DT(out), in->data, DT(in),
                                                mask ? (const int32_t *)mask->data : NULL, NH, T, scale);
     TK_CU_LAUNCHED("k_softmax_fwd");
     return TK_OK;
@@ -710,7 +720,7 @@ tk_status tk_cuda_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, c
     NEED_FLOAT("softmax_bwd", din); NEED_FLOAT("softmax_bwd", out); NEED_FLOAT("softmax_bwd", dout);
     if (rows == 0 || T == 0) return TK_OK;
     if (rows > INT32_MAX) return bad("softmax_bwd", "more than 2^31 rows");
-    k_softmax_bwd<<<(unsigned)rows, THREADS>>>(din->data, DT(din), out->data, DT(out), dout->data,
+    TK_LAUNCH(k_softmax_bwd, (unsigned)rows, THREADS)(din->data, DT(din), out->data, DT(out), dout->data,
                                                DT(dout), T, scale);
     TK_CU_LAUNCHED("k_softmax_bwd");
     return TK_OK;
@@ -721,7 +731,7 @@ tk_status tk_cuda_dropout_fwd(void *ctx, tk_tensor *out, tk_tensor *mask, const 
     NEED_FLOAT("dropout_fwd", out); NEED_FLOAT("dropout_fwd", in);
     if (mask && mask->dtype != TK_U8) return bad("dropout_fwd", "mask must be u8");
     if (n == 0) return TK_OK;
-    k_dropout_fwd<<<grid_for(n), THREADS>>>(out->data, DT(out), mask ? (uint8_t *)mask->data : NULL,
+    TK_LAUNCH(k_dropout_fwd, grid_for(n), THREADS)(out->data, DT(out), mask ? (uint8_t *)mask->data : NULL,
                                             in->data, DT(in), n, p, tk_dropout_scale(p), tk_dropout_key(seed), offset);
     TK_CU_LAUNCHED("k_dropout_fwd");
     return TK_OK;
@@ -731,7 +741,7 @@ tk_status tk_cuda_dropout_bwd(void *ctx, tk_tensor *din, const tk_tensor *dout, 
                               float p, uint64_t seed, uint64_t offset) {
     NEED_FLOAT("dropout_bwd", din); NEED_FLOAT("dropout_bwd", dout);
     if (n == 0) return TK_OK;
-    k_dropout_bwd<<<grid_for(n), THREADS>>>(din->data, DT(din), dout->data, DT(dout), n, p,
+    TK_LAUNCH(k_dropout_bwd, grid_for(n), THREADS)(din->data, DT(din), dout->data, DT(dout), n, p,
                                             tk_dropout_scale(p), tk_dropout_key(seed), offset);
     TK_CU_LAUNCHED("k_dropout_bwd");
     return TK_OK;
@@ -744,7 +754,7 @@ tk_status tk_cuda_xent_fwd(void *ctx, tk_tensor *losses, tk_tensor *probs, const
     if (probs) NEED_FLOAT("xent_fwd", probs);
     if (N == 0) return TK_OK;
     if (N > INT32_MAX) return bad("xent_fwd", "more than 2^31 rows");
-    k_xent_fwd<<<(unsigned)N, THREADS>>>((float *)losses->data, probs ? probs->data : NULL,
+    TK_LAUNCH(k_xent_fwd, (unsigned)N, THREADS)((float *)losses->data, probs ? probs->data : NULL,
                                          probs ? DT(probs) : 0, logits->data, DT(logits),
                                          (const int32_t *)labels->data, V, CTX->flags);
     TK_CU_LAUNCHED("k_xent_fwd");
@@ -756,7 +766,7 @@ tk_status tk_cuda_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *logit
     NEED_FLOAT("xent_bwd", dlogits); NEED_FLOAT("xent_bwd", logits); NEED_I32("xent_bwd", labels);
     if (N == 0) return TK_OK;
     if (N > INT32_MAX) return bad("xent_bwd", "more than 2^31 rows");
-    k_xent_bwd<<<(unsigned)N, THREADS>>>(dlogits->data, DT(dlogits), logits->data, DT(logits),
+    TK_LAUNCH(k_xent_bwd, (unsigned)N, THREADS)(dlogits->data, DT(dlogits), logits->data, DT(logits),
                                          (const int32_t *)labels->data, V, scale, CTX->flags);
     TK_CU_LAUNCHED("k_xent_bwd");
     return TK_OK;
@@ -765,7 +775,7 @@ tk_status tk_cuda_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *logit
 tk_status tk_cuda_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, int64_t N, int64_t C) {
     NEED_FLOAT("bias_grad", db); NEED_FLOAT("bias_grad", dout);
     if (C == 0) return TK_OK;
-    k_bias_grad<<<(unsigned)((C + COL_W - 1) / COL_W), dim3(COL_W, COL_H)>>>(db->data, DT(db), dout->data,
+    TK_LAUNCH(k_bias_grad, (unsigned)((C + COL_W - 1) / COL_W), dim3(COL_W, COL_H))(db->data, DT(db), dout->data,
                                                                             DT(dout), N, C);
     TK_CU_LAUNCHED("k_bias_grad");
     return TK_OK;
@@ -777,7 +787,7 @@ static tk_status heads(tk_tensor *out, const tk_tensor *in, int64_t B, int64_t T
     NEED_FLOAT(to_heads ? "split_heads" : "merge_heads", in);
     int64_t total = B * T * NH * HS;
     if (total == 0) return TK_OK;
-    k_heads<<<grid_for(total), THREADS>>>(out->data, DT(out), in->data, DT(in), T, NH, HS, total, to_heads);
+    TK_LAUNCH(k_heads, grid_for(total), THREADS)(out->data, DT(out), in->data, DT(in), T, NH, HS, total, to_heads);
     TK_CU_LAUNCHED("k_heads");
     return TK_OK;
 }
@@ -799,7 +809,7 @@ tk_status tk_cuda_gather_rows(void *ctx, tk_tensor *out, const tk_tensor *in, co
     NEED_FLOAT("gather_rows", out); NEED_FLOAT("gather_rows", in); NEED_I32("gather_rows", idx);
     if (n * C == 0) return TK_OK;
     int64_t rows = rows_of(in, C);
-    k_gather<<<grid_for(n * C), THREADS>>>(out->data, DT(out), in->data, DT(in),
+    TK_LAUNCH(k_gather, grid_for(n * C), THREADS)(out->data, DT(out), in->data, DT(in),
                                            (const int32_t *)idx->data, n, C, rows, CTX->flags);
     TK_CU_LAUNCHED("k_gather (gather_rows)");
     return TK_OK;
@@ -811,7 +821,7 @@ tk_status tk_cuda_scatter_add_rows(void *ctx, tk_tensor *din, const tk_tensor *d
     NEED_I32("scatter_add_rows", idx);
     if (n * C == 0) return TK_OK;
     int64_t rows = rows_of(din, C);
-    k_scatter_add<<<(unsigned)((C + SCATTER_THREADS - 1) / SCATTER_THREADS), SCATTER_THREADS>>>(
+    TK_LAUNCH(k_scatter_add, (unsigned)((C + SCATTER_THREADS - 1) / SCATTER_THREADS), SCATTER_THREADS)(
         din->data, DT(din), dout->data, DT(dout), (const int32_t *)idx->data, n, C, rows, CTX->flags);
     TK_CU_LAUNCHED("k_scatter_add (scatter_add_rows)");
     return TK_OK;
@@ -823,12 +833,12 @@ tk_status tk_cuda_sumsq(void *ctx, tk_tensor *out, const tk_tensor *x, int64_t n
     unsigned nb = grid_for(n);
     if (nb > TK_CUDA_RED_BLOCKS) nb = TK_CUDA_RED_BLOCKS;
     if (n > 0) {
-        k_sumsq_partial<<<nb, THREADS>>>(CTX->red, x->data, DT(x), n);
+        TK_LAUNCH(k_sumsq_partial, nb, THREADS)(CTX->red, x->data, DT(x), n);
         TK_CU_LAUNCHED("k_sumsq_partial");
     } else {
         nb = 0;
     }
-    k_sumsq_final<<<1, THREADS>>>((float *)out->data, CTX->red, (int)nb, accumulate);
+    TK_LAUNCH(k_sumsq_final, 1, THREADS)((float *)out->data, CTX->red, (int)nb, accumulate);
     TK_CU_LAUNCHED("k_sumsq_final");
     return TK_OK;
 }
@@ -840,7 +850,7 @@ tk_status tk_cuda_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_t
         return bad("adamw", "param, m and v must be f32");
     if (n == 0) return TK_OK;
     tk_adamw_coef k = tk_adamw_coef_of(hp);
-    k_adamw<<<grid_for(n), THREADS>>>((float *)param->data, grad->data, DT(grad), (float *)m->data,
+    TK_LAUNCH(k_adamw, grid_for(n), THREADS)((float *)param->data, grad->data, DT(grad), (float *)m->data,
                                       (float *)v->data, n, k);
     TK_CU_LAUNCHED("k_adamw");
     return TK_OK;
@@ -857,7 +867,7 @@ tk_status tk_cuda_adamw8(void *ctx, tk_tensor *param, const tk_tensor *grad,
     int64_t nblk = (n + TK_Q8_BLOCK - 1) / TK_Q8_BLOCK;
     if (nblk > INT32_MAX) return bad("adamw8", "too many quantisation blocks");
     tk_adamw_coef k = tk_adamw_coef_of(hp);
-    k_adamw8<<<(unsigned)nblk, TK_Q8_BLOCK>>>((float *)param->data, grad->data, DT(grad),
+    TK_LAUNCH(k_adamw8, (unsigned)nblk, TK_Q8_BLOCK)((float *)param->data, grad->data, DT(grad),
                                               (int8_t *)m->data, (float *)mscale->data,
                                               (uint8_t *)v->data, (float *)vscale->data, n, k);
     TK_CU_LAUNCHED("k_adamw8");
@@ -870,12 +880,13 @@ tk_status tk_cuda_bias_rows(void *ctx, tk_tensor *C, const tk_tensor *bias, int6
     NEED_FLOAT("gemm bias", bias);
     int64_t total = M * N * batch;
     if (total == 0) return TK_OK;
-    k_bias_rows<<<grid_for(total), THREADS>>>(C->data, DT(C), bias->data, DT(bias), M, N,
+    TK_LAUNCH(k_bias_rows, grid_for(total), THREADS)(C->data, DT(C), bias->data, DT(bias), M, N,
                                               batch > 1 ? strideC : M * N, total, beta);
     TK_CU_LAUNCHED("k_bias_rows");
     return TK_OK;
 }
 
+#ifndef TK_CUDA_EMU
 /* Arguments common to both directions; checks the grid fits. */
 static tk_status fa_setup(tk_fa_args *a, const char *op, const tk_tensor *q, const tk_tensor *k,
                           const tk_tensor *v, const tk_tensor *mask, int64_t B, int64_t NH, int64_t T,
@@ -911,7 +922,7 @@ tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const
     if (st != TK_OK) return st;
     a.out = out->data; a.dt_out = DT(out);
     a.lse_out = (float *)lse->data;
-    k_attn<TK_FA_FWD><<<gq, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_FWD, HS, a.qt, a.kt)>>>(a);
+    TK_LAUNCH(k_attn<TK_FA_FWD>, gq, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_FWD, HS, a.qt, a.kt))(a);
     TK_CU_LAUNCHED("k_attn_fwd");
     return TK_OK;
 }
@@ -936,11 +947,13 @@ tk_status tk_cuda_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tens
     a.dq = dq->data; a.dt_dq = DT(dq);
     a.dk = dk->data; a.dt_dk = DT(dk);
     a.dv = dv->data; a.dt_dv = DT(dv);
-    k_attn<TK_FA_BWD_KV><<<gk, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_BWD_KV, HS, a.qt, a.kt)>>>(a);
+    TK_LAUNCH(k_attn<TK_FA_BWD_KV>, gk, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_BWD_KV, HS, a.qt, a.kt))(a);
     TK_CU_LAUNCHED("k_attn_bwd_kv");
-    k_attn<TK_FA_BWD_Q><<<gq, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_BWD_Q, HS, a.qt, a.kt)>>>(a);
+    TK_LAUNCH(k_attn<TK_FA_BWD_Q>, gq, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_BWD_Q, HS, a.qt, a.kt))(a);
     TK_CU_LAUNCHED("k_attn_bwd_q");
     return TK_OK;
 }
+
+#endif /* TK_CUDA_EMU */
 
 } /* extern "C" */

@@ -1,0 +1,125 @@
+/* cuda_emu_backend.cpp — a "cuda" device whose ops are gpu/cuda/cuda_ops.cu
+ * itself, compiled for the host and run on threads by cuda_emu.h.
+ *
+ * Memory is host memory; GEMM goes to the cpu backend (cuBLAS is not ours to
+ * emulate) and so does nothing else: every other op is the cuda plugin's
+ * wrapper and kernel, with its launch shape. Fused attention is left out
+ * (its kernels are emulated phase by phase in test_cuda_attention.c).
+ * tk_cuda_emu_open() gives the device; tests/gpu_cuda/gpu_ops.c built with
+ * -DTK_CUDA_EMU compares it with the cpu backend during `make test`.
+ */
+#include <new>
+#include "cuda_emu.h"
+#include "../../gpu/cuda/cuda_ops.cu"
+
+namespace {
+
+struct emu_ctx {
+    tk_cuda_ctx cu;   /* first: the wrappers cast ctx to tk_cuda_ctx */
+    void *cpu;        /* the cpu backend's context, for GEMM */
+    unsigned flags;   /* the kernels' sticky error word */
+    double red[TK_CUDA_RED_BLOCKS];
+};
+
+int emu_seg_alloc(void *, size_t bytes, void **ptr) {
+    *ptr = aligned_alloc(256, (bytes + 255) & ~(size_t)255);
+    return *ptr ? 0 : 1;
+}
+
+void emu_seg_free(void *, void *ptr, size_t) { free(ptr); }
+
+tk_status emu_copy(void *, void *dst, const void *src, size_t bytes, tk_err *) {
+    if (bytes) memcpy(dst, src, bytes);
+    return TK_OK;
+}
+
+tk_status emu_sync(void *vctx, tk_err *err) {
+    emu_ctx *c = (emu_ctx *)vctx;
+    unsigned f = __atomic_exchange_n(&c->flags, 0u, __ATOMIC_SEQ_CST);
+    if (f & TK_CUDA_FLAG_BAD_INDEX)
+        return tk_cuda_fail(err, TK_EINVAL, "an op read an index outside its table (emulated cuda)");
+    return TK_OK;
+}
+
+void emu_info(void *, tk_dev_info *out) {
+    memset(out, 0, sizeof *out);
+    out->kind = TK_DEV_CUDA;
+    snprintf(out->name, sizeof out->name, "cuda kernels emulated on host threads");
+    out->total = out->free_bytes = (size_t)1 << 30;
+}
+
+void emu_destroy(void *vctx) {
+    emu_ctx *c = (emu_ctx *)vctx;
+    const tk_backend *cpu = tk_backend_cpu();
+    if (c->cpu && cpu->destroy) cpu->destroy(c->cpu);
+    delete c;
+}
+
+tk_status emu_gemm(void *vctx, tk_tensor *C, const tk_tensor *A, const tk_tensor *B, const tk_tensor *bias,
+                   int transA, int transB, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t strideA,
+                   int64_t strideB, int64_t strideC, float alpha, float beta) {
+    emu_ctx *c = (emu_ctx *)vctx;
+    return tk_backend_cpu()->gemm(c->cpu, C, A, B, bias, transA, transB, M, N, K, batch, strideA, strideB,
+                                  strideC, alpha, beta);
+}
+
+tk_backend make_table() {
+    tk_backend b;
+    memset(&b, 0, sizeof b);
+    b.name = "cuda-emu";
+    b.seg_alloc = emu_seg_alloc;
+    b.seg_free = emu_seg_free;
+    b.write = emu_copy;
+    b.read = emu_copy;
+    b.sync = emu_sync;
+    b.info = emu_info;
+    b.destroy = emu_destroy;
+    b.gemm = emu_gemm;
+    b.embed_fwd = tk_cuda_embed_fwd;
+    b.embed_bwd = tk_cuda_embed_bwd;
+    b.add = tk_cuda_add;
+    b.axpby = tk_cuda_axpby;
+    b.fill = tk_cuda_fill;
+    b.cast = tk_cuda_cast;
+    b.layernorm_fwd = tk_cuda_layernorm_fwd;
+    b.layernorm_bwd = tk_cuda_layernorm_bwd;
+    b.gelu_fwd = tk_cuda_gelu_fwd;
+    b.gelu_bwd = tk_cuda_gelu_bwd;
+    b.tanh_fwd = tk_cuda_tanh_fwd;
+    b.tanh_bwd = tk_cuda_tanh_bwd;
+    b.softmax_fwd = tk_cuda_softmax_fwd;
+    b.softmax_bwd = tk_cuda_softmax_bwd;
+    b.dropout_fwd = tk_cuda_dropout_fwd;
+    b.dropout_bwd = tk_cuda_dropout_bwd;
+    b.xent_fwd = tk_cuda_xent_fwd;
+    b.xent_bwd = tk_cuda_xent_bwd;
+    b.bias_grad = tk_cuda_bias_grad;
+    b.split_heads = tk_cuda_split_heads;
+    b.merge_heads = tk_cuda_merge_heads;
+    b.gather_rows = tk_cuda_gather_rows;
+    b.scatter_add_rows = tk_cuda_scatter_add_rows;
+    b.sumsq = tk_cuda_sumsq;
+    b.adamw = tk_cuda_adamw;
+    b.adamw8 = tk_cuda_adamw8;
+    return b;
+}
+
+const tk_backend emu_backend = make_table();
+
+} /* namespace */
+
+extern "C" tk_dev *tk_cuda_emu_open(tk_err *err) {
+    emu_ctx *c = new (std::nothrow) emu_ctx();
+    if (!c) {
+        tk_err_set(err, TK_EOOM, "out of host memory for the emulated cuda device");
+        return NULL;
+    }
+    tk_dev_opts cpu_opts = {};
+    cpu_opts.kind = TK_DEV_CPU;
+    c->cpu = tk_cpu_ctx_new(&cpu_opts);
+    c->cu.flags = &c->flags;
+    c->cu.red = c->red;
+    tk_dev_opts opts = {};
+    opts.kind = TK_DEV_CUDA;
+    return tk_dev_new_backend(&opts, &emu_backend, c, err);
+}

@@ -41,7 +41,6 @@ struct tk_emu_state {
     pthread_barrier_t block;     /* every thread of the block */
     pthread_barrier_t warp[32];  /* 32 lanes each (1024 threads at most) */
     uint64_t lanes[1024];        /* shuffle mailboxes, by linear thread id */
-    int nthreads;
 };
 static tk_emu_state tk_emu;
 
@@ -94,7 +93,6 @@ template <typename F> static void tk_emu_run(dim3 grid, dim3 block, F body) {
     }
     gridDim = grid;
     blockDim = block;
-    tk_emu.nthreads = n;
     pthread_barrier_init(&tk_emu.block, NULL, (unsigned)n);
     for (int w = 0; w < n / 32; w++) pthread_barrier_init(&tk_emu.warp[w], NULL, 32);
     pthread_t th[1024];

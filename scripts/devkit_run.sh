@@ -3,7 +3,7 @@
 # run from the repository root on the GPU machine. Logs go to $OUT (the
 # device tool's folder) or bench/out/.
 #
-#   bash scripts/devkit_run.sh [info] [test] [bench] [techniques] [measure]
+#   bash scripts/devkit_run.sh [info] [test] [bench] [techniques] [measure] [sanitize]
 #     info        GPU, driver, glibc, and which libraries the plugin resolves
 #     test        tests/gpu_cuda/run.sh (what `make test-gpu` runs)
 #     bench       bench/train_gpu/run.py: bert-base 32 x 128/512, fp32/fp16, vs HF
@@ -42,6 +42,13 @@ sanitize_ops() {
     return $bad
 }
 
+# bench/train_gpu/run.py with the given arguments, logged to $out/$1.
+run_bench() {
+    local log=$1
+    shift
+    "$py" bench/train_gpu/run.py "$kit/build" "$@" 2>&1 | tee "$out/$log"
+}
+
 steps=${*:-info test bench}
 rc=0
 for s in $steps; do
@@ -59,16 +66,14 @@ for s in $steps; do
         ;;
     bench)
         # shellcheck disable=SC2086
-        "$py" bench/train_gpu/run.py "$kit/build" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench-train-gpu.log" || rc=1
+        run_bench bench-train-gpu.log ${BENCH_ARGS:-} || rc=1
         ;;
     techniques)
         # shellcheck disable=SC2086
-        "$py" bench/train_gpu/run.py "$kit/build" ${TECH_ARGS:---techniques --seq 512} 2>&1 |
-            tee "$out/bench-techniques.log" || rc=1
+        run_bench bench-techniques.log ${TECH_ARGS:---techniques --seq 512} || rc=1
         ;;
     measure)
-        "$py" bench/train_gpu/run.py "$kit/build" --techniques --models bert-mini --seq 128 2>&1 |
-            tee "$out/bench-techniques-mini.log" || rc=1
+        run_bench bench-techniques-mini.log --techniques --models bert-mini --seq 128 || rc=1
         ;;
     sanitize)
         cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)

@@ -535,7 +535,7 @@ typedef struct lacts {
 
 /* Step-level tensors: inputs, embeddings, head, backward scratch. */
 typedef struct stens {
-    tk_tensor ids, tt, pos, mask, cidx, labels, starts, ends, ones;
+    tk_tensor ids, tt, pos, mask, cidx, labels, starts, ends, ones, qab;
     tk_tensor ex, emean, erstd, h0;
     tk_tensor cls, pooled, pd, logits, losses;
     tk_tensor dlogits, dpd, dcls, dh, dx;
@@ -1060,8 +1060,10 @@ static tk_status inputs(step *S, const tk_batch *b) {
             }
             WR(pt[k], host);
         }
-        /* A column of ones: qa_outputs' bias as a rank-1 GEMM update. */
-        if (st == TK_OK) st = al(S, &s->ones, TK_F32, 1, N, 0, 0, 0, TK_CAT_TEMP, "qa_outputs");
+        /* A column of ones: qa_outputs' bias as a rank-1 GEMM update. In the
+         * activations' dtype: cuBLAS takes both GEMM inputs in one dtype, and
+         * the backward GEMM pairs it with the 16-bit dlogits. */
+        if (st == TK_OK) st = al(S, &s->ones, S->adt, 1, N, 0, 0, 0, TK_CAT_TEMP, "qa_outputs");
         if (st == TK_OK) st = tk_op_fill(S->d, &s->ones, 1.0f, N);
     }
 #undef IN_TENSOR
@@ -1123,8 +1125,16 @@ static tk_status head_fwd(step *S, tk_tensor *hL, int keep, int want_loss, doubl
         TRY(alf(S, &s->logits, 2, N, ca, "qa_outputs"));
         TRY(tk_op_gemm(S->d, &s->logits, PWc(S, m->head), hL, NULL, 0, 1, 2, N, H, 1, 0, 0, 0, 1.0f,
                        0.0f));
-        TRY(tk_op_gemm(S->d, &s->logits, PW(S, m->head + 1), &s->ones, NULL, 0, 0, 2, N, 1, 1, 0, 0, 0,
-                       1.0f, 1.0f));
+        /* 16-bit: the bias rounded to the activations' dtype to pair with
+         * the ones (as autocast does for a Linear's bias). */
+        const tk_tensor *qb = PW(S, m->head + 1);
+        if (S->adt != TK_F32) {
+            TRY(al(S, &s->qab, S->adt, 1, 2, 0, 0, 0, TK_CAT_TEMP, "qa_outputs"));
+            TRY(tk_op_cast(S->d, &s->qab, qb, 2));
+            qb = &s->qab;
+        }
+        TRY(tk_op_gemm(S->d, &s->logits, qb, &s->ones, NULL, 0, 0, 2, N, 1, 1, 0, 0, 0, 1.0f, 1.0f));
+        fr(S, &s->qab);
         if (!keep) fr(S, hL);
     }
     if (!want_loss) return TK_OK;

@@ -60,6 +60,26 @@ static inline tk_status tk_cuda_fail(tk_err *err, tk_status st, const char *fmt,
 
 const char *tk_cublas_status_str(cublasStatus_t s);
 
+/* The GEMMs cuBLAS is asked for (cu_gemm): why one would be refused, or
+ * NULL. Shared with the host emulation (tests/gpu_cuda_host), whose GEMM is
+ * the cpu backend's and would otherwise accept dtype mixes the device does
+ * not: a model that only ran there could call one and pass. */
+static inline const char *tk_cuda_gemm_refusal(const tk_tensor *A, const tk_tensor *B, const tk_tensor *C,
+                                               int64_t M, int64_t N, int64_t K, int64_t batch) {
+    int fa = A->dtype == TK_F32 || A->dtype == TK_F16 || A->dtype == TK_BF16;
+    int fb = B->dtype == TK_F32 || B->dtype == TK_F16 || B->dtype == TK_BF16;
+    int fc = C->dtype == TK_F32 || C->dtype == TK_F16 || C->dtype == TK_BF16;
+    if (!fa || !fb || !fc) return "A, B and C must be f32, f16 or bf16";
+    if (A->dtype != B->dtype) return "A and B differ in dtype; cuBLAS needs both inputs of one dtype";
+    if (A->dtype == TK_F32 && C->dtype != TK_F32) return "f32 inputs need an f32 output";
+    if (A->dtype != TK_F32 && C->dtype != TK_F32 && C->dtype != A->dtype)
+        return "16-bit inputs need an f32 output or one of their own dtype";
+    if (M > 2147483647 || N > 2147483647 || K > 2147483647 || batch > 2147483647)
+        return "a dimension exceeds INT_MAX";
+    return NULL;
+}
+
+
 #define TK_CU(call, err) do { cudaError_t _e = (call); if (_e != cudaSuccess) { \
     cudaGetLastError(); \
     return tk_cuda_fail((err), TK_EDEVICE, "%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, \

@@ -19,7 +19,6 @@
  *    inputs with fp32 compute (tensor cores).
  */
 #define _GNU_SOURCE
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cuda_internal.h"
@@ -177,18 +176,13 @@ static tk_status cu_gemm(void *vctx, tk_tensor *C, const tk_tensor *A, const tk_
     tk_cuda_ctx *c = vctx;
     cudaDataType_t ta, tb, tc;
     if (M == 0 || N == 0 || batch == 0) return TK_OK;
+    const char *why = tk_cuda_gemm_refusal(A, B, C, M, N, K, batch);
+    if (why)
+        return OP_FAIL("gemm (M=%lld N=%lld K=%lld batch=%lld, dtypes A %d B %d C %d): %s", (long long)M,
+                       (long long)N, (long long)K, (long long)batch, (int)A->dtype, (int)B->dtype,
+                       (int)C->dtype, why);
     if (blas_dtype(A->dtype, &ta) || blas_dtype(B->dtype, &tb) || blas_dtype(C->dtype, &tc))
         return OP_FAIL("gemm: A, B and C must be f32, f16 or bf16");
-    if (A->dtype != B->dtype)
-        return OP_FAIL("gemm: A is %d and B is %d; cuBLAS needs both inputs of one dtype",
-                       (int)A->dtype, (int)B->dtype);
-    if (A->dtype == TK_F32 && C->dtype != TK_F32)
-        return OP_FAIL("gemm: f32 inputs need an f32 output");
-    if (A->dtype != TK_F32 && C->dtype != TK_F32 && C->dtype != A->dtype)
-        return OP_FAIL("gemm: 16-bit inputs need an f32 output or one of their own dtype");
-    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || batch > INT_MAX)
-        return OP_FAIL("gemm: a dimension exceeds INT_MAX (M=%lld N=%lld K=%lld batch=%lld)",
-                       (long long)M, (long long)N, (long long)K, (long long)batch);
     if (bias) {
         tk_status st = tk_cuda_bias_rows(c, C, bias, M, N, batch, strideC, beta);
         if (st != TK_OK) return st;

@@ -550,14 +550,17 @@ __global__ void k_adamw8(float *param, const void *grad, int dtg, int8_t *mq, fl
     }
 }
 
-#ifndef TK_CUDA_EMU /* the host emulation tests attention by its phases (test_cuda_attention.c) */
 /* ---- fused attention (cuda_attention.h) ------------------------------------ */
 
 /* One block per (sequence*head, tile); the phases of cuda_attention.h with a
  * barrier after each. The phase count depends only on T and the tiles, so
  * every thread reaches every barrier. */
 template <int KIND> __global__ void __launch_bounds__(TK_FA_THREADS) k_attn(tk_fa_args a) {
+#ifdef TK_CUDA_EMU
+    float *fa_smem = tk_emu_dyn_smem; /* cuda_emu.h: the launch's buffer */
+#else
     extern __shared__ float fa_smem[];
+#endif
     tk_fa_smem sh;
     tk_fa_carve(&sh, fa_smem, KIND, a.HS, a.qt, a.kt);
     for (int ph = 0;; ph++) {
@@ -566,8 +569,6 @@ template <int KIND> __global__ void __launch_bounds__(TK_FA_THREADS) k_attn(tk_f
         if (!more) break;
     }
 }
-
-#endif /* TK_CUDA_EMU */
 
 /* ---- host wrappers ---------------------------------------------------------- */
 
@@ -886,7 +887,6 @@ tk_status tk_cuda_bias_rows(void *ctx, tk_tensor *C, const tk_tensor *bias, int6
     return TK_OK;
 }
 
-#ifndef TK_CUDA_EMU
 /* Arguments common to both directions; checks the grid fits. */
 static tk_status fa_setup(tk_fa_args *a, const char *op, const tk_tensor *q, const tk_tensor *k,
                           const tk_tensor *v, const tk_tensor *mask, int64_t B, int64_t NH, int64_t T,
@@ -953,7 +953,5 @@ tk_status tk_cuda_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tens
     TK_CU_LAUNCHED("k_attn_bwd_q");
     return TK_OK;
 }
-
-#endif /* TK_CUDA_EMU */
 
 } /* extern "C" */

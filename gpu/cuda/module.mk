@@ -68,20 +68,22 @@ $(BUILD)/gpu_tests/%: tests/gpu_cuda/%.c tests/gpu_cuda/gpu_common.h tests/tk_te
 
 build-gpu-tests: $(GPU_TEST_BINS)
 
-# `make test` runs gpu_ops with the plugin's kernels and wrappers (cuda_ops.cu,
-# compiled by g++) on host threads instead of a GPU: tests/gpu_cuda_host/cuda_emu.h.
+# `make test` runs gpu_ops and gpu_model with the plugin's kernels and wrappers
+# (cuda_ops.cu, compiled by g++) on host threads instead of a GPU:
+# tests/gpu_cuda_host/cuda_emu.h. The others need the CUDA runtime or CUPTI.
 EMU_OBJ := $(BUILD)/emu/cuda_emu_backend.o
 EMU_CXXFLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=undefined $(WARN) $(INCS) -Itests -I$(CUDA_DIR) -I$(CUDA_HOME)/include -MMD -MP
 $(EMU_OBJ): tests/gpu_cuda_host/cuda_emu_backend.cpp $(CUDA_DIR)/module.mk
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
-$(BUILD)/tests/gpu_cuda_host/test_cuda_emu_ops: tests/gpu_cuda/gpu_ops.c tests/gpu_cuda/gpu_common.h tests/tk_test.h \
-                                               $(EMU_OBJ) $(LIB_ASAN)
+EMU_TESTS := $(BUILD)/tests/gpu_cuda_host/test_cuda_emu_ops $(BUILD)/tests/gpu_cuda_host/test_cuda_emu_model
+$(BUILD)/tests/gpu_cuda_host/test_cuda_emu_%: tests/gpu_cuda/gpu_%.c tests/gpu_cuda/gpu_common.h tests/tk_test.h \
+                                             $(EMU_OBJ) $(LIB_ASAN)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -DTK_CUDA_EMU -Itests -I$(CUDA_DIR) -I$(CUDA_HOME)/include $< $(EMU_OBJ) $(LIB_ASAN) \
 	    $(LIBS) -lstdc++ -o $@
-all: $(BUILD)/tests/gpu_cuda_host/test_cuda_emu_ops
+all: $(EMU_TESTS)
 -include $(EMU_OBJ:.o=.d)
 
 test-gpu: build-gpu-tests

@@ -1,12 +1,14 @@
 /* cuda_emu_backend.cpp — a "cuda" device whose ops are gpu/cuda/cuda_ops.cu
  * itself, compiled for the host and run on threads by cuda_emu.h.
  *
- * Memory is host memory; GEMM goes to the cpu backend (cuBLAS is not ours to
- * emulate) and so does nothing else: every other op is the cuda plugin's
- * wrapper and kernel, with its launch shape. Fused attention is left out
- * (its kernels are emulated phase by phase in test_cuda_attention.c).
- * tk_cuda_emu_open() gives the device; tests/gpu_cuda/gpu_ops.c built with
- * -DTK_CUDA_EMU compares it with the cpu backend during `make test`.
+ * Memory is host memory. GEMM is the plugin's cu_gemm with cuBLAS swapped
+ * for the cpu backend's GEMM (cuBLAS is not ours to emulate): the same
+ * refusals (tk_cuda_gemm_refusal: one dtype for A and B, ...) and the bias
+ * added first by the plugin's own k_bias_rows. Every other op, fused
+ * attention included, is the plugin's wrapper and kernel with its launch
+ * shape. tk_cuda_emu_open() gives the device; tests/gpu_cuda/gpu_ops.c and
+ * gpu_model.c built with -DTK_CUDA_EMU compare it with the cpu backend
+ * during `make test`.
  */
 #include <new>
 #include "cuda_emu.h"
@@ -59,7 +61,19 @@ tk_status emu_gemm(void *vctx, tk_tensor *C, const tk_tensor *A, const tk_tensor
                    int transA, int transB, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t strideA,
                    int64_t strideB, int64_t strideC, float alpha, float beta) {
     emu_ctx *c = (emu_ctx *)vctx;
-    return tk_backend_cpu()->gemm(c->cpu, C, A, B, bias, transA, transB, M, N, K, batch, strideA, strideB,
+    if (M == 0 || N == 0 || batch == 0) return TK_OK;
+    const char *why = tk_cuda_gemm_refusal(A, B, C, M, N, K, batch);
+    if (why) {
+        fprintf(stderr, "txkernel cuda (emulated): gemm (M=%lld N=%lld K=%lld): %s\n", (long long)M,
+                (long long)N, (long long)K, why);
+        return TK_EINVAL;
+    }
+    if (bias) {
+        tk_status st = tk_cuda_bias_rows(c, C, bias, M, N, batch, strideC, beta);
+        if (st != TK_OK) return st;
+        beta = 1.0f;
+    }
+    return tk_backend_cpu()->gemm(c->cpu, C, A, B, NULL, transA, transB, M, N, K, batch, strideA, strideB,
                                   strideC, alpha, beta);
 }
 
@@ -101,6 +115,8 @@ tk_backend make_table() {
     b.sumsq = tk_cuda_sumsq;
     b.adamw = tk_cuda_adamw;
     b.adamw8 = tk_cuda_adamw8;
+    b.attention_fwd = tk_cuda_attention_fwd;
+    b.attention_bwd = tk_cuda_attention_bwd;
     return b;
 }
 

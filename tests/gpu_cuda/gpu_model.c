@@ -6,7 +6,10 @@
  * dropout on (its masks are the same on both devices by construction):
  * loss, logits and every parameter gradient must agree, and so must eval
  * logits; with attention: standard and fused; in fp32, fp16 and bf16; with
- * recompute and frozen embeddings.
+ * recompute and frozen embeddings. Then the training loop itself (AdamW or
+ * 8-bit AdamW, warmup and decay, clipping, fp16 loss scaling) for eight
+ * optimizer steps on both devices: per-step loss and gradient norm, the
+ * loss scale and skipped steps, and the dev loss after the epoch.
  *
  * fp32: 1e-4 relative (the PyTorch-parity bound of issue 4): cuBLAS and
  * OpenBLAS sum GEMMs in different orders, and two layers of LayerNorm and
@@ -29,6 +32,7 @@
  */
 #include "gpu_common.h"
 #include "tk_model.h"
+#include "tk_train.h"
 
 #define TOL 1e-4
 
@@ -239,6 +243,99 @@ static void test_pooled_step_frozen_embeddings_bf16(void) {
     run_case((variant){ .head = TK_HEAD_POOLED, .prec = TK_PREC_BF16, .freeze_embeddings = 1 });
 }
 
+/* ---- the training loop ---------------------------------------------------- */
+
+enum { NSTEP = 8 };
+
+typedef struct {
+    int n;
+    float loss[NSTEP], gnorm[NSTEP];
+} trace;
+
+static int on_progress(void *ud, const tk_progress *p) {
+    trace *t = ud;
+    if (p->step >= 1 && p->step <= NSTEP && t->n < NSTEP) {
+        t->loss[t->n] = p->loss;
+        t->gnorm[t->n] = p->grad_norm;
+        t->n++;
+    }
+    return 0;
+}
+
+/* NSTEP optimizer steps of tk_train_run on dev; 0 on failure (reported). */
+static int train_on(tk_dev *dev, tk_precision prec, tk_optim opt, trace *t, tk_train_result *r) {
+    tk_err err = {0};
+    tk_config c;
+    tk_config_defaults(&c);
+    c.head = TK_HEAD_POOLED;
+    c.precision = prec;
+    c.optimizer = opt;
+    c.lr = 1e-3f;          /* large enough that eight steps move the loss */
+    c.warmup_ratio = 0.25f;
+    c.max_grad_norm = 1.0f;
+    c.epochs = 1;
+    c.max_steps = NSTEP;
+    c.log_every = 1;
+    c.batch_size = B;
+    c.max_len = T;
+    c.seed = 5;
+    tk_model_opts mo = {0};
+    mo.dims = (tk_bert_dims){ .hidden = 64, .layers = 2, .heads = 4, .intermediate = 128,
+                              .vocab_size = 100, .max_position = 64, .type_vocab = 2,
+                              .layer_norm_eps = 1e-12f, .hidden_dropout = 0.1f, .attn_dropout = 0.1f };
+    mo.head = TK_HEAD_POOLED;
+    mo.precision = prec;
+    mo.num_labels = 3;
+    mo.towers = 1;
+    mo.seed = 7;
+    memset(t, 0, sizeof *t);
+    memset(r, 0, sizeof *r);
+    tk_model *m = tk_model_new(dev, &mo, &err);
+    TK_CHECK_MSG(m != NULL, "model: %s", err.msg);
+    if (!m) return 0;
+    int32_t ids[B * T], tt[B * T], mask[B * T], labels[B], sp[B], ep[B];
+    tk_batch batch[NSTEP];
+    make_batch(&batch[0], ids, tt, mask, labels, sp, ep);
+    labels[1] = 1;
+    for (int i = 1; i < NSTEP; i++) batch[i] = batch[0];
+    tk_train_callbacks cb = { .on_progress = on_progress, .ud = t };
+    tk_status st = tk_model_init_random(m, 11, &err);
+    if (st == TK_OK) st = tk_train_run(&c, m, batch, NSTEP, batch, 1, &cb, r, &err);
+    TK_CHECK_MSG(st == TK_OK, "%s training: %s", dev == g_cpu ? "cpu" : "cuda", err.msg);
+    tk_model_destroy(&m);
+    return st == TK_OK;
+}
+
+static void run_train(tk_precision prec, tk_optim opt) {
+    trace tc, tg, tr;
+    tk_train_result rc, rg, rr;
+    int have_ref = prec != TK_PREC_FP32;
+    int ok = train_on(g_cpu, prec, opt, &tc, &rc) && train_on(g_gpu, prec, opt, &tg, &rg) &&
+             (!have_ref || train_on(g_cpu, TK_PREC_FP32, opt, &tr, &rr));
+    if (ok) {
+        TK_CHECK_EQ_INT(tc.n, NSTEP);
+        TK_CHECK_EQ_INT(tg.n, NSTEP);
+        TK_CHECK_EQ_INT(rc.steps, rg.steps);
+        TK_CHECK_EQ_INT(rc.skipped_steps, rg.skipped_steps);
+        TK_CHECK(rc.loss_scale == rg.loss_scale);
+        TK_CHECK_EQ_INT(rc.n_history, rg.n_history);
+        int n = tc.n < tg.n ? tc.n : tg.n;
+        judge(tc.loss, tg.loss, have_ref ? tr.loss : NULL, n, 0.0, "per-step loss");
+        judge(tc.gnorm, tg.gnorm, have_ref ? tr.gnorm : NULL, n, 0.0, "per-step gradient norm");
+        if (rc.n_history > 0 && rg.n_history > 0)
+            judge(&rc.history[0].dev_loss, &rg.history[0].dev_loss, have_ref ? &rr.history[0].dev_loss : NULL,
+                  1, 0.0, "dev loss");
+    }
+    tk_train_result_clear(&rc);
+    tk_train_result_clear(&rg);
+    if (have_ref) tk_train_result_clear(&rr);
+}
+
+static void test_train_adamw(void) { run_train(TK_PREC_FP32, TK_OPTIM_ADAMW); }
+static void test_train_adamw8(void) { run_train(TK_PREC_FP32, TK_OPTIM_ADAMW8); }
+static void test_train_fp16_adamw(void) { run_train(TK_PREC_FP16, TK_OPTIM_ADAMW); }
+static void test_train_bf16_adamw8(void) { run_train(TK_PREC_BF16, TK_OPTIM_ADAMW8); }
+
 int main(void) {
     if (!gpu_open()) {
         gpu_close();
@@ -257,6 +354,10 @@ int main(void) {
     TK_RUN(test_pooled_step_recompute_fp16);
     TK_RUN(test_span_step_recompute_attention_bf16);
     TK_RUN(test_pooled_step_frozen_embeddings_bf16);
+    TK_RUN(test_train_adamw);
+    TK_RUN(test_train_adamw8);
+    TK_RUN(test_train_fp16_adamw);
+    TK_RUN(test_train_bf16_adamw8);
     gpu_close();
     return tk_test_done();
 }

@@ -2,9 +2,10 @@
  * gpu/cuda/cuda_ops.cu's kernels and wrappers without a GPU.
  *
  * Include it (C++) before cuda_ops.cu. A launch runs its blocks one after
- * another. A block's threads are fibers (ucontext) on the calling thread,
- * each with its own stack, and a scheduler resumes every runnable fiber in
- * turn until it finishes or waits:
+ * another. A block's threads are fibers on the calling thread, each with
+ * its own stack (switched by twelve instructions on x86-64, by ucontext
+ * elsewhere, which costs a system call per switch), and a scheduler resumes
+ * every runnable fiber in turn until it finishes or waits:
  *  - __syncthreads(): the fiber waits; when every thread of the block waits,
  *    all run on. A block where some threads finished while others wait, or
  *    where one warp waits at a barrier and another at a shuffle, can never
@@ -44,8 +45,28 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include "cuda/cuda_internal.h"
+
+#if defined(__x86_64__)
+/* tk_emu_switch(&save, to): saves the callee-saved registers on the current
+ * stack and its pointer in *save, then resumes the stack `to` (saved the
+ * same way, or laid out by tk_emu_ctx_new). */
+extern "C" void tk_emu_switch(void **save, void *to);
+__asm__(".text\n"
+        ".p2align 4\n"
+        "tk_emu_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n");
+typedef void *tk_emu_ctx;
+#define TK_EMU_SWITCH(from, to) tk_emu_switch((from), *(to))
+#else
+#include <ucontext.h>
+typedef ucontext_t tk_emu_ctx;
+#define TK_EMU_SWITCH(from, to) swapcontext((from), (to))
+#endif
 
 #ifdef __SANITIZE_ADDRESS__
 #include <sanitizer/common_interface_defs.h>
@@ -72,7 +93,7 @@ static size_t tk_emu_dyn_bytes;
 enum { TK_EMU_RUN, TK_EMU_BAR, TK_EMU_SHFL, TK_EMU_DONE };
 
 struct tk_emu_fiber {
-    ucontext_t uc;
+    tk_emu_ctx uc;
     int state;      /* TK_EMU_* */
     int lane_mask;  /* a waiting shuffle's xor mask */
     uint64_t post;  /* the value it offers */
@@ -80,7 +101,7 @@ struct tk_emu_fiber {
 };
 
 struct tk_emu_state {
-    ucontext_t sched;
+    tk_emu_ctx sched;
     tk_emu_fiber f[TK_EMU_MAX_THREADS];
     char *stacks;                /* TK_EMU_MAX_THREADS stacks, mapped on first use */
     int cur;                     /* the fiber running now */
@@ -99,7 +120,7 @@ static inline void tk_emu_yield(int state) {
     void *fake = NULL;
     __sanitizer_start_switch_fiber(state == TK_EMU_DONE ? NULL : &fake, tk_emu.sched_bottom, tk_emu.sched_size);
 #endif
-    swapcontext(&f->uc, &tk_emu.sched);
+    TK_EMU_SWITCH(&f->uc, &tk_emu.sched);
 #ifdef TK_EMU_ASAN
     __sanitizer_finish_switch_fiber(fake, &tk_emu.sched_bottom, &tk_emu.sched_size);
 #endif
@@ -125,7 +146,7 @@ static inline void tk_emu_resume(int i) {
     __sanitizer_start_switch_fiber(&fake, tk_emu.stacks + (size_t)i * TK_EMU_STACK + TK_EMU_GUARD,
                                    TK_EMU_STACK - TK_EMU_GUARD);
 #endif
-    swapcontext(&tk_emu.sched, &tk_emu.f[i].uc);
+    TK_EMU_SWITCH(&tk_emu.sched, &tk_emu.f[i].uc);
 #ifdef TK_EMU_ASAN
     __sanitizer_finish_switch_fiber(fake, NULL, NULL);
 #endif
@@ -160,15 +181,28 @@ static inline unsigned atomicOr(unsigned *p, unsigned v) { unsigned o = *p; *p =
     abort();
 }
 
-/* A fresh fiber for thread i (out of line: getcontext returns twice, as
- * setjmp does, and locals of its caller must not be live across it). */
+/* A fresh fiber for thread i, to start in tk_emu_fiber_main. */
 __attribute__((noinline)) static void tk_emu_fiber_new(int i) {
     tk_emu_fiber *f = &tk_emu.f[i];
+    char *lo = tk_emu.stacks + (size_t)i * TK_EMU_STACK + TK_EMU_GUARD;
+#if defined(__x86_64__)
+    /* From the top: a zero return address for the entry function (it never
+     * returns; the entry then sees the stack as after a call, 8 mod 16), the
+     * entry's address for tk_emu_switch's ret, six zero registers. */
+    void **sp = (void **)(tk_emu.stacks + (size_t)(i + 1) * TK_EMU_STACK);
+    *--sp = NULL;
+    *--sp = (void *)tk_emu_fiber_main;
+    for (int r = 0; r < 6; r++) *--sp = NULL;
+    f->uc = sp;
+    (void)lo;
+#else
+    /* out of line: getcontext returns twice, as setjmp does */
     getcontext(&f->uc);
-    f->uc.uc_stack.ss_sp = tk_emu.stacks + (size_t)i * TK_EMU_STACK + TK_EMU_GUARD;
+    f->uc.uc_stack.ss_sp = lo;
     f->uc.uc_stack.ss_size = TK_EMU_STACK - TK_EMU_GUARD;
     f->uc.uc_link = NULL;
     makecontext(&f->uc, tk_emu_fiber_main, 0);
+#endif
     f->state = TK_EMU_RUN;
 }
 

@@ -263,13 +263,13 @@ int tk_batches_count(const tk_batches *b) { return b->nb; }
 int tk_batches_max_T(const tk_batches *b) { return b->max_T; }
 const tk_features *tk_batches_features(const tk_batches *b) { return b->f; }
 
-void tk_batch_clear(tk_batch *b) {
+void tk_data_batch_clear(tk_data_batch *b) {
     if (!b) return;
     free(b->input_ids); /* one block carries every array */
     memset(b, 0, sizeof *b);
 }
 
-tk_status tk_batches_get(const tk_batches *cb, int epoch, int i, tk_batch *out, tk_err *err) {
+tk_status tk_batches_get(const tk_batches *cb, int epoch, int i, tk_data_batch *out, tk_err *err) {
     tk_batches *b = (tk_batches *)cb; /* the epoch cache is the only state changed */
     if (i < 0 || i >= b->nb || epoch < 0) {
         tk_err_set(err, TK_EINVAL, "batch %d of epoch %d out of range (%d batches)", i, epoch, b->nb);

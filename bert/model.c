@@ -360,10 +360,58 @@ static void shape_str(char *b, size_t n, int nd, const int64_t *sh) {
     if (k < n) snprintf(b + k, n - k, "]");
 }
 
-static void report_add(char *report, size_t report_n, const char *fmt, const char *a) {
-    if (!report || !report_n) return;
-    size_t k = strlen(report);
-    if (k + 1 < report_n) snprintf(report + k, report_n - k, fmt, a);
+/* A list of tensor names for a person: complete, with names of one module
+ * grouped ("cls.predictions.* (6 tensors)") when three or more share it. A
+ * module is the name up to its second dot, or its fourth for
+ * "x.encoder.layer.N.*", so each encoder layer is its own group. New string
+ * (free()), or NULL when n is 0 or memory runs out. */
+static size_t group_key(const char *name) {
+    const char *p = name;
+    int dots = 0, want = 2;
+    if (!strncmp(name, "bert.encoder.layer.", 19) || !strncmp(name, "encoder.layer.", 14))
+        want = name[0] == 'b' ? 4 : 3;
+    for (; *p; p++)
+        if (*p == '.' && ++dots == want) return (size_t)(p - name);
+    return strlen(name);
+}
+
+char *tk_names_grouped(const char *const *names, int n) {
+    if (n <= 0) return NULL;
+    size_t cap = 64;
+    for (int i = 0; i < n; i++) cap += strlen(names[i]) + 24;
+    char *out = malloc(cap), *done = calloc((size_t)n, 1);
+    if (!out || !done) {
+        free(out);
+        free(done);
+        return NULL;
+    }
+    size_t k = 0;
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (done[i]) continue;
+        size_t kl = group_key(names[i]);
+        int count = 0;
+        for (int j = i; j < n; j++)
+            if (!done[j] && group_key(names[j]) == kl && !strncmp(names[j], names[i], kl)) count++;
+        const char *sep = k ? ", " : "";
+        if (count >= 3 && kl < strlen(names[i])) {
+            k += (size_t)snprintf(out + k, cap - k, "%s%.*s.* (%d tensors)", sep, (int)kl, names[i], count);
+            for (int j = i; j < n; j++)
+                if (!done[j] && group_key(names[j]) == kl && !strncmp(names[j], names[i], kl)) done[j] = 1;
+        } else {
+            k += (size_t)snprintf(out + k, cap - k, "%s%s", sep, names[i]);
+            done[i] = 1;
+        }
+    }
+    free(done);
+    return out;
+}
+
+void tk_load_report_clear(tk_load_report *r) {
+    if (!r) return;
+    free(r->new_names);
+    free(r->unused_names);
+    memset(r, 0, sizeof *r);
 }
 
 /* Finds the checkpoint entry for a parameter: with or without "bert.", and
@@ -383,24 +431,27 @@ static const tk_st_entry *find_entry(const tk_st_file *f, const char *name) {
     return e;
 }
 
-tk_status tk_model_load_hf(tk_model *m, const char *path, int *n_init_missing, char *report,
-                           size_t report_n, tk_err *err) {
+tk_status tk_model_load_hf(tk_model *m, const char *path, tk_load_report *rep, tk_err *err) {
     char file[TK_PATH_MAX + 32];
     if (is_dir(path)) snprintf(file, sizeof file, "%s/model.safetensors", path);
     else snprintf(file, sizeof file, "%s", path);
-    if (report && report_n) report[0] = 0;
-    if (n_init_missing) *n_init_missing = 0;
+    tk_load_report_clear(rep);
     tk_st_file *f = tk_st_open(file, err);
     if (!f) return err ? err->status : TK_EIO;
     tk_status st = TK_OK;
     float *buf = NULL;
     size_t bufn = 0;
     int is_meta = tk_dev_kind_of(m->dev) == TK_DEV_META;
-    char *used = calloc((size_t)tk_st_count(f) + 1, 1);
-    if (!used) {
-        tk_st_close(&f);
+    int nst = tk_st_count(f);
+    char *used = calloc((size_t)nst + 1, 1);
+    /* names for the lists: missing required, newly initialised, unused */
+    const char **missing = calloc((size_t)m->np + 1, sizeof *missing);
+    const char **fresh = calloc((size_t)m->np + 1, sizeof *fresh);
+    const char **unused = calloc((size_t)nst + 1, sizeof *unused);
+    int n_missing = 0, n_fresh = 0, n_unused = 0;
+    if (!used || !missing || !fresh || !unused) {
         tk_err_set(err, TK_EINVAL, "model: out of host memory");
-        return TK_EINVAL;
+        st = TK_EINVAL;
     }
     /* Pass 1: check every name, shape and dtype before touching weights. */
     for (int i = 0; i < m->np && st == TK_OK; i++) {
@@ -408,13 +459,8 @@ tk_status tk_model_load_hf(tk_model *m, const char *path, int *n_init_missing, c
         const tk_st_entry *e = find_entry(f, s->name);
         int optional = i >= (m->pool >= 0 ? m->pool : m->head);
         if (!e) {
-            if (!optional) {
-                char want[64];
-                shape_str(want, sizeof want, s->w.ndim, s->w.shape);
-                tk_err_set(err, TK_EFORMAT, "%s: tensor '%s' (shape %s) is missing", file, s->name,
-                           want);
-                st = TK_EFORMAT;
-            }
+            if (optional) fresh[n_fresh++] = s->name;
+            else missing[n_missing++] = s->name;
             continue;
         }
         used[e - tk_st_at(f, 0)] = 1;
@@ -436,15 +482,18 @@ tk_status tk_model_load_hf(tk_model *m, const char *path, int *n_init_missing, c
             st = TK_EFORMAT;
         }
     }
+    if (st == TK_OK && n_missing) {
+        char *list = tk_names_grouped(missing, n_missing);
+        tk_err_set(err, TK_EFORMAT, "%s: %d encoder tensor%s missing: %s", file, n_missing,
+                   n_missing == 1 ? " is" : "s are", list ? list : missing[0]);
+        free(list);
+        st = TK_EFORMAT;
+    }
     /* Pass 2: copy (or initialise what is optional and absent). */
     for (int i = 0; i < m->np && st == TK_OK; i++) {
         pslot *s = &m->ps[i];
         const tk_st_entry *e = find_entry(f, s->name);
         if (!e) {
-            if (n_init_missing) (*n_init_missing)++;
-            if (strcmp(s->name + strlen(s->name) - 7, ".weight") == 0)
-                report_add(report, report_n, "%s: not in the checkpoint, newly initialized\n",
-                           s->owner);
             if (!is_meta) st = init_slot(m, i, m->o.seed, err);
             continue;
         }
@@ -465,15 +514,54 @@ tk_status tk_model_load_hf(tk_model *m, const char *path, int *n_init_missing, c
     }
     /* What the checkpoint has that the model does not use (an MLM head, a
      * head of another task): ignored, as HF does, and reported. */
-    for (int i = 0; st == TK_OK && i < tk_st_count(f); i++) {
+    for (int i = 0; st == TK_OK && i < nst; i++) {
         const tk_st_entry *e = tk_st_at(f, i);
-        if (used[i] || strstr(e->name, "position_ids")) continue;
-        report_add(report, report_n, "%s: in the checkpoint but not used by this model\n", e->name);
+        if (!used[i] && !strstr(e->name, "position_ids")) unused[n_unused++] = e->name;
     }
+    if (st == TK_OK && rep) {
+        rep->n_new = n_fresh;
+        rep->n_unused = n_unused;
+        rep->new_names = tk_names_grouped(fresh, n_fresh);
+        rep->unused_names = tk_names_grouped(unused, n_unused);
+    }
+    free(missing);
+    free(fresh);
+    free(unused);
     free(used);
     free(buf);
     tk_st_close(&f);
     return st;
+}
+
+/* An HF folder with model.safetensors, or a .safetensors file. */
+static int has_weights(const char *model) {
+    char p[TK_PATH_MAX + 32];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/model.safetensors", model);
+    if (stat(p, &st) == 0) return 1;
+    return strstr(model, ".safetensors") && stat(model, &st) == 0;
+}
+
+tk_model *tk_model_from_config(tk_dev *d, const tk_config *c, tk_load_report *rep, int *random_init,
+                               tk_err *err) {
+    tk_load_report_clear(rep);
+    if (random_init) *random_init = 0;
+    tk_model_opts mo;
+    if (tk_model_opts_from_config(&mo, c, err) != TK_OK) return NULL;
+    tk_model *m = tk_model_new(d, &mo, err);
+    if (!m) return NULL;
+    tk_status st;
+    if (has_weights(c->model)) {
+        st = tk_model_load_hf(m, c->model, rep, err);
+    } else {
+        st = tk_model_init_random(m, c->seed, err);
+        if (random_init) *random_init = 1;
+    }
+    if (st != TK_OK) {
+        tk_load_report_clear(rep);
+        tk_model_destroy(&m);
+    }
+    return m;
 }
 
 tk_status tk_model_save_hf(tk_model *m, const char *dir, tk_err *err) {

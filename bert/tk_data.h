@@ -156,9 +156,9 @@ void tk_features_destroy(tk_features **p);
 /* ---- batching ------------------------------------------------------------ */
 
 /* One batch as host int32 arrays, row-major [B, T]. Start from a zeroed
- * tk_batch; tk_batches_get fills it, growing its one block of memory when a
- * batch needs more; the arrays are owned by the tk_batch (tk_batch_clear). */
-typedef struct tk_batch {
+ * tk_data_batch; tk_batches_get fills it, growing its one block of memory when a
+ * batch needs more; the arrays are owned by the tk_data_batch (tk_data_batch_clear). */
+typedef struct tk_data_batch {
     int B, T;                  /* rows and padded length */
     int32_t *input_ids, *token_type_ids, *attention_mask; /* B*T; pad id, 0, 0 in padding */
     int32_t *labels;           /* B (classification) or NULL */
@@ -166,8 +166,8 @@ typedef struct tk_batch {
     int32_t *index;            /* B: feature index of each row */
     int64_t real_tokens;       /* sum of lengths (non-pad) */
     int cap;                   /* allocated B*T */
-} tk_batch;
-void tk_batch_clear(tk_batch *b);
+} tk_data_batch;
+void tk_data_batch_clear(tk_data_batch *b);
 
 typedef struct tk_batches tk_batches;
 
@@ -188,7 +188,7 @@ int tk_batches_max_T(const tk_batches *b);          /* longest padded length of 
 const tk_features *tk_batches_features(const tk_batches *b);
 /* Fills `out` with batch i of epoch `epoch` (0-based). The order of an epoch
  * depends only on (seed, epoch). Not thread-safe (caches the epoch's order). */
-tk_status tk_batches_get(const tk_batches *b, int epoch, int i, tk_batch *out, tk_err *err);
+tk_status tk_batches_get(const tk_batches *b, int epoch, int i, tk_data_batch *out, tk_err *err);
 
 /* ---- statistics ---------------------------------------------------------- */
 

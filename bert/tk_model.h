@@ -135,19 +135,43 @@ const tk_param *tk_model_param_find(const tk_model *m, const char *name);
  * weights on every backend (no-op on meta). */
 tk_status tk_model_init_random(tk_model *m, uint64_t seed, tk_err *err);
 
+/* What loading a checkpoint did, as transformers reports it: the
+ * parameters the checkpoint lacks and that were newly initialised (pooler,
+ * head), and the checkpoint tensors this model does not use (an MLM head,
+ * say), which are ignored. Each list is complete, with names that share a
+ * module grouped when there are several ("cls.predictions.* (6 tensors)");
+ * NULL when empty. Owned: tk_load_report_clear frees them. */
+typedef struct tk_load_report {
+    int n_new, n_unused;
+    char *new_names;
+    char *unused_names;
+} tk_load_report;
+void tk_load_report_clear(tk_load_report *r);
+/* n tensor names as one comma-separated line, complete, with the names of one
+ * module grouped when three or more share it ("cls.predictions.* (6
+ * tensors)"; each encoder layer is a module). New string (free()); NULL when
+ * n is 0 or out of memory. */
+char *tk_names_grouped(const char *const *names, int n);
+
 /* Loads weights from an HF folder's model.safetensors (or a .safetensors
  * file). Names with or without "bert."; LayerNorm.gamma/beta accepted;
  * bert.embeddings.position_ids ignored. Pooler and head may be absent: they
- * are then initialised at random and *n_init_missing (may be NULL) counts
- * them; `report` (may be NULL, size report_n) receives one line per
- * initialised module, as HF warns "newly initialized", and one per
- * checkpoint tensor the model does not use (an MLM head, say), which is
- * ignored as HF does. Missing encoder weights, wrong shapes and non-float
- * dtypes are errors naming the tensor, the expected and the found
- * shape/dtype. F32, F16 and BF16 are converted to f32. On meta only the
- * names, shapes and dtypes are checked. */
-tk_status tk_model_load_hf(tk_model *m, const char *path, int *n_init_missing,
-                           char *report, size_t report_n, tk_err *err);
+ * are then initialised at random and listed in `rep` (may be NULL; cleared
+ * first), with the checkpoint's tensors that are not used. Missing encoder
+ * weights (all of them named, grouped), wrong shapes and non-float dtypes
+ * are errors naming the tensor, the expected and the found shape/dtype. F32,
+ * F16 and BF16 are converted to f32. On meta only the names, shapes and
+ * dtypes are checked. */
+tk_status tk_model_load_hf(tk_model *m, const char *path, tk_load_report *rep, tk_err *err);
+
+/* The model config c describes, on d, with its weights: loaded from the
+ * model folder's model.safetensors (or a .safetensors file) when there is
+ * one — `rep` (may be NULL) says what was newly initialised and what the
+ * checkpoint had that is not used — else initialised at random with c's
+ * seed (*random_init = 1; may be NULL). New model, or NULL with err; on
+ * TK_EOOM the device's last OOM record says what was being allocated. */
+tk_model *tk_model_from_config(tk_dev *d, const tk_config *c, tk_load_report *rep, int *random_init,
+                               tk_err *err);
 
 /* Writes every parameter under its HF name (with "bert.") to
  * <dir>/model.safetensors and config.json to <dir>/config.json, each

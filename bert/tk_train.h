@@ -186,16 +186,6 @@ tk_status tk_train_run(const tk_config *c, tk_model *model, const tk_batch *trai
                        const tk_batch *dev, int n_dev, const tk_train_callbacks *cb,
                        tk_train_result *r, tk_err *err);
 
-/* The whole `txk train` / %%txtrain path for a config on device `d`: reads
- * and batches the data (tk_trainset.h), fills num_labels and, for a preset,
- * vocab_size from the data, builds the model (weights from an HF folder's
- * model.safetensors, else random init with c->seed), then tk_train_run.
- * *model_out (may be NULL: the model is destroyed) receives the trained
- * model (new reference), also after a cancel or an OOM; NULL when the model
- * could not be built. */
-tk_status tk_train_config(const tk_config *c, tk_dev *d, const tk_train_callbacks *cb,
-                          tk_model **model_out, tk_train_result *r, tk_err *err);
-
 /* What tk_train_measure saw. */
 typedef struct tk_measure {
     size_t peak_allocated, peak_reserved; /* the caching allocator, over the measured run */

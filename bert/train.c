@@ -27,7 +27,6 @@
 #include <time.h>
 
 #include "tk_train.h"
-#include "cuda/tk_cuda.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -84,8 +83,8 @@ static void epoch_order(int *order, int n, uint64_t seed, int epoch) {
 #define TK_MAX_ANSWER_TOKENS 30
 
 typedef struct {
-    double loss_sum;
-    int64_t n_batches, n_rows, n_correct;
+    double loss_sum;           /* sum of per-example losses */
+    int64_t loss_rows, n_rows, n_correct;
     int num_labels;
     int64_t *tp, *fp, *fn;     /* classification, per class */
     double em_sum, f1_sum;     /* span */
@@ -183,15 +182,19 @@ static tk_status evaluate(tk_model *m, const tk_batch *dev, int n_dev, tk_epoch_
         st = tk_model_forward_eval(m, &dev[i], &loss, logits, err);
         if (st != TK_OK)
             break;
-        e.loss_sum += loss;
-        e.n_batches++;
+        /* the mean over examples (HF Trainer's eval_loss): each batch's mean
+         * weighs by the rows it averaged (labelled rows; every row for span) */
+        int rows = 0;
+        for (int r = 0; r < dev[i].B; r++) rows += span || !dev[i].labels || dev[i].labels[r] >= 0;
+        e.loss_sum += (double)loss * rows;
+        e.loss_rows += rows;
         if (span)
             eval_span(&e, &dev[i], logits);
         else
             eval_classify(&e, &dev[i], logits);
     }
     if (st == TK_OK) {
-        es->dev_loss = e.n_batches ? (float)(e.loss_sum / (double)e.n_batches) : NAN;
+        es->dev_loss = e.loss_rows ? (float)(e.loss_sum / (double)e.loss_rows) : NAN;
         if (span) {
             es->dev_em = e.n_rows ? (float)(100.0 * e.em_sum / (double)e.n_rows) : NAN;
             es->dev_span_f1 = e.n_rows ? (float)(100.0 * e.f1_sum / (double)e.n_rows) : NAN;
@@ -326,7 +329,7 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
         st = TK_EINVAL;
         goto out;
     }
-    if (c->resume_from[0] && (st = tk_model_load_hf(m, c->resume_from, NULL, NULL, 0, err)) != TK_OK)
+    if (c->resume_from[0] && (st = tk_model_load_hf(m, c->resume_from, NULL, err)) != TK_OK)
         goto out;
     /* Gradients before optimizer state, as in PyTorch (first backward, then
      * first step); the grad tensors must exist for the optimizer's table. */

@@ -26,6 +26,7 @@
 #include "tk_config.h"
 #include "tk_kernel.h"
 #include "tk_magics.h"
+#include "tk_pipeline.h"
 #include "tk_plan.h"
 #include "tk_render.h"
 #include "tk_session.h"
@@ -151,18 +152,29 @@ static int cmd_plan(int argc, char **argv) {
         json_decref(b);
         return EXIT_OK;
     }
+    /* with a train_file, the plan is of the run's model and corpus (labels,
+     * longest example), made by the same pipeline as `txk train` */
+    tk_session *s = tk_session_new();
+    tk_run_data data;
     tk_plan_result p;
-    if (tk_plan(&c, NULL, 0, &p, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
+    if (!s || tk_session_load_data(s, &c, &data, &err) != TK_OK ||
+        tk_plan(&c, data.lengths, data.n_lengths, &p, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", s ? err.msg : "out of host memory");
+        if (s) tk_run_data_clear(&data);
+        tk_session_destroy(&s);
         return EXIT_ERR;
     }
     b = tk_report_plan(&p, 0);
     tk_report_add_head_note(b, &c, &p);
     tk_tensor_info big[8];
     int nb = 0;
-    if (tk_plan_tensors_at_peak(&c, NULL, 0, big, 8, &nb, &err) == TK_OK) tk_report_add_tensors(b, big, nb);
+    if (tk_plan_tensors_at_peak(&c, data.lengths, data.n_lengths, big, 8, &nb, &err) == TK_OK)
+        tk_report_add_tensors(b, big, nb);
+    tk_report_add_data(b, &data);
     emit(b, json);
     json_decref(b);
+    tk_run_data_clear(&data);
+    tk_session_destroy(&s);
     return p.fits ? EXIT_OK : EXIT_PLAN_OOM;
 }
 
@@ -302,9 +314,11 @@ static int cmd_advise(int argc, char **argv) {
         return EXIT_USAGE;
     }
     tk_run_data data;
-    memset(&data, 0, sizeof data);
-    if (c.train_file[0] && tk_run_data_load(&c, &data, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
+    tk_session *s = tk_session_new();
+    tk_status dst = s ? tk_session_load_data(s, &c, &data, &err) : TK_EINVAL;
+    tk_session_destroy(&s);
+    if (dst != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg[0] ? err.msg : "out of host memory");
         return EXIT_ERR;
     }
     tk_advise_input in = {.config = &c, .lengths = (const int32_t *)data.lengths, .n_lengths = data.n_lengths,

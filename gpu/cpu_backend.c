@@ -44,22 +44,20 @@
 /* ---- context ------------------------------------------------------------ */
 
 typedef struct cpu_ctx {
-    int nt;              /* threads for OpenMP regions and OpenBLAS */
+    tk_cpu_ctx_head head; /* first: the thread count (tk_backend_impl.h) */
     size_t capacity;     /* simulated capacity (0: physical RAM) */
     size_t reserved;     /* bytes in live segments */
     float *gemm_scratch; /* f32 panels for 16-bit GEMM operands; grows, never shrinks */
     size_t gemm_scratch_n;
 } cpu_ctx;
 
-int tk_cpu_ctx_threads(void *ctx) { return ((cpu_ctx *)ctx)->nt; }
-
 void *tk_cpu_ctx_new(const tk_dev_opts *opts) {
     cpu_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->nt = (opts && opts->threads > 0) ? opts->threads : omp_get_num_procs();
-    if (c->nt < 1) c->nt = 1;
+    c->head.threads = (opts && opts->threads > 0) ? opts->threads : omp_get_num_procs();
+    if (c->head.threads < 1) c->head.threads = 1;
     c->capacity = opts ? opts->capacity : 0;
-    openblas_set_num_threads(c->nt);
+    openblas_set_num_threads(c->head.threads);
     return c;
 }
 
@@ -110,7 +108,7 @@ static void cpu_info(void *ctx, tk_dev_info *out) {
     out->total = total;
     out->free_bytes = total > c->reserved ? total - c->reserved : 0;
     out->simulated = 1;
-    snprintf(out->runtime, sizeof out->runtime, "openblas %d threads", c->nt);
+    snprintf(out->runtime, sizeof out->runtime, "openblas %d threads", c->head.threads);
 }
 
 /* ---- dtype conversion ----------------------------------------------------
@@ -329,13 +327,13 @@ static int gemm_scratch(cpu_ctx *c, size_t n) {
 }
 
 static void par_to_f32(cpu_ctx *c, float *dst, const tk_tensor *t, int64_t off, int64_t n) {
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++)
         to_f32(dst + ci * CH, t->data, t->dtype, off + ci * CH, CHUNK_LEN(n, ci));
 }
 
 static void par_from_f32(cpu_ctx *c, tk_tensor *t, int64_t off, const float *src, int64_t n) {
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++)
         from_f32(t->data, t->dtype, off + ci * CH, src + ci * CH, CHUNK_LEN(n, ci));
 }
@@ -379,7 +377,7 @@ static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_
                 to_f32(bb, bias->data, bias->dtype, 0, N);
                 bv = bb;
             }
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (M * N > PAR_MIN)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (M * N > PAR_MIN)
             for (int64_t i = 0; i < M; i++) {
                 float *row = pc + i * N;
 #pragma omp simd
@@ -417,7 +415,7 @@ static tk_status gather(cpu_ctx *c, tk_tensor *out, const tk_tensor *in, int64_t
     const int32_t *ix = idx->data;
     for (int64_t i = 0; i < n; i++)
         if (ix[i] < 0 || (rows_in >= 0 && ix[i] >= rows_in)) return TK_EINVAL;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n * C > PAR_MIN)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n * C > PAR_MIN)
     for (int64_t i = 0; i < n; i++)
         copy_row(out->data, out->dtype, i * C, in->data, in->dtype, (int64_t)ix[i] * C, C);
     return TK_OK;
@@ -430,7 +428,7 @@ static tk_status scatter_add(cpu_ctx *c, tk_tensor *dst, int64_t rows_dst, const
     const int32_t *ix = idx->data;
     for (int64_t i = 0; i < n; i++)
         if (ix[i] < 0 || (rows_dst >= 0 && ix[i] >= rows_dst)) return TK_EINVAL;
-    int nt = (n * C > PAR_MIN) ? c->nt : 1;
+    int nt = (n * C > PAR_MIN) ? c->head.threads : 1;
     int64_t cw = ((C + nt - 1) / nt + 15) / 16 * 16;
     int64_t nblk = (C + cw - 1) / cw;
     int all32 = dst->dtype == TK_F32 && src->dtype == TK_F32;
@@ -491,7 +489,7 @@ static tk_status cpu_scatter_add_rows(void *ctx, tk_tensor *din, const tk_tensor
 static tk_status heads(cpu_ctx *c, tk_tensor *out, const tk_tensor *in, int64_t B, int64_t T,
                        int64_t NH, int64_t HS, int split) {
     int64_t rows = B * T * NH;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (rows * HS > PAR_MIN)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (rows * HS > PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         int64_t b = r / (T * NH), t = (r / NH) % T, h = r % NH;
         int64_t o_btnh = ((b * T + t) * NH + h) * HS, o_bnth = ((b * NH + h) * T + t) * HS;
@@ -515,7 +513,7 @@ static tk_status cpu_merge_heads(void *ctx, tk_tensor *out, const tk_tensor *in,
 
 static tk_status cpu_add(void *ctx, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n) {
     cpu_ctx *c = ctx;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
         float ba[CH], bb[CH], bo[CH];
         int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
@@ -530,7 +528,7 @@ static tk_status cpu_add(void *ctx, tk_tensor *out, const tk_tensor *a, const tk
 
 static tk_status cpu_axpby(void *ctx, tk_tensor *y, float alpha, const tk_tensor *x, float beta, int64_t n) {
     cpu_ctx *c = ctx;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
         float bx[CH], by[CH];
         int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
@@ -553,11 +551,11 @@ static tk_status cpu_fill(void *ctx, tk_tensor *t, float value, int64_t n) {
     cpu_ctx *c = ctx;
     if (t->dtype == TK_F32) {
         float *p = t->data;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN)
         for (int64_t i = 0; i < n; i++) p[i] = value;
     } else if (t->dtype == TK_F16 || t->dtype == TK_BF16) {
         uint16_t v = t->dtype == TK_F16 ? f2h(value) : f2bf(value), *p = t->data;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN)
         for (int64_t i = 0; i < n; i++) p[i] = v;
     } else if (t->dtype == TK_I32) {
         int32_t v = (int32_t)value, *p = t->data;
@@ -573,7 +571,7 @@ static tk_status cpu_fill(void *ctx, tk_tensor *t, float value, int64_t n) {
 
 static tk_status cpu_cast(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n) {
     cpu_ctx *c = ctx;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++)
         copy_row(out->data, out->dtype, ci * CH, in->data, in->dtype, ci * CH, CHUNK_LEN(n, ci));
     return TK_OK;
@@ -581,7 +579,7 @@ static tk_status cpu_cast(void *ctx, tk_tensor *out, const tk_tensor *in, int64_
 
 static tk_status cpu_gelu_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n) {
     cpu_ctx *c = ctx;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 8)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN / 8)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
         float bx[CH], bo[CH];
         int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
@@ -595,7 +593,7 @@ static tk_status cpu_gelu_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, in
 
 static tk_status cpu_gelu_bwd(void *ctx, tk_tensor *din, const tk_tensor *in, const tk_tensor *dout, int64_t n) {
     cpu_ctx *c = ctx;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 8)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN / 8)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
         float bx[CH], bd[CH], bo[CH];
         int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
@@ -609,7 +607,7 @@ static tk_status cpu_gelu_bwd(void *ctx, tk_tensor *din, const tk_tensor *in, co
 
 static tk_status cpu_tanh_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n) {
     cpu_ctx *c = ctx;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 8)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN / 8)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
         float bx[CH], bo[CH];
         int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
@@ -623,7 +621,7 @@ static tk_status cpu_tanh_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, in
 
 static tk_status cpu_tanh_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout, int64_t n) {
     cpu_ctx *c = ctx;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
         float by[CH], bd[CH], bo[CH];
         int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
@@ -644,7 +642,7 @@ static tk_status cpu_dropout_fwd(void *ctx, tk_tensor *out, tk_tensor *mask, con
     uint64_t key = tk_dropout_key(seed);
     float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
     uint8_t *mk = mask ? mask->data : NULL;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 4)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN / 4)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
         float bx[CH], bo[CH];
         int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
@@ -680,7 +678,7 @@ static tk_status cpu_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, t
     cpu_ctx *c = ctx;
     int failed = 0;
     float *mu = mean ? mean->data : NULL, *rs = rstd ? rstd->data : NULL;
-#pragma omp parallel num_threads(c->nt) if (N * C > PAR_MIN)
+#pragma omp parallel num_threads(c->head.threads) if (N * C > PAR_MIN)
     {
         float *buf = malloc((size_t)C * 4 * sizeof(float));
         if (!buf) {
@@ -727,7 +725,7 @@ static tk_status cpu_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_
                                    const tk_tensor *mean, const tk_tensor *rstd,
                                    int64_t N, int64_t C, int accumulate) {
     cpu_ctx *c = ctx;
-    int nt = (N * C > PAR_MIN) ? c->nt : 1;
+    int nt = (N * C > PAR_MIN) ? c->head.threads : 1;
     float *part = calloc((size_t)nt * 2 * C, sizeof(float));
     if (!part) return TK_EDEVICE;
     int failed = 0;
@@ -797,7 +795,7 @@ static tk_status cpu_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in,
     int64_t rows = B * NH * T;
     const int32_t *mk = mask ? mask->data : NULL;
     int failed = 0;
-#pragma omp parallel num_threads(c->nt) if (rows * T > PAR_MIN / 4)
+#pragma omp parallel num_threads(c->head.threads) if (rows * T > PAR_MIN / 4)
     {
         int need = in->dtype != TK_F32 || out->dtype != TK_F32;
         float *buf = need ? malloc((size_t)T * 2 * sizeof(float)) : NULL;
@@ -847,7 +845,7 @@ static tk_status cpu_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out
                                  int64_t rows, int64_t T, float scale) {
     cpu_ctx *c = ctx;
     int failed = 0;
-#pragma omp parallel num_threads(c->nt) if (rows * T > PAR_MIN / 4)
+#pragma omp parallel num_threads(c->head.threads) if (rows * T > PAR_MIN / 4)
     {
         int need = din->dtype != TK_F32 || out->dtype != TK_F32 || dout->dtype != TK_F32;
         float *buf = need ? malloc((size_t)T * 3 * sizeof(float)) : NULL;
@@ -900,7 +898,7 @@ static tk_status cpu_xent_fwd(void *ctx, tk_tensor *losses, tk_tensor *probs, co
         if (lab[i] >= V) return TK_EINVAL;
     float *loss = losses->data;
     int failed = 0;
-#pragma omp parallel num_threads(c->nt) if (N * V > PAR_MIN / 4)
+#pragma omp parallel num_threads(c->head.threads) if (N * V > PAR_MIN / 4)
     {
         float *buf = malloc((size_t)V * 2 * sizeof(float));
         if (!buf) {
@@ -928,7 +926,7 @@ static tk_status cpu_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *lo
     for (int64_t i = 0; i < N; i++)
         if (lab[i] >= V) return TK_EINVAL;
     int failed = 0;
-#pragma omp parallel num_threads(c->nt) if (N * V > PAR_MIN / 4)
+#pragma omp parallel num_threads(c->head.threads) if (N * V > PAR_MIN / 4)
     {
         float *buf = malloc((size_t)V * 2 * sizeof(float));
         if (!buf) {
@@ -959,7 +957,7 @@ static tk_status cpu_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *lo
 /* db[c] += sum_n dout[n,c]; threads own column ranges (same result for any count). */
 static tk_status cpu_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, int64_t N, int64_t C) {
     cpu_ctx *c = ctx;
-    int nt = (N * C > PAR_MIN) ? c->nt : 1;
+    int nt = (N * C > PAR_MIN) ? c->head.threads : 1;
     int64_t cw = ((C + nt - 1) / nt + 15) / 16 * 16;
     int64_t nblk = (C + cw - 1) / cw;
     int failed = 0;
@@ -993,7 +991,7 @@ static tk_status cpu_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, 
 
 static tk_status cpu_sumsq(void *ctx, tk_tensor *out, const tk_tensor *x, int64_t n, int accumulate) {
     cpu_ctx *c = ctx;
-    int nt = (n > PAR_MIN) ? (c->nt < SUMSQ_MAXT ? c->nt : SUMSQ_MAXT) : 1;
+    int nt = (n > PAR_MIN) ? (c->head.threads < SUMSQ_MAXT ? c->head.threads : SUMSQ_MAXT) : 1;
     double part[SUMSQ_MAXT] = {0};
     /* Chunk ci always goes to thread ci % nt and partials are added in thread
      * order: the same n and thread count give the same bits. */
@@ -1065,7 +1063,7 @@ static tk_status cpu_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, t
     cpu_ctx *c = ctx;
     adam_k k = adam_consts(hp);
     float *p = param->data, *mm = m->data, *vv = v->data;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 4)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN / 4)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
         float bg[CH];
         int64_t off = ci * CH, len = CHUNK_LEN(n, ci);
@@ -1086,7 +1084,7 @@ static tk_status cpu_adamw8(void *ctx, tk_tensor *param, const tk_tensor *grad,
     int8_t *mq = m->data;
     uint8_t *vq = v->data;
     int64_t nb = (n + TK_Q8_BLOCK - 1) / TK_Q8_BLOCK;
-#pragma omp parallel for num_threads(c->nt) schedule(static) if (n > PAR_MIN / 4)
+#pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN / 4)
     for (int64_t bi = 0; bi < nb; bi++) {
         float bg[TK_Q8_BLOCK], bm[TK_Q8_BLOCK], bv[TK_Q8_BLOCK];
         int64_t off = bi * TK_Q8_BLOCK, len = n - off < TK_Q8_BLOCK ? n - off : TK_Q8_BLOCK;

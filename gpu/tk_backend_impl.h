@@ -101,9 +101,14 @@ typedef struct tk_backend {
 const tk_backend *tk_backend_cpu(void);
 void *tk_cpu_ctx_new(const tk_dev_opts *opts);
 
-/* The cpu backend's thread count (ctx from tk_cpu_ctx_new), and its fused
- * attention (gpu/cpu_attention.c), registered in the cpu table. */
-int tk_cpu_ctx_threads(void *ctx);
+/* The cpu backend's context starts with its thread count, so the units that
+ * make up the backend (cpu_backend.c, cpu_attention.c) read it without
+ * calling each other. */
+typedef struct tk_cpu_ctx_head {
+    int threads;         /* for OpenMP regions and OpenBLAS */
+} tk_cpu_ctx_head;
+static inline int tk_cpu_ctx_threads(void *ctx) { return ((const tk_cpu_ctx_head *)ctx)->threads; }
+/* Its fused attention (gpu/cpu_attention.c), registered in the cpu table. */
 tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
                                const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
                                int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,

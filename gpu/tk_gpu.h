@@ -254,6 +254,43 @@ void tk_dev_cost_reset(tk_dev *d);
 /* Waits for all queued work (cuda); no-op elsewhere. */
 tk_status tk_dev_sync(tk_dev *d, tk_err *err);
 
+/* Device memory as the cuda plugin sees it (CUPTI's records, the allocator's
+ * segments, the plugin's own buffers). Declared here, not in the plugin's
+ * header, so the layers above gpu/ read it without knowing the plugin. */
+#define TK_CUDA_MAX_SOURCES 16
+
+typedef struct tk_cuda_mem_totals {
+    int cupti_active;            /* 1: CUPTI records device memory; 0: see cupti_error */
+    char cupti_error[256];       /* why CUPTI is off (e.g. another profiler subscribed) */
+    size_t device_live;          /* CUPTI: device bytes allocated and not yet freed */
+    size_t device_peak;          /* CUPTI: highest device_live since open */
+    size_t segments_live;        /* bytes in segments held by the caching allocator */
+    size_t segments_peak;
+    size_t plugin_bytes;         /* cuBLAS workspace + plugin scratch */
+    size_t workspace_bytes;      /* of which the cuBLAS workspace */
+    size_t outside_allocator;    /* device_live - segments_live (plugin_bytes without CUPTI) */
+    size_t device_total, device_free; /* cudaMemGetInfo now: total - free - device_live is what
+                                        no allocation record covers (the CUDA context, module
+                                        code, and other processes on the same GPU) */
+    uint64_t n_alloc_records, n_free_records;
+    uint64_t dropped_records;    /* CUPTI records lost for lack of buffer space */
+    uint64_t n_kernels;          /* kernels CUPTI timed */
+    double kernel_ns;            /* their total duration */
+    int n_sources;
+    struct {
+        char name[64];           /* the library that asked, e.g. "libcublasLt.so.13" */
+        size_t live, peak;
+    } sources[TK_CUDA_MAX_SOURCES];
+} tk_cuda_mem_totals;
+
+/* The totals of device d's cuda plugin (it waits for the device and flushes
+ * CUPTI's buffers first). TK_EINVAL (err says so) when d is not a cuda
+ * device. Works, with cupti_active = 0, when CUPTI could not be enabled. */
+tk_status tk_dev_cuda_mem_totals(tk_dev *d, tk_cuda_mem_totals *out, tk_err *err);
+/* Starts the device's peaks afresh from what is live now (a run then
+ * reports its own peak). */
+tk_status tk_dev_cuda_mem_reset_peak(tk_dev *d, tk_err *err);
+
 /* ---- tensors ------------------------------------------------------------ */
 
 #define TK_MAX_DIMS 4

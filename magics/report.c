@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "tk_render.h"
-#include "cuda/tk_cuda.h"
 #include "tk_session.h"
+#include "tk_pipeline.h"
 #include "tk_train.h"
 #include "tk_txmagics.h"
 
@@ -268,6 +268,33 @@ void tk_report_add_tensors(json_t *bundle, const tk_tensor_info *t, int n) {
     free(x);
     free(y);
     tk_rtable_destroy(&tb);
+}
+
+void tk_report_add_data(json_t *bundle, const tk_run_data *d) {
+    if (!d || !d->n_train) return;
+    char line[512];
+    snprintf(line, sizeof line,
+             "Data: %d training examples in %d batches, %d dev examples, %d labels (digest %016llx)\n",
+             d->n_examples, d->n_train, d->n_dev_examples, d->num_labels, (unsigned long long)d->digest);
+    const char *t = json_string_value(json_object_get(bundle, "text/plain"));
+    tk_sb sb = {0};
+    tk_sb_add(&sb, t ? t : "");
+    tk_sb_add(&sb, line);
+    tk_bundle_take(bundle, "text/plain", tk_sb_take(&sb));
+    const char *h = json_string_value(json_object_get(bundle, "text/html"));
+    tk_sb hb = {0};
+    tk_sb_add(&hb, h ? h : "");
+    tk_sb_add(&hb, "<p>");
+    tk_sb_add_html(&hb, line);
+    tk_sb_add(&hb, "</p>");
+    tk_bundle_take(bundle, "text/html", tk_sb_take(&hb));
+    char dg[20];
+    snprintf(dg, sizeof dg, "%016llx", (unsigned long long)d->digest);
+    json_t *j = json_object_get(bundle, "application/json");
+    if (j)
+        json_object_set_new(j, "data", json_pack("{s:i, s:i, s:i, s:i, s:s}", "examples", d->n_examples, "batches",
+                                                 d->n_train, "dev_examples", d->n_dev_examples, "num_labels",
+                                                 d->num_labels, "digest", dg));
 }
 
 void tk_report_add_head_note(json_t *bundle, const tk_config *c, const tk_plan_result *p) {

@@ -11,8 +11,8 @@
  *  - The device survives between runs as long as the config asks for the
  *    same kind and capacity.
  */
+#define _GNU_SOURCE /* vasprintf */
 #include "tk_session.h"
-#include "cuda/tk_cuda.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "tk_model.h"
+#include "tk_pipeline.h"
 #include "tk_train.h"
 
 struct tk_session {
@@ -183,21 +184,23 @@ static void run_epoch(void *ud, const tk_epoch_stats *e) {
 static void note(const tk_run_hooks *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void note(const tk_run_hooks *h, const char *fmt, ...) {
     if (!h || !h->on_note) return;
-    char line[1024];
+    char *line = NULL;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    int n = vasprintf(&line, fmt, ap);
     va_end(ap);
-    h->on_note(h->ud, line);
+    if (n >= 0) h->on_note(h->ud, line);
+    free(line);
 }
 
-/* An HF folder with weights: load them; otherwise start from random init. */
-static int has_weights(const char *model) {
-    char p[TK_PATH_MAX + 32];
-    struct stat st;
-    snprintf(p, sizeof p, "%s/model.safetensors", model);
-    if (stat(p, &st) == 0) return 1;
-    return strstr(model, ".safetensors") && stat(model, &st) == 0;
+tk_status tk_session_load_data(tk_session *s, tk_config *c, tk_run_data *out, tk_err *err) {
+    memset(out, 0, sizeof *out);
+    if (!c->train_file[0]) return TK_OK;
+    tk_status rc = tk_run_data_load(c, out, err);
+    if (rc != TK_OK) return rc;
+    tk_session_set_lengths(s, out->lengths, out->n_lengths);
+    tk_run_config(out, c);
+    return TK_OK;
 }
 
 static size_t dev_free(tk_dev *d) {
@@ -221,14 +224,11 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     r->baseline = st.allocated;
 
     tk_run_data data;
-    tk_status rc = tk_run_data_load(&cc, &data, err);
+    tk_status rc = tk_session_load_data(s, &cc, &data, err);
     if (rc != TK_OK) return rc;
     if (data.vocab_note[0]) note(h, "%s", data.vocab_note);
-    tk_session_set_lengths(s, data.lengths, data.n_lengths);
-    if (cc.task == TK_TASK_CLASSIFY && cc.head == TK_HEAD_POOLED && cc.num_labels == 0)
-        cc.num_labels = data.num_labels;
-    note(h, "data: %d training examples in %d batches, %d dev examples%s", data.n_examples, data.n_train,
-         data.n_dev_examples, data.n_truncated ? "" : "");
+    note(h, "data: %d training examples in %d batches, %d dev examples (digest %016llx)", data.n_examples,
+         data.n_train, data.n_dev_examples, (unsigned long long)data.digest);
     if (data.n_truncated) note(h, "data: %d examples were truncated to max_len %d", data.n_truncated, cc.max_len);
 
     /* Plan first, at the worst-case batch of this corpus, against what the
@@ -254,13 +254,12 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     int cupti_run = tk_dev_kind_of(d) == TK_DEV_CUDA && tk_dev_cuda_mem_reset_peak(d, NULL) == TK_OK;
 
     /* The model, then the loop. */
-    tk_model_opts mo;
     tk_model *m = NULL;
-    tk_batch *tb = NULL, *db = NULL;
+    tk_load_report lr = {0};
+    int random_init = 0;
     s->ntl = 0;
-    if ((rc = tk_model_opts_from_config(&mo, &cc, err)) != TK_OK) goto out;
     snprintf(r->oom_phase, sizeof r->oom_phase, "model");
-    if (!(m = tk_model_new(d, &mo, err))) {
+    if (!(m = tk_model_from_config(d, &cc, &lr, &random_init, err))) {
         rc = err && err->status ? err->status : TK_EOOM;
         if (rc == TK_EOOM && tk_dev_last_oom(d)) {
             r->have_oom = 1;
@@ -268,29 +267,17 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
         }
         goto out;
     }
-    if (has_weights(cc.model)) {
-        char report[1024] = "";
-        int missing = 0;
-        if ((rc = tk_model_load_hf(m, cc.model, &missing, report, sizeof report, err)) != TK_OK) goto out;
-        note(h, "weights: loaded %s%s%s", cc.model, missing ? "; newly initialised: " : "", missing ? report : "");
-    } else if ((rc = tk_model_init_random(m, cc.seed, err)) != TK_OK) {
-        goto out;
+    note(h, "model: %lld parameters (%lld trainable)", (long long)tk_model_n_weights(m),
+         (long long)tk_model_n_trainable(m));
+    if (random_init) {
+        note(h, "weights: random init (seed %llu): %s has no weights here", (unsigned long long)cc.seed, cc.model);
+    } else {
+        note(h, "weights: loaded %s", cc.model);
+        if (lr.n_new) note(h, "weights: newly initialised (not in the checkpoint): %s", lr.new_names);
+        if (lr.n_unused) note(h, "weights: in the checkpoint but not used by this model (ignored): %s",
+                              lr.unused_names);
     }
-    tb = calloc((size_t)(data.n_train > 0 ? data.n_train : 1), sizeof *tb);
-    db = calloc((size_t)(data.n_dev > 0 ? data.n_dev : 1), sizeof *db);
-    if (!tb || !db) {
-        tk_err_set(err, TK_EINVAL, "out of host memory for %d batches", data.n_train + data.n_dev);
-        rc = TK_EINVAL;
-        goto out;
-    }
-    for (int i = 0; i < data.n_train + data.n_dev; i++) {
-        const tk_hbatch *hb = i < data.n_train ? &data.train[i] : &data.dev[i - data.n_train];
-        tk_batch *b = i < data.n_train ? &tb[i] : &db[i - data.n_train];
-        *b = (tk_batch){.B = hb->B, .T = hb->T, .input_ids = hb->input_ids,
-                        .token_type_ids = hb->token_type_ids, .attention_mask = hb->attention_mask,
-                        .labels = hb->labels, .start_positions = hb->start_positions,
-                        .end_positions = hb->end_positions};
-    }
+    tk_load_report_clear(&lr);
     snprintf(r->oom_phase, sizeof r->oom_phase, "training");
     {
         /* progress every step: the timeline wants each step, the display
@@ -300,7 +287,7 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
         tk_train_callbacks cb = {.on_progress = run_progress, .on_epoch = run_epoch, .ud = &x};
         tk_train_result tr;
         memset(&tr, 0, sizeof tr);
-        rc = tk_train_run(&cc, m, tb, data.n_train, db, data.n_dev, &cb, &tr, err);
+        rc = tk_train_run(&cc, m, data.train, data.n_train, data.dev, data.n_dev, &cb, &tr, err);
         r->steps = tr.steps;
         r->epochs_done = tr.epochs_done;
         r->n_history = tr.n_history;
@@ -327,8 +314,6 @@ out:
     }
     tk_model_destroy(&m);
     tk_alloc_empty_cache(a);
-    free(tb);
-    free(db);
     tk_run_data_clear(&data);
     tk_alloc_stats_get(a, &st);
     r->allocated_after = st.allocated;

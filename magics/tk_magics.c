@@ -27,15 +27,9 @@ struct tk_magics {
     size_t ncomp, ninsp;
 };
 
-int tk_magics_register_modules(tk_magics *m); /* tk_magics_modules.c */
-
-tk_magics *tk_magics_new(void) {
-    tk_magics *m = calloc(1, sizeof *m);
-    if (!m) return NULL;
-    if (tk_magics_register_modules(m) != 0)
-        fprintf(stderr, "txkernel: some magics could not be registered (duplicate names or out of memory)\n");
-    return m;
-}
+/* An empty registry; tk_magics_new (tk_magics_modules.c) fills it with the
+ * listed modules, so the registry never calls up into the modules. */
+tk_magics *tk_magics_new_empty(void) { return calloc(1, sizeof(tk_magics)); }
 
 void tk_magics_destroy(tk_magics **pm) {
     if (!pm || !*pm) return;

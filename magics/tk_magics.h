@@ -86,6 +86,7 @@ typedef void (*tk_magic_completer)(void *ctx, const char *code, size_t cursor, j
 typedef int (*tk_magic_inspector)(void *ctx, const char *word, int detail, json_t *data);
 
 tk_magics *tk_magics_new(void);                 /* new; all listed modules registered */
+tk_magics *tk_magics_new_empty(void);           /* new; nothing registered */
 void tk_magics_destroy(tk_magics **pm);          /* also calls the session's destroy fn */
 /* Adds a table (borrowed; must outlive the registry, e.g. static const).
  * Returns -1 if a name is already taken (the earlier one stays). */

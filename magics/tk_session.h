@@ -8,8 +8,8 @@
  * looked at. The advisor (issue 7) reads the last config / plan / OOM from
  * here; it never reaches into the magics.
  *
- * The run pipeline: config -> data (tokenizer, dataset, features, host
- * batches) -> plan on meta at the worst-case batch -> if the plan does not fit
+ * The run: config -> data (bert's one pipeline, tk_pipeline.h: tokenizer,
+ * labels, features, batches) -> plan on meta at the worst-case batch -> if the plan does not fit
  * in what the device has free, stop before allocating anything -> model ->
  * tk_train_run -> release the model. Whatever happens, the device's allocated
  * bytes return to what they were before the run (the session baseline).
@@ -28,33 +28,6 @@
 
 struct tk_progress;     /* tk_train.h */
 struct tk_epoch_stats;
-
-/* Training data as host batches, independent of the data module's own batch
- * type (each array owned; shapes as tk_model.h's tk_batch). */
-typedef struct tk_hbatch {
-    int B, T;
-    int32_t *input_ids, *token_type_ids, *attention_mask; /* B*T (flatten_dense: B*towers*T) */
-    int32_t *labels, *start_positions, *end_positions;    /* B or NULL */
-} tk_hbatch;
-
-/* What the data step hands the trainer. */
-typedef struct tk_run_data {
-    tk_hbatch *train, *dev;
-    int n_train, n_dev;
-    int num_labels;          /* from the data (classification) */
-    int n_examples, n_dev_examples, n_truncated;
-    int *lengths;            /* token length (incl. specials, capped at max_len) per training feature */
-    int n_lengths;
-    char vocab_note[1400];    /* where the vocabulary came from, for the user */
-} tk_run_data;
-
-/* Builds the data for a run from config `c` (train_file, dev_file or
- * dev_split, columns, task, max_len, batching, batch sizes). The vocabulary
- * is c->vocab, else the model folder's vocab.txt, else one learned from the
- * training texts (written next to output_dir or in /tmp) — said in
- * vocab_note. Implemented in txdata.c. */
-tk_status tk_run_data_load(const tk_config *c, tk_run_data *out, tk_err *err);
-void tk_run_data_clear(tk_run_data *d);
 
 /* ---- the session ---------------------------------------------------------- */
 
@@ -81,6 +54,14 @@ const tk_oom *tk_session_oom(const tk_session *s);       /* last run-time OOM, o
 /* Corpus lengths from the last %txdata or run (borrowed, may be NULL). */
 const int *tk_session_lengths(const tk_session *s, int *n);
 void tk_session_set_lengths(tk_session *s, const int *len, int n);
+
+struct tk_run_data;     /* tk_pipeline.h */
+/* The data of config *c as its run builds it (bert's one pipeline): when c
+ * names a train_file, `out` gets the corpus, the session's lengths become
+ * the corpus' and *c becomes the config the run uses (its label count).
+ * Without a train_file `out` is left zeroed and *c unchanged. Every command
+ * that plans, advises or trains a config comes through here. */
+tk_status tk_session_load_data(tk_session *s, tk_config *c, struct tk_run_data *out, tk_err *err);
 /* Releases everything: device, last run, timeline (keeps nothing). */
 void tk_session_reset(tk_session *s);
 
@@ -162,6 +143,10 @@ void tk_report_add_head_note(json_t *bundle, const tk_config *c, const tk_plan_r
  * to a plan bundle: a table in text and HTML, and "tensors_at_peak" in its
  * application/json. No-op when n is 0. */
 void tk_report_add_tensors(json_t *bundle, const tk_tensor_info *t, int n);
+/* Appends what the plan was made from to a plan bundle: examples, labels,
+ * batches and the data digest (a line of text, and "data" in its
+ * application/json). No-op when d holds no data. */
+void tk_report_add_data(json_t *bundle, const struct tk_run_data *d);
 /* An OOM autopsy: what was being allocated, for which layer and category,
  * capacity, free, allocated, reserved, largest free block, top owners, and
  * the next things to try. `phase` may be NULL. */

@@ -21,6 +21,7 @@
 #include "tk_advisor.h"
 #include "tk_magics.h"
 #include "tk_render.h"
+#include "tk_pipeline.h"
 #include "tk_session.h"
 #include "tk_txmagics.h"
 
@@ -160,6 +161,10 @@ static int run_txadvise(tk_magic_ctx *m) {
     /* the OOM record counts only for the config that ran out */
     if (lr && lr->end == TK_RUN_OOM && lr->have_oom && last && !m->is_cell && !memcmp(last, &c, sizeof c))
         in.oom = &lr->oom;
+    /* a config with a train_file is advised on the run's model and corpus */
+    tk_run_data data;
+    if (tk_session_load_data(s, &c, &data, &err) != TK_OK) return tk_magic_error(m, "DataError", "%s", err.msg);
+    tk_run_data_clear(&data);
     int nl = 0;
     const int *len = tk_session_lengths(s, &nl);
     in.lengths = (const int32_t *)len;

@@ -16,6 +16,7 @@
 
 #include "tk_magics.h"
 #include "tk_model.h"
+#include "tk_pipeline.h"
 #include "tk_plan.h"
 #include "tk_render.h"
 #include "tk_session.h"
@@ -290,12 +291,14 @@ static int run_txplan(tk_magic_ctx *m) {
     tk_txargs_free(argv, argc);
     if (rc) return rc;
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
+    /* a config with a train_file plans the run's model and corpus */
+    tk_run_data data;
+    if (tk_session_load_data(s, &c, &data, &err) != TK_OK) return tk_magic_error(m, "DataError", "%s", err.msg);
     json_t *bundle = NULL;
     if (max_batch) {
-        if (tk_max_batch_report(&c, &bundle, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
+        if (tk_max_batch_report(&c, &bundle, &err) != TK_OK) goto plan_error;
     } else if (sweep) {
-        if (tk_sweep_report(&c, measure, &bundle, &err) != TK_OK)
-            return tk_magic_error(m, "PlanError", "%s", err.msg);
+        if (tk_sweep_report(&c, measure, &bundle, &err) != TK_OK) goto plan_error;
     } else {
         int n = 0;
         const int *len = tk_session_lengths(s, &n);
@@ -307,7 +310,7 @@ static int run_txplan(tk_magic_ctx *m) {
             tk_dev_info_get(d, &info);
             if (d && tk_dev_kind_of(d) == TK_DEV_CUDA) c.capacity = info.total;
         }
-        if (tk_plan(&c, len, n, &p, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
+        if (tk_plan(&c, len, n, &p, &err) != TK_OK) goto plan_error;
         tk_session_set_config(s, &c);
         tk_session_set_plan(s, &p);
         bundle = tk_report_plan(&p, 0);
@@ -315,10 +318,15 @@ static int run_txplan(tk_magic_ctx *m) {
         tk_tensor_info big[8];
         int nb = 0;
         if (tk_plan_tensors_at_peak(&c, len, n, big, 8, &nb, &err) == TK_OK) tk_report_add_tensors(bundle, big, nb);
+        tk_report_add_data(bundle, &data);
     }
+    tk_run_data_clear(&data);
     tk_txemit(m, bundle, json_only);
     json_decref(bundle);
     return 0;
+plan_error:
+    tk_run_data_clear(&data);
+    return tk_magic_error(m, "PlanError", "%s", err.msg);
 }
 
 static const tk_magic_def TXPLAN[] = {

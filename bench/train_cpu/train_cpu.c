@@ -22,7 +22,6 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "cuda/tk_cuda.h"
 #include "tk_model.h"
 #include "tk_train.h"
 

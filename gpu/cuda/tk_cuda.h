@@ -24,32 +24,11 @@
 extern "C" {
 #endif
 
-#define TK_CUDA_MAX_SOURCES 16
 #define TK_CUDA_MAX_SCOPES 256
 
-typedef struct tk_cuda_mem_totals {
-    int cupti_active;            /* 1: CUPTI records device memory; 0: see cupti_error */
-    char cupti_error[256];       /* why CUPTI is off (e.g. another profiler subscribed) */
-    size_t device_live;          /* CUPTI: device bytes allocated and not yet freed */
-    size_t device_peak;          /* CUPTI: highest device_live since open */
-    size_t segments_live;        /* bytes in segments held by the caching allocator */
-    size_t segments_peak;
-    size_t plugin_bytes;         /* cuBLAS workspace + plugin scratch */
-    size_t workspace_bytes;      /* of which the cuBLAS workspace */
-    size_t outside_allocator;    /* device_live - segments_live (plugin_bytes without CUPTI) */
-    size_t device_total, device_free; /* cudaMemGetInfo now: total - free - device_live is what
-                                        no allocation record covers (the CUDA context, module
-                                        code, and other processes on the same GPU) */
-    uint64_t n_alloc_records, n_free_records;
-    uint64_t dropped_records;    /* CUPTI records lost for lack of buffer space */
-    uint64_t n_kernels;          /* kernels CUPTI timed */
-    double kernel_ns;            /* their total duration */
-    int n_sources;
-    struct {
-        char name[64];           /* the library that asked, e.g. "libcublasLt.so.13" */
-        size_t live, peak;
-    } sources[TK_CUDA_MAX_SOURCES];
-} tk_cuda_mem_totals;
+/* tk_cuda_mem_totals, the struct the plugin fills, is declared in tk_gpu.h:
+ * the main binaries read it through tk_dev_cuda_mem_totals without this
+ * header. */
 
 /* Waits for the device, flushes CUPTI's buffers and fills *out. Works (with
  * cupti_active = 0) when CUPTI could not be enabled. */
@@ -61,12 +40,6 @@ typedef tk_status (*tk_cuda_mem_totals_get_fn)(void *ctx, tk_cuda_mem_totals *ou
  * then reports its own peak, not the process' highest. */
 tk_status tk_cuda_mem_reset_peak(void *ctx, tk_err *err);
 typedef tk_status (*tk_cuda_mem_reset_peak_fn)(void *ctx, tk_err *err);
-
-/* The same from the main binaries' side (gpu/dev.c, not the plugin): the
- * totals of device d's plugin. TK_EINVAL (err says so) when d is not a cuda
- * device. */
-tk_status tk_dev_cuda_mem_totals(tk_dev *d, tk_cuda_mem_totals *out, tk_err *err);
-tk_status tk_dev_cuda_mem_reset_peak(tk_dev *d, tk_err *err);
 
 /* Kernel time per owner scope. Between push(id) and the matching pop, every
  * kernel the calling thread launches is counted against `id` (an allocator

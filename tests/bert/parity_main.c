@@ -55,9 +55,11 @@ int main(int argc, char **argv) {
     if (!d) goto fail;
     tk_model *m = tk_model_new(d, &o, &e);
     if (!m) goto fail;
-    char report[4096];
-    if (tk_model_load_hf(m, argv[1], NULL, report, sizeof report, &e) != TK_OK) goto fail;
-    fputs(report, stderr);
+    tk_load_report rep = {0};
+    if (tk_model_load_hf(m, argv[1], &rep, &e) != TK_OK) goto fail;
+    if (rep.n_new) fprintf(stderr, "newly initialised: %s\n", rep.new_names);
+    if (rep.n_unused) fprintf(stderr, "unused: %s\n", rep.unused_names);
+    tk_load_report_clear(&rep);
     tk_st_file *bf = tk_st_open(argv[6], &e);
     if (!bf) goto fail;
     int64_t n = 0, nl = 0;

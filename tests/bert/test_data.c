@@ -240,7 +240,7 @@ static void test_features_and_batches(void) {
     tk_batches *b = tk_batches_new(f, &o, 0, &err);
     TK_CHECK_EQ_INT(tk_batches_count(b), 5);
     TK_CHECK_EQ_INT(tk_batches_max_T(b), 32);
-    tk_batch bt = {0};
+    tk_data_batch bt = {0};
     TK_CHECK(tk_batches_get(b, 0, 0, &bt, &err) == TK_OK);
     TK_CHECK_EQ_INT(bt.B, 8);
     TK_CHECK_EQ_INT(bt.T, 32);
@@ -307,7 +307,7 @@ static void test_features_and_batches(void) {
     o.batch_size = 0;
     TK_CHECK(tk_batches_new(f, &o, 0, &err) == NULL);
     TK_CHECK_STR(err.msg, "batch_size must be at least 1");
-    tk_batch_clear(&bt);
+    tk_data_batch_clear(&bt);
 
     /* statistics and padding waste */
     tk_length_stats s;

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "tk_plan.h"
-#include "cuda/tk_cuda.h"
 #include "tk_test.h"
 #include "tk_train.h"
 

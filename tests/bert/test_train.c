@@ -464,7 +464,51 @@ static void test_loss_goes_down(void) {
     set_free(&s);
 }
 
+/* The dev loss is the mean over examples (HF Trainer's eval_loss), not the
+ * mean of batch means: 10 dev examples in eval batches of 4, 4 and 2. With
+ * lr 0 the weights after the one training step are the initial ones, so
+ * each example's own loss (a batch of one) can be summed here. */
+static void test_dev_loss_is_per_example_mean(void) {
+    host_set s;
+    set_make(&s, 10, 12, 9);
+    int nb = 0, nt = 0;
+    tk_batch *dev = batches_of(&s, 4, &nb), *one = batches_of(&s, 1, &nt);
+    TK_CHECK_EQ_INT(nb, 3);
+    tk_dev *d = cpu(0);
+    tk_model *m = model(d, 0.0f);
+    tk_config c = small_cfg();
+    c.lr = 0.0f;
+    c.weight_decay = 0.0f;
+    tk_train_result r;
+    tk_err e = { 0 };
+    TK_CHECK_EQ_INT(tk_train_run(&c, m, dev, 1, dev, nb, NULL, &r, &e), TK_OK);
+    double sum = 0, batch_means = 0;
+    for (int i = 0; i < nt; i++) {
+        float l = 0;
+        TK_CHECK_EQ_INT(tk_model_forward_eval(m, &one[i], &l, NULL, &e), TK_OK);
+        sum += l;
+    }
+    for (int i = 0; i < nb; i++) {
+        float l = 0;
+        TK_CHECK_EQ_INT(tk_model_forward_eval(m, &dev[i], &l, NULL, &e), TK_OK);
+        batch_means += l / nb;
+    }
+    double per_example = sum / nt;
+    /* the data makes the two means differ, so the check below can fail */
+    TK_CHECK_MSG(fabs(batch_means - per_example) > 1e-4, "%g vs %g", batch_means, per_example);
+    TK_CHECK_EQ_INT(r.n_history, 1);
+    if (r.n_history == 1)
+        TK_CHECK_NEAR(r.history[0].dev_loss, per_example, 1e-5);
+    tk_train_result_clear(&r);
+    free(dev);
+    free(one);
+    tk_model_destroy(&m);
+    tk_dev_destroy(&d);
+    set_free(&s);
+}
+
 int main(void) {
+    TK_RUN(test_dev_loss_is_per_example_mean);
     TK_RUN(test_accumulation_equals_full_batch);
     TK_RUN(test_cancel_at_step_boundary);
     TK_RUN(test_oom_chaos_releases_everything);

@@ -1,4 +1,5 @@
-/* test_train_finetune.c — the whole `txk train` path (tk_train_config) on the
+/* test_train_finetune.c — the whole `txk train` path below the session (the
+ * pipeline tk_run_data_load, tk_model_from_config, tk_train_run) on the
  * project's generated reviews data (tests/data/gen_data.py: pos / neg /
  * mixed, decided by sentiment words) with its generated vocabulary: a
  * randomly initialised bert-tiny must reach clearly-above-chance dev
@@ -9,6 +10,7 @@
 #include <time.h>
 
 #include "tk_test.h"
+#include "tk_pipeline.h"
 #include "tk_train.h"
 
 static int progress_calls;
@@ -20,6 +22,23 @@ static int on_progress(void *ud, const tk_progress *p) {
     TK_CHECK(p->step <= p->total_steps);
     TK_CHECK(isfinite(p->loss));
     return 0;
+}
+
+/* Data, model, loop: what `txk train` does below the session. */
+static tk_status train_config(const tk_config *c0, tk_dev *d, const tk_train_callbacks *cb, tk_model **mo,
+                              tk_train_result *r, tk_err *e) {
+    memset(r, 0, sizeof *r);
+    *mo = NULL;
+    tk_config c = *c0;
+    tk_run_data data;
+    tk_status st = tk_run_data_load(&c, &data, e);
+    if (st != TK_OK) return st;
+    tk_run_config(&data, &c);
+    TK_CHECK_EQ_INT(c.num_labels, 3); /* pos / neg / mixed, from the data */
+    *mo = tk_model_from_config(d, &c, NULL, NULL, e);
+    st = *mo ? tk_train_run(&c, *mo, data.train, data.n_train, data.dev, data.n_dev, cb, r, e) : e->status;
+    tk_run_data_clear(&data);
+    return st;
 }
 
 static void test_reviews_bert_tiny(void) {
@@ -51,7 +70,7 @@ static void test_reviews_bert_tiny(void) {
     tk_model *m = NULL;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    tk_status st = tk_train_config(&c, d, &cb, &m, &r, &e);
+    tk_status st = train_config(&c, d, &cb, &m, &r, &e);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     TK_CHECK_MSG(st == TK_OK, "%s", e.msg);
@@ -90,13 +109,13 @@ static void test_missing_file(void) {
     tk_dev *d = tk_dev_new(&o, &e);
     tk_train_result r;
     tk_model *m = NULL;
-    TK_CHECK(tk_train_config(&c, d, NULL, &m, &r, &e) != TK_OK);
+    TK_CHECK(train_config(&c, d, NULL, &m, &r, &e) != TK_OK);
     TK_CHECK(m == NULL);
     TK_CHECK_MSG(strstr(e.msg, "no_such_file.csv") != NULL, "%s", e.msg);
-    c.vocab[0] = '\0';
     snprintf(c.train_file, sizeof c.train_file, "tests/data/reviews_train.csv");
-    TK_CHECK(tk_train_config(&c, d, NULL, NULL, &r, &e) != TK_OK);
-    TK_CHECK_MSG(strstr(e.msg, "vocab") != NULL, "%s", e.msg);
+    snprintf(c.text_col, sizeof c.text_col, "txt");
+    TK_CHECK(train_config(&c, d, NULL, &m, &r, &e) != TK_OK);
+    TK_CHECK_MSG(strstr(e.msg, "reviews_train.csv") && strstr(e.msg, "txt"), "%s", e.msg);
     tk_dev_destroy(&d);
 }
 

@@ -1,0 +1,294 @@
+/* pipeline.c — config -> tokenizer, labels, features, epoch-0 batches
+ * (tk_pipeline.h says who calls it and what it guarantees).
+ *
+ * The only unit that speaks both the data module's batch (tk_data.h) and the
+ * model's (tk_model.h): it keeps the data batches' arrays and hands out
+ * model batches that view them.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "tk_data.h"
+#include "tk_pipeline.h"
+
+typedef struct {
+    tk_data_batch *raw[2]; /* train, dev: owned arrays */
+    int n[2];
+} owned;
+
+static int file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* FNV-1a, so a learned vocabulary is reused for the same corpus and the data
+ * digest does not depend on the C library. */
+static uint64_t fnv_bytes(const void *p, size_t n, uint64_t h) {
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
+    return h;
+}
+static uint64_t fnv(const char *s, uint64_t h) { return fnv_bytes(s, strlen(s), h); }
+#define FNV0 1469598103934665603ull
+
+tk_tokenizer *tk_run_tokenizer(const tk_config *c, const char *corpus, const char *const *texts, int n,
+                               char *path, size_t pn, char *note, size_t note_n, tk_err *err) {
+    tk_config r = *c;
+    tk_err ignore = {0};
+    tk_config_resolve_model(&r, &ignore); /* lower-casing and vocab size of a preset, if it is one */
+    tk_tokenizer_opts o = {.lowercase = r.lowercase, .strip_accents = -1};
+    if (c->vocab[0]) {
+        snprintf(path, pn, "%s", c->vocab);
+        snprintf(note, note_n, "vocabulary: %s", c->vocab);
+        return tk_tokenizer_new(path, &o, err);
+    }
+    snprintf(path, pn, "%s/vocab.txt", c->model);
+    if (file_exists(path)) {
+        snprintf(note, note_n, "vocabulary: %.600s", path);
+        return tk_tokenizer_new(path, &o, err);
+    }
+    /* A preset names a shape, not weights: there is no vocab.txt to read.
+     * Learn a WordPiece vocabulary from the data. */
+    int size = r.vocab_size > 0 ? r.vocab_size : 30522;
+    struct stat st;
+    uint64_t h = fnv(corpus, FNV0) ^ (uint64_t)(stat(corpus, &st) == 0 ? st.st_size : 0);
+    h = fnv(r.lowercase > 0 ? "lc" : "cs", h) * 31 + (uint64_t)size;
+    if (c->output_dir[0]) snprintf(path, pn, "%s/vocab.txt", c->output_dir);
+    else snprintf(path, pn, "/tmp/txk-vocab-%016llx.txt", (unsigned long long)h);
+    if (c->output_dir[0]) mkdir(c->output_dir, 0777);
+    if (!(c->output_dir[0] == 0 && file_exists(path))) {
+        if (tk_vocab_build(texts, n, size, r.lowercase > 0, 0, path, err) != TK_OK) return NULL;
+    }
+    o.lowercase = r.lowercase > 0;
+    snprintf(note, note_n,
+             "vocabulary: learned from %.300s (%.300s has no vocab.txt here; set vocab: to use yours) -> %.600s",
+             corpus, c->model, path);
+    return tk_tokenizer_new(path, &o, err);
+}
+
+/* Epoch 0's batches of f (the trainer shuffles their order per epoch), as
+ * owned data batches plus model views of them. */
+static tk_status make_batches(const tk_features *f, const tk_config *c, int batch_size, int pad_id,
+                              tk_data_batch **raw_out, tk_batch **out, int *nout, tk_err *err) {
+    tk_batching_opts bo = {.strategy = c->head == TK_HEAD_FLATTEN_DENSE ? TK_BATCH_FIXED : c->batching,
+                           .batch_size = batch_size, .buckets = c->buckets, .shuffle = 0,
+                           .drop_last = 0, .seed = c->seed};
+    tk_batches *bs = tk_batches_new(f, &bo, pad_id, err);
+    if (!bs) return err && err->status ? err->status : TK_EINVAL;
+    int n = tk_batches_count(bs);
+    tk_data_batch *raw = calloc((size_t)(n > 0 ? n : 1), sizeof *raw);
+    tk_batch *mb = calloc((size_t)(n > 0 ? n : 1), sizeof *mb);
+    tk_status st = TK_OK;
+    if (!raw || !mb) {
+        tk_err_set(err, TK_EINVAL, "data: out of host memory for %d batches", n);
+        st = TK_EINVAL;
+    }
+    /* a fresh data batch each time: tk_batches_get reuses a batch's memory */
+    for (int i = 0; st == TK_OK && i < n; i++) {
+        if ((st = tk_batches_get(bs, 0, i, &raw[i], err)) != TK_OK) break;
+        const tk_data_batch *b = &raw[i];
+        mb[i] = (tk_batch){.B = b->B, .T = b->T, .input_ids = b->input_ids, .token_type_ids = b->token_type_ids,
+                           .attention_mask = b->attention_mask, .labels = b->labels,
+                           .start_positions = b->start_positions, .end_positions = b->end_positions};
+    }
+    tk_batches_destroy(&bs);
+    if (st != TK_OK) {
+        for (int i = 0; raw && i < n; i++) tk_data_batch_clear(&raw[i]);
+        free(raw);
+        free(mb);
+        return st;
+    }
+    *raw_out = raw;
+    *out = mb;
+    *nout = n;
+    return TK_OK;
+}
+
+static tk_status batches_of(const tk_features *ft, const tk_features *fd, const tk_config *c, int pad,
+                            tk_run_data *d, tk_err *err) {
+    owned *o = d->priv;
+    tk_status st = make_batches(ft, c, c->batch_size, pad, &o->raw[0], &d->train, &d->n_train, err);
+    if (st != TK_OK) return st;
+    o->n[0] = d->n_train;
+    if (!fd) return TK_OK;
+    st = make_batches(fd, c, c->eval_batch_size > 0 ? c->eval_batch_size : c->batch_size, pad, &o->raw[1],
+                      &d->dev, &d->n_dev, err);
+    if (st == TK_OK) o->n[1] = d->n_dev;
+    return st;
+}
+
+static tk_status lengths_of(const tk_features *f, tk_run_data *d, tk_err *err) {
+    d->lengths = malloc((size_t)(f->n > 0 ? f->n : 1) * sizeof *d->lengths);
+    if (!d->lengths) {
+        tk_err_set(err, TK_EINVAL, "data: out of host memory");
+        return TK_EINVAL;
+    }
+    memcpy(d->lengths, f->len, (size_t)f->n * sizeof *d->lengths);
+    d->n_lengths = f->n;
+    return TK_OK;
+}
+
+static tk_status tokenizer_facts(const tk_tokenizer *tok, tk_run_data *d) {
+    d->vocab_size = tk_tokenizer_vocab_size(tok);
+    d->lowercase = tk_tokenizer_lowercase(tok);
+    return TK_OK;
+}
+
+static tk_status load_classify(const tk_config *c, tk_run_data *d, tk_err *err) {
+    tk_data_cols cols = {.text = c->text_col, .text_pair = c->text_pair_col, .label = c->label_col};
+    tk_dataset *all = NULL, *train = NULL, *dev = NULL;
+    tk_tokenizer *tok = NULL;
+    tk_features *ft = NULL, *fd = NULL;
+    tk_status st;
+    if ((st = tk_dataset_load(c->train_file, &cols, &all, err)) != TK_OK) goto out;
+    if (c->dev_file[0]) {
+        if ((st = tk_dataset_load(c->dev_file, &cols, &dev, err)) != TK_OK) goto out;
+        if ((st = tk_dataset_use_labels(dev, all->labels, all->num_labels, err)) != TK_OK) goto out;
+        train = all;
+        all = NULL;
+    } else if (c->dev_split > 0) {
+        if ((st = tk_dataset_split(all, c->dev_split, c->seed, &train, &dev, err)) != TK_OK) goto out;
+    } else {
+        train = all;
+        all = NULL;
+    }
+    /* max_examples: a view of the first N (the dataset keeps its size, so
+     * destroying it frees every row) */
+    tk_dataset head = *train;
+    if (c->max_examples > 0 && head.n > c->max_examples) head.n = c->max_examples;
+    if (!(tok = tk_run_tokenizer(c, c->train_file, (const char *const *)head.text, head.n, d->vocab_path,
+                                sizeof d->vocab_path, d->vocab_note, sizeof d->vocab_note, err))) {
+        st = err && err->status ? err->status : TK_EINVAL;
+        goto out;
+    }
+    tokenizer_facts(tok, d);
+    if ((st = tk_features_classify(tok, &head, c->max_len, TK_TRUNC_LONGEST_FIRST, &ft, err)) != TK_OK) goto out;
+    if (dev && (st = tk_features_classify(tok, dev, c->max_len, TK_TRUNC_LONGEST_FIRST, &fd, err)) != TK_OK)
+        goto out;
+    d->num_labels = train->num_labels;
+    d->labels = calloc((size_t)(train->num_labels + 1), sizeof *d->labels);
+    for (int i = 0; d->labels && i < train->num_labels; i++) d->labels[i] = strdup(train->labels[i]);
+    d->n_examples = head.n;
+    d->n_dev_examples = dev ? dev->n : 0;
+    d->n_truncated = ft->n_truncated;
+    if ((st = lengths_of(ft, d, err)) != TK_OK) goto out;
+    st = batches_of(ft, fd, c, tk_tokenizer_special(tok).pad, d, err);
+out:
+    tk_features_destroy(&ft);
+    tk_features_destroy(&fd);
+    tk_tokenizer_destroy(&tok);
+    tk_dataset_destroy(&all);
+    tk_dataset_destroy(&train);
+    tk_dataset_destroy(&dev);
+    return st;
+}
+
+static tk_status load_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
+    tk_squad *train = NULL, *dev = NULL;
+    tk_tokenizer *tok = NULL;
+    tk_features *ft = NULL, *fd = NULL;
+    const char **texts = NULL;
+    tk_status st;
+    if ((st = tk_squad_load(c->train_file, &train, err)) != TK_OK) goto out;
+    if (c->dev_file[0] && (st = tk_squad_load(c->dev_file, &dev, err)) != TK_OK) goto out;
+    tk_squad head = *train;
+    if (c->max_examples > 0 && head.n > c->max_examples) head.n = c->max_examples;
+    texts = malloc((size_t)(2 * head.n + 1) * sizeof *texts);
+    if (!texts) {
+        tk_err_set(err, TK_EINVAL, "data: out of host memory");
+        st = TK_EINVAL;
+        goto out;
+    }
+    for (int i = 0; i < head.n; i++) {
+        texts[2 * i] = head.ex[i].question;
+        texts[2 * i + 1] = head.ex[i].context;
+    }
+    if (!(tok = tk_run_tokenizer(c, c->train_file, texts, 2 * head.n, d->vocab_path, sizeof d->vocab_path,
+                                d->vocab_note, sizeof d->vocab_note, err))) {
+        st = err && err->status ? err->status : TK_EINVAL;
+        goto out;
+    }
+    tokenizer_facts(tok, d);
+    if ((st = tk_features_squad(tok, &head, c->max_len, c->doc_stride, &ft, err)) != TK_OK) goto out;
+    if (dev && (st = tk_features_squad(tok, dev, c->max_len, c->doc_stride, &fd, err)) != TK_OK) goto out;
+    d->num_labels = 2;
+    d->n_examples = head.n;
+    d->n_dev_examples = dev ? dev->n : 0;
+    if ((st = lengths_of(ft, d, err)) != TK_OK) goto out;
+    st = batches_of(ft, fd, c, tk_tokenizer_special(tok).pad, d, err);
+out:
+    free(texts);
+    tk_features_destroy(&ft);
+    tk_features_destroy(&fd);
+    tk_tokenizer_destroy(&tok);
+    tk_squad_destroy(&train);
+    tk_squad_destroy(&dev);
+    return st;
+}
+
+static uint64_t digest_arr(const int32_t *p, size_t n, uint64_t h) {
+    return p ? fnv_bytes(p, n * sizeof *p, h) : fnv("-", h);
+}
+
+static uint64_t digest_of(const tk_batch *b, int n, uint64_t h) {
+    for (int i = 0; i < n; i++) {
+        int32_t shape[2] = {b[i].B, b[i].T};
+        size_t bt = (size_t)b[i].B * (size_t)b[i].T;
+        h = fnv_bytes(shape, sizeof shape, h);
+        h = digest_arr(b[i].input_ids, bt, h);
+        h = digest_arr(b[i].token_type_ids, bt, h);
+        h = digest_arr(b[i].attention_mask, bt, h);
+        h = digest_arr(b[i].labels, (size_t)b[i].B, h);
+        h = digest_arr(b[i].start_positions, (size_t)b[i].B, h);
+        h = digest_arr(b[i].end_positions, (size_t)b[i].B, h);
+    }
+    return h;
+}
+
+tk_status tk_run_data_load(const tk_config *c, tk_run_data *d, tk_err *err) {
+    memset(d, 0, sizeof *d);
+    if (!c->train_file[0]) {
+        tk_err_set(err, TK_EINVAL, "train_file: not set (name a CSV, TSV, JSONL or SQuAD JSON file)");
+        return TK_EINVAL;
+    }
+    if (c->head == TK_HEAD_FLATTEN_DENSE && c->towers > 1) {
+        tk_err_set(err, TK_EINVAL,
+                   "towers: %d-tower training from a data file is not supported; plan it with %%txplan "
+                   "(or train with towers: 1)", c->towers);
+        return TK_EINVAL;
+    }
+    if (!(d->priv = calloc(1, sizeof(owned)))) {
+        tk_err_set(err, TK_EINVAL, "data: out of host memory");
+        return TK_EINVAL;
+    }
+    tk_status st = c->task == TK_TASK_QA ? load_squad(c, d, err) : load_classify(c, d, err);
+    if (st != TK_OK) {
+        tk_run_data_clear(d);
+        return st;
+    }
+    d->digest = digest_of(d->dev, d->n_dev, digest_of(d->train, d->n_train, FNV0));
+    return TK_OK;
+}
+
+void tk_run_data_clear(tk_run_data *d) {
+    if (!d) return;
+    owned *o = d->priv;
+    for (int k = 0; o && k < 2; k++) {
+        for (int i = 0; i < o->n[k]; i++) tk_data_batch_clear(&o->raw[k][i]);
+        free(o->raw[k]);
+    }
+    free(o);
+    for (int i = 0; d->labels && i < d->num_labels; i++) free(d->labels[i]);
+    free(d->labels);
+    free(d->train);
+    free(d->dev);
+    free(d->lengths);
+    memset(d, 0, sizeof *d);
+}
+
+void tk_run_config(const tk_run_data *d, tk_config *c) {
+    if (c->task == TK_TASK_CLASSIFY && c->head == TK_HEAD_POOLED && c->num_labels == 0 && d->num_labels > 0)
+        c->num_labels = d->num_labels;
+}

@@ -1,0 +1,79 @@
+/* tk_pipeline.h — the one data pipeline: a config in, what a run needs out.
+ *
+ * Every command that needs a corpus calls tk_run_data_load: `txk train`,
+ * `txk plan`, `txk advise`, `%%txtrain`, `%%txplan`, `%txadvise`, and the
+ * tests. It reads what the config names (train_file, dev_file or dev_split,
+ * the text / pair / label columns, or SQuAD JSON for task qa), picks the
+ * tokenizer (the config's vocab, else the model folder's vocab.txt, else a
+ * WordPiece vocabulary learned from the training texts), makes features
+ * (max_len, doc_stride) and materialises epoch 0's batches (fixed, dynamic
+ * padding or length buckets; eval_batch_size for dev) as the model's
+ * tk_batch, so callers hand them straight to tk_train_run. The training loop
+ * reshuffles the batches' order per epoch.
+ *
+ * tk_run_config then gives the config the run will use (the label count from
+ * the data), so a plan of a config with a train_file plans the model the run
+ * builds.
+ *
+ * Guarantees: every failure names the file (and line/column where the data
+ * module knows it) or the config key, and frees what was built. The same
+ * config gives the same token ids, labels and batch boundaries on every call;
+ * `digest` fingerprints them so callers can show (and tests can compare)
+ * that two commands saw the same data.
+ *
+ * Ownership: tk_run_data owns everything it points to; tk_run_data_clear
+ * frees it (safe on a zeroed or cleared struct).
+ */
+#ifndef TK_PIPELINE_H
+#define TK_PIPELINE_H
+
+#include <stdint.h>
+#include "tk_config.h"
+#include "tk_gpu.h"
+#include "tk_model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tk_run_data {
+    tk_batch *train, *dev;   /* epoch-0 batches (arrays owned through `priv`) */
+    int n_train, n_dev;
+    int num_labels;          /* classification: classes in the training data; qa: 2 */
+    char **labels;           /* num_labels names in label-id order (classification), or NULL */
+    int n_examples, n_dev_examples, n_truncated;
+    int32_t *lengths;        /* token length (incl. specials, capped at max_len) per training feature */
+    int n_lengths;
+    int vocab_size;          /* the tokenizer's */
+    int lowercase;           /* the tokenizer lower-cases (and strips accents) */
+    char vocab_path[TK_PATH_MAX + 64]; /* the vocab.txt the tokenizer read */
+    char vocab_note[1400];   /* where the vocabulary came from, for the user */
+    uint64_t digest;         /* FNV-1a over every batch's shape, ids, types, mask, labels, positions */
+    void *priv;
+} tk_run_data;
+
+/* Builds the data for a run from config `c`. A preset model without a
+ * vocabulary gets one learned from the training texts, written to
+ * output_dir/vocab.txt or a /tmp file keyed by the corpus (said in
+ * vocab_note). On failure `out` is left cleared. */
+tk_status tk_run_data_load(const tk_config *c, tk_run_data *out, tk_err *err);
+void tk_run_data_clear(tk_run_data *d);
+
+/* The tokenizer a run of config c uses: c->vocab, else the model folder's
+ * vocab.txt, else a WordPiece vocabulary learned from `texts` (n of them,
+ * from the file `corpus`), written to output_dir/vocab.txt or a /tmp file
+ * keyed by the corpus and reused. `path` (pn bytes) gets the vocab.txt read,
+ * `note` (note_n bytes) a line for the user. New object or NULL with err.
+ * %txdata's report uses it, so its lengths are the run's. */
+struct tk_tokenizer;
+struct tk_tokenizer *tk_run_tokenizer(const tk_config *c, const char *corpus, const char *const *texts, int n,
+                                      char *path, size_t pn, char *note, size_t note_n, tk_err *err);
+
+/* The config the run uses: c with the label count taken from the data when
+ * the config leaves it to the data (pooled classification, num_labels 0). */
+void tk_run_config(const tk_run_data *d, tk_config *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

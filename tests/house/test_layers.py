@@ -1,0 +1,118 @@
+"""The house's map, checked on the built objects and the sources (issue 18):
+no circle between files in the call graph (who calls whom, from `nm` of each
+release object) nor in the include graph, calls and includes only go down
+the module stack (cli -> magics -> advisor -> bert -> gpu / kernel), and no
+file outside gpu/ includes the cuda plugin's header."""
+import collections, glob, os, re, subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RANK = {"cli": 5, "magics": 4, "advisor": 3, "bert": 2, "gpu": 1, "kernel": 1}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def module(path):
+    return path.split("/", 1)[0]
+
+
+def allowed(a, b):
+    ma, mb = module(a), module(b)
+    return ma == mb or RANK[ma] > RANK[mb]
+
+
+def cycles(edges):
+    """Strongly connected components with more than one file (Tarjan)."""
+    index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def call_graph():
+    objs = sorted(glob.glob(os.path.join(ROOT, "build", "rel", "*", "*.o")))
+    assert objs, "build/rel holds no objects: run make first"
+    defined, used = {}, collections.defaultdict(set)
+    for o in objs:
+        src = os.path.relpath(o, os.path.join(ROOT, "build", "rel"))[:-2] + ".c"
+        for line in subprocess.run(["nm", "-g", o], capture_output=True, text=True, check=True).stdout.splitlines():
+            f = line.split()
+            if len(f) == 3 and f[1] in "TDBRVW":
+                defined[f[2]] = src
+            elif len(f) == 2 and f[0] == "U":
+                used[src].add(f[1])
+    edges = collections.defaultdict(set)
+    for a, syms in used.items():
+        for s in syms:
+            b = defined.get(s)
+            if b and b != a:
+                edges[a].add(b)
+    return edges
+
+
+def sources():
+    out = []
+    for m in RANK:
+        out += glob.glob(os.path.join(ROOT, m, "*.c")) + glob.glob(os.path.join(ROOT, m, "*.h"))
+    return sorted(os.path.relpath(p, ROOT) for p in out)
+
+
+def include_graph():
+    files = sources()
+    by_name = {os.path.basename(f): f for f in files}
+    edges = collections.defaultdict(set)
+    for f in files:
+        with open(os.path.join(ROOT, f), encoding="utf-8") as fh:
+            for inc in INCLUDE.findall(fh.read()):
+                local = os.path.normpath(os.path.join(os.path.dirname(f), inc))
+                target = local if local in files else inc if inc in files else by_name.get(os.path.basename(inc))
+                if target and target != f and not target.endswith(".def"):
+                    edges[f].add(target)
+    return edges
+
+
+def test_no_circle_between_files():
+    calls, incs = call_graph(), include_graph()
+    assert cycles(calls) == [], "call graph circles"
+    assert cycles(incs) == [], "include graph circles"
+
+
+def test_calls_and_includes_go_down_the_stack():
+    bad = [f"{a} -> {b}" for g in (call_graph(), include_graph()) for a in sorted(g) for b in sorted(g[a])
+           if not allowed(a, b) and not b.startswith("gpu/cuda/") and not a.startswith("gpu/cuda/")]
+    assert bad == []
+
+
+def test_the_cuda_plugins_header_stays_in_gpu():
+    leaks = []
+    for top in list(RANK) + ["bench"]:
+        for p in glob.glob(os.path.join(ROOT, top, "**", "*.[ch]"), recursive=True):
+            rel = os.path.relpath(p, ROOT)
+            if rel.startswith("gpu/"):
+                continue
+            with open(p, encoding="utf-8") as fh:
+                if "tk_cuda.h" in " ".join(INCLUDE.findall(fh.read())):
+                    leaks.append(rel)
+    assert leaks == []

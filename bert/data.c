@@ -431,8 +431,9 @@ tk_status tk_dataset_from_table(const tk_table *t, const tk_data_cols *cols, tk_
     if (ct < 0) return TK_EINVAL;
     int cp = -1;
     if (pc && (cp = need_col(t, pc, "the text pair", err)) < 0) return TK_EINVAL;
-    int cl = need_col(t, lc, "the label", err);
-    if (cl < 0) return TK_EINVAL;
+    int unlabelled = cols && cols->label_optional && tk_table_col(t, lc) < 0;
+    int cl = unlabelled ? -1 : need_col(t, lc, "the label", err);
+    if (cl < 0 && !unlabelled) return TK_EINVAL;
     if (t->nrows == 0) {
         tk_err_set(err, TK_EINVAL, "%s: no examples (only a header)", t->name);
         return TK_EINVAL;
@@ -449,7 +450,7 @@ tk_status tk_dataset_from_table(const tk_table *t, const tk_data_cols *cols, tk_
     if (!d->text || (cp >= 0 && !d->text_pair) || !d->label_str || !d->label || !d->line) goto oom_d;
     for (int r = 0; r < t->nrows; r++) {
         char *const *row = t->cells + (long)r * t->ncols;
-        if (!row[cl][0]) {
+        if (cl >= 0 && !row[cl][0]) {
             int line = t->line[r];
             d->n = r;
             tk_dataset_destroy(&d);
@@ -459,9 +460,14 @@ tk_status tk_dataset_from_table(const tk_table *t, const tk_data_cols *cols, tk_
         d->n = r + 1;
         d->text[r] = strdup(row[ct]);
         if (cp >= 0) d->text_pair[r] = strdup(row[cp]);
-        d->label_str[r] = strdup(row[cl]);
+        d->label_str[r] = strdup(cl >= 0 ? row[cl] : "");
         d->line[r] = t->line[r];
         if (!d->text[r] || (cp >= 0 && !d->text_pair[r]) || !d->label_str[r]) goto oom_d;
+    }
+    if (cl < 0) { /* unlabelled: no label set, every label -1 */
+        for (int r = 0; r < d->n; r++) d->label[r] = -1;
+        *out = d;
+        return TK_OK;
     }
     tk_status st = build_labels(d, err);
     if (st != TK_OK) { tk_dataset_destroy(&d); return st; }

@@ -189,11 +189,13 @@ tk_status tk_bert_dims_from_config_json(const char *path, tk_bert_dims *out, tk_
     return st;
 }
 
-tk_status tk_bert_dims_write_config_json(const char *path, const tk_bert_dims *d, int num_labels,
-                                         tk_err *err) {
+tk_status tk_bert_dims_write_config_json(const char *path, const tk_bert_dims *d, tk_head_kind head, int num_labels,
+                                         const char *const *labels, tk_err *err) {
+    const char *arch = head == TK_HEAD_POOLED ? "BertForSequenceClassification"
+                     : head == TK_HEAD_SPAN ? "BertForQuestionAnswering" : "BertModel";
     json_t *o = json_pack("{s:[s], s:s, s:f, s:s, s:f, s:i, s:f, s:i, s:f, s:i, s:s, s:i, s:i, s:i, "
                           "s:i, s:s, s:i}",
-                          "architectures", "BertModel", "model_type", "bert",
+                          "architectures", arch, "model_type", "bert",
                           "attention_probs_dropout_prob", (double)d->attn_dropout,
                           "hidden_act", "gelu", "hidden_dropout_prob", (double)d->hidden_dropout,
                           "hidden_size", d->hidden, "initializer_range", 0.02,
@@ -208,14 +210,20 @@ tk_status tk_bert_dims_write_config_json(const char *path, const tk_bert_dims *d
         tk_err_set(err, TK_EIO, "%s: out of host memory", path);
         return TK_EIO;
     }
-    if (num_labels > 0) {
+    if (head == TK_HEAD_FLATTEN_DENSE)
+        json_object_set_new(o, "txkernel_head",
+                            json_string("flatten_dense: a Dense layer over the flattened token sequence "
+                                        "(classifier.*); transformers has no class for it, so this folder loads "
+                                        "there as a BertModel (the encoder) and classifier.* is unused"));
+    if (head == TK_HEAD_POOLED && num_labels > 0) {
         json_t *id2label = json_object(), *label2id = json_object();
         for (int i = 0; i < num_labels; i++) {
             char k[32], v[40];
             snprintf(k, sizeof k, "%d", i);
             snprintf(v, sizeof v, "LABEL_%d", i);
-            json_object_set_new(id2label, k, json_string(v));
-            json_object_set_new(label2id, v, json_integer(i));
+            const char *name = labels && labels[i] ? labels[i] : v;
+            json_object_set_new(id2label, k, json_string(name));
+            json_object_set_new(label2id, name, json_integer(i));
         }
         json_object_set_new(o, "id2label", id2label);
         json_object_set_new(o, "label2id", label2id);
@@ -280,4 +288,68 @@ tk_status tk_model_opts_from_config(tk_model_opts *o, const tk_config *c, tk_err
     o->freeze_layers = c->freeze_layers;
     o->seed = c->seed;
     return TK_OK;
+}
+
+tk_status tk_hf_head_from_config_json(const char *path, int *head, char ***labels, int *n_labels, tk_err *err) {
+    *head = -1;
+    *labels = NULL;
+    *n_labels = 0;
+    char file[TK_PATH_MAX + 16];
+    if (is_dir(path)) snprintf(file, sizeof file, "%s/config.json", path);
+    else snprintf(file, sizeof file, "%s", path);
+    json_error_t je;
+    json_t *root = json_load_file(file, 0, &je);
+    if (!root || !json_is_object(root)) {
+        tk_err_set(err, TK_EFORMAT, "%s:%d: %s", file, je.line, root ? "not a JSON object" : je.text);
+        json_decref(root);
+        return TK_EFORMAT;
+    }
+    json_t *arch = json_object_get(root, "architectures");
+    const char *a = json_is_array(arch) ? json_string_value(json_array_get(arch, 0)) : NULL;
+    if (a && strstr(a, "QuestionAnswering")) *head = TK_HEAD_SPAN;
+    else if (a && strstr(a, "SequenceClassification")) *head = TK_HEAD_POOLED;
+    else if (json_object_get(root, "txkernel_head")) *head = TK_HEAD_FLATTEN_DENSE;
+    json_t *id2label = json_object_get(root, "id2label");
+    tk_status st = TK_OK;
+    if (json_is_object(id2label) && json_object_size(id2label) > 0) {
+        int n = (int)json_object_size(id2label);
+        char **names = calloc((size_t)n, sizeof *names);
+        const char *k;
+        json_t *v;
+        if (!names) st = TK_EINVAL;
+        json_object_foreach(id2label, k, v) {
+            char *end = NULL;
+            long id = strtol(k, &end, 10);
+            if (st != TK_OK) break;
+            if (*end || id < 0 || id >= n || !json_is_string(v) || names[id]) {
+                tk_err_set(err, TK_EFORMAT, "%s: id2label: key '%s' is not one of 0..%d with a label name", file, k,
+                           n - 1);
+                st = TK_EFORMAT;
+            } else if (!(names[id] = strdup(json_string_value(v)))) {
+                st = TK_EINVAL;
+            }
+        }
+        if (st == TK_EINVAL) tk_err_set(err, TK_EINVAL, "%s: out of host memory", file);
+        if (st != TK_OK) {
+            for (int i = 0; names && i < n; i++) free(names[i]);
+            free(names);
+        } else {
+            *labels = names;
+            *n_labels = n;
+        }
+    }
+    json_decref(root);
+    return st;
+}
+
+int tk_hf_model_max_length(const char *dir) {
+    char file[TK_PATH_MAX + 32];
+    snprintf(file, sizeof file, "%s/tokenizer_config.json", dir);
+    json_t *root = json_load_file(file, 0, NULL);
+    json_t *v = root ? json_object_get(root, "model_max_length") : NULL;
+    /* transformers writes a huge sentinel when the length is unknown */
+    int n = json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) <= 1 << 20
+                ? (int)json_integer_value(v) : 0;
+    json_decref(root);
+    return n;
 }

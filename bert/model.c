@@ -25,6 +25,7 @@
 #include "tk_safetensors.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,11 @@ struct tk_model {
     char (*own)[NOWN][OWN_MAX]; /* per layer activation owners */
     tk_dtype adt;          /* activation and GEMM-input dtype: f32, f16 or bf16 */
     int grads;             /* gradients allocated */
+    /* the card (tk_model_set_card): written beside the weights */
+    char **labels;
+    int n_labels;
+    char *vocab_path;
+    int lowercase, max_len;
 };
 
 /* ---- descriptions ----------------------------------------------------- */
@@ -234,8 +240,104 @@ void tk_model_destroy(tk_model **pm) {
     for (int i = m->np - 1; i >= 0 && m->ps; i--) tk_tensor_free(m->dev, &m->ps[i].w);
     free(m->ps);
     free(m->own);
+    for (int i = 0; i < m->n_labels; i++) free(m->labels[i]);
+    free(m->labels);
+    free(m->vocab_path);
     free(m);
     *pm = NULL;
+}
+
+tk_status tk_model_set_card(tk_model *m, const tk_model_card *c, tk_err *err) {
+    for (int i = 0; i < m->n_labels; i++) free(m->labels[i]);
+    free(m->labels);
+    free(m->vocab_path);
+    m->labels = NULL;
+    m->vocab_path = NULL;
+    m->n_labels = 0;
+    int ok = 1;
+    if (c->n_labels > 0 && c->labels) {
+        m->labels = calloc((size_t)c->n_labels, sizeof *m->labels);
+        ok = m->labels != NULL;
+        for (int i = 0; ok && i < c->n_labels; i++) ok = (m->labels[i] = strdup(c->labels[i] ? c->labels[i] : "")) != NULL;
+        m->n_labels = m->labels ? c->n_labels : 0;
+    }
+    if (ok && c->vocab_path) ok = (m->vocab_path = strdup(c->vocab_path)) != NULL;
+    m->lowercase = c->lowercase;
+    m->max_len = c->max_len;
+    if (!ok) {
+        tk_err_set(err, TK_EINVAL, "model: out of host memory for its card");
+        return TK_EINVAL;
+    }
+    return TK_OK;
+}
+
+/* The tokenizer files transformers' AutoTokenizer reads (a BertTokenizer):
+ * vocab.txt copied from the run's, tokenizer_config.json and
+ * special_tokens_map.json. */
+static tk_status save_tokenizer(const tk_model *m, const char *dir, tk_err *err) {
+    char path[TK_PATH_MAX + 64];
+    FILE *f = fopen(m->vocab_path, "rb");
+    if (!f) {
+        tk_err_set(err, TK_EIO, "%s: cannot read the vocabulary to save it: %s", m->vocab_path, strerror(errno));
+        return TK_EIO;
+    }
+    char *buf = NULL;
+    size_t n = 0, cap = 0, k;
+    char chunk[65536];
+    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        if (n + k > cap) {
+            cap = (n + k) * 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) break;
+            buf = nb;
+        }
+        memcpy(buf + n, chunk, k);
+        n += k;
+    }
+    int bad = ferror(f) || (k > 0);
+    fclose(f);
+    tk_status st = TK_OK;
+    if (bad) {
+        tk_err_set(err, TK_EIO, "%s: cannot read the vocabulary to save it", m->vocab_path);
+        st = TK_EIO;
+    }
+    snprintf(path, sizeof path, "%s/vocab.txt", dir);
+    const void *parts[1] = {buf ? buf : ""};
+    size_t sizes[1] = {n};
+    if (st == TK_OK) st = tk_write_file_atomic(path, parts, sizes, 1, err);
+    free(buf);
+    static const char *const special[][2] = {{"cls_token", "[CLS]"}, {"mask_token", "[MASK]"}, {"pad_token", "[PAD]"},
+                                             {"sep_token", "[SEP]"}, {"unk_token", "[UNK]"}};
+    json_t *map = json_object(), *tc = json_object();
+    for (int i = 0; i < 5; i++) {
+        json_object_set_new(map, special[i][0], json_string(special[i][1]));
+        json_object_set_new(tc, special[i][0], json_string(special[i][1]));
+    }
+    json_object_set_new(tc, "tokenizer_class", json_string("BertTokenizer"));
+    json_object_set_new(tc, "do_lower_case", json_boolean(m->lowercase > 0));
+    json_object_set_new(tc, "strip_accents", json_null());
+    json_object_set_new(tc, "tokenize_chinese_chars", json_true());
+    json_object_set_new(tc, "clean_up_tokenization_spaces", json_true());
+    json_object_set_new(tc, "model_max_length",
+                        json_integer(m->max_len > 0 ? m->max_len : m->o.dims.max_position));
+    const char *names[2] = {"special_tokens_map.json", "tokenizer_config.json"};
+    json_t *docs[2] = {map, tc};
+    for (int i = 0; i < 2 && st == TK_OK; i++) {
+        char *s = json_dumps(docs[i], JSON_INDENT(2) | JSON_SORT_KEYS);
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        const void *pp[2] = {s ? s : "", "\n"};
+        size_t ss[2] = {s ? strlen(s) : 0, 1};
+        if (!s) {
+            tk_err_set(err, TK_EIO, "%s: out of host memory", path);
+            st = TK_EIO;
+        } else {
+            st = tk_write_file_atomic(path, pp, ss, 2, err);
+        }
+        free(s);
+    }
+    json_decref(map);
+    json_decref(tc);
+    return st;
 }
 
 const tk_model_opts *tk_model_opts_of(const tk_model *m) { return &m->o; }
@@ -596,9 +698,11 @@ tk_status tk_model_save_hf(tk_model *m, const char *dir, tk_err *err) {
     }
     if (st == TK_OK) {
         snprintf(path, sizeof path, "%s/config.json", dir);
-        st = tk_bert_dims_write_config_json(path, &m->o.dims,
-                                            m->o.head == TK_HEAD_POOLED ? m->o.num_labels : 0, err);
+        st = tk_bert_dims_write_config_json(path, &m->o.dims, m->o.head, m->o.num_labels,
+                                            m->n_labels == m->o.num_labels ? (const char *const *)m->labels : NULL,
+                                            err);
     }
+    if (st == TK_OK && m->vocab_path) st = save_tokenizer(m, dir, err);
     for (int i = 0; bufs && i < m->np; i++) free(bufs[i]);
     free(bufs);
     tk_st_writer_destroy(&w);

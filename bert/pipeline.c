@@ -16,6 +16,8 @@
 typedef struct {
     tk_data_batch *raw[2]; /* train, dev: owned arrays */
     int n[2];
+    tk_features *dev_f;    /* the dev features, for mapping rows back to examples */
+    tk_squad *dev_sq;      /* qa: the dev examples (contexts, gold answers) */
 } owned;
 
 static int file_exists(const char *p) {
@@ -175,6 +177,8 @@ static tk_status load_classify(const tk_config *c, tk_run_data *d, tk_err *err) 
     d->n_truncated = ft->n_truncated;
     if ((st = lengths_of(ft, d, err)) != TK_OK) goto out;
     st = batches_of(ft, fd, c, tk_tokenizer_special(tok).pad, d, err);
+    ((owned *)d->priv)->dev_f = fd;
+    fd = NULL;
 out:
     tk_features_destroy(&ft);
     tk_features_destroy(&fd);
@@ -218,6 +222,10 @@ static tk_status load_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
     d->n_dev_examples = dev ? dev->n : 0;
     if ((st = lengths_of(ft, d, err)) != TK_OK) goto out;
     st = batches_of(ft, fd, c, tk_tokenizer_special(tok).pad, d, err);
+    ((owned *)d->priv)->dev_f = fd;
+    ((owned *)d->priv)->dev_sq = dev;
+    fd = NULL;
+    dev = NULL;
 out:
     free(texts);
     tk_features_destroy(&ft);
@@ -279,6 +287,10 @@ void tk_run_data_clear(tk_run_data *d) {
         for (int i = 0; i < o->n[k]; i++) tk_data_batch_clear(&o->raw[k][i]);
         free(o->raw[k]);
     }
+    if (o) {
+        tk_features_destroy(&o->dev_f);
+        tk_squad_destroy(&o->dev_sq);
+    }
     free(o);
     for (int i = 0; d->labels && i < d->num_labels; i++) free(d->labels[i]);
     free(d->labels);
@@ -291,4 +303,186 @@ void tk_run_data_clear(tk_run_data *d) {
 void tk_run_config(const tk_run_data *d, tk_config *c) {
     if (c->task == TK_TASK_CLASSIFY && c->head == TK_HEAD_POOLED && c->num_labels == 0 && d->num_labels > 0)
         c->num_labels = d->num_labels;
+}
+
+/* ---- evaluation and prediction sets --------------------------------------- */
+
+/* Labels of ds mapped onto the model's (in its id order, which need not be
+ * sorted): a label outside them is an error naming the line. */
+static tk_status map_labels(tk_dataset *ds, const char *const *labels, int n_labels, tk_err *err) {
+    for (int i = 0; i < ds->n; i++) {
+        int k = 0;
+        while (k < n_labels && strcmp(ds->label_str[i], labels[k])) k++;
+        if (k == n_labels) {
+            char list[400] = "";
+            size_t used = 0;
+            for (int j = 0; j < n_labels; j++) {
+                int m = snprintf(list + used, sizeof list - used, "%s%s", j ? ", " : "", labels[j]);
+                if (m < 0 || used + (size_t)m >= sizeof list) break;
+                used += (size_t)m;
+            }
+            tk_err_set(err, TK_EINVAL, "%s:%d: label '%s' is not one the model knows (its labels: %s)", ds->name,
+                       ds->line[i], ds->label_str[i], list);
+            return TK_EINVAL;
+        }
+        ds->label[i] = k;
+    }
+    return TK_OK;
+}
+
+static tk_status eval_classify(const tk_config *c, const char *const *labels, int n_labels, tk_run_data *d,
+                               tk_err *err) {
+    tk_data_cols cols = {.text = c->text_col, .text_pair = c->text_pair_col, .label = c->label_col,
+                         .label_optional = 1};
+    tk_dataset *ds = NULL;
+    tk_tokenizer *tok = NULL;
+    tk_features *f = NULL;
+    tk_status st;
+    if ((st = tk_dataset_load(c->train_file, &cols, &ds, err)) != TK_OK) goto out;
+    if (ds->n > 0 && ds->num_labels > 0 && (st = map_labels(ds, labels, n_labels, err)) != TK_OK) goto out;
+    if (c->max_examples > 0 && ds->n > c->max_examples) ds->n = c->max_examples;
+    if (!(tok = tk_run_tokenizer(c, c->train_file, (const char *const *)ds->text, ds->n, d->vocab_path,
+                                 sizeof d->vocab_path, d->vocab_note, sizeof d->vocab_note, err))) {
+        st = err && err->status ? err->status : TK_EINVAL;
+        goto out;
+    }
+    tokenizer_facts(tok, d);
+    if ((st = tk_features_classify(tok, ds, c->max_len, TK_TRUNC_LONGEST_FIRST, &f, err)) != TK_OK) goto out;
+    d->num_labels = ds->num_labels > 0 ? n_labels : 0;
+    d->n_dev_examples = ds->n;
+    d->n_truncated = f->n_truncated;
+    if ((st = lengths_of(f, d, err)) != TK_OK) goto out;
+    st = batches_of(f, NULL, c, tk_tokenizer_special(tok).pad, d, err);
+    if (st == TK_OK) { /* the set goes to dev: it is evaluated, never trained on */
+        owned *o = d->priv;
+        d->dev = d->train;
+        d->n_dev = d->n_train;
+        d->train = NULL;
+        d->n_train = 0;
+        o->raw[1] = o->raw[0];
+        o->n[1] = o->n[0];
+        o->raw[0] = NULL;
+        o->n[0] = 0;
+        o->dev_f = f;
+        f = NULL;
+    }
+out:
+    tk_features_destroy(&f);
+    tk_tokenizer_destroy(&tok);
+    tk_dataset_destroy(&ds);
+    return st;
+}
+
+static tk_status eval_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
+    tk_squad *sq = NULL;
+    tk_tokenizer *tok = NULL;
+    tk_features *f = NULL;
+    const char **texts = NULL;
+    tk_status st;
+    if ((st = tk_squad_load(c->train_file, &sq, err)) != TK_OK) goto out;
+    if (c->max_examples > 0 && sq->n > c->max_examples) sq->n = c->max_examples;
+    texts = malloc((size_t)(2 * sq->n + 1) * sizeof *texts);
+    if (!texts) {
+        tk_err_set(err, TK_EINVAL, "data: out of host memory");
+        st = TK_EINVAL;
+        goto out;
+    }
+    for (int i = 0; i < sq->n; i++) {
+        texts[2 * i] = sq->ex[i].question;
+        texts[2 * i + 1] = sq->ex[i].context;
+    }
+    if (!(tok = tk_run_tokenizer(c, c->train_file, texts, 2 * sq->n, d->vocab_path, sizeof d->vocab_path,
+                                 d->vocab_note, sizeof d->vocab_note, err))) {
+        st = err && err->status ? err->status : TK_EINVAL;
+        goto out;
+    }
+    tokenizer_facts(tok, d);
+    if ((st = tk_features_squad(tok, sq, c->max_len, c->doc_stride, &f, err)) != TK_OK) goto out;
+    d->num_labels = 2;
+    d->n_dev_examples = sq->n;
+    if ((st = lengths_of(f, d, err)) != TK_OK) goto out;
+    owned *o = d->priv;
+    st = make_batches(f, c, c->eval_batch_size > 0 ? c->eval_batch_size : c->batch_size,
+                      tk_tokenizer_special(tok).pad, &o->raw[1], &d->dev, &d->n_dev, err);
+    if (st == TK_OK) {
+        o->n[1] = d->n_dev;
+        o->dev_f = f;
+        o->dev_sq = sq;
+        f = NULL;
+        sq = NULL;
+    }
+out:
+    free(texts);
+    tk_features_destroy(&f);
+    tk_tokenizer_destroy(&tok);
+    tk_squad_destroy(&sq);
+    return st;
+}
+
+tk_status tk_run_data_load_eval(const tk_config *c0, const char *const *labels, int n_labels, tk_run_data *d,
+                                tk_err *err) {
+    memset(d, 0, sizeof *d);
+    if (!c0->train_file[0]) {
+        tk_err_set(err, TK_EINVAL, "no input file (a CSV, TSV, JSONL or SQuAD JSON file)");
+        return TK_EINVAL;
+    }
+    /* file order, each batch padded to its longest: the fastest exact way */
+    tk_config c = *c0;
+    if (c.head != TK_HEAD_FLATTEN_DENSE) c.batching = TK_BATCH_DYNAMIC;
+    if (!(d->priv = calloc(1, sizeof(owned)))) {
+        tk_err_set(err, TK_EINVAL, "data: out of host memory");
+        return TK_EINVAL;
+    }
+    tk_status st = c.task == TK_TASK_QA ? eval_squad(&c, d, err) : eval_classify(&c, labels, n_labels, d, err);
+    if (st != TK_OK) {
+        tk_run_data_clear(d);
+        return st;
+    }
+    d->digest = digest_of(d->dev, d->n_dev, FNV0);
+    return TK_OK;
+}
+
+const int32_t *tk_run_data_rows(const tk_run_data *d, int i) {
+    const owned *o = d->priv;
+    return o && i >= 0 && i < o->n[1] ? o->raw[1][i].index : NULL;
+}
+
+int tk_run_data_example_of(const tk_run_data *d, int feature) {
+    const owned *o = d->priv;
+    return o && o->dev_f && feature >= 0 && feature < o->dev_f->n ? o->dev_f->example[feature] : -1;
+}
+
+int tk_run_data_span(const tk_run_data *d, int feature, int start, int end, tk_run_span *out) {
+    const owned *o = d->priv;
+    memset(out, 0, sizeof *out);
+    out->char_start = out->char_end = -1;
+    const tk_features *f = o ? o->dev_f : NULL;
+    if (!o || !o->dev_sq || !f || feature < 0 || feature >= f->n) return -1;
+    const tk_squad_example *ex = &o->dev_sq->ex[f->example[feature]];
+    out->context = ex->context;
+    out->gold = (const char *const *)ex->answer_text;
+    out->n_gold = ex->nanswers;
+    out->id = ex->id;
+    int64_t t0 = f->off[feature];
+    int len = f->len[feature];
+    if (start <= 0 || end < start || end >= len) return 0;
+    int32_t b0 = f->ctx_bstart[t0 + start], b1 = f->ctx_bend[t0 + end];
+    if (b0 < 0 || b1 <= b0) return 0;
+    out->byte_start = b0;
+    out->byte_end = b1;
+    /* character offsets, as SQuAD's answer_start counts them (UTF-8 lead bytes) */
+    int ch = 0;
+    for (int32_t b = 0; b < b1; b++) {
+        if (b == b0) out->char_start = ch;
+        if (((unsigned char)ex->context[b] & 0xC0) != 0x80) ch++;
+    }
+    out->char_end = ch;
+    return 0;
+}
+
+int tk_run_data_token_byte(const tk_run_data *d, int feature, int pos) {
+    const owned *o = d->priv;
+    const tk_features *f = o ? o->dev_f : NULL;
+    if (!f || !f->ctx_bstart || feature < 0 || feature >= f->n || pos < 0 || pos >= f->len[feature]) return -1;
+    return f->ctx_bstart[f->off[feature] + pos];
 }

@@ -108,7 +108,7 @@ static void top_owners(tk_alloc *a, sim_out *o) {
 
 /* One simulated run under `capacity` (0 = none). */
 static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t capacity, int B, int T,
-                          int EB, sim_out *o, tk_err *err) {
+                          int EB, int inference, sim_out *o, tk_err *err) {
     tk_tensor_info *want = o->tensors;
     int max_want = o->max_tensors;
     memset(o, 0, sizeof *o);
@@ -144,6 +144,8 @@ static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t ca
     }
     o->n_params = tk_model_n_weights(m);
     o->n_trainable = tk_model_n_trainable(m);
+    if (inference) /* weights and eval batches only: no gradients, no optimizer state */
+        goto eval;
     snprintf(o->phase, sizeof o->phase, "gradients");
     if ((st = tk_model_alloc_grads(m, err)) != TK_OK)
         goto out;
@@ -168,6 +170,7 @@ static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t ca
             goto out;
         tk_dev_cost_get(d, &o->train_cost);
     }
+eval:
     {
         tk_alloc_stats s;
         tk_alloc_stats_get(a, &s);
@@ -195,11 +198,15 @@ out:
     return o->st = st;
 }
 
-static tk_status plan_impl(const tk_config *c, const int *lengths, int n, tk_plan_result *out,
+static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int inference, tk_plan_result *out,
                            tk_tensor_info *tensors, int max_tensors, int *n_tensors, tk_err *err);
 
 tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
-    return plan_impl(c, lengths, n, out, NULL, 0, NULL, err);
+    return plan_impl(c, lengths, n, 0, out, NULL, 0, NULL, err);
+}
+
+tk_status tk_plan_inference(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
+    return plan_impl(c, lengths, n, 1, out, NULL, 0, NULL, err);
 }
 
 tk_status tk_plan_tensors_at_peak(const tk_config *c, const int *lengths, int n, tk_tensor_info *out, int max,
@@ -210,12 +217,12 @@ tk_status tk_plan_tensors_at_peak(const tk_config *c, const int *lengths, int n,
         tk_err_set(err, TK_EINVAL, "plan: out of host memory");
         return TK_EINVAL;
     }
-    tk_status st = plan_impl(c, lengths, n, p, out, max, n_out, err);
+    tk_status st = plan_impl(c, lengths, n, 0, p, out, max, n_out, err);
     free(p);
     return st;
 }
 
-static tk_status plan_impl(const tk_config *c, const int *lengths, int n, tk_plan_result *out,
+static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int inference, tk_plan_result *out,
                            tk_tensor_info *tensors, int max_tensors, int *n_tensors, tk_err *err) {
     double t0 = now_ms();
     memset(out, 0, sizeof *out);
@@ -270,14 +277,14 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, tk_pla
     }
     so->tensors = tensors;
     so->max_tensors = max_tensors;
-    st = simulate(c, &mo, capacity, B, T, EB, so, err);
+    st = simulate(c, &mo, capacity, B, T, EB, inference, so, err);
     if (st == TK_EOOM && capacity) {
         out->oom = 1;
         out->oom_record = so->oom;
         snprintf(out->oom_phase, sizeof out->oom_phase, "%s", so->phase);
         if (err)
             memset(err, 0, sizeof *err);
-        st = simulate(c, &mo, 0, B, T, EB, so, err);
+        st = simulate(c, &mo, 0, B, T, EB, inference, so, err);
     }
     if (st != TK_OK) {
         free(so);

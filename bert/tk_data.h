@@ -79,6 +79,7 @@ typedef struct tk_data_cols {
     const char *text;       /* required; NULL/"" = "text" */
     const char *text_pair;  /* NULL/"" = none */
     const char *label;      /* NULL/"" = "label"; a missing label column is an error */
+    int label_optional;     /* 1: no label column is fine (prediction input): every label -1 */
 } tk_data_cols;
 
 /* Loads a CSV/TSV/JSONL file into a dataset with its own sorted label set.

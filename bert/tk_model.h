@@ -65,9 +65,22 @@ const char *const *tk_bert_preset_names(void);
  * fields take BertConfig's defaults; a field of the wrong type is an error
  * naming the file and the key. */
 tk_status tk_bert_dims_from_config_json(const char *path, tk_bert_dims *out, tk_err *err);
-/* Writes config.json for dims (and num_labels when > 0) atomically. */
-tk_status tk_bert_dims_write_config_json(const char *path, const tk_bert_dims *dims, int num_labels,
-                                         tk_err *err);
+/* Writes config.json for dims atomically, as transformers writes it for
+ * the head: `architectures` BertForSequenceClassification (pooled, with
+ * id2label / label2id for num_labels classes: `labels` names them, or NULL
+ * for LABEL_i), BertForQuestionAnswering (span), or BertModel with a note
+ * that transformers has no class for the flatten_dense head. */
+tk_status tk_bert_dims_write_config_json(const char *path, const tk_bert_dims *dims, tk_head_kind head, int num_labels,
+                                         const char *const *labels, tk_err *err);
+/* What an HF config.json (a folder or the file) says of the head: *head
+ * TK_HEAD_POOLED for ...ForSequenceClassification, TK_HEAD_SPAN for
+ * ...ForQuestionAnswering, TK_HEAD_FLATTEN_DENSE for txkernel's own, -1
+ * otherwise; the id2label names in id order (*labels: new array of new
+ * strings, free each and the array; NULL and 0 when absent). */
+tk_status tk_hf_head_from_config_json(const char *path, int *head, char ***labels, int *n_labels, tk_err *err);
+/* tokenizer_config.json's model_max_length in folder dir, or 0 when absent
+ * or unset. */
+int tk_hf_model_max_length(const char *dir);
 /* `model` is a preset name or an HF folder; fills dims from it. */
 tk_status tk_bert_dims_resolve(const char *model, tk_bert_dims *out, int *lowercase, tk_err *err);
 /* Checks dims (positive sizes, heads divide hidden, probabilities in [0,1)). */
@@ -173,9 +186,25 @@ tk_status tk_model_load_hf(tk_model *m, const char *path, tk_load_report *rep, t
 tk_model *tk_model_from_config(tk_dev *d, const tk_config *c, tk_load_report *rep, int *random_init,
                                tk_err *err);
 
+/* What a saved folder says besides the weights, so that transformers loads
+ * it whole: the label names (config.json's id2label) and the tokenizer
+ * (vocab.txt, tokenizer_config.json, special_tokens_map.json). Strings are
+ * copied. n_labels 0 / vocab_path NULL leave that part out. */
+typedef struct tk_model_card {
+    const char *const *labels;
+    int n_labels;
+    const char *vocab_path;  /* the vocab.txt the run's tokenizer read */
+    int lowercase;           /* the tokenizer's do_lower_case */
+    int max_len;             /* model_max_length; 0 = the model's max positions */
+} tk_model_card;
+tk_status tk_model_set_card(tk_model *m, const tk_model_card *card, tk_err *err);
+
 /* Writes every parameter under its HF name (with "bert.") to
- * <dir>/model.safetensors and config.json to <dir>/config.json, each
- * atomically (temp file, fsync, rename); creates dir if needed. */
+ * <dir>/model.safetensors, config.json (tk_bert_dims_write_config_json
+ * with the card's labels) and, when the card names a vocabulary, vocab.txt,
+ * tokenizer_config.json and special_tokens_map.json, each atomically (temp
+ * file, fsync, rename); creates dir if needed. The folder loads with
+ * transformers' AutoConfig / AutoTokenizer / AutoModelFor... */
 tk_status tk_model_save_hf(tk_model *m, const char *dir, tk_err *err);
 
 /* Allocates the gradients (TK_CAT_GRAD, same owners as the parameters) of

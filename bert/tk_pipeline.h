@@ -73,6 +73,38 @@ struct tk_tokenizer *tk_run_tokenizer(const tk_config *c, const char *corpus, co
  * the config leaves it to the data (pooled classification, num_labels 0). */
 void tk_run_config(const tk_run_data *d, tk_config *c);
 
+/* An evaluation or prediction set: c->train_file read whole (no split;
+ * max_examples kept), tokenized as a run of c would be, batched in file
+ * order (each batch padded to its longest; eval_batch_size, else
+ * batch_size) into d->dev. Classification: when the file has the label
+ * column, its labels map onto `labels` (n_labels names in the model's id
+ * order; a label outside them is an error naming file and line) and
+ * d->num_labels = n_labels; without it every label is -1. qa: SQuAD JSON.
+ * On failure `d` is left cleared. */
+tk_status tk_run_data_load_eval(const tk_config *c, const char *const *labels, int n_labels, tk_run_data *d,
+                                tk_err *err);
+/* The feature index of each row of dev batch i (borrowed; NULL out of range),
+ * and the example a dev feature comes from (-1 out of range). */
+const int32_t *tk_run_data_rows(const tk_run_data *d, int i);
+int tk_run_data_example_of(const tk_run_data *d, int feature);
+
+/* qa: a predicted span [start, end] (token positions) of dev feature
+ * `feature`, as text of its example's context. */
+typedef struct tk_run_span {
+    const char *id, *context;    /* the example's (borrowed) */
+    int byte_start, byte_end;    /* [start, end) in context; 0, 0 when no answer */
+    int char_start, char_end;    /* the same in characters (SQuAD's answer_start); -1 when none */
+    const char *const *gold;     /* the example's answers (borrowed) */
+    int n_gold;
+} tk_run_span;
+/* Returns 0 (span filled; an empty span when start/end do not fall on
+ * context tokens), or -1 when d is not a qa set or feature is out of range. */
+int tk_run_data_span(const tk_run_data *d, int feature, int start, int end, tk_run_span *out);
+/* qa: the context byte where token `pos` of dev feature `feature` starts, or
+ * -1 for question and special tokens (an answer must start and end on
+ * context tokens). */
+int tk_run_data_token_byte(const tk_run_data *d, int feature, int pos);
+
 #ifdef __cplusplus
 }
 #endif

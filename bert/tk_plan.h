@@ -57,6 +57,11 @@ typedef struct tk_plan_result {
  * oom = 1 (the record says where); errors are bad configs. */
 tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err);
 
+/* The plan of using the model: the weights and one eval batch
+ * (eval_batch_size, else batch_size) at the worst-case length, with no
+ * gradients or optimizer state; the same fields, train_step zero. */
+tk_status tk_plan_inference(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err);
+
 /* The largest tensors live at the planned peak (largest first, at most max),
  * with owner, category, dtype and shape: the same plan simulated again with
  * tensor tracking on. For reports, not for searches (tracking costs a list

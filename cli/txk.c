@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include "tk_kernel.h"
 #include "tk_magics.h"
 #include "tk_pipeline.h"
+#include "tk_predict.h"
 #include "tk_plan.h"
 #include "tk_render.h"
 #include "tk_session.h"
@@ -370,6 +372,130 @@ static int cmd_advise(int argc, char **argv) {
     return rc;
 }
 
+/* ---- predict ---------------------------------------------------------------------- */
+
+static int is_dir_path(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Every prediction to FILE: JSON Lines for *.jsonl, else CSV with a header. */
+static int write_predictions(const char *path, const json_t *preds, int qa, const tk_predict_report *r) {
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    int jsonl = strlen(path) > 6 && !strcmp(path + strlen(path) - 6, ".jsonl");
+    size_t i;
+    json_t *e;
+    if (!jsonl) {
+        fputs(qa ? "index,id,answer,start,end" : "index,label,score", f);
+        for (int k = 0; !qa && k < r->n_labels; k++) fprintf(f, ",p_%s", r->labels[k]);
+        fputs(qa ? "\n" : ",gold\n", f);
+    }
+    json_array_foreach(preds, i, e) {
+        if (jsonl) {
+            char *line = json_dumps(e, JSON_COMPACT | JSON_SORT_KEYS);
+            if (line) fprintf(f, "%s\n", line);
+            free(line);
+            continue;
+        }
+        fprintf(f, "%zu", i);
+        if (qa) {
+            const char *ans = json_string_value(json_object_get(e, "answer"));
+            fprintf(f, ",%s,\"", json_string_value(json_object_get(e, "id")) ? json_string_value(json_object_get(e, "id")) : "");
+            for (const char *c = ans ? ans : ""; *c; c++) fprintf(f, *c == '"' ? "\"\"" : "%c", *c);
+            fprintf(f, "\",%lld,%lld\n", json_integer_value(json_object_get(e, "start")),
+                    json_integer_value(json_object_get(e, "end")));
+        } else {
+            fprintf(f, ",%s,%.6f", json_string_value(json_object_get(e, "label")),
+                    json_real_value(json_object_get(e, "score")));
+            json_t *probs = json_object_get(e, "probs");
+            for (int k = 0; k < r->n_labels; k++)
+                fprintf(f, ",%.6f", json_real_value(json_object_get(probs, r->labels[k])));
+            const char *g = json_string_value(json_object_get(e, "gold"));
+            fprintf(f, ",%s\n", g ? g : "");
+        }
+    }
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* Predictions of a trained model (a folder, or a config whose output_dir
+ * holds one) over an input file, with metrics when it has gold labels. */
+static int cmd_predict(int argc, char **argv) {
+    if (argc < 1) {
+        fprintf(stderr, "usage: txk predict MODEL_DIR|cfg.yaml --input FILE [--text COL] [--pair COL] [--label COL] "
+                        "[-o OUT.csv|OUT.jsonl] [--rows N] [key=value ...] [--json]\n");
+        return EXIT_USAGE;
+    }
+    static const char *const valued[] = {"--input", "--text", "--pair", "--label", "-o", "--rows", NULL};
+    static const char *const bare[] = {"--json", NULL};
+    int rc = check_words(argv + 1, argc - 1, valued, bare);
+    if (rc) return rc;
+    const char *input = flag_value(argv, argc, "--input"), *out_path = flag_value(argv, argc, "-o");
+    if (!input) {
+        fprintf(stderr, "txk: predict needs --input FILE (CSV, TSV, JSONL, or SQuAD JSON for a QA model)\n");
+        return EXIT_USAGE;
+    }
+    tk_config c;
+    tk_err err = {0};
+    int folder = is_dir_path(argv[0]);
+    if (!folder && (rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
+    if (tk_session_predict_config(folder ? argv[0] : NULL, &c, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    for (int i = 1; folder && i < argc; i++) {
+        char *eq = argv[i][0] != '-' ? strchr(argv[i], '=') : NULL;
+        if (!eq || (i > 1 && argv[i - 1][0] == '-')) continue;
+        *eq = 0;
+        tk_status st = tk_config_set(&c, argv[i], eq + 1, &err);
+        *eq = '=';
+        if (st != TK_OK) {
+            fprintf(stderr, "txk: %s\n", err.msg);
+            return EXIT_ERR;
+        }
+    }
+    snprintf(c.train_file, sizeof c.train_file, "%s", input);
+    const char *cols[3][2] = {{"--text", "text_col"}, {"--pair", "text_pair_col"}, {"--label", "label_col"}};
+    for (int k = 0; k < 3; k++) {
+        const char *v = flag_value(argv, argc, cols[k][0]);
+        if (v && tk_config_set(&c, cols[k][1], v, &err) != TK_OK) {
+            fprintf(stderr, "txk: %s\n", err.msg);
+            return EXIT_ERR;
+        }
+    }
+    const char *rows_s = flag_value(argv, argc, "--rows");
+    int rows = rows_s ? atoi(rows_s) : 10;
+    tk_session *s = tk_session_new();
+    tk_predict_report r;
+    tk_status st = s ? tk_session_predict(s, &c, &r, &err) : TK_EINVAL;
+    if (st != TK_OK) {
+        fprintf(stderr, "txk: %s\n", s ? err.msg : "out of host memory");
+        tk_session_destroy(&s);
+        return EXIT_ERR;
+    }
+    int json = has_flag(argv, argc, "--json");
+    char b1[32], b2[32];
+    if (r.planned_oom) {
+        fprintf(stderr, "txk: the prediction plan needs %s but %s is free: stopped before allocating anything\n",
+                tk_format_bytes(r.plan.peak_reserved, b1, sizeof b1), tk_format_bytes(r.free_before, b2, sizeof b2));
+        rc = EXIT_PLAN_OOM;
+    } else {
+        json_t *b = tk_report_predict(&r, rows > 0 ? rows : 0);
+        emit(b, json);
+        json_t *preds = json_object_get(json_object_get(b, "application/json"), "predictions");
+        if (out_path && write_predictions(out_path, preds, r.res && r.res->qa, &r) != 0) {
+            fprintf(stderr, "txk: %s: cannot write the predictions\n", out_path);
+            rc = EXIT_ERR;
+        } else if (out_path) {
+            fprintf(stderr, "txk: wrote %d predictions to %s\n", r.res ? r.res->n : 0, out_path);
+        }
+        json_decref(b);
+    }
+    tk_predict_report_clear(&r);
+    tk_session_destroy(&s);
+    return rc;
+}
+
 /* ---- data, vocab ------------------------------------------------------------------ */
 
 static int cmd_data(int argc, char **argv) {
@@ -487,6 +613,7 @@ static const txk_cmd CMDS[] = {
     {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P] [--max-batch|--sweep] [--json]   planned peak memory, no training"},
     {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway)"},
+    {"predict", cmd_predict, "MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
     {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
     {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory"},

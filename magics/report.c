@@ -1,5 +1,5 @@
 /* report.c — the reports a notebook cell and `txk` both show: the plan, the
- * OOM autopsy, the per-epoch history and live memory (text/plain, text/html,
+ * OOM autopsy, the per-epoch history, predictions and live memory (text/plain, text/html,
  * SVG, Vega-Lite and application/json in one bundle); plus the small helpers
  * every txkernel magic uses (argument splitting, emitting a bundle).
  *
@@ -16,6 +16,7 @@
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_pipeline.h"
+#include "tk_predict.h"
 #include "tk_train.h"
 #include "tk_txmagics.h"
 
@@ -432,6 +433,127 @@ json_t *tk_report_history(const tk_epoch_stats *h, int n, int task) {
         tk_rtable_destroy(&t);
     }
     json_object_set_new(bundle, "application/json", rows);
+    return bundle;
+}
+
+/* ---- predictions ---------------------------------------------------------------- */
+
+static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+json_t *tk_report_predict(const tk_predict_report *r, int rows) {
+    const tk_predict_result *p = r->res;
+    json_t *bundle = tk_bundle_new("");
+    tk_sb text = {0}, html = {0};
+    char b1[32];
+    if (!p) return bundle;
+    tk_sb_addf(&text, "Predictions of %s: %d examples in %.2f s (planned peak %s)\n", r->model, p->n, p->seconds,
+               tk_format_bytes(r->plan.peak_reserved, b1, sizeof b1));
+    json_t *j = json_pack("{s:s, s:i, s:f, s:I}", "model", r->model, "examples", p->n, "seconds", p->seconds,
+                          "planned_peak_reserved", (json_int_t)r->plan.peak_reserved);
+    json_object_set_new(j, "loss", num_or_null(p->loss));
+    json_object_set_new(j, "with_gold", json_integer(p->n_gold));
+    if (p->qa) {
+        if (p->n_gold) tk_sb_addf(&text, "exact match %.2f, F1 %.2f (SQuAD v1.1, %d questions with answers)\n",
+                                  p->exact_match, p->f1, p->n_gold);
+        json_object_set_new(j, "exact_match", num_or_null(p->exact_match));
+        json_object_set_new(j, "f1", num_or_null(p->f1));
+    } else if (p->n_gold) {
+        tk_sb_addf(&text, "accuracy %.4f, macro F1 %.4f, loss %.4f (%d examples with a label)\n", p->accuracy,
+                   p->macro_f1, p->loss, p->n_gold);
+        json_object_set_new(j, "accuracy", num_or_null(p->accuracy));
+        json_object_set_new(j, "macro_f1", num_or_null(p->macro_f1));
+    }
+    char *head = tk_sb_take(&text);
+    tk_sb_add(&html, "<p>");
+    tk_sb_add_html(&html, head ? head : "");
+    tk_sb_add(&html, "</p>");
+    tk_sb_add(&text, head ? head : "");
+    free(head);
+    int K = p->num_labels;
+    if (!p->qa && p->n_gold && K > 0) {
+        /* the confusion matrix: rows are the gold labels */
+        const char **hdr = calloc((size_t)K + 1, sizeof *hdr);
+        char **names = calloc((size_t)K + 1, sizeof *names);
+        json_t *cm = json_array();
+        for (int k = 0; hdr && names && k <= K; k++) {
+            if (k == 0) hdr[0] = "gold \\ predicted";
+            else {
+                const char *nm = r->labels ? r->labels[k - 1] : "?";
+                if ((names[k] = malloc(strlen(nm) + 2))) snprintf(names[k], strlen(nm) + 2, ">%s", nm);
+                hdr[k] = names[k] ? names[k] : ">?";
+            }
+        }
+        tk_rtable *t = hdr ? tk_rtable_new("Confusion matrix", K + 1, hdr) : NULL;
+        for (int g = 0; g < K; g++) {
+            tk_sb row = {0};
+            tk_sb_add(&row, r->labels ? r->labels[g] : "?");
+            json_t *jr = json_array();
+            for (int q = 0; q < K; q++) {
+                tk_sb_addf(&row, "\t%lld", (long long)p->confusion[(size_t)g * K + q]);
+                json_array_append_new(jr, json_integer(p->confusion[(size_t)g * K + q]));
+            }
+            char *line = tk_sb_take(&row);
+            if (t && line) tk_rtable_rowf(t, "%s", line);
+            free(line);
+            json_array_append_new(cm, jr);
+        }
+        json_object_set_new(j, "confusion", cm);
+        if (t) {
+            char *tt = tk_rtable_text(t), *th = tk_rtable_html(t);
+            tk_sb_add(&text, tt ? tt : "");
+            tk_sb_add(&html, th ? th : "");
+            free(tt);
+            free(th);
+            tk_rtable_destroy(&t);
+        }
+        for (int k = 0; names && k <= K; k++) free(names[k]);
+        free(names);
+        free(hdr);
+    }
+    /* per example: every one in the JSON, the first `rows` in the tables */
+    json_t *all = json_array();
+    const char *hc[] = {">#", "label", ">score", "gold"};
+    const char *hq[] = {">#", "id", "answer", ">chars", "gold?"};
+    tk_rtable *t = tk_rtable_new("Predictions", p->qa ? 5 : 4, p->qa ? hq : hc);
+    for (int i = 0; i < p->n; i++) {
+        if (p->qa) {
+            json_array_append_new(all, json_pack("{s:s?, s:s, s:i, s:i}", "id", p->id[i], "answer", p->answer[i],
+                                                 "start", p->char_start[i], "end", p->char_end[i]));
+            if (t && i < rows)
+                tk_rtable_rowf(t, "%d\t%s\t%s\t%d-%d\t%s", i, p->id[i] ? p->id[i] : "", p->answer[i],
+                               p->char_start[i], p->char_end[i], "");
+        } else {
+            int k = p->pred[i];
+            const char *name = r->labels && k < r->n_labels ? r->labels[k] : "?";
+            json_t *probs = json_object(), *logits = json_array();
+            for (int q = 0; q < K; q++) {
+                json_object_set_new(probs, r->labels && q < r->n_labels ? r->labels[q] : "?",
+                                    json_real(p->probs[(size_t)i * K + q]));
+                json_array_append_new(logits, json_real(p->logits[(size_t)i * K + q]));
+            }
+            json_t *e = json_pack("{s:i, s:s, s:f, s:o, s:o}", "index", i, "label", name, "score",
+                                  (double)p->probs[(size_t)i * K + k], "probs", probs, "logits", logits);
+            if (p->gold[i] >= 0 && r->labels && p->gold[i] < r->n_labels)
+                json_object_set_new(e, "gold", json_string(r->labels[p->gold[i]]));
+            json_array_append_new(all, e);
+            if (t && i < rows)
+                tk_rtable_rowf(t, "%d\t%s\t%.4f\t%s", i, name, (double)p->probs[(size_t)i * K + k],
+                               p->gold[i] >= 0 && r->labels && p->gold[i] < r->n_labels ? r->labels[p->gold[i]] : "");
+        }
+    }
+    json_object_set_new(j, "predictions", all);
+    if (t) {
+        char *tt = tk_rtable_text(t), *th = tk_rtable_html(t);
+        tk_sb_add(&text, tt ? tt : "");
+        tk_sb_add(&html, th ? th : "");
+        if (p->n > rows) tk_sb_addf(&text, "(%d more; --json or -o FILE for all)\n", p->n - rows);
+        free(tt);
+        free(th);
+        tk_rtable_destroy(&t);
+    }
+    tk_bundle_take(bundle, "text/plain", tk_sb_take(&text));
+    tk_bundle_take(bundle, "text/html", tk_sb_take(&html));
+    json_object_set_new(bundle, "application/json", j);
     return bundle;
 }
 

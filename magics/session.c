@@ -22,6 +22,7 @@
 
 #include "tk_model.h"
 #include "tk_pipeline.h"
+#include "tk_predict.h"
 #include "tk_train.h"
 
 struct tk_session {
@@ -267,6 +268,11 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
         }
         goto out;
     }
+    /* what output_dir gets beside the weights: label names, tokenizer files */
+    tk_model_card card = {.labels = (const char *const *)data.labels,
+                          .n_labels = cc.task == TK_TASK_CLASSIFY ? data.num_labels : 0,
+                          .vocab_path = data.vocab_path, .lowercase = data.lowercase, .max_len = cc.max_len};
+    if ((rc = tk_model_set_card(m, &card, err)) != TK_OK) goto out;
     note(h, "model: %lld parameters (%lld trainable)", (long long)tk_model_n_weights(m),
          (long long)tk_model_n_trainable(m));
     if (random_init) {
@@ -337,5 +343,99 @@ out:
     }
     if (rc == TK_OK) r->end = TK_RUN_DONE;
     remember_run(s, r);
+    return rc;
+}
+
+/* ---- using a trained model ---------------------------------------------------- */
+
+void tk_predict_report_clear(tk_predict_report *r) {
+    if (!r) return;
+    for (int i = 0; i < r->n_labels; i++) free(r->labels[i]);
+    free(r->labels);
+    tk_predict_result_clear(r->res);
+    free(r->res);
+    memset(r, 0, sizeof *r);
+}
+
+static int has_file(const char *dir, const char *name) {
+    char p[TK_PATH_MAX + 64];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *err) {
+    if (folder) {
+        tk_config_defaults(c);
+        snprintf(c->model, sizeof c->model, "%s", folder);
+        int L = tk_hf_model_max_length(folder);
+        if (L > 0) c->max_len = L;
+    } else if (c->output_dir[0] && has_file(c->output_dir, "model.safetensors")) {
+        snprintf(c->model, sizeof c->model, "%s", c->output_dir);
+    }
+    if (!has_file(c->model, "config.json") || !has_file(c->model, "model.safetensors")) {
+        tk_err_set(err, TK_EINVAL,
+                   "%s: not a trained model folder (config.json and model.safetensors); give the output_dir of a "
+                   "run, or a config whose output_dir holds one", c->model);
+        return TK_EINVAL;
+    }
+    return TK_OK;
+}
+
+tk_status tk_session_predict(tk_session *s, const tk_config *c0, tk_predict_report *r, tk_err *err) {
+    memset(r, 0, sizeof *r);
+    tk_config c = *c0;
+    snprintf(r->model, sizeof r->model, "%s", c.model);
+    int head = -1;
+    tk_status rc = tk_hf_head_from_config_json(c.model, &head, &r->labels, &r->n_labels, err);
+    if (rc != TK_OK) return rc;
+    if (head == TK_HEAD_SPAN) {
+        c.task = TK_TASK_QA;
+        c.head = TK_HEAD_SPAN;
+    } else if (head == TK_HEAD_POOLED || head < 0) {
+        c.task = TK_TASK_CLASSIFY;
+        c.head = TK_HEAD_POOLED;
+        c.num_labels = r->n_labels > 0 ? r->n_labels : 2;
+    } else {
+        tk_predict_report_clear(r);
+        tk_err_set(err, TK_EINVAL, "%s: a flatten_dense head: prediction is for the pooled and span heads", c.model);
+        return TK_EINVAL;
+    }
+    c.dropout = 0;
+    tk_dev *d = tk_session_device(s, &c, NULL, err);
+    if (!d) {
+        tk_predict_report_clear(r);
+        return TK_EDEVICE;
+    }
+    tk_run_data data;
+    if ((rc = tk_run_data_load_eval(&c, (const char *const *)r->labels, r->n_labels, &data, err)) != TK_OK) {
+        tk_predict_report_clear(r);
+        return rc;
+    }
+    r->digest = data.digest;
+    /* planned like a run: the weights and one eval batch */
+    if ((rc = tk_plan_inference(&c, data.lengths, data.n_lengths, &r->plan, err)) != TK_OK) goto out;
+    size_t limit = tk_session_capacity_of(&c);
+    r->free_before = dev_free(d);
+    if (r->plan.oom || ((limit || tk_dev_kind_of(d) == TK_DEV_CUDA) && r->plan.peak_reserved > r->free_before)) {
+        r->planned_oom = 1;
+        goto out;
+    }
+    tk_model *m = tk_model_from_config(d, &c, NULL, NULL, err);
+    if (!m) {
+        rc = err && err->status ? err->status : TK_EOOM;
+        goto out;
+    }
+    if (!(r->res = calloc(1, sizeof *r->res))) {
+        tk_err_set(err, TK_EINVAL, "predict: out of host memory");
+        rc = TK_EINVAL;
+    } else {
+        rc = tk_predict(m, &data, r->res, err);
+    }
+    tk_model_destroy(&m);
+    tk_alloc_empty_cache(tk_dev_alloc(d));
+out:
+    tk_run_data_clear(&data);
+    if (rc != TK_OK) tk_predict_report_clear(r);
     return rc;
 }

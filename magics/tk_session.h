@@ -129,6 +129,35 @@ void tk_session_take_advice(tk_session *s, struct tk_advice *a);
 tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks *h,
                            tk_run_report *r, tk_err *err);
 
+/* ---- using a trained model ---------------------------------------------------- */
+
+struct tk_predict_result;   /* tk_predict.h */
+typedef struct tk_predict_report {
+    int planned_oom;            /* 1: the inference plan did not fit: nothing ran */
+    tk_plan_result plan;        /* tk_plan_inference of the prediction */
+    size_t free_before;
+    char **labels;              /* the model's id2label names (owned), NULL for qa */
+    int n_labels;
+    char model[TK_PATH_MAX];    /* the folder the model came from */
+    uint64_t digest;            /* the input data's (tk_pipeline.h) */
+    struct tk_predict_result *res; /* owned; NULL when nothing ran */
+} tk_predict_report;
+void tk_predict_report_clear(tk_predict_report *r);
+
+/* The config to predict with. With `folder` (a trained output_dir, or any HF
+ * BERT folder): the defaults, model = folder, max_len from its
+ * tokenizer_config.json. With folder NULL, *c is a txkernel config already
+ * parsed: the model becomes its output_dir when that holds a trained model. */
+tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *err);
+
+/* Predictions of the model in c->model over the file c->train_file (the
+ * pipeline's evaluation set: columns text_col / text_pair_col / label_col,
+ * SQuAD JSON for a qa model), planned first like a run (tk_plan_inference):
+ * a plan that does not fit what the device has free stops before allocating
+ * (r->planned_oom). The head and labels come from the model's config.json.
+ * Memory returns to the session baseline afterwards. */
+tk_status tk_session_predict(tk_session *s, const tk_config *c, tk_predict_report *r, tk_err *err);
+
 /* ---- reports shared by the magics and `txk` (text + HTML + JSON) ----------- */
 
 /* The plan: peak vs capacity/free, category breakdown, top owners. `free`
@@ -147,6 +176,11 @@ void tk_report_add_tensors(json_t *bundle, const tk_tensor_info *t, int n);
  * batches and the data digest (a line of text, and "data" in its
  * application/json). No-op when d holds no data. */
 void tk_report_add_data(json_t *bundle, const struct tk_run_data *d);
+/* A prediction: the metrics (accuracy, macro F1 and the confusion matrix;
+ * exact match and F1 for qa) when the input had gold labels, and the first
+ * `rows` examples' predictions (label and probabilities, or the answer and
+ * its span); `all` (JSON) holds every example. */
+json_t *tk_report_predict(const tk_predict_report *r, int rows);
 /* An OOM autopsy: what was being allocated, for which layer and category,
  * capacity, free, allocated, reserved, largest free block, top owners, and
  * the next things to try. `phase` may be NULL. */

@@ -24,13 +24,15 @@ if [ -n "$missing" ]; then
 fi
 
 # PyPI peers Debian lacks (or has too old): HF tokenizers, safetensors,
-# jupyter_kernel_test, nbclient.
-PYPI="tokenizers safetensors jupyter_kernel_test nbclient"
+# jupyter_kernel_test, nbclient, and HF transformers in the last release
+# series that runs on Debian's torch 1.13 (it pins tokenizers < 0.20 and
+# huggingface_hub < 1.0 itself).
+PYPI="tokenizers safetensors jupyter_kernel_test nbclient transformers<4.41"
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 need=""
-for m in tokenizers safetensors jupyter_kernel_test nbclient; do
+for m in tokenizers safetensors jupyter_kernel_test nbclient transformers; do
   .venv/bin/python -c "import $m" 2>/dev/null || need=1
 done
 if [ -n "$need" ] || ! .venv/bin/python -c "import nbclient,sys; sys.exit(0 if tuple(map(int,nbclient.__version__.split('.')[:2]))>=(0,10) else 1)" 2>/dev/null; then

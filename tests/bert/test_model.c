@@ -137,7 +137,7 @@ static void test_config_json(void) {
     char path[300];
     snprintf(path, sizeof path, "%s/config.json", tmpdir);
     tk_err e = {0};
-    TK_CHECK(tk_bert_dims_write_config_json(path, &d, 3, &e) == TK_OK);
+    TK_CHECK(tk_bert_dims_write_config_json(path, &d, TK_HEAD_POOLED, 3, NULL, &e) == TK_OK);
     TK_CHECK(tk_bert_dims_from_config_json(tmpdir, &r, &e) == TK_OK);
     TK_CHECK_EQ_INT(r.hidden, 256);
     TK_CHECK_EQ_INT(r.layers, 4);

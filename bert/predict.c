@@ -19,6 +19,7 @@
 void tk_predict_result_clear(tk_predict_result *r) {
     if (!r) return;
     for (int i = 0; r->answer && i < r->n; i++) free(r->answer[i]);
+    for (int i = 0; r->id && i < r->n; i++) free(r->id[i]);
     free(r->answer);
     free(r->pred);
     free(r->probs);
@@ -26,7 +27,7 @@ void tk_predict_result_clear(tk_predict_result *r) {
     free(r->gold);
     free(r->char_start);
     free(r->char_end);
-    free((void *)r->id);
+    free(r->id);
     free(r->confusion);
     memset(r, 0, sizeof *r);
 }
@@ -181,7 +182,7 @@ tk_status tk_predict(tk_model *m, const tk_run_data *d, tk_predict_result *r, tk
                 }
                 r->char_start[i] = sp.char_start;
                 r->char_end[i] = sp.char_end;
-                r->id[i] = sp.id;
+                r->id[i] = sp.id ? strdup(sp.id) : NULL;
                 if (sp.n_gold > 0) {
                     r->n_gold++;
                     em += tk_squad_em(r->answer[i] ? r->answer[i] : "", sp.gold, sp.n_gold);
@@ -235,8 +236,8 @@ static int32_t *normalise(const char *s, span **toks, int *ntok) {
     *toks = NULL;
     *ntok = 0;
     if (!cp) return NULL;
-    int k = 0;
-    for (size_t i = 0; i < n;) {
+    int k = 0, m = 0;
+    for (size_t i = 0; i < n;) { /* decode */
         int32_t c;
         utf8proc_ssize_t w = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
         if (w <= 0) { /* not UTF-8: keep the byte */
@@ -244,7 +245,12 @@ static int32_t *normalise(const char *s, span **toks, int *ntok) {
             w = 1;
         }
         i += (size_t)w;
-        c = utf8proc_tolower(c);
+        cp[m++] = c;
+    }
+    for (int i = 0; i < m; i++) { /* lower case (Python's, with its final sigma), drop punctuation */
+        int32_t c = cp[i];
+        int final_sigma = c == 0x03A3 && i > 0 && is_word(cp[i - 1]) && !(i + 1 < m && is_word(cp[i + 1]));
+        c = final_sigma ? 0x03C2 : utf8proc_tolower(c);
         if (!is_ascii_punct(c)) cp[k++] = c;
     }
     /* articles: word runs equal to a / an / the become a space */

@@ -31,7 +31,7 @@ typedef struct tk_predict_result {
     int *gold;               /* n: gold class id, -1 when the example has none */
     char **answer;           /* n (qa): answer text, "" for none */
     int *char_start, *char_end; /* n (qa): [start, end) in the context's characters, -1 for none */
-    const char **id;         /* n (qa): the example ids (borrowed from the data) */
+    char **id;               /* n (qa): the example ids */
     int n_gold;              /* examples with a gold label / gold answers */
     double accuracy, macro_f1;
     int64_t *confusion;      /* num_labels^2, row = gold, column = predicted */

@@ -373,6 +373,8 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
     } else if (c->output_dir[0] && has_file(c->output_dir, "model.safetensors")) {
         snprintf(c->model, sizeof c->model, "%s", c->output_dir);
     }
+    c->max_examples = 0; /* a training-set limit: every input example is predicted */
+    c->dev_file[0] = 0;
     if (!has_file(c->model, "config.json") || !has_file(c->model, "model.safetensors")) {
         tk_err_set(err, TK_EINVAL,
                    "%s: not a trained model folder (config.json and model.safetensors); give the output_dir of a "

@@ -1,0 +1,218 @@
+"""The Python companion on the stock python3 kernel (Debian's ipykernel),
+`%load_ext txkernel`, against the txkernel kernel on the same cells:
+
+- the cells of demo notebook 01 (its one slow cell, `%txfix auto --run`,
+  which trains for minutes on 2 shared cores, is run as `%txfix auto`): plan,
+  gate, memory, data, advice and fix texts are equal; the small CPU run
+  trains with live progress (update_display_data on one display_id) and ends
+  with the same measured-vs-planned line;
+- a bad key, a missing file and a planned OOM each give txkernel's message as
+  one error, and the next cell runs;
+- during a training cell the heartbeat never misses and the control thread
+  (Python: it needs the GIL) answers kernel_info at once; an interrupt stops
+  the run within a step with the same report, memory is back at 0, and the
+  kernel answers kernel_info and runs the next cell."""
+import os, re, threading, time
+
+import nbformat
+import pytest
+import zmq
+
+import companion_util as cu
+
+ROOT = cu.ROOT
+DEMO = os.path.join(ROOT, "demo_notebooks")
+DATA = os.path.join(ROOT, "tests", "data")
+SLOW = "%txfix auto --run"
+
+
+def test_companion_is_installed():
+    import txkernel
+    assert os.path.exists(os.path.join(os.path.dirname(txkernel.__file__), "libtxk.so"))
+
+
+@pytest.fixture(scope="module")
+def py():
+    km, kc = cu.start(cu.python_kernel_name(), DEMO)
+    rep, outs = cu.run(kc, "%load_ext txkernel")
+    assert rep["status"] == "ok", outs
+    yield km, kc
+    cu.u.stop(km, kc)
+
+
+@pytest.fixture(scope="module")
+def txk():
+    km, kc = cu.start(cu.u.dev_kernel_name(), DEMO)
+    yield km, kc
+    cu.u.stop(km, kc)
+
+
+def demo_cells():
+    nb = nbformat.read(os.path.join(DEMO, "01_seed_oom.ipynb"), as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    assert SLOW in cells
+    return [("%txfix auto" if c == SLOW else c) for c in cells]
+
+
+def untimed(parts):
+    """Texts with wall-clock durations (planning time, s/step) blanked: the
+    only thing two runs of the same cell may differ in."""
+    out = []
+    for p in parts:
+        p = re.sub(r"\b[0-9]+(\.[0-9]+)? ?(ms|s)\b", "_s", p)
+        out.append(re.sub(r'"(\w*_ms|\w*seconds\w*)": [0-9.eE+-]+', r'"\1": _', p))
+    return out
+
+
+def trained_line(parts):
+    """The run's closing line without its wall time."""
+    lines = [p for p in parts if p.startswith("Trained ")]
+    assert lines, parts
+    return re.sub(r" in [0-9.]+ s\.", " in _ s.", lines[-1])
+
+
+def test_demo_01_cells_equal_txkernel(py, txk):
+    for code in demo_cells():
+        rp, op = cu.run(py[1], code, timeout=300)
+        rt, ot = cu.run(txk[1], code, timeout=300)
+        assert rp["status"] == rt["status"], (code, cu.errors(op), cu.errors(ot))
+        tp, tt = cu.text(op), cu.text(ot)
+        if code.startswith("%%txtrain") and rt["status"] == "ok":
+            # the small CPU run: live progress through one display, then the same closing line
+            ids = {o["content"]["transient"]["display_id"] for o in op
+                   if o["msg_type"] in ("display_data", "update_display_data") and o["content"].get("transient")}
+            updates = [o for o in op if o["msg_type"] == "update_display_data"]
+            assert len(ids) == 1 and len(updates) >= 10, (ids, len(updates))
+            assert trained_line(tp) == trained_line(tt)
+            assert "(planned 104.03 MiB)" in trained_line(tp) and "Peak 104.03 MiB allocated" in trained_line(tp)
+            assert len(cu.errors(op)) == 0
+        else:
+            assert untimed(tp) == untimed(tt), code
+
+
+def test_errors_same_as_txkernel_and_next_cell_runs(py, txk):
+    cases = {
+        "bad key": "%%txplan\nmodel: bert-tiny\nbatch_sise: 8\n",
+        "missing file": "%%txtrain\nmodel: bert-tiny\ntrain_file: no/such/file.csv\ndevice: cpu\n",
+        "planned OOM": "%%txtrain\nmodel: bert-base-cased\nvocab: ../tests/data/vocab_cased.txt\n"
+                       "train_file: ../tests/data/reviews_train.csv\nmax_len: 512\nbatch_size: 32\n"
+                       "device: {gpu: t4, capacity: 7.43GiB}\n",
+    }
+    for what, code in cases.items():
+        rp, op = cu.run(py[1], code)
+        rt, ot = cu.run(txk[1], code)
+        ep, et = cu.errors(op), cu.errors(ot)
+        assert len(ep) == 1 and len(et) == 1, (what, ep, et)
+        assert (ep[0]["ename"], ep[0]["evalue"]) == (et[0]["ename"], et[0]["evalue"]), what
+        # one readable line, not a traceback through the binding
+        assert ep[0]["traceback"] == [f'{et[0]["ename"]}: {et[0]["evalue"]}'], what
+        assert rp["status"] == "error" and rp["ename"] == et[0]["ename"]
+        assert untimed(cu.text(op)) == untimed(cu.text(ot)), what
+        rp, op = cu.run(py[1], "%txversion")
+        assert rp["status"] == "ok" and "txkernel" in cu.text(op)[0]
+
+
+def hb_probe(port_url, stop, misses, answered):
+    ctx = zmq.Context.instance()
+    while not stop.is_set():
+        s = ctx.socket(zmq.REQ)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(port_url)
+        s.send(b"ping")
+        if s.poll(1000):
+            s.recv()
+            answered.append(1)
+        else:
+            misses.append(time.time())
+        s.close()
+        time.sleep(0.2)
+
+
+def kernel_info_control(kc, timeout):
+    msg = kc.session.msg("kernel_info_request", {})
+    t0 = time.time()
+    kc.control_channel.send(msg)
+    while True:
+        rep = kc.get_control_msg(timeout=timeout)
+        if rep["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+            return time.time() - t0
+
+
+def test_training_keeps_kernel_alive_and_interrupt_stops_within_a_step(py):
+    km, kc = py
+    cu.run(kc, "%txreset")
+    # steps of ~0.1-0.2 s (long next to the iopub latency, so "the step we saw"
+    # is close to "the step running"), progress after every step, far more
+    # steps than it will run
+    code = ("%%txtrain\nmodel: bert-tiny\nhidden: 128\nlayers: 4\nheads: 2\nintermediate: 512\n"
+            f"vocab: {DATA}/vocab_cased.txt\ntrain_file: {DATA}/reviews_train.csv\n"
+            "dev_split: 0\nmax_examples: 256\nmax_len: 128\nbatch_size: 16\nepochs: 100000\nlog_every: 1\n"
+            "device: cpu\nthreads: 1\n")
+    ci = km.get_connection_info()
+    hb_url = f"{ci['transport']}://{ci['ip']}:{ci['hb_port']}" if ci["transport"] == "tcp" \
+        else f"ipc://{ci['ip']}-{ci['hb_port']}"
+    stop, misses, answered = threading.Event(), [], []
+    msg_id = kc.execute(code)
+    probe = threading.Thread(target=hb_probe, args=(hb_url, stop, misses, answered))
+    probe.start()
+    last_step, started, control_waits = 0, time.time(), []
+    try:
+        while time.time() - started < 4:
+            try:
+                m = kc.get_iopub_msg(timeout=0.2)
+            except Exception:
+                m = None
+            if m and m["parent_header"].get("msg_id") == msg_id:
+                data = m["content"].get("data") or {}
+                if "application/json" in data and "step" in data["application/json"]:
+                    last_step = max(last_step, data["application/json"]["step"])
+            if last_step and len(control_waits) < 5 and time.time() - started > len(control_waits) + 0.5:
+                control_waits.append(kernel_info_control(kc, timeout=5))
+    finally:
+        stop.set()
+        probe.join()
+    assert last_step >= 5, "the run did not train"
+    step_s = (time.time() - started) / last_step
+    assert not misses and len(answered) >= 10, (len(misses), len(answered))
+    # the control thread runs Python: it answers only because the engine released the GIL
+    assert len(control_waits) >= 3 and max(control_waits) < 0.5, control_waits
+    # drain what is already there, then interrupt
+    drain_end = time.time() + 0.5
+    while time.time() < drain_end:
+        try:
+            m = kc.get_iopub_msg(timeout=0.1)
+        except Exception:
+            break
+        data = m["content"].get("data") or {}
+        if "application/json" in data and "step" in data["application/json"]:
+            last_step = max(last_step, data["application/json"]["step"])
+    t0 = time.time()
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=30)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=30)
+    elapsed = time.time() - t0
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    stopped, errs = None, []
+    while True:
+        try:
+            m = kc.get_iopub_msg(timeout=1)
+        except Exception:
+            break
+        if m["parent_header"].get("msg_id") != msg_id:
+            continue
+        if m["msg_type"] == "stream" and "Interrupted after step" in m["content"]["text"]:
+            stopped = int(m["content"]["text"].split("Interrupted after step")[1].split()[0])
+        if m["msg_type"] == "error":
+            errs.append(m["content"])
+    # the step in flight when the last progress we saw was sent, and the one
+    # running when the signal came
+    assert stopped is not None and last_step <= stopped <= last_step + 2, (last_step, stopped)
+    assert elapsed < 2 * step_s + 0.5, (elapsed, step_s)
+    assert len(errs) == 1 and errs[0]["traceback"] == ["KeyboardInterrupt: %txtrain was interrupted"], errs
+    assert kernel_info_control(kc, timeout=5) < 1
+    rep, outs = cu.run(kc, "%txmem --json")
+    mem = [o["content"]["data"]["application/json"] for o in outs if o["msg_type"] == "display_data"][-1]
+    assert rep["status"] == "ok" and mem["allocated"] == 0
+    rep, outs = cu.run(kc, "print('next cell')")
+    assert rep["status"] == "ok" and cu.text(outs) == ["next cell\n"]

@@ -10,26 +10,27 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "kernel"))
 import txk_util as u  # noqa: E402
 
-_py = None
+_py = {}
 
 
 def python_kernel_name(python=None):
-    """A python3 kernelspec for `python` (default: this interpreter)."""
-    global _py
-    if _py is None:
+    """A python3 kernelspec for `python` (default: $TXK_COMPANION_PYTHON, else
+    this interpreter), shadowing the system python3 spec."""
+    python = python or os.environ.get("TXK_COMPANION_PYTHON") or sys.executable
+    if python not in _py:
         u.dev_kernel_name()  # sets JUPYTER_PATH/XDG_DATA_HOME for the txkernel spec first
         top = tempfile.mkdtemp(prefix="txk-py-")
         d = os.path.join(top, "kernels", "python3")
         os.makedirs(d)
         with open(os.path.join(d, "kernel.json"), "w") as f:
-            json.dump({"argv": [python or sys.executable, "-Xfrozen_modules=off", "-m", "ipykernel_launcher",
+            json.dump({"argv": [python, "-Xfrozen_modules=off", "-m", "ipykernel_launcher",
                                 "-f", "{connection_file}"],
                        "display_name": "Python 3 (ipykernel)", "language": "python",
                        "interrupt_mode": "signal",
                        "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1"}}, f)
         os.environ["JUPYTER_PATH"] = top + os.pathsep + os.environ.get("JUPYTER_PATH", "")
-        _py = "python3"
-    return _py
+        _py[python] = "python3"
+    return _py[python]
 
 
 def start(kernel_name, cwd):

@@ -268,3 +268,24 @@ def test_training_keeps_kernel_alive_and_interrupt_stops_within_a_step(py):
     assert rep["status"] == "ok" and mem["allocated"] == 0
     rep, outs = cu.run(kc, "print('next cell')")
     assert rep["status"] == "ok" and cu.text(outs) == ["next cell\n"]
+
+
+def test_colab_quickstart_runs_after_its_setup_cell():
+    """demo_notebooks/00_colab_quickstart.ipynb without the cells that need
+    Colab (its setup cell: clone and build) or a GPU (the 40-step bert-base
+    run): the seed's run with device: auto and the seed card's 7.43 GiB stops
+    before allocating, and the advisor's auto fix fits."""
+    nb = nbformat.read(os.path.join(DEMO, "00_colab_quickstart.ipynb"), as_version=4)
+    assert nb.metadata.kernelspec.name == "python3"
+    tags = lambda c: set(c.metadata.get("tags", []))  # noqa: E731
+    setup = [c for c in nb.cells if "colab-setup" in tags(c)]
+    assert len(setup) == 1 and "scripts/colab_setup.sh" in setup[0].source
+    nb.cells = [c for c in nb.cells if c.cell_type == "code" and not tags(c) & {"colab-setup", "gpu-run"}]
+    NotebookClient(nb, kernel_name=cu.python_kernel_name(), timeout=120,
+                   resources={"metadata": {"path": DEMO}}).execute()
+    by_src = {c.source.splitlines()[0]: c for c in nb.cells}
+    gate = [o for o in by_src["%%txtrain"].outputs if o.output_type == "error"]
+    assert len(gate) == 1 and gate[0].ename == "OutOfMemoryPlanned"
+    assert "stopped before allocating anything" in gate[0].evalue
+    fix = nb_text(by_src["%txfix auto"].outputs)
+    assert any("Planned peak" in t for t in fix), fix

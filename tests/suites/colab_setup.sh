@@ -3,7 +3,8 @@
 # system-wide (--prefix: binaries, kernelspec and a venv under a temporary
 # directory), then the companion check of tests/companion on what it
 # installed: demo 01's cells under `%load_ext txkernel` on that venv's python3
-# kernel equal the installed txkernel kernel's. Also: it refuses, saying what
+# kernel equal the installed txkernel kernel's, and the Colab quickstart's
+# cells (bar setup and GPU run) run there. Also: it refuses, saying what
 # is missing, without the packages, and without root when asked to install
 # system-wide (both simulated by PATH shims; the shims for apt-get and make
 # fail loudly, so nothing is installed even if a check were wrong).

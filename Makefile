@@ -76,6 +76,7 @@ install: $(BINS)
 test: deps
 	$(MAKE) --no-print-directory all
 	$(MAKE) --no-print-directory install
+	$(MAKE) --no-print-directory companion-install
 	$(PY) tests/run_all.py
 
 demo: deps

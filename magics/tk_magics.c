@@ -1,6 +1,9 @@
 /* tk_magics.c — the magic registry and the interpreter that runs cells through
  * it (cell grammar in tk_magics.h).
  *
+ * A line starting with `!` runs the `system` magic (magics/shell.c) on the
+ * rest of the line, as IPython does.
+ *
  * Guarantees: every cell either runs its magics in order or reports exactly one
  * error through the sink (unknown magic with the closest known name, a cell
  * magic used as a line magic, text that is not a magic); the first failing
@@ -272,11 +275,22 @@ static int m_execute(void *self, const char *code, const tk_exec_opts *opts, tk_
             seen = 1;
             continue;
         }
+        const tk_magic_def *sys = *p == '!' ? tk_magics_find(m, "system") : NULL;
+        if (sys) {
+            /* !CMD is IPython's spelling of %system CMD */
+            char *args = trimmed_dup(p + 1, e);
+            int rc = args ? run_magic(m, sys, 0, args, "", opts, out, cancel)
+                          : out_error(out, "MemoryError", "out of memory reading line %d", lineno);
+            free(args);
+            if (rc) return rc;
+            seen = 1;
+            continue;
+        }
         if (*p != '%') {
             char *t = trimmed_dup(p, e);
             int rc = out_error(out, "SyntaxError",
                                "line %d: \"%.60s\" is not a magic. Cells start with a magic: put %%%%txtrain "
-                               "on the first line above a YAML config, or run %%lsmagic to list the magics",
+                               "on the first line above a YAML config, !CMD runs a shell command, %%lsmagic lists the magics",
                                lineno, t ? t : "");
             free(t);
             return rc;
@@ -389,6 +403,7 @@ static const char *m_is_complete(void *self, const char *code, const char **inde
         while (p < e && isspace((unsigned char)*p)) p++;
         char *help = help_target(p, e);
         if (help) { int ok = tk_magics_find(m, help) != NULL; free(help); if (!ok) return "invalid"; first = 0; continue; }
+        if (*p == '!' && tk_magics_find(m, "system")) { first = 0; continue; }
         if (*p != '%') return "invalid";
         int is_cell = p + 1 < e && p[1] == '%';
         const char *n0 = p + (is_cell ? 2 : 1), *n1 = n0;

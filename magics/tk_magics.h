@@ -4,7 +4,9 @@
  * A cell is a sequence of line magics, one per line (`%echo hi`), or one cell
  * magic on its first line followed by a body (`%%txtrain` then YAML). `?name`
  * or `name?` pages the help of a magic. Blank lines and lines starting with `#`
- * are skipped. Anything else is an error that says cells start with a magic.
+ * are skipped. A line starting with `!` is `%system` on the rest of the line
+ * (a shell command). Anything else is an error that says cells start with a
+ * magic.
  *
  * ---- How to add magics (other modules: read this) ------------------------
  * 1. Write magics/<yours>.c with a table and a register function:

@@ -1,0 +1,32 @@
+# python/module.mk — the Python companion's engine: everything but the kernel
+# transport (magics, advisor, bert, gpu) as one shared library that `pip
+# install .` puts inside the txkernel package (setup.py calls `make
+# build/libtxk.so`), and the companion's install into .venv for the tests.
+#
+#   $(BUILD)/libtxk.so    -fPIC objects under $(BUILD)/pic/, linked with
+#                         --no-undefined against the system libraries, so a
+#                         missing symbol fails the build, not the import
+#   companion-install     pip install --no-build-isolation . into $(VENV)
+#                         (no index needed: setuptools comes with the venv)
+#
+# kernel/ is left out on purpose: the host (IPython) is the kernel, and the
+# magics use only kernel/tk_kernel.h's types.
+
+EMBED_MODULES := magics gpu bert advisor
+EMBED_SRCS    := $(wildcard $(addsuffix /*.c,$(EMBED_MODULES)))
+EMBED_OBJS    := $(EMBED_SRCS:%.c=$(BUILD)/pic/%.o)
+EMBED_LIB     := $(BUILD)/libtxk.so
+EMBED_LIBS    := $(shell pkg-config --libs jansson yaml-0.1 libutf8proc 2>/dev/null) -lopenblas -lm -ldl -lpthread -fopenmp
+
+$(BUILD)/pic/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(REL_CFLAGS) -fPIC -c $< -o $@
+
+$(EMBED_LIB): $(EMBED_OBJS)
+	$(CC) -shared -Wl,--no-undefined -Wl,-soname,libtxk.so $^ $(EMBED_LIBS) -o $@
+
+.PHONY: companion-install
+companion-install: $(EMBED_LIB)
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps .
+
+-include $(EMBED_OBJS:.o=.d)

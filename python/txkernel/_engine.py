@@ -1,0 +1,116 @@
+"""The binding: ctypes over the C engine's embedding API (magics/tk_embed.h)
+in libtxk.so, which `pip install .` builds and puts next to this file.
+
+ctypes, not cffi or a CPython extension: it is in every Python (Colab's and
+Debian's alike), needs no compiler at install time beyond the one that builds
+the engine, and a ctypes.CDLL call releases the GIL for its whole duration,
+so IPython's control and heartbeat threads keep answering while the engine
+plans or trains. Output callbacks take the GIL back only while one output is
+handed over. Nothing of the engine's logic lives here: the engine parses the
+cell, runs it, and says what to show."""
+import ctypes
+import json
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+EMIT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+CATCH_SIGINT = 1
+
+
+def _load():
+    path = os.environ.get("TXK_ENGINE_LIB") or os.path.join(_HERE, "libtxk.so")
+    # the cuda plugin is found through $TXK_CUDA_PLUGIN when it is not next to
+    # the executable (here the executable is python)
+    plugin = os.path.join(_HERE, "libtk_cuda.so")
+    if os.path.exists(plugin):
+        os.environ.setdefault("TXK_CUDA_PLUGIN", plugin)
+    lib = ctypes.CDLL(path)
+    vp, cp = ctypes.c_void_p, ctypes.c_char_p
+    lib.tk_embed_new.restype = vp
+    lib.tk_embed_new.argtypes = []
+    lib.tk_embed_destroy.restype = None
+    lib.tk_embed_destroy.argtypes = [ctypes.POINTER(vp)]
+    lib.tk_embed_execute.restype = ctypes.c_int
+    lib.tk_embed_execute.argtypes = [vp, cp, ctypes.c_int, EMIT, vp]
+    lib.tk_embed_cancel.restype = None
+    lib.tk_embed_cancel.argtypes = [vp]
+    lib.tk_embed_reset.restype = None
+    lib.tk_embed_reset.argtypes = [vp]
+    # returned strings are freed by tk_embed_free, so they come back as void *
+    lib.tk_embed_magics_json.restype = vp
+    lib.tk_embed_magics_json.argtypes = [vp]
+    lib.tk_embed_complete_json.restype = vp
+    lib.tk_embed_complete_json.argtypes = [vp, cp, ctypes.c_int]
+    lib.tk_embed_free.restype = None
+    lib.tk_embed_free.argtypes = [vp]
+    lib.tk_embed_version.restype = cp
+    lib.tk_embed_version.argtypes = []
+    return lib
+
+
+_lib = None
+
+
+def lib():
+    global _lib
+    if _lib is None:
+        _lib = _load()
+    return _lib
+
+
+class Engine:
+    """One engine session (the state a txkernel kernel keeps between cells)."""
+
+    def __init__(self):
+        self._h = lib().tk_embed_new()
+        if not self._h:
+            raise MemoryError("txkernel: out of memory creating the engine")
+
+    def _taken_json(self, ptr):
+        if not ptr:
+            raise MemoryError("txkernel: out of memory in the engine")
+        try:
+            return json.loads(ctypes.string_at(ptr).decode("utf-8"))
+        finally:
+            lib().tk_embed_free(ptr)
+
+    def execute(self, code, on_output, catch_sigint=True):
+        """Runs one cell's text; on_output(dict) gets each output in order.
+        Returns 0 (ok), -1 (the engine sent an error), -2 (busy)."""
+        def emit(_user, raw):
+            on_output(json.loads(raw.decode("utf-8")))
+        cb = EMIT(emit)  # kept alive for the call
+        return lib().tk_embed_execute(self._h, code.encode("utf-8"), CATCH_SIGINT if catch_sigint else 0, cb, None)
+
+    def cancel(self):
+        lib().tk_embed_cancel(self._h)
+
+    def reset(self):
+        lib().tk_embed_reset(self._h)
+
+    def magics(self):
+        return self._taken_json(lib().tk_embed_magics_json(self._h))
+
+    def complete(self, code, cursor):
+        """Completions at character offset cursor: (matches, start, end) in characters."""
+        b = code.encode("utf-8")
+        bcur = len(code[:cursor].encode("utf-8"))
+        r = self._taken_json(lib().tk_embed_complete_json(self._h, b, bcur))
+        to_chars = lambda n: len(b[:n].decode("utf-8", "replace"))  # noqa: E731
+        return r["matches"], to_chars(r["start"]), to_chars(r["end"])
+
+    def close(self):
+        if self._h:
+            h = ctypes.c_void_p(self._h)
+            lib().tk_embed_destroy(ctypes.byref(h))
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def version():
+    return lib().tk_embed_version().decode()

@@ -7,6 +7,7 @@
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
  *   txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]
  *   txk mem [--device cpu|cuda|meta] [--capacity 7.43GiB] [--json]
+ *   txk mem --snapshot FILE [--gpu P | --capacity SIZE] [--json]
  *   txk keys
  *   txk kernel -f CONNECTION_FILE
  *
@@ -29,6 +30,7 @@
 #include "tk_plan.h"
 #include "tk_render.h"
 #include "tk_session.h"
+#include "tk_snapshot.h"
 #include "tk_train.h"
 #include "tk_txmagics.h"
 
@@ -401,10 +403,41 @@ static int cmd_vocab(int argc, char **argv) {
 
 /* ---- mem, keys, kernel ------------------------------------------------------------- */
 
+/* txk mem --snapshot FILE: a PyTorch memory snapshot read and diagnosed,
+ * with no device opened. */
+static int mem_snapshot(const char *path, char **argv, int argc) {
+    tk_err err = {0};
+    size_t cap = 0;
+    if (tk_snap_capacity(flag_value(argv, argc, "--gpu"), flag_value(argv, argc, "--capacity"), &cap, &err)) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_USAGE;
+    }
+    tk_snapshot *s = tk_snap_read(path, cap, &err);
+    if (!s) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    if (has_flag(argv, argc, "--json")) {
+        json_t *j = tk_snap_json(s, 20);
+        char *sj = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
+        if (sj) puts(sj);
+        free(sj);
+        json_decref(j);
+    } else {
+        char *t = tk_snap_text(s, 10);
+        if (t) fputs(t, stdout);
+        free(t);
+    }
+    tk_snap_destroy(&s);
+    return EXIT_OK;
+}
+
 static int cmd_mem(int argc, char **argv) {
-    static const char *const valued[] = {"--device", "--capacity", NULL}, *const bare[] = {"--json", NULL};
+    static const char *const valued[] = {"--device", "--capacity", "--snapshot", "--gpu", NULL},
+                             *const bare[] = {"--json", NULL};
     int rc = check_words(argv, argc, valued, bare);
     if (rc) return rc;
+    if (flag_value(argv, argc, "--snapshot")) return mem_snapshot(flag_value(argv, argc, "--snapshot"), argv, argc);
     tk_config c;
     tk_err err = {0};
     tk_config_defaults(&c);
@@ -475,7 +508,8 @@ static const txk_cmd CMDS[] = {
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway)"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
     {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
-    {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory"},
+    {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory;\n"
+                     "          --snapshot FILE [--gpu P|--capacity SIZE] [--json]   a PyTorch memory snapshot diagnosed"},
     {"keys", cmd_keys, "   every config key with its help"},
     {"kernel", cmd_kernel, "-f CONNECTION_FILE   serve as a Jupyter kernel"},
 };

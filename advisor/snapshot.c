@@ -100,7 +100,7 @@ static int ends_with(const char *s, const char *t) {
 /* C++ frames (the allocator's own, "??", .cpp) say nothing about Python. */
 static int is_cxx_frame(const char *f) {
     return !*f || !strcmp(f, "??") || ends_with(f, ".cpp") || ends_with(f, ".h") || ends_with(f, ".cc") ||
-           ends_with(f, ".cu") || strstr(f, ".so") || f[0] == '<';
+           ends_with(f, ".cu") || ends_with(f, ".so") || strstr(f, ".so.") || f[0] == '<';
 }
 static int is_notebook_frame(const char *f) {
     return (strstr(f, "/ipykernel_") && ends_with(f, ".py")) || strstr(f, "<ipython-input-") != NULL;
@@ -131,6 +131,11 @@ static void owner_of(sv frames, char *out, size_t n) {
         const char *file = sv_str(sv_get(f, "filename"));
         const char *fn = sv_str(sv_get(f, "name"));
         int64_t line = 0;
+        /* txkernel's own snapshots name the owner and category in the frame */
+        if (file && !strcmp(file, "txkernel") && fn) {
+            snprintf(out, n, "%s", fn);
+            return;
+        }
         if (!file || is_cxx_frame(file)) continue;
         sv_int(sv_get(f, "line"), &line);
         if (!python) { first_py = file; first_line = (int)line; }

@@ -108,6 +108,15 @@ char *tk_snap_text(const tk_snapshot *s, int top);
  * [{id, text}], fixes [{id, text, code, saves}] (new reference). */
 json_t *tk_snap_json(const tk_snapshot *s, int top);
 
+/* Writes the allocator's state as a PyTorch snapshot (the dict form, pickle
+ * protocol 4 with only the opcodes PyTorch's web viewer decodes):
+ * `segments` with their blocks from the allocator's real state, and
+ * `device_traces` from its recorded history (tk_alloc_record_history; empty
+ * when it was off), then an `oom` event when oom is given. Every block and
+ * event carries one frame {filename "txkernel", line 0, name "OWNER · CAT"}.
+ * 0, or -1 with err naming the file. */
+int tk_snap_write(const tk_alloc *a, const tk_oom *oom, const char *path, tk_err *err);
+
 #ifdef __cplusplus
 }
 #endif

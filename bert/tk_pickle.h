@@ -88,6 +88,34 @@ int tk_pval_int(const tk_pval *v, int64_t *out);                  /* 0 for INT/B
 const char *tk_pval_str(const tk_pval *v);                        /* STR's text, or NULL */
 const char *tk_pval_kind_name(tk_pval_kind k);
 
+/* ---- writing ---------------------------------------------------------------
+ * A streaming writer of protocol-4 pickles that uses only the opcodes
+ * PyTorch's web memory viewer decodes (PROTO, EMPTY_DICT, EMPTY_LIST, MARK,
+ * SETITEMS, APPENDS, SHORT_BINUNICODE, BINUNICODE, BININT1, BININT2, BININT,
+ * LONG1, BINFLOAT, NONE, NEWTRUE, NEWFALSE, TUPLE2, MEMOIZE, BINGET,
+ * LONG_BINGET, STOP), so Python's pickle loads it with builtin types only.
+ * Repeated strings are written once and fetched from the memo after.
+ *
+ * Use: dict_begin, then key/value pairs, dict_end; list_begin, items,
+ * list_end; a tuple2 is two values then tuple2. An error (out of memory) is
+ * sticky and reported by tk_pickle_w_finish. Ownership: the writer owns its
+ * buffer until finish hands it to the caller (free()). */
+typedef struct tk_pickle_w tk_pickle_w;
+tk_pickle_w *tk_pickle_w_new(void);
+void tk_pickle_w_dict_begin(tk_pickle_w *w);
+void tk_pickle_w_dict_end(tk_pickle_w *w);
+void tk_pickle_w_list_begin(tk_pickle_w *w);
+void tk_pickle_w_list_end(tk_pickle_w *w);
+void tk_pickle_w_str(tk_pickle_w *w, const char *s);
+void tk_pickle_w_int(tk_pickle_w *w, int64_t x);
+void tk_pickle_w_bool(tk_pickle_w *w, int b);
+void tk_pickle_w_none(tk_pickle_w *w);
+void tk_pickle_w_tuple2(tk_pickle_w *w);
+/* Ends the pickle (STOP) and returns its bytes (new, free()) and length, or
+ * NULL when memory ran out; the writer is destroyed either way. */
+uint8_t *tk_pickle_w_finish(tk_pickle_w **pw, size_t *len);
+void tk_pickle_w_destroy(tk_pickle_w **pw);
+
 #ifdef __cplusplus
 }
 #endif

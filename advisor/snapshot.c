@@ -415,16 +415,25 @@ static void diagnose(tk_snapshot *s) {
     tk_snap_diag *g;
     size_t need = s->has_oom ? s->oom_size : 0;
     /* Fragmentation: enough is free in the cache, in pieces too small. With
-     * an OOM that is "free >= request > largest block"; without one, a
-     * cache whose free part is at least a quarter of what is reserved and
-     * scattered (no block holds half of it). */
-    int frag = s->has_oom ? (s->free_in_cache >= need && s->largest_free_block < need)
+     * an OOM that is "free >= request > largest block" in the request's pool
+     * (PyTorch serves requests of up to 1 MiB from the small pool only);
+     * without one, a cache whose free part is at least a quarter of what is
+     * reserved and scattered (no block holds half of it). */
+    const char *pool = need <= ((size_t)1 << 20) ? "small" : "large";
+    size_t pool_free = 0, pool_largest = 0;
+    for (int i = 0; i < s->n_pools; i++)
+        if (!strcmp(s->pools[i].pool, pool)) {
+            pool_free += s->pools[i].free;
+            if (s->pools[i].largest_free > pool_largest) pool_largest = s->pools[i].largest_free;
+        }
+    int frag = s->has_oom ? (pool_free >= need && pool_largest < need)
                           : (s->free_in_cache >= s->reserved / 4 && s->free_in_cache >= ((size_t)1 << 20) &&
                              s->largest_free_block < s->free_in_cache / 2);
-    /* Capacity: the live tensors (plus the request) fill the device, or,
-     * without a capacity, fill what PyTorch reserved. */
-    int cap = s->has_oom ? (!frag && s->allocated + need > s->reserved + s->oom_device_free &&
-                            s->free_in_cache < need)
+    /* Capacity: at an OOM that is not fragmentation, no block of the pool
+     * fits and the device cannot give a new segment; without an OOM, the
+     * live tensors fill the device or, without a capacity, what PyTorch
+     * reserved. */
+    int cap = s->has_oom ? !frag
                          : (s->reserved && s->allocated >= s->reserved / 10 * 9 &&
                             (!s->capacity || s->reserved >= s->capacity / 10 * 9));
     if (frag && (g = diag(s, "fragmentation"))) {
@@ -434,12 +443,15 @@ static void diagnose(tk_snapshot *s) {
                  need ? " and the failed request was " : "", need ? fmtb(need, d) : "");
     }
     if (cap && (g = diag(s, "capacity"))) {
-        if (s->has_oom)
+        if (s->has_oom) {
+            char e[32], f[32];
             snprintf(g->text, sizeof g->text,
-                     "capacity: live tensors fill the device: %s allocated, %s more requested, only %s free on the "
-                     "device and %s free in the cache.",
-                     fmtb(s->allocated, a), fmtb(need, b), fmtb(s->oom_device_free, c), fmtb(s->free_in_cache, d));
-        else
+                     "capacity: tried to allocate %s; no free block of the %s pool fits it (%s free there, largest "
+                     "%s) and the device has only %s free for a new segment; live tensors hold %s of the %s "
+                     "reserved.",
+                     fmtb(need, a), pool, fmtb(pool_free, b), fmtb(pool_largest, c), fmtb(s->oom_device_free, d),
+                     fmtb(s->allocated, e), fmtb(s->reserved, f));
+        } else
             snprintf(g->text, sizeof g->text,
                      "capacity: live tensors fill %s: %s of %s is allocated, the cache holds only %s free "
                      "(largest block %s).",

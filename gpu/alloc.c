@@ -123,15 +123,17 @@ struct tk_alloc {
 };
 
 /* One store in the ring; nothing else runs when history is off. */
-static void hist_add(tk_alloc *a, int kind, const void *addr, size_t size, tk_tag tag) {
+static void hist_add(tk_alloc *a, int kind, const void *addr, size_t size, size_t req, tk_tag tag) {
     if (!a->hist) return;
     tk_alloc_event *e = &a->hist[a->hist_seq % a->hist_cap];
     e->addr = (uint64_t)(uintptr_t)addr;
     e->size = size;
+    e->req = req;
     e->seq = a->hist_seq++;
     e->kind = (uint8_t)kind;
-    e->owner = kind <= TK_AEV_FREE ? tag.owner : -1;
-    e->cat = kind <= TK_AEV_FREE ? (uint8_t)tag.cat : 0;
+    int blockish = kind == TK_AEV_ALLOC || kind == TK_AEV_FREE || kind == TK_AEV_OOM;
+    e->owner = blockish ? tag.owner : -1;
+    e->cat = blockish ? (uint8_t)tag.cat : 0;
 }
 
 /* ---- treap of free blocks, keyed by (size, segment id, offset) ---------- */
@@ -427,13 +429,13 @@ static seg *segment_new(tk_alloc *a, size_t bytes, int pool) {
     if (a->reserved > a->reserved_peak) a->reserved_peak = a->reserved;
     a->n_segments++;
     a->n_segments_alloc++;
-    hist_add(a, TK_AEV_SEGMENT_ALLOC, p, bytes, (tk_tag){0, -1});
+    hist_add(a, TK_AEV_SEGMENT_ALLOC, p, bytes, 0, (tk_tag){0, -1});
     return s;
 }
 
 /* Gives a fully free segment back; its single block must be out of the pool. */
 static void segment_release(tk_alloc *a, seg *s) {
-    hist_add(a, TK_AEV_SEGMENT_FREE, s->addr, s->size, (tk_tag){0, -1});
+    hist_add(a, TK_AEV_SEGMENT_FREE, s->addr, s->size, 0, (tk_tag){0, -1});
     a->dev.seg_free(a->dev.ctx, s->addr, s->size);
     if (s->prev) s->prev->next = s->next;
     else a->segs = s->next;
@@ -617,12 +619,14 @@ tk_status tk_alloc_malloc(tk_alloc *a, size_t bytes, tk_tag tag, void **ptr, tk_
     account(a, b, +1);
     a->n_alloc++;
     *ptr = blk_addr(b);
-    hist_add(a, TK_AEV_ALLOC, *ptr, b->size, tag);
+    hist_add(a, TK_AEV_ALLOC, *ptr, b->size, bytes, tag);
     if (a->hook) a->hook(a->hook_ud, 1, b->size, tag);
     return TK_OK;
 
 oom:
     a->n_ooms++;
+    hist_add(a, TK_AEV_OOM, NULL, bytes,
+             a->capacity > a->reserved ? a->capacity - a->reserved : 0, tag);
     if (oom) fill_oom(a, oom, bytes, rounded, tag);
     return TK_EOOM;
 }
@@ -637,7 +641,7 @@ void tk_alloc_free(tk_alloc *a, void *ptr) {
     b->live = 0;
     b->s->n_live--;
     b->s->live_bytes -= b->size;
-    hist_add(a, TK_AEV_FREE, ptr, b->size, b->tag);
+    hist_add(a, TK_AEV_FREE, ptr, b->size, 0, b->tag);
     if (a->hook) a->hook(a->hook_ud, 0, b->size, b->tag);
     blk *p = b->prev, *n = b->next;
     if (p && !p->live) { /* absorb b into its free predecessor */

@@ -176,18 +176,19 @@ void tk_alloc_fail_segment_after(tk_alloc *a, uint64_t n);
 char *tk_alloc_snapshot_json(const tk_alloc *a);
 
 /* History: the allocator's events as PyTorch's memory history records them
- * (alloc, free, segment_alloc, segment_free), kept in a ring of the last
+ * (alloc, free, segment_alloc, segment_free, oom), kept in a ring of the last
  * max_events (like torch.cuda.memory._record_memory_history(max_entries=N));
- * off unless asked, and one 32-byte store per event when on. max_events 0
+ * off unless asked, and one 40-byte store per event when on. max_events 0
  * turns it off and drops what was kept. -1 if the ring cannot be had. */
-typedef enum { TK_AEV_ALLOC = 0, TK_AEV_FREE, TK_AEV_SEGMENT_ALLOC, TK_AEV_SEGMENT_FREE } tk_alloc_ev_kind;
+typedef enum { TK_AEV_ALLOC = 0, TK_AEV_FREE, TK_AEV_SEGMENT_ALLOC, TK_AEV_SEGMENT_FREE, TK_AEV_OOM } tk_alloc_ev_kind;
 typedef struct tk_alloc_event {
-    uint64_t addr;        /* block or segment address */
-    uint64_t size;        /* rounded block size or segment size */
+    uint64_t addr;        /* block or segment address (oom: 0) */
+    uint64_t size;        /* rounded block size, segment size, or (oom) the bytes asked */
+    uint64_t req;         /* alloc: the bytes asked; oom: capacity - reserved then; else 0 */
     uint64_t seq;         /* event number since recording started */
-    int32_t owner;        /* block events: the tag's owner; segments: -1 */
+    int32_t owner;        /* block and oom events: the tag's owner; segments: -1 */
     uint8_t kind;         /* tk_alloc_ev_kind */
-    uint8_t cat;          /* block events: the tag's category */
+    uint8_t cat;          /* block and oom events: the tag's category */
 } tk_alloc_event;
 int tk_alloc_record_history(tk_alloc *a, size_t max_events);
 /* The kept events, oldest first, copied to out (at most max); returns how

@@ -54,8 +54,20 @@ static json_t *timeline_bundle(const tk_mem_sample *tl, int n) {
  * small whatever the trace's length (each bucket keeps its highest point). */
 #define SNAP_CHART_POINTS 400
 
+/* The trace's memory over time; a snapshot without a trace (or with one
+ * event) gets the live bytes by owner instead, so there is always a chart. */
 static char *snapshot_chart(const tk_snapshot *s) {
-    if (s->n_points < 2) return NULL;
+    if (s->n_points < 2) {
+        int n = s->n_owners < 10 ? s->n_owners : 10;
+        if (!n) return NULL;
+        const char *labels[10];
+        double mib[10];
+        for (int i = 0; i < n; i++) {
+            labels[i] = s->owners[i].owner;
+            mib[i] = (double)s->owners[i].bytes / (1 << 20);
+        }
+        return tk_svg_bars("Live at the end, by owner (the snapshot has no trace to chart)", "MiB", n, labels, mib);
+    }
     int n = s->n_points < SNAP_CHART_POINTS ? s->n_points : SNAP_CHART_POINTS;
     double *x = calloc((size_t)n, sizeof *x), *y = calloc((size_t)n * 2, sizeof *y);
     char *svg = NULL;

@@ -19,11 +19,12 @@
 #include "tk_pickle.h"
 
 /* The one frame every block and event gets: the viewer shows it as
- * "txkernel:0:bert.encoder.layer.3.attention.self · act". */
-static void frame(tk_pickle_w *w, const tk_alloc *a, tk_tag tag) {
-    char name[192];
+ * "txkernel:0:bert.encoder.layer.3.attention.self · act · forward". */
+static void frame(tk_pickle_w *w, const tk_alloc *a, tk_tag tag, const char *phase) {
+    char name[224];
     const char *owner = tag.owner >= 0 ? tk_alloc_owner_name(a, tag.owner) : NULL;
-    snprintf(name, sizeof name, "%s · %s", owner && *owner ? owner : "(unnamed)", tk_cat_name(tag.cat));
+    snprintf(name, sizeof name, "%s · %s%s%s", owner && *owner ? owner : "(unnamed)", tk_cat_name(tag.cat),
+             phase ? " · " : "", phase ? phase : "");
     tk_pickle_w_list_begin(w);
     tk_pickle_w_dict_begin(w);
     tk_pickle_w_str(w, "filename");
@@ -115,12 +116,12 @@ static void replay(layout *l, const tk_alloc_event *ev, size_t n) {
             if (bj + 1 < nb && blkr[bj + 1].addr == blkr[bj].addr) continue;
             const tk_alloc_event *be = &ev[blkr[bj].i];
             if (be->kind != TK_AEV_ALLOC) continue;
-            if (be->addr > at) lay_blk(l, &(tk_alloc_blk_info){at, (size_t)(be->addr - at), 0, 0, {0, -1}});
-            lay_blk(l, &(tk_alloc_blk_info){be->addr, be->size, be->req, 1, {(tk_cat)be->cat, be->owner}});
+            if (be->addr > at) lay_blk(l, &(tk_alloc_blk_info){at, (size_t)(be->addr - at), 0, 0, {0, -1}, NULL});
+            lay_blk(l, &(tk_alloc_blk_info){be->addr, be->size, be->req, 1, {(tk_cat)be->cat, be->owner}, be->phase});
             l->segs[l->ns - 1].live_bytes += be->size;
             at = be->addr + be->size;
         }
-        if (at < end) lay_blk(l, &(tk_alloc_blk_info){at, (size_t)(end - at), 0, 0, {0, -1}});
+        if (at < end) lay_blk(l, &(tk_alloc_blk_info){at, (size_t)(end - at), 0, 0, {0, -1}, NULL});
     }
     free(segr);
     free(blkr);
@@ -166,7 +167,7 @@ static void emit_segments(tk_pickle_w *w, const tk_alloc *a, const layout *l) {
             tk_pickle_w_str(w, "state");
             tk_pickle_w_str(w, b->live ? "active_allocated" : "inactive");
             tk_pickle_w_str(w, "frames");
-            if (b->live) frame(w, a, b->tag);
+            if (b->live) frame(w, a, b->tag, b->phase);
             else empty_list(w);
             tk_pickle_w_dict_end(w);
         }
@@ -177,7 +178,7 @@ static void emit_segments(tk_pickle_w *w, const tk_alloc *a, const layout *l) {
 }
 
 static void event(tk_pickle_w *w, const tk_alloc *a, const char *action, uint64_t addr, uint64_t size, uint64_t t,
-                  const tk_tag *tag, const size_t *device_free) {
+                  const tk_tag *tag, const char *phase, const size_t *device_free) {
     tk_pickle_w_dict_begin(w);
     tk_pickle_w_str(w, "action");
     tk_pickle_w_str(w, action);
@@ -194,7 +195,7 @@ static void event(tk_pickle_w *w, const tk_alloc *a, const char *action, uint64_
         tk_pickle_w_int(w, (int64_t)*device_free);
     }
     tk_pickle_w_str(w, "frames");
-    if (tag) frame(w, a, *tag);
+    if (tag) frame(w, a, *tag, phase);
     else empty_list(w);
     tk_pickle_w_dict_end(w);
 }
@@ -239,22 +240,22 @@ int tk_snap_write(const tk_alloc *a, const tk_oom *oom, const char *path, tk_err
         tk_tag tag = {(tk_cat)x->cat, x->owner};
         size_t device_free = (size_t)x->req;
         switch (x->kind) {
-        case TK_AEV_ALLOC: event(w, a, "alloc", x->addr, x->size, x->seq, &tag, NULL); break;
+        case TK_AEV_ALLOC: event(w, a, "alloc", x->addr, x->size, x->seq, &tag, x->phase, NULL); break;
         case TK_AEV_FREE:
             /* PyTorch records the request and its completion; one stream, so both at once */
-            event(w, a, "free_requested", x->addr, x->size, x->seq, &tag, NULL);
-            event(w, a, "free_completed", x->addr, x->size, x->seq, &tag, NULL);
+            event(w, a, "free_requested", x->addr, x->size, x->seq, &tag, x->phase, NULL);
+            event(w, a, "free_completed", x->addr, x->size, x->seq, &tag, x->phase, NULL);
             break;
-        case TK_AEV_SEGMENT_ALLOC: event(w, a, "segment_alloc", x->addr, x->size, x->seq, NULL, NULL); break;
-        case TK_AEV_SEGMENT_FREE: event(w, a, "segment_free", x->addr, x->size, x->seq, NULL, NULL); break;
+        case TK_AEV_SEGMENT_ALLOC: event(w, a, "segment_alloc", x->addr, x->size, x->seq, NULL, NULL, NULL); break;
+        case TK_AEV_SEGMENT_FREE: event(w, a, "segment_free", x->addr, x->size, x->seq, NULL, NULL, NULL); break;
         default:
             if (!oom) break; /* an OOM the run recovered from is not this snapshot's OOM */
-            event(w, a, "oom", 0, x->size, x->seq, &tag, &device_free);
+            event(w, a, "oom", 0, x->size, x->seq, &tag, x->phase, &device_free);
             oom_written = i == k_oom;
             break;
         }
     }
-    if (oom && !oom_written) event(w, a, "oom", 0, oom->requested, nh ? ev[nh - 1].seq + 1 : 0, &oom->tag, &oom->free_bytes);
+    if (oom && !oom_written) event(w, a, "oom", 0, oom->requested, nh ? ev[nh - 1].seq + 1 : 0, &oom->tag, NULL, &oom->free_bytes);
     tk_pickle_w_list_end(w);
     tk_pickle_w_list_end(w);
     tk_pickle_w_dict_end(w);

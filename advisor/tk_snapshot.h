@@ -113,7 +113,8 @@ json_t *tk_snap_json(const tk_snapshot *s, int top);
  * `segments` with their blocks from the allocator's real state, and
  * `device_traces` from its recorded history (tk_alloc_record_history; empty
  * when it was off), then an `oom` event when oom is given. Every block and
- * event carries one frame {filename "txkernel", line 0, name "OWNER · CAT"}.
+ * event carries one frame {filename "txkernel", line 0, name "OWNER · CAT · PHASE"}
+ * (the phase when the trainer set one).
  * 0, or -1 with err naming the file. */
 int tk_snap_write(const tk_alloc *a, const tk_oom *oom, const char *path, tk_err *err);
 

@@ -189,3 +189,20 @@ def test_txmem_snapshot_in_the_kernel():
     finally:
         u.stop(km, kc)
         os.unlink(path)
+
+
+def test_owner_rows_no_python_frame_and_library_only():
+    blocks = [{"address": 0, "size": 4 * MiB, "requested_size": 4 * MiB, "state": "active_allocated", "frames": []},
+              {"address": 4 * MiB, "size": 2 * MiB, "requested_size": 2 * MiB, "state": "active_allocated",
+               "frames": frames(("??", 0, "c10::cuda::CUDACachingAllocator::malloc"),
+                                ("/opt/torch/lib/libtorch_cuda.so", 0, "x"))},
+              {"address": 6 * MiB, "size": 8 * MiB, "requested_size": 8 * MiB, "state": "active_allocated",
+               "frames": frames(("??", 0, "malloc"), (LINEAR, 125, "forward"),
+                                ("/usr/lib/python3/dist-packages/transformers/trainer.py", 3000, "train"))},
+              {"address": 14 * MiB, "size": 6 * MiB, "requested_size": 0, "state": "inactive", "frames": []}]
+    seg = {"device": 0, "address": 0, "total_size": 20 * MiB, "stream": 0, "segment_type": "large", "blocks": blocks}
+    path = write({"segments": [seg], "device_traces": [[]]})
+    got = summary(path)
+    os.unlink(path)
+    assert {t["owner"]: t["bytes"] for t in got["top"]} == {
+        "library: torch/nn/modules/linear.py": 8 * MiB, "no Python frame": 6 * MiB}, got["top"]

@@ -1490,6 +1490,7 @@ static tk_status fwd_bwd(step *S, const tk_batch *b, float grad_scale, float *lo
     TRY(head_fwd(S, h, 1, 1, &lo));
     if (loss) *loss = (float)lo;
     if (logits) TRY(read_logits(S, logits));
+    tk_alloc_set_phase(tk_dev_alloc(m->dev), "backward");
     TRY(head_bwd(S, h, grad_scale));
     for (int l = L - 1; l >= 0; l--) {
         if (!layer_backward(m, l)) break;
@@ -1510,7 +1511,9 @@ tk_status tk_model_forward_backward(tk_model *m, const tk_batch *b, uint64_t ste
                                     float *loss, float *logits, tk_err *err) {
     step S;
     /* Gradients outlive the step: allocate them before its inputs so they
-     * do not sit between freed step blocks. */
+     * do not sit between freed step blocks. The phase labels what the
+     * allocator hands out (its history and snapshots show it). */
+    tk_alloc_set_phase(tk_dev_alloc(m->dev), "forward");
     tk_status st = tk_model_alloc_grads(m, err);
     if (st != TK_OK) return st;
     st = step_begin(&S, m, b, 1, stepno, err);
@@ -1539,6 +1542,7 @@ static tk_status fwd_eval(step *S, const tk_batch *b, float *loss, float *logits
 tk_status tk_model_forward_eval(tk_model *m, const tk_batch *b, float *loss, float *logits,
                                 tk_err *err) {
     step S;
+    tk_alloc_set_phase(tk_dev_alloc(m->dev), "eval");
     tk_status st = step_begin(&S, m, b, 0, 0, err);
     if (st == TK_OK) st = fwd_eval(&S, b, loss, logits);
     step_cleanup(&S);

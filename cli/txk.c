@@ -2,11 +2,12 @@
  * the notebook magics, as text or (with --json) as JSON for scripts.
  *
  *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE] [--max-batch] [--sweep] [--json]
- *   txk train cfg.yaml [key=value ...] [--no-plan] [--json]
+ *   txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]
  *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [-o F]] [--json]
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
  *   txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]
  *   txk mem [--device cpu|cuda|meta] [--capacity 7.43GiB] [--json]
+ *   txk mem --snapshot FILE [--gpu P | --capacity SIZE] [--json]
  *   txk keys
  *   txk kernel -f CONNECTION_FILE
  *
@@ -32,6 +33,7 @@
 #include "tk_plan.h"
 #include "tk_render.h"
 #include "tk_session.h"
+#include "tk_snapshot.h"
 #include "tk_train.h"
 #include "tk_txmagics.h"
 
@@ -215,10 +217,43 @@ static int train_progress(void *ud, const struct tk_progress *p) {
     return atomic_load(&g_cancel);
 }
 
+/* The allocator history kept for --snapshot: the last this many events
+ * (32 bytes each, 32 MiB at most), as PyTorch's max_entries bounds its own. */
+#define TXK_SNAPSHOT_EVENTS ((size_t)1 << 20)
+
+/* Writes the session device's allocator as a PyTorch snapshot and says what
+ * it holds (exact bytes, for scripts and tests). */
+static int write_snapshot(tk_session *s, const char *path, const tk_oom *oom) {
+    tk_dev *d = tk_session_current_device(s);
+    tk_err err = {0};
+    if (!d) {
+        fprintf(stderr, "txk: %s: no device was opened, no snapshot written\n", path);
+        return EXIT_ERR;
+    }
+    tk_alloc *a = tk_dev_alloc(d);
+    if (tk_snap_write(a, oom, path, &err)) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    tk_alloc_stats st;
+    tk_alloc_stats_get(a, &st);
+    uint64_t dropped = 0;
+    tk_alloc_history(a, NULL, 0, &dropped);
+    fprintf(stderr, "txk: PyTorch snapshot written to %s: reserved %zu B, allocated %zu B, peak allocated %zu B, "
+                    "%zu trace events%s%s\n",
+            path, st.reserved, st.allocated, st.allocated_peak, tk_alloc_history_len(a),
+            dropped ? " (the oldest dropped)" : "", oom ? ", with the oom event" : "");
+    return EXIT_OK;
+}
+
 static int cmd_train(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: txk train cfg.yaml [key=value ...] [--no-plan] [--json]\n"); return EXIT_USAGE; }
+    if (argc < 1) {
+        fprintf(stderr, "usage: txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]\n");
+        return EXIT_USAGE;
+    }
+    static const char *const valued[] = {"--snapshot", NULL};
     static const char *const bare[] = {"--json", "--no-plan", NULL};
-    int rc = check_words(argv + 1, argc - 1, NULL, bare);
+    int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
     tk_config c;
     if ((rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
@@ -231,6 +266,18 @@ static int cmd_train(int argc, char **argv) {
                       .ignore_plan = has_flag(argv, argc, "--no-plan")};
     tk_run_report r;
     tk_err err = {0};
+    const char *snap = flag_value(argv, argc, "--snapshot");
+    if (snap) {
+        /* The run reuses the session's device for this config, so recording
+         * switched on here covers the whole run, model load included. */
+        char note[256];
+        tk_dev *d = tk_session_device(s, &c, note, &err);
+        if (!d || tk_alloc_record_history(tk_dev_alloc(d), TXK_SNAPSHOT_EVENTS)) {
+            fprintf(stderr, "txk: %s\n", d ? "out of host memory for the allocator history" : err.msg);
+            tk_session_destroy(&s);
+            return EXIT_ERR;
+        }
+    }
     tk_status st = tk_session_train(s, &c, &h, &r, &err);
     if (v.tty) fputc('\n', stderr);
     char b1[32], b2[32];
@@ -269,6 +316,10 @@ static int cmd_train(int argc, char **argv) {
             printf("trained %lld steps in %.1f s; peak %s allocated (planned %s)%s%s\n", (long long)r.steps, r.seconds,
                    tk_format_bytes(r.peak_allocated, b1, sizeof b1), tk_format_bytes(r.plan.peak_allocated, b2, sizeof b2),
                    r.checkpoint[0] ? "; checkpoint " : "", r.checkpoint);
+    }
+    if (snap && st == TK_OK && r.end != TK_RUN_PLANNED_OOM) {
+        int wrc = write_snapshot(s, snap, r.end == TK_RUN_OOM && r.have_oom ? &r.oom : NULL);
+        if (wrc && !rc) rc = wrc;
     }
     tk_run_report_clear(&r);
     tk_session_destroy(&s);
@@ -541,10 +592,41 @@ static int cmd_vocab(int argc, char **argv) {
 
 /* ---- mem, keys, kernel ------------------------------------------------------------- */
 
+/* txk mem --snapshot FILE: a PyTorch memory snapshot read and diagnosed,
+ * with no device opened. */
+static int mem_snapshot(const char *path, char **argv, int argc) {
+    tk_err err = {0};
+    size_t cap = 0;
+    if (tk_snap_capacity(flag_value(argv, argc, "--gpu"), flag_value(argv, argc, "--capacity"), &cap, &err)) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_USAGE;
+    }
+    tk_snapshot *s = tk_snap_read(path, cap, &err);
+    if (!s) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    if (has_flag(argv, argc, "--json")) {
+        json_t *j = tk_snap_json(s, 20);
+        char *sj = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
+        if (sj) puts(sj);
+        free(sj);
+        json_decref(j);
+    } else {
+        char *t = tk_snap_text(s, 10);
+        if (t) fputs(t, stdout);
+        free(t);
+    }
+    tk_snap_destroy(&s);
+    return EXIT_OK;
+}
+
 static int cmd_mem(int argc, char **argv) {
-    static const char *const valued[] = {"--device", "--capacity", NULL}, *const bare[] = {"--json", NULL};
+    static const char *const valued[] = {"--device", "--capacity", "--snapshot", "--gpu", NULL},
+                             *const bare[] = {"--json", NULL};
     int rc = check_words(argv, argc, valued, bare);
     if (rc) return rc;
+    if (flag_value(argv, argc, "--snapshot")) return mem_snapshot(flag_value(argv, argc, "--snapshot"), argv, argc);
     tk_config c;
     tk_err err = {0};
     tk_config_defaults(&c);
@@ -612,11 +694,12 @@ typedef struct { const char *name; int (*run)(int argc, char **argv); const char
 static const txk_cmd CMDS[] = {
     {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P] [--max-batch|--sweep] [--json]   planned peak memory, no training"},
     {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes"},
-    {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway)"},
+    {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
     {"predict", cmd_predict, "MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
     {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
-    {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory"},
+    {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory;\n"
+                     "          --snapshot FILE [--gpu P|--capacity SIZE] [--json]   a PyTorch memory snapshot diagnosed"},
     {"keys", cmd_keys, "   every config key with its help"},
     {"kernel", cmd_kernel, "-f CONNECTION_FILE   serve as a Jupyter kernel"},
 };

@@ -63,6 +63,7 @@ struct blk {
     uint32_t prio;        /* treap priority */
     int live;
     tk_tag tag;
+    const char *phase;    /* the allocator's phase when this block was handed out */
 };
 
 struct seg {
@@ -115,9 +116,29 @@ struct tk_alloc {
 
     tk_alloc_event_fn hook;
     void *hook_ud;
+    tk_alloc_event *hist;      /* ring of the last hist_cap events; NULL: not recording */
+    size_t hist_cap;
+    uint64_t hist_seq;         /* events recorded so far (the ring holds the last hist_cap) */
+    const char *phase;         /* tk_alloc_set_phase; borrowed literal */
     uint64_t fail_countdown;   /* chaos: segment requests until one fails */
     int fail_this_call;        /* chaos: the failing malloc call fails its retry too */
 };
+
+/* One store in the ring; nothing else runs when history is off. */
+static void hist_add(tk_alloc *a, int kind, const void *addr, size_t size, size_t req, tk_tag tag,
+                     const char *phase) {
+    if (!a->hist) return;
+    tk_alloc_event *e = &a->hist[a->hist_seq % a->hist_cap];
+    e->addr = (uint64_t)(uintptr_t)addr;
+    e->size = size;
+    e->req = req;
+    e->seq = a->hist_seq++;
+    e->kind = (uint8_t)kind;
+    int blockish = kind == TK_AEV_ALLOC || kind == TK_AEV_FREE || kind == TK_AEV_OOM;
+    e->owner = blockish ? tag.owner : -1;
+    e->cat = blockish ? (uint8_t)tag.cat : 0;
+    e->phase = blockish ? phase : NULL;
+}
 
 /* ---- treap of free blocks, keyed by (size, segment id, offset) ---------- */
 
@@ -412,11 +433,13 @@ static seg *segment_new(tk_alloc *a, size_t bytes, int pool) {
     if (a->reserved > a->reserved_peak) a->reserved_peak = a->reserved;
     a->n_segments++;
     a->n_segments_alloc++;
+    hist_add(a, TK_AEV_SEGMENT_ALLOC, p, bytes, 0, (tk_tag){0, -1}, NULL);
     return s;
 }
 
 /* Gives a fully free segment back; its single block must be out of the pool. */
 static void segment_release(tk_alloc *a, seg *s) {
+    hist_add(a, TK_AEV_SEGMENT_FREE, s->addr, s->size, 0, (tk_tag){0, -1}, NULL);
     a->dev.seg_free(a->dev.ctx, s->addr, s->size);
     if (s->prev) s->prev->next = s->next;
     else a->segs = s->next;
@@ -481,6 +504,7 @@ void tk_alloc_destroy(tk_alloc **pa) {
     free(a->owner_total);
     free(a->owner_peak);
     free(a->tab);
+    free(a->hist);
     free(a);
     *pa = NULL;
 }
@@ -599,11 +623,15 @@ tk_status tk_alloc_malloc(tk_alloc *a, size_t bytes, tk_tag tag, void **ptr, tk_
     account(a, b, +1);
     a->n_alloc++;
     *ptr = blk_addr(b);
+    b->phase = a->phase;
+    hist_add(a, TK_AEV_ALLOC, *ptr, b->size, bytes, tag, b->phase);
     if (a->hook) a->hook(a->hook_ud, 1, b->size, tag);
     return TK_OK;
 
 oom:
     a->n_ooms++;
+    hist_add(a, TK_AEV_OOM, NULL, bytes,
+             a->capacity > a->reserved ? a->capacity - a->reserved : 0, tag, a->phase);
     if (oom) fill_oom(a, oom, bytes, rounded, tag);
     return TK_EOOM;
 }
@@ -618,6 +646,7 @@ void tk_alloc_free(tk_alloc *a, void *ptr) {
     b->live = 0;
     b->s->n_live--;
     b->s->live_bytes -= b->size;
+    hist_add(a, TK_AEV_FREE, ptr, b->size, 0, b->tag, b->phase);
     if (a->hook) a->hook(a->hook_ud, 0, b->size, b->tag);
     blk *p = b->prev, *n = b->next;
     if (p && !p->live) { /* absorb b into its free predecessor */
@@ -684,6 +713,53 @@ void tk_alloc_fail_segment_after(tk_alloc *a, uint64_t n) {
     if (!a) return;
     a->fail_countdown = n;
     a->fail_this_call = 0;
+}
+
+int tk_alloc_record_history(tk_alloc *a, size_t max_events) {
+    if (!a) return -1;
+    free(a->hist);
+    a->hist = NULL;
+    a->hist_cap = 0;
+    a->hist_seq = 0;
+    if (!max_events) return 0;
+    a->hist = calloc(max_events, sizeof *a->hist);
+    if (!a->hist) return -1;
+    a->hist_cap = max_events;
+    return 0;
+}
+
+void tk_alloc_set_phase(tk_alloc *a, const char *phase) {
+    if (a) a->phase = phase;
+}
+
+size_t tk_alloc_history_len(const tk_alloc *a) {
+    if (!a || !a->hist) return 0;
+    return a->hist_seq < a->hist_cap ? (size_t)a->hist_seq : a->hist_cap;
+}
+
+size_t tk_alloc_history(const tk_alloc *a, tk_alloc_event *out, size_t max, uint64_t *dropped) {
+    size_t n = tk_alloc_history_len(a);
+    uint64_t first = a && a->hist ? a->hist_seq - n : 0;
+    if (dropped) *dropped = first;
+    if (n > max) n = max;
+    for (size_t i = 0; i < n; i++) out[i] = a->hist[(first + i) % a->hist_cap];
+    return n;
+}
+
+void tk_alloc_walk(const tk_alloc *a, void (*seg_fn)(void *ud, const tk_alloc_seg_info *s),
+                   void (*blk_fn)(void *ud, const tk_alloc_blk_info *b), void *ud) {
+    if (!a) return;
+    const seg *last = a->segs;
+    while (last && last->next) last = last->next;
+    for (const seg *s = last; s; s = s->prev) { /* the list is newest first */
+        tk_alloc_seg_info si = {(uint64_t)(uintptr_t)s->addr, s->size, s->pool == POOL_SMALL, s->live_bytes};
+        if (seg_fn) seg_fn(ud, &si);
+        for (const blk *b = s->first; b && blk_fn; b = b->next) {
+            tk_alloc_blk_info bi = {(uint64_t)(uintptr_t)blk_addr(b), b->size, b->live ? b->req : 0, b->live,
+                                    b->tag, b->live ? b->phase : NULL};
+            blk_fn(ud, &bi);
+        }
+    }
 }
 
 static json_t *json_size(size_t v) { return json_integer((json_int_t)v); }

@@ -175,6 +175,46 @@ void tk_alloc_fail_segment_after(tk_alloc *a, uint64_t n);
 /* JSON snapshot of segments, blocks, owners and counters (new string, free()). */
 char *tk_alloc_snapshot_json(const tk_alloc *a);
 
+/* History: the allocator's events as PyTorch's memory history records them
+ * (alloc, free, segment_alloc, segment_free, oom), kept in a ring of the last
+ * max_events (like torch.cuda.memory._record_memory_history(max_entries=N));
+ * off unless asked, and one 48-byte store per event when on. max_events 0
+ * turns it off and drops what was kept. -1 if the ring cannot be had. */
+typedef enum { TK_AEV_ALLOC = 0, TK_AEV_FREE, TK_AEV_SEGMENT_ALLOC, TK_AEV_SEGMENT_FREE, TK_AEV_OOM } tk_alloc_ev_kind;
+typedef struct tk_alloc_event {
+    uint64_t addr;        /* block or segment address (oom: 0) */
+    uint64_t size;        /* rounded block size, segment size, or (oom) the bytes asked */
+    uint64_t req;         /* alloc: the bytes asked; oom: capacity - reserved then; else 0 */
+    uint64_t seq;         /* event number since recording started */
+    const char *phase;    /* block and oom events: the phase the block was allocated in, or NULL */
+    int32_t owner;        /* block and oom events: the tag's owner; segments: -1 */
+    uint8_t kind;         /* tk_alloc_ev_kind */
+    uint8_t cat;          /* block and oom events: the tag's category */
+} tk_alloc_event;
+int tk_alloc_record_history(tk_alloc *a, size_t max_events);
+/* The phase of the step now ("forward", "backward", "optimizer", "eval";
+ * NULL: none), kept with each block allocated from now on and in its
+ * events. phase must outlive the allocator (a string literal). */
+void tk_alloc_set_phase(tk_alloc *a, const char *phase);
+/* The kept events, oldest first, copied to out (at most max); returns how
+ * many were copied. *dropped (optional) gets how many older ones the ring
+ * overwrote. */
+size_t tk_alloc_history(const tk_alloc *a, tk_alloc_event *out, size_t max, uint64_t *dropped);
+size_t tk_alloc_history_len(const tk_alloc *a);
+
+/* Walks every segment (in creation order) and its blocks (in address order):
+ * seg_fn once per segment, then blk_fn for each of its blocks. */
+typedef struct tk_alloc_seg_info { uint64_t addr; size_t size; int small_pool; size_t live_bytes; } tk_alloc_seg_info;
+typedef struct tk_alloc_blk_info {
+    uint64_t addr;
+    size_t size, requested;
+    int live;
+    tk_tag tag;
+    const char *phase;    /* live blocks: the phase they were allocated in, or NULL */
+} tk_alloc_blk_info;
+void tk_alloc_walk(const tk_alloc *a, void (*seg_fn)(void *ud, const tk_alloc_seg_info *s),
+                   void (*blk_fn)(void *ud, const tk_alloc_blk_info *b), void *ud);
+
 /* ---- GPU profiles ------------------------------------------------------ */
 
 typedef struct tk_gpu_profile {

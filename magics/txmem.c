@@ -1,8 +1,10 @@
 /* txmem.c — `%txmem`: live device memory of the session, by category, owner
- * or layer; the memory timeline of the last run; the allocator snapshot.
+ * or layer; the memory timeline of the last run; the allocator snapshot
+ * saved (--save); a PyTorch memory snapshot read and diagnosed (--snapshot).
  *
  * Guarantees: reading memory never allocates on the device; before any run
- * it says so instead of opening a device.
+ * it says so instead of opening a device; reading a PyTorch snapshot needs
+ * no device and executes nothing from the file.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 #include "tk_magics.h"
 #include "tk_render.h"
 #include "tk_session.h"
+#include "tk_snapshot.h"
 #include "tk_txmagics.h"
 
 static json_t *timeline_bundle(const tk_mem_sample *tl, int n) {
@@ -47,11 +50,121 @@ static json_t *timeline_bundle(const tk_mem_sample *tl, int n) {
     return b;
 }
 
+/* The trace's memory over time, at most this many points: the SVG stays
+ * small whatever the trace's length (each bucket keeps its highest point). */
+#define SNAP_CHART_POINTS 400
+
+/* The trace's memory over time; a snapshot without a trace (or with one
+ * event) gets the live bytes by owner instead, so there is always a chart. */
+static char *snapshot_chart(const tk_snapshot *s) {
+    if (s->n_points < 2) {
+        int n = s->n_owners < 10 ? s->n_owners : 10;
+        if (!n) return NULL;
+        const char *labels[10];
+        double mib[10];
+        for (int i = 0; i < n; i++) {
+            labels[i] = s->owners[i].owner;
+            mib[i] = (double)s->owners[i].bytes / (1 << 20);
+        }
+        return tk_svg_bars("Live at the end, by owner (the snapshot has no trace to chart)", "MiB", n, labels, mib);
+    }
+    int n = s->n_points < SNAP_CHART_POINTS ? s->n_points : SNAP_CHART_POINTS;
+    double *x = calloc((size_t)n, sizeof *x), *y = calloc((size_t)n * 2, sizeof *y);
+    char *svg = NULL;
+    if (x && y) {
+        for (int k = 0; k < n; k++) {
+            int lo = (int)((int64_t)k * s->n_points / n), hi = (int)((int64_t)(k + 1) * s->n_points / n);
+            x[k] = (double)s->points[lo].event;
+            for (int i = lo; i < hi; i++) {
+                double a = (double)s->points[i].allocated / (1 << 20), r = (double)s->points[i].reserved / (1 << 20);
+                if (a > y[k]) y[k] = a;
+                if (r > y[n + k]) y[n + k] = r;
+            }
+        }
+        const char *names[] = {"allocated", "reserved"};
+        svg = tk_svg_lines("Memory over the trace (PyTorch snapshot)", "trace event", "MiB", n, x, 2, names, y);
+    }
+    free(x);
+    free(y);
+    return svg;
+}
+
+static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
+    char *text = tk_snap_text(s, top);
+    json_t *b = tk_bundle_new(text ? text : "");
+    free(text);
+    tk_sb h = {0};
+    char a[32], r[32], q[32], l[32];
+    tk_sb_add(&h, "<div class=\"txk-snapshot\"><p><b>PyTorch memory snapshot</b> <code>");
+    tk_sb_add_html(&h, s->path);
+    tk_sb_addf(&h, "</code> (%s): reserved <b>%s</b>, allocated <b>%s</b>, requested %s, largest free block %s; "
+                   "%d segments, %d blocks.</p>",
+               s->form, tk_render_bytes(s->reserved, r), tk_render_bytes(s->allocated, a),
+               tk_render_bytes(s->requested, q), tk_render_bytes(s->largest_free_block, l), s->n_segments, s->n_blocks);
+    if (s->has_oom)
+        tk_sb_addf(&h, "<p>Out of memory: tried to allocate <b>%s</b> with %s free on the device.</p>",
+                   tk_render_bytes(s->oom_size, a), tk_render_bytes(s->oom_device_free, r));
+    static const char *const dh[] = {"diagnosis"};
+    tk_rtable *dt = tk_rtable_new("Diagnosis, the cause first", 1, dh);
+    for (int i = 0; dt && i < s->n_diag; i++) tk_rtable_rowf(dt, "%s", s->diag[i].text);
+    static const char *const oh[] = {"owner (innermost frame of your code)", ">live", ">blocks"};
+    tk_rtable *ot = tk_rtable_new("Live at the end", 3, oh);
+    for (int i = 0; ot && i < s->n_owners && i < top; i++)
+        tk_rtable_rowf(ot, "%s\t%s\t%d", s->owners[i].owner, tk_render_bytes(s->owners[i].bytes, a),
+                       s->owners[i].blocks);
+    static const char *const ph[] = {"pool", "stream", ">segments", ">reserved", ">allocated", ">free", ">largest free"};
+    tk_rtable *pt = tk_rtable_new("Segments by pool and stream", 7, ph);
+    for (int i = 0; pt && i < s->n_pools; i++) {
+        char f[32], g[32];
+        const tk_snap_pool *p = &s->pools[i];
+        tk_rtable_rowf(pt, "%s\t%lld\t%d\t%s\t%s\t%s\t%s", p->pool, (long long)p->stream, p->segments,
+                       tk_render_bytes(p->reserved, r), tk_render_bytes(p->allocated, a), tk_render_bytes(p->free, f),
+                       tk_render_bytes(p->largest_free, g));
+    }
+    tk_rtable *tabs[] = {dt, ot, pt};
+    for (int i = 0; i < 3; i++) {
+        char *t = tabs[i] && tk_rtable_nrows(tabs[i]) ? tk_rtable_html(tabs[i]) : NULL;
+        if (t) tk_sb_add(&h, t);
+        free(t);
+        tk_rtable_destroy(&tabs[i]);
+    }
+    if (s->n_fixes) tk_sb_add(&h, "<p><b>Fixes, best first</b></p><ol>");
+    for (int i = 0; i < s->n_fixes; i++) {
+        tk_sb_add(&h, "<li>");
+        tk_sb_add_html(&h, s->fixes[i].text);
+        tk_sb_add(&h, "<pre><code>");
+        tk_sb_add_html(&h, s->fixes[i].code);
+        tk_sb_add(&h, "</code></pre></li>");
+    }
+    if (s->n_fixes) tk_sb_add(&h, "</ol>");
+    char *svg = snapshot_chart(s);
+    if (svg) tk_sb_add(&h, svg);
+    tk_sb_add(&h, "</div>");
+    tk_bundle_take(b, "text/html", tk_sb_take(&h));
+    tk_bundle_take(b, "image/svg+xml", svg);
+    tk_bundle_take_json(b, "application/json", tk_snap_json(s, top));
+    return b;
+}
+
+static int txmem_read_snapshot(tk_magic_ctx *m, const char *path, const char *gpu, const char *cap, int top,
+                               int json_only) {
+    tk_err err = {0};
+    size_t capacity = 0;
+    if (tk_snap_capacity(gpu, cap, &capacity, &err)) return tk_magic_error(m, "UsageError", "%%txmem: %s", err.msg);
+    tk_snapshot *s = tk_snap_read(path, capacity, &err);
+    if (!s) return tk_magic_error(m, "SnapshotError", "%s", err.msg);
+    json_t *b = snapshot_bundle(s, top);
+    tk_txemit(m, b, json_only);
+    json_decref(b);
+    tk_snap_destroy(&s);
+    return 0;
+}
+
 static int run_txmem(tk_magic_ctx *m) {
     tk_session *s = m->session;
     char **argv = NULL;
     int argc = 0, json_only = 0, timeline = 0, top = 10, rc = 0;
-    const char *by = "owner", *snapshot = NULL;
+    const char *by = "owner", *save = NULL, *snapshot = NULL, *gpu = NULL, *cap = NULL;
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -60,11 +173,20 @@ static int run_txmem(tk_magic_ctx *m) {
         else if (!strcmp(argv[i], "--by") && v &&
                  (!strcmp(v, "category") || !strcmp(v, "owner") || !strcmp(v, "layer"))) { by = v; i++; }
         else if (!strcmp(argv[i], "--top") && v && atoi(v) > 0) { top = atoi(v); i++; }
+        else if (!strcmp(argv[i], "--save") && v) { save = v; i++; }
         else if (!strcmp(argv[i], "--snapshot") && v) { snapshot = v; i++; }
+        else if (!strcmp(argv[i], "--gpu") && v) { gpu = v; i++; }
+        else if (!strcmp(argv[i], "--capacity") && v) { cap = v; i++; }
         else
             rc = tk_magic_error(m, "UsageError",
                                 "%%txmem: unexpected '%s'\nusage: %%txmem [--by category|owner|layer] [--top N] "
-                                "[--timeline] [--json] [--snapshot FILE]", argv[i]);
+                                "[--timeline] [--json] [--save FILE]\n       %%txmem --snapshot FILE "
+                                "[--gpu P | --capacity SIZE] [--top N] [--json]", argv[i]);
+    }
+    if (!rc && snapshot) {
+        rc = txmem_read_snapshot(m, snapshot, gpu, cap, top, json_only);
+        tk_txargs_free(argv, argc);
+        return rc;
     }
     tk_dev *d = tk_session_current_device(s);
     if (!rc && !d) {
@@ -85,13 +207,13 @@ static int run_txmem(tk_magic_ctx *m) {
             if (tb) tk_txemit(m, tb, json_only);
             json_decref(tb);
         }
-        if (snapshot) {
+        if (save) {
             char *js = tk_alloc_snapshot_json(tk_dev_alloc(d));
-            FILE *f = js ? fopen(snapshot, "wb") : NULL;
+            FILE *f = js ? fopen(save, "wb") : NULL;
             if (!f || fputs(js, f) < 0 || fclose(f) != 0)
-                rc = tk_magic_error(m, "IOError", "%s: could not write the snapshot", snapshot);
+                rc = tk_magic_error(m, "IOError", "%s: could not write the snapshot", save);
             else
-                tk_magic_printf(m, "stdout", "snapshot written to %s\n", snapshot);
+                tk_magic_printf(m, "stdout", "snapshot written to %s\n", save);
             free(js);
         }
     }
@@ -100,13 +222,20 @@ static int run_txmem(tk_magic_ctx *m) {
 }
 
 static const tk_magic_def TXMEM[] = {
-    {"txmem", TK_MAGIC_LINE, run_txmem, "live device memory: by category, owner or layer; timeline; snapshot",
-     "%txmem [--by category|owner|layer] [--top N] [--timeline] [--json] [--snapshot FILE]\n\n"
+    {"txmem", TK_MAGIC_LINE, run_txmem, "live device memory: by category, owner or layer; timeline; a PyTorch snapshot diagnosed",
+     "%txmem [--by category|owner|layer] [--top N] [--timeline] [--json] [--save FILE]\n"
+     "%txmem --snapshot FILE [--gpu P | --capacity SIZE] [--top N] [--json]\n\n"
      "Capacity, free, allocated, reserved and peaks of the session's device (exact bytes\n"
      "from the caching allocator), the live bytes per category, and the top owners (HF\n"
      "module names) or layers. --timeline charts allocated/reserved at each step of the\n"
-     "last run. --json prints the same as JSON. --snapshot writes segments, blocks and\n"
-     "owners to FILE."},
+     "last run. --json prints the same as JSON. --save writes txkernel's segments, blocks\n"
+     "and owners to FILE (JSON).\n\n"
+     "--snapshot FILE reads a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's\n"
+     "pickle, or its JSON form; nothing in it is executed) and shows reserved, allocated,\n"
+     "requested, the largest free block, segments by pool and stream, who holds the live\n"
+     "memory (innermost frame of your code: \"cell, line N\"), the memory over the trace,\n"
+     "the OOM event, the diagnosis and fixes as PyTorch code. --gpu/--capacity give the\n"
+     "card's size to judge it against."},
 };
 
 int tk_magics_register_txmem(tk_magics *m) { return tk_magics_add_table(m, TXMEM, 1); }

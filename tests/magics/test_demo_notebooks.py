@@ -160,3 +160,20 @@ def test_03_techniques():
         assert r["measured_peak_reserved"] == r["peak_reserved"] and r["ms_per_step"] > 0
     a = jdata(advise)
     assert a["diagnoses"][0]["kind"] == "capacity" and a["candidates"][0]["fits_margin"]
+
+
+def test_04_pytorch_snapshot():
+    import pickle
+    cells = execute("04_pytorch_snapshot.ipynb")
+    show, as_json = cells
+    assert not errors(show) and not errors(as_json)
+    t = text(show)
+    assert "reserved 11.03 GiB" in t and "1. capacity:" in t and "fragmentation" not in t, t
+    shown = [o.data for o in show.outputs if "text/html" in o.get("data", {})]
+    assert shown and "<svg" in shown[0]["image/svg+xml"] and "expandable_segments" not in shown[0]["text/html"]
+    with open(os.path.join(ROOT, "tests", "data", "pytorch_snapshots", "llm_oom.pickle"), "rb") as f:
+        segs = pickle.load(f)["segments"]
+    j = jdata(as_json)
+    assert j["reserved"] == sum(s["total_size"] for s in segs)
+    assert j["allocated"] == sum(b["size"] for s in segs for b in s["blocks"] if b["state"] == "active_allocated")
+    assert j["capacity"] == int(11.5 * 2**30) and j["diagnoses"][0]["id"] == "capacity" and len(j["top"]) <= 3

@@ -1,0 +1,699 @@
+/* snapshot.c — reads a PyTorch memory snapshot (pickle or JSON), sums its
+ * figures, groups live blocks by owner, replays the trace, and diagnoses it
+ * (see tk_snapshot.h).
+ *
+ * Guarantees: the pickle is read by tk_pickle with no global allowed, so
+ * nothing in the file runs; a file of the wrong shape is a one-line error
+ * naming the file and the field; byte figures are integer sums, never
+ * estimates. The pickle and JSON forms are walked by the same code through
+ * a two-backend view (sv), so both give the same numbers.
+ */
+#include "tk_snapshot.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "tk_pickle.h"
+
+/* Snapshots of long runs reach hundreds of MB; the tree costs about 64
+ * bytes per opcode, so the cap follows the file, within reason. */
+#define SNAP_MAX_FILE ((size_t)1 << 30)
+#define SNAP_TREE_CAP ((size_t)4 << 30)
+
+/* ---- one view over a pickle value or a JSON value ----------------------------------- */
+
+typedef struct sv { const tk_pval *p; json_t *j; } sv;
+
+static const sv SV_NONE = {NULL, NULL};
+static int sv_ok(sv v) { return v.p || v.j; }
+
+static sv sv_get(sv d, const char *k) {
+    sv r = SV_NONE;
+    if (d.p) r.p = tk_pval_get(d.p, k);
+    else if (d.j && json_is_object(d.j)) r.j = json_object_get(d.j, k);
+    return r;
+}
+static int sv_is_dict(sv v) { return v.p ? v.p->kind == TK_PV_DICT : json_is_object(v.j); }
+static int sv_is_list(sv v) {
+    return v.p ? (v.p->kind == TK_PV_LIST || v.p->kind == TK_PV_TUPLE) : json_is_array(v.j);
+}
+static size_t sv_len(sv v) { return v.p ? v.p->n : json_array_size(v.j); }
+static sv sv_at(sv v, size_t i) {
+    sv r = SV_NONE;
+    if (v.p) r.p = i < v.p->n ? v.p->items[i] : NULL;
+    else r.j = json_array_get(v.j, i);
+    return r;
+}
+static int sv_int(sv v, int64_t *o) {
+    if (v.p) return tk_pval_int(v.p, o);
+    if (json_is_integer(v.j)) { *o = json_integer_value(v.j); return 0; }
+    return -1;
+}
+static const char *sv_str(sv v) { return v.p ? tk_pval_str(v.p) : json_string_value(v.j); }
+static const char *sv_kind(sv v) {
+    if (v.p) return tk_pval_kind_name(v.p->kind);
+    if (!v.j) return "nothing";
+    static const char *const N[] = {"object", "array", "string", "integer", "real", "true", "false", "null"};
+    return N[json_typeof(v.j)];
+}
+
+/* ---- reading ------------------------------------------------------------------------ */
+
+typedef struct ctx {
+    tk_snapshot *s;
+    const char *name;
+    tk_err *err;
+    int owners_cap;
+} ctx;
+
+static int bad(ctx *c, const char *where, const char *what) {
+    tk_err_set(c->err, TK_EFORMAT, "%s: %s: %s", c->name, where, what);
+    return -1;
+}
+
+/* A non-negative integer field; missing_ok keeps *o when absent. */
+static int field_size(ctx *c, sv d, const char *key, const char *where, int missing_ok, int64_t *o) {
+    sv v = sv_get(d, key);
+    char w[160], m[96];
+    snprintf(w, sizeof w, "%s.%s", where, key);
+    if (!sv_ok(v)) return missing_ok ? 0 : bad(c, w, "missing");
+    if (sv_int(v, o) || *o < 0) {
+        snprintf(m, sizeof m, "expected a non-negative integer, found %s", sv_kind(v));
+        return bad(c, w, m);
+    }
+    return 0;
+}
+
+static const char *basename_of(const char *p) {
+    const char *b = strrchr(p, '/');
+    return b ? b + 1 : p;
+}
+
+static int ends_with(const char *s, const char *t) {
+    size_t n = strlen(s), m = strlen(t);
+    return n >= m && !strcmp(s + n - m, t);
+}
+
+/* C++ frames (the allocator's own, "??", .cpp) say nothing about Python. */
+static int is_cxx_frame(const char *f) {
+    return !*f || !strcmp(f, "??") || ends_with(f, ".cpp") || ends_with(f, ".h") || ends_with(f, ".cc") ||
+           ends_with(f, ".cu") || ends_with(f, ".so") || strstr(f, ".so.") || f[0] == '<';
+}
+static int is_notebook_frame(const char *f) {
+    return (strstr(f, "/ipykernel_") && ends_with(f, ".py")) || strstr(f, "<ipython-input-") != NULL;
+}
+static int is_library_frame(const char *f) {
+    return strstr(f, "/site-packages/") || strstr(f, "/dist-packages/") || strstr(f, "/lib/python") ||
+           strstr(f, "/torch/") || strstr(f, "/transformers/");
+}
+/* The library path from the package on: "torch/nn/modules/linear.py". */
+static const char *library_tail(const char *f) {
+    const char *k;
+    if ((k = strstr(f, "/site-packages/"))) return k + 15;
+    if ((k = strstr(f, "/dist-packages/"))) return k + 15;
+    if ((k = strstr(f, "/torch/"))) return k + 1;
+    if ((k = strstr(f, "/transformers/"))) return k + 1;
+    return basename_of(f);
+}
+
+/* Who holds a block: the innermost frame of the user's code, with the
+ * innermost library module inside it as the kind. */
+static void owner_of(sv frames, char *out, size_t n) {
+    char kind[96] = "";
+    int python = 0;
+    const char *first_py = NULL;
+    int first_line = 0;
+    for (size_t i = 0; sv_is_list(frames) && i < sv_len(frames); i++) {
+        sv f = sv_at(frames, i);
+        const char *file = sv_str(sv_get(f, "filename"));
+        const char *fn = sv_str(sv_get(f, "name"));
+        int64_t line = 0;
+        /* txkernel's own snapshots name the owner and category in the frame */
+        if (file && !strcmp(file, "txkernel") && fn) {
+            snprintf(out, n, "%s", fn);
+            return;
+        }
+        if (!file || is_cxx_frame(file)) continue;
+        sv_int(sv_get(f, "line"), &line);
+        if (!python) { first_py = file; first_line = (int)line; }
+        python = 1;
+        if (is_notebook_frame(file)) {
+            snprintf(out, n, "cell, line %lld%s%s", (long long)line, *kind ? " · " : "", kind);
+            return;
+        }
+        if (is_library_frame(file)) {
+            const char *t = library_tail(file);
+            if (!*kind && (!strncmp(t, "torch/nn/modules/", 17) || !strncmp(t, "transformers/", 13)))
+                snprintf(kind, sizeof kind, "%s", t);
+            continue;
+        }
+        snprintf(out, n, "%s, line %lld (%s)%s%s", basename_of(file), (long long)line, fn ? fn : "?",
+                 *kind ? " · " : "", kind);
+        return;
+    }
+    if (*kind) snprintf(out, n, "library: %s", kind);
+    else if (python) snprintf(out, n, "library: %s, line %d", library_tail(first_py), first_line);
+    else snprintf(out, n, "no Python frame");
+}
+
+static int add_owner(ctx *c, const char *owner, size_t bytes) {
+    tk_snapshot *s = c->s;
+    for (int i = 0; i < s->n_owners; i++)
+        if (!strcmp(s->owners[i].owner, owner)) {
+            s->owners[i].bytes += bytes;
+            s->owners[i].blocks++;
+            return 0;
+        }
+    if (s->n_owners == c->owners_cap) {
+        int cap = c->owners_cap ? c->owners_cap * 2 : 16;
+        tk_snap_owner *o = realloc(s->owners, (size_t)cap * sizeof *o);
+        if (!o) return bad(c, "owners", "out of host memory");
+        s->owners = o;
+        c->owners_cap = cap;
+    }
+    tk_snap_owner *o = &s->owners[s->n_owners++];
+    snprintf(o->owner, sizeof o->owner, "%s", owner);
+    o->bytes = bytes;
+    o->blocks = 1;
+    return 0;
+}
+
+static tk_snap_pool *pool_of(tk_snapshot *s, const char *type, int64_t stream) {
+    for (int i = 0; i < s->n_pools; i++)
+        if (s->pools[i].stream == stream && !strcmp(s->pools[i].pool, type)) return &s->pools[i];
+    /* Past the table's size the last row gathers the rest. */
+    if (s->n_pools == TK_SNAP_MAX_POOLS) return &s->pools[TK_SNAP_MAX_POOLS - 1];
+    tk_snap_pool *p = &s->pools[s->n_pools++];
+    snprintf(p->pool, sizeof p->pool, "%s", type);
+    p->stream = stream;
+    return p;
+}
+
+static int read_segment(ctx *c, sv seg, size_t si, int64_t *devices_seen) {
+    tk_snapshot *s = c->s;
+    char where[96];
+    snprintf(where, sizeof where, "segments[%zu]", si);
+    if (!sv_is_dict(seg)) return bad(c, where, "expected a dict (a segment)");
+    int64_t total = 0, stream = 0, device = 0;
+    if (field_size(c, seg, "total_size", where, 0, &total) || field_size(c, seg, "device", where, 1, &device))
+        return -1;
+    sv st = sv_get(seg, "stream");
+    if (sv_ok(st) && sv_int(st, &stream)) return bad(c, where, "'stream' is not an integer");
+    if (device >= 0 && device < 64) *devices_seen |= (int64_t)1 << device;
+    const char *type = sv_str(sv_get(seg, "segment_type"));
+    tk_snap_pool *p = pool_of(s, type ? type : "?", stream);
+    p->segments++;
+    p->reserved += (size_t)total;
+    s->reserved += (size_t)total;
+    s->n_segments++;
+    sv blocks = sv_get(seg, "blocks");
+    if (!sv_is_list(blocks)) return bad(c, where, "'blocks' missing or not a list");
+    size_t active = 0;
+    for (size_t bi = 0; bi < sv_len(blocks); bi++) {
+        sv b = sv_at(blocks, bi);
+        char bw[128];
+        snprintf(bw, sizeof bw, "%s.blocks[%zu]", where, bi);
+        if (!sv_is_dict(b)) return bad(c, bw, "expected a dict (a block)");
+        int64_t size = 0, req = 0;
+        if (field_size(c, b, "size", bw, 0, &size) || field_size(c, b, "requested_size", bw, 1, &req)) return -1;
+        const char *state = sv_str(sv_get(b, "state"));
+        if (!state) return bad(c, bw, "'state' missing or not a string");
+        s->n_blocks++;
+        if (!strcmp(state, "active_allocated")) {
+            s->allocated += (size_t)size;
+            s->requested += (size_t)req;
+            p->allocated += (size_t)size;
+            s->n_live_blocks++;
+            active += (size_t)size;
+            sv frames = sv_get(b, "frames");
+            sv hist = sv_get(b, "history");
+            /* PyTorch 2.0 kept frames in the block's history, newest last. */
+            if (!sv_ok(frames) && sv_is_list(hist) && sv_len(hist))
+                frames = sv_get(sv_at(hist, sv_len(hist) - 1), "frames");
+            char owner[192];
+            owner_of(frames, owner, sizeof owner);
+            if (add_owner(c, owner, (size_t)size)) return -1;
+        } else if (!strcmp(state, "inactive")) {
+            s->free_in_cache += (size_t)size;
+            p->free += (size_t)size;
+            s->n_free_blocks++;
+            if ((size_t)size > s->largest_free_block) s->largest_free_block = (size_t)size;
+            if ((size_t)size > p->largest_free) p->largest_free = (size_t)size;
+        } else {
+            s->pending_free += (size_t)size;
+            active += (size_t)size;
+        }
+    }
+    if (!active) s->empty_segments += (size_t)total;
+    return 0;
+}
+
+static int read_trace(ctx *c, sv traces) {
+    tk_snapshot *s = c->s;
+    if (!sv_ok(traces)) return 0;
+    if (!sv_is_list(traces)) return bad(c, "device_traces", "expected a list (one per device)");
+    size_t n = 0;
+    for (size_t d = 0; d < sv_len(traces); d++) {
+        sv t = sv_at(traces, d);
+        if (!sv_is_list(t)) return bad(c, "device_traces", "each device's trace must be a list");
+        n += sv_len(t);
+    }
+    s->points = calloc(n ? n : 1, sizeof *s->points);
+    if (!s->points) return bad(c, "device_traces", "out of host memory");
+    /* Deltas first; the trace may start after the first allocation, so the
+     * curve is anchored at the end, where the snapshot's figures are known. */
+    int64_t alloc = 0, res = 0, ev = 0;
+    for (size_t d = 0; d < sv_len(traces); d++) {
+        sv t = sv_at(traces, d);
+        for (size_t i = 0; i < sv_len(t); i++, ev++) {
+            sv e = sv_at(t, i);
+            char w[96];
+            snprintf(w, sizeof w, "device_traces[%zu][%zu]", d, i);
+            if (!sv_is_dict(e)) return bad(c, w, "expected a dict (a trace event)");
+            const char *a = sv_str(sv_get(e, "action"));
+            int64_t size = 0, tus = -1;
+            if (!a) return bad(c, w, "'action' missing or not a string");
+            if (field_size(c, e, "size", w, 1, &size)) return -1;
+            sv_int(sv_get(e, "time_us"), &tus);
+            s->n_trace++;
+            int counted = 1;
+            if (!strcmp(a, "alloc")) alloc += size;
+            else if (!strcmp(a, "free_completed")) alloc -= size;
+            else if (!strcmp(a, "segment_alloc") || !strcmp(a, "segment_map")) res += size;
+            else if (!strcmp(a, "segment_free") || !strcmp(a, "segment_unmap")) res -= size;
+            else counted = 0;
+            if (!strcmp(a, "oom")) {
+                int64_t fr = 0;
+                if (field_size(c, e, "device_free", w, 1, &fr)) return -1;
+                s->has_oom = 1;
+                s->oom_size = (size_t)size;
+                s->oom_device_free = (size_t)fr;
+            }
+            if (!counted) continue;
+            tk_snap_point *pt = &s->points[s->n_points++];
+            pt->event = ev;
+            pt->time_us = tus;
+            pt->allocated = (size_t)alloc; /* relative for now */
+            pt->reserved = (size_t)res;
+        }
+    }
+    int64_t a0 = (int64_t)s->allocated - alloc, r0 = (int64_t)s->reserved - res;
+    for (int i = 0; i < s->n_points; i++) {
+        int64_t av = a0 + (int64_t)s->points[i].allocated, rv = r0 + (int64_t)s->points[i].reserved;
+        s->points[i].allocated = (size_t)(av < 0 ? 0 : av);
+        s->points[i].reserved = (size_t)(rv < 0 ? 0 : rv);
+        if (s->points[i].allocated > s->trace_peak_allocated) s->trace_peak_allocated = s->points[i].allocated;
+    }
+    if (s->allocated > s->trace_peak_allocated) s->trace_peak_allocated = s->allocated;
+    return 0;
+}
+
+static int cmp_owner(const void *a, const void *b) {
+    const tk_snap_owner *x = a, *y = b;
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+    return strcmp(x->owner, y->owner);
+}
+
+/* ---- diagnoses and fixes -------------------------------------------------------------- */
+
+static const char *fmtb(size_t b, char buf[32]) { return tk_format_bytes(b, buf, 32); }
+
+static tk_snap_diag *diag(tk_snapshot *s, const char *id) {
+    if (s->n_diag == TK_SNAP_MAX_DIAG) return NULL;
+    tk_snap_diag *d = &s->diag[s->n_diag++];
+    snprintf(d->id, sizeof d->id, "%s", id);
+    return d;
+}
+
+static tk_snap_fix *fix(tk_snapshot *s, const char *id, int64_t saves) {
+    for (int i = 0; i < s->n_fixes; i++)
+        if (!strcmp(s->fixes[i].id, id)) return NULL;
+    if (s->n_fixes == TK_SNAP_MAX_FIXES) return NULL;
+    tk_snap_fix *f = &s->fixes[s->n_fixes++];
+    snprintf(f->id, sizeof f->id, "%s", id);
+    f->saves = saves;
+    return f;
+}
+
+static int has_diag(const tk_snapshot *s, const char *id) {
+    for (int i = 0; i < s->n_diag; i++)
+        if (!strcmp(s->diag[i].id, id)) return 1;
+    return 0;
+}
+
+static void fixes_fragmentation(tk_snapshot *s) {
+    char a[32], b[32];
+    tk_snap_fix *f = fix(s, "expandable_segments", (int64_t)(s->free_in_cache - s->largest_free_block));
+    if (f) {
+        snprintf(f->text, sizeof f->text,
+                 "Let the allocator grow segments instead of stranding free blocks: %s of free cache is in blocks "
+                 "smaller than the largest (%s) and becomes usable. Set it before the first CUDA call "
+                 "(restart the runtime).",
+                 fmtb(s->free_in_cache - s->largest_free_block, a), fmtb(s->largest_free_block, b));
+        snprintf(f->code, sizeof f->code,
+                 "import os\nos.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"expandable_segments:True\"\nimport torch");
+    }
+    if (s->empty_segments && (f = fix(s, "empty_cache", (int64_t)s->empty_segments))) {
+        snprintf(f->text, sizeof f->text,
+                 "Return the cached segments that hold no live tensor (%s) to the device, e.g. between "
+                 "evaluation and training.",
+                 fmtb(s->empty_segments, a));
+        snprintf(f->code, sizeof f->code, "torch.cuda.empty_cache()");
+    }
+}
+
+static void fixes_capacity(tk_snapshot *s) {
+    char a[32];
+    tk_snap_fix *f;
+    const tk_snap_owner *user = NULL;
+    for (int i = 0; i < s->n_owners && !user; i++)
+        if (strncmp(s->owners[i].owner, "no Python frame", 15) && strncmp(s->owners[i].owner, "library:", 8))
+            user = &s->owners[i];
+    if (user && (f = fix(s, "del", (int64_t)user->bytes))) {
+        snprintf(f->text, sizeof f->text,
+                 "Drop the references made at %s once they are no longer needed (%s live in %d blocks), "
+                 "then collect and release the cache.",
+                 user->owner, fmtb(user->bytes, a), user->blocks);
+        snprintf(f->code, sizeof f->code,
+                 "del outputs, loss  # the tensors created at %s\nimport gc; gc.collect()\ntorch.cuda.empty_cache()",
+                 user->owner);
+    }
+    if ((f = fix(s, "batch", -1))) {
+        snprintf(f->text, sizeof f->text,
+                 "Halve the micro-batch and accumulate twice as many steps: the effective batch stays, the "
+                 "activations halve (this snapshot does not separate activations from weights, so it cannot "
+                 "say how many bytes that is).");
+        snprintf(f->code, sizeof f->code,
+                 "# B, k: your current per_device_train_batch_size and gradient_accumulation_steps\n"
+                 "TrainingArguments(..., per_device_train_batch_size=B // 2, gradient_accumulation_steps=2 * k)");
+    }
+    if ((f = fix(s, "precision", -1))) {
+        snprintf(f->text, sizeof f->text,
+                 "Mixed precision keeps activations in 16 bits, about half their bytes (bf16 on Ampere or newer, "
+                 "fp16 on a T4 or V100).");
+        snprintf(f->code, sizeof f->code, "TrainingArguments(..., bf16=True)  # or fp16=True");
+    }
+    if ((f = fix(s, "checkpointing", -1))) {
+        snprintf(f->text, sizeof f->text,
+                 "Gradient checkpointing keeps one activation per layer and recomputes the rest in backward "
+                 "(about 30%% more compute).");
+        snprintf(f->code, sizeof f->code, "model.gradient_checkpointing_enable()");
+    }
+    if ((f = fix(s, "max_length", -1))) {
+        snprintf(f->text, sizeof f->text,
+                 "Shorter sequences shrink every activation (attention scores quadratically); pick max_length from "
+                 "the data's token lengths (txk data FILE shows the percentiles).");
+        snprintf(f->code, sizeof f->code, "tokenizer(texts, truncation=True, max_length=128)");
+    }
+}
+
+static void diagnose(tk_snapshot *s) {
+    char a[32], b[32], c[32], d[32];
+    tk_snap_diag *g;
+    size_t need = s->has_oom ? s->oom_size : 0;
+    /* Fragmentation: enough is free in the cache, in pieces too small. With
+     * an OOM that is "free >= request > largest block" in the request's pool
+     * (PyTorch serves requests of up to 1 MiB from the small pool only);
+     * without one, a cache whose free part is at least a quarter of what is
+     * reserved and scattered (no block holds half of it). */
+    const char *pool = need <= ((size_t)1 << 20) ? "small" : "large";
+    size_t pool_free = 0, pool_largest = 0;
+    for (int i = 0; i < s->n_pools; i++)
+        if (!strcmp(s->pools[i].pool, pool)) {
+            pool_free += s->pools[i].free;
+            if (s->pools[i].largest_free > pool_largest) pool_largest = s->pools[i].largest_free;
+        }
+    int frag = s->has_oom ? (pool_free >= need && pool_largest < need)
+                          : (s->free_in_cache >= s->reserved / 4 && s->free_in_cache >= ((size_t)1 << 20) &&
+                             s->largest_free_block < s->free_in_cache / 2);
+    /* Capacity: at an OOM that is not fragmentation, no block of the pool
+     * fits and the device cannot give a new segment; without an OOM, the
+     * live tensors fill the device or, without a capacity, what PyTorch
+     * reserved. */
+    int cap = s->has_oom ? !frag
+                         : (s->reserved && s->allocated >= s->reserved / 10 * 9 &&
+                            (!s->capacity || s->reserved >= s->capacity / 10 * 9));
+    if (frag && (g = diag(s, "fragmentation"))) {
+        snprintf(g->text, sizeof g->text,
+                 "fragmentation: %s of the %s PyTorch reserved is free, in %d blocks, but the largest is %s%s%s.",
+                 fmtb(s->free_in_cache, a), fmtb(s->reserved, b), s->n_free_blocks, fmtb(s->largest_free_block, c),
+                 need ? " and the failed request was " : "", need ? fmtb(need, d) : "");
+    }
+    if (cap && (g = diag(s, "capacity"))) {
+        if (s->has_oom) {
+            char e[32], f[32];
+            snprintf(g->text, sizeof g->text,
+                     "capacity: tried to allocate %s; no free block of the %s pool fits it (%s free there, largest "
+                     "%s) and the device has only %s free for a new segment; live tensors hold %s of the %s "
+                     "reserved.",
+                     fmtb(need, a), pool, fmtb(pool_free, b), fmtb(pool_largest, c), fmtb(s->oom_device_free, d),
+                     fmtb(s->allocated, e), fmtb(s->reserved, f));
+        } else
+            snprintf(g->text, sizeof g->text,
+                     "capacity: live tensors fill %s: %s of %s is allocated, the cache holds only %s free "
+                     "(largest block %s).",
+                     s->capacity ? "the device" : "what PyTorch reserved", fmtb(s->allocated, a),
+                     fmtb(s->capacity ? s->capacity : s->reserved, b), fmtb(s->free_in_cache, c),
+                     fmtb(s->largest_free_block, d));
+    }
+    /* Headroom: with the card's size known, what neither PyTorch holds nor
+     * the device reports free is held by someone else. */
+    if (s->has_oom && s->capacity && s->reserved + s->oom_device_free < s->capacity / 100 * 90 &&
+        (g = diag(s, "headroom"))) {
+        size_t other = s->capacity - s->reserved - s->oom_device_free;
+        snprintf(g->text, sizeof g->text,
+                 "headroom: %s of the %s device is held outside this process's cache (another process, an earlier "
+                 "run, or the CUDA context).",
+                 fmtb(other, a), fmtb(s->capacity, b));
+    }
+    if (s->n_owners && s->allocated && strcmp(s->owners[0].owner, "no Python frame") &&
+        s->owners[0].bytes >= s->allocated / 5 * 2 && s->n_owners > 1 && (g = diag(s, "dominant_layer"))) {
+        snprintf(g->text, sizeof g->text, "dominant_layer: %s holds %s, %.0f%% of what is allocated.",
+                 s->owners[0].owner, fmtb(s->owners[0].bytes, a), 100.0 * (double)s->owners[0].bytes / (double)s->allocated);
+    }
+    if (has_diag(s, "fragmentation")) fixes_fragmentation(s);
+    if (has_diag(s, "capacity") || has_diag(s, "dominant_layer")) fixes_capacity(s);
+    if (has_diag(s, "headroom")) {
+        tk_snap_fix *f = fix(s, "release", -1);
+        if (f) {
+            snprintf(f->text, sizeof f->text,
+                     "Free the device of the other holder: restart the runtime (or the process shown by nvidia-smi).");
+            snprintf(f->code, sizeof f->code, "!nvidia-smi --query-compute-apps=pid,used_memory --format=csv");
+        }
+    }
+}
+
+/* ---- entry points --------------------------------------------------------------------- */
+
+static int read_tree(ctx *c, sv root) {
+    tk_snapshot *s = c->s;
+    sv segs = root;
+    if (sv_is_dict(root)) {
+        s->form = s->form ? s->form : "pickle (dict)";
+        segs = sv_get(root, "segments");
+        if (!sv_is_list(segs)) return bad(c, "segments", "missing or not a list: not a PyTorch memory snapshot");
+    } else if (sv_is_list(root)) {
+        s->form = s->form ? s->form : "pickle (list of segments)";
+    } else {
+        char m[128];
+        snprintf(m, sizeof m, "expected a dict with 'segments' or a list of segments, found %s", sv_kind(root));
+        return bad(c, "top level", m);
+    }
+    int64_t devices = 0;
+    for (size_t i = 0; i < sv_len(segs); i++)
+        if (read_segment(c, sv_at(segs, i), i, &devices)) return -1;
+    for (int d = 0; d < 64; d++) s->n_devices += (int)((devices >> d) & 1);
+    if (sv_is_dict(root) && read_trace(c, sv_get(root, "device_traces"))) return -1;
+    if (s->n_owners) qsort(s->owners, (size_t)s->n_owners, sizeof *s->owners, cmp_owner);
+    diagnose(s);
+    return 0;
+}
+
+tk_snapshot *tk_snap_read_buf(const uint8_t *buf, size_t len, const char *name, size_t capacity, tk_err *err) {
+    tk_snapshot *s = calloc(1, sizeof *s);
+    if (!s) {
+        tk_err_set(err, TK_EFORMAT, "%s: out of host memory", name);
+        return NULL;
+    }
+    snprintf(s->path, sizeof s->path, "%s", name);
+    s->capacity = capacity;
+    ctx c = {s, name, err, 0};
+    size_t i = 0;
+    while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t')) i++;
+    int rc;
+    if (i < len && (buf[i] == '{' || buf[i] == '[')) {
+        json_error_t je;
+        json_t *j = json_loadb((const char *)buf, len, 0, &je);
+        if (!j) {
+            tk_err_set(err, TK_EFORMAT, "%s: line %d: not valid JSON: %s", name, je.line, je.text);
+            tk_snap_destroy(&s);
+            return NULL;
+        }
+        s->form = "json";
+        rc = read_tree(&c, (sv){NULL, j});
+        json_decref(j);
+    } else if (len && buf[0] == 0x80) {
+        tk_pickle_opts o = {.name = name, .max_bytes = SNAP_TREE_CAP};
+        tk_pickle *p = tk_pickle_load(buf, len, &o, err);
+        rc = p ? read_tree(&c, (sv){tk_pickle_root(p), NULL}) : -1;
+        tk_pickle_destroy(&p);
+    } else {
+        tk_err_set(err, TK_EFORMAT, "%s: not a PyTorch memory snapshot (neither a pickle of protocol 2 or newer nor JSON)",
+                   name);
+        rc = -1;
+    }
+    if (rc) tk_snap_destroy(&s);
+    return s;
+}
+
+tk_snapshot *tk_snap_read(const char *path, size_t capacity, tk_err *err) {
+    FILE *f = fopen(path, "rb");
+    struct stat st;
+    if (!f || fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+        tk_err_set(err, TK_EIO, "%s: %s", path, f ? "not a regular file" : strerror(errno));
+        if (f) fclose(f);
+        return NULL;
+    }
+    if ((size_t)st.st_size > SNAP_MAX_FILE) {
+        tk_err_set(err, TK_EFORMAT, "%s: %lld bytes, larger than the 1 GiB this reader takes", path,
+                   (long long)st.st_size);
+        fclose(f);
+        return NULL;
+    }
+    size_t n = (size_t)st.st_size;
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf || fread(buf, 1, n, f) != n) {
+        tk_err_set(err, TK_EIO, "%s: could not read the file", path);
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    tk_snapshot *s = tk_snap_read_buf(buf, n, path, capacity, err);
+    free(buf);
+    return s;
+}
+
+void tk_snap_destroy(tk_snapshot **ps) {
+    if (!ps || !*ps) return;
+    free((*ps)->owners);
+    free((*ps)->points);
+    free(*ps);
+    *ps = NULL;
+}
+
+int tk_snap_capacity(const char *gpu, const char *size, size_t *out, tk_err *err) {
+    *out = 0;
+    if (gpu) {
+        const tk_gpu_profile *p = tk_gpu_profile_find(gpu);
+        if (!p) {
+            tk_err_set(err, TK_EINVAL, "--gpu %s: unknown GPU profile (t4, p4, a100-40, ...)", gpu);
+            return -1;
+        }
+        *out = p->capacity;
+    }
+    if (size && tk_parse_bytes(size, out)) {
+        tk_err_set(err, TK_EINVAL, "--capacity %s: not a size (e.g. 14.75GiB)", size);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- output --------------------------------------------------------------------------- */
+
+char *tk_snap_text(const tk_snapshot *s, int top) {
+    char *out = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&out, &n);
+    if (!f) return NULL;
+    char a[32], b[32], c[32], d[32];
+    fprintf(f, "PyTorch memory snapshot %s (%s): %d segments, %d blocks\n", s->path, s->form, s->n_segments,
+            s->n_blocks);
+    fprintf(f, "  reserved %s (%zu B) · allocated %s (%zu B) · requested %s (%zu B)\n", fmtb(s->reserved, a),
+            s->reserved, fmtb(s->allocated, b), s->allocated, fmtb(s->requested, c), s->requested);
+    fprintf(f, "  free in the cache %s in %d blocks, largest free block %s (%zu B)\n", fmtb(s->free_in_cache, a),
+            s->n_free_blocks, fmtb(s->largest_free_block, b), s->largest_free_block);
+    if (s->capacity) fprintf(f, "  device capacity %s\n", fmtb(s->capacity, a));
+    if (s->has_oom)
+        fprintf(f, "  out of memory: tried to allocate %s with %s free on the device\n", fmtb(s->oom_size, a),
+                fmtb(s->oom_device_free, b));
+    if (s->n_points)
+        fprintf(f, "  trace: %d events, allocated peaks at %s\n", s->n_trace, fmtb(s->trace_peak_allocated, a));
+    fprintf(f, "\nSegments by pool and stream:\n  %-6s %-8s %8s %12s %12s %12s %12s\n", "pool", "stream", "segments",
+            "reserved", "allocated", "free", "largest free");
+    for (int i = 0; i < s->n_pools; i++) {
+        const tk_snap_pool *p = &s->pools[i];
+        fprintf(f, "  %-6s %-8lld %8d %12s %12s %12s %12s\n", p->pool, (long long)p->stream, p->segments,
+                fmtb(p->reserved, a), fmtb(p->allocated, b), fmtb(p->free, c), fmtb(p->largest_free, d));
+    }
+    fprintf(f, "\nLive at the end, by owner (innermost frame of your code):\n");
+    for (int i = 0; i < s->n_owners && i < top; i++)
+        fprintf(f, "  %12s %5d blocks  %s\n", fmtb(s->owners[i].bytes, a), s->owners[i].blocks, s->owners[i].owner);
+    if (s->n_owners > top) fprintf(f, "  ... %d more owners\n", s->n_owners - top);
+    fprintf(f, "\nDiagnosis:\n");
+    if (!s->n_diag) fprintf(f, "  nothing wrong that this snapshot shows.\n");
+    for (int i = 0; i < s->n_diag; i++) fprintf(f, "  %d. %s\n", i + 1, s->diag[i].text);
+    if (s->n_fixes) fprintf(f, "\nFixes, best first:\n");
+    for (int i = 0; i < s->n_fixes; i++) {
+        fprintf(f, "  %d. [%s] %s\n", i + 1, s->fixes[i].id, s->fixes[i].text);
+        const char *line = s->fixes[i].code;
+        while (*line) {
+            const char *e = strchr(line, '\n');
+            int len = e ? (int)(e - line) : (int)strlen(line);
+            fprintf(f, "       %.*s\n", len, line);
+            line += len + (e ? 1 : 0);
+        }
+    }
+    fclose(f);
+    return out;
+}
+
+json_t *tk_snap_json(const tk_snapshot *s, int top) {
+    json_t *o = json_object();
+    json_object_set_new(o, "file", json_string(s->path));
+    json_object_set_new(o, "form", json_string(s->form));
+    json_object_set_new(o, "reserved", json_integer((json_int_t)s->reserved));
+    json_object_set_new(o, "allocated", json_integer((json_int_t)s->allocated));
+    json_object_set_new(o, "requested", json_integer((json_int_t)s->requested));
+    json_object_set_new(o, "pending_free", json_integer((json_int_t)s->pending_free));
+    json_object_set_new(o, "largest_free_block", json_integer((json_int_t)s->largest_free_block));
+    json_object_set_new(o, "free_in_cache", json_integer((json_int_t)s->free_in_cache));
+    json_object_set_new(o, "empty_segments", json_integer((json_int_t)s->empty_segments));
+    json_object_set_new(o, "n_segments", json_integer(s->n_segments));
+    json_object_set_new(o, "n_blocks", json_integer(s->n_blocks));
+    json_object_set_new(o, "n_devices", json_integer(s->n_devices));
+    json_object_set_new(o, "capacity", s->capacity ? json_integer((json_int_t)s->capacity) : json_null());
+    json_t *pools = json_array();
+    for (int i = 0; i < s->n_pools; i++) {
+        const tk_snap_pool *p = &s->pools[i];
+        json_array_append_new(pools, json_pack("{s:s, s:I, s:i, s:I, s:I, s:I, s:I}", "pool", p->pool, "stream",
+                                               (json_int_t)p->stream, "segments", p->segments, "reserved",
+                                               (json_int_t)p->reserved, "allocated", (json_int_t)p->allocated, "free",
+                                               (json_int_t)p->free, "largest_free", (json_int_t)p->largest_free));
+    }
+    json_object_set_new(o, "segments", pools);
+    json_t *t = json_array();
+    for (int i = 0; i < s->n_owners && i < top; i++)
+        json_array_append_new(t, json_pack("{s:s, s:I, s:i}", "owner", s->owners[i].owner, "bytes",
+                                           (json_int_t)s->owners[i].bytes, "blocks", s->owners[i].blocks));
+    json_object_set_new(o, "top", t);
+    json_object_set_new(o, "oom", s->has_oom ? json_pack("{s:I, s:I}", "size", (json_int_t)s->oom_size, "device_free",
+                                                         (json_int_t)s->oom_device_free)
+                                             : json_null());
+    json_object_set_new(o, "timeline", json_pack("{s:i, s:i, s:I}", "events", s->n_trace, "points", s->n_points,
+                                                 "peak_allocated", (json_int_t)s->trace_peak_allocated));
+    json_t *dg = json_array();
+    for (int i = 0; i < s->n_diag; i++)
+        json_array_append_new(dg, json_pack("{s:s, s:s}", "id", s->diag[i].id, "text", s->diag[i].text));
+    json_object_set_new(o, "diagnoses", dg);
+    json_t *fx = json_array();
+    for (int i = 0; i < s->n_fixes; i++)
+        json_array_append_new(fx, json_pack("{s:s, s:s, s:s, s:o}", "id", s->fixes[i].id, "text", s->fixes[i].text,
+                                            "code", s->fixes[i].code, "saves",
+                                            s->fixes[i].saves >= 0 ? json_integer(s->fixes[i].saves) : json_null()));
+    json_object_set_new(o, "fixes", fx);
+    return o;
+}

@@ -265,6 +265,8 @@ tk_status tk_adamw_step(tk_adamw *o, float lr, float grad_scale, float *grad_nor
         tk_err_set(err, TK_EINVAL, "optimizer: NULL");
         return TK_EINVAL;
     }
+    /* the allocator's history says which step part made a tensor */
+    tk_alloc_set_phase(tk_dev_alloc(o->d), "optimizer");
     tk_status st;
     if (!o->have_state && (st = alloc_state(o, err)) != TK_OK)
         return st;

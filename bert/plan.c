@@ -108,7 +108,7 @@ static void top_owners(tk_alloc *a, sim_out *o) {
 
 /* One simulated run under `capacity` (0 = none). */
 static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t capacity, int B, int T,
-                          int EB, int inference, sim_out *o, tk_err *err) {
+                          int EB, int inference, const tk_plan_watch *w, sim_out *o, tk_err *err) {
     tk_tensor_info *want = o->tensors;
     int max_want = o->max_tensors;
     memset(o, 0, sizeof *o);
@@ -123,6 +123,7 @@ static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t ca
         return TK_EINVAL;
     }
     tk_alloc *a = tk_dev_alloc(d);
+    if (w && w->opened) w->opened(a, w->ud);
     tk_model *m = NULL;
     tk_adamw *opt = NULL;
     tk_optim_param *ps = NULL;
@@ -189,6 +190,7 @@ out:
     top_owners(a, o);
     if (want)
         o->n_tensors = tk_dev_tensors_at_peak(d, want, max_want);
+    if (w && w->closing) w->closing(a, st == TK_EOOM ? tk_dev_last_oom(d) : NULL, w->ud);
     tk_adamw_destroy(&opt);
     free(ps);
     tk_model_destroy(&m);
@@ -198,15 +200,21 @@ out:
     return o->st = st;
 }
 
-static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int inference, tk_plan_result *out,
-                           tk_tensor_info *tensors, int max_tensors, int *n_tensors, tk_err *err);
+static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int inference, const tk_plan_watch *w,
+                           tk_plan_result *out, tk_tensor_info *tensors, int max_tensors, int *n_tensors,
+                           tk_err *err);
 
 tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
-    return plan_impl(c, lengths, n, 0, out, NULL, 0, NULL, err);
+    return plan_impl(c, lengths, n, 0, NULL, out, NULL, 0, NULL, err);
+}
+
+tk_status tk_plan_watched(const tk_config *c, const int *lengths, int n, const tk_plan_watch *w, tk_plan_result *out,
+                          tk_err *err) {
+    return plan_impl(c, lengths, n, 0, w, out, NULL, 0, NULL, err);
 }
 
 tk_status tk_plan_inference(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
-    return plan_impl(c, lengths, n, 1, out, NULL, 0, NULL, err);
+    return plan_impl(c, lengths, n, 1, NULL, out, NULL, 0, NULL, err);
 }
 
 tk_status tk_plan_tensors_at_peak(const tk_config *c, const int *lengths, int n, tk_tensor_info *out, int max,
@@ -217,13 +225,14 @@ tk_status tk_plan_tensors_at_peak(const tk_config *c, const int *lengths, int n,
         tk_err_set(err, TK_EINVAL, "plan: out of host memory");
         return TK_EINVAL;
     }
-    tk_status st = plan_impl(c, lengths, n, 0, p, out, max, n_out, err);
+    tk_status st = plan_impl(c, lengths, n, 0, NULL, p, out, max, n_out, err);
     free(p);
     return st;
 }
 
-static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int inference, tk_plan_result *out,
-                           tk_tensor_info *tensors, int max_tensors, int *n_tensors, tk_err *err) {
+static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int inference, const tk_plan_watch *w,
+                           tk_plan_result *out, tk_tensor_info *tensors, int max_tensors, int *n_tensors,
+                           tk_err *err) {
     double t0 = now_ms();
     memset(out, 0, sizeof *out);
     if (!c || c->batch_size < 1 || c->max_len < 1) {
@@ -277,14 +286,14 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int in
     }
     so->tensors = tensors;
     so->max_tensors = max_tensors;
-    st = simulate(c, &mo, capacity, B, T, EB, inference, so, err);
+    st = simulate(c, &mo, capacity, B, T, EB, inference, w, so, err);
     if (st == TK_EOOM && capacity) {
         out->oom = 1;
         out->oom_record = so->oom;
         snprintf(out->oom_phase, sizeof out->oom_phase, "%s", so->phase);
         if (err)
             memset(err, 0, sizeof *err);
-        st = simulate(c, &mo, 0, B, T, EB, inference, so, err);
+        st = simulate(c, &mo, 0, B, T, EB, inference, NULL, so, err);
     }
     if (st != TK_OK) {
         free(so);

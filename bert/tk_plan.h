@@ -57,6 +57,19 @@ typedef struct tk_plan_result {
  * oom = 1 (the record says where); errors are bad configs. */
 tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err);
 
+/* Hooks into the planned run's meta device, for callers that want its
+ * allocator (to record its history and write it as a PyTorch snapshot):
+ * `opened` before the first allocation, `closing` after the last step (oom:
+ * the device's OOM record when the planned step ran out, else NULL). Only
+ * the simulation against the capacity is watched. */
+typedef struct tk_plan_watch {
+    void (*opened)(tk_alloc *a, void *ud);
+    void (*closing)(tk_alloc *a, const tk_oom *oom, void *ud);
+    void *ud;
+} tk_plan_watch;
+tk_status tk_plan_watched(const tk_config *c, const int *lengths, int n, const tk_plan_watch *w, tk_plan_result *out,
+                          tk_err *err);
+
 /* The plan of using the model: the weights and one eval batch
  * (eval_batch_size, else batch_size) at the worst-case length, with no
  * gradients or optimizer state; the same fields, train_step zero. */

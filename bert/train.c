@@ -285,7 +285,6 @@ static tk_status train_group(tk_model *m, tk_adamw *opt, const tk_batch *train, 
     }
     if (st != TK_OK)
         return st;
-    tk_alloc_set_phase(tk_dev_alloc(tk_model_dev(m)), "optimizer");
     return tk_adamw_step(opt, lr, 1.0f / scale, gnorm, skipped, err);
 }
 

@@ -130,9 +130,39 @@ static int check_words(char **argv, int argc, const char *const *valued, const c
 
 /* ---- plan ------------------------------------------------------------------------ */
 
+/* The allocator history kept for --snapshot: the last this many events
+ * (32 bytes each, 32 MiB at most), as PyTorch's max_entries bounds its own. */
+#define TXK_SNAPSHOT_EVENTS ((size_t)1 << 20)
+
+/* txk plan --snapshot: the planned step's meta allocator recorded and
+ * written as a PyTorch snapshot (a plan to open in PyTorch's viewer before
+ * anything runs). */
+typedef struct {
+    const char *path;
+    int rc, oom;
+    size_t reserved, allocated, peak;
+    tk_err err;
+} plan_snap;
+
+static void plan_snap_opened(tk_alloc *a, void *ud) {
+    (void)ud;
+    tk_alloc_record_history(a, TXK_SNAPSHOT_EVENTS);
+}
+
+static void plan_snap_closing(tk_alloc *a, const tk_oom *oom, void *ud) {
+    plan_snap *ps = ud;
+    ps->rc = tk_snap_write(a, oom, ps->path, &ps->err);
+    tk_alloc_stats st;
+    tk_alloc_stats_get(a, &st);
+    ps->reserved = st.reserved;
+    ps->allocated = st.allocated;
+    ps->peak = st.allocated_peak;
+    ps->oom = oom != NULL;
+}
+
 static int cmd_plan(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P] [--max-batch] [--sweep] [--json]\n"); return EXIT_USAGE; }
-    static const char *const valued[] = {"--gpu", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", "--measure", NULL};
+    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P] [--max-batch] [--sweep] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
+    static const char *const valued[] = {"--gpu", "--snapshot", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", "--measure", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
     tk_config c;
@@ -161,8 +191,10 @@ static int cmd_plan(int argc, char **argv) {
     tk_session *s = tk_session_new();
     tk_run_data data;
     tk_plan_result p;
+    plan_snap ps = {.path = flag_value(argv, argc, "--snapshot")};
+    tk_plan_watch w = {.opened = plan_snap_opened, .closing = plan_snap_closing, .ud = &ps};
     if (!s || tk_session_load_data(s, &c, &data, &err) != TK_OK ||
-        tk_plan(&c, data.lengths, data.n_lengths, &p, &err) != TK_OK) {
+        tk_plan_watched(&c, data.lengths, data.n_lengths, ps.path ? &w : NULL, &p, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", s ? err.msg : "out of host memory");
         if (s) tk_run_data_clear(&data);
         tk_session_destroy(&s);
@@ -179,6 +211,14 @@ static int cmd_plan(int argc, char **argv) {
     json_decref(b);
     tk_run_data_clear(&data);
     tk_session_destroy(&s);
+    if (ps.path && ps.rc) {
+        fprintf(stderr, "txk: %s\n", ps.err.msg);
+        return EXIT_ERR;
+    }
+    if (ps.path)
+        fprintf(stderr, "txk: PyTorch snapshot of the planned step written to %s: reserved %zu B, allocated %zu B, "
+                        "peak allocated %zu B%s\n", ps.path, ps.reserved, ps.allocated, ps.peak,
+                ps.oom ? ", with the oom event" : "");
     return p.fits ? EXIT_OK : EXIT_PLAN_OOM;
 }
 
@@ -217,9 +257,6 @@ static int train_progress(void *ud, const struct tk_progress *p) {
     return atomic_load(&g_cancel);
 }
 
-/* The allocator history kept for --snapshot: the last this many events
- * (32 bytes each, 32 MiB at most), as PyTorch's max_entries bounds its own. */
-#define TXK_SNAPSHOT_EVENTS ((size_t)1 << 20)
 
 /* Writes the session device's allocator as a PyTorch snapshot and says what
  * it holds (exact bytes, for scripts and tests). */
@@ -692,7 +729,7 @@ static int cmd_kernel(int argc, char **argv) {
 typedef struct { const char *name; int (*run)(int argc, char **argv); const char *summary; } txk_cmd;
 
 static const txk_cmd CMDS[] = {
-    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P] [--max-batch|--sweep] [--json]   planned peak memory, no training"},
+    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P] [--max-batch|--sweep] [--snapshot FILE] [--json]   planned peak memory, no training (--snapshot: the planned step as a PyTorch snapshot)"},
     {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
     {"predict", cmd_predict, "MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},

@@ -92,6 +92,10 @@ tk_dev *tk_session_device(tk_session *s, const tk_config *c, char *note, tk_err 
         tk_err_set(err, e.status ? e.status : TK_EDEVICE, "device: %s", e.msg);
         return NULL;
     }
+    /* the allocator's recent history, for %txmem --save FILE.pickle (a
+     * PyTorch snapshot of the last run): 2^18 events, 8 MiB of host memory */
+    if (tk_alloc_record_history(tk_dev_alloc(d), (size_t)1 << 18) != 0 && note)
+        snprintf(note, 256, "device: no memory for the allocator's history; %%txmem --save will have no trace");
     s->dev = d;
     s->kind = want;
     s->capacity = cap;

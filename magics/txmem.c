@@ -207,7 +207,17 @@ static int run_txmem(tk_magic_ctx *m) {
             if (tb) tk_txemit(m, tb, json_only);
             json_decref(tb);
         }
-        if (save) {
+        size_t sl = save ? strlen(save) : 0;
+        if (save && sl > 7 && !strcmp(save + sl - 7, ".pickle")) {
+            /* PyTorch's format: the allocator now, and the recent history
+             * (the last run's allocations, frees and any OOM) as the trace */
+            tk_err err = {0};
+            if (tk_snap_write(tk_dev_alloc(d), NULL, save, &err))
+                rc = tk_magic_error(m, "IOError", "%s", err.msg);
+            else
+                tk_magic_printf(m, "stdout", "PyTorch memory snapshot written to %s (open it at "
+                                             "https://pytorch.org/memory_viz)\n", save);
+        } else if (save) {
             char *js = tk_alloc_snapshot_json(tk_dev_alloc(d));
             FILE *f = js ? fopen(save, "wb") : NULL;
             if (!f || fputs(js, f) < 0 || fclose(f) != 0)
@@ -228,7 +238,9 @@ static const tk_magic_def TXMEM[] = {
      "Capacity, free, allocated, reserved and peaks of the session's device (exact bytes\n"
      "from the caching allocator), the live bytes per category, and the top owners (HF\n"
      "module names) or layers. --timeline charts allocated/reserved at each step of the\n"
-     "last run. --json prints the same as JSON. --save writes txkernel's segments, blocks\n"
+     "last run. --json prints the same as JSON. --save FILE.pickle writes a PyTorch memory\n"
+     "snapshot (the allocator now, the last run's allocations and frees as its trace);\n"
+     "--save FILE (another name) writes txkernel's segments, blocks\n"
      "and owners to FILE (JSON).\n\n"
      "--snapshot FILE reads a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's\n"
      "pickle, or its JSON form; nothing in it is executed) and shows reserved, allocated,\n"

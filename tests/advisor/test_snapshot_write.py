@@ -113,3 +113,56 @@ def test_oom_snapshot_holds_the_state_at_the_oom():
     assert back["diagnoses"][0]["id"] == "capacity"
     assert back["top"][0]["owner"] == "bert.embeddings.word_embeddings · param"
     os.unlink(path)
+
+
+def test_plan_snapshot_is_the_planned_step():
+    """`txk plan --snapshot`: the planned step (meta device, before anything
+    runs) as a snapshot the viewer opens: the same checks, its replay peaks at
+    the plan's peak allocated to the byte, and a plan that does not fit ends
+    with the `oom` event of the planned step."""
+    path = tempfile.mktemp(suffix=".pickle")
+    r = subprocess.run([TXK, "plan", config(), "--snapshot", path, "--json"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    snap = load_checked(path)
+    trace = snap["device_traces"][0]
+    _, peak = replay_peak(trace)
+    assert peak == plan["peak_allocated"]
+    names = {f["name"] for e in trace for f in e["frames"]}
+    assert "bert.encoder.layer.0.attention.self · act · forward" in names
+    assert any(n.endswith(" · optim · optimizer") for n in names)
+    assert not any(e["action"] == "oom" for e in trace)
+    os.unlink(path)
+
+    r = subprocess.run([TXK, "plan", config(), "capacity=12MiB", "--snapshot", path, "--json"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 3, r.stderr  # the plan does not fit
+    snap = load_checked(path)
+    ooms = [e for e in snap["device_traces"][0] if e["action"] == "oom"]
+    assert len(ooms) == 1 and ooms[0]["size"] > 0
+    os.unlink(path)
+
+
+def test_txmem_save_pickle_after_a_run():
+    """%txmem --save FILE.pickle after a %%txtrain: the viewer's format, and
+    its trace is the run: replaying it reaches the device's peak allocated."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "tests", "kernel"))
+    import txk_util as u
+    km, kc = u.start()
+    try:
+        cfg = open(config()).read()
+        reply, _ = u.run_cell(kc, "%%txtrain\n" + cfg, timeout=120)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        path = tempfile.mktemp(suffix=".pickle")
+        reply, outs = u.run_cell(kc, f"%txmem --json --save {path}", timeout=60)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        mem = [o["content"]["data"]["application/json"] for o in outs
+               if "application/json" in (o["content"].get("data") or {})][-1]
+        snap = load_checked(path)
+        end, peak = replay_peak(snap["device_traces"][0])
+        assert peak == mem["allocated_peak"] and end == mem["allocated"] == 0, (peak, mem)
+        os.unlink(path)
+    finally:
+        u.stop(km, kc)

@@ -23,6 +23,7 @@
  */
 #include "tk_model.h"
 #include "tk_safetensors.h"
+#include "tk_torchbin.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -450,10 +451,6 @@ tk_status tk_model_init_random(tk_model *m, uint64_t seed, tk_err *err) {
     return TK_OK;
 }
 
-static int is_dir(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 static void shape_str(char *b, size_t n, int nd, const int64_t *sh) {
     size_t k = (size_t)snprintf(b, n, "[");
@@ -534,11 +531,9 @@ static const tk_st_entry *find_entry(const tk_st_file *f, const char *name) {
 }
 
 tk_status tk_model_load_hf(tk_model *m, const char *path, tk_load_report *rep, tk_err *err) {
-    char file[TK_PATH_MAX + 32];
-    if (is_dir(path)) snprintf(file, sizeof file, "%s/model.safetensors", path);
-    else snprintf(file, sizeof file, "%s", path);
+    char file[TK_PATH_MAX + 64];
     tk_load_report_clear(rep);
-    tk_st_file *f = tk_st_open(file, err);
+    tk_st_file *f = tk_checkpoint_open(path, file, sizeof file, err);
     if (!f) return err ? err->status : TK_EIO;
     tk_status st = TK_OK;
     float *buf = NULL;
@@ -635,13 +630,10 @@ tk_status tk_model_load_hf(tk_model *m, const char *path, tk_load_report *rep, t
     return st;
 }
 
-/* An HF folder with model.safetensors, or a .safetensors file. */
+/* An HF folder with weights in any form it ships them, or such a file. */
 static int has_weights(const char *model) {
-    char p[TK_PATH_MAX + 32];
-    struct stat st;
-    snprintf(p, sizeof p, "%s/model.safetensors", model);
-    if (stat(p, &st) == 0) return 1;
-    return strstr(model, ".safetensors") && stat(model, &st) == 0;
+    char file[TK_PATH_MAX + 64];
+    return tk_checkpoint_find(model, file, sizeof file);
 }
 
 tk_model *tk_model_from_config(tk_dev *d, const tk_config *c, tk_load_report *rep, int *random_init,

@@ -25,3 +25,10 @@ all: $(BUILD)/bert_parity
 bench-tokenizer: $(BUILD)/tok_dump
 	$(PY) bench/tokenizer_bench.py --build $(BUILD)
 bench: bench-tokenizer
+
+# bin_dump: the C side of tests/bert/test_torchbin.py (pytorch_model.bin read
+# without Python, written back as safetensors); ASan build, it is a test.
+$(BUILD)/bin_dump: tests/bert/bin_dump.c $(LIB_ASAN)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -Itests $< $(LIB_ASAN) $(LIBS) -o $@
+all: $(BUILD)/bin_dump

@@ -14,6 +14,7 @@
 #include <string.h>
 
 struct tk_pickle {
+    size_t read;      /* bytes read, STOP included */
     tk_pval *nodes;   /* every node, newest first */
     tk_pval *root;
     size_t used;      /* bytes charged against max_bytes */
@@ -263,6 +264,7 @@ static int step(rd *r, int *done) {
         if (!v) return -1;
         if (r->sp || r->nmarks) return fail(r, "values left on the stack at STOP");
         r->p->root = v;
+        r->p->read = r->pos;
         *done = 1;
         return 0;
     case '}': return push(r, node(r, TK_PV_DICT));
@@ -454,6 +456,8 @@ void tk_pickle_destroy(tk_pickle **pp) {
     free(*pp);
     *pp = NULL;
 }
+
+size_t tk_pickle_used(const tk_pickle *p) { return p ? p->read : 0; }
 
 const tk_pval *tk_pickle_root(const tk_pickle *p) { return p ? p->root : NULL; }
 

@@ -39,6 +39,7 @@ struct tk_st_file {
     const uint8_t *data;   /* data buffer (base + 8 + N) */
     size_t data_len;
     int mapped;            /* 1: base is our mmap */
+    int owned;             /* 1: base is our malloc (tk_st_parse_owned) */
     int n;
     tk_st_entry *e;        /* sorted by begin */
     json_t *meta;          /* "__metadata__" object or NULL (own reference) */
@@ -71,6 +72,7 @@ void tk_st_close(tk_st_file **pf) {
     free(f->e);
     json_decref(f->meta);
     if (f->mapped && f->base) munmap((void *)f->base, f->len);
+    if (f->owned) free((void *)f->base);
     free(f);
     *pf = NULL;
 }
@@ -513,4 +515,49 @@ oom:
     json_decref(root);
     tk_err_set(err, TK_EIO, "%s: out of host memory while building the header", path);
     return TK_EIO;
+}
+
+tk_st_file *tk_st_parse_owned(void *buf, size_t len, const char *what, tk_err *err) {
+    tk_st_file *f = tk_st_parse(buf, len, what, err);
+    if (!f) {
+        free(buf);
+        return NULL;
+    }
+    f->owned = 1;
+    return f;
+}
+
+/* ---- an image from tensors held elsewhere ---- */
+
+tk_st_file *tk_st_image(const tk_st_part *parts, int n, const char *what, tk_err *err) {
+    json_t *hdr = json_object();
+    uint64_t off = 0;
+    for (int i = 0; hdr && i < n; i++) {
+        json_t *shape = json_array();
+        for (int k = 0; k < parts[i].ndim; k++) json_array_append_new(shape, json_integer(parts[i].shape[k]));
+        json_object_set_new(hdr, parts[i].name,
+                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", tk_st_dtype_name(parts[i].dtype), "shape",
+                                      shape, "data_offsets", (json_int_t)off, (json_int_t)(off + parts[i].nbytes)));
+        off += parts[i].nbytes;
+    }
+    char *h = hdr ? json_dumps(hdr, JSON_COMPACT) : NULL;
+    json_decref(hdr);
+    size_t hl = h ? strlen(h) : 0, hp = (hl + 7) / 8 * 8;
+    uint8_t *buf = h ? malloc(8 + hp + (size_t)off) : NULL;
+    if (!buf) {
+        free(h);
+        tk_err_set(err, TK_EINVAL, "%s: out of host memory for %llu bytes of tensors", what, (unsigned long long)off);
+        return NULL;
+    }
+    for (int k = 0; k < 8; k++) buf[k] = (uint8_t)((uint64_t)hp >> (8 * k));
+    memcpy(buf + 8, h, hl);
+    memset(buf + 8 + hl, ' ', hp - hl);
+    free(h);
+    uint8_t *d = buf + 8 + hp;
+    for (int i = 0; i < n; i++) {
+        if (parts[i].fill) parts[i].fill(parts[i].ud, d);
+        else memcpy(d, parts[i].data, parts[i].nbytes);
+        d += parts[i].nbytes;
+    }
+    return tk_st_parse_owned(buf, 8 + hp + (size_t)off, what, err);
 }

@@ -58,7 +58,7 @@ struct tk_pval {
     double f;           /* FLOAT */
     const char *s;      /* STR, BYTES, GLOBAL: n bytes plus a NUL */
     size_t n;           /* STR/BYTES length; LIST/TUPLE/DICT/REDUCE/PERSID: number of items */
-    tk_pval **items;    /* containers (a DICT holds 2n: key, value pairs) */
+    tk_pval **items;    /* containers (a DICT's n items are key, value, key, value, ...) */
     size_t cap;         /* allocated slots of items */
     tk_pval *next_node; /* the reader's list of every node, for freeing */
 };
@@ -80,6 +80,9 @@ tk_pickle *tk_pickle_load(const uint8_t *buf, size_t len, const tk_pickle_opts *
 void tk_pickle_destroy(tk_pickle **pp);
 
 const tk_pval *tk_pickle_root(const tk_pickle *p); /* borrowed */
+/* Bytes the pickle took, STOP included: where the next one in a stream of
+ * pickles starts (torch.save's legacy format). */
+size_t tk_pickle_used(const tk_pickle *p);
 
 /* Helpers for walking a known shape; all tolerate NULL. */
 const tk_pval *tk_pval_get(const tk_pval *dict, const char *key); /* value of a str key, or NULL */

@@ -52,6 +52,26 @@ tk_st_file *tk_st_open(const char *path, tk_err *err);
  * names it in errors. */
 tk_st_file *tk_st_parse(const void *buf, size_t len, const char *what, tk_err *err);
 void tk_st_close(tk_st_file **pf);
+/* The same, taking ownership of buf (malloc'd): freed on close, or at once
+ * when parsing fails. */
+tk_st_file *tk_st_parse_owned(void *buf, size_t len, const char *what, tk_err *err);
+
+/* One tensor for tk_st_image: its bytes at `data` (borrowed), or written by
+ * fill(ud, dst) when fill is set (a strided view copied out, say). */
+typedef struct tk_st_part {
+    const char *name;
+    tk_st_dtype dtype;
+    int ndim;
+    int64_t shape[TK_ST_MAX_DIMS];
+    uint64_t nbytes;
+    const void *data;
+    void (*fill)(void *ud, uint8_t *dst);
+    void *ud;
+} tk_st_part;
+/* An in-memory safetensors image of n tensors (copied), so other checkpoint
+ * formats (pytorch_model.bin, shards) load through the one reader. New
+ * reference, or NULL with err. */
+tk_st_file *tk_st_image(const tk_st_part *parts, int n, const char *what, tk_err *err);
 
 int tk_st_count(const tk_st_file *f);
 const tk_st_entry *tk_st_at(const tk_st_file *f, int i);          /* borrowed, sorted by offset */

@@ -23,6 +23,7 @@
 #include "tk_model.h"
 #include "tk_pipeline.h"
 #include "tk_predict.h"
+#include "tk_torchbin.h"
 #include "tk_train.h"
 
 struct tk_session {
@@ -369,20 +370,21 @@ static int has_file(const char *dir, const char *name) {
 }
 
 tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *err) {
+    char wfile[TK_PATH_MAX + 64];
     if (folder) {
         tk_config_defaults(c);
         snprintf(c->model, sizeof c->model, "%s", folder);
         int L = tk_hf_model_max_length(folder);
         if (L > 0) c->max_len = L;
-    } else if (c->output_dir[0] && has_file(c->output_dir, "model.safetensors")) {
+    } else if (c->output_dir[0] && tk_checkpoint_find(c->output_dir, wfile, sizeof wfile)) {
         snprintf(c->model, sizeof c->model, "%s", c->output_dir);
     }
     c->max_examples = 0; /* a training-set limit: every input example is predicted */
     c->dev_file[0] = 0;
-    if (!has_file(c->model, "config.json") || !has_file(c->model, "model.safetensors")) {
+    if (!has_file(c->model, "config.json") || !tk_checkpoint_find(c->model, wfile, sizeof wfile)) {
         tk_err_set(err, TK_EINVAL,
-                   "%s: not a trained model folder (config.json and model.safetensors); give the output_dir of a "
-                   "run, or a config whose output_dir holds one", c->model);
+                   "%s: not a trained model folder (config.json and model.safetensors or pytorch_model.bin); give the "
+                   "output_dir of a run, or a config whose output_dir holds one", c->model);
         return TK_EINVAL;
     }
     return TK_OK;

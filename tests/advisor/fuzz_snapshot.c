@@ -5,13 +5,15 @@
  * allowed), the reader's report and JSON (so every figure and owner string a
  * file can produce is formatted), and tk_pickle_load with the state-dict
  * allow-list and persistent ids on, so GLOBAL, STACK_GLOBAL, REDUCE, BUILD
- * and BINPERSID are explored too. A small tree cap makes the memory cap's
+ * and BINPERSID are explored too; and the pytorch_model.bin reader (zip
+ * and legacy forms) over the same bytes. A small tree cap makes the memory cap's
  * path reachable. Built from bert/pickle.c, advisor/snapshot.c and the
  * gpu/ files they use (advisor/module.mk). */
 #include <stdlib.h>
 
 #include "tk_pickle.h"
 #include "tk_snapshot.h"
+#include "tk_torchbin.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tk_err err = {0};
@@ -27,5 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         .max_bytes = (size_t)64 << 20};
     tk_pickle *p = tk_pickle_load(data, size, &o, &err);
     tk_pickle_destroy(&p);
+    /* and as a pytorch_model.bin: zip or legacy, the same reader under it */
+    tk_st_file *f = tk_torch_bin_parse(data, size, "fuzz.bin", &err);
+    tk_st_close(&f);
     return 0;
 }

@@ -1,6 +1,7 @@
 """A round trip with PyPI transformers (4.40, on Debian's torch 1.13):
 
-- a model transformers saved (safetensors) gives the same logits in
+- a model transformers saved (safetensors, pytorch_model.bin, and shards
+  of it with their index) gives the same logits in
   `txk predict` as in transformers (fp32, dropout off, within 1e-4);
 - a model `txk train` fine-tuned and saved loads in transformers with no
   missing or unexpected keys, the label names in id2label, the same logits,
@@ -56,7 +57,8 @@ def tmp():
         yield d
 
 
-def test_a_model_transformers_saved_predicts_the_same_logits(tmp):
+@pytest.mark.parametrize("form", ["safetensors", "bin", "sharded"])
+def test_a_model_transformers_saved_predicts_the_same_logits(tmp, form):
     torch.manual_seed(0)
     labels = ["mixed", "neg", "pos"]
     cfg = transformers.BertConfig(vocab_size=sum(1 for _ in open(VOCAB, encoding="utf-8")), hidden_size=32,
@@ -65,8 +67,13 @@ def test_a_model_transformers_saved_predicts_the_same_logits(tmp):
                                   id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = transformers.BertForSequenceClassification(cfg)
-    folder = os.path.join(tmp, "hf_saved")
-    model.save_pretrained(folder, safe_serialization=True)
+    folder = os.path.join(tmp, "hf_saved_" + form)
+    # model.safetensors; pytorch_model.bin (torch.save's zip); or shards of
+    # pytorch_model.bin with their index
+    model.save_pretrained(folder, safe_serialization=form == "safetensors",
+                          **({"max_shard_size": "40KB"} if form == "sharded" else {}))
+    if form == "sharded":
+        assert os.path.exists(os.path.join(folder, "pytorch_model.bin.index.json"))
     transformers.BertTokenizer(VOCAB, do_lower_case=True, model_max_length=128).save_pretrained(folder)
     rows = dev_rows(24)
     inp = os.path.join(tmp, "dev24.csv")

@@ -18,7 +18,7 @@
 
 static const char *const DIAG_NAMES[TK_DIAG_COUNT] = {
     "capacity", "headroom", "fragmentation", "dominant layer", "dominant category",
-    "padding", "data spike", "leak",
+    "padding", "data spike", "leak", "card lottery",
 };
 static const char *const FIX_NAMES[TK_FIX_COUNT] = {
     "release", "head", "max_len", "padding", "precision", "accumulate", "recompute",

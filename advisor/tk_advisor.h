@@ -41,6 +41,7 @@ typedef enum {
     TK_DIAG_PADDING,        /* max_len far above what the corpus needs */
     TK_DIAG_DATA_SPIKE,     /* the longest batch is far above the typical one */
     TK_DIAG_LEAK,           /* allocated grows at step boundaries */
+    TK_DIAG_LOTTERY,        /* fits some of the platform's cards, not the one the runtime got */
     TK_DIAG_COUNT
 } tk_diag_kind;
 

@@ -20,11 +20,12 @@
 
 #include "tk_advisor.h"
 #include "tk_magics.h"
+#include "tk_oom_message.h"
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_txmagics.h"
 
-#define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--json]"
+#define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--json]; %%txadvise --from-error + the pasted message"
 #define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--run] [--json]"
 
 /* What the device free now and what this session holds on it, when the
@@ -110,7 +111,137 @@ static json_t *advice_bundle(const tk_advice *a, int top) {
     return b;
 }
 
+/* The lines of the candidate's YAML that the base's lacks: the config keys a
+ * user changes. New string. */
+static char *yaml_change(const tk_config *base, const tk_config *cand) {
+    char *yb = tk_config_to_yaml(base), *yc = tk_config_to_yaml(cand);
+    tk_sb sb = {0};
+    for (char *line = yc; line && *line;) {
+        char *nl = strchr(line, '\n');
+        size_t k = nl ? (size_t)(nl - line) : strlen(line);
+        int found = 0;
+        for (char *q = yb; q && *q && !found;) {
+            char *qn = strchr(q, '\n');
+            size_t qk = qn ? (size_t)(qn - q) : strlen(q);
+            found = qk == k && !memcmp(q, line, k);
+            q = qn ? qn + 1 : q + qk;
+        }
+        size_t ind = 0; /* the key alone, without its section's indent */
+        while (ind < k && line[ind] == ' ') ind++;
+        if (!found && k > ind) tk_sb_addf(&sb, "%s%.*s", sb.len ? "\n" : "", (int)(k - ind), line + ind);
+        line = nl ? nl + 1 : line + k;
+    }
+    free(yb);
+    free(yc);
+    return tk_sb_take(&sb);
+}
+
+tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,
+                                int n_lengths, json_t **bundle, tk_err *err) {
+    *bundle = NULL;
+    tk_oom_message *msg = malloc(sizeof *msg);
+    tk_advice *a = NULL;
+    char *adv_text = NULL;
+    tk_status st = TK_OK;
+    if (!msg) {
+        tk_err_set(err, TK_EOOM, "out of host memory reading the message");
+        return TK_EOOM;
+    }
+    if (tk_oom_message_parse(text, len, msg) != 0) {
+        free(msg);
+        tk_err_set(err, TK_EFORMAT, "no OOM message found");
+        return TK_EFORMAT;
+    }
+    if (c) {
+        const char *platform = tk_gpu_platform_of(msg->card);
+        tk_card_fit cards[16];
+        int n = 0;
+        st = tk_plan_cards(c, lengths, n_lengths, platform ? platform : "colab", cards, 16, &n, err);
+        if (st != TK_OK) goto done;
+        tk_oom_message_diagnose(msg, cards, n, platform ? platform : "colab");
+        /* the config advised on the card the message names */
+        tk_config on = *c;
+        if (msg->card) {
+            on.capacity = 0;
+            if ((st = tk_config_set(&on, "gpu", msg->card->name, err)) != TK_OK) goto done;
+        }
+        a = malloc(sizeof *a);
+        tk_advise_input in = {.config = &on, .lengths = lengths, .n_lengths = n_lengths, .margin_frac = 0.05};
+        if (!a || (st = tk_advise(&in, a, err)) != TK_OK) {
+            if (!a) tk_err_set(err, st = TK_EOOM, "out of host memory advising");
+            goto done;
+        }
+        adv_text = tk_advice_format(a, 5);
+        int au = tk_advice_auto(a);
+        if (msg->n_fixes == TK_OOMMSG_MAX_FIXES) msg->n_fixes--;
+        for (int i = 0; i < a->n_cand; i++) {
+            if (i != au && !(au < 0 && i == 0)) continue;
+            char *code = yaml_change(&on, &a->cand[i].config);
+            /* the planned fix of the user's own config goes first */
+            memmove(&msg->fixes[1], &msg->fixes[0], (size_t)msg->n_fixes * sizeof msg->fixes[0]);
+            msg->n_fixes++;
+            tk_oommsg_fix *x = &msg->fixes[0];
+            char b1[32];
+            snprintf(x->text, sizeof x->text, "the config's fix planned on %s: %s (peak %s%s)",
+                     msg->card ? msg->card->name : "this card", a->cand[i].label,
+                     tk_format_bytes(a->cand[i].peak, b1, sizeof b1), a->cand[i].fits_margin ? ", fits with margin" : "");
+            snprintf(x->code, sizeof x->code, "%s", code ? code : "");
+            free(code);
+        }
+    } else {
+        tk_oom_message_diagnose(msg, NULL, 0, NULL);
+    }
+    char *txt = tk_oom_message_format(msg);
+    tk_sb sb = {0};
+    tk_sb_add(&sb, txt ? txt : "");
+    if (adv_text) tk_sb_addf(&sb, "The config planned on %s:\n%s", msg->card ? msg->card->name : "this card", adv_text);
+    *bundle = tk_bundle_new(sb.p ? sb.p : "");
+    tk_sb_clear(&sb);
+    tk_sb_add(&sb, "<pre>");
+    tk_sb_add_html(&sb, txt ? txt : "");
+    if (adv_text) tk_sb_add_html(&sb, adv_text);
+    tk_sb_add(&sb, "</pre>");
+    tk_bundle_take(*bundle, "text/html", tk_sb_take(&sb));
+    free(txt);
+    char *js = tk_oom_message_json(msg);
+    tk_bundle_take_json(*bundle, "application/json", js ? json_loads(js, 0, NULL) : NULL);
+    free(js);
+done:
+    free(adv_text);
+    free(a);
+    free(msg);
+    return st;
+}
+
+/* %%txadvise --from-error: the cell body is the pasted message; the
+ * session's last config, when there is one, is planned on its card. */
+static int txadvise_from_error(tk_magic_ctx *m, int json_only) {
+    const char *body = m->body ? m->body : "";
+    const tk_config *last = tk_session_config(m->session);
+    int nl = 0;
+    const int *len = tk_session_lengths(m->session, &nl);
+    json_t *b = NULL;
+    tk_err err = {0};
+    tk_status st = tk_oom_message_report(body, strlen(body), last, (const int32_t *)len, nl, &b, &err);
+    if (st == TK_EFORMAT) {
+        json_t *nb = tk_bundle_new("no OOM message found\n");
+        tk_txemit(m, nb, 0);
+        json_decref(nb);
+        return 0;
+    }
+    if (st != TK_OK) return tk_magic_error(m, "AdviseError", "%s", err.msg);
+    tk_txemit(m, b, json_only);
+    json_decref(b);
+    return 0;
+}
+
 static int run_txadvise(tk_magic_ctx *m) {
+    if (m->args && strstr(m->args, "--from-error")) {
+        if (!m->is_cell)
+            return tk_magic_error(m, "UsageError", "--from-error reads the cell body: %%%%txadvise --from-error, then "
+                                                   "the pasted message on the next lines");
+        return txadvise_from_error(m, strstr(m->args, "--json") != NULL);
+    }
     tk_session *s = m->session;
     const tk_config *last = tk_session_config(s);
     if (!last && !m->is_cell)

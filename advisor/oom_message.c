@@ -545,6 +545,10 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
                  "capacity: live tensors (%s allocated by PyTorch) fill %.0f%% of the card (%s): the step needs more "
                  "than this card has",
                  A->text, 100.0 * (double)A->bytes / (double)T->bytes, T->text);
+    else if (torch && A && T && R && !cap_first && A->bytes + R->bytes > T->bytes)
+        add_diag(m, TK_DIAG_CAPACITY,
+                 "capacity: live tensors (%s) plus the request (%s) come to %s, more than the whole card (%s)",
+                 A->text, R->text, fmt(A->bytes + R->bytes, b1, sizeof b1), T->text);
     uint64_t ctx = m->card ? m->card->context_overhead : 0;
     if (torch && m->have_outside && m->outside >= 256 * MIB && T && m->outside * 20 >= T->bytes) {
         if (m->card && m->outside > ctx + 128 * MIB)
@@ -571,7 +575,9 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
                  "fragmentation: %s is reserved by PyTorch but unallocated, enough for the %s request, yet no cached "
                  "block is that large; less than what is held outside the cache, so not the main loss",
                  U->text, R->text);
-    if (!m->n_diag && R && F && F->bytes < R->bytes)
+    int any_unreliable = 0;
+    for (int i = 0; i < TK_OOMFIG_COUNT; i++) any_unreliable |= m->fig[i].present && m->fig[i].unreliable;
+    if (!m->n_diag && any_unreliable && R && F && F->bytes < R->bytes)
         add_diag(m, TK_DIAG_CAPACITY,
                  "capacity: the card had %s free for a %s request; the message's in-use figures cannot be true, so "
                  "who holds the memory cannot be read from it (check with nvidia-smi or torch.cuda.memory_summary())",

@@ -1,6 +1,10 @@
-# advisor/module.mk — the advisor's benchmark (release flags).
+# advisor/module.mk — the advisor's benchmark (release flags) and the libFuzzer
+# target over the pasted-OOM-message reader.
 #   bench-advisor  builds $(BUILD)/bench/advisor_bench and runs it; figures in
 #                  bench/RESULTS.md ("## advisor").
+#   $(BUILD)/fuzz/fuzz_oom_message  tests/advisor/fuzz_oom_message.c with clang,
+#                  ASan+UBSan, from advisor/oom_message.c and gpu/profile.c
+#                  alone; tests/suites/oom_message_fuzz.sh runs it for 30 s.
 ADVISOR_BENCH := $(BUILD)/bench/advisor_bench
 
 $(ADVISOR_BENCH): bench/advisor_bench.c $(LIB_REL)
@@ -12,3 +16,14 @@ bench-advisor: $(ADVISOR_BENCH)
 	$(ADVISOR_BENCH)
 
 bench: bench-advisor
+
+FUZZ_CC ?= clang
+OOMMSG_FUZZ_BIN := $(BUILD)/fuzz/fuzz_oom_message
+OOMMSG_FUZZ_SRCS := tests/advisor/fuzz_oom_message.c advisor/oom_message.c gpu/profile.c
+
+all: $(OOMMSG_FUZZ_BIN)
+$(OOMMSG_FUZZ_BIN): $(OOMMSG_FUZZ_SRCS) advisor/tk_oom_message.h advisor/tk_advisor.h gpu/tk_gpu.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	    -Wall -Wextra -Werror -Wno-unused-parameter -I. -Igpu -Ibert -Iadvisor $(PKG_CFLAGS) \
+	    $(OOMMSG_FUZZ_SRCS) $(PKG_LIBS) -lm -o $@

@@ -26,7 +26,8 @@
  * integers (hundredths times the unit, rounded), so "7.43 GiB" is
  * 7977901752 bytes on every machine.
  *
- * Guarantees: reads at most len bytes, never past them; no heap in the
+ * Depends on gpu/profile.c alone (and jansson), so the fuzz target builds it
+ * without the planner. Guarantees: reads at most len bytes, never past them; no heap in the
  * parser; any input (empty, binary, 1 MB) returns 0 or -1. A figure that
  * cannot be true (more in use than the card has, more than 64 bits) is
  * flagged unreliable and no diagnosis uses it.
@@ -724,7 +725,10 @@ static const char *diag_id(tk_diag_kind k) {
     case TK_DIAG_DOMINANT_CATEGORY: return "dominant_category";
     case TK_DIAG_DATA_SPIKE: return "data_spike";
     case TK_DIAG_LOTTERY: return "card_lottery";
-    default: return tk_diag_name(k);
+    case TK_DIAG_CAPACITY: return "capacity";
+    case TK_DIAG_HEADROOM: return "headroom";
+    case TK_DIAG_FRAGMENTATION: return "fragmentation";
+    default: return "other";
     }
 }
 
@@ -747,43 +751,6 @@ char *tk_oom_message_json(const tk_oom_message *m) {
     char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(o);
     return s;
-}
-
-/* ---- the platform's cards ----------------------------------------------------------------- */
-
-tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_lengths, const char *platform,
-                        tk_card_fit *out, int max, int *n_out, tk_err *err) {
-    *n_out = 0;
-    const tk_gpu_profile *cards[16];
-    int n = tk_gpu_platform_cards(platform, cards, 16);
-    if (n < 0) {
-        tk_err_set(err, TK_EINVAL, "--gpus %s: expected colab, kaggle or all", platform ? platform : "(none)");
-        return TK_EINVAL;
-    }
-    tk_plan_result *p = malloc(sizeof *p);
-    if (!p) {
-        tk_err_set(err, TK_EOOM, "out of host memory planning %s's cards", platform);
-        return TK_EOOM;
-    }
-    for (int i = 0; i < n && *n_out < max; i++) {
-        tk_config cc = *c;
-        cc.capacity = 0; /* the card's own capacity, as `gpu: NAME` alone gives */
-        tk_status st = tk_config_set(&cc, "gpu", cards[i]->name, err);
-        if (st == TK_OK) st = tk_plan(&cc, (const int *)lengths, n_lengths, p, err);
-        if (st != TK_OK) {
-            free(p);
-            return st;
-        }
-        tk_card_fit *r = &out[(*n_out)++];
-        r->card = cards[i];
-        r->fits = p->fits;
-        r->margin = p->margin;
-        r->peak = p->peak_reserved;
-        r->budget = p->capacity;
-        r->step_seconds = p->step_seconds;
-    }
-    free(p);
-    return TK_OK;
 }
 
 char *tk_cards_sentence(const tk_card_fit *cards, int n, char *buf, size_t buf_n) {

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "tk_advisor.h"
+#include "tk_oom_message.h"
 
 static const char *const DIAG_NAMES[TK_DIAG_COUNT] = {
     "capacity", "headroom", "fragmentation", "dominant layer", "dominant category",
@@ -388,6 +389,35 @@ static void diagnose(adv_ctx *x) {
                      fmtb(first, b1), fmtb(last, b2), in->n_steps, in->leak_owner ? ": " : "",
                      in->leak_owner ? in->leak_owner : "");
             add_diag(a, TK_DIAG_LEAK, t, e);
+        }
+    }
+
+    /* the card lottery: the same config on each card the platform hands out */
+    const tk_gpu_profile *cur = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
+    const char *plat = in->platform ? in->platform : tk_gpu_platform_of(cur);
+    tk_card_fit cards[16];
+    int nc = 0;
+    if (plat && tk_plan_cards(c, in->lengths, in->n_lengths, plat, cards, 16, &nc, NULL) == TK_OK) {
+        int any = 0, fits_cur = a->base.fits, near = -1;
+        for (int i = 0; i < nc; i++) {
+            any |= cards[i].fits;
+            if (cards[i].card == cur) fits_cur = cards[i].fits;
+            if (cards[i].fits && cards[i].margin < (int64_t)(cards[i].budget / 20) && near < 0) near = i;
+        }
+        if (any && (!fits_cur || near >= 0)) {
+            tk_cards_sentence(cards, nc, t, sizeof t);
+            size_t w = (size_t)snprintf(e, sizeof e, "planned on each card %s hands out (its capacity less its "
+                                                  "context):", plat);
+            for (int i = 0; i < nc && w < sizeof e; i++) {
+                int64_t mg = cards[i].margin;
+                w += (size_t)snprintf(e + w, sizeof e - w, " %s %s%s%s", cards[i].card->name, mg < 0 ? "short by " : "margin ",
+                                      fmtb((size_t)(mg < 0 ? -mg : mg), b1), i + 1 < nc ? ";" : "");
+            }
+            if (near >= 0 && w < sizeof e)
+                snprintf(e + w, sizeof e - w, "; on the %s it fits within 5%% of the budget, so a little more memory "
+                         "held elsewhere (an earlier cell, a longer batch) makes it fail",
+                         cards[near].card->name);
+            add_diag(a, TK_DIAG_LOTTERY, t, e);
         }
     }
 }

@@ -1,5 +1,6 @@
 /* cards.c — one config planned on each card a platform hands out, and the
- * sentence that says where it fits (tk_cards_sentence, in oom_message.c).
+ * sentence that says where it fits (tk_cards_sentence, in oom_message.c);
+ * and the advice candidate that fits on every card of a platform.
  *
  * Each card is planned exactly as `gpu: CARD` without `capacity:` plans it
  * (same config, same planner), so a row equals that plan byte for byte.
@@ -43,4 +44,24 @@ tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_length
     }
     free(p);
     return TK_OK;
+}
+
+int tk_advice_auto_for(const tk_advice *a, const char *platform, const int32_t *lengths, int n_lengths) {
+    const tk_gpu_profile *probe[16];
+    if (tk_gpu_platform_cards(platform, probe, 16) < 0) return -2;
+    for (int i = 0; i < a->n_cand; i++) {
+        const tk_candidate *c = &a->cand[i];
+        /* the same rule as auto (keeps the effective batch), on every card */
+        const tk_config *cc = &c->config;
+        if (c->action_only || cc->batch_size * (cc->accumulate > 1 ? cc->accumulate : 1) != a->base_effective_batch)
+            continue;
+        int ok = 1;
+        for (int k = 0; k < c->n_fixes; k++) ok &= c->fixes[k].kind != TK_FIX_BATCH;
+        tk_card_fit cards[16];
+        int n = 0;
+        if (!ok || tk_plan_cards(cc, lengths, n_lengths, platform, cards, 16, &n, NULL) != TK_OK) continue;
+        for (int k = 0; k < n && ok; k++) ok = cards[k].margin >= (int64_t)(cards[k].budget / 20);
+        if (ok) return i;
+    }
+    return -1;
 }

@@ -3,7 +3,7 @@
  *
  *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|all] [--max-batch] [--sweep] [--json]
  *   txk train cfg.yaml [key=value ...] [--no-plan] [--json]
- *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [-o F]] [--json]
+ *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [--for colab] [-o F]] [--json]
  *   txk advise [cfg.yaml [key=value ...]] --from-error FILE|- [--json]
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
  *   txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]
@@ -348,7 +348,7 @@ static int cmd_advise(int argc, char **argv) {
                         "[--fix N|auto [-o fixed.yaml]] [--json]\n       txk advise [cfg.yaml] --from-error FILE|- [--json]\n");
         return EXIT_USAGE;
     }
-    static const char *const valued[] = {"--gpu", "--top", "--margin", "--fix", "-o", NULL};
+    static const char *const valued[] = {"--gpu", "--top", "--margin", "--fix", "-o", "--for", NULL};
     static const char *const bare[] = {"--json", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
@@ -391,18 +391,28 @@ static int cmd_advise(int argc, char **argv) {
         tk_run_data_clear(&data);
         return EXIT_ERR;
     }
-    tk_run_data_clear(&data);
     int pick = -1;
     if (fix) {
         char *end = NULL;
         long k = strtol(fix, &end, 10);
-        pick = !strcmp(fix, "auto") ? tk_advice_auto(a) : (*fix && !*end && k >= 1 && k <= a->n_cand) ? (int)k - 1 : -2;
+        const char *plat = flag_value(argv, argc, "--for");
+        pick = !strcmp(fix, "auto") ? (plat ? tk_advice_auto_for(a, plat, (const int32_t *)data.lengths, data.n_lengths)
+                                            : tk_advice_auto(a))
+             : (*fix && !*end && k >= 1 && k <= a->n_cand) ? (int)k - 1 : -2;
+        if (plat && (strcmp(fix, "auto") || pick == -2)) {
+            fprintf(stderr, "txk: --for colab|kaggle|all goes with --fix auto\n");
+            free(a);
+            tk_run_data_clear(&data);
+            return EXIT_USAGE;
+        }
         if (pick == -2) {
             fprintf(stderr, "txk: --fix %s: give auto or a candidate number 1..%d\n", fix, a->n_cand);
             free(a);
+            tk_run_data_clear(&data);
             return EXIT_USAGE;
         }
     }
+    tk_run_data_clear(&data);
     if (has_flag(argv, argc, "--json")) {
         char *j = tk_advice_json(a);
         if (j) puts(j);
@@ -414,7 +424,9 @@ static int cmd_advise(int argc, char **argv) {
     }
     rc = EXIT_OK;
     if (fix && pick < 0) {
-        fprintf(stderr, "txk: --fix auto: no candidate fits with margin and keeps the effective batch\n");
+        fprintf(stderr, "txk: --fix auto: no candidate fits with margin%s%s and keeps the effective batch\n",
+                flag_value(argv, argc, "--for") ? " on every card of " : "",
+                flag_value(argv, argc, "--for") ? flag_value(argv, argc, "--for") : "");
         rc = EXIT_PLAN_OOM;
     } else if (fix) {
         char *y = tk_config_to_yaml(&a->cand[pick].config);

@@ -26,7 +26,7 @@
 #include "tk_txmagics.h"
 
 #define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--json]; %%txadvise --from-error + the pasted message"
-#define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--run] [--json]"
+#define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--for colab|kaggle|all] [--run] [--json]"
 
 /* What the device free now and what this session holds on it, when the
  * session has a device for the same capacity as config c. */
@@ -368,9 +368,14 @@ static int run_txfix(tk_magic_ctx *m) {
     char **argv = NULL;
     int argc = 0, run = 0, json_only = 0, rc = 0;
     const char *what = NULL;
+    char for_platform[16] = "";
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
         if (!strcmp(argv[i], "--run")) run = 1;
+        else if (!strcmp(argv[i], "--for")) {
+            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--for needs colab, kaggle or all");
+            else snprintf(for_platform, sizeof for_platform, "%s", argv[++i]);
+        }
         else if (!strcmp(argv[i], "--json")) json_only = 1;
         else if (!strncmp(argv[i], "--", 2))
             rc = tk_magic_error(m, "UsageError", "%%txfix: unknown option %s\nusage: %s", argv[i], TXFIX_USAGE);
@@ -383,7 +388,21 @@ static int run_txfix(tk_magic_ctx *m) {
     if (!rc && !what) rc = tk_magic_error(m, "UsageError", "%%txfix: which fix?\nusage: %s", TXFIX_USAGE);
     const tk_advice *a = tk_session_advice(s);
     if (!rc && !a) rc = tk_magic_error(m, "UsageError", "%%txfix: no advice yet: run %%txadvise first");
-    int i = rc ? -1 : pick(m, a, what);
+    if (!rc && for_platform[0] && strcmp(what, "auto"))
+        rc = tk_magic_error(m, "UsageError", "--for goes with auto: %%txfix auto --for %s", for_platform);
+    int i = -1;
+    if (!rc && for_platform[0]) {
+        int nl = 0;
+        const int *len = tk_session_lengths(s, &nl);
+        i = tk_advice_auto_for(a, for_platform, (const int32_t *)len, nl);
+        if (i == -2) rc = tk_magic_error(m, "UsageError", "--for %s: expected colab, kaggle or all", for_platform);
+        else if (i < 0)
+            rc = tk_magic_error(m, "NoFixError", "no candidate of the last advice fits with a 5%% margin on every card "
+                                                 "%s hands out and keeps the effective batch of %d", for_platform,
+                                a->base_effective_batch);
+    } else if (!rc) {
+        i = pick(m, a, what);
+    }
     char what_buf[64];
     snprintf(what_buf, sizeof what_buf, "%s", what ? what : "");
     what = what_buf;

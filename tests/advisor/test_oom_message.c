@@ -2,7 +2,8 @@
  * public issue threads (tests/data/oom_messages/, each with its source on its
  * first line) and the two seed messages: every figure to the byte, the card,
  * impossible figures flagged, the first diagnosis; the seed's diagnoses; text
- * that holds no message; the per-card plans against plans with `gpu: CARD`.
+ * that holds no message; the per-card plans against plans with `gpu: CARD`;
+ * the advisor's lottery diagnosis and the fix that fits every Colab card.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,6 +264,43 @@ static void test_profiles(void) {
     TK_CHECK_STR(tk_gpu_platform_of(p4), "colab");
 }
 
+/* The advisor's own lottery diagnosis and %txfix auto --for colab's pick. */
+static void test_advise_lottery(void) {
+    size_t n = 0;
+    char *y = slurp("examples/seed_colab.yaml", &n);
+    tk_config c;
+    tk_config_defaults(&c);
+    tk_err err = {0};
+    TK_CHECK(y && tk_config_parse_yaml(&c, y, n, "seed", &err) == TK_OK);
+    free(y);
+    tk_advice *a = malloc(sizeof *a);
+    tk_advise_input in = {.config = &c, .margin_frac = 0.05};
+    TK_CHECK(a && tk_advise(&in, a, &err) == TK_OK);
+    if (!a) return;
+    int lot = -1;
+    for (int i = 0; i < a->n_diag; i++)
+        if (a->diag[i].kind == TK_DIAG_LOTTERY) lot = i;
+    TK_CHECK(lot >= 0);
+    if (lot >= 0) {
+        TK_CHECK_STR(a->diag[lot].title,
+                     "fits on T4, P100, V100-16, L4, A100-40; not on K80 or P4: which card the runtime gets decides");
+        TK_CHECK(strstr(a->diag[lot].evidence, "on the t4 it fits within 5% of the budget") != NULL);
+    }
+    int i = tk_advice_auto_for(a, "colab", NULL, 0);
+    TK_CHECK(i >= 0);
+    tk_card_fit cards[16];
+    int nc = 0;
+    TK_CHECK(i >= 0 && tk_plan_cards(&a->cand[i].config, NULL, 0, "colab", cards, 16, &nc, &err) == TK_OK && nc == 7);
+    for (int k = 0; k < nc; k++) TK_CHECK_MSG(cards[k].margin >= (int64_t)(cards[k].budget / 20), "%s", cards[k].card->name);
+    TK_CHECK(a->cand[i].config.batch_size * a->cand[i].config.accumulate == 32);
+    TK_CHECK(tk_advice_auto_for(a, "mars", NULL, 0) == -2);
+    /* a card no free platform hands out: no lottery */
+    TK_CHECK(tk_config_set(&c, "gpu", "h100-80", &err) == TK_OK);
+    TK_CHECK(tk_advise(&in, a, &err) == TK_OK);
+    for (int k = 0; k < a->n_diag; k++) TK_CHECK(a->diag[k].kind != TK_DIAG_LOTTERY);
+    free(a);
+}
+
 int main(void) {
     TK_RUN(test_every_figure);
     TK_RUN(test_seed_p4);
@@ -270,5 +308,6 @@ int main(void) {
     TK_RUN(test_no_message);
     TK_RUN(test_cards_equal_profile_plans);
     TK_RUN(test_profiles);
+    TK_RUN(test_advise_lottery);
     return tk_test_done();
 }

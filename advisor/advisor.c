@@ -127,9 +127,14 @@ int tk_fix_apply(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_le
         if (c->precision != TK_PREC_FP32)
             return -1;
         c->precision = f->variant == 2 ? TK_PREC_BF16 : TK_PREC_FP16;
-        snprintf(reason, rn, "%s mixed precision: 16-bit activations, fp32 master weights%s",
-                 f->variant == 2 ? "bf16" : "fp16",
-                 f->variant == 2 ? "" : ", dynamic loss scaling");
+        {
+            /* without tensor cores (K80, P4, P100) 16-bit GEMMs still run at the fp32 rate */
+            const tk_gpu_profile *gp = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
+            int slow = gp && (f->variant == 2 ? gp->bf16_flops <= 1.5 * gp->fp32_flops : !tk_gpu_profile_fast_fp16(gp));
+            snprintf(reason, rn, "%s mixed precision: 16-bit activations, fp32 master weights%s%s%s%s",
+                     f->variant == 2 ? "bf16" : "fp16", f->variant == 2 ? "" : ", dynamic loss scaling",
+                     slow ? "; on a " : "", slow ? gp->name : "", slow ? " it saves memory but no time (no tensor cores)" : "");
+        }
         return 0;
     case TK_FIX_ACCUMULATE: {
         int k = f->value;

@@ -513,7 +513,14 @@ static const tk_magic_def TXADVISE[] = {
      "8-bit AdamW, frozen embeddings, dynamic padding or length buckets, emptying the cache\n"
      "- and ranks them: fits with margin, removes a cause, fewer changes, results at risk,\n"
      "time per sample. --margin is the safety margin as a share of capacity (0.05).\n"
-     "Pick one with %txfix."},
+     "When the config fits some of the cards its platform hands out (Colab, Kaggle) but\n"
+     "not its own, or fits one within 5%, it adds the card lottery. Pick one with %txfix.\n\n"
+     "%%txadvise --from-error [--json]\n<the pasted OOM message or traceback>\n"
+     "Reads PyTorch's OOM message (1.0-1.3 \"cached\", 1.4-2.0 \"reserved in total\", 2.1+)\n"
+     "or TensorFlow's (\"OOM when allocating tensor with shape[...]\"): every figure in\n"
+     "bytes, the card its total names, impossible figures left out, the diagnoses and the\n"
+     "fixes as code. With a session config, that config is planned on each card of the\n"
+     "platform and advised on the message's card."},
     {"txfix", TK_MAGIC_LINE, run_txfix, "apply a fix from %txadvise to the session's config (--run trains it)",
      TXFIX_USAGE "\n\n"
      "N: the candidate numbered N in the last %txadvise table. auto: the best candidate\n"
@@ -521,7 +528,9 @@ static const tk_magic_def TXADVISE[] = {
      "A label from the table (\"fp16 + accumulate 4\") or a fix name (max_len, head, ...)\n"
      "picks that row. Shows what changed and the new plan; the fixed config becomes the\n"
      "session's: %txtrain (the line form) trains it, %txplan plans it with overrides.\n"
-     "--run trains it now and compares the measured peak with the planned one."},
+     "--run trains it now and compares the measured peak with the planned one.\n"
+     "auto --for colab|kaggle|all: the best candidate that also fits with a 5% margin on\n"
+     "every card the platform hands out, so the card the runtime gets does not matter."},
 };
 
 int tk_magics_register_txadvise(tk_magics *m) { return tk_magics_add_table(m, TXADVISE, 2); }

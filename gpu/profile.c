@@ -3,16 +3,18 @@
  *
  * Capacities are "usable bytes as PyTorch reports them" (the total capacity
  * in its OOM message, i.e. cudaMemGetInfo's total), so a plan against "t4"
- * matches what a Colab user sees. Each figure was read off users' pasted
- * PyTorch OOM messages in public issue threads (dates are those of the
- * messages): T4 14.75 GiB (2019-2024; 14.73-14.76 with other drivers), P4
- * 7.43 GiB (the seed's Colab message, 2020), K80 11.17 GiB (2019), P100
- * 15.90 GiB (2020; 15.89 in 2.x messages), V100-16 15.78 GiB (2020), A100-40
- * 39.59 GiB (2021), A100-80 79.15 GiB (2023), L4 22.03 GiB (2023-2024;
- * 22.03-22.07 with other drivers), H100-80 79.19 GiB (2024; 79.14-79.25 with
- * other drivers and board variants); see FACTS.md. The driver reserves
- * slightly different amounts per version, so these are good to a few
- * hundredths of a GiB.
+ * matches what a Colab user sees. Each figure is read off users' pasted
+ * PyTorch OOM messages; where this commit re-read one, the thread and its date
+ * are given (copies in tests/data/oom_messages/): T4 14.75 GiB
+ * (FoundationVision/GenerateU#10, 2024-05-21; 14.73-14.76 with other
+ * drivers), P4 7.43 GiB (the seed's Colab message, transformers on Python 3.6),
+ * K80 11.17 GiB (shllln/GenerativeGraph#5, 2019-03-21), P100 15.90 GiB
+ * (2KangHo/vdsr_pytorch#2, 2020-05-10; 15.89 in 2.x messages). V100-16 15.78,
+ * A100-40 39.59, A100-80 79.15, L4 22.03 (22.03-22.07 with other drivers) and
+ * H100-80 79.19 GiB (79.14-79.25 with other drivers and board variants) are
+ * FACTS.md's and the earlier profiles' figures, also from users' messages,
+ * dates not recorded. The driver reserves slightly different amounts per
+ * version, so these are good to a few hundredths of a GiB.
  *
  * Throughput is the vendor datasheet's (dense, no sparsity) as a mixed-
  * precision training step gets it: fp16/bf16 GEMMs accumulate in fp32 under
@@ -39,8 +41,11 @@
  * Platforms: the cards Colab and Kaggle have handed to notebooks since 2019.
  * Colab's FAQ (research.google.com/colaboratory/faq.html, 2019-2021) named
  * "K80s, T4s, P4s and P100s" for the free tier; its paid tiers added V100,
- * A100-40 and (2023) L4. Kaggle's notebooks ran a K80 until 2019, a P100 since,
- * and two T4s since 2023 (kaggle.com/docs/efficient-gpu-usage). Which card a
+ * A100-40 and (2023) L4. Kaggle's notebooks offer a P100 (NVIDIA's developer
+ * blog, "How Kaggle Makes GPUs Accessible to 5 Million Data Scientists") and
+ * two T4s (Kaggle's accelerator menu, 2023-); its first GPU kernels (2017-2019)
+ * ran on K80s, which is kept from memory of its announcement, not re-checked
+ * here. Which card a
  * runtime gets is not the user's choice on the free tiers: that is why the
  * same notebook sometimes fits and sometimes does not.
  */

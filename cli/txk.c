@@ -558,7 +558,7 @@ typedef struct { const char *name; int (*run)(int argc, char **argv); const char
 
 static const txk_cmd CMDS[] = {
     {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|all] [--max-batch|--sweep] [--json]   planned peak memory, no training"},
-    {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes;\n"
+    {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [--for colab] [-o F]] [--json]   why it does not fit, ranked fixes;\n"
                            "           [cfg.yaml] --from-error FILE|-   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway)"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},

@@ -58,3 +58,14 @@ def test_gpus_colab_equals_gpu_profile_plans():
     assert d["sentence"] == "fits on T4, P100, V100-16, L4, A100-40; not on K80 or P4: which card the runtime gets decides"
     r = txk("plan", SEED, "--gpus", "mars")
     assert r.returncode == 1 and b"colab, kaggle or all" in r.stderr
+
+
+def test_fix_auto_for_colab_fits_every_card(tmp_path):
+    out = str(tmp_path / "fixed.yaml")
+    r = txk("advise", SEED, "--fix", "auto", "--for", "colab", "-o", out)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(txk("plan", out, "--gpus", "colab", "--json").stdout)
+    assert all(c["fits"] and c["margin"] >= c["budget"] // 20 for c in d["cards"]), d["cards"]
+    assert d["sentence"].startswith("fits on every card")
+    r = txk("advise", SEED, "--fix", "3", "--for", "colab")
+    assert r.returncode == 2 and b"--for colab|kaggle|all goes with --fix auto" in r.stderr

@@ -15,10 +15,11 @@
 #include <time.h>
 
 #include "tk_advisor.h"
+#include "tk_oom_message.h"
 
 static const char *const DIAG_NAMES[TK_DIAG_COUNT] = {
     "capacity", "headroom", "fragmentation", "dominant layer", "dominant category",
-    "padding", "data spike", "leak",
+    "padding", "data spike", "leak", "card lottery",
 };
 static const char *const FIX_NAMES[TK_FIX_COUNT] = {
     "release", "head", "max_len", "padding", "precision", "accumulate", "recompute",
@@ -126,9 +127,14 @@ int tk_fix_apply(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_le
         if (c->precision != TK_PREC_FP32)
             return -1;
         c->precision = f->variant == 2 ? TK_PREC_BF16 : TK_PREC_FP16;
-        snprintf(reason, rn, "%s mixed precision: 16-bit activations, fp32 master weights%s",
-                 f->variant == 2 ? "bf16" : "fp16",
-                 f->variant == 2 ? "" : ", dynamic loss scaling");
+        {
+            /* without tensor cores (K80, P4, P100) 16-bit GEMMs still run at the fp32 rate */
+            const tk_gpu_profile *gp = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
+            int slow = gp && (f->variant == 2 ? gp->bf16_flops <= 1.5 * gp->fp32_flops : !tk_gpu_profile_fast_fp16(gp));
+            snprintf(reason, rn, "%s mixed precision: 16-bit activations, fp32 master weights%s%s%s%s",
+                     f->variant == 2 ? "bf16" : "fp16", f->variant == 2 ? "" : ", dynamic loss scaling",
+                     slow ? "; on a " : "", slow ? gp->name : "", slow ? " it saves memory but no time (no tensor cores)" : "");
+        }
         return 0;
     case TK_FIX_ACCUMULATE: {
         int k = f->value;
@@ -388,6 +394,35 @@ static void diagnose(adv_ctx *x) {
                      fmtb(first, b1), fmtb(last, b2), in->n_steps, in->leak_owner ? ": " : "",
                      in->leak_owner ? in->leak_owner : "");
             add_diag(a, TK_DIAG_LEAK, t, e);
+        }
+    }
+
+    /* the card lottery: the same config on each card the platform hands out */
+    const tk_gpu_profile *cur = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
+    const char *plat = in->platform ? in->platform : tk_gpu_platform_of(cur);
+    tk_card_fit cards[16];
+    int nc = 0;
+    if (plat && tk_plan_cards(c, in->lengths, in->n_lengths, plat, cards, 16, &nc, NULL) == TK_OK) {
+        int any = 0, fits_cur = a->base.fits, near = -1;
+        for (int i = 0; i < nc; i++) {
+            any |= cards[i].fits;
+            if (cards[i].card == cur) fits_cur = cards[i].fits;
+            if (cards[i].fits && cards[i].margin < (int64_t)(cards[i].budget / 20) && near < 0) near = i;
+        }
+        if (any && (!fits_cur || near >= 0)) {
+            tk_cards_sentence(cards, nc, t, sizeof t);
+            size_t w = (size_t)snprintf(e, sizeof e, "planned on each card %s hands out (its capacity less its "
+                                                  "context):", plat);
+            for (int i = 0; i < nc && w < sizeof e; i++) {
+                int64_t mg = cards[i].margin;
+                w += (size_t)snprintf(e + w, sizeof e - w, " %s %s%s%s", cards[i].card->name, mg < 0 ? "short by " : "margin ",
+                                      fmtb((size_t)(mg < 0 ? -mg : mg), b1), i + 1 < nc ? ";" : "");
+            }
+            if (near >= 0 && w < sizeof e)
+                snprintf(e + w, sizeof e - w, "; on the %s it fits within 5%% of the budget, so a little more memory "
+                         "held elsewhere (an earlier cell, a longer batch) makes it fail",
+                         cards[near].card->name);
+            add_diag(a, TK_DIAG_LOTTERY, t, e);
         }
     }
 }

@@ -1,6 +1,11 @@
-# advisor/module.mk — the advisor's benchmark (release flags) and the snapshot fuzz target.
+# advisor/module.mk — the advisor's benchmark (release flags) and two libFuzzer
+# targets: the snapshot / pickle / pytorch_model.bin readers, and the
+# pasted-OOM-message reader.
 #   bench-advisor  builds $(BUILD)/bench/advisor_bench and runs it; figures in
 #                  bench/RESULTS.md ("## advisor").
+#   $(BUILD)/fuzz/fuzz_oom_message  tests/advisor/fuzz_oom_message.c with clang,
+#                  ASan+UBSan, from advisor/oom_message.c and gpu/profile.c
+#                  alone; tests/suites/oom_message_fuzz.sh runs it for 30 s.
 ADVISOR_BENCH := $(BUILD)/bench/advisor_bench
 
 $(ADVISOR_BENCH): bench/advisor_bench.c $(LIB_REL)
@@ -25,3 +30,14 @@ all: $(SNAP_FUZZ_BIN)
 $(SNAP_FUZZ_BIN): tests/advisor/fuzz_snapshot.c $(SNAP_FUZZ_SRCS) bert/tk_pickle.h bert/tk_torchbin.h advisor/tk_snapshot.h gpu/tk_gpu.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(SNAP_FUZZ_FLAGS) tests/advisor/fuzz_snapshot.c $(SNAP_FUZZ_SRCS) $(PKG_LIBS) -lm -o $@
+
+FUZZ_CC ?= clang
+OOMMSG_FUZZ_BIN := $(BUILD)/fuzz/fuzz_oom_message
+OOMMSG_FUZZ_SRCS := tests/advisor/fuzz_oom_message.c advisor/oom_message.c gpu/profile.c
+
+all: $(OOMMSG_FUZZ_BIN)
+$(OOMMSG_FUZZ_BIN): $(OOMMSG_FUZZ_SRCS) advisor/tk_oom_message.h advisor/tk_advisor.h gpu/tk_gpu.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	    -Wall -Wextra -Werror -Wno-unused-parameter -I. -Igpu -Ibert -Iadvisor $(PKG_CFLAGS) \
+	    $(OOMMSG_FUZZ_SRCS) $(PKG_LIBS) -lm -o $@

@@ -41,6 +41,7 @@ typedef enum {
     TK_DIAG_PADDING,        /* max_len far above what the corpus needs */
     TK_DIAG_DATA_SPIKE,     /* the longest batch is far above the typical one */
     TK_DIAG_LEAK,           /* allocated grows at step boundaries */
+    TK_DIAG_LOTTERY,        /* fits some of the platform's cards, not the one the runtime got */
     TK_DIAG_COUNT
 } tk_diag_kind;
 
@@ -112,6 +113,8 @@ typedef struct tk_advise_input {
     const char *leak_owner;       /* the owner that grew, if the caller knows */
     double margin_frac;           /* safety margin as a share of capacity (default 0.05) */
     int max_plans;                /* budget of plans for the search (default 400) */
+    const char *platform;         /* "colab", "kaggle": the cards for the lottery diagnosis; NULL: the
+                                     platform that hands out the config's gpu profile, if one does */
 } tk_advise_input;
 
 typedef struct tk_advice {
@@ -139,6 +142,12 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err);
 /* The index of the cheapest candidate that fits with margin and keeps the
  * effective batch, or -1. */
 int tk_advice_auto(const tk_advice *a);
+
+/* Like tk_advice_auto, but the candidate must also fit with a 5% margin on
+ * every card the platform hands out ("colab", "kaggle", "all"), each planned
+ * as `gpu: CARD`: the config that no card lottery can break. -1 if none does,
+ * -2 for an unknown platform. */
+int tk_advice_auto_for(const tk_advice *a, const char *platform, const int32_t *lengths, int n_lengths);
 
 /* Text report: diagnoses and the ranked table (new string, free()). */
 char *tk_advice_format(const tk_advice *a, int top);

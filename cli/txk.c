@@ -1,9 +1,12 @@
 /* txk — the txkernel engine from a shell: the same plans, runs and reports as
  * the notebook magics, as text or (with --json) as JSON for scripts.
  *
- *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE] [--max-batch] [--sweep] [--json]
+ *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|all] [--max-batch] [--sweep]
+ *            [--snapshot FILE] [--json]
  *   txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]
- *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [-o F]] [--json]
+ *   txk predict MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
+ *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [--for colab] [-o F]] [--json]
+ *   txk advise [cfg.yaml [key=value ...]] --from-error FILE|- [--json]
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
  *   txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]
  *   txk mem [--device cpu|cuda|meta] [--capacity 7.43GiB] [--json]
@@ -161,14 +164,24 @@ static void plan_snap_closing(tk_alloc *a, const tk_oom *oom, void *ud) {
 }
 
 static int cmd_plan(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P] [--max-batch] [--sweep] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
-    static const char *const valued[] = {"--gpu", "--snapshot", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", "--measure", NULL};
+    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|all] [--max-batch] [--sweep] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
+    static const char *const valued[] = {"--gpu", "--gpus", "--snapshot", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", "--measure", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
     tk_config c;
     if ((rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
     tk_err err = {0};
-    const char *gpu = flag_value(argv, argc, "--gpu");
+    const char *gpu = flag_value(argv, argc, "--gpu"), *gpus = flag_value(argv, argc, "--gpus");
+    if (gpus) {
+        json_t *gb = NULL;
+        if (tk_gpus_report(&c, gpus, &gb, &err) != TK_OK) {
+            fprintf(stderr, "txk: %s\n", err.msg);
+            return EXIT_ERR;
+        }
+        emit(gb, has_flag(argv, argc, "--json"));
+        json_decref(gb);
+        return EXIT_OK;
+    }
     if (gpu && tk_config_set(&c, "gpu", gpu, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", err.msg);
         return EXIT_ERR;
@@ -369,13 +382,77 @@ static int cmd_train(int argc, char **argv) {
  * --fix N|auto the chosen candidate's config is written as YAML (-o FILE, or
  * stdout). The corpus lengths come from the config's train_file when it has
  * one (the padding and max_len fixes need them). */
-static int cmd_advise(int argc, char **argv) {
-    if (argc < 1) {
-        fprintf(stderr, "usage: txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] "
-                        "[--fix N|auto [-o fixed.yaml]] [--json]\n");
+/* Reads a whole file, or standard input for "-". New buffer, NULL on failure. */
+static char *read_input(const char *path, size_t *len) {
+    if (strcmp(path, "-")) return read_file(path, len);
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *mem = open_memstream(&buf, &n);
+    char chunk[8192];
+    size_t k;
+    while (mem && (k = fread(chunk, 1, sizeof chunk, stdin)) > 0) fwrite(chunk, 1, k, mem);
+    if (!mem) return NULL;
+    fclose(mem);
+    *len = n;
+    return buf;
+}
+
+/* txk advise [cfg.yaml] --from-error FILE|-: the pasted OOM message read and
+ * diagnosed; with a config, the config planned on the message's card and on
+ * each card of its platform. Exit 1 with "no OOM message found" when the
+ * text holds none. */
+static int advise_from_error(int argc, char **argv) {
+    static const char *const valued[] = {"--from-error", NULL}, *const bare[] = {"--json", NULL};
+    int has_cfg = argc > 0 && argv[0][0] != '-' && !strchr(argv[0], '=');
+    int rc = check_words(argv + has_cfg, argc - has_cfg, valued, bare);
+    if (rc) return rc;
+    const char *path = flag_value(argv, argc, "--from-error");
+    if (!path) {
+        fprintf(stderr, "txk: --from-error needs a file, or - for standard input\n");
         return EXIT_USAGE;
     }
-    static const char *const valued[] = {"--gpu", "--top", "--margin", "--fix", "-o", NULL};
+    tk_config c;
+    if (has_cfg && (rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
+    size_t len = 0;
+    char *text = read_input(path, &len);
+    if (!text) {
+        fprintf(stderr, "txk: %s: cannot read the message\n", path);
+        return EXIT_ERR;
+    }
+    tk_err err = {0};
+    tk_run_data data;
+    memset(&data, 0, sizeof data);
+    if (has_cfg && c.train_file[0] && tk_run_data_load(&c, &data, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        free(text);
+        return EXIT_ERR;
+    }
+    json_t *b = NULL;
+    tk_status st = tk_oom_message_report(text, len, has_cfg ? &c : NULL, (const int32_t *)data.lengths, data.n_lengths,
+                                         &b, &err);
+    tk_run_data_clear(&data);
+    free(text);
+    if (st == TK_EFORMAT) {
+        puts("no OOM message found");
+        return EXIT_ERR;
+    }
+    if (st != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    emit(b, has_flag(argv, argc, "--json"));
+    json_decref(b);
+    return EXIT_OK;
+}
+
+static int cmd_advise(int argc, char **argv) {
+    if (has_flag(argv, argc, "--from-error")) return advise_from_error(argc, argv);
+    if (argc < 1) {
+        fprintf(stderr, "usage: txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] "
+                        "[--fix N|auto [-o fixed.yaml]] [--json]\n       txk advise [cfg.yaml] --from-error FILE|- [--json]\n");
+        return EXIT_USAGE;
+    }
+    static const char *const valued[] = {"--gpu", "--top", "--margin", "--fix", "-o", "--for", NULL};
     static const char *const bare[] = {"--json", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
@@ -420,18 +497,28 @@ static int cmd_advise(int argc, char **argv) {
         tk_run_data_clear(&data);
         return EXIT_ERR;
     }
-    tk_run_data_clear(&data);
     int pick = -1;
     if (fix) {
         char *end = NULL;
         long k = strtol(fix, &end, 10);
-        pick = !strcmp(fix, "auto") ? tk_advice_auto(a) : (*fix && !*end && k >= 1 && k <= a->n_cand) ? (int)k - 1 : -2;
+        const char *plat = flag_value(argv, argc, "--for");
+        pick = !strcmp(fix, "auto") ? (plat ? tk_advice_auto_for(a, plat, (const int32_t *)data.lengths, data.n_lengths)
+                                            : tk_advice_auto(a))
+             : (*fix && !*end && k >= 1 && k <= a->n_cand) ? (int)k - 1 : -2;
+        if (plat && (strcmp(fix, "auto") || pick == -2)) {
+            fprintf(stderr, "txk: --for colab|kaggle|all goes with --fix auto\n");
+            free(a);
+            tk_run_data_clear(&data);
+            return EXIT_USAGE;
+        }
         if (pick == -2) {
             fprintf(stderr, "txk: --fix %s: give auto or a candidate number 1..%d\n", fix, a->n_cand);
             free(a);
+            tk_run_data_clear(&data);
             return EXIT_USAGE;
         }
     }
+    tk_run_data_clear(&data);
     if (has_flag(argv, argc, "--json")) {
         char *j = tk_advice_json(a);
         if (j) puts(j);
@@ -443,7 +530,9 @@ static int cmd_advise(int argc, char **argv) {
     }
     rc = EXIT_OK;
     if (fix && pick < 0) {
-        fprintf(stderr, "txk: --fix auto: no candidate fits with margin and keeps the effective batch\n");
+        fprintf(stderr, "txk: --fix auto: no candidate fits with margin%s%s and keeps the effective batch\n",
+                flag_value(argv, argc, "--for") ? " on every card of " : "",
+                flag_value(argv, argc, "--for") ? flag_value(argv, argc, "--for") : "");
         rc = EXIT_PLAN_OOM;
     } else if (fix) {
         char *y = tk_config_to_yaml(&a->cand[pick].config);
@@ -729,8 +818,9 @@ static int cmd_kernel(int argc, char **argv) {
 typedef struct { const char *name; int (*run)(int argc, char **argv); const char *summary; } txk_cmd;
 
 static const txk_cmd CMDS[] = {
-    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P] [--max-batch|--sweep] [--snapshot FILE] [--json]   planned peak memory, no training (--snapshot: the planned step as a PyTorch snapshot)"},
-    {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes"},
+    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|all] [--max-batch|--sweep] [--snapshot FILE] [--json]   planned peak memory, no training (--snapshot: the planned step as a PyTorch snapshot)"},
+    {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [--for colab] [-o F]] [--json]   why it does not fit, ranked fixes;\n"
+                           "           [cfg.yaml] --from-error FILE|-   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
     {"predict", cmd_predict, "MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},

@@ -222,7 +222,8 @@ typedef struct tk_gpu_profile {
     const char *long_name;     /* "NVIDIA Tesla T4" */
     size_t capacity;           /* usable bytes as PyTorch reports them */
     size_t context_overhead;   /* CUDA context + library kernels to expect */
-    double fp32_flops, fp16_flops, bandwidth; /* peak FLOP/s and bytes/s */
+    double fp32_flops, fp16_flops, bf16_flops; /* peak FLOP/s of a mixed-precision step */
+    double bandwidth;          /* bytes/s */
     int cc_major, cc_minor;
 } tk_gpu_profile;
 
@@ -237,6 +238,16 @@ typedef struct tk_gpu_profile {
 /* Looks up a profile by name (case-insensitive); NULL if unknown. Borrowed. */
 const tk_gpu_profile *tk_gpu_profile_find(const char *name);
 const tk_gpu_profile *tk_gpu_profile_at(int i); /* NULL past the end */
+/* The profiles of the cards a platform hands out: "colab", "kaggle", or
+ * "all" (every profile). Fills out[0..max) with borrowed pointers; returns
+ * how many, or -1 for an unknown platform. */
+int tk_gpu_platform_cards(const char *platform, const tk_gpu_profile **out, int max);
+/* "colab" when Colab hands out that card, else "kaggle" when Kaggle does,
+ * else NULL. */
+const char *tk_gpu_platform_of(const tk_gpu_profile *card);
+/* 1 when 16-bit training is faster than fp32 on the card (tensor cores);
+ * 0 where fp16 only saves memory (K80, P4, P100). */
+int tk_gpu_profile_fast_fp16(const tk_gpu_profile *p);
 /* What the caching allocator can take on that card: capacity less the
  * context overhead (the CUDA context and library kernels) and less the cuda
  * backend's own buffers, which sit on the same memory outside the

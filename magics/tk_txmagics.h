@@ -69,6 +69,19 @@ tk_status tk_max_batch_report(const tk_config *c, json_t **bundle, tk_err *err);
  * measured_equals_plan, ms_per_step). */
 tk_status tk_sweep_report(const tk_config *c, int measure, json_t **bundle, tk_err *err);
 
+/* Config c planned on each card a platform ("colab", "kaggle", "all") hands
+ * out, each as `gpu: CARD` without `capacity:` plans it: a table (card,
+ * capacity, budget, planned peak, fits, margin, predicted step) and one
+ * sentence; application/json is {platform, cards: [{card, long_name,
+ * capacity, budget, peak_reserved, fits, margin, step_seconds}], sentence}. */
+tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bundle, tk_err *err);
+/* A pasted OOM message (any text holding one) read and diagnosed; with a
+ * config (c may be NULL), the config is also planned on each of the
+ * platform's cards and advised on the card the message names. The bundle's
+ * application/json is tk_oom_message_json's object. TK_EFORMAT with
+ * "no OOM message found" when the text holds none. */
+tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,
+                                int n_lengths, json_t **bundle, tk_err *err);
 /* The device: kind, name, capacity, free, other processes (NVML when the
  * driver has it), driver/CUDA versions; on cpu and meta the capacity is said
  * to be simulated. `d` may be NULL (no device opened yet: describes what a

@@ -20,13 +20,14 @@
 
 #include "tk_advisor.h"
 #include "tk_magics.h"
+#include "tk_oom_message.h"
 #include "tk_render.h"
 #include "tk_pipeline.h"
 #include "tk_session.h"
 #include "tk_txmagics.h"
 
-#define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--json]"
-#define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--run] [--json]"
+#define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--json]; %%txadvise --from-error + the pasted message"
+#define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--for colab|kaggle|all] [--run] [--json]"
 
 /* What the device free now and what this session holds on it, when the
  * session has a device for the same capacity as config c. */
@@ -111,7 +112,137 @@ static json_t *advice_bundle(const tk_advice *a, int top) {
     return b;
 }
 
+/* The lines of the candidate's YAML that the base's lacks: the config keys a
+ * user changes. New string. */
+static char *yaml_change(const tk_config *base, const tk_config *cand) {
+    char *yb = tk_config_to_yaml(base), *yc = tk_config_to_yaml(cand);
+    tk_sb sb = {0};
+    for (char *line = yc; line && *line;) {
+        char *nl = strchr(line, '\n');
+        size_t k = nl ? (size_t)(nl - line) : strlen(line);
+        int found = 0;
+        for (char *q = yb; q && *q && !found;) {
+            char *qn = strchr(q, '\n');
+            size_t qk = qn ? (size_t)(qn - q) : strlen(q);
+            found = qk == k && !memcmp(q, line, k);
+            q = qn ? qn + 1 : q + qk;
+        }
+        size_t ind = 0; /* the key alone, without its section's indent */
+        while (ind < k && line[ind] == ' ') ind++;
+        if (!found && k > ind) tk_sb_addf(&sb, "%s%.*s", sb.len ? "\n" : "", (int)(k - ind), line + ind);
+        line = nl ? nl + 1 : line + k;
+    }
+    free(yb);
+    free(yc);
+    return tk_sb_take(&sb);
+}
+
+tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,
+                                int n_lengths, json_t **bundle, tk_err *err) {
+    *bundle = NULL;
+    tk_oom_message *msg = malloc(sizeof *msg);
+    tk_advice *a = NULL;
+    char *adv_text = NULL;
+    tk_status st = TK_OK;
+    if (!msg) {
+        tk_err_set(err, TK_EOOM, "out of host memory reading the message");
+        return TK_EOOM;
+    }
+    if (tk_oom_message_parse(text, len, msg) != 0) {
+        free(msg);
+        tk_err_set(err, TK_EFORMAT, "no OOM message found");
+        return TK_EFORMAT;
+    }
+    if (c) {
+        const char *platform = tk_gpu_platform_of(msg->card);
+        tk_card_fit cards[16];
+        int n = 0;
+        st = tk_plan_cards(c, lengths, n_lengths, platform ? platform : "colab", cards, 16, &n, err);
+        if (st != TK_OK) goto done;
+        tk_oom_message_diagnose(msg, cards, n, platform ? platform : "colab");
+        /* the config advised on the card the message names */
+        tk_config on = *c;
+        if (msg->card) {
+            on.capacity = 0;
+            if ((st = tk_config_set(&on, "gpu", msg->card->name, err)) != TK_OK) goto done;
+        }
+        a = malloc(sizeof *a);
+        tk_advise_input in = {.config = &on, .lengths = lengths, .n_lengths = n_lengths, .margin_frac = 0.05};
+        if (!a || (st = tk_advise(&in, a, err)) != TK_OK) {
+            if (!a) tk_err_set(err, st = TK_EOOM, "out of host memory advising");
+            goto done;
+        }
+        adv_text = tk_advice_format(a, 5);
+        int au = tk_advice_auto(a);
+        if (msg->n_fixes == TK_OOMMSG_MAX_FIXES) msg->n_fixes--;
+        for (int i = 0; i < a->n_cand; i++) {
+            if (i != au && !(au < 0 && i == 0)) continue;
+            char *code = yaml_change(&on, &a->cand[i].config);
+            /* the planned fix of the user's own config goes first */
+            memmove(&msg->fixes[1], &msg->fixes[0], (size_t)msg->n_fixes * sizeof msg->fixes[0]);
+            msg->n_fixes++;
+            tk_oommsg_fix *x = &msg->fixes[0];
+            char b1[32];
+            snprintf(x->text, sizeof x->text, "the config's fix planned on %s: %s (peak %s%s)",
+                     msg->card ? msg->card->name : "this card", a->cand[i].label,
+                     tk_format_bytes(a->cand[i].peak, b1, sizeof b1), a->cand[i].fits_margin ? ", fits with margin" : "");
+            snprintf(x->code, sizeof x->code, "%s", code ? code : "");
+            free(code);
+        }
+    } else {
+        tk_oom_message_diagnose(msg, NULL, 0, NULL);
+    }
+    char *txt = tk_oom_message_format(msg);
+    tk_sb sb = {0};
+    tk_sb_add(&sb, txt ? txt : "");
+    if (adv_text) tk_sb_addf(&sb, "The config planned on %s:\n%s", msg->card ? msg->card->name : "this card", adv_text);
+    *bundle = tk_bundle_new(sb.p ? sb.p : "");
+    tk_sb_clear(&sb);
+    tk_sb_add(&sb, "<pre>");
+    tk_sb_add_html(&sb, txt ? txt : "");
+    if (adv_text) tk_sb_add_html(&sb, adv_text);
+    tk_sb_add(&sb, "</pre>");
+    tk_bundle_take(*bundle, "text/html", tk_sb_take(&sb));
+    free(txt);
+    char *js = tk_oom_message_json(msg);
+    tk_bundle_take_json(*bundle, "application/json", js ? json_loads(js, 0, NULL) : NULL);
+    free(js);
+done:
+    free(adv_text);
+    free(a);
+    free(msg);
+    return st;
+}
+
+/* %%txadvise --from-error: the cell body is the pasted message; the
+ * session's last config, when there is one, is planned on its card. */
+static int txadvise_from_error(tk_magic_ctx *m, int json_only) {
+    const char *body = m->body ? m->body : "";
+    const tk_config *last = tk_session_config(m->session);
+    int nl = 0;
+    const int *len = tk_session_lengths(m->session, &nl);
+    json_t *b = NULL;
+    tk_err err = {0};
+    tk_status st = tk_oom_message_report(body, strlen(body), last, (const int32_t *)len, nl, &b, &err);
+    if (st == TK_EFORMAT) {
+        json_t *nb = tk_bundle_new("no OOM message found\n");
+        tk_txemit(m, nb, 0);
+        json_decref(nb);
+        return 0;
+    }
+    if (st != TK_OK) return tk_magic_error(m, "AdviseError", "%s", err.msg);
+    tk_txemit(m, b, json_only);
+    json_decref(b);
+    return 0;
+}
+
 static int run_txadvise(tk_magic_ctx *m) {
+    if (m->args && strstr(m->args, "--from-error")) {
+        if (!m->is_cell)
+            return tk_magic_error(m, "UsageError", "--from-error reads the cell body: %%%%txadvise --from-error, then "
+                                                   "the pasted message on the next lines");
+        return txadvise_from_error(m, strstr(m->args, "--json") != NULL);
+    }
     tk_session *s = m->session;
     const tk_config *last = tk_session_config(s);
     if (!last && !m->is_cell)
@@ -242,9 +373,14 @@ static int run_txfix(tk_magic_ctx *m) {
     char **argv = NULL;
     int argc = 0, run = 0, json_only = 0, rc = 0;
     const char *what = NULL;
+    char for_platform[16] = "";
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
         if (!strcmp(argv[i], "--run")) run = 1;
+        else if (!strcmp(argv[i], "--for")) {
+            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--for needs colab, kaggle or all");
+            else snprintf(for_platform, sizeof for_platform, "%s", argv[++i]);
+        }
         else if (!strcmp(argv[i], "--json")) json_only = 1;
         else if (!strncmp(argv[i], "--", 2))
             rc = tk_magic_error(m, "UsageError", "%%txfix: unknown option %s\nusage: %s", argv[i], TXFIX_USAGE);
@@ -257,7 +393,21 @@ static int run_txfix(tk_magic_ctx *m) {
     if (!rc && !what) rc = tk_magic_error(m, "UsageError", "%%txfix: which fix?\nusage: %s", TXFIX_USAGE);
     const tk_advice *a = tk_session_advice(s);
     if (!rc && !a) rc = tk_magic_error(m, "UsageError", "%%txfix: no advice yet: run %%txadvise first");
-    int i = rc ? -1 : pick(m, a, what);
+    if (!rc && for_platform[0] && strcmp(what, "auto"))
+        rc = tk_magic_error(m, "UsageError", "--for goes with auto: %%txfix auto --for %s", for_platform);
+    int i = -1;
+    if (!rc && for_platform[0]) {
+        int nl = 0;
+        const int *len = tk_session_lengths(s, &nl);
+        i = tk_advice_auto_for(a, for_platform, (const int32_t *)len, nl);
+        if (i == -2) rc = tk_magic_error(m, "UsageError", "--for %s: expected colab, kaggle or all", for_platform);
+        else if (i < 0)
+            rc = tk_magic_error(m, "NoFixError", "no candidate of the last advice fits with a 5%% margin on every card "
+                                                 "%s hands out and keeps the effective batch of %d", for_platform,
+                                a->base_effective_batch);
+    } else if (!rc) {
+        i = pick(m, a, what);
+    }
     char what_buf[64];
     snprintf(what_buf, sizeof what_buf, "%s", what ? what : "");
     what = what_buf;
@@ -368,7 +518,14 @@ static const tk_magic_def TXADVISE[] = {
      "8-bit AdamW, frozen embeddings, dynamic padding or length buckets, emptying the cache\n"
      "- and ranks them: fits with margin, removes a cause, fewer changes, results at risk,\n"
      "time per sample. --margin is the safety margin as a share of capacity (0.05).\n"
-     "Pick one with %txfix."},
+     "When the config fits some of the cards its platform hands out (Colab, Kaggle) but\n"
+     "not its own, or fits one within 5%, it adds the card lottery. Pick one with %txfix.\n\n"
+     "%%txadvise --from-error [--json]\n<the pasted OOM message or traceback>\n"
+     "Reads PyTorch's OOM message (1.0-1.3 \"cached\", 1.4-2.0 \"reserved in total\", 2.1+)\n"
+     "or TensorFlow's (\"OOM when allocating tensor with shape[...]\"): every figure in\n"
+     "bytes, the card its total names, impossible figures left out, the diagnoses and the\n"
+     "fixes as code. With a session config, that config is planned on each card of the\n"
+     "platform and advised on the message's card."},
     {"txfix", TK_MAGIC_LINE, run_txfix, "apply a fix from %txadvise to the session's config (--run trains it)",
      TXFIX_USAGE "\n\n"
      "N: the candidate numbered N in the last %txadvise table. auto: the best candidate\n"
@@ -376,7 +533,9 @@ static const tk_magic_def TXADVISE[] = {
      "A label from the table (\"fp16 + accumulate 4\") or a fix name (max_len, head, ...)\n"
      "picks that row. Shows what changed and the new plan; the fixed config becomes the\n"
      "session's: %txtrain (the line form) trains it, %txplan plans it with overrides.\n"
-     "--run trains it now and compares the measured peak with the planned one."},
+     "--run trains it now and compares the measured peak with the planned one.\n"
+     "auto --for colab|kaggle|all: the best candidate that also fits with a 5% margin on\n"
+     "every card the platform hands out, so the card the runtime gets does not matter."},
 };
 
 int tk_magics_register_txadvise(tk_magics *m) { return tk_magics_add_table(m, TXADVISE, 2); }

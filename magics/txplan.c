@@ -16,6 +16,7 @@
 
 #include "tk_magics.h"
 #include "tk_model.h"
+#include "tk_oom_message.h"
 #include "tk_pipeline.h"
 #include "tk_plan.h"
 #include "tk_render.h"
@@ -238,6 +239,55 @@ fail:
     return err->status ? err->status : TK_EINVAL;
 }
 
+tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bundle, tk_err *err) {
+    *bundle = NULL;
+    tk_card_fit cards[16];
+    int n = 0;
+    tk_status st = tk_plan_cards(c, NULL, 0, platform, cards, 16, &n, err);
+    if (st != TK_OK) return st;
+    char sentence[400], title[96], b1[32], b2[32], b3[32], b4[40];
+    tk_cards_sentence(cards, n, sentence, sizeof sentence);
+    if (!strcmp(platform, "all")) snprintf(title, sizeof title, "The config on every GPU profile");
+    else snprintf(title, sizeof title, "The config on each card %s hands out", platform);
+    const char *hd[] = {"card", ">capacity", ">budget", ">planned peak", "fits", ">margin", ">step"};
+    tk_rtable *t = tk_rtable_new(title, 7, hd);
+    json_t *rows = json_array();
+    for (int i = 0; t && i < n; i++) {
+        const tk_card_fit *r = &cards[i];
+        if (r->margin >= 0) tk_format_bytes((size_t)r->margin, b4, sizeof b4);
+        else b4[0] = '-', tk_format_bytes((size_t)-r->margin, b4 + 1, sizeof b4 - 1);
+        char step[32];
+        if (r->step_seconds > 0) snprintf(step, sizeof step, "%.0f ms", 1e3 * r->step_seconds);
+        else snprintf(step, sizeof step, "-");
+        tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s", r->card->name, tk_format_bytes(r->card->capacity, b1, sizeof b1),
+                       tk_format_bytes(r->budget, b2, sizeof b2), tk_format_bytes(r->peak, b3, sizeof b3),
+                       r->fits ? "yes" : "no", b4, step);
+        json_array_append_new(rows, json_pack("{s:s, s:s, s:I, s:I, s:I, s:b, s:I, s:f}", "card", r->card->name,
+                                              "long_name", r->card->long_name, "capacity", (json_int_t)r->card->capacity,
+                                              "budget", (json_int_t)r->budget, "peak_reserved", (json_int_t)r->peak,
+                                              "fits", r->fits, "margin", (json_int_t)r->margin, "step_seconds",
+                                              r->step_seconds));
+    }
+    char *txt = t ? tk_rtable_text(t) : NULL;
+    tk_sb sb = {0};
+    tk_sb_add(&sb, txt ? txt : "");
+    tk_sb_addf(&sb, "The config %s.\n", sentence);
+    free(txt);
+    *bundle = tk_bundle_new(sb.p ? sb.p : "");
+    tk_sb_clear(&sb);
+    char *html = t ? tk_rtable_html(t) : NULL;
+    tk_sb_add(&sb, html ? html : "");
+    free(html);
+    tk_sb_add(&sb, "<p>The config ");
+    tk_sb_add_html(&sb, sentence);
+    tk_sb_add(&sb, ".</p>");
+    tk_bundle_take(*bundle, "text/html", tk_sb_take(&sb));
+    tk_bundle_take_json(*bundle, "application/json",
+                        json_pack("{s:s, s:o, s:s}", "platform", platform, "cards", rows, "sentence", sentence));
+    tk_rtable_destroy(&t);
+    return TK_OK;
+}
+
 static int run_txplan(tk_magic_ctx *m) {
     tk_session *s = m->session;
     tk_config base;
@@ -248,6 +298,7 @@ static int run_txplan(tk_magic_ctx *m) {
     if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     char **argv = NULL;
     int argc = 0, json_only = 0, max_batch = 0, sweep = 0, measure = 0, rc = 0;
+    char gpus[16] = "";
     tk_err err = {0};
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
@@ -255,7 +306,10 @@ static int run_txplan(tk_magic_ctx *m) {
         else if (!strcmp(argv[i], "--max-batch")) max_batch = 1;
         else if (!strcmp(argv[i], "--sweep")) sweep = 1;
         else if (!strcmp(argv[i], "--measure")) measure = sweep = 1;
-        else if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file")) {
+        else if (!strcmp(argv[i], "--gpus")) {
+            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--gpus needs colab, kaggle or all");
+            else snprintf(gpus, sizeof gpus, "%s", argv[++i]);
+        } else if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file")) {
             if (i + 1 >= argc) {
                 rc = tk_magic_error(m, "UsageError", "%s needs a value", argv[i]);
             } else if (!strcmp(argv[i], "--gpu")) {
@@ -285,7 +339,7 @@ static int run_txplan(tk_magic_ctx *m) {
             }
         } else if (!strncmp(argv[i], "--", 2)) {
             rc = tk_magic_error(m, "UsageError", "%%txplan: unknown option %s\nusage: %%txplan [key=value ...] "
-                                                  "[--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]", argv[i]);
+                                                  "[--gpu PROFILE | --gpus colab|kaggle|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]", argv[i]);
         }
     }
     tk_txargs_free(argv, argc);
@@ -295,7 +349,10 @@ static int run_txplan(tk_magic_ctx *m) {
     tk_run_data data;
     if (tk_session_load_data(s, &c, &data, &err) != TK_OK) return tk_magic_error(m, "DataError", "%s", err.msg);
     json_t *bundle = NULL;
-    if (max_batch) {
+    if (gpus[0]) {
+        if (tk_gpus_report(&c, gpus, &bundle, &err) != TK_OK) goto plan_error;
+        tk_session_set_config(s, &c);
+    } else if (max_batch) {
         if (tk_max_batch_report(&c, &bundle, &err) != TK_OK) goto plan_error;
     } else if (sweep) {
         if (tk_sweep_report(&c, measure, &bundle, &err) != TK_OK) goto plan_error;
@@ -331,7 +388,7 @@ plan_error:
 
 static const tk_magic_def TXPLAN[] = {
     {"txplan", TK_MAGIC_BOTH, run_txplan, "predicted peak memory of a run and who takes it, without training",
-     "%txplan [key=value ...] [--gpu PROFILE] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]\n"
+     "%txplan [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]\n"
      "%%txplan [key=value ...]\n<YAML config>\n\n"
      "Runs one training step (and an eval step) of the config on the meta device: no\n"
      "arithmetic, same allocator, same allocation order as a real run. Shows the peak\n"
@@ -344,7 +401,10 @@ static const tk_magic_def TXPLAN[] = {
      "accumulation. --measure also runs each row for two steps on the config's device\n"
      "(the cpu: keep the model small; cuda for device: cuda) and shows the measured\n"
      "peak, whether it equals the plan, and ms/step; on cuda ten more steps are timed\n"
-     "and CUPTI's device peak is set against the plan plus the plugin's own buffers."},
+     "and CUPTI's device peak is set against the plan plus the plugin's own buffers.\n"
+     "--gpus colab|kaggle|all: the config planned on each card the platform hands out\n"
+     "(its capacity, as `gpu: CARD` gives): fits, margin, predicted step time, and one\n"
+     "sentence saying on which cards it fits."},
 };
 
 int tk_magics_register_txplan(tk_magics *m) { return tk_magics_add_table(m, TXPLAN, 1); }

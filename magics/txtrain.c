@@ -236,7 +236,7 @@ int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out
     for (int i = 0; i < argc && !rc; i++) {
         if (skip_flags && !strncmp(argv[i], "--", 2)) {
             /* flags that take a value (%txplan, %txadvise) */
-            if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file") || !strcmp(argv[i], "--top") ||
+            if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--gpus") || !strcmp(argv[i], "--file") || !strcmp(argv[i], "--top") ||
                 !strcmp(argv[i], "--margin"))
                 i++;
             continue;

@@ -2,7 +2,8 @@
 kernelspec (or, when TXKERNEL_BIN is set, a kernelspec for that binary), with
 assertions on what they show: the seed's planned OOM with its attribution and
 no device allocation, a real run-time OOM autopsy on the CPU, the run that
-fits; the two-tower SQuAD model's Dense(1604) head named with its bytes."""
+fits; the seed's pasted message diagnosed and its config on each Colab card;
+the two-tower SQuAD model's Dense(1604) head named with its bytes."""
 import os, sys
 
 import nbformat
@@ -55,7 +56,7 @@ def errors(cell):
 
 def test_01_seed_oom():
     cells = execute("01_seed_oom.ipynb")
-    (device, plan, gate, mem0, maxb, data, advise0, fix0, plan_fixed, oom, mem1, advise1, fix1, fit,
+    (device, plan, gate, mem0, pasted, gpus, maxb, data, advise0, fix0, plan_fixed, oom, mem1, advise1, fix1, fit,
      timeline) = cells
     assert "capacity is simulated" in text(device) or "No device opened yet" in text(device)
     # 1. the seed's plan: does not fit 7.43 GiB, activations dominate, attention layers on top
@@ -70,6 +71,19 @@ def test_01_seed_oom():
     assert "stopped before allocating anything" in errors(gate)[0].evalue
     m0 = jdata(mem0)
     assert m0["n_alloc"] == 0 and m0["allocated"] == 0 and m0["capacity"] == 7977901752
+    # the seed's pasted message: a P4, 1.6 GiB outside PyTorch's cache, and the lottery from the
+    # session's config planned on each Colab card
+    pm = jdata(pasted)
+    assert pm["card"] == "p4" and pm["total"] == 7977901752 and pm["requested"] == 25165824, pm
+    ids = [x["id"] for x in pm["diagnoses"]]
+    assert "headroom" in ids and "card_lottery" in ids, ids
+    assert "1.63 GiB of the card is held outside PyTorch's cache" in text(pasted)
+    assert "not on K80 or P4" in text(pasted) and "The config planned on p4" in text(pasted)
+    g = jdata(gpus)
+    assert [c["card"] for c in g["cards"]] == ["k80", "p4", "t4", "p100", "v100-16", "l4", "a100-40"]
+    fits = {c["card"]: c["fits"] for c in g["cards"]}
+    assert not fits["p4"] and not fits["k80"] and fits["t4"] and fits["p100"], fits
+    assert g["sentence"].endswith("which card the runtime gets decides") and "<table" in gpus.outputs[0].data["text/html"]
     # largest batch per length: shrinking with the length, and 32 x 512 is not among them
     rows = {r["max_len"]: r["largest batch"] for r in jdata(maxb)}
     assert rows[64] >= rows[128] >= rows[256] >= rows[512] and rows[512] < 32

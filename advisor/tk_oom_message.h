@@ -1,0 +1,136 @@
+/* tk_oom_message.h — the out-of-memory message a user pasted, read and
+ * diagnosed: every figure PyTorch (each form it has printed since 1.0) or
+ * TensorFlow put in it, the card its total names, what the figures imply, and
+ * fixes written as the code the user would change.
+ *
+ * Ownership: everything here is plain data in caller-owned structs (no heap);
+ * tk_oom_message_json returns a new string (free()). Inputs are borrowed.
+ */
+#ifndef TK_OOM_MESSAGE_H
+#define TK_OOM_MESSAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tk_advisor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    TK_OOMMSG_NONE = 0,
+    TK_OOMMSG_TORCH_CACHED,   /* <= 1.3: "(GPU n; T total capacity; A already allocated; F free; C cached)" */
+    TK_OOMMSG_TORCH_RESERVED, /* 1.4-2.0: "...; F free; X reserved in total by PyTorch)" */
+    TK_OOMMSG_TORCH_21,       /* 2.1+: "GPU n has a total capacity of T of which F is free. ..." */
+    TK_OOMMSG_TF,             /* "OOM when allocating tensor with shape[..] and type T on .. by allocator .." */
+} tk_oommsg_format;
+
+/* The figures, in the order the JSON lists them. */
+typedef enum {
+    TK_OOMFIG_REQUESTED = 0,
+    TK_OOMFIG_TOTAL,
+    TK_OOMFIG_ALLOCATED,
+    TK_OOMFIG_RESERVED,
+    TK_OOMFIG_RESERVED_UNALLOCATED,
+    TK_OOMFIG_FREE,
+    TK_OOMFIG_PROCESS_IN_USE,
+    TK_OOMFIG_COUNT
+} tk_oomfig;
+
+const char *tk_oomfig_name(tk_oomfig f); /* "requested", "total", ... (the JSON keys) */
+
+typedef struct tk_oommsg_figure {
+    int present;       /* printed in the message, or derived from printed ones */
+    int derived;       /* 1: computed (reserved = allocated + cached, ...) */
+    int unreliable;    /* 1: cannot be true; left out of every conclusion */
+    int overflow;      /* 1: the printed figure does not fit in 64 bits */
+    uint64_t bytes;    /* the printed figure times its unit, rounded to a byte */
+    char text[40];     /* as printed ("5.42 GiB"), or formatted when derived */
+} tk_oommsg_figure;
+
+#define TK_OOMMSG_MAX_DIMS 8
+#define TK_OOMMSG_MAX_DIAG 6
+#define TK_OOMMSG_MAX_FIXES 8
+
+typedef struct tk_oommsg_diag {
+    tk_diag_kind kind;
+    char text[640];
+} tk_oommsg_diag;
+
+typedef struct tk_oommsg_fix {
+    char text[240];    /* what to change, in words */
+    char code[400];    /* the code the user would write (PyTorch, transformers or Keras) */
+} tk_oommsg_fix;
+
+typedef struct tk_oom_message {
+    tk_oommsg_format format;
+    int gpu_index;                /* -1 when the message names none */
+    int spelled_capacty;          /* 1: the 2.1-2.2 misspelling "total capacty" */
+    tk_oommsg_figure fig[TK_OOMFIG_COUNT];
+    int n_processes;              /* "Process P has M memory in use." lines (2.1+) */
+    int other_processes_pid;      /* the first such P, 0 if none */
+    /* TensorFlow */
+    int rank;
+    int64_t shape[TK_OOMMSG_MAX_DIMS];
+    char dtype[24];               /* "float", "half", ... */
+    int dtype_bytes;              /* 0 when the type is unknown */
+    char node[160];               /* the graph node, when the message names it */
+    char allocator[40];
+    /* the card */
+    const tk_gpu_profile *card;   /* the one profile whose capacity matches the total, or NULL */
+    char card_text[96];           /* "p4" / "an 80 GB-class card (a100-80 or h100-80)" / "" */
+    /* derived */
+    int have_outside;             /* total - reserved - free, from reliable figures */
+    uint64_t outside;
+    /* diagnosis */
+    int n_diag;
+    tk_oommsg_diag diag[TK_OOMMSG_MAX_DIAG];
+    int n_fixes;
+    tk_oommsg_fix fixes[TK_OOMMSG_MAX_FIXES];
+} tk_oom_message;
+
+/* Finds the last OOM message in text[0..len) (a whole traceback is fine; the
+ * text need not be NUL-terminated) and reads its figures, flags impossible
+ * ones and names the card. 0, or -1 when there is no OOM message with at
+ * least one figure (*m is then zeroed with format NONE). */
+int tk_oom_message_parse(const char *text, size_t len, tk_oom_message *m);
+
+/* What a run on the card of the message does on each of a platform's cards:
+ * filled by the caller from plans (txk advise CFG --from-error), or left
+ * n = 0 to reason from the message's figures alone. */
+typedef struct tk_card_fit {
+    const tk_gpu_profile *card;
+    int fits;
+    int64_t margin;               /* budget - planned peak */
+    size_t peak;                  /* planned peak reserved */
+    size_t budget;                /* what the allocator can take on that card */
+    double step_seconds;          /* predicted, 0 if unknown */
+} tk_card_fit;
+
+/* Diagnoses a parsed message (ranked, best first) and writes its fixes.
+ * `cards` (may be NULL, n 0): planned fits of the user's config on the
+ * platform's cards, which turns the lottery diagnosis from "can get further
+ * on" into "fits on". `platform` names those cards ("colab"); NULL: the
+ * platform whose list holds the message's card. */
+void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n, const char *platform);
+
+/* Text report (new string, free()). */
+char *tk_oom_message_format(const tk_oom_message *m);
+/* The JSON object: requested, total, allocated, reserved, reserved_unallocated,
+ * free, process_in_use (integer bytes, null when absent or too large),
+ * card, unreliable, diagnoses [{id, text}], fixes [{text, code}]. New string. */
+char *tk_oom_message_json(const tk_oom_message *m);
+
+/* Plans config c on each of a platform's cards (capacity cleared, gpu set to
+ * the card), as `gpu: CARD` would. out gets at most max rows; *n_out their
+ * count. */
+tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_lengths, const char *platform,
+                        tk_card_fit *out, int max, int *n_out, tk_err *err);
+/* "fits on T4, P100, L4, A100-40; not on P4 or K80: which card the runtime
+ * gets decides" (or "fits on every card" / "fits on none"). Returns buf. */
+char *tk_cards_sentence(const tk_card_fit *cards, int n, char *buf, size_t buf_n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -319,7 +319,8 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int in
     out->margin = capacity ? (int64_t)capacity - (int64_t)out->peak_reserved : 0;
     if (prof) {
         snprintf(out->profile, sizeof out->profile, "%s", prof->name);
-        double rate = c->precision == TK_PREC_FP32 ? prof->fp32_flops : prof->fp16_flops;
+        double rate = c->precision == TK_PREC_FP32 ? prof->fp32_flops
+                    : c->precision == TK_PREC_BF16 ? prof->bf16_flops : prof->fp16_flops;
         double tc = rate > 0 ? so->train_cost.flops / rate : 0;
         /* Fused attention runs on the GPU's fp32 cores (no tensor cores) and
          * its cuda kernels compute the scores twice in forward and backward:

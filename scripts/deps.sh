@@ -39,4 +39,11 @@ if [ -n "$need" ] || ! .venv/bin/python -c "import nbclient,sys; sys.exit(0 if t
   echo "deps: installing PyPI test peers into .venv: $PYPI"
   .venv/bin/python -m pip install -q --disable-pip-version-check $PYPI
 fi
+# A pretrained BERT nobody here wrote, for tests/bert/test_pretrained_package.py:
+# AntiBERTy (MIT; an 8-layer antibody BERT) ships its pytorch_model.bin inside
+# the 0.1.3 wheel. --no-deps: it asks for torch, which Debian provides.
+if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('antiberty') else 1)" 2>/dev/null; then
+  echo "deps: installing antiberty==0.1.3 (a pretrained BERT in a wheel) into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps antiberty==0.1.3
+fi
 touch .venv/.deps-ok

@@ -324,20 +324,15 @@ static double score_one(const char *pred, const char *gold, int em) {
     return out;
 }
 
-double tk_squad_em(const char *pred, const char *const *gold, int n_gold) {
+/* the best score over the gold answers (0 when there are none) */
+static double best_over(const char *pred, const char *const *gold, int n_gold, int em) {
     double best = 0;
     for (int i = 0; i < n_gold; i++) {
-        double s = score_one(pred, gold[i], 1);
+        double s = score_one(pred, gold[i], em);
         best = s > best ? s : best;
     }
     return best;
 }
 
-double tk_squad_f1(const char *pred, const char *const *gold, int n_gold) {
-    double best = 0;
-    for (int i = 0; i < n_gold; i++) {
-        double s = score_one(pred, gold[i], 0);
-        best = s > best ? s : best;
-    }
-    return best;
-}
+double tk_squad_em(const char *pred, const char *const *gold, int n_gold) { return best_over(pred, gold, n_gold, 1); }
+double tk_squad_f1(const char *pred, const char *const *gold, int n_gold) { return best_over(pred, gold, n_gold, 0); }

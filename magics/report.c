@@ -271,24 +271,30 @@ void tk_report_add_tensors(json_t *bundle, const tk_tensor_info *t, int n) {
     tk_rtable_destroy(&tb);
 }
 
+/* Appends `text` to a bundle's text/plain and `html_text` (escaped) as a
+ * paragraph opened by `p_open` to its text/html. */
+static void bundle_append(json_t *bundle, const char *text, const char *html_text, const char *p_open) {
+    const char *t = json_string_value(json_object_get(bundle, "text/plain"));
+    tk_sb sb = {0};
+    tk_sb_add(&sb, t ? t : "");
+    tk_sb_add(&sb, text);
+    tk_bundle_take(bundle, "text/plain", tk_sb_take(&sb));
+    const char *h = json_string_value(json_object_get(bundle, "text/html"));
+    tk_sb hb = {0};
+    tk_sb_add(&hb, h ? h : "");
+    tk_sb_add(&hb, p_open);
+    tk_sb_add_html(&hb, html_text);
+    tk_sb_add(&hb, "</p>");
+    tk_bundle_take(bundle, "text/html", tk_sb_take(&hb));
+}
+
 void tk_report_add_data(json_t *bundle, const tk_run_data *d) {
     if (!d || !d->n_train) return;
     char line[512];
     snprintf(line, sizeof line,
              "Data: %d training examples in %d batches, %d dev examples, %d labels (digest %016llx)\n",
              d->n_examples, d->n_train, d->n_dev_examples, d->num_labels, (unsigned long long)d->digest);
-    const char *t = json_string_value(json_object_get(bundle, "text/plain"));
-    tk_sb sb = {0};
-    tk_sb_add(&sb, t ? t : "");
-    tk_sb_add(&sb, line);
-    tk_bundle_take(bundle, "text/plain", tk_sb_take(&sb));
-    const char *h = json_string_value(json_object_get(bundle, "text/html"));
-    tk_sb hb = {0};
-    tk_sb_add(&hb, h ? h : "");
-    tk_sb_add(&hb, "<p>");
-    tk_sb_add_html(&hb, line);
-    tk_sb_add(&hb, "</p>");
-    tk_bundle_take(bundle, "text/html", tk_sb_take(&hb));
+    bundle_append(bundle, line, line, "<p>");
     char dg[20];
     snprintf(dg, sizeof dg, "%016llx", (unsigned long long)d->digest);
     json_t *j = json_object_get(bundle, "application/json");
@@ -319,18 +325,7 @@ void tk_report_add_head_note(json_t *bundle, const tk_config *c, const tk_plan_r
              owner_bytes ? "; with its gradient, AdamW state and activations 'classifier' holds " : "",
              owner_bytes ? tk_format_bytes(owner_bytes, b, sizeof b) : "", owner_bytes ? " at the peak" : "",
              d.hidden, tk_format_bytes(span, e, sizeof e));
-    const char *t = json_string_value(json_object_get(bundle, "text/plain"));
-    tk_sb sb = {0};
-    tk_sb_add(&sb, t ? t : "");
-    tk_sb_add(&sb, line);
-    tk_bundle_take(bundle, "text/plain", tk_sb_take(&sb));
-    const char *h = json_string_value(json_object_get(bundle, "text/html"));
-    tk_sb hb = {0};
-    tk_sb_add(&hb, h ? h : "");
-    tk_sb_add(&hb, "<p style=\"color:#c62828\">");
-    tk_sb_add_html(&hb, line + 1);
-    tk_sb_add(&hb, "</p>");
-    tk_bundle_take(bundle, "text/html", tk_sb_take(&hb));
+    bundle_append(bundle, line, line + 1, "<p style=\"color:#c62828\">");
     json_t *j = json_object_get(bundle, "application/json");
     if (j)
         json_object_set_new(j, "head", json_pack("{s:s, s:[i, I], s:I, s:I, s:I}", "owner", "classifier", "weight_shape",

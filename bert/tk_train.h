@@ -197,7 +197,7 @@ typedef struct tk_train_result {
     char checkpoint[TK_PATH_MAX];  /* last checkpoint folder written ("" none) */
     char resumed_from[TK_PATH_MAX + 64]; /* the checkpoint-STEP folder the run went on from ("" none) */
     int64_t resumed_step;       /* its step */
-    int saves, failed_saves;    /* checkpoint-STEP folders written / saves that failed */
+    int saves, failed_saves;    /* checkpoint-STEP folders written / saves (checkpoints, the epoch's model folder) that failed */
 } tk_train_result;
 
 void tk_train_result_clear(tk_train_result *r);

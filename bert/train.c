@@ -587,9 +587,18 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
         if (sp.reserved_peak > r->peak_reserved)
             r->peak_reserved = sp.reserved_peak;
         if (c->output_dir[0]) {
-            if ((st = tk_model_save_hf(m, c->output_dir, err)) != TK_OK)
+            /* a full disk is the checkpoints' policy here too (save_error) */
+            tk_err e = {0};
+            if (tk_model_save_hf(m, c->output_dir, &e) == TK_OK) {
+                snprintf(r->checkpoint, sizeof r->checkpoint, "%s", c->output_dir);
+            } else if (c->save_error_stop) {
+                *err = e;
+                st = e.status ? e.status : TK_EIO;
                 goto out;
-            snprintf(r->checkpoint, sizeof r->checkpoint, "%s", c->output_dir);
+            } else {
+                r->failed_saves++;
+                note(cb, "%s (the model folder's earlier files are kept); training goes on", e.msg);
+            }
         }
         r->n_history++;
         r->epochs_done = ep + 1;

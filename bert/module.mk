@@ -25,3 +25,14 @@ all: $(BUILD)/bert_parity
 bench-tokenizer: $(BUILD)/tok_dump
 	$(PY) bench/tokenizer_bench.py --build $(BUILD)
 bench: bench-tokenizer
+
+# What a bert-base checkpoint-STEP costs: bytes, save and load time
+# (bench/checkpoint_bench.c; figures in bench/RESULTS.md "## checkpoints").
+CKPT_DIR ?= /tmp
+$(BUILD)/bench/checkpoint_bench: bench/checkpoint_bench.c $(LIB_REL)
+	@mkdir -p $(dir $@)
+	$(CC) $(REL_CFLAGS) $< $(LIB_REL) $(LIBS) -o $@
+.PHONY: bench-checkpoint
+bench-checkpoint: $(BUILD)/bench/checkpoint_bench
+	$(BUILD)/bench/checkpoint_bench $(CKPT_DIR) 2
+bench: bench-checkpoint

@@ -528,9 +528,33 @@ static void test_full_disk(void) {
     }
 }
 
+/* save_every: steps or a time; written back as it was meant */
+static void test_save_every_key(void) {
+    tk_config c;
+    tk_config_defaults(&c);
+    tk_err e = { 0 };
+    TK_CHECK_EQ_INT(c.keep_checkpoints, 3);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "save_every", "10min", &e), TK_OK);
+    TK_CHECK_EQ_INT(c.save_every_s, 600);
+    TK_CHECK_EQ_INT(c.save_every, 0);
+    char *y = tk_config_to_yaml(&c);
+    TK_CHECK(y && strstr(y, "save_every: 600s"));
+    free(y);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "save_steps", "500", &e), TK_OK);
+    TK_CHECK_EQ_INT(c.save_every, 500);
+    TK_CHECK_EQ_INT(c.save_every_s, 0);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "save_every", "3 days", &e), TK_EINVAL);
+    TK_CHECK_MSG(strstr(e.msg, "save_every"), "%s", e.msg);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "save_error", "stop", &e), TK_OK);
+    TK_CHECK_EQ_INT(c.save_error_stop, 1);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "save_total_limit", "5", &e), TK_OK);
+    TK_CHECK_EQ_INT(c.keep_checkpoints, 5);
+}
+
 int main(void) {
     snprintf(root, sizeof root, "/tmp/tk_test_checkpoint_%d", (int)getpid());
     mkdir(root, 0755);
+    TK_RUN(test_save_every_key);
     TK_RUN(test_resume_fp32_adamw);
     TK_RUN(test_resume_adamw8bit);
     TK_RUN(test_resume_fp16_loss_scaling);

@@ -137,7 +137,7 @@ static tk_model *model_of(tk_dev *d, const variant *v) {
                              .max_position = 32, .type_vocab = 2, .layer_norm_eps = 1e-12f,
                              .hidden_dropout = 0.1f, .attn_dropout = 0.1f };
     o.head = v->head;
-    o.num_labels = v->head == TK_HEAD_FLATTEN_DENSE ? NL : NL;
+    o.num_labels = NL;
     o.towers = 1;
     o.max_len = TMAX;
     o.precision = v->precision;

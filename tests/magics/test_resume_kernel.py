@@ -2,8 +2,9 @@
 the cell (with `resume_from: auto`, as a user would leave it) is interrupted
 once a checkpoint exists, the kernel is restarted (killed and started again),
 and the same cell run again goes on from the newest checkpoint, shows the
-restored epochs in its table, and ends with the weights of the same config
-trained without interruption (`txk train`), bit for bit."""
+ends with the weights of the same config
+trained without interruption (`txk train`), bit for bit. A new run into
+that folder is told it holds checkpoints and how to resume."""
 import json, os, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -79,6 +80,13 @@ def test_interrupt_restart_resume_equals_uninterrupted():
         assert reply["content"]["status"] == "ok", said
         assert "resumed from " + os.path.join(out_dir, "checkpoint-") in said, said
         assert read(os.path.join(out_dir, "model.safetensors")) == want
+
+        # a new run into the same folder is told that it holds checkpoints
+        fresh = "%%txtrain max_steps=1\n" + config(out_dir).replace('resume_from: "auto"\n', "")
+        reply, outs = u.run_cell(kc, fresh, timeout=120)
+        said = texts(outs)
+        assert reply["content"]["status"] == "ok", said
+        assert "already holds" in said and "resume_from: auto" in said, said
     finally:
         u.stop(km, kc)
         subprocess.run(["rm", "-rf", top])

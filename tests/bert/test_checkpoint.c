@@ -6,6 +6,8 @@
  *    AdamW, 8-bit AdamW, fp16 with loss scaling, accumulation (with a
  *    partial last group), dynamic padding, length buckets, and the pooled,
  *    span and flatten_dense heads;
+ *  - every field of the training state round-trips exactly (a loss scaler
+ *    that has moved, NaN metrics);
  *  - a checkpoint of another config is refused naming the setting;
  *  - a corrupted and a truncated file are detected (checksum, size),
  *    auto passes over them to the next newest, a named one is refused and
@@ -16,6 +18,7 @@
  *    verifies and no .tmp folder is left. */
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -344,6 +347,61 @@ static void test_resume_flatten_dense_head(void) {
     resume_equals_uninterrupted(&v, 3);
 }
 
+/* Every field of the training state comes back bit for bit, including a
+ * loss scaler that has halved and skipped (the fp16 run above never
+ * overflows, so its scale never moves) and NaN metrics (no dev set). */
+static void test_state_round_trip(void) {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/state", root);
+    variant v = FP32;
+    v.precision = TK_PREC_FP16;
+    tk_config c = cfg_of(&v, dir);
+    tk_dev *d = cpu();
+    tk_model *m = model_of(d, &v);
+    tk_err e = { 0 };
+    int np = 0;
+    tk_optim_param *ps = NULL;
+    tk_adamw *o = NULL;
+    TK_CHECK(m && tk_model_alloc_grads(m, &e) == TK_OK && (ps = tk_train_optim_params(m, &np)) &&
+             (o = tk_adamw_new(d, &c, ps, np, &e)));
+    tk_epoch_stats h[2] = { { .epoch = 1, .train_loss = 1.0986123f, .dev_loss = NAN, .dev_acc = 0.25f },
+                            { .epoch = 2, .train_loss = 0.7f, .dev_loss = 0.123456789f, .dev_f1 = NAN } };
+    tk_train_state s = { .step = 37, .epoch = 2, .position = 3, .micro = 12345678901234ull,
+                         .ep_loss = 3.14159265358979, .log_loss = 2.5e-7, .ep_rows = 12, .log_rows = 4,
+                         .ep_seconds = 1.5, .run_seconds = 9.25, .oom_retried = 1,
+                         .scaler = { .enabled = 1, .scale = 1024.0f, .good_steps = 17, .growth_interval = 2000,
+                                     .skipped = 3 },
+                         .sched = tk_sched_from_config(&c, 40), .n_train = 6, .data_digest = 0xfeedbeefcafe1234ull,
+                         .n_history = 2, .history = h };
+    tk_adamw_set_steps(o, 34);
+    char path[600];
+    TK_CHECK_MSG(tk_ckpt_save(dir, m, o, &c, NULL, &s, path, sizeof path, &e) == TK_OK, "%s", e.msg);
+    tk_train_state l;
+    TK_CHECK_MSG(tk_ckpt_load(path, m, o, &c, 6, 0xfeedbeefcafe1234ull, &l, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(l.step, 37);
+    TK_CHECK_EQ_INT(l.epoch, 2);
+    TK_CHECK_EQ_INT(l.position, 3);
+    TK_CHECK(l.micro == 12345678901234ull);
+    TK_CHECK(l.ep_loss == s.ep_loss && l.log_loss == s.log_loss && l.ep_seconds == 1.5 && l.run_seconds == 9.25);
+    TK_CHECK_EQ_INT(l.ep_rows, 12);
+    TK_CHECK_EQ_INT(l.log_rows, 4);
+    TK_CHECK_EQ_INT(l.oom_retried, 1);
+    TK_CHECK(!memcmp(&l.scaler, &s.scaler, sizeof s.scaler));
+    TK_CHECK(l.sched.lr == s.sched.lr && l.sched.warmup_steps == s.sched.warmup_steps &&
+             l.sched.total_steps == 40 && l.sched.constant == s.sched.constant);
+    TK_CHECK_EQ_INT(tk_adamw_steps(o), 34);
+    TK_CHECK_EQ_INT(l.n_history, 2);
+    if (l.n_history == 2) {
+        TK_CHECK(same_metrics(&l.history[0], &h[0]) && same_metrics(&l.history[1], &h[1]));
+        TK_CHECK(isnan(l.history[0].dev_loss) && isnan(l.history[1].dev_f1));
+    }
+    tk_train_state_clear(&l);
+    tk_adamw_destroy(&o);
+    free(ps);
+    tk_model_destroy(&m);
+    tk_dev_destroy(&d);
+}
+
 /* ---- bad checkpoints -------------------------------------------------------- */
 
 static void corrupt_byte(const char *path, long at) {
@@ -563,6 +621,7 @@ int main(void) {
     TK_RUN(test_resume_buckets);
     TK_RUN(test_resume_span_head);
     TK_RUN(test_resume_flatten_dense_head);
+    TK_RUN(test_state_round_trip);
     TK_RUN(test_refuses_another_config);
     TK_RUN(test_corrupted_and_truncated);
     TK_RUN(test_full_disk);

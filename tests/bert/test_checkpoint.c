@@ -6,6 +6,7 @@
  *    AdamW, 8-bit AdamW, fp16 with loss scaling, accumulation (with a
  *    partial last group), dynamic padding, length buckets, and the pooled,
  *    span and flatten_dense heads;
+ *  - save_every by the clock saves at the first step boundary after it;
  *  - every field of the training state round-trips exactly (a loss scaler
  *    that has moved, NaN metrics);
  *  - a checkpoint of another config is refused naming the setting;
@@ -402,6 +403,46 @@ static void test_state_round_trip(void) {
     tk_dev_destroy(&d);
 }
 
+static int sleep_at_3(void *ud, const tk_progress *p) {
+    (void)ud;
+    if (p->step == 3)
+        usleep(1100 * 1000);
+    return 0;
+}
+
+/* save_every: 1s — nothing is saved until a second has passed, then the
+ * next step boundary saves. */
+static void test_save_by_the_clock(void) {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/clock", root);
+    corpus s;
+    corpus_make(&s, 22);
+    int nb;
+    int32_t *store;
+    tk_batch *tb = batches(&s, 4, 1, 0, &nb, &store);
+    tk_config c = cfg_of(&FP32, dir);
+    c.epochs = 1;
+    c.save_every = 0;
+    c.save_every_s = 1;
+    tk_dev *d = cpu();
+    tk_model *m = model_of(d, &FP32);
+    tk_train_result r;
+    tk_err e = { 0 };
+    tk_train_callbacks cb = { .on_progress = sleep_at_3 };
+    TK_CHECK_MSG(tk_train_run(&c, m, tb, nb, NULL, 0, &cb, &r, &e) == TK_OK, "%s", e.msg);
+    int64_t *st = NULL;
+    int n = tk_ckpt_list(dir, &st);
+    TK_CHECK(n >= 1);
+    if (n >= 1)
+        TK_CHECK_EQ_INT(st[n - 1], 4);  /* the oldest: the first boundary after the second passed */
+    free(st);
+    tk_train_result_clear(&r);
+    tk_model_destroy(&m);
+    tk_dev_destroy(&d);
+    free(tb);
+    free(store);
+}
+
 /* ---- bad checkpoints -------------------------------------------------------- */
 
 static void corrupt_byte(const char *path, long at) {
@@ -622,6 +663,7 @@ int main(void) {
     TK_RUN(test_resume_span_head);
     TK_RUN(test_resume_flatten_dense_head);
     TK_RUN(test_state_round_trip);
+    TK_RUN(test_save_by_the_clock);
     TK_RUN(test_refuses_another_config);
     TK_RUN(test_corrupted_and_truncated);
     TK_RUN(test_full_disk);

@@ -55,6 +55,7 @@ static const char *const task_names[] = {"classify", "qa", NULL};
 static const char *const head_names[] = {"pooled", "span", "flatten_dense", NULL};
 static const char *const prec_names[] = {"fp32", "fp16", "bf16", NULL};
 static const char *const optim_names[] = {"adamw", "adamw8bit", NULL};
+static const char *const save_error_names[] = {"continue", "stop", NULL};
 static const char *const attn_names[] = {"standard", "fused", NULL};
 static const char *const batching_names[] = {"fixed", "dynamic", "buckets", NULL};
 static const char *const device_names[] = {"auto", "cpu", "cuda", "meta", NULL};
@@ -146,6 +147,34 @@ static int set_empty_cache(tk_config *c, const char *v, char *why, size_t n) {
 static void get_empty_cache(const tk_config *c, char *b, size_t n) {
     if (c->empty_cache == TK_EMPTY_EVERY) snprintf(b, n, "every:%d", c->empty_cache_every);
     else snprintf(b, n, "%s", c->empty_cache == TK_EMPTY_ON_OOM ? "on_oom" : "never");
+}
+
+/* save_every: N (optimizer steps) | Ns | Nmin | Nh (wall time); 0 = each epoch's end */
+static int set_save_every(tk_config *c, const char *v, char *why, size_t n) {
+    char *end = NULL;
+    errno = 0;
+    long long k = strtoll(v, &end, 10);
+    if (end == v || errno || k < 0 || k > 1000000000) {
+        snprintf(why, n, "'%s': save_every needs N steps or a time such as 10min, 30s, 2h", v);
+        return -1;
+    }
+    while (*end == ' ') end++;
+    long long mul = 0;
+    if (!*end) mul = 0;
+    else if (!strcasecmp(end, "s") || !strcasecmp(end, "sec")) mul = 1;
+    else if (!strcasecmp(end, "min") || !strcasecmp(end, "m")) mul = 60;
+    else if (!strcasecmp(end, "h")) mul = 3600;
+    else {
+        snprintf(why, n, "'%s': the unit must be s, min or h (or none: steps)", v);
+        return -1;
+    }
+    c->save_every = mul ? 0 : (int)k;
+    c->save_every_s = mul ? (int)(k * mul) : 0;
+    return 0;
+}
+static void get_save_every(const tk_config *c, char *b, size_t n) {
+    if (c->save_every_s) snprintf(b, n, "%ds", c->save_every_s);
+    else snprintf(b, n, "%d", c->save_every);
 }
 
 /* freeze: none | embeddings | layers:N | embeddings,layers:N (input only;
@@ -269,8 +298,11 @@ static const keydef KEYS[] = {
     SPEC("empty_cache", "train", set_empty_cache, get_empty_cache, "release cached device memory: never, on_oom or every:N steps"),
     INT("empty_cache_every", "train", empty_cache_every, 0, BIG, "with empty_cache every:N, the N"),
     STR("output_dir", "train", output_dir, "where checkpoints go; empty = no checkpoints"),
-    STR("resume_from", "train", resume_from, "a checkpoint to resume from"),
+    STR("resume_from", "train", resume_from, "a checkpoint-STEP folder (exact resume), an HF folder (weights only), or auto: the newest complete checkpoint in output_dir"),
     INT("log_every", "train", log_every, 1, BIG, "progress update every N steps"),
+    SPEC("save_every", "train", set_save_every, get_save_every, "checkpoint-STEP in output_dir every N steps, or every 10min / 30s / 2h; 0 = at each epoch's end"),
+    INT("keep_checkpoints", "train", keep_checkpoints, 0, BIG, "checkpoint-STEP folders kept (the newest); 0 = all"),
+    ENUM("save_error", "train", save_error_stop, save_error_names, "a failed checkpoint save (disk full): continue training or stop"),
 
     ENUM("device", "device", device, device_names, "auto (cuda if present, else cpu), cpu, cuda or meta (plan only)"),
     {"capacity", "device", K_BYTES, OFF(capacity), 0, 0, NULL, NULL, NULL, "simulated device memory (7.43GiB, 800MiB, bytes); 0 = the device's"},
@@ -294,6 +326,8 @@ static const struct { const char *alias, *key; } ALIASES[] = {
     {"eval_file", "dev_file"}, {"validation_file", "dev_file"}, {"text", "text_col"},
     {"label", "label_col"}, {"text_pair", "text_pair_col"}, {"profile", "gpu"},
     {"memory", "capacity"}, {"name", "model"}, {"path", "model"},
+    {"save_steps", "save_every"}, {"save_total_limit", "keep_checkpoints"},
+    {"resume_from_checkpoint", "resume_from"},
 };
 
 static const char *const SECTIONS[] = {"model", "data", "train", "device", NULL};
@@ -533,6 +567,7 @@ void tk_config_defaults(tk_config *c) {
     c->accumulate = 1;
     c->buckets = 8;
     c->log_every = 10;
+    c->keep_checkpoints = 3;
 }
 
 /* ---- YAML ------------------------------------------------------------------ */

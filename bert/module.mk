@@ -32,3 +32,14 @@ $(BUILD)/bin_dump: tests/bert/bin_dump.c $(LIB_ASAN)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -Itests $< $(LIB_ASAN) $(LIBS) -o $@
 all: $(BUILD)/bin_dump
+
+# What a bert-base checkpoint-STEP costs: bytes, save and load time
+# (bench/checkpoint_bench.c; figures in bench/RESULTS.md "## checkpoints").
+CKPT_DIR ?= /tmp
+$(BUILD)/bench/checkpoint_bench: bench/checkpoint_bench.c $(LIB_REL)
+	@mkdir -p $(dir $@)
+	$(CC) $(REL_CFLAGS) $< $(LIB_REL) $(LIBS) -o $@
+.PHONY: bench-checkpoint
+bench-checkpoint: $(BUILD)/bench/checkpoint_bench
+	$(BUILD)/bench/checkpoint_bench $(CKPT_DIR) 2
+bench: bench-checkpoint

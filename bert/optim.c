@@ -225,6 +225,22 @@ static tk_status alloc_state(tk_adamw *o, tk_err *err) {
     return TK_OK;
 }
 
+int tk_adamw_n_slots(const tk_adamw *o) { return o ? o->n : 0; }
+
+void tk_adamw_state_at(tk_adamw *o, int i, tk_adamw_state_view *out) {
+    tk_adamw_slot *s = &o->slots[i];
+    *out = (tk_adamw_state_view){ .name = s->p.name, .q8 = s->q8, .frozen = s->p.frozen,
+                                  .m = &s->m, .v = &s->v, .mscale = &s->mscale, .vscale = &s->vscale };
+}
+
+int tk_adamw_has_state(const tk_adamw *o) { return o && o->have_state; }
+
+tk_status tk_adamw_alloc_state(tk_adamw *o, tk_err *err) {
+    return o->have_state ? TK_OK : alloc_state(o, err);
+}
+
+void tk_adamw_set_steps(tk_adamw *o, int64_t steps) { o->step = steps; }
+
 /* Global L2 norm of all gradients times grad_scale (meta: 0). */
 static tk_status global_norm(tk_adamw *o, float grad_scale, float *norm, tk_err *err) {
     tk_dev *d = o->d;

@@ -84,8 +84,12 @@ typedef struct tk_config {
 
     /* output */
     char output_dir[TK_PATH_MAX]; /* checkpoints; "" = no checkpoints */
-    char resume_from[TK_PATH_MAX];
+    char resume_from[TK_PATH_MAX]; /* a checkpoint folder, an HF folder (weights only) or "auto" */
     int log_every;             /* progress callback every N steps */
+    int save_every;            /* checkpoint-STEP every N optimizer steps; 0 = at each epoch's end */
+    int save_every_s;          /* instead, every N seconds of training (save_every: 10min) */
+    int keep_checkpoints;      /* checkpoint-STEP folders kept in output_dir (newest); 0 = all */
+    int save_error_stop;       /* 1: a failed save (disk full) stops the run; 0: it goes on */
 } tk_config;
 
 /* HF-like defaults: bert-base-cased, max_len 128, batch 32, 3 epochs, lr 2e-5,

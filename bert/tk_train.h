@@ -89,6 +89,26 @@ size_t tk_adamw_state_bytes(const tk_adamw *o);
  * allocating (the planner and the advisor use it). */
 size_t tk_adamw_state_bytes_planned(const tk_adamw *o);
 
+/* The state of parameter i (0 <= i < tk_adamw_n_slots) as a checkpoint
+ * sees it: all borrowed from the optimizer. m and v are f32 (q8 = 0), or
+ * i8 / u8 with f32 per-block scales mscale / vscale (q8 = 1). Tensors not
+ * allocated (frozen parameters, no state yet) have data NULL. */
+typedef struct tk_adamw_state_view {
+    const char *name;
+    int q8, frozen;
+    tk_tensor *m, *v, *mscale, *vscale;
+} tk_adamw_state_view;
+
+int tk_adamw_n_slots(const tk_adamw *o);
+void tk_adamw_state_at(tk_adamw *o, int i, tk_adamw_state_view *out);
+/* 1 once the moments exist (after the first step or tk_adamw_alloc_state). */
+int tk_adamw_has_state(const tk_adamw *o);
+/* Allocates zeroed moments now instead of at the first step (a resume fills
+ * them). No-op when they exist; on failure nothing is left allocated. */
+tk_status tk_adamw_alloc_state(tk_adamw *o, tk_err *err);
+/* Sets the count of steps taken (the bias correction of the next step). */
+void tk_adamw_set_steps(tk_adamw *o, int64_t steps);
+
 /* ---- fp16 dynamic loss scaling ---------------------------------------- */
 
 /* torch.cuda.amp.GradScaler's policy: the loss (hence every gradient) is
@@ -153,6 +173,12 @@ typedef struct tk_train_callbacks {
     /* Honoured at step boundaries: the run stops with TK_ECANCEL, memory
      * released, the last epoch's checkpoint intact. May be NULL. */
     volatile int *cancel;
+    /* A line for the user (which checkpoint a run resumed from, a damaged
+     * checkpoint passed over, a save that failed). May be NULL. */
+    void (*on_note)(void *ud, const char *line);
+    /* The tokenizer's vocab.txt (tk_run_data.vocab_path), copied into each
+     * checkpoint so the folder loads on its own; NULL = c->vocab. */
+    const char *vocab_file;
 } tk_train_callbacks;
 
 typedef struct tk_train_result {
@@ -169,6 +195,9 @@ typedef struct tk_train_result {
     size_t peak_allocated, peak_reserved;     /* over the whole run */
     double seconds;
     char checkpoint[TK_PATH_MAX];  /* last checkpoint folder written ("" none) */
+    char resumed_from[TK_PATH_MAX + 64]; /* the checkpoint-STEP folder the run went on from ("" none) */
+    int64_t resumed_step;       /* its step */
+    int saves, failed_saves;    /* checkpoint-STEP folders written / saves (checkpoints, the epoch's model folder) that failed */
 } tk_train_result;
 
 void tk_train_result_clear(tk_train_result *r);
@@ -178,9 +207,13 @@ void tk_train_result_clear(tk_train_result *r);
  * shuffled order each epoch, and evaluates on the n_dev dev batches (may be
  * 0) after each epoch. Each batch is one micro-batch: with accumulate = k,
  * k consecutive batches make one optimizer step (a last partial group is
- * still stepped, normalised by its own size). Checkpoints go to
- * c->output_dir after each epoch ("" = none); c->resume_from loads weights
- * first. Returns TK_OK, TK_ECANCEL, TK_EOOM or another error (err says
+ * still stepped, normalised by its own size). With c->output_dir set, the
+ * HF folder is written there after each epoch and checkpoint-STEP folders
+ * (tk_checkpoint.h) every c->save_every steps or c->save_every_s seconds, or
+ * after each epoch when both are 0. c->resume_from: a checkpoint-STEP folder
+ * or "auto" (the newest one in output_dir that verifies; damaged ones are
+ * passed over with a note) continues that run exactly, history included (the
+ * restored epochs go to on_epoch first); an HF folder loads weights only. Returns TK_OK, TK_ECANCEL, TK_EOOM or another error (err says
  * which); `r` is filled in every case. Batches are borrowed. */
 tk_status tk_train_run(const tk_config *c, tk_model *model, const tk_batch *train, int n_train,
                        const tk_batch *dev, int n_dev, const tk_train_callbacks *cb,

@@ -12,8 +12,13 @@
  *    and every scratch tensor are released before return; the model keeps its
  *    parameters and gradients (they are the model's, tk_model_destroy frees
  *    them). On OOM the allocator's record is copied into the result.
- *  - A checkpoint is written only after a complete epoch, file by file
- *    atomically (tk_model_save_hf), so the last good one is never damaged.
+ *  - The HF folder in output_dir is written only after a complete epoch,
+ *    file by file atomically (tk_model_save_hf); checkpoint-STEP folders
+ *    (checkpoint.c) appear whole or not at all. A resumed run repeats the
+ *    saved one's arithmetic exactly: the epoch's order comes from
+ *    seed + epoch, dropout from seed + the micro-step counter, and the
+ *    checkpoint carries the counter, the moments, the scaler and the sums
+ *    behind the metrics.
  *  - precision fp16 trains under a dynamic loss scale (tk_loss_scaler): a
  *    step whose gradients overflowed changes nothing (weights, moments,
  *    optimizer step count) but still counts as a loop step, so a run always
@@ -21,11 +26,13 @@
  *    sequence is the one the planner replays.
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "tk_checkpoint.h"
 #include "tk_train.h"
 
 static double now_s(void) {
@@ -255,8 +262,102 @@ static void fill_progress(tk_progress *p, tk_dev *d) {
     p->capacity = s.capacity;
 }
 
+static void note(const tk_train_callbacks *cb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(const tk_train_callbacks *cb, const char *fmt, ...) {
+    if (!cb || !cb->on_note)
+        return;
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    cb->on_note(cb->ud, line);
+}
+
+/* The checkpoint a run goes on from: resume_from itself, or with "auto" the
+ * newest checkpoint-STEP in output_dir that verifies (each damaged one
+ * passed over is said). "" when auto finds none: the run starts afresh. A
+ * named checkpoint that fails verification is an error that offers the
+ * newest complete one beside it. */
+static tk_status pick_resume(const tk_config *c, const tk_train_callbacks *cb, char *dir, size_t dn,
+                             tk_err *err) {
+    dir[0] = 0;
+    if (strcmp(c->resume_from, "auto") != 0) {
+        if (!tk_ckpt_is_checkpoint(c->resume_from))
+            return TK_OK;
+        if (tk_ckpt_verify(c->resume_from, err) == TK_OK) {
+            snprintf(dir, dn, "%s", c->resume_from);
+            return TK_OK;
+        }
+        char why[sizeof err->msg], parent[TK_PATH_MAX], alt[TK_PATH_MAX + 64] = "";
+        snprintf(why, sizeof why, "%s", err->msg);
+        snprintf(parent, sizeof parent, "%s", c->resume_from);
+        size_t l = strlen(parent);
+        while (l > 1 && parent[l - 1] == '/') parent[--l] = 0;
+        char *slash = strrchr(parent, '/');
+        if (slash) *slash = 0;
+        else snprintf(parent, sizeof parent, ".");
+        int64_t *steps = NULL;
+        int n = tk_ckpt_list(parent, &steps);
+        tk_err e2 = {0};
+        for (int i = 0; i < n && !alt[0]; i++) {
+            snprintf(alt, sizeof alt, "%s/checkpoint-%lld", parent, (long long)steps[i]);
+            if (!strcmp(alt, c->resume_from) || tk_ckpt_verify(alt, &e2) != TK_OK)
+                alt[0] = 0;
+        }
+        free(steps);
+        tk_err_set(err, TK_EIO, "resume_from: %s%s%s", why,
+                   alt[0] ? "; the newest complete checkpoint beside it is " : "", alt);
+        return TK_EIO;
+    }
+    if (!c->output_dir[0]) {
+        tk_err_set(err, TK_EINVAL, "resume_from: auto looks in output_dir, which is not set");
+        return TK_EINVAL;
+    }
+    int64_t *steps = NULL;
+    int n = tk_ckpt_list(c->output_dir, &steps);
+    for (int i = 0; i < n && !dir[0]; i++) {
+        snprintf(dir, dn, "%s/checkpoint-%lld", c->output_dir, (long long)steps[i]);
+        tk_err e = {0};
+        if (tk_ckpt_verify(dir, &e) != TK_OK) {
+            note(cb, "resume_from auto: passing over checkpoint-%lld: %s", (long long)steps[i], e.msg);
+            dir[0] = 0;
+        }
+    }
+    free(steps);
+    if (n > 0 && !dir[0]) {
+        tk_err_set(err, TK_EIO, "resume_from: auto: none of the %d checkpoints in %s is complete (see the notes)",
+                   n, c->output_dir);
+        return TK_EIO;
+    }
+    if (!dir[0])
+        note(cb, "resume_from auto: no checkpoint in %s yet; starting at step 0", c->output_dir);
+    return TK_OK;
+}
+
 static int cancelled(const tk_train_callbacks *cb) {
     return cb && cb->cancel && *cb->cancel;
+}
+
+/* A checkpoint-STEP; a failed save is said and the run goes on unless
+ * save_error is stop (then its error ends the run). */
+static tk_status save_checkpoint(const tk_config *c, tk_model *m, tk_adamw *opt, const char *vocab,
+                                 const tk_train_state *ss, const tk_train_callbacks *cb, tk_train_result *r,
+                                 tk_err *err) {
+    tk_err e = {0};
+    char path[TK_PATH_MAX];
+    if (tk_ckpt_save(c->output_dir, m, opt, c, vocab, ss, path, sizeof path, &e) == TK_OK) {
+        snprintf(r->checkpoint, sizeof r->checkpoint, "%s", path);
+        r->saves++;
+        return TK_OK;
+    }
+    r->failed_saves++;
+    if (c->save_error_stop) {
+        *err = e;
+        return e.status ? e.status : TK_EIO;
+    }
+    note(cb, "%s; training goes on (save_error: stop ends the run instead)", e.msg);
+    return TK_OK;
 }
 
 /* One optimizer step over micro-batches order[g0..g1). The gradients hold
@@ -329,7 +430,12 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
         st = TK_EINVAL;
         goto out;
     }
-    if (c->resume_from[0] && (st = tk_model_load_hf(m, c->resume_from, NULL, err)) != TK_OK)
+    char resume[TK_PATH_MAX + 64] = "";
+    if (c->resume_from[0] && (st = pick_resume(c, cb, resume, sizeof resume, err)) != TK_OK)
+        goto out;
+    /* an HF folder that is not a checkpoint: its weights only */
+    if (c->resume_from[0] && !resume[0] && strcmp(c->resume_from, "auto") != 0 &&
+        (st = tk_model_load_hf(m, c->resume_from, NULL, err)) != TK_OK)
         goto out;
     /* Gradients before optimizer state, as in PyTorch (first backward, then
      * first step); the grad tensors must exist for the optimizer's table. */
@@ -350,13 +456,48 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
     double log_loss = 0;
     int64_t log_rows = 0;
     int oom_retried = 0;
-    for (int ep = 0; ep < epochs && step < total_steps; ep++) {
-        double t_ep = now_s(), ep_loss = 0;
-        int64_t ep_rows = 0;
+    int ep0 = 0, pos0 = 0;
+    double ep_loss0 = 0, ep_s0 = 0;
+    int64_t ep_rows0 = 0;
+    uint64_t digest = c->output_dir[0] || resume[0] ? tk_ckpt_data_digest(train, n_train) : 0;
+    const char *vocab = cb && cb->vocab_file ? cb->vocab_file : c->vocab;
+    if (resume[0]) {
+        tk_train_state rs;
+        if ((st = tk_ckpt_load(resume, m, opt, c, n_train, digest, &rs, err)) != TK_OK)
+            goto out;
+        step = rs.step;
+        micro = rs.micro;
+        log_loss = rs.log_loss;
+        log_rows = rs.log_rows;
+        oom_retried = rs.oom_retried;
+        scaler = rs.scaler;
+        ep0 = rs.epoch;
+        pos0 = rs.position;
+        ep_loss0 = rs.ep_loss;
+        ep_rows0 = rs.ep_rows;
+        ep_s0 = rs.ep_seconds;
+        t_start -= rs.run_seconds;
+        int nh = rs.n_history < epochs ? rs.n_history : epochs;
+        memcpy(r->history, rs.history, (size_t)nh * sizeof *r->history);
+        r->n_history = nh;
+        r->epochs_done = nh;
+        tk_train_state_clear(&rs);
+        snprintf(r->resumed_from, sizeof r->resumed_from, "%s", resume);
+        r->resumed_step = step;
+        note(cb, "resumed from %s: step %lld of %lld, epoch %d, %d epoch(s) in the history", resume,
+             (long long)step, (long long)total_steps, ep0 + 1, nh);
+        for (int i = 0; i < nh && cb && cb->on_epoch; i++)
+            cb->on_epoch(cb->ud, &r->history[i]);
+    }
+    double last_save = now_s();
+    int every_epoch = c->save_every <= 0 && c->save_every_s <= 0;
+    for (int ep = ep0; ep < epochs && step < total_steps; ep++) {
+        double t_ep = now_s() - (ep == ep0 ? ep_s0 : 0), ep_loss = ep == ep0 ? ep_loss0 : 0;
+        int64_t ep_rows = ep == ep0 ? ep_rows0 : 0;
         float gnorm = 0;
         tk_alloc_reset_peak(a);
         epoch_order(order, n_train, c->seed, ep);
-        for (int g0 = 0; g0 < n_train && step < total_steps; g0 += k) {
+        for (int g0 = ep == ep0 ? pos0 : 0; g0 < n_train && step < total_steps; g0 += k) {
             if (cancelled(cb)) {
                 tk_err_set(err, TK_ECANCEL, "training cancelled after step %lld of %lld",
                            (long long)step, (long long)total_steps);
@@ -391,6 +532,21 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
             if (c->empty_cache == TK_EMPTY_EVERY && c->empty_cache_every > 0 &&
                 step % c->empty_cache_every == 0)
                 tk_alloc_empty_cache(a);
+            if (c->output_dir[0] && !every_epoch &&
+                ((c->save_every > 0 && step % c->save_every == 0) ||
+                 (c->save_every_s > 0 && now_s() - last_save >= c->save_every_s))) {
+                tk_train_state ss = {
+                    .step = step, .epoch = ep, .position = g1, .micro = micro,
+                    .ep_loss = ep_loss, .log_loss = log_loss, .ep_rows = ep_rows, .log_rows = log_rows,
+                    .ep_seconds = now_s() - t_ep, .run_seconds = now_s() - t_start,
+                    .oom_retried = oom_retried, .scaler = scaler, .sched = sched,
+                    .n_train = n_train, .data_digest = digest,
+                    .n_history = r->n_history, .history = r->history,
+                };
+                if ((st = save_checkpoint(c, m, opt, vocab, &ss, cb, r, err)) != TK_OK)
+                    goto out;
+                last_save = now_s();
+            }
             if (cb && cb->on_progress && (step % log_every == 0 || step == total_steps)) {
                 double el = now_s() - t_ep;
                 double el_run = now_s() - t_start;
@@ -431,12 +587,32 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
         if (sp.reserved_peak > r->peak_reserved)
             r->peak_reserved = sp.reserved_peak;
         if (c->output_dir[0]) {
-            if ((st = tk_model_save_hf(m, c->output_dir, err)) != TK_OK)
+            /* a full disk is the checkpoints' policy here too (save_error) */
+            tk_err e = {0};
+            if (tk_model_save_hf(m, c->output_dir, &e) == TK_OK) {
+                snprintf(r->checkpoint, sizeof r->checkpoint, "%s", c->output_dir);
+            } else if (c->save_error_stop) {
+                *err = e;
+                st = e.status ? e.status : TK_EIO;
                 goto out;
-            snprintf(r->checkpoint, sizeof r->checkpoint, "%s", c->output_dir);
+            } else {
+                r->failed_saves++;
+                note(cb, "%s (the model folder's earlier files are kept); training goes on", e.msg);
+            }
         }
         r->n_history++;
         r->epochs_done = ep + 1;
+        if (c->output_dir[0] && every_epoch) {
+            tk_train_state ss = {
+                .step = step, .epoch = ep + 1, .position = 0, .micro = micro,
+                .log_loss = log_loss, .log_rows = log_rows, .run_seconds = now_s() - t_start,
+                .oom_retried = oom_retried, .scaler = scaler, .sched = sched,
+                .n_train = n_train, .data_digest = digest,
+                .n_history = r->n_history, .history = r->history,
+            };
+            if ((st = save_checkpoint(c, m, opt, vocab, &ss, cb, r, err)) != TK_OK)
+                goto out;
+        }
         if (cb && cb->on_epoch)
             cb->on_epoch(cb->ud, es);
     }

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "tk_checkpoint.h"
 #include "tk_model.h"
 #include "tk_pipeline.h"
 #include "tk_predict.h"
@@ -199,6 +200,11 @@ static void note(const tk_run_hooks *h, const char *fmt, ...) {
     free(line);
 }
 
+static void run_note(void *ud, const char *line) {
+    run_ctx *x = ud;
+    note(x->h, "%s", line);
+}
+
 tk_status tk_session_load_data(tk_session *s, tk_config *c, tk_run_data *out, tk_err *err) {
     memset(out, 0, sizeof *out);
     if (!c->train_file[0]) return TK_OK;
@@ -295,7 +301,15 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
          * throttles itself */
         cc.log_every = 1;
         run_ctx x = {s, h, r};
-        tk_train_callbacks cb = {.on_progress = run_progress, .on_epoch = run_epoch, .ud = &x};
+        tk_train_callbacks cb = {.on_progress = run_progress, .on_epoch = run_epoch, .ud = &x,
+                                 .on_note = run_note, .vocab_file = data.vocab_path};
+        int64_t *ck = NULL;
+        int nck = cc.resume_from[0] ? 0 : tk_ckpt_list(cc.output_dir, &ck);
+        if (nck > 0)
+            note(h, "output_dir %s already holds %d checkpoint(s), the newest checkpoint-%lld; this run starts at "
+                 "step 0. To go on from there instead: resume_from: auto (or a new output_dir for a new run)",
+                 cc.output_dir, nck, (long long)ck[0]);
+        free(ck);
         tk_train_result tr;
         memset(&tr, 0, sizeof tr);
         rc = tk_train_run(&cc, m, data.train, data.n_train, data.dev, data.n_dev, &cb, &tr, err);

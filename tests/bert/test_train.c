@@ -365,7 +365,11 @@ static void test_checkpoint_roundtrip_and_oom_safety(void) {
     TK_CHECK_EQ_INT(epochs_seen, 2);
     TK_CHECK_EQ_INT(r.n_history, 2);
     TK_CHECK_EQ_INT(r.steps, 2 * nb);
-    TK_CHECK_STR(r.checkpoint, dir);
+    /* the HF folder in output_dir, and a checkpoint-STEP after each epoch */
+    char last[600];
+    snprintf(last, sizeof last, "%s/checkpoint-%d", dir, 2 * nb);
+    TK_CHECK_STR(r.checkpoint, last);
+    TK_CHECK_EQ_INT(r.saves, 2);
     for (int i = 0; i < r.n_history; i++) {
         TK_CHECK(isfinite(r.history[i].train_loss));
         TK_CHECK(isfinite(r.history[i].dev_loss));
@@ -409,24 +413,24 @@ static void test_checkpoint_roundtrip_and_oom_safety(void) {
     tk_train_result_clear(&r);
     char *after = slurp(st_path, &n_after);
     TK_CHECK(after && n_after == n_before && memcmp(before, after, n_before) == 0);
-    /* no temp files left behind */
+    /* no temp files left behind: the HF folder's two files and the two
+     * epochs' checkpoint folders */
     DIR *dd = opendir(dir);
     int files = 0;
     struct dirent *de;
     while (dd && (de = readdir(dd))) {
-        if (de->d_name[0] == '.')
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
         files++;
-        TK_CHECK_MSG(strcmp(de->d_name, "model.safetensors") == 0 || strcmp(de->d_name, "config.json") == 0,
-                     "unexpected file %s", de->d_name);
-        char p[600];
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        unlink(p);
+        TK_CHECK_MSG(strcmp(de->d_name, "model.safetensors") == 0 || strcmp(de->d_name, "config.json") == 0 ||
+                     strncmp(de->d_name, "checkpoint-", 11) == 0, "unexpected file %s", de->d_name);
     }
     if (dd)
         closedir(dd);
-    TK_CHECK_EQ_INT(files, 2);
-    rmdir(dir);
+    TK_CHECK_EQ_INT(files, 4);
+    char rm[700];
+    snprintf(rm, sizeof rm, "rm -rf %s", dir);
+    TK_CHECK(system(rm) == 0);
     free(before);
     free(after);
     free(w1);

@@ -59,7 +59,9 @@ struct tk_run_data;     /* tk_pipeline.h */
 /* The data of config *c as its run builds it (bert's one pipeline): when c
  * names a train_file, `out` gets the corpus, the session's lengths become
  * the corpus' and *c becomes the config the run uses (its label count).
- * Without a train_file `out` is left zeroed and *c unchanged. Every command
+ * c->model first becomes a local folder when the HF cache holds it
+ * (tk_hub.h; this never downloads: tk_session_train does, before it
+ * comes here). Without a train_file `out` is left zeroed. Every command
  * that plans, advises or trains a config comes through here. */
 tk_status tk_session_load_data(tk_session *s, tk_config *c, struct tk_run_data *out, tk_err *err);
 /* Releases everything: device, last run, timeline (keeps nothing). */
@@ -83,6 +85,9 @@ typedef struct tk_run_hooks {
     void (*on_note)(void *ud, const char *line);                  /* one-line status messages */
     int (*on_progress)(void *ud, const struct tk_progress *p);   /* every step; nonzero cancels */
     void (*on_epoch)(void *ud, const struct tk_epoch_stats *e);
+    /* a model file being downloaded: `done` of `total` bytes (0 = unknown);
+     * nonzero cancels (the partial file is resumed next time); may be NULL */
+    int (*on_download)(void *ud, const char *file, int64_t done, int64_t total);
     void *ud;
     /* 1: train even when the plan says it will not fit (as a plain PyTorch
      * loop would), to see the run-time OOM and its autopsy */

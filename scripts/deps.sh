@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS="build-essential pkg-config clang libclang-rt-14-dev
-libzmq3-dev libsodium-dev libjansson-dev libyaml-dev libopenblas-dev libutf8proc-dev
+libzmq3-dev libsodium-dev libjansson-dev libyaml-dev libopenblas-dev libutf8proc-dev libcurl4-openssl-dev
 python3 python3-venv python3-pip python3-numpy python3-pytest python3-torch
 python3-jupyter-client python3-ipykernel python3-nbclient python3-nbformat
 python3-nbconvert jupyter-nbconvert jupyter-console python3-jupyter-console
@@ -24,13 +24,13 @@ if [ -n "$missing" ]; then
 fi
 
 # PyPI peers Debian lacks (or has too old): HF tokenizers, safetensors,
-# jupyter_kernel_test, nbclient.
-PYPI="tokenizers safetensors jupyter_kernel_test nbclient"
+# jupyter_kernel_test, nbclient, huggingface_hub (the cache interop test).
+PYPI="tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub"
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 need=""
-for m in tokenizers safetensors jupyter_kernel_test nbclient; do
+for m in tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub; do
   .venv/bin/python -c "import $m" 2>/dev/null || need=1
 done
 if [ -n "$need" ] || ! .venv/bin/python -c "import nbclient,sys; sys.exit(0 if tuple(map(int,nbclient.__version__.split('.')[:2]))>=(0,10) else 1)" 2>/dev/null; then

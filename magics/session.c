@@ -203,23 +203,25 @@ static int fetch_progress(void *ud, const char *file, int64_t done, int64_t tota
     return h && h->on_download ? h->on_download(h->ud, file, done, total) : 0;
 }
 
-/* c->model becomes a local folder (tk_hub.h): a path as it is; a preset
- * under init: random stays a shape (no weights, no network); anything else
- * from the HF cache, or, when `download`, from the hub. Without `download`
- * (plans, advice) a preset not in the cache is planned as its shape, which
- * is the hub model's; another hub id must be fetched by a run first. */
-static tk_status resolve_model(tk_config *c, int download, const tk_run_hooks *h, tk_err *err) {
+/* c->model becomes a local folder (tk_hub.h) for `id`, what the user named:
+ * a path as it is; a preset under init: random stays a shape (no weights,
+ * no network); anything else from the HF cache, or, when `download`, from
+ * the hub (the weights too when `weights`). Without `download` (plans,
+ * advice) a preset not in the cache is planned as its shape, which is the
+ * hub model's; another hub id must be fetched by a run first. */
+static tk_status resolve_model(tk_config *c, const char *id, int download, int weights, const tk_run_hooks *h,
+                               tk_err *err) {
     struct stat st;
     tk_bert_dims dims;
-    int preset = stat(c->model, &st) != 0 && tk_bert_preset(c->model, &dims, NULL) == 0;
-    if (stat(c->model, &st) == 0 || (preset && c->init == TK_INIT_RANDOM)) return TK_OK;
+    int preset = stat(id, &st) != 0 && tk_bert_preset(id, &dims, NULL) == 0;
+    if (stat(id, &st) == 0 || (preset && c->init == TK_INIT_RANDOM)) return TK_OK;
     fetch_ctx fx = {h};
-    tk_hub_opts o = {.weights = download && c->init != TK_INIT_RANDOM, .offline = !download,
+    tk_hub_opts o = {.weights = weights && c->init != TK_INIT_RANDOM, .offline = !download,
                      .progress = fetch_progress, .ud = &fx};
     char dir[TK_PATH_MAX];
     tk_hub_info info;
     tk_err e = {0};
-    tk_status rc = tk_hub_resolve(c->model, c->revision, &o, dir, sizeof dir, &info, &e);
+    tk_status rc = tk_hub_resolve(id, c->revision, &o, dir, sizeof dir, &info, &e);
     if (rc != TK_OK) {
         if (!download && preset) return TK_OK;
         if (!download)
@@ -234,12 +236,11 @@ static tk_status resolve_model(tk_config *c, int download, const tk_run_hooks *h
                    dir, sizeof c->model - 1);
         return TK_EINVAL;
     }
-    if (download) {
+    if (download && (weights || info.n_downloaded)) {
         char b[32];
-        note(h, "model: %s (revision %s, commit %.12s): %s %s", info.repo, c->revision, info.commit,
-             info.n_downloaded ? "downloaded" : "from the HF cache",
-             info.n_downloaded ? tk_format_bytes((size_t)info.bytes_downloaded, b, sizeof b) : "");
-        note(h, "model: %s", dir);
+        note(h, "model: %s (revision %s, commit %.12s)%s: %s %s", info.repo, c->revision, info.commit,
+             weights ? "" : ", config and tokenizer", info.n_downloaded ? "downloaded" : "from the HF cache",
+             info.n_downloaded ? tk_format_bytes((size_t)info.bytes_downloaded, b, sizeof b) : dir);
     }
     snprintf(c->model, sizeof c->model, "%s", dir);
     return TK_OK;
@@ -247,7 +248,9 @@ static tk_status resolve_model(tk_config *c, int download, const tk_run_hooks *h
 
 tk_status tk_session_load_data(tk_session *s, tk_config *c, tk_run_data *out, tk_err *err) {
     memset(out, 0, sizeof *out);
-    tk_status mrc = resolve_model(c, 0, NULL, err);
+    char id[TK_PATH_MAX];
+    snprintf(id, sizeof id, "%s", c->model);
+    tk_status mrc = resolve_model(c, id, 0, 0, NULL, err);
     if (mrc != TK_OK) return mrc;
     if (!c->train_file[0]) return TK_OK;
     tk_status rc = tk_run_data_load(c, out, err);
@@ -277,10 +280,19 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     tk_alloc_stats_get(a, &st);
     r->baseline = st.allocated;
 
-    /* The model's folder first (a download shows its progress): the data
-     * pipeline reads its vocab.txt, the model its config and weights. */
-    tk_status rc = resolve_model(&cc, 1, h, err);
-    if (rc != TK_OK) return rc;
+    /* The model's config and tokenizer first (small files: the data
+     * pipeline reads its vocab.txt, the plan its config), its weights only
+     * once the plan fits. A preset the hub cannot give now is planned as its
+     * shape, so a run that would not fit says so even offline. */
+    char id[TK_PATH_MAX];
+    snprintf(id, sizeof id, "%s", c->model);
+    tk_err pending = {0};
+    tk_status rc = resolve_model(&cc, id, 1, 0, h, &pending);
+    tk_bert_dims shape;
+    if (rc != TK_OK && tk_bert_preset(id, &shape, NULL) != 0) {
+        *err = pending;
+        return rc;
+    }
     tk_run_data data;
     rc = tk_session_load_data(s, &cc, &data, err);
     if (rc != TK_OK) return rc;
@@ -306,6 +318,13 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
         remember_run(s, r);
         tk_run_data_clear(&data);
         return TK_OK;
+    }
+
+    if (pending.status == TK_OK) rc = resolve_model(&cc, id, 1, 1, h, &pending);
+    if (pending.status != TK_OK) {
+        *err = pending;
+        tk_run_data_clear(&data);
+        return pending.status;
     }
 
     /* On cuda the device peak (CUPTI) starts afresh: the run's own. */

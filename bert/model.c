@@ -563,8 +563,16 @@ tk_model *tk_model_from_config(tk_dev *d, const tk_config *c, tk_load_report *re
         struct stat sb;
         snprintf(bin, sizeof bin, "%s/pytorch_model.bin", c->model);
         int has_bin = stat(bin, &sb) == 0;
+        snprintf(bin, sizeof bin, "%s/model.safetensors.index.json", c->model);
+        int sharded = stat(bin, &sb) == 0;
         st = TK_EINVAL;
-        if (has_bin)
+        if (sharded)
+            tk_err_set(err, st,
+                       "model: %s holds a sharded checkpoint (model.safetensors.index.json), which txkernel does not "
+                       "read yet; merge it into one model.safetensors (transformers: save_pretrained(..., "
+                       "max_shard_size=\"100GB\")), or set init: random to train this shape from random weights",
+                       c->model);
+        else if (has_bin)
             tk_err_set(err, st,
                        "model: %s has only pytorch_model.bin, which txkernel does not read yet (it reads "
                        "model.safetensors); convert it with transformers (save_pretrained(..., "

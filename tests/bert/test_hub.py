@@ -3,7 +3,7 @@ serves on 127.0.0.1: the resolve API /{repo}/resolve/{revision}/{file} with
 the headers huggingface_hub reads (X-Repo-Commit, ETag, X-Linked-Etag,
 X-Linked-Size), a redirect for LFS files, Range requests, and a log of every
 request. No traffic leaves 127.0.0.1."""
-import hashlib, http.server, json, os, re, shutil, subprocess, tempfile, threading
+import hashlib, http.server, json, os, re, subprocess, sys, threading
 
 import numpy as np
 import pytest
@@ -161,9 +161,27 @@ class Hub:
         threading.Thread(target=self.srv.serve_forever, daemon=True).start()
 
 
+def sharded(files):
+    """The same model as two shards and their index, as transformers writes a big one."""
+    from safetensors.numpy import load, save
+    t = load(files["model.safetensors"])
+    names = sorted(t)
+    half = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+            "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    out = {k: v for k, v in files.items() if k != "model.safetensors"}
+    for shard, ns in half.items():
+        out[shard] = save({n: t[n] for n in ns}, metadata={"format": "pt"})
+    out["model.safetensors.index.json"] = json.dumps(
+        {"metadata": {}, "weight_map": {n: shard for shard, ns in half.items() for n in ns}}).encode()
+    return out
+
+
 @pytest.fixture(scope="module")
 def hub():
-    h = Hub({REPO: tiny_repo()})
+    files = tiny_repo()
+    only_bin = {k: v for k, v in files.items() if k != "model.safetensors"}
+    only_bin["pytorch_model.bin"] = b"PK\x03\x04 a torch zip would be here"
+    h = Hub({REPO: files, "some-org/sharded-bert": sharded(files), "some-org/bin-bert": only_bin})
     yield h
     h.srv.shutdown()
 
@@ -288,6 +306,14 @@ def test_errors_say_what_to_do(tmp_path, env, hub):
     rc, out = txk(off, "train", c)
     assert rc == 1 and "HF_HUB_OFFLINE=1" in out and "not in the HF cache" in out, out
     assert len(hub.log) == n
+    # a full disk: the partial blob is /dev/full, where every write fails with ENOSPC
+    full = dict(env, HF_HUB_CACHE=str(tmp_path / "full"))
+    sha = hashlib.sha256(hub.repos[REPO]["model.safetensors"]).hexdigest()
+    blobs = os.path.join(full["HF_HUB_CACHE"], "models--some-org--tiny-bert", "blobs")
+    os.makedirs(blobs)
+    os.symlink("/dev/full", os.path.join(blobs, sha + ".incomplete"))
+    rc, out = txk(full, "train", c)
+    assert rc == 1 and "No space left on device" in out and "the disk is full" in out and "HF_HUB_CACHE" in out, out
     dead = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     port = dead.server_address[1]
     dead.server_close()  # nobody listens there now
@@ -312,3 +338,44 @@ def test_random_init_only_when_asked(tmp_path, env, hub):
     n = len(hub.log)
     rc, out = txk(env, "plan", cfg(tmp_path, REPO))
     assert rc == 1 and "planning never downloads" in out and len(hub.log) == n, out
+
+
+def test_other_weight_files_are_fetched_and_named(tmp_path, env, hub):
+    """Shards (all of those the index names) and pytorch_model.bin are
+    downloaded; the loader says plainly that it does not read them yet."""
+    rc, out = txk(env, "train", cfg(tmp_path, "some-org/sharded-bert"))
+    snap = os.path.join(env["HF_HUB_CACHE"], "models--some-org--sharded-bert", "snapshots", COMMIT)
+    for f in ("model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        assert os.path.isfile(os.path.join(snap, f)), f
+    assert rc == 1 and "sharded checkpoint" in out and "not read yet" in out, out
+    rc, out = txk(env, "train", cfg(tmp_path, "some-org/bin-bert"))
+    snap = os.path.join(env["HF_HUB_CACHE"], "models--some-org--bin-bert", "snapshots", COMMIT)
+    assert os.path.isfile(os.path.join(snap, "pytorch_model.bin"))
+    assert rc == 1 and "only pytorch_model.bin" in out and "does not read yet" in out, out
+
+
+def test_notebook_shows_download_progress_in_place(tmp_path, env, hub):
+    """%%txtrain in the kernel: the download is one progress line, shown with
+    display_data and then updated in place with update_display_data."""
+    from jupyter_client.manager import KernelManager
+    sys.path.insert(0, os.path.join(ROOT, "tests", "kernel"))
+    import txk_util as u
+    km = KernelManager(kernel_name=u.dev_kernel_name())
+    km.start_kernel(env=env, cwd=ROOT)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=30)
+        body = open(cfg(tmp_path, REPO)).read()
+        reply, outs = u.run_cell(kc, "%%txtrain\n" + body, timeout=120)
+    finally:
+        u.stop(km, kc)
+    assert reply["content"]["status"] == "ok", outs
+    fetch = [m for m in outs if m["msg_type"] in ("display_data", "update_display_data")
+             and m["content"].get("transient", {}).get("display_id", "").startswith("txfetch")]
+    assert fetch[0]["msg_type"] == "display_data" and len({m["content"]["transient"]["display_id"] for m in fetch}) == 1
+    assert all(m["msg_type"] == "update_display_data" for m in fetch[1:]) and len(fetch) >= 3
+    last = fetch[-1]["content"]["data"]
+    size = len(hub.repos[REPO]["model.safetensors"])
+    assert last["application/json"] == {"file": "model.safetensors", "done": size, "total": size}
+    assert "download model.safetensors" in last["text/plain"]

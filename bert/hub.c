@@ -152,11 +152,17 @@ static tk_status sha256_file(const char *path, char hex[65], tk_err *err) {
         tk_err_set(err, TK_EIO, "%s: cannot read: %s", path, strerror(errno));
         return TK_EIO;
     }
-    static unsigned char buf[1 << 20];
+    unsigned char *buf = malloc(1 << 20);
+    if (!buf) {
+        fclose(f);
+        tk_err_set(err, TK_EIO, "%s: out of host memory to hash it", path);
+        return TK_EIO;
+    }
     crypto_hash_sha256_state s;
     crypto_hash_sha256_init(&s);
     size_t k;
-    while ((k = fread(buf, 1, sizeof buf, f)) > 0) crypto_hash_sha256_update(&s, buf, k);
+    while ((k = fread(buf, 1, 1 << 20, f)) > 0) crypto_hash_sha256_update(&s, buf, k);
+    free(buf);
     int bad = ferror(f);
     fclose(f);
     if (bad) {
@@ -519,7 +525,7 @@ static tk_status http_get(const hub *h, const char *url, int with_token, const c
             pathf(tmp, sizeof tmp, "%s.whole", part);
             FILE *out = in ? fopen(tmp, "wb") : NULL;
             int ok = in && out && fseeko(in, have, SEEK_SET) == 0;
-            static char buf[1 << 16];
+            char buf[1 << 16];
             size_t k;
             while (ok && (k = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, k, out) == k;
             if (in) fclose(in);
@@ -626,7 +632,10 @@ static tk_status fetch(hub *h, const char *file, int optional, int *found, tk_er
         if (redirected && hi.location[0] == '/') pathf(get_url, sizeof get_url, "%s%s", h->endpoint, hi.location);
         else pathf(get_url, sizeof get_url, "%s", redirected ? hi.location : url);
         int same_host = !redirected || !strncmp(get_url, h->endpoint, strlen(h->endpoint));
-        if ((st = http_get(h, get_url, same_host, part, file, total, err)) != TK_OK) return st;
+        /* a whole part left by a run that stopped before the rename needs no request */
+        if (!(total > 0 && file_size(part) == total) &&
+            (st = http_get(h, get_url, same_host, part, file, total, err)) != TK_OK)
+            return st;
         int64_t got = file_size(part);
         if (total >= 0 && got != total) {
             tk_err_set(err, TK_EIO, "%s: %s came with %lld bytes, the hub said %lld; %s keeps them and the next run resumes",

@@ -203,14 +203,9 @@ static int fetch_progress(void *ud, const char *file, int64_t done, int64_t tota
     return h && h->on_download ? h->on_download(h->ud, file, done, total) : 0;
 }
 
-/* c->model becomes a local folder (tk_hub.h) for `id`, what the user named:
- * a path as it is; a preset under init: random stays a shape (no weights,
- * no network); anything else from the HF cache, or, when `download`, from
- * the hub (the weights too when `weights`). Without `download` (plans,
- * advice) a preset not in the cache is planned as its shape, which is the
- * hub model's; another hub id must be fetched by a run first. */
-static tk_status resolve_model(tk_config *c, const char *id, int download, int weights, const tk_run_hooks *h,
-                               tk_err *err) {
+/* The rule is tk_session_resolve_model's (tk_session.h). */
+tk_status tk_session_resolve_model(tk_config *c, const char *id, int download, int weights, const tk_run_hooks *h,
+                                   tk_err *err) {
     struct stat st;
     tk_bert_dims dims;
     int preset = stat(id, &st) != 0 && tk_bert_preset(id, &dims, NULL) == 0;
@@ -250,7 +245,7 @@ tk_status tk_session_load_data(tk_session *s, tk_config *c, tk_run_data *out, tk
     memset(out, 0, sizeof *out);
     char id[TK_PATH_MAX];
     snprintf(id, sizeof id, "%s", c->model);
-    tk_status mrc = resolve_model(c, id, 0, 0, NULL, err);
+    tk_status mrc = tk_session_resolve_model(c, id, 0, 0, NULL, err);
     if (mrc != TK_OK) return mrc;
     if (!c->train_file[0]) return TK_OK;
     tk_status rc = tk_run_data_load(c, out, err);
@@ -287,7 +282,7 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     char id[TK_PATH_MAX];
     snprintf(id, sizeof id, "%s", c->model);
     tk_err pending = {0};
-    tk_status rc = resolve_model(&cc, id, 1, 0, h, &pending);
+    tk_status rc = tk_session_resolve_model(&cc, id, 1, 0, h, &pending);
     tk_bert_dims shape;
     if (rc != TK_OK && tk_bert_preset(id, &shape, NULL) != 0) {
         *err = pending;
@@ -320,7 +315,7 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
         return TK_OK;
     }
 
-    if (pending.status == TK_OK) rc = resolve_model(&cc, id, 1, 1, h, &pending);
+    if (pending.status == TK_OK) rc = tk_session_resolve_model(&cc, id, 1, 1, h, &pending);
     if (pending.status != TK_OK) {
         *err = pending;
         tk_run_data_clear(&data);

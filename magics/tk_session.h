@@ -64,6 +64,18 @@ struct tk_run_data;     /* tk_pipeline.h */
  * comes here). Without a train_file `out` is left zeroed. Every command
  * that plans, advises or trains a config comes through here. */
 tk_status tk_session_load_data(tk_session *s, tk_config *c, struct tk_run_data *out, tk_err *err);
+struct tk_run_hooks;
+/* c->model becomes a local folder (bert/tk_hub.h) for `id`, what the user
+ * named: a path as it is; a preset under init: random stays a shape (no
+ * weights, no network); anything else from the HF cache, or, when
+ * `download`, from the hub (the weights too when `weights` and init is
+ * pretrained), with h's on_download progress and a note saying where the
+ * model came from (h may be NULL). Without `download` (plans, advice) a
+ * preset not in the cache stays its shape, which is the hub model's;
+ * another hub id is an error saying a run fetches it. tk_session_train and
+ * tk_session_load_data call it; so does any command that needs a model. */
+tk_status tk_session_resolve_model(tk_config *c, const char *id, int download, int weights,
+                                   const struct tk_run_hooks *h, tk_err *err);
 /* Releases everything: device, last run, timeline (keeps nothing). */
 void tk_session_reset(tk_session *s);
 

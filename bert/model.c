@@ -433,10 +433,14 @@ static const tk_st_entry *find_entry(const tk_st_file *f, const char *name) {
 
 tk_status tk_model_load_hf(tk_model *m, const char *path, tk_load_report *rep, tk_err *err) {
     char file[TK_PATH_MAX + 32];
+    struct stat sb;
     if (is_dir(path)) snprintf(file, sizeof file, "%s/model.safetensors", path);
     else snprintf(file, sizeof file, "%s", path);
+    /* a sharded checkpoint reads as one file through its index */
+    int sharded = is_dir(path) && stat(file, &sb) != 0;
+    if (sharded) snprintf(file, sizeof file, "%s/model.safetensors.index.json", path);
     tk_load_report_clear(rep);
-    tk_st_file *f = tk_st_open(file, err);
+    tk_st_file *f = sharded ? tk_st_open_index(file, err) : tk_st_open(file, err);
     if (!f) return err ? err->status : TK_EIO;
     tk_status st = TK_OK;
     float *buf = NULL;
@@ -533,11 +537,14 @@ tk_status tk_model_load_hf(tk_model *m, const char *path, tk_load_report *rep, t
     return st;
 }
 
-/* An HF folder with model.safetensors, or a .safetensors file. */
+/* An HF folder with model.safetensors (or a sharded one's index), or a
+ * .safetensors file. */
 static int has_weights(const char *model) {
     char p[TK_PATH_MAX + 32];
     struct stat st;
     snprintf(p, sizeof p, "%s/model.safetensors", model);
+    if (stat(p, &st) == 0) return 1;
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", model);
     if (stat(p, &st) == 0) return 1;
     return strstr(model, ".safetensors") && stat(model, &st) == 0;
 }
@@ -563,16 +570,8 @@ tk_model *tk_model_from_config(tk_dev *d, const tk_config *c, tk_load_report *re
         struct stat sb;
         snprintf(bin, sizeof bin, "%s/pytorch_model.bin", c->model);
         int has_bin = stat(bin, &sb) == 0;
-        snprintf(bin, sizeof bin, "%s/model.safetensors.index.json", c->model);
-        int sharded = stat(bin, &sb) == 0;
         st = TK_EINVAL;
-        if (sharded)
-            tk_err_set(err, st,
-                       "model: %s holds a sharded checkpoint (model.safetensors.index.json), which txkernel does not "
-                       "read yet; merge it into one model.safetensors (transformers: save_pretrained(..., "
-                       "max_shard_size=\"100GB\")), or set init: random to train this shape from random weights",
-                       c->model);
-        else if (has_bin)
+        if (has_bin)
             tk_err_set(err, st,
                        "model: %s has only pytorch_model.bin, which txkernel does not read yet (it reads "
                        "model.safetensors); convert it with transformers (save_pretrained(..., "

@@ -153,8 +153,9 @@ void tk_load_report_clear(tk_load_report *r);
  * n is 0 or out of memory. */
 char *tk_names_grouped(const char *const *names, int n);
 
-/* Loads weights from an HF folder's model.safetensors (or a .safetensors
- * file). Names with or without "bert."; LayerNorm.gamma/beta accepted;
+/* Loads weights from an HF folder's model.safetensors, or its sharded
+ * model.safetensors.index.json and shards (tk_st_open_index), or a
+ * .safetensors file. Names with or without "bert."; LayerNorm.gamma/beta accepted;
  * bert.embeddings.position_ids ignored. Pooler and head may be absent: they
  * are then initialised at random and listed in `rep` (may be NULL; cleared
  * first), with the checkpoint's tensors that are not used. Missing encoder

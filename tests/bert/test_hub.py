@@ -340,14 +340,21 @@ def test_random_init_only_when_asked(tmp_path, env, hub):
     assert rc == 1 and "planning never downloads" in out and len(hub.log) == n, out
 
 
-def test_other_weight_files_are_fetched_and_named(tmp_path, env, hub):
-    """Shards (all of those the index names) and pytorch_model.bin are
-    downloaded; the loader says plainly that it does not read them yet."""
-    rc, out = txk(env, "train", cfg(tmp_path, "some-org/sharded-bert"))
+def test_sharded_weights_load_as_one_and_bin_is_named(tmp_path, env, hub):
+    """A sharded checkpoint (the index and every shard it names) is fetched
+    and loads as the one-file model does: the same training losses.
+    pytorch_model.bin is fetched; the loader says it does not read it yet."""
+    runs = {}
+    for repo in (REPO, "some-org/sharded-bert"):
+        rc, out = txk(env, "train", cfg(tmp_path, repo), "--json")
+        assert rc == 0 and "weights: loaded" in out, out
+        runs[repo] = [{k: v for k, v in row.items() if k not in ("seconds", "samples_per_s")}
+                      for row in json.loads(out[out.index("["):out.rindex("]") + 1])]
     snap = os.path.join(env["HF_HUB_CACHE"], "models--some-org--sharded-bert", "snapshots", COMMIT)
     for f in ("model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
         assert os.path.isfile(os.path.join(snap, f)), f
-    assert rc == 1 and "sharded checkpoint" in out and "not read yet" in out, out
+    assert not os.path.exists(os.path.join(snap, "model.safetensors"))
+    assert runs[REPO] == runs["some-org/sharded-bert"] and runs[REPO][0]["train_loss"] > 0
     rc, out = txk(env, "train", cfg(tmp_path, "some-org/bin-bert"))
     snap = os.path.join(env["HF_HUB_CACHE"], "models--some-org--bin-bert", "snapshots", COMMIT)
     assert os.path.isfile(os.path.join(snap, "pytorch_model.bin"))

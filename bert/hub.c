@@ -22,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PATHN 1536 /* any path we compose; longer ones are cut, and then not found */
@@ -589,6 +591,96 @@ static int known_missing(const hub *h, const char *file) {
     return exists(p);
 }
 
+/* One writer per blob across processes: huggingface_hub takes flock on
+ * <cache>/.locks/models--ORG--NAME/<etag>.lock (the filelock package), so
+ * taking the same lock keeps a Python download and ours off one .incomplete
+ * file. Waits, asking the progress callback whether to give up. Returns the
+ * lock's fd (close releases it), or -1 with err. */
+static int lock_blob(const hub *h, const char *file, const char *etag, tk_err *err) {
+    char p[PATHN + 512];
+    const char *repo_dir = strrchr(h->dir, '/') + 1;
+    pathf(p, sizeof p, "%s/.locks/%s", h->cache, repo_dir);
+    if (mkdirs(p)) {
+        tk_err_set(err, TK_EIO, "%s: cannot create: %s", p, strerror(errno));
+        return -1;
+    }
+    pathf(p, sizeof p, "%s/.locks/%s/%s.lock", h->cache, repo_dir, etag);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        tk_err_set(err, TK_EIO, "%s: cannot open: %s", p, strerror(errno));
+        return -1;
+    }
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK && errno != EINTR) {
+            tk_err_set(err, TK_EIO, "%s: cannot lock: %s", p, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        if (h->o && h->o->progress && h->o->progress(h->o->ud, file, 0, 0)) {
+            tk_err_set(err, TK_ECANCEL, "%s: cancelled while another process downloads %s (%s)", h->repo, file, p);
+            close(fd);
+            return -1;
+        }
+        nanosleep(&(struct timespec){0, 100000000}, NULL);
+    }
+    return fd;
+}
+
+/* The bytes of one file into blobs/<etag>: the .incomplete part, resumed,
+ * checked against the size and (LFS) the sha256, then renamed. */
+static tk_status download_blob(hub *h, const head_info *hi, const char *file, const char *url, const char *blob,
+                               tk_err *err) {
+    tk_status st;
+    int64_t total = hi->linked_size >= 0 ? hi->linked_size : hi->size;
+    char part[PATHN + 300];
+    pathf(part, sizeof part, "%s.incomplete", blob);
+    char dir[PATHN + 16];
+    pathf(dir, sizeof dir, "%s/blobs", h->dir);
+    if (mkdirs(dir)) {
+        tk_err_set(err, TK_EIO, "%s: cannot create: %s", dir, strerror(errno));
+        return TK_EIO;
+    }
+    /* the bytes: where an LFS redirect points (no token: it is a signed
+     * URL on another host), else the resolve URL */
+    int redirected = hi->code >= 300 && hi->code < 400 && hi->location[0];
+    char get_url[4096];
+    if (redirected && hi->location[0] == '/') pathf(get_url, sizeof get_url, "%s%s", h->endpoint, hi->location);
+    else pathf(get_url, sizeof get_url, "%s", redirected ? hi->location : url);
+    int same_host = !redirected || !strncmp(get_url, h->endpoint, strlen(h->endpoint));
+    /* a whole part left by a run that stopped before the rename needs no request */
+    if (!(total > 0 && file_size(part) == total) &&
+        (st = http_get(h, get_url, same_host, part, file, total, err)) != TK_OK)
+        return st;
+    int64_t got = file_size(part);
+    if (total >= 0 && got != total) {
+        tk_err_set(err, TK_EIO, "%s: %s came with %lld bytes, the hub said %lld; %s keeps them and the next run resumes",
+                   h->repo, file, (long long)got, (long long)total, part);
+        return TK_EIO;
+    }
+    if (is_hex(hi->etag, 64)) { /* LFS: the etag is the sha256 */
+        char hex[65];
+        if ((st = sha256_file(part, hex, err)) != TK_OK) return st;
+        if (strcasecmp(hex, hi->etag)) {
+            unlink(part);
+            tk_err_set(err, TK_EFORMAT,
+                       "%s: %s downloaded from %s has sha256 %s, but the hub says %s: corrupted in transit; "
+                       "deleted, run again",
+                       h->repo, file, get_url, hex, hi->etag);
+            return TK_EFORMAT;
+        }
+    }
+    if (rename(part, blob)) {
+        tk_err_set(err, TK_EIO, "%s: cannot rename to %s: %s", part, blob, strerror(errno));
+        return TK_EIO;
+    }
+    if (h->info) {
+        h->info->n_downloaded++;
+        h->info->bytes_downloaded += got;
+    }
+    if (h->o && h->o->progress) h->o->progress(h->o->ud, file, got, got);
+    return TK_OK;
+}
+
 /* Makes snapshots/<commit>/<file> exist. *found = 0 when an optional file
  * is not in the repo. */
 static tk_status fetch(hub *h, const char *file, int optional, int *found, tk_err *err) {
@@ -614,56 +706,13 @@ static tk_status fetch(hub *h, const char *file, int optional, int *found, tk_er
         tk_err_set(err, TK_EFORMAT, "%s: the hub sent no usable ETag for %s (a proxy in between?)", url, file);
         return TK_EFORMAT;
     }
-    int64_t total = hi.linked_size >= 0 ? hi.linked_size : hi.size;
-    char blob[PATHN + 256], part[PATHN + 300];
+    char blob[PATHN + 256];
     pathf(blob, sizeof blob, "%s/blobs/%s", h->dir, hi.etag);
-    if (!exists(blob)) {
-        pathf(part, sizeof part, "%s.incomplete", blob);
-        char dir[PATHN + 16];
-        pathf(dir, sizeof dir, "%s/blobs", h->dir);
-        if (mkdirs(dir)) {
-            tk_err_set(err, TK_EIO, "%s: cannot create: %s", dir, strerror(errno));
-            return TK_EIO;
-        }
-        /* the bytes: where an LFS redirect points (no token: it is a signed
-         * URL on another host), else the resolve URL */
-        int redirected = hi.code >= 300 && hi.code < 400 && hi.location[0];
-        char get_url[4096];
-        if (redirected && hi.location[0] == '/') pathf(get_url, sizeof get_url, "%s%s", h->endpoint, hi.location);
-        else pathf(get_url, sizeof get_url, "%s", redirected ? hi.location : url);
-        int same_host = !redirected || !strncmp(get_url, h->endpoint, strlen(h->endpoint));
-        /* a whole part left by a run that stopped before the rename needs no request */
-        if (!(total > 0 && file_size(part) == total) &&
-            (st = http_get(h, get_url, same_host, part, file, total, err)) != TK_OK)
-            return st;
-        int64_t got = file_size(part);
-        if (total >= 0 && got != total) {
-            tk_err_set(err, TK_EIO, "%s: %s came with %lld bytes, the hub said %lld; %s keeps them and the next run resumes",
-                       h->repo, file, (long long)got, (long long)total, part);
-            return TK_EIO;
-        }
-        if (is_hex(hi.etag, 64)) { /* LFS: the etag is the sha256 */
-            char hex[65];
-            if ((st = sha256_file(part, hex, err)) != TK_OK) return st;
-            if (strcasecmp(hex, hi.etag)) {
-                unlink(part);
-                tk_err_set(err, TK_EFORMAT,
-                           "%s: %s downloaded from %s has sha256 %s, but the hub says %s: corrupted in transit; "
-                           "deleted, run again",
-                           h->repo, file, get_url, hex, hi.etag);
-                return TK_EFORMAT;
-            }
-        }
-        if (rename(part, blob)) {
-            tk_err_set(err, TK_EIO, "%s: cannot rename to %s: %s", part, blob, strerror(errno));
-            return TK_EIO;
-        }
-        if (h->info) {
-            h->info->n_downloaded++;
-            h->info->bytes_downloaded += got;
-        }
-        if (h->o && h->o->progress) h->o->progress(h->o->ud, file, got, got);
-    }
+    int lock = exists(blob) ? -1 : lock_blob(h, file, hi.etag, err);
+    if (!exists(blob) && lock < 0) return err ? err->status : TK_EIO;
+    st = exists(blob) ? TK_OK : download_blob(h, &hi, file, url, blob, err);
+    if (lock >= 0) close(lock);
+    if (st != TK_OK) return st;
     return link_snapshot(h, file, hi.etag, err);
 }
 

@@ -24,7 +24,8 @@
  * model.safetensors.index.json names, else pytorch_model.bin). A download
  * goes to blobs/<etag>.incomplete and resumes from its length with an HTTP
  * Range request; an LFS file's sha256 must equal its etag, in the cache as
- * after a download; a blob appears only whole, by rename. Every error says
+ * after a download; a blob appears only whole, by rename, written under
+ * the flock huggingface_hub takes on .locks/<repo>/<etag>.lock. Every error says
  * what to do: which token variable to set (401/403), the repo, revision and
  * file (404), HF_HUB_OFFLINE or a local folder (no network), the cache path
  * (disk full). Nothing here exits.

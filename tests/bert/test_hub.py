@@ -386,3 +386,25 @@ def test_notebook_shows_download_progress_in_place(tmp_path, env, hub):
     size = len(hub.repos[REPO]["model.safetensors"])
     assert last["application/json"] == {"file": "model.safetensors", "done": size, "total": size}
     assert "download model.safetensors" in last["text/plain"]
+
+
+def test_waits_for_the_lock_huggingface_hub_takes(tmp_path, env, hub):
+    """huggingface_hub writes a blob under flock on .locks/<repo>/<etag>.lock;
+    txk takes the same lock, so the two never write one .incomplete file."""
+    import fcntl, time
+    sha = hashlib.sha256(hub.repos[REPO]["model.safetensors"]).hexdigest()
+    locks = os.path.join(env["HF_HUB_CACHE"], ".locks", "models--some-org--tiny-bert")
+    os.makedirs(locks)
+    with open(os.path.join(locks, sha + ".lock"), "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        p = subprocess.Popen([TXK, "train", cfg(tmp_path, REPO)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 30
+        while not any(p_.endswith("model.safetensors") for _, p_, _ in hub.log) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # it has asked for the file's etag; it must not fetch the bytes while we hold the lock
+        assert p.poll() is None and not any(m == "GET" and q.startswith("/lfs/") for m, q, _ in hub.log), hub.log
+        fcntl.flock(lk, fcntl.LOCK_UN)
+        out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0 and "weights: loaded" in out, out
+    assert any(m == "GET" and q == "/lfs/" + sha for m, q, _ in hub.log)

@@ -9,7 +9,7 @@ CC       ?= gcc
 PREFIX   ?= /usr/local
 BUILD    := build
 MODULES  := kernel magics gpu bert advisor
-PKGCFG   := libzmq libsodium jansson yaml-0.1 libutf8proc
+PKGCFG   := libzmq libsodium jansson yaml-0.1 libutf8proc libcurl
 VENV     := .venv
 PY       := $(VENV)/bin/python
 

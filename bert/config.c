@@ -60,6 +60,7 @@ static const char *const attn_names[] = {"standard", "fused", NULL};
 static const char *const batching_names[] = {"fixed", "dynamic", "buckets", NULL};
 static const char *const device_names[] = {"auto", "cpu", "cuda", "meta", NULL};
 static const char *const schedule_names[] = {"linear", "constant", NULL};
+static const char *const init_names[] = {"pretrained", "random", NULL};
 
 /* ---- value parsers ------------------------------------------------------- */
 
@@ -243,7 +244,9 @@ static void get_schedule(const tk_config *c, char *b, size_t n) { snprintf(b, n,
 #define BIG 1e9
 
 static const keydef KEYS[] = {
-    STR("model", "model", model, "preset name (bert-tiny, bert-base-cased, ...) or a HF model folder"),
+    STR("model", "model", model, "a HF model folder, a hub id (org/name, from the HF cache or downloaded) or a preset (bert-tiny, bert-base-cased, ...: aliases of hub ids)"),
+    STR("revision", "model", revision, "hub branch, tag or commit of the model; default main"),
+    ENUM("init", "model", init, init_names, "pretrained (the model's weights; an error when it has none) or random (the model's shape, random weights)"),
     STR("vocab", "model", vocab, "vocab.txt for the tokenizer; empty = the model folder's"),
     INT("hidden", "model", hidden, 0, 65536, "hidden size; 0 = from the preset or config.json"),
     INT("layers", "model", layers, 0, 1000, "encoder layers; 0 = from the preset or config.json"),
@@ -541,6 +544,7 @@ tk_status tk_config_set(tk_config *c, const char *key, const char *value, tk_err
 void tk_config_defaults(tk_config *c) {
     memset(c, 0, sizeof *c);
     snprintf(c->model, sizeof c->model, "bert-base-cased");
+    snprintf(c->revision, sizeof c->revision, "main");
     c->lowercase = -1;
     c->dropout = 0.1f;
     snprintf(c->text_col, sizeof c->text_col, "text");

@@ -645,11 +645,27 @@ tk_model *tk_model_from_config(tk_dev *d, const tk_config *c, tk_load_report *re
     tk_model *m = tk_model_new(d, &mo, err);
     if (!m) return NULL;
     tk_status st;
-    if (has_weights(c->model)) {
-        st = tk_model_load_hf(m, c->model, rep, err);
-    } else {
+    if (c->init == TK_INIT_RANDOM) {
         st = tk_model_init_random(m, c->seed, err);
         if (random_init) *random_init = 1;
+    } else if (has_weights(c->model)) {
+        st = tk_model_load_hf(m, c->model, rep, err);
+    } else {
+        /* Nobody fine-tunes from random weights by accident: only init:
+         * random asks for them. */
+        struct stat sb;
+        st = TK_EINVAL;
+        if (stat(c->model, &sb) == 0 && S_ISDIR(sb.st_mode))
+            tk_err_set(err, st,
+                       "model: %s has no weights (model.safetensors, pytorch_model.bin, or a sharded index of "
+                       "either): set init: random to train this shape from random weights, or point model: at a "
+                       "folder with weights",
+                       c->model);
+        else
+            tk_err_set(err, st,
+                       "model: %s names no weights here (a preset or hub id is fetched from the hub by txk train / "
+                       "%%%%txtrain); set init: random to train this shape from random weights",
+                       c->model);
     }
     if (st != TK_OK) {
         tk_load_report_clear(rep);

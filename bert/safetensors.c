@@ -292,6 +292,117 @@ tk_st_file *tk_st_open(const char *path, tk_err *err) {
 static float f16_to_f32(uint16_t h) { return tk_f16_to_f32(h); }
 static float bf16_to_f32(uint16_t h) { return tk_bf16_to_f32(h); }
 
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+tk_st_file *tk_st_open_index(const char *index_path, tk_err *err) {
+    json_error_t je;
+    json_t *root = json_load_file(index_path, 0, &je);
+    json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+    if (!json_is_object(map) || json_object_size(map) == 0) {
+        tk_err_set(err, TK_EFORMAT, "%s: %s", index_path, root ? "no \"weight_map\" object" : je.text);
+        json_decref(root);
+        return NULL;
+    }
+    /* the shards, each once, in name order (model-00001-of-N first) */
+    size_t nmap = json_object_size(map);
+    char **shards = calloc(nmap, sizeof *shards);
+    tk_st_file **fs = calloc(nmap, sizeof *fs);
+    size_t *at = calloc(nmap, sizeof *at);
+    int ns = 0, ok = shards && fs && at;
+    const char *k;
+    json_t *v;
+    json_object_foreach(map, k, v) {
+        const char *sh = json_string_value(v);
+        if (!ok) break;
+        if (!sh || !*sh || strchr(sh, '/')) {
+            tk_err_set(err, TK_EFORMAT, "%s: weight_map[\"%s\"] is not a shard file name", index_path, k);
+            ok = 0;
+            break;
+        }
+        int seen = 0;
+        for (int i = 0; i < ns && !seen; i++) seen = !strcmp(shards[i], sh);
+        if (!seen) shards[ns++] = (char *)sh;
+    }
+    if (ok) qsort(shards, (size_t)ns, sizeof *shards, cmp_str);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", index_path);
+    char *slash = strrchr(dir, '/');
+    if (slash) slash[1] = 0;
+    else dir[0] = 0;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), total = 0;
+    int nent = 0;
+    for (int i = 0; ok && i < ns; i++) {
+        char path[8192];
+        snprintf(path, sizeof path, "%s%s", dir, shards[i]);
+        if (!(fs[i] = tk_st_open(path, err))) ok = 0;
+        else {
+            at[i] = total;
+            total += (fs[i]->len + page - 1) / page * page;
+            nent += fs[i]->n;
+        }
+    }
+    tk_st_file *f = ok ? calloc(1, sizeof *f) : NULL;
+    uint8_t *base = MAP_FAILED;
+    if (f) {
+        f->e = calloc((size_t)(nent > 0 ? nent : 1), sizeof *f->e);
+        base = total ? mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+        if (!f->e || base == MAP_FAILED) {
+            tk_err_set(err, TK_EIO, "%s: cannot map %zu bytes of shards", index_path, total);
+            ok = 0;
+        } else {
+            f->base = f->data = base;
+            f->len = f->data_len = total;
+            f->mapped = 1;
+        }
+    }
+    /* each shard's pages at its place in the range, its entries shifted there */
+    for (int i = 0; ok && i < ns; i++) {
+        char path[8192];
+        snprintf(path, sizeof path, "%s%s", dir, shards[i]);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        void *p = fd >= 0 ? mmap(base + at[i], fs[i]->len, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0) : MAP_FAILED;
+        if (fd >= 0) close(fd);
+        if (p == MAP_FAILED) {
+            tk_err_set(err, TK_EIO, "%s: cannot map: %s", path, strerror(errno));
+            ok = 0;
+            break;
+        }
+        uint64_t shift = at[i] + (uint64_t)(fs[i]->data - fs[i]->base);
+        for (int j = 0; j < fs[i]->n && ok; j++) {
+            tk_st_entry e = fs[i]->e[j];
+            if (tk_st_find(f, e.name)) {
+                tk_err_set(err, TK_EFORMAT, "%s: tensor '%s' is in two shards (the second: %s)", index_path, e.name,
+                           shards[i]);
+                ok = 0;
+                break;
+            }
+            e.name = strdup(e.name);
+            e.begin += shift;
+            e.end += shift;
+            if (!e.name) ok = 0;
+            else f->e[f->n++] = e;
+        }
+    }
+    /* what the index promises, each shard must hold */
+    json_object_foreach(map, k, v) {
+        if (!ok) break;
+        int i = 0;
+        while (i < ns && strcmp(shards[i], json_string_value(v))) i++;
+        if (i == ns || !tk_st_find(fs[i], k)) {
+            tk_err_set(err, TK_EFORMAT, "%s: tensor '%s' is not in %s, where the index puts it", index_path, k,
+                       json_string_value(v));
+            ok = 0;
+        }
+    }
+    for (int i = 0; fs && i < ns; i++) tk_st_close(&fs[i]);
+    free(fs);
+    free(at);
+    free(shards);
+    json_decref(root);
+    if (!ok) tk_st_close(&f);
+    return f;
+}
+
 tk_status tk_st_read_f32(const tk_st_file *f, const tk_st_entry *e, float *out, tk_err *err) {
     int64_t n = tk_st_numel(e);
     const uint8_t *src = tk_st_data(f, e);

@@ -30,12 +30,15 @@ typedef enum { TK_ATTN_STANDARD = 0, TK_ATTN_FUSED } tk_attention;
 typedef enum { TK_BATCH_FIXED = 0, TK_BATCH_DYNAMIC, TK_BATCH_BUCKETS } tk_batching;
 typedef enum { TK_EMPTY_NEVER = 0, TK_EMPTY_EVERY, TK_EMPTY_ON_OOM } tk_empty_cache;
 typedef enum { TK_DEVICE_AUTO = 0, TK_DEVICE_CPU, TK_DEVICE_CUDA, TK_DEVICE_META } tk_device_choice;
+typedef enum { TK_INIT_PRETRAINED = 0, TK_INIT_RANDOM } tk_init;
 
 #define TK_PATH_MAX 512
 
 typedef struct tk_config {
     /* model */
-    char model[TK_PATH_MAX];   /* preset ("bert-tiny", "bert-base-cased", ...) or HF folder */
+    char model[TK_PATH_MAX];   /* local HF folder or file, hub id ("org/name"), or preset (an alias of a hub id) */
+    char revision[128];        /* hub branch, tag or commit ("main") */
+    tk_init init;              /* pretrained: the model's weights (an error when there are none); random: a shape */
     char vocab[TK_PATH_MAX];   /* vocab.txt; "" = the model folder's */
     int hidden, layers, heads, intermediate; /* 0 = from preset / config.json */
     int vocab_size, max_position, type_vocab;

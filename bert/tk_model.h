@@ -166,8 +166,9 @@ void tk_load_report_clear(tk_load_report *r);
  * n is 0 or out of memory. */
 char *tk_names_grouped(const char *const *names, int n);
 
-/* Loads weights from an HF folder's model.safetensors (or a .safetensors
- * file). Names with or without "bert."; LayerNorm.gamma/beta accepted;
+/* Loads weights from an HF folder in any form it ships them
+ * (tk_checkpoint_open: model.safetensors, pytorch_model.bin, or a sharded
+ * index of either), or such a file. Names with or without "bert."; LayerNorm.gamma/beta accepted;
  * bert.embeddings.position_ids ignored. Pooler and head may be absent: they
  * are then initialised at random and listed in `rep` (may be NULL; cleared
  * first), with the checkpoint's tensors that are not used. Missing encoder
@@ -178,10 +179,13 @@ char *tk_names_grouped(const char *const *names, int n);
 tk_status tk_model_load_hf(tk_model *m, const char *path, tk_load_report *rep, tk_err *err);
 
 /* The model config c describes, on d, with its weights: loaded from the
- * model folder's model.safetensors (or a .safetensors file) when there is
- * one — `rep` (may be NULL) says what was newly initialised and what the
- * checkpoint had that is not used — else initialised at random with c's
- * seed (*random_init = 1; may be NULL). New model, or NULL with err; on
+ * model folder's model.safetensors (or a .safetensors file) — `rep` (may
+ * be NULL) says what was newly initialised and what the checkpoint had that
+ * is not used — or, only when c->init is random, initialised at random with
+ * c's seed (*random_init = 1; may be NULL). A model with no weights to load
+ * under init pretrained is an error that says how to get them (c->model is
+ * a local path by now: the caller resolves hub ids, tk_hub.h). New model,
+ * or NULL with err; on
  * TK_EOOM the device's last OOM record says what was being allocated. */
 tk_model *tk_model_from_config(tk_dev *d, const tk_config *c, tk_load_report *rep, int *random_init,
                                tk_err *err);

@@ -48,6 +48,13 @@ typedef struct tk_st_file tk_st_file;
 /* Opens and validates a file (the data is memory-mapped, read-only).
  * New reference; NULL with err filled on any violation. */
 tk_st_file *tk_st_open(const char *path, tk_err *err);
+/* Opens a sharded checkpoint through its model.safetensors.index.json: each
+ * shard the "weight_map" names (a file beside the index) is opened and
+ * checked as tk_st_open does, and the result reads as one file (the shards
+ * are mapped side by side in one address range). Every tensor the index
+ * names must be in its shard, and no name may be in two shards. New
+ * reference; NULL with err naming the index, shard or tensor. */
+tk_st_file *tk_st_open_index(const char *index_path, tk_err *err);
 /* Parses an in-memory image (borrowed; must outlive the result). `what`
  * names it in errors. */
 tk_st_file *tk_st_parse(const void *buf, size_t len, const char *what, tk_err *err);

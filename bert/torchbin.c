@@ -554,6 +554,9 @@ tk_st_file *tk_checkpoint_open(const char *path, char *file, size_t n, tk_err *e
                    path);
         return NULL;
     }
+    /* safetensors shards are mapped side by side (tk_st_open_index, no
+     * copy); pytorch_model.bin shards are read and copied into one image */
+    if (ends_with(file, "model.safetensors.index.json")) return tk_st_open_index(file, err);
     if (ends_with(file, ".index.json")) {
         char dir[TK_PATH_MAX + 64];
         snprintf(dir, sizeof dir, "%s", file);

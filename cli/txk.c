@@ -296,6 +296,19 @@ static int write_snapshot(tk_session *s, const char *path, const tk_oom *oom) {
     return EXIT_OK;
 }
 
+static int train_download(void *ud, const char *file, int64_t done, int64_t total) {
+    train_view *v = ud;
+    double t = now_s();
+    if ((total > 0 && done >= total) || t - v->last >= (v->tty ? 0.25 : 5.0)) {
+        char d[32], tt[32];
+        fprintf(stderr, "%sdownload %s: %s of %s%s", v->tty ? "\r" : "", file, tk_format_bytes((size_t)done, d, sizeof d),
+                total > 0 ? tk_format_bytes((size_t)total, tt, sizeof tt) : "?",
+                v->tty && !(total > 0 && done >= total) ? "   " : "\n");
+        v->last = t;
+    }
+    return atomic_load(&g_cancel);
+}
+
 static int cmd_train(int argc, char **argv) {
     if (argc < 1) {
         fprintf(stderr, "usage: txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]\n");
@@ -312,7 +325,7 @@ static int cmd_train(int argc, char **argv) {
     if (!s) return EXIT_ERR;
     signal(SIGINT, on_sigint);
     train_view v = {isatty(2), 0};
-    tk_run_hooks h = {.on_note = train_note, .on_progress = train_progress, .ud = &v,
+    tk_run_hooks h = {.on_note = train_note, .on_progress = train_progress, .on_download = train_download, .ud = &v,
                       .ignore_plan = has_flag(argv, argc, "--no-plan")};
     tk_run_report r;
     tk_err err = {0};

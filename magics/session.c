@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "tk_checkpoint.h"
+#include "tk_hub.h"
 #include "tk_model.h"
 #include "tk_pipeline.h"
 #include "tk_predict.h"
@@ -205,8 +206,59 @@ static void run_note(void *ud, const char *line) {
     note(x->h, "%s", line);
 }
 
+typedef struct {
+    const tk_run_hooks *h;
+} fetch_ctx;
+
+static int fetch_progress(void *ud, const char *file, int64_t done, int64_t total) {
+    const tk_run_hooks *h = ((fetch_ctx *)ud)->h;
+    return h && h->on_download ? h->on_download(h->ud, file, done, total) : 0;
+}
+
+/* The rule is tk_session_resolve_model's (tk_session.h). */
+tk_status tk_session_resolve_model(tk_config *c, const char *id, int download, int weights, const tk_run_hooks *h,
+                                   tk_err *err) {
+    struct stat st;
+    tk_bert_dims dims;
+    int preset = stat(id, &st) != 0 && tk_bert_preset(id, &dims, NULL) == 0;
+    if (stat(id, &st) == 0 || (preset && c->init == TK_INIT_RANDOM)) return TK_OK;
+    fetch_ctx fx = {h};
+    tk_hub_opts o = {.weights = weights && c->init != TK_INIT_RANDOM, .offline = !download,
+                     .progress = fetch_progress, .ud = &fx};
+    char dir[TK_PATH_MAX];
+    tk_hub_info info;
+    tk_err e = {0};
+    tk_status rc = tk_hub_resolve(id, c->revision, &o, dir, sizeof dir, &info, &e);
+    if (rc != TK_OK) {
+        if (!download && preset) return TK_OK;
+        if (!download)
+            tk_err_set(err, rc, "%s (planning never downloads: %%%%txtrain or txk train fetches the model first)",
+                       e.msg);
+        else
+            tk_err_set(err, rc, "%s", e.msg);
+        return rc;
+    }
+    if (strlen(dir) >= sizeof c->model) {
+        tk_err_set(err, TK_EINVAL, "model: the cache path %s is longer than %zu bytes; set HF_HUB_CACHE to a shorter one",
+                   dir, sizeof c->model - 1);
+        return TK_EINVAL;
+    }
+    if (download && (weights || info.n_downloaded)) {
+        char b[32];
+        note(h, "model: %s (revision %s, commit %.12s)%s: %s %s", info.repo, c->revision, info.commit,
+             weights ? "" : ", config and tokenizer", info.n_downloaded ? "downloaded" : "from the HF cache",
+             info.n_downloaded ? tk_format_bytes((size_t)info.bytes_downloaded, b, sizeof b) : dir);
+    }
+    snprintf(c->model, sizeof c->model, "%s", dir);
+    return TK_OK;
+}
+
 tk_status tk_session_load_data(tk_session *s, tk_config *c, tk_run_data *out, tk_err *err) {
     memset(out, 0, sizeof *out);
+    char id[TK_PATH_MAX];
+    snprintf(id, sizeof id, "%s", c->model);
+    tk_status mrc = tk_session_resolve_model(c, id, 0, 0, NULL, err);
+    if (mrc != TK_OK) return mrc;
     if (!c->train_file[0]) return TK_OK;
     tk_status rc = tk_run_data_load(c, out, err);
     if (rc != TK_OK) return rc;
@@ -235,8 +287,21 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     tk_alloc_stats_get(a, &st);
     r->baseline = st.allocated;
 
+    /* The model's config and tokenizer first (small files: the data
+     * pipeline reads its vocab.txt, the plan its config), its weights only
+     * once the plan fits. A preset the hub cannot give now is planned as its
+     * shape, so a run that would not fit says so even offline. */
+    char id[TK_PATH_MAX];
+    snprintf(id, sizeof id, "%s", c->model);
+    tk_err pending = {0};
+    tk_status rc = tk_session_resolve_model(&cc, id, 1, 0, h, &pending);
+    tk_bert_dims shape;
+    if (rc != TK_OK && tk_bert_preset(id, &shape, NULL) != 0) {
+        *err = pending;
+        return rc;
+    }
     tk_run_data data;
-    tk_status rc = tk_session_load_data(s, &cc, &data, err);
+    rc = tk_session_load_data(s, &cc, &data, err);
     if (rc != TK_OK) return rc;
     if (data.vocab_note[0]) note(h, "%s", data.vocab_note);
     note(h, "data: %d training examples in %d batches, %d dev examples (digest %016llx)", data.n_examples,
@@ -260,6 +325,13 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
         remember_run(s, r);
         tk_run_data_clear(&data);
         return TK_OK;
+    }
+
+    if (pending.status == TK_OK) rc = tk_session_resolve_model(&cc, id, 1, 1, h, &pending);
+    if (pending.status != TK_OK) {
+        *err = pending;
+        tk_run_data_clear(&data);
+        return pending.status;
     }
 
     /* On cuda the device peak (CUPTI) starts afresh: the run's own. */
@@ -287,7 +359,8 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     note(h, "model: %lld parameters (%lld trainable)", (long long)tk_model_n_weights(m),
          (long long)tk_model_n_trainable(m));
     if (random_init) {
-        note(h, "weights: random init (seed %llu): %s has no weights here", (unsigned long long)cc.seed, cc.model);
+        note(h, "weights: random init (seed %llu), as init: random asks: %s gives only the shape",
+             (unsigned long long)cc.seed, c->model);
     } else {
         note(h, "weights: loaded %s", cc.model);
         if (lr.n_new) note(h, "weights: newly initialised (not in the checkpoint): %s", lr.new_names);

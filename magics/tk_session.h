@@ -59,9 +59,23 @@ struct tk_run_data;     /* tk_pipeline.h */
 /* The data of config *c as its run builds it (bert's one pipeline): when c
  * names a train_file, `out` gets the corpus, the session's lengths become
  * the corpus' and *c becomes the config the run uses (its label count).
- * Without a train_file `out` is left zeroed and *c unchanged. Every command
+ * c->model first becomes a local folder when the HF cache holds it
+ * (tk_hub.h; this never downloads: tk_session_train does, before it
+ * comes here). Without a train_file `out` is left zeroed. Every command
  * that plans, advises or trains a config comes through here. */
 tk_status tk_session_load_data(tk_session *s, tk_config *c, struct tk_run_data *out, tk_err *err);
+struct tk_run_hooks;
+/* c->model becomes a local folder (bert/tk_hub.h) for `id`, what the user
+ * named: a path as it is; a preset under init: random stays a shape (no
+ * weights, no network); anything else from the HF cache, or, when
+ * `download`, from the hub (the weights too when `weights` and init is
+ * pretrained), with h's on_download progress and a note saying where the
+ * model came from (h may be NULL). Without `download` (plans, advice) a
+ * preset not in the cache stays its shape, which is the hub model's;
+ * another hub id is an error saying a run fetches it. tk_session_train and
+ * tk_session_load_data call it; so does any command that needs a model. */
+tk_status tk_session_resolve_model(tk_config *c, const char *id, int download, int weights,
+                                   const struct tk_run_hooks *h, tk_err *err);
 /* Releases everything: device, last run, timeline (keeps nothing). */
 void tk_session_reset(tk_session *s);
 
@@ -83,6 +97,9 @@ typedef struct tk_run_hooks {
     void (*on_note)(void *ud, const char *line);                  /* one-line status messages */
     int (*on_progress)(void *ud, const struct tk_progress *p);   /* every step; nonzero cancels */
     void (*on_epoch)(void *ud, const struct tk_epoch_stats *e);
+    /* a model file being downloaded: `done` of `total` bytes (0 = unknown);
+     * nonzero cancels (the partial file is resumed next time); may be NULL */
+    int (*on_download)(void *ud, const char *file, int64_t done, int64_t total);
     void *ud;
     /* 1: train even when the plan says it will not fit (as a plain PyTorch
      * loop would), to see the run-time OOM and its autopsy */

@@ -40,6 +40,9 @@ typedef struct {
     double last;
     tk_progress p;
     int have_p;
+    char fetch_id[64];       /* the download's own progress line */
+    int fetch_shown;
+    double fetch_last;
 } run_view;
 
 static void fmt_eta(double s, char *buf, size_t n) {
@@ -86,6 +89,30 @@ static int on_progress(void *ud, const tk_progress *p) {
     return v->m->cancel && atomic_load(v->m->cancel) ? 1 : 0;
 }
 
+/* A model file coming from the hub: one progress line per run, updated in
+ * place (update_display_data), at most four times a second. */
+static int on_download(void *ud, const char *file, int64_t done, int64_t total) {
+    run_view *v = ud;
+    double t = now_s();
+    int end = total > 0 && done >= total;
+    if (v->fetch_shown && !end && t - v->fetch_last < 0.25)
+        return v->m->cancel && atomic_load(v->m->cancel) ? 1 : 0;
+    char label[400], d[32], tt[32];
+    snprintf(label, sizeof label, "download %.200s: %s of %s", file, tk_format_bytes((size_t)done, d, sizeof d),
+             total > 0 ? tk_format_bytes((size_t)total, tt, sizeof tt) : "?");
+    double frac = total > 0 ? (double)done / (double)total : 0;
+    json_t *b = tk_bundle_new("");
+    tk_bundle_take(b, "text/plain", tk_text_progress(frac, 30, label));
+    tk_bundle_take(b, "text/html", tk_html_progress(frac, label));
+    json_object_set_new(b, "application/json", json_pack("{s:s, s:I, s:I}", "file", file, "done", (json_int_t)done,
+                                                         "total", (json_int_t)total));
+    v->m->out->ops->display(v->m->out, b, NULL, v->fetch_id, v->fetch_shown);
+    json_decref(b);
+    v->fetch_shown = 1;
+    v->fetch_last = t;
+    return v->m->cancel && atomic_load(v->m->cancel) ? 1 : 0;
+}
+
 static void on_note(void *ud, const char *line) {
     run_view *v = ud;
     tk_magic_printf(v->m, "stdout", "%s\n", line);
@@ -129,7 +156,9 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
     memset(&v, 0, sizeof v);
     v.m = m;
     snprintf(v.display_id, sizeof v.display_id, "txtrain-%d-%lld", m->execution_count, (long long)time(NULL));
-    tk_run_hooks h = {.on_note = on_note, .on_progress = on_progress, .ud = &v, .ignore_plan = ignore_plan};
+    snprintf(v.fetch_id, sizeof v.fetch_id, "txfetch-%d-%lld", m->execution_count, (long long)time(NULL));
+    tk_run_hooks h = {.on_note = on_note, .on_progress = on_progress, .on_download = on_download, .ud = &v,
+                      .ignore_plan = ignore_plan};
     tk_run_report r;
     tk_status st = tk_session_train(s, &c, &h, &r, &err);
     char b1[32], b2[32], b3[32], b4[32];

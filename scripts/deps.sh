@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS="build-essential pkg-config clang libclang-rt-14-dev
-libzmq3-dev libsodium-dev libjansson-dev libyaml-dev libopenblas-dev libutf8proc-dev
+libzmq3-dev libsodium-dev libjansson-dev libyaml-dev libopenblas-dev libutf8proc-dev libcurl4-openssl-dev
 python3 python3-venv python3-pip python3-numpy python3-pytest python3-torch
 python3-jupyter-client python3-ipykernel python3-nbclient python3-nbformat
 python3-nbconvert jupyter-nbconvert jupyter-console python3-jupyter-console
@@ -24,15 +24,15 @@ if [ -n "$missing" ]; then
 fi
 
 # PyPI peers Debian lacks (or has too old): HF tokenizers, safetensors,
-# jupyter_kernel_test, nbclient, and HF transformers in the last release
-# series that runs on Debian's torch 1.13 (it pins tokenizers < 0.20 and
-# huggingface_hub < 1.0 itself).
-PYPI="tokenizers safetensors jupyter_kernel_test nbclient transformers<4.41"
+# jupyter_kernel_test, nbclient, huggingface_hub (the cache interop test), and
+# HF transformers in the last release series that runs on Debian's torch 1.13
+# (it pins tokenizers < 0.20 and huggingface_hub < 1.0 itself).
+PYPI="tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub transformers<4.41"
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 need=""
-for m in tokenizers safetensors jupyter_kernel_test nbclient transformers; do
+for m in tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub transformers; do
   .venv/bin/python -c "import $m" 2>/dev/null || need=1
 done
 if [ -n "$need" ] || ! .venv/bin/python -c "import nbclient,sys; sys.exit(0 if tuple(map(int,nbclient.__version__.split('.')[:2]))>=(0,10) else 1)" 2>/dev/null; then

@@ -45,6 +45,7 @@ static void test_reviews_bert_tiny(void) {
     tk_config c;
     tk_config_defaults(&c);
     snprintf(c.model, sizeof c.model, "bert-tiny");
+    c.init = TK_INIT_RANDOM; /* the shape, random weights: no download */
     snprintf(c.vocab, sizeof c.vocab, "tests/data/vocab_uncased.txt");
     snprintf(c.train_file, sizeof c.train_file, "tests/data/reviews_train.csv");
     snprintf(c.dev_file, sizeof c.dev_file, "tests/data/reviews_dev.csv");
@@ -102,6 +103,7 @@ static void test_missing_file(void) {
     tk_config c;
     tk_config_defaults(&c);
     snprintf(c.model, sizeof c.model, "bert-tiny");
+    c.init = TK_INIT_RANDOM; /* the shape, random weights: no download */
     snprintf(c.vocab, sizeof c.vocab, "tests/data/vocab_uncased.txt");
     snprintf(c.train_file, sizeof c.train_file, "tests/data/no_such_file.csv");
     tk_dev_opts o = { .kind = TK_DEV_CPU };

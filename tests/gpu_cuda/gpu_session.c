@@ -20,7 +20,7 @@
 #include "magics/magics_rec.h"
 
 #define SMALL                                                                                  \
-    "model: bert-mini\nvocab: tests/data/vocab_cased.txt\n"                                     \
+    "model: bert-mini\ninit: random\nvocab: tests/data/vocab_cased.txt\n"                       \
     "train_file: tests/data/reviews_train.csv\ndev_file: tests/data/reviews_dev.csv\n"          \
     "max_examples: 256\nmax_len: 128\nbatch_size: 32\nbatching: fixed\nepochs: 1\ndevice: cuda\n"
 

@@ -17,7 +17,7 @@ DATA = os.path.join(ROOT, "tests", "data")
 
 
 def tiny(**over):
-    cfg = {"model": "bert-tiny", "hidden": 32, "layers": 1, "heads": 2, "intermediate": 64,
+    cfg = {"model": "bert-tiny", "init": "random", "hidden": 32, "layers": 1, "heads": 2, "intermediate": 64,
            "vocab": os.path.join(DATA, "vocab_cased.txt"),
            "train_file": os.path.join(DATA, "reviews_train.csv"),
            "dev_split": 0, "max_examples": 16, "max_len": 32, "batch_size": 8, "max_steps": 2,

@@ -21,7 +21,7 @@ static json_int_t mem_field(const char *field) {
 }
 
 #define TINY                                                                                   \
-    "model: bert-tiny\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"                    \
+    "model: bert-tiny\ninit: random\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"      \
     "vocab: tests/data/vocab_cased.txt\ntrain_file: tests/data/reviews_train.csv\n"            \
     "dev_split: 0\nmax_examples: 16\nmax_len: 32\nbatch_size: 8\nmax_steps: 2\ndevice: cpu\n"
 

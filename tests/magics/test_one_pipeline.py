@@ -18,7 +18,7 @@ DATA = os.path.join(ROOT, "tests", "data")
 
 # dynamic padding and a dev split: batch boundaries and the split both
 # depend on the pipeline's choices, so a second copy would show
-CFG = {"model": "bert-tiny", "hidden": 32, "layers": 1, "heads": 2, "intermediate": 64,
+CFG = {"model": "bert-tiny", "init": "random", "hidden": 32, "layers": 1, "heads": 2, "intermediate": 64,
        "vocab": os.path.join(DATA, "vocab_uncased.txt"),
        "train_file": os.path.join(DATA, "reviews_train.csv"), "text_col": "text", "label_col": "label",
        "dev_split": 0.2, "max_examples": 96, "max_len": 48, "batching": "dynamic", "batch_size": 8,

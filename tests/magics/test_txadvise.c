@@ -69,7 +69,7 @@ static void test_seed_auto(void) {
  * 512, fixed padding and a capacity a little under its plan, run with
  * --no-plan so it meets the OOM at run time. */
 #define SMALL                                                                                  \
-    "model: bert-tiny\nhidden: 32\nlayers: 2\nheads: 2\nintermediate: 64\n"                    \
+    "model: bert-tiny\ninit: random\nhidden: 32\nlayers: 2\nheads: 2\nintermediate: 64\n"      \
     "vocab: tests/data/vocab_cased.txt\ntrain_file: tests/data/reviews_train.csv\n"            \
     "dev_file: " DEV "\nmax_examples: 24\nmax_len: 320\nbatch_size: 8\nepochs: 1\ndevice: cpu\n"
 #define DEV "/tmp/txadvise_test_dev.csv"
@@ -175,7 +175,7 @@ static void test_every_fix_measured(void) {
 
 /* The SQuAD seed: a Dense layer over the flattened sequence. */
 #define SQUAD                                                                                  \
-    "task: qa\nhead: flatten_dense\nmodel: bert-tiny\nhidden: 32\nlayers: 2\nheads: 2\n"       \
+    "task: qa\nhead: flatten_dense\nmodel: bert-tiny\ninit: random\nhidden: 32\nlayers: 2\nheads: 2\n" \
     "intermediate: 64\nvocab: tests/data/vocab_cased.txt\n"                                   \
     "train_file: tests/data/squad_train.json\ndev_split: 0\nmax_examples: 16\nmax_len: 88\n" \
     "batch_size: 4\nmax_steps: 2\ndevice: cpu\n"

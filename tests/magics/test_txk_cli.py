@@ -88,7 +88,7 @@ def test_data_and_keys_and_mem():
 
 
 def test_train_tiny_then_planned_oom():
-    base = ("model: bert-tiny\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"
+    base = ("model: bert-tiny\ninit: random\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"
             f"vocab: {DATA}/vocab_cased.txt\ntrain_file: {DATA}/reviews_train.csv\n"
             "dev_split: 0\nmax_examples: 16\nmax_len: 32\nbatch_size: 8\nmax_steps: 2\nthreads: 1\n")
     rc, out, err = txk("train", cfg(base), "--json")
@@ -199,7 +199,7 @@ def test_train_plan_gate_and_run_time_oom_exit_statuses():
     """A run that does not fit a simulated 200 MiB: `txk train` stops before
     allocating (exit 3); with --no-plan it meets the OOM at run time and
     prints the autopsy (exit 4), naming the tensor it was allocating."""
-    c = cfg(f"model: bert-tiny\nvocab: {DATA}/vocab_cased.txt\ntrain_file: {DATA}/reviews_train.csv\n"
+    c = cfg(f"model: bert-tiny\ninit: random\nvocab: {DATA}/vocab_cased.txt\ntrain_file: {DATA}/reviews_train.csv\n"
             "max_len: 256\nbatch_size: 64\nmax_examples: 128\ndevice: {capacity: 200MiB}\n")
     rc, out, err = txk("train", c)
     assert rc == 3 and "stopped before allocating anything" in err, err

@@ -467,6 +467,7 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
         snprintf(c->model, sizeof c->model, "%s", c->output_dir);
     }
     c->max_examples = 0; /* a training-set limit: every input example is predicted */
+    c->init = TK_INIT_PRETRAINED; /* the trained weights, whatever the run started from */
     c->dev_file[0] = 0;
     if (!has_file(c->model, "config.json") || !tk_checkpoint_find(c->model, wfile, sizeof wfile)) {
         tk_err_set(err, TK_EINVAL,

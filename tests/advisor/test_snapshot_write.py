@@ -25,7 +25,7 @@ class BuiltinsOnly(pickle.Unpickler):
 
 def config():
     f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-    f.write(f"model: bert-tiny\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"
+    f.write(f"model: bert-tiny\ninit: random\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"
             f"vocab: {DATA}/vocab_cased.txt\ntrain_file: {DATA}/reviews_train.csv\n"
             f"dev_split: 0\nmax_examples: 16\nmax_len: 32\nbatch_size: 8\nmax_steps: 2\ndevice: cpu\n")
     f.close()

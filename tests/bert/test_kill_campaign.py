@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TXK = os.path.join(ROOT, "build", "txk")
 
 CONFIG = """model: bert-tiny
+init: random
 vocab: tests/data/vocab_uncased.txt
 hidden: 32
 heads: 2

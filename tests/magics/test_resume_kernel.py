@@ -16,7 +16,7 @@ DATA = os.path.join(ROOT, "tests", "data")
 
 
 def config(out_dir):
-    cfg = {"model": "bert-tiny", "hidden": 32, "layers": 1, "heads": 2, "intermediate": 64,
+    cfg = {"model": "bert-tiny", "init": "random", "hidden": 32, "layers": 1, "heads": 2, "intermediate": 64,
            "vocab": os.path.join(DATA, "vocab_cased.txt"),
            "train_file": os.path.join(DATA, "reviews_train.csv"),
            "dev_split": 0.2, "max_examples": 80, "max_len": 32, "batch_size": 8, "epochs": 3,

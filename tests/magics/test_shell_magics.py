@@ -98,7 +98,7 @@ def test_bash_cell_runs_a_multiline_script(kernel):
 
 def test_cd_moves_relative_train_file(kernel):
     _, kc = kernel
-    cfg = ("%%txtrain\nmodel: bert-tiny\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"
+    cfg = ("%%txtrain\nmodel: bert-tiny\ninit: random\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"
            "vocab: vocab_cased.txt\ntrain_file: reviews_train.csv\ndev_split: 0\nmax_examples: 16\n"
            "max_len: 32\nbatch_size: 8\nmax_steps: 1\ndevice: cpu\n")
     rep, outs = run(kc, "%cd /")

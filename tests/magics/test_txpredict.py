@@ -30,7 +30,7 @@ def kernel():
 def test_txpredict_after_txtrain(kernel):
     _, kc = kernel
     out = tempfile.mkdtemp()
-    cfg = (f"model: bert-tiny\nhidden: 64\nlayers: 1\nheads: 2\nintermediate: 128\n"
+    cfg = (f"model: bert-tiny\ninit: random\nhidden: 64\nlayers: 1\nheads: 2\nintermediate: 128\n"
            f"vocab: {DATA}/vocab_uncased.txt\ntrain_file: {DATA}/reviews_train.csv\n"
            f"dev_file: {DATA}/reviews_dev.csv\nmax_examples: 256\nmax_len: 64\nbatching: dynamic\n"
            f"batch_size: 32\neval_batch_size: 48\nepochs: 1\nlr: 2e-3\ndropout: 0\ndevice: cpu\noutput_dir: {out}\n")

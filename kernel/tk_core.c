@@ -271,7 +271,9 @@ static void h_execute(req *r) {
     if (!code) { reply_error(r, "execute_reply", "content.code must be a string"); return; }
     if (c->aborting) {
         if (sent_before_error(c, r->m)) {
-            reply(r, "execute_reply", json_pack("{s:s,s:i}", "status", "aborted", "execution_count", c->exec_count));
+            /* no execution_count, as the spec says for aborted replies and
+             * ipykernel does: JupyterLab would show the count on the cell */
+            reply(r, "execute_reply", json_pack("{s:s}", "status", "aborted"));
             return;
         }
         c->aborting = 0; /* the client has gone on after the error */

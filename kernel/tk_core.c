@@ -45,7 +45,7 @@ struct tk_core {
      * published its error (monotonic s), and the clock estimates per client */
     int aborting;
     double error_at;
-    double undated_grace;   /* s: tk_core_opts.stop_on_error_timeout */
+    double grace;           /* s: tk_core_opts.stop_on_error_timeout */
     clock_est clocks[TK_CLOCK_SESSIONS];
     unsigned long clock_tick;
     atomic_int cancel;
@@ -123,17 +123,23 @@ static void clock_sample(tk_core *c, const tk_msg *m) {
  * date + clock difference <= date + smallest offset; if that is before the
  * error went out, the client cannot have known of it, however long the
  * request then took to arrive. A request sent after the client received the
- * error always has date + smallest offset >= error_at, so it runs. Undated
- * requests (no estimate possible) are aborted only when taken within the
- * grace window after the error, as ipykernel's stop_on_error_timeout. */
-static int sent_before_error(tk_core *c, const tk_msg *m) {
+ * error has date + smallest offset >= error_at. Between the two, while the
+ * error is on its way, a burst member and a script's immediate follow-up
+ * look alike: the grace window (ipykernel's stop_on_error_timeout, 0 by
+ * default as there) aborts what was sent within it. Undated requests are
+ * judged by when they are taken off the queue instead. */
+static int sent_before_error(tk_core *c, const tk_msg *m, double *after) {
     double d;
-    if (header_date(m, &d)) return now_mono() - c->error_at <= c->undated_grace;
+    if (header_date(m, &d)) {
+        *after = now_mono() - c->error_at;
+        return *after < c->grace;
+    }
     clock_est *e = client_clock(c, m);
     double best = 0;
     for (int i = 0; i < e->n; i++)
         if (i == 0 || e->off[i] < best) best = e->off[i];
-    return e->n > 0 && d + best < c->error_at;
+    *after = d + best - c->error_at;
+    return e->n > 0 && *after < c->grace;
 }
 
 static void logbad(tk_core *c, tk_channel ch, const char *why) {
@@ -270,7 +276,9 @@ static void h_execute(req *r) {
     const char *code = json_string_value(json_object_get(ct, "code"));
     if (!code) { reply_error(r, "execute_reply", "content.code must be a string"); return; }
     if (c->aborting) {
-        if (sent_before_error(c, r->m)) {
+        double after = 0;
+        if (sent_before_error(c, r->m, &after)) {
+            fprintf(stderr, "txkernel: aborted an execute sent %+.3f s from the last error (stop_on_error)\n", after);
             /* no execution_count, as the spec says for aborted replies and
              * ipykernel does: JupyterLab would show the count on the cell */
             reply(r, "execute_reply", json_pack("{s:s}", "status", "aborted"));
@@ -499,7 +507,7 @@ tk_core *tk_core_new(const tk_core_opts *o, tk_kerr *err) {
     if (!c) goto oom;
     pthread_mutex_init(&c->lock, NULL);
     c->interp = o->interp;
-    c->undated_grace = o->stop_on_error_timeout;
+    c->grace = o->stop_on_error_timeout;
     c->tr = o->transport;
     c->signer = tk_signer_new(o->key, o->key_len);
     c->replay = tk_replay_new();

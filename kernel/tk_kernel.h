@@ -159,9 +159,9 @@ typedef struct tk_core_opts {
     tk_interp interp;           /* copied */
     tk_transport transport;     /* copied */
     const char *history_path;   /* NULL: default per-user path; "" : no file */
-    /* seconds after an error during which execute requests without a
-     * readable header.date are aborted too (dated ones are judged by their
-     * date; see tk_core.c); ipykernel's stop_on_error_timeout */
+    /* seconds after an error during which execute requests are still
+     * aborted: sent within it (by header.date, see tk_core.c), or taken off
+     * the queue within it when undated; ipykernel's stop_on_error_timeout */
     double stop_on_error_timeout;
 } tk_core_opts;
 

@@ -23,11 +23,13 @@
 #include <zmq.h>
 
 #define POLL_MS 50
-/* stop_on_error: executes whose header.date cannot be read are aborted when
- * taken this soon after an error (the core judges dated ones by their date).
+/* stop_on_error: executes sent before an error are aborted; with a grace
+ * window, so are those sent (or, undated, taken) that long after it.
  * TXKERNEL_STOP_ON_ERROR_TIMEOUT (seconds, e.g. in the kernelspec's "env")
- * overrides it, like ipykernel's stop_on_error_timeout. */
-#define STOP_ON_ERROR_TIMEOUT_S 0.02
+ * sets it, like ipykernel's stop_on_error_timeout, whose default it keeps:
+ * a window also aborts a script's request sent right after it read the
+ * error. */
+#define STOP_ON_ERROR_TIMEOUT_S 0.0
 #define MAX_FRAMES 256
 
 typedef struct zt {

@@ -363,21 +363,31 @@ static void test_stop_on_error_by_client_dates(void) {
     g_date = "2026-01-01T00:00:00.000000Z";
 }
 
-/* Undated requests: aborted within the grace window, run after it; a
- * request with stop_on_error false fails without aborting anything. */
-static void test_stop_on_error_undated_grace(void) {
+/* The grace window: requests sent (undated: taken) within it after the
+ * error are aborted too, later ones run. */
+static void test_stop_on_error_grace_window(void) {
     g_grace = 0.2;
     fx x; fx_init(&x);
+    date_now_plus(0);
     send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%nosuch"));
-    g_date = NULL;
-    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo queued"));
+    date_now_plus(0.1);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo sent 0.1 s after"));
     TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "aborted");
+    g_date = NULL;
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo undated, at once"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 2), "status"), "aborted");
     usleep(300000);
-    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo later"));
-    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 2), "status"), "ok");
-    g_date = "2026-01-01T00:00:00.000000Z";
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo undated, later"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 3), "status"), "ok");
     fx_free(&x);
     g_grace = 0;
+    /* without a window an undated request runs: its send time is unknown */
+    fx_init(&x);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%nosuch"));
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo undated"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "ok");
+    g_date = "2026-01-01T00:00:00.000000Z";
+    fx_free(&x);
 }
 
 static void test_bad_messages_never_run(void) {
@@ -603,7 +613,7 @@ int main(void) {
     TK_RUN(test_second_error_in_a_cell_is_dropped);
     TK_RUN(test_stop_on_error_aborts_queued);
     TK_RUN(test_stop_on_error_by_client_dates);
-    TK_RUN(test_stop_on_error_undated_grace);
+    TK_RUN(test_stop_on_error_grace_window);
     TK_RUN(test_bad_messages_never_run);
     TK_RUN(test_replayed_message_runs_once);
     TK_RUN(test_wrong_types_get_error_replies);

@@ -239,24 +239,6 @@ def rendered(cell):
 
 # ---- the tests, in page order ---------------------------------------------------
 
-DEMO01 = "demo_notebooks/01_seed_oom.ipynb"
-# Demo 01 under Run All took 250 s in this browser on the 2 shared cores at a
-# load average of 8 (its `%txfix auto --run` alone trains 90 s under
-# nbclient), over the 3 minutes the whole browser test may take in make
-# test; TXK_BROWSER_DEMO01=1 runs it (in its own tab, beside the others).
-demo01 = pytest.mark.skipif(os.environ.get("TXK_BROWSER_DEMO01") != "1",
-                            reason="demo 01 under Run All is opt-in: TXK_BROWSER_DEMO01=1 (250 s here)")
-
-
-@demo01
-def test_demo_01_run_all_starts(lab):
-    # its `%txfix auto --run` trains for over a minute on two shared cores,
-    # so it runs in its own tab while the other notebooks are checked
-    d = open_nb(lab, DEMO01)
-    start_run_all(d)
-    lab["demo_started"] = time.monotonic()
-
-
 def test_reports_render_as_html_and_svg(lab):
     train = tiny_train()
     write_nb(os.path.join(lab["root"], "render.ipynb"),
@@ -310,6 +292,25 @@ def test_run_all_stops_at_a_bad_key(lab):
 
 def test_run_all_stops_on_ipykernel_too(lab):
     _stop_at_error(lab, "stop_py.ipynb", "python3", "raise KeyError('batchsize')", "run_all_stops_ipykernel")
+
+
+DEMO01 = "demo_notebooks/01_seed_oom.ipynb"
+# Demo 01 under Run All took 250 s in this browser on the 2 shared cores at a
+# load average of 8 (its `%txfix auto --run` alone trains 90 s under
+# nbclient), over the 3 minutes the whole browser test may take in make
+# test; TXK_BROWSER_DEMO01=1 runs it (in its own tab, beside the others).
+demo01 = pytest.mark.skipif(os.environ.get("TXK_BROWSER_DEMO01") != "1",
+                            reason="demo 01 under Run All is opt-in: TXK_BROWSER_DEMO01=1 (250 s here)")
+
+
+@demo01
+def test_demo_01_run_all_starts(lab):
+    # its `%txfix auto --run` trains for over a minute on two shared cores,
+    # so it runs in its own tab while the live-progress notebook is checked
+    # (after the Run All checks, which a loaded browser would slow)
+    d = open_nb(lab, DEMO01)
+    start_run_all(d)
+    lab["demo_started"] = time.monotonic()
 
 
 def test_live_progress_and_interrupt_button(lab):

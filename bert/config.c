@@ -578,6 +578,7 @@ void tk_config_defaults(tk_config *c) {
 
 typedef struct {
     const char *source;
+    int line0;       /* added to YAML line numbers: where the document starts in its source */
     char msg[1024];
     int line;
     /* keys already set in this document, to catch duplicates */
@@ -592,6 +593,7 @@ static int fail(parse_ctx *px, int line, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(body, sizeof body, fmt, ap);
     va_end(ap);
+    if (line > 0) line += px->line0;
     snprintf(px->msg, sizeof px->msg, "%s:%d: %s", px->source, line, body);
     px->line = line;
     return -1;
@@ -689,9 +691,15 @@ static int apply_mapping(tk_config *c, yaml_document_t *doc, yaml_node_t *map, c
 
 tk_status tk_config_parse_yaml(tk_config *c, const char *yaml, size_t len, const char *source,
                                tk_err *err) {
+    return tk_config_parse_yaml_at(c, yaml, len, source, 1, err);
+}
+
+tk_status tk_config_parse_yaml_at(tk_config *c, const char *yaml, size_t len, const char *source,
+                                  int first_line, tk_err *err) {
     parse_ctx px;
     memset(&px, 0, sizeof px);
     px.source = source ? source : "config";
+    px.line0 = first_line > 0 ? first_line - 1 : 0;
     yaml_parser_t parser;
     yaml_document_t doc;
     if (!yaml_parser_initialize(&parser)) {
@@ -700,7 +708,7 @@ tk_status tk_config_parse_yaml(tk_config *c, const char *yaml, size_t len, const
     }
     yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
     if (!yaml_parser_load(&parser, &doc)) {
-        int line = (int)parser.problem_mark.line + 1;
+        int line = (int)parser.problem_mark.line + 1 + px.line0;
         tk_err_set(err, TK_EINVAL, "%s:%d: YAML syntax error: %s%s%s", px.source, line,
                    parser.problem ? parser.problem : "malformed",
                    parser.context ? " " : "", parser.context ? parser.context : "");

@@ -105,6 +105,11 @@ void tk_config_defaults(tk_config *c);
  * values). */
 tk_status tk_config_parse_yaml(tk_config *c, const char *yaml, size_t len, const char *source,
                                tk_err *err);
+/* The same for a document that starts on line first_line of its source (a
+ * cell's YAML body starts below its %%magic line), so errors name the line
+ * an editor shows. */
+tk_status tk_config_parse_yaml_at(tk_config *c, const char *yaml, size_t len, const char *source,
+                                  int first_line, tk_err *err);
 /* Sets one key from a string ("batch_size", "16"); the same checks. */
 tk_status tk_config_set(tk_config *c, const char *key, const char *value, tk_err *err);
 /* Fills model dimensions from the preset or the folder's config.json. */

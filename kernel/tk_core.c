@@ -1,6 +1,7 @@
 /* tk_core.c — the protocol core: verify and decode, reject replays, dispatch by
  * msg_type through a table, publish status busy/idle around every request,
- * answer, count executions, keep history, abort queued executes after an error.
+ * answer, count executions, keep history, abort the executes a client sent
+ * before it could have seen an error (stop_on_error).
  *
  * It never touches ZeroMQ: frames go out through a tk_transport table, so unit
  * tests drive it with an in-memory transport exactly as the sockets do.
@@ -19,6 +20,18 @@
 #include <string.h>
 #include <time.h>
 
+#define TK_CLOCK_SAMPLES 16
+#define TK_CLOCK_SESSIONS 8
+
+/* What the kernel knows of one client's clock (keyed by header.session):
+ * kernel monotonic time minus header.date of its last shell messages. */
+typedef struct clock_est {
+    char session[64];
+    double off[TK_CLOCK_SAMPLES];
+    int n, next;
+    unsigned long used;     /* LRU stamp */
+} clock_est;
+
 struct tk_core {
     tk_signer *signer;
     tk_replay *replay;
@@ -28,14 +41,106 @@ struct tk_core {
     pthread_mutex_t lock;   /* replay + iopub */
     char session[40];
     int exec_count;
-    int aborting;           /* shell thread only */
-    double abort_before;    /* UTC seconds: executes sent before this are aborted */
+    /* stop_on_error, shell thread only: when the last stop_on_error cell
+     * published its error (monotonic s), and the clock estimates per client */
+    int aborting;
+    double error_at;
+    double grace;           /* s: tk_core_opts.stop_on_error_timeout */
+    clock_est clocks[TK_CLOCK_SESSIONS];
+    unsigned long clock_tick;
     atomic_int cancel;
     atomic_int stop, restart;
     atomic_ulong dropped;
 };
 
 typedef struct req { tk_core *c; tk_channel ch; tk_msg *m; } req;
+
+static double now_mono(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* header.date (ISO 8601 with "Z", an offset, or none: read as UTC) in
+ * seconds since 1970 into *t; 0, or -1 when missing or unreadable. Only
+ * differences between one client's dates are used, so a wrong zone cancels. */
+static int header_date(const tk_msg *m, double *t) {
+    const char *d = json_string_value(json_object_get(m->header, "date"));
+    struct tm tm = {0};
+    double sec = 0;
+    int n = 0;
+    if (!d || sscanf(d, "%4d-%2d-%2dT%2d:%2d:%lf%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+                     &tm.tm_min, &sec, &n) != 6)
+        return -1;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    double off = 0;
+    const char *z = d + n;
+    int oh, om;
+    if (*z == '+' || *z == '-') {
+        if (sscanf(z + 1, "%2d:%2d", &oh, &om) != 2) return -1;
+        off = (*z == '+' ? 1 : -1) * (oh * 3600.0 + om * 60.0);
+    } else if (*z != 'Z' && *z != 0) {
+        return -1;
+    }
+    *t = (double)timegm(&tm) + sec - off;
+    return 0;
+}
+
+/* The clock of the client that sent m: the session's estimate, taken over
+ * when the session is new (least recently used one). */
+static clock_est *client_clock(tk_core *c, const tk_msg *m) {
+    const char *sid = json_string_value(json_object_get(m->header, "session"));
+    if (!sid) sid = "";
+    clock_est *e = &c->clocks[0];
+    for (int i = 0; i < TK_CLOCK_SESSIONS; i++) {
+        if (!strncmp(c->clocks[i].session, sid, sizeof c->clocks[i].session - 1)) { e = &c->clocks[i]; goto found; }
+        if (c->clocks[i].used < e->used) e = &c->clocks[i];
+    }
+    memset(e, 0, sizeof *e);
+    snprintf(e->session, sizeof e->session, "%s", sid);
+found:
+    e->used = ++c->clock_tick;
+    return e;
+}
+
+/* Records when a dated shell message was taken off the queue: offset =
+ * kernel monotonic time - client date = clock difference + the message's
+ * delay, so the smallest recent offset bounds the clock difference from
+ * above. The last TK_CLOCK_SAMPLES only, so a client's clock stepped back
+ * is forgotten after that many messages. */
+static void clock_sample(tk_core *c, const tk_msg *m) {
+    double d;
+    if (header_date(m, &d)) return;
+    clock_est *e = client_clock(c, m);
+    e->off[e->next] = now_mono() - d;
+    e->next = (e->next + 1) % TK_CLOCK_SAMPLES;
+    if (e->n < TK_CLOCK_SAMPLES) e->n++;
+}
+
+/* Whether the client sent execute request m before it could have seen the
+ * error published at c->error_at. The request was sent, in kernel time, at
+ * date + clock difference <= date + smallest offset; if that is before the
+ * error went out, the client cannot have known of it, however long the
+ * request then took to arrive. A request sent after the client received the
+ * error has date + smallest offset >= error_at. Between the two, while the
+ * error is on its way, a burst member and a script's immediate follow-up
+ * look alike: the grace window (ipykernel's stop_on_error_timeout, 0 by
+ * default as there) aborts what was sent within it. Undated requests are
+ * judged by when they are taken off the queue instead. */
+static int sent_before_error(tk_core *c, const tk_msg *m, double *after) {
+    double d;
+    if (header_date(m, &d)) {
+        *after = now_mono() - c->error_at;
+        return *after < c->grace;
+    }
+    clock_est *e = client_clock(c, m);
+    double best = 0;
+    for (int i = 0; i < e->n; i++)
+        if (i == 0 || e->off[i] < best) best = e->off[i];
+    *after = d + best - c->error_at;
+    return e->n > 0 && *after < c->grace;
+}
 
 static void logbad(tk_core *c, tk_channel ch, const char *why) {
     static const char *names[] = {"shell", "control", "stdin", "iopub"};
@@ -105,6 +210,7 @@ typedef struct exec_out {
     int count, silent;
     json_t *payload;     /* array */
     json_t *error;       /* {ename, evalue, traceback} of the first error, or NULL */
+    double error_at;     /* monotonic s when that error was published */
     char *result_text;   /* text/plain of the last execute_result, for history */
 } exec_out;
 
@@ -146,6 +252,7 @@ static void o_error(tk_out *o, const char *ename, const char *evalue, json_t *tb
     if (!e) return;
     json_decref(x->error);
     x->error = e;
+    x->error_at = now_mono();
     publish(x->r->c, x->r->m->header, "error", e);
 }
 
@@ -163,48 +270,21 @@ static int want_bool(json_t *content, const char *key, int dflt) {
     return json_is_boolean(v) ? json_is_true(v) : dflt;
 }
 
-static double now_utc(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Whether the request's header.date (ISO 8601, UTC "Z" or an offset) is before
- * t. After a failed cell only requests the client sent before it could have
- * seen the error are aborted (a "run all" burst queued behind the cell); one
- * sent after the error reply, e.g. by a script that checks the error and goes
- * on, runs. A missing or unreadable date counts as "after": run it. */
-static int sent_before(const tk_msg *m, double t) {
-    const char *d = json_string_value(json_object_get(m->header, "date"));
-    struct tm tm = {0};
-    double sec = 0;
-    int n = 0;
-    if (!d || sscanf(d, "%4d-%2d-%2dT%2d:%2d:%lf%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
-                     &tm.tm_min, &sec, &n) != 6)
-        return 0;
-    tm.tm_year -= 1900;
-    tm.tm_mon -= 1;
-    double off = 0;
-    const char *z = d + n;
-    int oh, om;
-    if (*z == '+' || *z == '-') {
-        if (sscanf(z + 1, "%2d:%2d", &oh, &om) != 2) return 0;
-        off = (*z == '+' ? 1 : -1) * (oh * 3600.0 + om * 60.0);
-    } else if (*z != 'Z' && *z != 0) {
-        return 0;
-    }
-    double when = (double)timegm(&tm) + sec - off;
-    return when < t;
-}
-
 static void h_execute(req *r) {
     tk_core *c = r->c;
     json_t *ct = r->m->content;
     const char *code = json_string_value(json_object_get(ct, "code"));
     if (!code) { reply_error(r, "execute_reply", "content.code must be a string"); return; }
-    if (c->aborting && sent_before(r->m, c->abort_before)) {
-        reply(r, "execute_reply", json_pack("{s:s,s:i}", "status", "aborted", "execution_count", c->exec_count));
-        return;
+    if (c->aborting) {
+        double after = 0;
+        if (sent_before_error(c, r->m, &after)) {
+            fprintf(stderr, "txkernel: aborted an execute sent %+.3f s from the last error (stop_on_error)\n", after);
+            /* no execution_count, as the spec says for aborted replies and
+             * ipykernel does: JupyterLab would show the count on the cell */
+            reply(r, "execute_reply", json_pack("{s:s}", "status", "aborted"));
+            return;
+        }
+        c->aborting = 0; /* the client has gone on after the error */
     }
     int silent = want_bool(ct, "silent", 0);
     int store = silent ? 0 : want_bool(ct, "store_history", 1);
@@ -227,9 +307,9 @@ static void h_execute(req *r) {
         json_t *rep = json_deep_copy(x.error);
         json_object_set_new(rep, "status", json_string("error"));
         json_object_set_new(rep, "execution_count", json_integer(eo.execution_count));
-        if (stop_on_error) { /* stamped before the reply leaves: no client can have seen it earlier */
+        if (stop_on_error) {
             c->aborting = 1;
-            c->abort_before = now_utc();
+            c->error_at = x.error_at;
         }
         reply(r, "execute_reply", rep);
     } else {
@@ -397,6 +477,7 @@ void tk_core_handle(tk_core *c, tk_channel ch, const tk_frame *frames, size_t n)
         tk_msg_destroy(&m);
         return;
     }
+    if (ch == TK_CH_SHELL) clock_sample(c, m);
     req r = {c, ch, m};
     if (h->status) status(c, m->header, "busy");
     h->fn(&r);
@@ -404,7 +485,6 @@ void tk_core_handle(tk_core *c, tk_channel ch, const tk_frame *frames, size_t n)
     tk_msg_destroy(&m);
 }
 
-void tk_core_shell_idle(tk_core *c) { c->aborting = 0; }
 int tk_core_aborting(tk_core *c) { return c->aborting; }
 
 void tk_core_starting(tk_core *c) { status(c, NULL, "starting"); }
@@ -427,6 +507,7 @@ tk_core *tk_core_new(const tk_core_opts *o, tk_kerr *err) {
     if (!c) goto oom;
     pthread_mutex_init(&c->lock, NULL);
     c->interp = o->interp;
+    c->grace = o->stop_on_error_timeout;
     c->tr = o->transport;
     c->signer = tk_signer_new(o->key, o->key_len);
     c->replay = tk_replay_new();

@@ -159,6 +159,10 @@ typedef struct tk_core_opts {
     tk_interp interp;           /* copied */
     tk_transport transport;     /* copied */
     const char *history_path;   /* NULL: default per-user path; "" : no file */
+    /* seconds after an error during which execute requests are still
+     * aborted: sent within it (by header.date, see tk_core.c), or taken off
+     * the queue within it when undated; ipykernel's stop_on_error_timeout */
+    double stop_on_error_timeout;
 } tk_core_opts;
 
 typedef struct tk_core tk_core;
@@ -168,10 +172,8 @@ void tk_core_destroy(tk_core **pc);
 /* Handles one received message (raw frames, borrowed). Bad messages are logged
  * and dropped. Shell requests run on the calling thread. */
 void tk_core_handle(tk_core *c, tk_channel ch, const tk_frame *frames, size_t n);
-/* The transport calls this when the shell queue is empty: ends the abort of
- * queued executes that follows an error with stop_on_error. */
-void tk_core_shell_idle(tk_core *c);
-/* Nonzero while queued executes are being aborted after an error. */
+/* Nonzero after a stop_on_error cell failed and until an execute request
+ * sent after the client could have seen that error runs. */
 int tk_core_aborting(tk_core *c);
 /* Publishes status "starting" (once, at start). */
 void tk_core_starting(tk_core *c);

@@ -23,13 +23,13 @@
 #include <zmq.h>
 
 #define POLL_MS 50
-/* After a failed cell with stop_on_error, requests sent together with it (a
- * "run all" burst) may still be in flight: the shell queue is watched this much
- * longer before the abort ends. A C kernel fails a cell in microseconds, far
- * sooner than such a burst lands; ipykernel gets the same effect from its own
- * latency. The core aborts only executes whose header.date is before the error,
- * so a request sent after the client saw the error still runs. */
-#define ABORT_GRACE_MS 20
+/* stop_on_error: executes sent before an error are aborted; with a grace
+ * window, so are those sent (or, undated, taken) that long after it.
+ * TXKERNEL_STOP_ON_ERROR_TIMEOUT (seconds, e.g. in the kernelspec's "env")
+ * sets it, like ipykernel's stop_on_error_timeout, whose default it keeps:
+ * a window also aborts a script's request sent right after it read the
+ * error. */
+#define STOP_ON_ERROR_TIMEOUT_S 0.0
 #define MAX_FRAMES 256
 
 typedef struct zt {
@@ -233,8 +233,19 @@ int tk_kernel_serve(const char *connection_file, const tk_interp *interp, tk_ker
     for (int i = 0; i < TK_CH_COUNT; i++)
         if (!(t.sock[i] = bind_sock(&t, &cf, types[i], cf.port[i], names[i], err))) goto out;
     if (!(t.hb = bind_sock(&t, &cf, ZMQ_REP, cf.hb_port, "heartbeat", err))) goto out;
+    double grace = STOP_ON_ERROR_TIMEOUT_S;
+    const char *gs = getenv("TXKERNEL_STOP_ON_ERROR_TIMEOUT");
+    if (gs && *gs) {
+        char *end;
+        double v = strtod(gs, &end);
+        if (*end || !(v >= 0) || v > 3600) {
+            snprintf(err->msg, sizeof err->msg, "TXKERNEL_STOP_ON_ERROR_TIMEOUT=\"%.100s\": want seconds between 0 and 3600", gs);
+            goto out;
+        }
+        grace = v;
+    }
     tk_core_opts co = {.key = (const uint8_t *)cf.key, .key_len = strlen(cf.key), .interp = *interp,
-                       .transport = {&t, zt_send}};
+                       .transport = {&t, zt_send}, .stop_on_error_timeout = grace};
     if (!(t.core = tk_core_new(&co, err))) goto out;
 
     g_cancel = tk_core_cancel_flag(t.core);
@@ -254,19 +265,7 @@ int tk_kernel_serve(const char *connection_file, const tk_interp *interp, tk_ker
     while (!stopping(&t)) {
         int n = zmq_poll(items, 2, POLL_MS);
         if (n > 0 && (items[0].revents & ZMQ_POLLIN)) {
-            /* drain the queue, then tell the core it is empty: that ends the
-             * abort of queued executes after an error (stop_on_error) */
             while (!stopping(&t) && pump(&t, TK_CH_SHELL)) {}
-            if (tk_core_aborting(t.core)) {
-                struct timespec t0, now;
-                clock_gettime(CLOCK_MONOTONIC, &t0);
-                for (long left = ABORT_GRACE_MS; left > 0 && !stopping(&t);) {
-                    if (zmq_poll(items, 1, left) > 0) while (pump(&t, TK_CH_SHELL)) {}
-                    clock_gettime(CLOCK_MONOTONIC, &now);
-                    left = ABORT_GRACE_MS - ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000);
-                }
-            }
-            tk_core_shell_idle(t.core);
         }
         if (n > 0 && (items[1].revents & ZMQ_POLLIN))
             while (pump(&t, TK_CH_STDIN)) {}

@@ -488,6 +488,19 @@ void tk_bundle_take_json(json_t *bundle, const char *mime, json_t *j) {
     if (j) json_object_set_new(bundle, mime, j);
 }
 
+json_t *tk_bundle_for_notebook(json_t *bundle, const char *what) {
+    json_t *b = json_copy(bundle);
+    json_t *j = b ? json_object_get(b, "application/json") : NULL;
+    if (!j) return b;
+    char mime[128];
+    snprintf(mime, sizeof mime, "application/vnd.txkernel.%s+json", what);
+    if (json_object_set(b, mime, j) || json_object_del(b, "application/json")) {
+        json_decref(b);
+        return NULL;
+    }
+    return b;
+}
+
 const char *tk_render_bytes(size_t bytes, char buf[32]) {
     return tk_format_bytes(bytes, buf, 32);
 }

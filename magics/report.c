@@ -5,7 +5,9 @@
  *
  * Guarantees: numbers shown are the allocator's exact byte counts, formatted
  * as PyTorch formats them; the application/json part carries raw bytes so
- * scripts and tests compare integers, not text.
+ * scripts and tests compare integers, not text. In a notebook that part
+ * travels as application/vnd.txkernel.<what>+json (tk_txshow), never as
+ * application/json, unless the user asked for --json.
  */
 #include <ctype.h>
 #include <math.h>
@@ -68,7 +70,7 @@ void tk_txargs_free(char **argv, int argc) {
     free(argv);
 }
 
-void tk_txemit(tk_magic_ctx *m, json_t *bundle, int json_only) {
+void tk_txemit_as(tk_magic_ctx *m, json_t *bundle, int json_only, const char *what) {
     if (json_only) {
         json_t *j = json_object_get(bundle, "application/json");
         char *s = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
@@ -79,7 +81,22 @@ void tk_txemit(tk_magic_ctx *m, json_t *bundle, int json_only) {
         free(s);
         return;
     }
-    m->out->ops->display(m->out, bundle, NULL, NULL, 0);
+    tk_txshow(m, bundle, what, NULL, 0, 0);
+}
+
+void tk_txemit(tk_magic_ctx *m, json_t *bundle, int json_only) {
+    tk_txemit_as(m, bundle, json_only, strncmp(m->name, "tx", 2) ? m->name : m->name + 2);
+}
+
+void tk_txshow(tk_magic_ctx *m, json_t *bundle, const char *what, const char *display_id, int update, int result) {
+    json_t *b = tk_bundle_for_notebook(bundle, what);
+    if (!b) {
+        tk_magic_printf(m, "stderr", "txkernel: out of host memory showing the %s report\n", what);
+        return;
+    }
+    if (result) m->out->ops->result(m->out, b, NULL);
+    else m->out->ops->display(m->out, b, NULL, display_id, update);
+    json_decref(b);
 }
 
 static const char *B(size_t n, char buf[32]) { return tk_format_bytes(n, buf, 32); }
@@ -318,10 +335,10 @@ void tk_report_add_head_note(json_t *bundle, const tk_config *c, const tk_plan_r
     size_t span = (size_t)2 * d.hidden * 4 + 2 * 4;
     char a[32], b[32], e[32], line[1024];
     snprintf(line, sizeof line,
-             "\nThe culprit: the head is a Dense(%d) over the flattened %d tower(s) x %d tokens x %d hidden, so its "
+             "\nThe culprit: the head is a Dense(%d) over the flattened %d tower%s x %d tokens x %d hidden, so its "
              "weight classifier.weight is [%d x %lld] = %s in fp32%s%s%s. A per-token span head (head: span, "
              "[2 x %d] + bias) needs %s.\n",
-             d.head_units, towers, d.max_len, d.hidden, d.head_units, in, tk_format_bytes(wbytes, a, sizeof a),
+             d.head_units, towers, towers == 1 ? "" : "s", d.max_len, d.hidden, d.head_units, in, tk_format_bytes(wbytes, a, sizeof a),
              owner_bytes ? "; with its gradient, AdamW state and activations 'classifier' holds " : "",
              owner_bytes ? tk_format_bytes(owner_bytes, b, sizeof b) : "", owner_bytes ? " at the peak" : "",
              d.hidden, tk_format_bytes(span, e, sizeof e));

@@ -244,9 +244,9 @@ static int unknown_magic(tk_magics *m, tk_out *out, const char *pct, const char 
     return out_error(out, "UsageError", "unknown magic %s%s (line %d); %%lsmagic lists the magics", pct, name, line);
 }
 
-static int run_magic(tk_magics *m, const tk_magic_def *d, int is_cell, const char *args,
-                     const char *body, const tk_exec_opts *opts, tk_out *out, atomic_int *cancel) {
-    tk_magic_ctx c = {.name = d->name, .args = args, .body = body, .is_cell = is_cell, .out = out,
+static int run_magic(tk_magics *m, const tk_magic_def *d, int is_cell, const char *args, const char *body,
+                     int line, const tk_exec_opts *opts, tk_out *out, atomic_int *cancel) {
+    tk_magic_ctx c = {.name = d->name, .args = args, .body = body, .is_cell = is_cell, .out = out, .line = line,
                       .cancel = cancel, .session = m->session, .magics = m,
                       .execution_count = opts ? opts->execution_count : 0};
     int rc = d->run(&c);
@@ -311,12 +311,12 @@ static int m_execute(void *self, const char *code, const tk_exec_opts *opts, tk_
         else if (!is_cell && !(d->kind & TK_MAGIC_LINE))
             rc = out_error(out, "UsageError", "%%%%%s is a cell magic: put it on the first line and its body below", name);
         else if (is_cell) {
-            rc = run_magic(m, d, 1, args, nx, opts, out, cancel);
+            rc = run_magic(m, d, 1, args, nx, lineno, opts, out, cancel);
             free(name);
             free(args);
             return rc; /* the body is the rest of the cell */
         } else
-            rc = run_magic(m, d, 0, args, "", opts, out, cancel);
+            rc = run_magic(m, d, 0, args, "", lineno, opts, out, cancel);
         free(name);
         free(args);
         if (rc) return rc;

@@ -67,6 +67,7 @@ typedef struct tk_magic_ctx {
     void *session;         /* tk_magics_set_session's pointer, or NULL */
     tk_magics *magics;     /* the registry (for %lsmagic, %txhelp) */
     int execution_count;
+    int line;              /* the cell line (1-based) of the magic; a body starts on line + 1 */
 } tk_magic_ctx;
 
 /* Returns 0 on success, -1 after reporting an error through the sink. */

@@ -101,7 +101,7 @@ static int run_sleep(tk_magic_ctx *c) {
 
 static int run_txversion(tk_magic_ctx *c) {
     json_t *data = json_pack("{s:s,s:{s:s,s:s}}", "text/plain", "txkernel " TK_KERNEL_VERSION " (Jupyter protocol " TK_PROTOCOL_VERSION ")",
-                             "application/json", "version", TK_KERNEL_VERSION, "protocol_version", TK_PROTOCOL_VERSION);
+                             "application/vnd.txkernel.version+json", "version", TK_KERNEL_VERSION, "protocol_version", TK_PROTOCOL_VERSION);
     c->out->ops->result(c->out, data, NULL);
     json_decref(data);
     return 0;

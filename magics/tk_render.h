@@ -73,6 +73,17 @@ void tk_bundle_take(json_t *bundle, const char *mime, char *s);
 /* Sets bundle[mime] = j; takes the reference (NULL: nothing set). */
 void tk_bundle_take_json(json_t *bundle, const char *mime, json_t *j);
 
+/* Report builders put their machine-readable part under "application/json"
+ * (what `txk --json` and `%... --json` print). A notebook must not get it
+ * there: JupyterLab and Notebook 7 rank their JSON viewer (rank 0) above HTML
+ * (50) and SVG (80), and VS Code's display order starts with
+ * application/json, so the JSON tree would hide the report. This returns a
+ * shallow copy of bundle (new reference; NULL on OOM) whose "application/json"
+ * is moved to "application/vnd.txkernel.<what>+json", a type no frontend
+ * renders by default (renderers match exact types), so text/html (or SVG,
+ * Vega-Lite) is what users see and the data stays in the output. */
+json_t *tk_bundle_for_notebook(json_t *bundle, const char *what);
+
 /* Byte counts with two decimals as PyTorch prints them ("24.00 MiB"). */
 const char *tk_render_bytes(size_t bytes, char buf[32]);
 

@@ -19,9 +19,18 @@
 int tk_txargs_split(const char *s, char ***argv, int *argc);
 void tk_txargs_free(char **argv, int argc);
 
-/* Shows a bundle as display_data. json_only: only its application/json part,
- * with text/plain the same JSON indented (what --json asks for). */
+/* Shows a bundle (borrowed) as display_data. json_only: only its
+ * application/json part, with text/plain the same JSON indented (what --json
+ * asks for). Otherwise the application/json part goes out as
+ * application/vnd.txkernel.<what>+json (tk_bundle_for_notebook), so the
+ * notebook renders the HTML; tk_txemit names it after the magic without its
+ * "tx" ("plan" for %txplan, "data" for %txdata). */
 void tk_txemit(tk_magic_ctx *m, json_t *bundle, int json_only);
+void tk_txemit_as(tk_magic_ctx *m, json_t *bundle, int json_only, const char *what);
+/* Sends bundle (borrowed) through m's sink as display_data (display_id NULL:
+ * a new output; update: update_display_data of display_id) or, result != 0,
+ * as execute_result, with its machine-readable part renamed as above. */
+void tk_txshow(tk_magic_ctx *m, json_t *bundle, const char *what, const char *display_id, int update, int result);
 
 /* A config from a cell: `base`, then the YAML body (if any), then the
  * `key=value` words of the magic line. skip_flags: words starting with "--"

@@ -78,7 +78,8 @@ static json_t *advice_bundle(const tk_advice *a, int top) {
     tk_sb_add(&h, "</div>");
     const char *hd[] = {">#", "fix", ">planned peak", ">margin", ">time/sample", "at risk", "fits"};
     char title[128];
-    snprintf(title, sizeof title, "Fixes, best first (%d configs planned in %.0f ms)", a->n_planned, a->ms);
+    snprintf(title, sizeof title, "Fixes, best first (%d config%s planned in %.0f ms)", a->n_planned,
+             a->n_planned == 1 ? "" : "s", a->ms);
     tk_rtable *t = tk_rtable_new(title, 7, hd);
     int n = top > 0 && top < a->n_cand ? top : a->n_cand;
     for (int i = 0; t && i < n; i++) {

@@ -204,7 +204,7 @@ static int run_txmem(tk_magic_ctx *m) {
             int n = 0;
             const tk_mem_sample *tl = tk_session_timeline(s, &n);
             json_t *tb = timeline_bundle(tl, n);
-            if (tb) tk_txemit(m, tb, json_only);
+            if (tb) tk_txemit_as(m, tb, json_only, "timeline");
             json_decref(tb);
         }
         size_t sl = save ? strlen(save) : 0;

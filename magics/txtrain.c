@@ -72,7 +72,7 @@ static void show_progress(run_view *v, int final) {
                                   "loss", (double)p->loss, "samples_per_s", p->samples_per_s, "eta_s", p->eta_s,
                                   "allocated", (json_int_t)p->allocated, "peak", (json_int_t)p->peak, "capacity",
                                   (json_int_t)p->capacity));
-    v->m->out->ops->display(v->m->out, b, NULL, v->display_id, v->shown);
+    tk_txshow(v->m, b, "progress", v->display_id, v->shown, 0);
     json_decref(b);
     v->shown = 1;
 }
@@ -178,7 +178,7 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
         int nb = 0;
         tk_err terr = {0};
         if (tk_plan_tensors_at_peak(&c, len, nl, big, 8, &nb, &terr) == TK_OK) tk_report_add_tensors(pb, big, nb);
-        m->out->ops->display(m->out, pb, NULL, NULL, 0);
+        tk_txshow(m, pb, "plan", NULL, 0, 0);
         json_decref(pb);
         rc = tk_magic_error(m, "OutOfMemoryPlanned",
                             "the plan needs %s at its peak but the device has %s free: stopped before "
@@ -200,15 +200,15 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
     }
     case TK_RUN_CANCELLED:
         if (v.have_p) show_progress(&v, 0);
-        tk_magic_printf(m, "stdout", "Interrupted after step %lld (%d complete epochs). %s%s\n", (long long)r.steps,
-                        r.epochs_done, r.checkpoint[0] ? "Last checkpoint: " : "No checkpoint written.",
+        tk_magic_printf(m, "stdout", "Interrupted after step %lld (%d complete epoch%s). %s%s\n", (long long)r.steps,
+                        r.epochs_done, r.epochs_done == 1 ? "" : "s", r.checkpoint[0] ? "Last checkpoint: " : "No checkpoint written.",
                         r.checkpoint);
         rc = tk_magic_interrupted(m);
         break;
     case TK_RUN_DONE: {
         if (v.have_p) show_progress(&v, 1);
         json_t *hb = tk_report_history(r.history, r.n_history, c.task);
-        m->out->ops->display(m->out, hb, NULL, NULL, 0);
+        tk_txshow(m, hb, "epochs", NULL, 0, 0);
         json_decref(hb);
         char line[1024];
         snprintf(line, sizeof line,
@@ -240,7 +240,7 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
         json_object_set_new(rj, "dev_loss", last && isfinite(last->dev_loss) ? json_real(last->dev_loss) : json_null());
         json_object_set_new(rj, "dev_acc", last && isfinite(last->dev_acc) ? json_real(last->dev_acc) : json_null());
         json_object_set_new(res, "application/json", rj);
-        m->out->ops->result(m->out, res, NULL);
+        tk_txshow(m, res, "result", NULL, 0, 1);
         json_decref(res);
         break;
     }
@@ -256,7 +256,8 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
 int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out, int skip_flags) {
     tk_err err = {0};
     *out = *base;
-    if (m->body && *m->body && tk_config_parse_yaml(out, m->body, strlen(m->body), "cell", &err) != TK_OK)
+    if (m->body && *m->body &&
+        tk_config_parse_yaml_at(out, m->body, strlen(m->body), "cell", m->line + 1, &err) != TK_OK)
         return tk_magic_error(m, "ConfigError", "%s", err.msg);
     char **argv = NULL;
     int argc = 0;
@@ -335,7 +336,7 @@ static int run_txkeys(tk_magic_ctx *m) {
     tk_bundle_take(b, "text/html", tk_rtable_html(t));
     tk_bundle_take_json(b, "application/json", tk_rtable_json(t));
     tk_rtable_destroy(&t);
-    m->out->ops->display(m->out, b, NULL, NULL, 0);
+    tk_txshow(m, b, "keys", NULL, 0, 0);
     json_decref(b);
     return 0;
 }

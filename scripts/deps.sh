@@ -10,7 +10,8 @@ libzmq3-dev libsodium-dev libjansson-dev libyaml-dev libopenblas-dev libutf8proc
 python3 python3-venv python3-pip python3-numpy python3-pytest python3-torch
 python3-jupyter-client python3-ipykernel python3-nbclient python3-nbformat
 python3-nbconvert jupyter-nbconvert jupyter-console python3-jupyter-console
-jupyter-core fortunes fortunes-min"
+jupyter-core fortunes fortunes-min
+chromium chromium-driver python3-selenium"
 
 missing=""
 for p in $PKGS; do
@@ -24,15 +25,17 @@ if [ -n "$missing" ]; then
 fi
 
 # PyPI peers Debian lacks (or has too old): HF tokenizers, safetensors,
-# jupyter_kernel_test, nbclient, huggingface_hub (the cache interop test), and
+# jupyter_kernel_test, nbclient, huggingface_hub (the cache interop test),
 # HF transformers in the last release series that runs on Debian's torch 1.13
-# (it pins tokenizers < 0.20 and huggingface_hub < 1.0 itself).
-PYPI="tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub transformers<4.41"
+# (it pins tokenizers < 0.20 and huggingface_hub < 1.0 itself), and
+# JupyterLab 4 and Notebook 7 for the browser test (tests/browser/), which
+# Debian 12 only has as 3.x/6.x.
+PYPI="tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub transformers<4.41 jupyterlab notebook"
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 need=""
-for m in tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub transformers; do
+for m in tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub transformers jupyterlab notebook; do
   .venv/bin/python -c "import $m" 2>/dev/null || need=1
 done
 if [ -n "$need" ] || ! .venv/bin/python -c "import nbclient,sys; sys.exit(0 if tuple(map(int,nbclient.__version__.split('.')[:2]))>=(0,10) else 1)" 2>/dev/null; then

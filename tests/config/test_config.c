@@ -213,6 +213,13 @@ static void test_yaml_syntax_error(void) {
     TK_CHECK_MSG(strstr(err.msg, "cell:2: YAML syntax error") != NULL, "%s", err.msg);
     TK_CHECK_EQ_INT(parse(&c, "lr: 1e-5\n---\nlr: 2e-5\n", &err), TK_EINVAL);
     TK_CHECK_MSG(strstr(err.msg, "cell:3: only one YAML document") != NULL, "%s", err.msg);
+    /* a body that starts on line 2 of its cell: every line number moves by one */
+    TK_CHECK_EQ_INT(tk_config_parse_yaml_at(&c, "lr: 1e-5\nbatchsize: 8\n", 21, "cell", 2, &err), TK_EINVAL);
+    TK_CHECK_MSG(!strncmp(err.msg, "cell:3: unknown key 'batchsize'", 31), "%s", err.msg);
+    TK_CHECK_EQ_INT(tk_config_parse_yaml_at(&c, "a: 1\n  b: 2\n", 12, "cell", 2, &err), TK_EINVAL);
+    TK_CHECK_MSG(strstr(err.msg, "cell:3: YAML syntax error") != NULL, "%s", err.msg);
+    TK_CHECK_EQ_INT(tk_config_parse_yaml_at(&c, "lr: 1e-5\n---\nlr: 2e-5\n", 22, "cell", 2, &err), TK_EINVAL);
+    TK_CHECK_MSG(strstr(err.msg, "cell:4: only one YAML document") != NULL, "%s", err.msg);
 }
 
 static void test_set_and_dotted(void) {

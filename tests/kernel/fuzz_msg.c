@@ -84,6 +84,5 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tk_msg *m = tk_msg_decode(NULL, f, n, &err);
     tk_msg_destroy(&m);
     tk_core_handle(g_core, size ? (tk_channel)(data[0] % TK_CH_COUNT) : TK_CH_SHELL, f, n);
-    tk_core_shell_idle(g_core);
     return 0;
 }

@@ -28,7 +28,7 @@ class _Samples:
     code_page_something = "?echo"
     code_generate_error = "%nosuchmagic"
     code_execute_result = [{"code": "%txversion", "result": VERSION_TEXT},
-                           {"code": "%txversion", "mime": "application/json"}]
+                           {"code": "%txversion", "mime": "application/vnd.txkernel.version+json"}]
     code_display_data = [{"code": "%lsmagic", "mime": "text/html"},
                          {"code": "%echo --display d1 shown", "mime": "text/plain"}]
     code_history_pattern = "%txver*"

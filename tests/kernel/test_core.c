@@ -38,6 +38,7 @@ static void mem_clear(mem *t) {
 }
 
 typedef struct fx { mem t; tk_magics *mg; tk_core *c; tk_signer *client; int seq; } fx;
+static double g_grace; /* stop_on_error_timeout of the next fx_init */
 
 static void fx_init(fx *x) {
     memset(x, 0, sizeof *x);
@@ -46,7 +47,7 @@ static void fx_init(fx *x) {
     x->client = tk_signer_new((const uint8_t *)KEY, strlen(KEY));
     x->mg = tk_magics_new();
     tk_core_opts o = {.key = (const uint8_t *)KEY, .key_len = strlen(KEY), .interp = tk_magics_interp(x->mg),
-                      .transport = {&x->t, mem_send}, .history_path = ""};
+                      .transport = {&x->t, mem_send}, .history_path = "", .stop_on_error_timeout = g_grace};
     tk_kerr err;
     x->c = tk_core_new(&o, &err);
 }
@@ -61,13 +62,29 @@ static void fx_free(fx *x) {
 }
 
 /* Builds a signed request; returns frames (free with tk_frames_free). */
-static const char *g_date = "2026-01-01T00:00:00.000000Z"; /* header.date of test requests */
+static const char *g_date = "2026-01-01T00:00:00.000000Z"; /* header.date of test requests; NULL: none */
+static char g_date_buf[48];
+
+/* Dates the next requests `dt` seconds from now on the real clock, as a
+ * client's dates are. */
+static void date_now_plus(double dt) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + dt;
+    time_t whole = (time_t)t;
+    struct tm tm;
+    gmtime_r(&whole, &tm);
+    char ymd[32];
+    strftime(ymd, sizeof ymd, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(g_date_buf, sizeof g_date_buf, "%s.%06dZ", ymd, (int)((t - (double)whole) * 1e6));
+    g_date = g_date_buf;
+}
 
 static tk_frame *req_frames(fx *x, const tk_signer *s, const char *type, json_t *content, size_t *n, char *id_out) {
     char id[64];
     snprintf(id, sizeof id, "test-%d", ++x->seq);
     if (id_out) strcpy(id_out, id);
-    json_t *h = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "msg_id", id, "session", "sess-test", "username", "t",
+    json_t *h = json_pack("{s:s,s:s,s:s,s:s?,s:s,s:s}", "msg_id", id, "session", "sess-test", "username", "t",
                           "date", g_date, "msg_type", type, "version", "5.3");
     json_t *p = json_object(), *md = json_object();
     uint8_t ident[] = "client-1";
@@ -268,8 +285,9 @@ static void test_error_is_one_reply_and_one_iopub_error(void) {
     TK_CHECK(cstr(rep, "evalue") && strstr(cstr(rep, "evalue"), "did you mean %echo?"));
     TK_CHECK(json_is_array(json_object_get(rep->content, "traceback")));
     mem_clear(&x.t);
-    tk_core_shell_idle(x.c);
+    g_date = "2999-01-01T00:00:00.000000Z"; /* sent after the error was seen */
     send_req(&x, TK_CH_SHELL, "execute_request", exec_content("model: bert-base-cased"));
+    g_date = "2026-01-01T00:00:00.000000Z";
     rep = find(&x, TK_CH_SHELL, "execute_reply", 0);
     TK_CHECK(cstr(rep, "evalue") && strstr(cstr(rep, "evalue"), "Cells start with a magic"));
     fx_free(&x);
@@ -304,7 +322,7 @@ static void test_stop_on_error_aborts_queued(void) {
     g_date = "2026-01-01T00:00:00.000000Z";
     TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 2), "status"), "ok");
     mem_clear(&x.t);
-    tk_core_shell_idle(x.c);  /* queue drained: new work runs again */
+    /* once a request has run, the abort is over */
     send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo later"));
     TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 0), "status"), "ok");
     /* with stop_on_error false nothing is aborted */
@@ -314,6 +332,61 @@ static void test_stop_on_error_aborts_queued(void) {
     send_req(&x, TK_CH_SHELL, "execute_request", c);
     send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo next"));
     TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "ok");
+    fx_free(&x);
+}
+
+/* The rule by dates on a real clock: a cell fails after 0.3 s; requests the
+ * client dated 0..200 ms after that cell (before the error could reach it)
+ * are aborted even though they arrive after the error reply left, as a
+ * request stuck in a proxy would; one dated after the error runs. */
+static void test_stop_on_error_by_client_dates(void) {
+    fx x; fx_init(&x);
+    date_now_plus(0);
+    send_req(&x, TK_CH_SHELL, "kernel_info_request", json_object());
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%sleep 0.3\n%nosuch"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 0), "status"), "error");
+    static const double later[] = {0, 0.002, 0.010, 0.050, 0.200};
+    for (int i = 0; i < 5; i++) {
+        date_now_plus(later[i] - 0.3);
+        send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo must not run"));
+        TK_CHECK_MSG(!strcmp(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1 + i), "status") ?: "", "aborted"),
+                     "sent %.3f s after the failing cell", later[i]);
+    }
+    TK_CHECK(find(&x, TK_CH_IOPUB, "stream", 0) == NULL);
+    TK_CHECK_EQ_INT(count_type(&x, "execute_input"), 1);
+    /* each aborted request still gets busy/idle, as ipykernel sends them */
+    TK_CHECK_EQ_INT(count_type(&x, "status"), 2 * 7);
+    date_now_plus(0.001);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo runs"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 6), "status"), "ok");
+    fx_free(&x);
+    g_date = "2026-01-01T00:00:00.000000Z";
+}
+
+/* The grace window: requests sent (undated: taken) within it after the
+ * error are aborted too, later ones run. */
+static void test_stop_on_error_grace_window(void) {
+    g_grace = 0.2;
+    fx x; fx_init(&x);
+    date_now_plus(0);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%nosuch"));
+    date_now_plus(0.1);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo sent 0.1 s after"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "aborted");
+    g_date = NULL;
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo undated, at once"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 2), "status"), "aborted");
+    usleep(300000);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo undated, later"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 3), "status"), "ok");
+    fx_free(&x);
+    g_grace = 0;
+    /* without a window an undated request runs: its send time is unknown */
+    fx_init(&x);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%nosuch"));
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo undated"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "ok");
+    g_date = "2026-01-01T00:00:00.000000Z";
     fx_free(&x);
 }
 
@@ -462,9 +535,10 @@ static void test_interrupt_ends_sleep(void) {
     TK_CHECK_MSG(el < 1.0, "took %.2fs", el);
     TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 0), "ename"), "KeyboardInterrupt");
     TK_CHECK_STR(cstr(find(&x, TK_CH_CONTROL, "interrupt_reply", 0), "status"), "ok");
-    /* the next cell runs (after the queue drained) */
-    tk_core_shell_idle(x.c);
+    /* the next cell, sent after the interrupt's error, runs */
+    g_date = "2999-01-01T00:00:00.000000Z";
     send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo after"));
+    g_date = "2026-01-01T00:00:00.000000Z";
     TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "ok");
     fx_free(&x);
 }
@@ -538,6 +612,8 @@ int main(void) {
     TK_RUN(test_error_is_one_reply_and_one_iopub_error);
     TK_RUN(test_second_error_in_a_cell_is_dropped);
     TK_RUN(test_stop_on_error_aborts_queued);
+    TK_RUN(test_stop_on_error_by_client_dates);
+    TK_RUN(test_stop_on_error_grace_window);
     TK_RUN(test_bad_messages_never_run);
     TK_RUN(test_replayed_message_runs_once);
     TK_RUN(test_wrong_types_get_error_replies);

@@ -199,6 +199,56 @@ def test_stop_on_error_aborts_queued_executes(kernel):
     assert r["content"]["status"] == "ok" and outs[0]["content"]["text"] == "runs again\n"
 
 
+def _exec_msg(kc, code):
+    """An execute_request dated now (by the client's clock), not yet sent."""
+    return kc.session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
+                                              "user_expressions": {}, "allow_stdin": False,
+                                              "stop_on_error": True})
+
+
+def test_stop_on_error_by_send_time_whatever_the_arrival(kernel):
+    km, kc = kernel
+    # the failing cell runs 0.3 s; requests made 0..200 ms after it, all
+    # before its error can have reached this client, are held back and sent
+    # only once the error is out (arriving after the error reply left, as
+    # behind a slow proxy): every one is aborted, none runs
+    fail_id = kc.execute("%sleep 0.3\n%nosuchmagic")
+    t0 = time.monotonic()
+    held = []
+    for delay in (0, 0.002, 0.010, 0.050, 0.200):
+        time.sleep(max(0.0, t0 + delay - time.monotonic()))
+        held.append(_exec_msg(kc, "%echo must not run"))
+    while True:
+        m = kc.get_iopub_msg(timeout=10)
+        if m["parent_header"].get("msg_id") == fail_id and m["msg_type"] == "status" \
+                and m["content"]["execution_state"] == "idle":
+            break
+    time.sleep(0.1)  # and they land well after it
+    for msg in held:
+        kc.session.send(kc.shell_channel.socket, msg)
+    replies = {}
+    while len(replies) < 1 + len(held):
+        r = kc.get_shell_msg(timeout=10)
+        replies[r["parent_header"]["msg_id"]] = r["content"]["status"]
+    assert replies[fail_id] == "error"
+    assert [replies[m["header"]["msg_id"]] for m in held] == ["aborted"] * len(held)
+    # each aborted request had its busy/idle and no output
+    outs = []
+    deadline = time.monotonic() + 5
+    while sum(o["msg_type"] == "status" and o["content"]["execution_state"] == "idle" for o in outs) < len(held) \
+            and time.monotonic() < deadline:
+        try:
+            outs.append(kc.get_iopub_msg(timeout=1))
+        except Exception:
+            break
+    held_ids = {m["header"]["msg_id"] for m in held}
+    mine = [o for o in outs if o["parent_header"].get("msg_id") in held_ids]
+    assert sorted(o["content"].get("execution_state") for o in mine) == ["busy"] * 5 + ["idle"] * 5, mine
+    # made after the error reply was read: runs
+    r, outs = txk_util.run_cell(kc, "%echo runs")
+    assert r["content"]["status"] == "ok" and outs[0]["content"]["text"] == "runs\n"
+
+
 def test_heartbeat_echoes(kernel):
     km, kc = kernel
     s = zmq.Context.instance().socket(zmq.REQ)

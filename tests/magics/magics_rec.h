@@ -62,14 +62,29 @@ static const char *evalue(json_t *msgs) {
     return e ? json_string_value(json_object_get(e, "evalue")) : "";
 }
 
-/* application/json of the last display in msgs (borrowed). */
+/* The machine-readable part of a bundle (borrowed): application/json (what
+ * --json sends) or application/vnd.txkernel.<what>+json (what a notebook
+ * gets otherwise); NULL if it has neither. */
+static json_t *bundle_json(json_t *data) {
+    json_t *j = json_object_get(data, "application/json");
+    const char *k;
+    json_t *v;
+    if (j) return j;
+    json_object_foreach(data, k, v) {
+        size_t n = strlen(k);
+        if (!strncmp(k, "application/vnd.txkernel.", 25) && n > 5 && !strcmp(k + n - 5, "+json")) return v;
+    }
+    return NULL;
+}
+
+/* The machine-readable part of the last display or result in msgs (borrowed). */
 static json_t *last_json(json_t *msgs) {
     json_t *found = NULL;
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {
         json_t *d = json_object_get(m, "data");
-        if (d && json_object_get(d, "application/json")) found = json_object_get(d, "application/json");
+        if (d && bundle_json(d)) found = bundle_json(d);
     }
     return found;
 }

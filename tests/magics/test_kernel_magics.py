@@ -42,12 +42,23 @@ def errors(outs):
     return [o["content"] for o in outs if o["msg_type"] == "error"]
 
 
+def bundle_json(data):
+    """The machine-readable part of a bundle: application/json (--json) or
+    the application/vnd.txkernel.<what>+json a notebook gets otherwise."""
+    if "application/json" in data:
+        return data["application/json"]
+    for k, v in data.items():
+        if k.startswith("application/vnd.txkernel.") and k.endswith("+json"):
+            return v
+    return None
+
+
 def last_json(outs):
     found = None
     for o in outs:
-        data = o["content"].get("data") or {}
-        if "application/json" in data:
-            found = data["application/json"]
+        j = bundle_json(o["content"].get("data") or {})
+        if j is not None:
+            found = j
     return found
 
 
@@ -100,7 +111,7 @@ def test_twenty_oom_and_retry_cycles(kernel):
         # the retry: the same model without the simulated limit trains
         reply, outs = run(kc, "%%txtrain max_steps=1\n" + tiny())
         assert reply["status"] == "ok", errors(outs)
-        result = [o for o in outs if o["msg_type"] == "execute_result"][-1]["content"]["data"]["application/json"]
+        result = [o for o in outs if o["msg_type"] == "execute_result"][-1]["content"]["data"]["application/vnd.txkernel.result+json"]
         assert result["steps"] == 1 and result["allocated_after"] == 0
         assert mem(kc)["allocated"] == baseline
         assert kernel_info_ok(kc)
@@ -125,8 +136,9 @@ def test_interrupt_stops_within_a_step_and_keeps_checkpoint(kernel):
         except Exception:
             break
         data = m["content"].get("data") or {}
-        if "application/json" in data and "step" in data["application/json"]:
-            last_step = max(last_step, data["application/json"]["step"])
+        prog = data.get("application/vnd.txkernel.progress+json") or {}
+        if "step" in prog:
+            last_step = max(last_step, prog["step"])
     t0 = time.time()
     km.interrupt_kernel()
     reply = kc.get_shell_msg(timeout=60)

@@ -29,10 +29,19 @@ static void test_config_errors(void) {
     int rc;
     json_t *m = run("%%txtrain\nmodel: bert-tiny\nbatchsize: 8\n", &rc);
     TK_CHECK_EQ_INT(rc, -1);
-    TK_CHECK_STR(evalue(m), "cell:2: unknown key 'batchsize' (did you mean 'batch_size'?)");
+    /* lines as the editor numbers them: the %%txtrain line is line 1 */
+    TK_CHECK_STR(evalue(m), "cell:3: unknown key 'batchsize' (did you mean 'batch_size'?)");
     json_decref(m);
     m = run("%%txtrain\nmodel: bert-tiny\nprecision: fp8\n", &rc);
-    TK_CHECK_STR(evalue(m), "cell:2: precision: 'fp8' is not one of fp32, fp16, bf16");
+    TK_CHECK_STR(evalue(m), "cell:3: precision: 'fp8' is not one of fp32, fp16, bf16");
+    json_decref(m);
+    /* comment lines above the magic count too */
+    m = run("# a note\n\n%%txplan\nmodel: bert-tiny\nbatch_size: [8\n", &rc);
+    TK_CHECK_MSG(strncmp(evalue(m), "cell:", 5) == 0 && atoi(evalue(m) + 5) >= 5 && atoi(evalue(m) + 5) <= 6,
+                 "%s", evalue(m));
+    json_decref(m);
+    m = run("# a note\n%%txadvise\nmodel: bert-tiny\n\nbatchsize: 8\n", &rc);
+    TK_CHECK_STR(evalue(m), "cell:5: unknown key 'batchsize' (did you mean 'batch_size'?)");
     json_decref(m);
     m = run("%%txtrain batch_size=0\nmodel: bert-tiny\n", &rc);
     TK_CHECK_STR(evalue(m), "batch_size: 0 is out of range (must be 1..1048576)");
@@ -62,6 +71,11 @@ static void test_plan_line_magic(void) {
     /* the line form starts from the last config: only batch_size changes */
     m = run("%txplan batch_size=1", &rc);
     d = first(m, "display");
+    /* without --json the data travels under the vendor type, so notebooks
+     * render the HTML rather than a JSON tree */
+    TK_CHECK(d && !json_object_get(json_object_get(d, "data"), "application/json"));
+    TK_CHECK(d && json_object_get(json_object_get(d, "data"), "application/vnd.txkernel.plan+json"));
+    TK_CHECK(d && strstr(json_string_value(json_object_get(json_object_get(d, "data"), "text/html")), "<svg"));
     TK_CHECK(d && json_object_get(json_object_get(d, "data"), "application/vnd.vegalite.v5+json") &&
              json_object_get(json_object_get(d, "data"), "image/svg+xml") &&
              json_object_get(json_object_get(d, "data"), "text/html"));
@@ -118,7 +132,7 @@ static void test_runtime_oom_then_fit(void) {
     json_t *m = run("%%txtrain\n" TINY, &rc);
     TK_CHECK_MSG(rc == 0, "%s", evalue(m));
     json_t *res = first(m, "result");
-    json_t *j = res ? json_object_get(json_object_get(res, "data"), "application/json") : NULL;
+    json_t *j = res ? json_object_get(json_object_get(res, "data"), "application/vnd.txkernel.result+json") : NULL;
     TK_CHECK(j && json_integer_value(json_object_get(j, "steps")) == 2);
     /* on cpu the planned peak is the measured one, byte for byte */
     TK_CHECK(j && json_integer_value(json_object_get(j, "peak_allocated")) ==

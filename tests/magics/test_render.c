@@ -102,10 +102,32 @@ static void test_progress_and_bundle(void) {
     TK_CHECK_STR(tk_render_bytes(24u << 20, buf), "24.00 MiB");
 }
 
+/* The notebook copy moves application/json to the vendor type and leaves
+ * the caller's bundle alone (the session and `txk --json` still read it). */
+static void test_bundle_for_notebook(void) {
+    json_t *b = tk_bundle_new("text");
+    tk_bundle_take(b, "text/html", strdup("<p>x</p>"));
+    tk_bundle_take_json(b, "application/json", json_pack("{s:i}", "fits", 0));
+    json_t *n = tk_bundle_for_notebook(b, "plan");
+    TK_CHECK(n && !json_object_get(n, "application/json"));
+    TK_CHECK(n && json_integer_value(json_object_get(json_object_get(n, "application/vnd.txkernel.plan+json"), "fits")) == 0);
+    TK_CHECK(n && !strcmp(json_string_value(json_object_get(n, "text/html")), "<p>x</p>"));
+    TK_CHECK(json_object_get(b, "application/json") && !json_object_get(b, "application/vnd.txkernel.plan+json"));
+    json_decref(n);
+    /* a bundle without a machine-readable part is copied as it is */
+    json_t *plain = tk_bundle_new("only text");
+    n = tk_bundle_for_notebook(plain, "plan");
+    TK_CHECK(n && json_object_size(n) == 1);
+    json_decref(n);
+    json_decref(plain);
+    json_decref(b);
+}
+
 int main(void) {
     TK_RUN(test_table_text_and_html);
     TK_RUN(test_svg_bars);
     TK_RUN(test_svg_lines);
     TK_RUN(test_progress_and_bundle);
+    TK_RUN(test_bundle_for_notebook);
     return tk_test_done();
 }

@@ -279,7 +279,7 @@ static int m_execute(void *self, const char *code, const tk_exec_opts *opts, tk_
         if (sys) {
             /* !CMD is IPython's spelling of %system CMD */
             char *args = trimmed_dup(p + 1, e);
-            int rc = args ? run_magic(m, sys, 0, args, "", opts, out, cancel)
+            int rc = args ? run_magic(m, sys, 0, args, "", lineno, opts, out, cancel)
                           : out_error(out, "MemoryError", "out of memory reading line %d", lineno);
             free(args);
             if (rc) return rc;

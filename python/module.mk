@@ -16,7 +16,7 @@ EMBED_MODULES := magics gpu bert advisor
 EMBED_SRCS    := $(wildcard $(addsuffix /*.c,$(EMBED_MODULES)))
 EMBED_OBJS    := $(EMBED_SRCS:%.c=$(BUILD)/pic/%.o)
 EMBED_LIB     := $(BUILD)/libtxk.so
-EMBED_LIBS    := $(shell pkg-config --libs jansson yaml-0.1 libutf8proc 2>/dev/null) -lopenblas -lm -ldl -lpthread -fopenmp
+EMBED_LIBS    := $(shell pkg-config --libs jansson yaml-0.1 libutf8proc libcurl libsodium 2>/dev/null) -lopenblas -lm -ldl -lpthread -fopenmp
 
 $(BUILD)/pic/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 # Ubuntu (22.04, Colab's) and Debian 12 share these names.
-PKGS="build-essential pkg-config libzmq3-dev libsodium-dev libjansson-dev libyaml-dev
+PKGS="build-essential pkg-config libzmq3-dev libsodium-dev libcurl4-openssl-dev libjansson-dev libyaml-dev
 libopenblas-dev libutf8proc-dev python3-venv python3-pip"
 
 prefix=""

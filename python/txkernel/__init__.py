@@ -2,14 +2,20 @@
 
 Registers every tx* magic of the C engine (%%txtrain, %txplan, %txmem,
 %txdata, %txadvise, %txfix, %txdevice, %txreset, %txkeys, %txhelp, ...) with
-the syntax and outputs they have in the txkernel kernel. Each output is the
+the syntax and outputs they have in the txkernel kernel, plus what only a
+Python kernel can do: %txmem --torch reads this process' own PyTorch memory
+(its live snapshot), and %%txwatch runs a cell with PyTorch's memory history
+on and, at a CUDA out-of-memory, shows the diagnosis of that moment. Each output is the
 engine's MIME bundle, shown with IPython's display machinery (progress as a
 display updated in place through its display_id); an engine error is one
 error line (ename: evalue, as in txkernel), not a traceback through the
 binding; the stop button (SIGINT) sets the engine's cancel flag, so a run
 stops at its next step with the same report. The shell habits (!cmd, %cd,
 %env, %%bash) are IPython's own here, so the engine's are not registered."""
+import os
+import pickle
 import sys
+import tempfile
 
 from ._engine import Engine, version
 
@@ -91,6 +97,79 @@ def _run(code):
     return result[-1] if result else None
 
 
+# ---- the user's own PyTorch: %txmem --torch and %%txwatch -------------------
+
+def _torch_cuda():
+    """torch.cuda of this process, or (None, why not) in one line."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch
+        except ImportError:
+            return None, "torch is not installed in this kernel: there is no PyTorch memory to read"
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_available():
+        return None, "torch sees no CUDA device here (torch.cuda.is_available() is False): no GPU memory to read"
+    return cuda, None
+
+
+def _snapshot_file(cuda):
+    """The live torch.cuda.memory._snapshot() pickled to a temporary file for
+    the engine's reader (the same file _dump_snapshot would write)."""
+    fd, path = tempfile.mkstemp(prefix="txk-torch-", suffix=".pickle")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(cuda.memory._snapshot(), f)
+    return path
+
+
+def _txmem(line):
+    """%txmem, with --torch: this process' PyTorch caching allocator, read
+    from its live snapshot and diagnosed like a snapshot file."""
+    words = line.split()
+    if "--torch" not in words:
+        return _run(f"%txmem {line}".rstrip())
+    cuda, why = _torch_cuda()
+    if cuda is None:
+        print(why)
+        return None
+    path = _snapshot_file(cuda)
+    try:
+        rest = " ".join(w for w in words if w != "--torch")
+        return _run(f"%txmem --snapshot {path} {rest}".rstrip())
+    finally:
+        os.unlink(path)
+
+
+def _txwatch(ip, line, cell):
+    """%%txwatch: runs the cell with PyTorch's memory history recording on;
+    when it raises torch.cuda.OutOfMemoryError, the snapshot of that moment
+    is diagnosed (%txmem --snapshot) in place of the bare traceback, which
+    stays available (%tb, sys.last_traceback)."""
+    cuda, why = _torch_cuda()
+    if cuda is None:
+        print(f"%%txwatch: {why}; the cell runs without watching")
+    else:
+        cuda.memory._record_memory_history(max_entries=100000)
+    code = ip.compile(ip.transform_cell(cell), ip.compile.cache(cell), "exec")
+    try:
+        exec(code, ip.user_ns)
+    except BaseException as e:
+        oom = getattr(cuda, "OutOfMemoryError", None) if cuda is not None else None
+        if oom is None or not isinstance(e, oom):
+            raise
+        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
+        print(f"CUDA out of memory in this cell: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        path = _snapshot_file(cuda)
+        try:
+            return _run(f"%txmem --snapshot {path} {line}".rstrip())
+        finally:
+            os.unlink(path)
+            print("(the traceback: %tb)")
+    finally:
+        if cuda is not None:
+            cuda.memory._record_memory_history(enabled=None)
+
+
 def _make_magic(name, kind):
     from IPython.core.magic import no_var_expand
 
@@ -124,8 +203,16 @@ def load_ipython_extension(ip):
         if not m["name"].startswith("tx"):
             continue
         fn, kind = _make_magic(m["name"], m["kind"])
+        if m["name"] == "txmem":
+            from IPython.core.magic import no_var_expand
+            fn = no_var_expand(lambda line: _txmem(line))
         fn.__doc__ = m["help"]
         ip.register_magic_function(fn, magic_kind=kind, magic_name=m["name"])
+
+    def txwatch(line, cell):
+        return _txwatch(ip, line, cell)
+    txwatch.__doc__ = _txwatch.__doc__
+    ip.register_magic_function(txwatch, magic_kind="cell", magic_name="txwatch")
     ip.set_custom_exc((TxError,), _show_error)
 
 

@@ -1,0 +1,81 @@
+"""%%txwatch and %txmem --torch in the stock python3 kernel, on the CPU, with
+a stand-in for torch.cuda (this machine has no GPU): the stand-in's
+memory._snapshot() serves the real OOM snapshot in tests/data/pytorch_snapshots
+and the cell raises its OutOfMemoryError. The cell shows the diagnosis
+(live tensors fill the device: capacity) in place of a bare traceback, the
+traceback stays available (%tb), recording is switched on and off around the
+cell, other exceptions pass through untouched, and without CUDA each magic
+says so in one line. On a GPU, make test-gpu's companion check uses the real
+torch."""
+import os
+
+import pytest
+
+import companion_util as cu
+
+SNAP = os.path.join(cu.ROOT, "tests", "data", "pytorch_snapshots", "llm_oom.pickle")
+
+STAND_IN = f"""
+import pickle, sys, types
+calls = []
+class OutOfMemoryError(RuntimeError):
+    pass
+memory = types.SimpleNamespace(
+    _record_memory_history=lambda enabled="all", **kw: calls.append(enabled),
+    _snapshot=lambda: pickle.load(open({SNAP!r}, "rb")))
+cuda = types.SimpleNamespace(is_available=lambda: AVAILABLE, OutOfMemoryError=OutOfMemoryError, memory=memory)
+torch = types.ModuleType("torch")
+torch.cuda = cuda
+AVAILABLE = True
+sys.modules["torch"] = torch
+"""
+
+
+@pytest.fixture(scope="module")
+def py():
+    km, kc = cu.start(cu.python_kernel_name(), cu.ROOT)
+    for code in (STAND_IN, "%load_ext txkernel"):
+        rep, outs = cu.run(kc, code)
+        assert rep["status"] == "ok", outs
+    yield km, kc
+    cu.u.stop(km, kc)
+
+
+def test_txwatch_diagnoses_the_oom_of_the_cell(py):
+    _, kc = py
+    rep, outs = cu.run(kc, "%%txwatch\nx = 1\nraise torch.cuda.OutOfMemoryError("
+                           "'CUDA out of memory. Tried to allocate 20.00 MiB')", timeout=120)
+    seen = cu.text(outs)
+    assert rep["status"] == "ok", seen
+    assert "CUDA out of memory in this cell" in seen and "capacity" in seen.lower(), seen
+    assert "(the traceback: %tb)" in seen
+    assert not [o for o in outs if o["msg_type"] == "error"]
+    rep, outs = cu.run(kc, "print(calls, x)")
+    assert cu.text(outs).strip().endswith("['all', None] 1")  # on for the cell, off after; the cell ran
+    rep, outs = cu.run(kc, "%tb")
+    assert "OutOfMemoryError" in cu.text(outs)
+
+
+def test_other_errors_pass_through(py):
+    _, kc = py
+    rep, outs = cu.run(kc, "%%txwatch\n1/0")
+    assert rep["status"] == "error" and rep["ename"] == "ZeroDivisionError"
+
+
+def test_txmem_torch_reads_the_live_snapshot(py):
+    _, kc = py
+    rep, outs = cu.run(kc, "%txmem --torch --json", timeout=120)
+    assert rep["status"] == "ok", cu.text(outs)
+    js = [o["content"]["data"]["application/json"] for o in outs
+          if "application/json" in (o["content"].get("data") or {})]
+    assert js and js[-1]["reserved"] == 11844714496 and js[-1]["allocated"] == 11840159744
+
+
+def test_without_cuda_one_line(py):
+    _, kc = py
+    cu.run(kc, "AVAILABLE = False")
+    rep, outs = cu.run(kc, "%txmem --torch")
+    assert rep["status"] == "ok" and cu.text(outs).strip().count("\n") == 0
+    assert "no CUDA device" in cu.text(outs)
+    rep, outs = cu.run(kc, "%%txwatch\ny = 2\nprint(y)")
+    assert rep["status"] == "ok" and "no CUDA device" in cu.text(outs) and "2" in cu.text(outs)

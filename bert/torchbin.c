@@ -52,6 +52,9 @@ static uint64_t rd(const uint8_t *p, int n) {
 
 /* ---- zip (stored entries, zip64 where torch needs it) ---------------------- */
 
+/* n bytes at offset off lie inside a blob of len bytes (no wrap-around) */
+static int inside(uint64_t off, uint64_t n, uint64_t len) { return n <= len && off <= len - n; }
+
 typedef struct {
     const uint8_t *base;
     size_t len;
@@ -81,7 +84,7 @@ static zent *zip_entries(const blob *b, int *n, tk_err *err) {
     uint64_t count = rd(b->base + eocd + 10, 2), cd = rd(b->base + eocd + 16, 4);
     if ((count == 0xFFFF || cd == 0xFFFFFFFFu) && eocd >= 20 && rd(b->base + eocd - 20, 4) == 0x07064b50) {
         uint64_t z = rd(b->base + eocd - 20 + 8, 8); /* the zip64 end of central directory */
-        if (z > b->len - 56 || rd(b->base + z, 4) != 0x06064b50) goto bad;
+        if (!inside(z, 56, b->len) || rd(b->base + z, 4) != 0x06064b50) goto bad;
         count = rd(b->base + z + 32, 8);
         cd = rd(b->base + z + 48, 8);
     }
@@ -93,11 +96,11 @@ static zent *zip_entries(const blob *b, int *n, tk_err *err) {
     }
     uint64_t p = cd;
     for (uint64_t k = 0; k < count; k++) {
-        if (p > b->len - 46 || rd(b->base + p, 4) != 0x02014b50) goto bad_e;
+        if (!inside(p, 46, b->len) || rd(b->base + p, 4) != 0x02014b50) goto bad_e;
         const uint8_t *h = b->base + p;
         uint64_t method = rd(h + 10, 2), csize = rd(h + 20, 4), usize = rd(h + 24, 4);
         uint64_t nl = rd(h + 28, 2), xl = rd(h + 30, 2), cl = rd(h + 32, 2), lho = rd(h + 42, 4);
-        if (p + 46 + nl + xl + cl > b->len) goto bad_e;
+        if (!inside(p, 46 + nl + xl + cl, b->len)) goto bad_e;
         /* zip64 extra: the fields that overflowed, in this order */
         for (uint64_t x = p + 46 + nl; x + 4 <= p + 46 + nl + xl;) {
             uint64_t id = rd(b->base + x, 2), sz = rd(b->base + x + 2, 2), q = x + 4;
@@ -115,9 +118,9 @@ static zent *zip_entries(const blob *b, int *n, tk_err *err) {
                        "entries only", b->path, (int)nl, (const char *)h + 46, (unsigned long long)method);
             return NULL;
         }
-        if (lho > b->len - 30 || rd(b->base + lho, 4) != 0x04034b50) goto bad_e;
+        if (!inside(lho, 30, b->len) || rd(b->base + lho, 4) != 0x04034b50) goto bad_e;
         uint64_t data = lho + 30 + rd(b->base + lho + 26, 2) + rd(b->base + lho + 28, 2);
-        if (data > b->len || usize > b->len - data) goto bad_e;
+        if (!inside(data, usize, b->len)) goto bad_e;
         e[k] = (zent){(const char *)h + 46, (size_t)nl, data, usize};
         p += 46 + nl + xl + cl;
     }

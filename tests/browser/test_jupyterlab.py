@@ -36,7 +36,7 @@ SEED = ("%%txplan\nmodel: bert-base-cased\nmax_len: 512\nbatch_size: 32\nnum_lab
 
 
 def tiny_train(**kw):
-    cfg = {"model": "bert-tiny", "vocab": f"{DATA}/vocab_cased.txt", "train_file": f"{DATA}/reviews_train.csv",
+    cfg = {"model": "bert-tiny", "init": "random", "vocab": f"{DATA}/vocab_cased.txt", "train_file": f"{DATA}/reviews_train.csv",
            "max_len": 64, "batch_size": 16, "max_examples": 256, "epochs": 2, "lr": "2e-3", "dropout": 0.0,
            "device": "cpu", "threads": 1}
     cfg.update(kw)

@@ -31,6 +31,10 @@ sys.modules["torch"] = torch
 """
 
 
+def shown(outs):
+    return "\n".join(cu.text(outs))
+
+
 @pytest.fixture(scope="module")
 def py():
     km, kc = cu.start(cu.python_kernel_name(), cu.ROOT)
@@ -45,15 +49,15 @@ def test_txwatch_diagnoses_the_oom_of_the_cell(py):
     _, kc = py
     rep, outs = cu.run(kc, "%%txwatch\nx = 1\nraise torch.cuda.OutOfMemoryError("
                            "'CUDA out of memory. Tried to allocate 20.00 MiB')", timeout=120)
-    seen = cu.text(outs)
+    seen = shown(outs)
     assert rep["status"] == "ok", seen
     assert "CUDA out of memory in this cell" in seen and "capacity" in seen.lower(), seen
     assert "(the traceback: %tb)" in seen
     assert not [o for o in outs if o["msg_type"] == "error"]
     rep, outs = cu.run(kc, "print(calls, x)")
-    assert cu.text(outs).strip().endswith("['all', None] 1")  # on for the cell, off after; the cell ran
+    assert shown(outs).strip().endswith("['all', None] 1")  # on for the cell, off after; the cell ran
     rep, outs = cu.run(kc, "%tb")
-    assert "OutOfMemoryError" in cu.text(outs)
+    assert "OutOfMemoryError" in shown(outs)
 
 
 def test_other_errors_pass_through(py):
@@ -65,7 +69,7 @@ def test_other_errors_pass_through(py):
 def test_txmem_torch_reads_the_live_snapshot(py):
     _, kc = py
     rep, outs = cu.run(kc, "%txmem --torch --json", timeout=120)
-    assert rep["status"] == "ok", cu.text(outs)
+    assert rep["status"] == "ok", shown(outs)
     js = [o["content"]["data"]["application/json"] for o in outs
           if "application/json" in (o["content"].get("data") or {})]
     assert js and js[-1]["reserved"] == 11844714496 and js[-1]["allocated"] == 11840159744
@@ -75,7 +79,7 @@ def test_without_cuda_one_line(py):
     _, kc = py
     cu.run(kc, "AVAILABLE = False")
     rep, outs = cu.run(kc, "%txmem --torch")
-    assert rep["status"] == "ok" and cu.text(outs).strip().count("\n") == 0
-    assert "no CUDA device" in cu.text(outs)
+    assert rep["status"] == "ok" and shown(outs).strip().count("\n") == 0
+    assert "no CUDA device" in shown(outs)
     rep, outs = cu.run(kc, "%%txwatch\ny = 2\nprint(y)")
-    assert rep["status"] == "ok" and "no CUDA device" in cu.text(outs) and "2" in cu.text(outs)
+    assert rep["status"] == "ok" and "no CUDA device" in shown(outs) and "2" in shown(outs)

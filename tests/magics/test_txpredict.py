@@ -15,8 +15,13 @@ DATA = os.path.join(ROOT, "tests", "data")
 
 
 def bundle_json(outs):
-    js = [o["content"]["data"]["application/json"] for o in outs
-          if "application/json" in (o["content"].get("data") or {})]
+    """The last output's figures: application/json (--json), else txkernel's
+    own application/vnd.txkernel.<what>+json."""
+    js = []
+    for o in outs:
+        for k, v in (o["content"].get("data") or {}).items():
+            if k == "application/json" or (k.startswith("application/vnd.txkernel.") and k.endswith("+json")):
+                js.append(v)
     return js[-1] if js else None
 
 
@@ -37,8 +42,8 @@ def test_txpredict_after_txtrain(kernel):
     reply, outs = u.run_cell(kc, "%%txtrain\n" + cfg, timeout=300)
     assert reply["content"]["status"] == "ok", reply["content"]
     # the per-epoch table's JSON is the list of epochs
-    hists = [o["content"]["data"]["application/json"] for o in outs
-             if isinstance((o["content"].get("data") or {}).get("application/json"), list)]
+    hists = [o["content"]["data"]["application/vnd.txkernel.epochs+json"] for o in outs
+             if isinstance((o["content"].get("data") or {}).get("application/vnd.txkernel.epochs+json"), list)]
     last = hists[-1][-1] if hists and hists[-1] else None
     assert last and last["dev_acc"] is not None
 

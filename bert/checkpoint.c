@@ -521,7 +521,7 @@ tk_status tk_ckpt_save(const char *out_dir, tk_model *m, tk_adamw *o, const tk_c
         return TK_EIO;
     }
     static const char *const files[] = {"model.safetensors", "config.json", OPTIM_FILE, "vocab.txt"};
-    int nfiles = vocab && vocab[0] ? 4 : 3;
+    int nfiles = 3;
     json_t *j = NULL;
     tk_status st = tk_model_save_hf(m, tmp, err);
     test_delay();
@@ -530,10 +530,12 @@ tk_status tk_ckpt_save(const char *out_dir, tk_model *m, tk_adamw *o, const tk_c
         st = save_optimizer(o, tk_model_dev(m), p, err);
         test_delay();
     }
-    if (st == TK_OK && nfiles == 4) {
-        snprintf(p, sizeof p, "%s/vocab.txt", tmp);
-        st = copy_file(vocab, p, err);
-    }
+    /* the model's card (tk_model_set_card) already wrote the tokenizer files
+     * beside the weights; a model without one gets the vocabulary copied */
+    struct stat sv;
+    snprintf(p, sizeof p, "%s/vocab.txt", tmp);
+    if (st == TK_OK && stat(p, &sv) == 0) nfiles = 4;
+    else if (st == TK_OK && vocab && vocab[0] && (st = copy_file(vocab, p, err)) == TK_OK) nfiles = 4;
     if (st == TK_OK && !(j = state_json(c, o, s))) {
         tk_err_set(err, TK_EIO, "%s: out of host memory", tmp);
         st = TK_EIO;

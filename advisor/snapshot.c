@@ -202,7 +202,7 @@ static int read_segment(ctx *c, sv seg, size_t si, int64_t *devices_seen) {
         return -1;
     sv st = sv_get(seg, "stream");
     if (sv_ok(st) && sv_int(st, &stream)) return bad(c, where, "'stream' is not an integer");
-    if (device >= 0 && device < 64) *devices_seen |= (int64_t)1 << device;
+    if (device >= 0 && device < 64) *devices_seen |= (int64_t)(UINT64_C(1) << device);
     const char *type = sv_str(sv_get(seg, "segment_type"));
     tk_snap_pool *p = pool_of(s, type ? type : "?", stream);
     p->segments++;

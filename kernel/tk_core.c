@@ -20,6 +20,13 @@
 #include <string.h>
 #include <time.h>
 
+/* A failing stop_on_error cell's reply is held while requests keep
+ * arriving: until none has come for TK_DRAIN_QUIET_S, at most TK_DRAIN_MAX_S.
+ * A browser's Run All sends its requests in one pass of its event loop, but
+ * a busy page spreads them over milliseconds each; while the reply is held,
+ * nothing that arrives can be a reaction to it. */
+#define TK_DRAIN_QUIET_S 0.05
+#define TK_DRAIN_MAX_S 0.5
 #define TK_CLOCK_SAMPLES 16
 #define TK_CLOCK_SESSIONS 8
 
@@ -44,6 +51,7 @@ struct tk_core {
     /* stop_on_error, shell thread only: when the last stop_on_error cell
      * published its error (monotonic s), and the clock estimates per client */
     int aborting;
+    int draining;           /* draining the shell queue at an error: every execute is aborted */
     double error_at;
     double grace;           /* s: tk_core_opts.stop_on_error_timeout */
     clock_est clocks[TK_CLOCK_SESSIONS];
@@ -277,6 +285,11 @@ static void h_execute(req *r) {
     if (!code) { reply_error(r, "execute_reply", "content.code must be a string"); return; }
     if (c->aborting) {
         double after = 0;
+        if (c->draining) {
+            fprintf(stderr, "txkernel: aborted an execute that was waiting when the last error went out (stop_on_error)\n");
+            reply(r, "execute_reply", json_pack("{s:s}", "status", "aborted"));
+            return;
+        }
         if (sent_before_error(c, r->m, &after)) {
             fprintf(stderr, "txkernel: aborted an execute sent %+.3f s from the last error (stop_on_error)\n", after);
             /* no execution_count, as the spec says for aborted replies and
@@ -284,7 +297,9 @@ static void h_execute(req *r) {
             reply(r, "execute_reply", json_pack("{s:s}", "status", "aborted"));
             return;
         }
-        c->aborting = 0; /* the client has gone on after the error */
+        /* the client has gone on after the error */
+        fprintf(stderr, "txkernel: ran an execute sent %+.3f s from the last error (stop_on_error ends)\n", after);
+        c->aborting = 0;
     }
     int silent = want_bool(ct, "silent", 0);
     int store = silent ? 0 : want_bool(ct, "store_history", 1);
@@ -310,6 +325,16 @@ static void h_execute(req *r) {
         if (stop_on_error) {
             c->aborting = 1;
             c->error_at = x.error_at;
+            /* What waits on the queue before this reply goes out was sent
+             * before the client could have read it (ipykernel aborts the
+             * same: its queue at the error). Dates judge what comes later.
+             * The drained requests are answered first, each with its own
+             * busy/idle; clients match replies by msg_id. */
+            if (c->tr.drain && r->ch == TK_CH_SHELL && !c->draining) {
+                c->draining = 1;
+                c->tr.drain(c->tr.self, TK_CH_SHELL, TK_DRAIN_QUIET_S, TK_DRAIN_MAX_S);
+                c->draining = 0;
+            }
         }
         reply(r, "execute_reply", rep);
     } else {
@@ -477,7 +502,9 @@ void tk_core_handle(tk_core *c, tk_channel ch, const tk_frame *frames, size_t n)
         tk_msg_destroy(&m);
         return;
     }
-    if (ch == TK_CH_SHELL) clock_sample(c, m);
+    /* drained messages are judged without their dates, and their offsets
+     * hold the time they waited: they teach the clock estimate nothing */
+    if (ch == TK_CH_SHELL && !c->draining) clock_sample(c, m);
     req r = {c, ch, m};
     if (h->status) status(c, m->header, "busy");
     h->fn(&r);

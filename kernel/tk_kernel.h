@@ -152,6 +152,12 @@ typedef enum { TK_CH_SHELL = 0, TK_CH_CONTROL, TK_CH_STDIN, TK_CH_IOPUB, TK_CH_C
 typedef struct tk_transport {
     void *self;
     void (*send)(void *self, tk_channel ch, const tk_frame *frames, size_t n);
+    /* Optional (NULL: none). Hands the messages waiting on ch to
+     * tk_core_handle, and those that arrive until none has come for quiet_s
+     * (at most max_s in all). The core calls it when a stop_on_error cell
+     * failed, before its reply goes out: what arrives then was sent before
+     * the client could have read that reply, and is aborted. */
+    void (*drain)(void *self, tk_channel ch, double quiet_s, double max_s);
 } tk_transport;
 
 typedef struct tk_core_opts {
@@ -161,7 +167,9 @@ typedef struct tk_core_opts {
     const char *history_path;   /* NULL: default per-user path; "" : no file */
     /* seconds after an error during which execute requests are still
      * aborted: sent within it (by header.date, see tk_core.c), or taken off
-     * the queue within it when undated; ipykernel's stop_on_error_timeout */
+     * the queue within it when undated; ipykernel's stop_on_error_timeout.
+     * Requests already waiting when the error went out are aborted
+     * whatever their dates (tk_transport.drain). */
     double stop_on_error_timeout;
 } tk_core_opts;
 

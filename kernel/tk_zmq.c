@@ -112,6 +112,29 @@ static int stopping(zt *t) {
     return atomic_load(&t->quit) || atomic_load(&g_term) || tk_core_should_stop(t->core, NULL);
 }
 
+/* tk_transport.drain: the messages waiting on ch, then those arriving until
+ * none has come for quiet_s, for at most max_s, so a client that never
+ * stops sending cannot hold the shell thread here. */
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void zt_drain(void *self, tk_channel ch, double quiet_s, double max_s) {
+    zt *t = self;
+    double start = mono_s(), last = start;
+    zmq_pollitem_t it = {t->sock[ch], 0, ZMQ_POLLIN, 0};
+    for (;;) {
+        while (pump(t, ch)) last = mono_s();
+        double now = mono_s();
+        double left = last + quiet_s - now;
+        if (now - start + left > max_s) left = start + max_s - now;
+        if (left <= 0 || stopping(t)) return;
+        zmq_poll(&it, 1, (long)(left * 1000) + 1);
+    }
+}
+
 static void *control_main(void *arg) {
     zt *t = arg;
     zmq_pollitem_t it = {t->sock[TK_CH_CONTROL], 0, ZMQ_POLLIN, 0};
@@ -245,7 +268,7 @@ int tk_kernel_serve(const char *connection_file, const tk_interp *interp, tk_ker
         grace = v;
     }
     tk_core_opts co = {.key = (const uint8_t *)cf.key, .key_len = strlen(cf.key), .interp = *interp,
-                       .transport = {&t, zt_send}, .stop_on_error_timeout = grace};
+                       .transport = {&t, zt_send, zt_drain}, .stop_on_error_timeout = grace};
     if (!(t.core = tk_core_new(&co, err))) goto out;
 
     g_cancel = tk_core_cancel_flag(t.core);

@@ -53,7 +53,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_core) {
         tk_interp it = {NULL, f_execute, f_complete, f_inspect, f_is_complete, NULL};
         tk_core_opts o = {.key = (const uint8_t *)KEY, .key_len = strlen(KEY), .interp = it,
-                          .transport = {NULL, drop}, .history_path = ""};
+                          .transport = {NULL, drop, NULL}, .history_path = ""};
         g_core = tk_core_new(&o, NULL);
     }
     if (size < 1) return 0;

@@ -47,7 +47,7 @@ static void fx_init(fx *x) {
     x->client = tk_signer_new((const uint8_t *)KEY, strlen(KEY));
     x->mg = tk_magics_new();
     tk_core_opts o = {.key = (const uint8_t *)KEY, .key_len = strlen(KEY), .interp = tk_magics_interp(x->mg),
-                      .transport = {&x->t, mem_send}, .history_path = "", .stop_on_error_timeout = g_grace};
+                      .transport = {&x->t, mem_send, NULL}, .history_path = "", .stop_on_error_timeout = g_grace};
     tk_kerr err;
     x->c = tk_core_new(&o, &err);
 }
@@ -498,7 +498,7 @@ static void test_history_survives_restart(void) {
         fx x; fx_init(&x);
         tk_core_destroy(&x.c);
         tk_core_opts o = {.key = (const uint8_t *)KEY, .key_len = strlen(KEY), .interp = tk_magics_interp(x.mg),
-                          .transport = {&x.t, mem_send}, .history_path = path};
+                          .transport = {&x.t, mem_send, NULL}, .history_path = path};
         x.c = tk_core_new(&o, NULL);
         send_req(&x, TK_CH_SHELL, "execute_request", exec_content(round ? "%echo second" : "%echo first"));
         send_req(&x, TK_CH_SHELL, "history_request", json_pack("{s:s,s:i}", "hist_access_type", "tail", "n", 10));

@@ -1,6 +1,6 @@
 """Interrupts (SIGINT and interrupt_request during %sleep 30), restarts through
 KernelManager, shutdown, and bad signatures / replays over real sockets."""
-import os, signal, sys, time
+import datetime, os, signal, sys, time
 import pytest
 import zmq
 
@@ -245,6 +245,64 @@ def test_stop_on_error_by_send_time_whatever_the_arrival(kernel):
     mine = [o for o in outs if o["parent_header"].get("msg_id") in held_ids]
     assert sorted(o["content"].get("execution_state") for o in mine) == ["busy"] * 5 + ["idle"] * 5, mine
     # made after the error reply was read: runs
+    r, outs = txk_util.run_cell(kc, "%echo runs")
+    assert r["content"]["status"] == "ok" and outs[0]["content"]["text"] == "runs\n"
+
+
+def test_stop_on_error_aborts_what_waits_whatever_its_date(kernel):
+    km, kc = kernel
+    # Requests already waiting when the error goes out were sent before the
+    # client could see it, whatever their header dates say. Here they are
+    # dated 5 s ahead (a client whose clock stepped, or a page whose Run All
+    # loop took its time): the date rule alone would run them; they must be
+    # aborted all the same, as ipykernel aborts its queue.
+    fail_id = kc.execute("%sleep 0.4\n%nosuchmagic")
+    while True:  # the failing cell is running
+        m = kc.get_iopub_msg(timeout=10)
+        if m["parent_header"].get("msg_id") == fail_id and m["msg_type"] == "execute_input":
+            break
+    ahead = []
+    for _ in range(3):
+        msg = _exec_msg(kc, "%echo must not run")
+        msg["header"]["date"] = msg["header"]["date"] + datetime.timedelta(seconds=5)
+        kc.session.send(kc.shell_channel.socket, msg)
+        ahead.append(msg["header"]["msg_id"])
+    replies = {}
+    while len(replies) < 4:
+        r = kc.get_shell_msg(timeout=10)
+        replies[r["parent_header"]["msg_id"]] = r["content"]["status"]
+    assert replies[fail_id] == "error"
+    assert [replies[i] for i in ahead] == ["aborted"] * 3, replies
+    # a request made after the error reply was read still runs; its date
+    # (now, 5 s before the aborted ones') does not matter
+    r, outs = txk_util.run_cell(kc, "%echo runs")
+    assert r["content"]["status"] == "ok" and outs[0]["content"]["text"] == "runs\n"
+
+
+def test_stop_on_error_holds_the_reply_for_a_spread_burst(kernel):
+    km, kc = kernel
+    # A busy browser's Run All spreads its requests over milliseconds; a cell
+    # that fails at once must not let the late members run. The kernel holds
+    # the failing reply until requests stop arriving (50 ms quiet): the ones
+    # sent 10 and 30 ms after the failing one, dated 5 s ahead so the date
+    # rule alone would run them, are aborted.
+    t0 = time.monotonic()
+    fail_id = kc.execute("%nosuchmagic")
+    late = []
+    for delay in (0.010, 0.030):
+        time.sleep(max(0.0, t0 + delay - time.monotonic()))
+        msg = _exec_msg(kc, "%echo must not run")
+        msg["header"]["date"] = msg["header"]["date"] + datetime.timedelta(seconds=5)
+        kc.session.send(kc.shell_channel.socket, msg)
+        late.append(msg["header"]["msg_id"])
+    replies, when = {}, {}
+    while len(replies) < 3:
+        r = kc.get_shell_msg(timeout=10)
+        replies[r["parent_header"]["msg_id"]] = r["content"]["status"]
+        when[r["parent_header"]["msg_id"]] = time.monotonic() - t0
+    assert replies[fail_id] == "error" and [replies[i] for i in late] == ["aborted"] * 2, replies
+    # held no longer than the quiet time after the last arrival, and at most 0.5 s
+    assert when[fail_id] < 0.5, when
     r, outs = txk_util.run_cell(kc, "%echo runs")
     assert r["content"]["status"] == "ok" and outs[0]["content"]["text"] == "runs\n"
 

@@ -144,6 +144,22 @@ def test_01_seed_oom():
     assert res["dev_acc"] > 0.6, res
     assert "Per epoch" in text(fit)
     assert any("image/svg+xml" in o.get("data", {}) for o in timeline.outputs)
+    # 4. nbconvert's HTML export (its own display priority) shows the reports'
+    # HTML tables and charts, never the vendor JSON as text
+    html = export_html([plan, advise0, gpus, data, timeline])
+    assert html.count("<table") >= 4 and html.count("<svg") >= 3, html[:2000]
+    assert "vnd.txkernel" not in html and '"by_category_at_peak"' not in html
+    assert "DOES NOT FIT" in html.upper()
+
+
+def export_html(cells):
+    """The cells as nbconvert's HTML exporter renders them (the classic
+    template's output area)."""
+    from nbconvert import HTMLExporter
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "txkernel", "display_name": "txkernel", "language": "txkernel"}
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    return body
 
 
 def test_02_squad_flatten_head():

@@ -854,7 +854,8 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
     if (md->recognised) {
         fprintf(f, "\nModel (from %s): BERT%s%s%s, hidden %d, %d layers, %d heads, intermediate %d, vocab %d, "
                    "%d positions; %s weights, %d cop%s of each parameter (%s)\n",
-                md->from, md->preset[0] ? " = " : "", md->preset, md->preset[0] ? "" : "-shaped", md->hidden,
+                md->from, md->preset[0] ? " = " : "", md->preset,
+                md->preset[0] ? "" : "-shaped (a transformer whose layers have BERT's parameter shapes)", md->hidden,
                 md->layers, md->heads, md->intermediate, md->vocab, md->max_position,
                 md->mixed ? "fp32 and 16-bit" : md->elem == 2 ? "16-bit (fp16/bf16)" : "fp32", md->copies,
                 md->copies == 1 ? "y" : "ies", fmtb(md->param_bytes, a));

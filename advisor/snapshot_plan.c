@@ -93,10 +93,15 @@ static size_t recognise_elem(sizes z, int elem, tk_snap_model *out) {
         int c_h = count_of(z, row);
         int L = imin(c_hi / (2 * copies), imin(c_hh / (4 * copies), (c_h - 2 * copies) / (9 * copies)));
         if (L < 1) continue;
-        int P = 512;
-        if (count_of(z, (size_t)P * row) < copies)
-            for (int p = 64; p <= 8192; p *= 2)
-                if (count_of(z, (size_t)p * row) >= copies) { P = p; break; }
+        /* position embeddings P x H (512 unless another power of two shows):
+         * a P equal to H or I shares its size with those weights, whose
+         * blocks are counted first */
+        int P = 0;
+        for (int p = 512, k = 0; k < 9 && !P; p = k < 3 ? 64 << k : 1024 << (k - 3), k++) {
+            int taken = (p == I ? 2 * L * copies : 0) + (p == H ? (4 * L + 1) * copies : 0);
+            if (count_of(z, (size_t)p * row) >= copies + taken) P = p;
+        }
+        if (!P) P = 512;
         tk_snap_model m = {0};
         m.hidden = H, m.layers = L, m.intermediate = I, m.vocab = V, m.max_position = P, m.elem = elem;
         m.copies = copies;

@@ -366,6 +366,9 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     if ((f = find_fix(s, "batch")) && m->batch >= 2 && plan_one(&c, ch, &p, err) == TK_OK) {
         set_plan(f, ch, &p);
         snprintf(f->plan_change, sizeof f->plan_change, "batch_size=%d, gradient_accumulation_steps x2", m->batch / 2);
+        snprintf(f->text, sizeof f->text,
+                 "Halve the micro-batch (%d -> %d) and accumulate twice as many steps: the effective batch stays, "
+                 "the activations halve.", m->batch, m->batch / 2);
         snprintf(f->code, sizeof f->code,
                  "TrainingArguments(..., per_device_train_batch_size=%d, gradient_accumulation_steps=2)  "
                  "# was %d: the effective batch stays", m->batch / 2, m->batch);

@@ -66,7 +66,7 @@ typedef struct ctx {
     tk_snapshot *s;
     const char *name;
     tk_err *err;
-    int owners_cap;
+    int owners_cap, sizes_cap;
 } ctx;
 
 static int bad(ctx *c, const char *where, const char *what) {
@@ -181,6 +181,19 @@ static int add_owner(ctx *c, const char *owner, size_t bytes) {
     return 0;
 }
 
+static int add_live_size(ctx *c, size_t size) {
+    tk_snapshot *s = c->s;
+    if (s->n_live_sizes == c->sizes_cap) {
+        int cap = c->sizes_cap ? c->sizes_cap * 2 : 256;
+        size_t *v = realloc(s->live_sizes, (size_t)cap * sizeof *v);
+        if (!v) return bad(c, "blocks", "out of host memory");
+        s->live_sizes = v;
+        c->sizes_cap = cap;
+    }
+    s->live_sizes[s->n_live_sizes++] = size;
+    return 0;
+}
+
 static tk_snap_pool *pool_of(tk_snapshot *s, const char *type, int64_t stream) {
     for (int i = 0; i < s->n_pools; i++)
         if (s->pools[i].stream == stream && !strcmp(s->pools[i].pool, type)) return &s->pools[i];
@@ -236,6 +249,7 @@ static int read_segment(ctx *c, sv seg, size_t si, int64_t *devices_seen) {
             char owner[192];
             owner_of(frames, owner, sizeof owner);
             if (add_owner(c, owner, (size_t)size)) return -1;
+            if (add_live_size(c, (size_t)(req > 0 ? req : size))) return -1;
         } else if (!strcmp(state, "inactive")) {
             s->free_in_cache += (size_t)size;
             p->free += (size_t)size;
@@ -315,6 +329,159 @@ static int cmp_owner(const void *a, const void *b) {
     const tk_snap_owner *x = a, *y = b;
     if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
     return strcmp(x->owner, y->owner);
+}
+
+/* ---- the leak --------------------------------------------------------------------------- */
+
+/* Blocks the trace allocated, by address: an open-addressing table with no
+ * deletion (a free marks its entry), enough for one pass over the trace. */
+typedef struct live_ent {
+    int64_t addr;
+    int event, iteration;
+    size_t size;
+    unsigned char used, freed;
+} live_ent;
+
+static live_ent *live_slot(live_ent *t, size_t mask, int64_t addr) {
+    size_t h = (size_t)(((uint64_t)addr * UINT64_C(0x9E3779B97F4A7C15)) >> 17) & mask;
+    while (t[h].used && t[h].addr != addr) h = (h + 1) & mask;
+    return &t[h];
+}
+
+static int cmp_ent_event(const void *a, const void *b) {
+    const live_ent *x = *(live_ent *const *)a, *y = *(live_ent *const *)b;
+    return (x->event > y->event) - (x->event < y->event);
+}
+
+typedef struct leak_owner {
+    char owner[192];
+    size_t bytes;
+    int blocks, iterations, last_iteration;
+} leak_owner;
+
+/* Iterations are the trace's peaks of allocated: a zigzag over the curve
+ * with a reversal of a third of its largest fall, so a leak's rising
+ * baseline does not hide the iterations. A leak is either the troughs
+ * between peaks rising in at least three of four iterations (by at least
+ * 1 MiB and 1% of the peak in all), or blocks still live at the end that
+ * one frame allocated in at least four iterations, half of them or more.
+ * Only a trace of one device is read this way. */
+static int find_leak(ctx *c, sv traces) {
+    tk_snapshot *s = c->s;
+    if (s->n_points < 8 || !sv_is_list(traces)) return 0;
+    sv t = SV_NONE;
+    int nonempty = 0;
+    for (size_t d = 0; d < sv_len(traces); d++)
+        if (sv_len(sv_at(traces, d))) {
+            t = sv_at(traces, d);
+            nonempty++;
+        }
+    if (nonempty != 1) return 0;
+    int n = s->n_points, np = 0, nt = 0, rc = -1;
+    size_t drop = 0, runmax = 0;
+    for (int i = 0; i < n; i++) {
+        size_t v = s->points[i].allocated;
+        if (v > runmax) runmax = v;
+        if (runmax - v > drop) drop = runmax - v;
+    }
+    if (!drop) return 0;
+    size_t thr = drop / 3;
+    int *peak = malloc((size_t)n * sizeof *peak);
+    size_t *trough = malloc((size_t)n * sizeof *trough);
+    live_ent *tab = NULL, **surv = NULL;
+    leak_owner *own = NULL;
+    if (!peak || !trough) goto oom;
+    int rising = 1, hi_i = 0;
+    size_t hi = s->points[0].allocated, lo = hi;
+    for (int i = 0; i < n; i++) {
+        size_t v = s->points[i].allocated;
+        if (rising) {
+            if (v >= hi) hi = v, hi_i = i;
+            else if (hi - v > thr) peak[np++] = hi_i, rising = 0, lo = v;
+        } else {
+            if (v <= lo) lo = v;
+            else if (v - lo > thr) trough[nt++] = lo, rising = 1, hi = v, hi_i = i;
+        }
+    }
+    s->leak_iterations = np;
+    int first = nt >= 5 ? 1 : 0, pairs = nt - 1 - first, rises = 0;
+    for (int k = first + 1; k < nt; k++) rises += trough[k] > trough[k - 1];
+    size_t total = nt >= 4 && trough[nt - 1] > trough[first] ? trough[nt - 1] - trough[first] : 0;
+    int steady = nt >= 4 && rises * 4 >= pairs * 3 && total >= ((size_t)1 << 20) &&
+                 total >= s->trace_peak_allocated / 100;
+
+    /* the blocks the trace allocated and never freed, with the iteration
+     * (peaks before them) each was allocated in */
+    size_t cap = 16;
+    while (cap < 2 * (size_t)sv_len(t) + 2) cap <<= 1;
+    tab = calloc(cap, sizeof *tab);
+    if (!tab) goto oom;
+    int pt = -1, it = 0, nsurv = 0;
+    for (size_t i = 0; i < sv_len(t); i++) {
+        sv e = sv_at(t, i);
+        const char *a = sv_str(sv_get(e, "action"));
+        int64_t addr = 0, size = 0;
+        if (!a) continue;
+        int is_alloc = !strcmp(a, "alloc"), is_free = !strcmp(a, "free_completed");
+        if (is_alloc || is_free || !strncmp(a, "segment_", 8)) pt++;
+        while (it < np && peak[it] < pt) it++;
+        if ((!is_alloc && !is_free) || sv_int(sv_get(e, "addr"), &addr)) continue;
+        live_ent *l = live_slot(tab, cap - 1, addr);
+        if (is_alloc) {
+            sv_int(sv_get(e, "size"), &size);
+            *l = (live_ent){addr, (int)i, it, (size_t)(size > 0 ? size : 0), 1, 0};
+        } else if (l->used)
+            l->freed = 1;
+    }
+    for (size_t h = 0; h < cap; h++) nsurv += tab[h].used && !tab[h].freed && tab[h].iteration >= 1;
+    surv = malloc((size_t)(nsurv ? nsurv : 1) * sizeof *surv);
+    own = calloc(64, sizeof *own);
+    if (!surv || !own) goto oom;
+    nsurv = 0;
+    for (size_t h = 0; h < cap; h++)
+        if (tab[h].used && !tab[h].freed && tab[h].iteration >= 1) surv[nsurv++] = &tab[h];
+    qsort(surv, (size_t)nsurv, sizeof *surv, cmp_ent_event);
+    int nown = 0;
+    for (int k = 0; k < nsurv; k++) {
+        char o[192];
+        owner_of(sv_get(sv_at(t, (size_t)surv[k]->event), "frames"), o, sizeof o);
+        int j = 0;
+        while (j < nown && strcmp(own[j].owner, o)) j++;
+        if (j == nown) {
+            if (nown == 64) continue;
+            snprintf(own[nown].owner, sizeof own[nown].owner, "%s", o);
+            own[nown++].last_iteration = -1;
+        }
+        own[j].bytes += surv[k]->size;
+        own[j].blocks++;
+        if (surv[k]->iteration != own[j].last_iteration) own[j].iterations++, own[j].last_iteration = surv[k]->iteration;
+    }
+    const leak_owner *best = NULL;
+    for (int j = 0; j < nown; j++)
+        if (own[j].iterations >= 3 && (!best || own[j].bytes > best->bytes)) best = &own[j];
+    int kept = best && best->iterations >= 4 && best->iterations * 2 >= np && best->bytes >= ((size_t)1 << 20);
+    if (steady || kept) {
+        s->has_leak = 1;
+        s->leak_total = steady ? total : best->bytes;
+        s->leak_per_iteration = steady ? total / (size_t)pairs : best->bytes / (size_t)best->iterations;
+    }
+    if (best) {
+        snprintf(s->leak_owner, sizeof s->leak_owner, "%s", best->owner);
+        s->leak_owner_bytes = best->bytes;
+        s->leak_owner_iterations = best->iterations;
+        s->leak_owner_blocks = best->blocks;
+    }
+    rc = 0;
+    goto out;
+oom:
+    bad(c, "device_traces", "out of host memory");
+out:
+    free(peak);
+    free(trough);
+    free(tab);
+    free(surv);
+    free(own);
+    return rc;
 }
 
 /* ---- diagnoses and fixes -------------------------------------------------------------- */
@@ -410,10 +577,58 @@ static void fixes_capacity(tk_snapshot *s) {
     }
 }
 
+/* A leak is the cause when there is one: whatever else the end shows, it
+ * would have grown into it. */
+static void diagnose_leak(tk_snapshot *s) {
+    char a[32], b[32], c[32];
+    tk_snap_diag *g = diag(s, "leak");
+    tk_snap_fix *f;
+    const char *who = s->leak_owner[0] && strcmp(s->leak_owner, "no Python frame") ? s->leak_owner : NULL;
+    int per_iter_blocks = s->leak_owner_iterations ? s->leak_owner_blocks / s->leak_owner_iterations : 0;
+    if (!g) return;
+    int m = snprintf(g->text, sizeof g->text,
+                     "leak: allocated memory that stays from one iteration to the next grows by %s per iteration "
+                     "(%s over the %d iterations the trace shows)",
+                     fmtb(s->leak_per_iteration, a), fmtb(s->leak_total, b), s->leak_iterations);
+    if (m > 0 && (size_t)m < sizeof g->text) {
+        if (who)
+            snprintf(g->text + m, sizeof g->text - (size_t)m,
+                     "; still live at the end: %s in %d blocks allocated at %s in %d different iterations.",
+                     fmtb(s->leak_owner_bytes, c), s->leak_owner_blocks, who, s->leak_owner_iterations);
+        else
+            snprintf(g->text + m, sizeof g->text - (size_t)m,
+                     "; the trace's frames do not say who allocated what stays%s.",
+                     s->leak_owner[0] ? " (no Python frame)" : "");
+    }
+    if (!(f = fix(s, "leak", (int64_t)s->leak_total))) return;
+    /* Many blocks kept per iteration is a graph kept alive; one or two are
+     * outputs kept in a list or dict. */
+    if (per_iter_blocks >= 8 || !who)
+        snprintf(f->text, sizeof f->text,
+                 "Stop keeping each iteration's autograd graph: accumulate Python numbers, not tensors, and run "
+                 "evaluation without a graph. The snapshot says this frees the %s that piled up (%s per "
+                 "iteration)%s%s.",
+                 fmtb(s->leak_total, a), fmtb(s->leak_per_iteration, b), who ? "; the code at " : "", who ? who : "");
+    else
+        snprintf(f->text, sizeof f->text,
+                 "Keep copies off the device and without their graph: what is appended or stored each iteration "
+                 "at %s stays on the GPU. The snapshot says this frees the %s that piled up (%s per iteration).",
+                 who, fmtb(s->leak_total, a), fmtb(s->leak_per_iteration, b));
+    snprintf(f->code, sizeof f->code,
+             "%s"
+             "total_loss += loss.item()                  # not total_loss += loss: that keeps every step's graph\n"
+             "preds.append(logits.detach().cpu())        # not the CUDA tensor with its graph\n"
+             "del outputs, loss                          # at the end of each step\n"
+             "with torch.no_grad():                      # around evaluation: no graph is built\n"
+             "    outputs = model(**batch)",
+             per_iter_blocks >= 8 || !who ? "" : "# the tensors kept at the line above\n");
+}
+
 static void diagnose(tk_snapshot *s) {
     char a[32], b[32], c[32], d[32];
     tk_snap_diag *g;
     size_t need = s->has_oom ? s->oom_size : 0;
+    if (s->has_leak) diagnose_leak(s);
     /* Fragmentation: enough is free in the cache, in pieces too small. With
      * an OOM that is "free >= request > largest block" in the request's pool
      * (PyTorch serves requests of up to 1 MiB from the small pool only);
@@ -507,6 +722,7 @@ static int read_tree(ctx *c, sv root) {
         if (read_segment(c, sv_at(segs, i), i, &devices)) return -1;
     for (int d = 0; d < 64; d++) s->n_devices += (int)((devices >> d) & 1);
     if (sv_is_dict(root) && read_trace(c, sv_get(root, "device_traces"))) return -1;
+    if (sv_is_dict(root) && find_leak(c, sv_get(root, "device_traces"))) return -1;
     if (s->n_owners) qsort(s->owners, (size_t)s->n_owners, sizeof *s->owners, cmp_owner);
     diagnose(s);
     return 0;
@@ -520,7 +736,7 @@ tk_snapshot *tk_snap_read_buf(const uint8_t *buf, size_t len, const char *name, 
     }
     snprintf(s->path, sizeof s->path, "%s", name);
     s->capacity = capacity;
-    ctx c = {s, name, err, 0};
+    ctx c = {s, name, err, 0, 0};
     size_t i = 0;
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t')) i++;
     int rc;
@@ -581,6 +797,7 @@ void tk_snap_destroy(tk_snapshot **ps) {
     if (!ps || !*ps) return;
     free((*ps)->owners);
     free((*ps)->points);
+    free((*ps)->live_sizes);
     free(*ps);
     *ps = NULL;
 }
@@ -633,12 +850,37 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
     for (int i = 0; i < s->n_owners && i < top; i++)
         fprintf(f, "  %12s %5d blocks  %s\n", fmtb(s->owners[i].bytes, a), s->owners[i].blocks, s->owners[i].owner);
     if (s->n_owners > top) fprintf(f, "  ... %d more owners\n", s->n_owners - top);
+    const tk_snap_model *md = &s->model;
+    if (md->recognised) {
+        fprintf(f, "\nModel (from %s): BERT%s%s%s, hidden %d, %d layers, %d heads, intermediate %d, vocab %d, "
+                   "%d positions; %s weights, %d cop%s of each parameter (%s)\n",
+                md->from, md->preset[0] ? " = " : "", md->preset,
+                md->preset[0] ? "" : "-shaped (a transformer whose layers have BERT's parameter shapes)", md->hidden,
+                md->layers, md->heads, md->intermediate, md->vocab, md->max_position,
+                md->mixed ? "fp32 and 16-bit" : md->elem == 2 ? "16-bit (fp16/bf16)" : "fp32", md->copies,
+                md->copies == 1 ? "y" : "ies", fmtb(md->param_bytes, a));
+        if (md->batch)
+            fprintf(f, "  batch %d x sequence %d (from %s)\n", md->batch, md->seq, md->shape_from);
+        else
+            fprintf(f, "  batch and sequence length unknown: give --batch N --seq N to plan the fixes\n");
+        if (md->planned)
+            fprintf(f, "  planned as it ran: peak %s%s%s (%s) -> %s\n", fmtb(md->plan_peak, a),
+                    md->plan_capacity ? " of " : "", md->plan_capacity ? fmtb(md->plan_capacity, b) : "",
+                    md->capacity_from, md->plan_fits ? "fits" : "does not fit");
+    }
+    if (s->data.have)
+        fprintf(f, "\nData %s: %d examples, token lengths p50 %d, p95 %d, p99 %d, max %d (%s)\n", s->data.file,
+                s->data.n, s->data.p50, s->data.p95, s->data.p99, s->data.max, s->data.vocab_note);
     fprintf(f, "\nDiagnosis:\n");
     if (!s->n_diag) fprintf(f, "  nothing wrong that this snapshot shows.\n");
     for (int i = 0; i < s->n_diag; i++) fprintf(f, "  %d. %s\n", i + 1, s->diag[i].text);
     if (s->n_fixes) fprintf(f, "\nFixes, best first:\n");
     for (int i = 0; i < s->n_fixes; i++) {
         fprintf(f, "  %d. [%s] %s\n", i + 1, s->fixes[i].id, s->fixes[i].text);
+        if (s->fixes[i].planned)
+            fprintf(f, "       planned (%s): %s peak %s%s%s\n", s->fixes[i].plan_change,
+                    s->fixes[i].plan_fits ? "fits:" : "does not fit:", fmtb(s->fixes[i].plan_peak, a),
+                    md->plan_capacity ? " of " : "", md->plan_capacity ? fmtb(md->plan_capacity, b) : "");
         const char *line = s->fixes[i].code;
         while (*line) {
             const char *e = strchr(line, '\n');
@@ -690,10 +932,47 @@ json_t *tk_snap_json(const tk_snapshot *s, int top) {
         json_array_append_new(dg, json_pack("{s:s, s:s}", "id", s->diag[i].id, "text", s->diag[i].text));
     json_object_set_new(o, "diagnoses", dg);
     json_t *fx = json_array();
-    for (int i = 0; i < s->n_fixes; i++)
-        json_array_append_new(fx, json_pack("{s:s, s:s, s:s, s:o}", "id", s->fixes[i].id, "text", s->fixes[i].text,
-                                            "code", s->fixes[i].code, "saves",
-                                            s->fixes[i].saves >= 0 ? json_integer(s->fixes[i].saves) : json_null()));
+    for (int i = 0; i < s->n_fixes; i++) {
+        const tk_snap_fix *f = &s->fixes[i];
+        json_t *x = json_pack("{s:s, s:s, s:s, s:o}", "id", f->id, "text", f->text, "code", f->code, "saves",
+                              f->saves >= 0 ? json_integer(f->saves) : json_null());
+        if (f->planned)
+            json_object_set_new(x, "plan", json_pack("{s:I, s:b, s:s}", "peak", (json_int_t)f->plan_peak, "fits",
+                                                     f->plan_fits, "change", f->plan_change));
+        json_array_append_new(fx, x);
+    }
     json_object_set_new(o, "fixes", fx);
+    json_object_set_new(o, "leak",
+                        json_pack("{s:b, s:i, s:I, s:I, s:o, s:I, s:i}", "found", s->has_leak, "iterations",
+                                  s->leak_iterations, "per_iteration", (json_int_t)s->leak_per_iteration, "total",
+                                  (json_int_t)s->leak_total, "owner",
+                                  s->leak_owner[0] ? json_string(s->leak_owner) : json_null(), "owner_bytes",
+                                  (json_int_t)s->leak_owner_bytes, "owner_iterations", s->leak_owner_iterations));
+    const tk_snap_model *md = &s->model;
+    json_t *mj = json_null();
+    if (md->recognised) {
+        mj = json_pack("{s:s, s:o, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:I}", "recognised_from", md->from, "preset",
+                       md->preset[0] ? json_string(md->preset) : json_null(), "hidden", md->hidden, "layers",
+                       md->layers, "heads", md->heads, "intermediate", md->intermediate, "vocab", md->vocab,
+                       "max_position", md->max_position, "dtype",
+                       md->mixed ? "mixed (fp32 and 16-bit copies)" : md->elem == 2 ? "fp16/bf16" : "fp32", "copies",
+                       md->copies, "param_bytes", (json_int_t)md->param_bytes);
+        json_object_set_new(mj, "batch", md->batch ? json_integer(md->batch) : json_null());
+        json_object_set_new(mj, "seq", md->seq ? json_integer(md->seq) : json_null());
+        json_object_set_new(mj, "shape_from", md->shape_from[0] ? json_string(md->shape_from) : json_null());
+        if (md->planned)
+            json_object_set_new(mj, "plan", json_pack("{s:I, s:o, s:b, s:s}", "peak", (json_int_t)md->plan_peak,
+                                                      "capacity",
+                                                      md->plan_capacity ? json_integer((json_int_t)md->plan_capacity)
+                                                                        : json_null(),
+                                                      "fits", md->plan_fits, "capacity_from", md->capacity_from));
+    }
+    json_object_set_new(o, "model", mj);
+    const tk_snap_data *dt = &s->data;
+    json_object_set_new(o, "data", dt->have ? json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s}", "file", dt->file,
+                                                        "examples", dt->n, "max", dt->max, "p50", dt->p50, "p95",
+                                                        dt->p95, "p99", dt->p99, "max_length", dt->max_length,
+                                                        "vocabulary", dt->vocab_note)
+                                            : json_null());
     return o;
 }

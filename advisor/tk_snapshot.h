@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "tk_gpu.h"
+#include "tk_config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,7 +59,39 @@ typedef struct tk_snap_fix {
     char text[512];       /* what to change and what the snapshot says it saves */
     char code[512];       /* the PyTorch/transformers code */
     int64_t saves;        /* bytes the snapshot shows it frees, or -1 when the snapshot cannot tell */
+    int planned;          /* 1: the fix was planned on the recognised model (tk_snap_plan) */
+    size_t plan_peak;     /* its planned peak reserved bytes */
+    int plan_fits;        /* 1: plan_peak fits the capacity (or no capacity is known) */
+    char plan_change[96]; /* the planner's keys changed, "precision=bf16" */
 } tk_snap_fix;
+
+/* A BERT recognised from the live blocks' sizes (or named by --model), and
+ * the batch shape the activations imply. */
+typedef struct tk_snap_model {
+    int recognised;       /* 0: no BERT-shaped parameter set among the live blocks */
+    char from[TK_PATH_MAX + 16];  /* "block sizes", or "--model NAME" */
+    char preset[48];      /* the preset with these dimensions, or "" */
+    int hidden, layers, heads, intermediate, vocab, max_position;
+    int elem;             /* bytes per parameter element: 4 (fp32) or 2 (fp16/bf16) */
+    int mixed;            /* 16-bit copies of the weights were found beside fp32 ones */
+    int copies;           /* tensors of each parameter's shape: 1 weights, 2 + grads, 4 + AdamW's two states */
+    size_t param_bytes;   /* the recognised parameter-shaped blocks, all copies */
+    int batch, seq;       /* the shape planned; 0 when unknown */
+    char shape_from[96];  /* "activation blocks", "--batch/--seq", "" */
+    int planned;          /* the current setting was planned */
+    size_t plan_peak, plan_capacity; /* its planned peak; the capacity planned against (0: none known) */
+    int plan_fits;
+    char capacity_from[96];
+} tk_snap_model;
+
+/* A user's data file, through the pipeline's tokenizer. */
+typedef struct tk_snap_data {
+    int have;
+    char file[TK_PATH_MAX];
+    int n, max, p50, p95, p99;
+    int max_length;       /* the max_length proposed (p99 rounded up to 8, at most the model's positions) */
+    char vocab_note[256];
+} tk_snap_data;
 
 #define TK_SNAP_MAX_POOLS 32
 #define TK_SNAP_MAX_DIAG 6
@@ -87,6 +120,20 @@ typedef struct tk_snapshot {
     tk_snap_diag diag[TK_SNAP_MAX_DIAG];   /* ranked, the cause first */
     int n_fixes;
     tk_snap_fix fixes[TK_SNAP_MAX_FIXES];  /* ranked, best first */
+    /* the leak: allocated between iterations (troughs between peaks of the
+     * trace) rising steadily */
+    int leak_iterations;         /* iterations the trace shows (troughs); 0 without a trace */
+    int has_leak;
+    size_t leak_per_iteration, leak_total; /* growth per iteration; first to last trough */
+    char leak_owner[192];        /* who allocated the blocks still live across iterations, or "" */
+    size_t leak_owner_bytes;
+    int leak_owner_iterations, leak_owner_blocks;
+    /* live block sizes (requested_size, else size), ascending: the
+     * recognition of a BERT works from them */
+    size_t *live_sizes;
+    int n_live_sizes;
+    tk_snap_model model;
+    tk_snap_data data;
 } tk_snapshot;
 
 /* Reads and diagnoses the snapshot at path. capacity: the device's total
@@ -100,6 +147,23 @@ void tk_snap_destroy(tk_snapshot **ps);
 /* The capacity to judge a snapshot against: a GPU profile's (gpu, "t4") or
  * a size ("14.75GiB"); both NULL gives 0 (unknown). -1 with err if unknown. */
 int tk_snap_capacity(const char *gpu, const char *size, size_t *out, tk_err *err);
+
+/* What tk_snap_plan is asked: the model (a preset name or an HF folder
+ * with config.json; NULL: recognise it from the block sizes), the batch
+ * shape (0: infer it from the activation blocks), the user's data file
+ * (NULL: none) and its text column (NULL: "text"), the GPU profile the
+ * capacity came from (NULL: none; the plans then take off its context). */
+typedef struct tk_snap_opts {
+    const char *model, *data, *text_col, *gpu;
+    int batch, seq;
+} tk_snap_opts;
+
+/* Recognises the BERT (o->model, else the live blocks' sizes), reads the
+ * data file through the pipeline's tokenizer, and plans the current setting
+ * and each fix of s on the planner (bert/plan.c). An unrecognised model is
+ * not an error (s->model.recognised stays 0). -1 with err naming the file,
+ * the model or the option on a bad --model, --data or shape. */
+int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err);
 
 /* Text report (new string, free()). */
 char *tk_snap_text(const tk_snapshot *s, int top);

@@ -486,3 +486,89 @@ int tk_run_data_token_byte(const tk_run_data *d, int feature, int pos) {
     if (!f || !f->ctx_bstart || feature < 0 || feature >= f->n || pos < 0 || pos >= f->len[feature]) return -1;
     return f->ctx_bstart[f->off[feature] + pos];
 }
+
+/* ---- token lengths of a data file --------------------------------------------- */
+
+/* A SQuAD file: a .json whose top level has "data" (else NULL, and the
+ * caller reads a table). */
+static tk_squad *lengths_try_squad(const char *path) {
+    size_t n = strlen(path);
+    if (n < 5 || strcmp(path + n - 5, ".json")) return NULL;
+    tk_squad *sq = NULL;
+    tk_err e = {0};
+    return tk_squad_load(path, &sq, &e) == TK_OK ? sq : NULL;
+}
+
+tk_status tk_run_text_lengths(const tk_config *c, const char *path, const char *text_col, const char *pair_col,
+                              tk_run_lengths *out, tk_err *err) {
+    tk_table *t = NULL;
+    tk_squad *sq = lengths_try_squad(path);
+    tk_tokenizer *tok = NULL;
+    const char **texts = NULL;
+    tk_status st = TK_OK;
+    int nrows, ci = -1, pi = -1;
+    memset(out, 0, sizeof *out);
+    if (sq) {
+        snprintf(out->name, sizeof out->name, "%s", sq->name);
+        snprintf(out->column, sizeof out->column, "question + context");
+        nrows = sq->n;
+    } else {
+        if ((st = tk_table_read(path, &t, err)) != TK_OK) return st;
+        const char *col = text_col && *text_col ? text_col : "text";
+        ci = tk_table_col(t, col);
+        pi = pair_col && *pair_col ? tk_table_col(t, pair_col) : -1;
+        if (ci < 0 || (pair_col && *pair_col && pi < 0)) {
+            char list[512] = "";
+            size_t k = 0;
+            for (int i = 0; i < t->ncols && k < sizeof list; i++)
+                k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", i ? ", " : "", t->cols[i]);
+            tk_err_set(err, TK_EINVAL, "%s: no column '%s' (columns: %s; pick one with --text COL)", t->name,
+                       ci < 0 ? col : pair_col, list);
+            st = TK_EINVAL;
+            goto out;
+        }
+        snprintf(out->name, sizeof out->name, "%s", t->name);
+        snprintf(out->column, sizeof out->column, "%s", col);
+        nrows = t->nrows;
+    }
+    texts = malloc((size_t)(nrows > 0 ? 2 * nrows : 1) * sizeof *texts);
+    out->len = malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof *out->len);
+    if (!texts || !out->len) {
+        tk_err_set(err, TK_EINVAL, "%s: out of host memory", path);
+        st = TK_EINVAL;
+        goto out;
+    }
+    for (int i = 0; i < nrows; i++) {
+        texts[i] = sq ? sq->ex[i].context : t->cells[(size_t)i * t->ncols + ci];
+        texts[nrows + i] = sq ? sq->ex[i].question : pi >= 0 ? t->cells[(size_t)i * t->ncols + pi] : NULL;
+    }
+    if (!(tok = tk_run_tokenizer(c, path, texts, nrows, out->vocab_path, sizeof out->vocab_path, out->vocab_note,
+                                 sizeof out->vocab_note, err))) {
+        st = err && err->status ? err->status : TK_EINVAL;
+        goto out;
+    }
+    for (int i = 0; i < nrows; i++) {
+        const char *pair = texts[nrows + i];
+        int n = tk_count_tokens(tok, texts[i], (size_t)-1);
+        int np = pair ? tk_count_tokens(tok, pair, (size_t)-1) : 0;
+        if (n < 0 || np < 0) {
+            tk_err_set(err, TK_EINVAL, "%s: out of host memory while tokenizing", path);
+            st = TK_EINVAL;
+            goto out;
+        }
+        out->len[i] = n + np + (pair ? 3 : 2); /* [CLS] a [SEP] (b [SEP]) */
+    }
+    out->n = nrows;
+out:
+    free(texts);
+    tk_tokenizer_destroy(&tok);
+    tk_table_destroy(&t);
+    tk_squad_destroy(&sq);
+    if (st != TK_OK) tk_run_lengths_clear(out);
+    return st;
+}
+
+void tk_run_lengths_clear(tk_run_lengths *l) {
+    free(l->len);
+    memset(l, 0, sizeof *l);
+}

@@ -69,6 +69,25 @@ struct tk_tokenizer;
 struct tk_tokenizer *tk_run_tokenizer(const tk_config *c, const char *corpus, const char *const *texts, int n,
                                       char *path, size_t pn, char *note, size_t note_n, tk_err *err);
 
+/* The token lengths of a data file as a run of c tokenizes it: a CSV/TSV/
+ * JSONL table's text_col (NULL or "": "text", with pair_col when given), or
+ * SQuAD JSON's question + context pairs; the tokenizer is tk_run_tokenizer's
+ * for c (c->vocab, the model folder's, or one learned from the texts).
+ * Lengths count [CLS]/[SEP] and are not capped. %txdata and the snapshot
+ * advisor read data files through it. On failure `out` is left cleared and
+ * err names the file (and the missing column with the columns there are). */
+typedef struct tk_run_lengths {
+    int32_t *len;                      /* n lengths (owned) */
+    int n;
+    char name[256];                    /* the file as its reader names it */
+    char column[160];                  /* "text", or "question + context" */
+    char vocab_path[TK_PATH_MAX + 64]; /* the vocab.txt the tokenizer read */
+    char vocab_note[1400];             /* where the vocabulary came from */
+} tk_run_lengths;
+tk_status tk_run_text_lengths(const tk_config *c, const char *path, const char *text_col, const char *pair_col,
+                              tk_run_lengths *out, tk_err *err);
+void tk_run_lengths_clear(tk_run_lengths *l);
+
 /* The config the run uses: c with the label count taken from the data when
  * the config leaves it to the data (pooled classification, num_labels 0). */
 void tk_run_config(const tk_run_data *d, tk_config *c);

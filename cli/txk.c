@@ -10,7 +10,8 @@
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
  *   txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]
  *   txk mem [--device cpu|cuda|meta] [--capacity 7.43GiB] [--json]
- *   txk mem --snapshot FILE [--gpu P | --capacity SIZE] [--json]
+ *   txk mem --snapshot FILE [--gpu P | --capacity SIZE] [--model M] [--data FILE [--text COL]]
+ *           [--batch N --seq N] [--json]
  *   txk keys
  *   txk kernel -f CONNECTION_FILE
  *
@@ -745,6 +746,20 @@ static int mem_snapshot(const char *path, char **argv, int argc) {
         fprintf(stderr, "txk: %s\n", err.msg);
         return EXIT_ERR;
     }
+    const char *b = flag_value(argv, argc, "--batch"), *q = flag_value(argv, argc, "--seq");
+    tk_snap_opts o = {.model = flag_value(argv, argc, "--model"), .data = flag_value(argv, argc, "--data"),
+                      .text_col = flag_value(argv, argc, "--text"), .gpu = flag_value(argv, argc, "--gpu"),
+                      .batch = b ? atoi(b) : 0, .seq = q ? atoi(q) : 0};
+    if ((b && o.batch < 1) || (q && o.seq < 1)) {
+        fprintf(stderr, "txk: --batch/--seq: expected a positive number, found '%s'\n", b && o.batch < 1 ? b : q);
+        tk_snap_destroy(&s);
+        return EXIT_USAGE;
+    }
+    if (tk_snap_plan(s, &o, &err)) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        tk_snap_destroy(&s);
+        return EXIT_ERR;
+    }
     if (has_flag(argv, argc, "--json")) {
         json_t *j = tk_snap_json(s, 20);
         char *sj = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
@@ -761,7 +776,8 @@ static int mem_snapshot(const char *path, char **argv, int argc) {
 }
 
 static int cmd_mem(int argc, char **argv) {
-    static const char *const valued[] = {"--device", "--capacity", "--snapshot", "--gpu", NULL},
+    static const char *const valued[] = {"--device", "--capacity", "--snapshot", "--gpu", "--model", "--data",
+                                         "--text", "--batch", "--seq", NULL},
                              *const bare[] = {"--json", NULL};
     int rc = check_words(argv, argc, valued, bare);
     if (rc) return rc;
@@ -839,7 +855,9 @@ static const txk_cmd CMDS[] = {
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
     {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
     {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory;\n"
-                     "          --snapshot FILE [--gpu P|--capacity SIZE] [--json]   a PyTorch memory snapshot diagnosed"},
+                     "          --snapshot FILE [--gpu P|--capacity SIZE] [--model NAME|DIR] [--data FILE [--text COL]]\n"
+                     "                          [--batch N --seq N] [--json]   a PyTorch memory snapshot diagnosed; a BERT\n"
+                     "                          (recognised from block sizes, or --model) gets each fix planned"},
     {"keys", cmd_keys, "   every config key with its help"},
     {"kernel", cmd_kernel, "-f CONNECTION_FILE   serve as a Jupyter kernel"},
 };

@@ -1,6 +1,7 @@
 /* txdata.c — the corpus report behind `%txdata FILE` and `txk data FILE`
- * (token lengths, truncation at candidate max_len, padding waste). The data
- * of a run is bert/'s pipeline (tk_pipeline.h), not this file's.
+ * (token lengths, truncation at candidate max_len, padding waste). The file
+ * is read and tokenized by bert/'s pipeline (tk_run_text_lengths), as a run
+ * reads it; this file only reports.
  *
  * Guarantees: every failure names the file (and line/column where the data
  * module knows it) and frees what was built; a corpus report never touches
@@ -20,82 +21,21 @@
 
 /* ---- the corpus report -------------------------------------------------------- */
 
-/* A SQuAD file: a .json whose top level has "data" (else NULL, and the
- * caller reads a table). */
-static tk_squad *try_squad(const char *path) {
-    size_t n = strlen(path);
-    if (n < 5 || strcmp(path + n - 5, ".json")) return NULL;
-    tk_squad *sq = NULL;
-    tk_err e = {0};
-    return tk_squad_load(path, &sq, &e) == TK_OK ? sq : NULL;
-}
-
 tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **lengths_out, int *n_out,
                          tk_err *err) {
-    tk_table *t = NULL;
-    tk_squad *sq = try_squad(o->path);
-    tk_tokenizer *tok = NULL;
-    int32_t *len = NULL;
-    const char **texts = NULL;
     tk_rtable *tp = NULL, *tt = NULL, *tw = NULL;
     tk_status st;
-    const char *name, *col;
-    int nrows, ci = -1, pi = -1;
     *bundle = NULL;
-    if (sq) {
-        /* question + context pairs: [CLS] q [SEP] c [SEP] */
-        name = sq->name;
-        col = "question + context";
-        nrows = sq->n;
-    } else {
-        if ((st = tk_table_read(o->path, &t, err)) != TK_OK) return st;
-        col = o->text_col && *o->text_col ? o->text_col : "text";
-        ci = tk_table_col(t, col);
-        pi = o->pair_col && *o->pair_col ? tk_table_col(t, o->pair_col) : -1;
-        if (ci < 0 || (o->pair_col && *o->pair_col && pi < 0)) {
-            tk_sb b = {0};
-            for (int i = 0; i < t->ncols; i++) tk_sb_addf(&b, "%s%s", i ? ", " : "", t->cols[i]);
-            char *list = tk_sb_take(&b);
-            tk_err_set(err, TK_EINVAL, "%s: no column '%s' (columns: %s; pick one with --text COL)", t->name,
-                       ci < 0 ? col : o->pair_col, list ? list : "?");
-            free(list);
-            st = TK_EINVAL;
-            goto out;
-        }
-        name = t->name;
-        nrows = t->nrows;
-    }
-    texts = malloc((size_t)(nrows > 0 ? 2 * nrows : 1) * sizeof *texts);
-    len = malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof *len);
-    if (!texts || !len) {
-        tk_err_set(err, TK_EINVAL, "out of host memory");
-        st = TK_EINVAL;
-        goto out;
-    }
-    for (int i = 0; i < nrows; i++) {
-        texts[i] = sq ? sq->ex[i].context : t->cells[(size_t)i * t->ncols + ci];
-        texts[nrows + i] = sq ? sq->ex[i].question : pi >= 0 ? t->cells[(size_t)i * t->ncols + pi] : NULL;
-    }
     tk_config c;
     tk_config_defaults(&c);
     if (o->model && *o->model) snprintf(c.model, sizeof c.model, "%s", o->model);
     if (o->vocab && *o->vocab) snprintf(c.vocab, sizeof c.vocab, "%s", o->vocab);
-    char vnote[1400] = "", vpath[TK_PATH_MAX + 64];
-    if (!(tok = tk_run_tokenizer(&c, o->path, texts, nrows, vpath, sizeof vpath, vnote, sizeof vnote, err))) {
-        st = err && err->status ? err->status : TK_EINVAL;
-        goto out;
-    }
-    for (int i = 0; i < nrows; i++) {
-        const char *pair = texts[nrows + i];
-        int n = tk_count_tokens(tok, texts[i], (size_t)-1);
-        int np = pair ? tk_count_tokens(tok, pair, (size_t)-1) : 0;
-        if (n < 0 || np < 0) {
-            tk_err_set(err, TK_EINVAL, "out of host memory while tokenizing");
-            st = TK_EINVAL;
-            goto out;
-        }
-        len[i] = n + np + (pair ? 3 : 2); /* [CLS] a [SEP] (b [SEP]) */
-    }
+    /* the file read and tokenized as a run reads it: the pipeline's */
+    tk_run_lengths rl;
+    if ((st = tk_run_text_lengths(&c, o->path, o->text_col, o->pair_col, &rl, err)) != TK_OK) return st;
+    const char *name = rl.name, *col = rl.column, *vnote = rl.vocab_note;
+    const int32_t *len = rl.len;
+    int nrows = rl.n;
     tk_length_stats ls;
     tk_length_stats_compute(len, nrows, &ls);
     int max_len = o->max_len > 0 ? o->max_len : 512;
@@ -140,7 +80,7 @@ tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **le
         lp[k] = labels[k];
         hv[k] = ls.hist[k];
     }
-    char htitle[300];
+    char htitle[480];
     snprintf(htitle, sizeof htitle, "Token lengths of %s (%s)", name, col);
 
     tk_sb text = {0}, html = {0};
@@ -202,11 +142,7 @@ out:
     tk_rtable_destroy(&tp);
     tk_rtable_destroy(&tt);
     tk_rtable_destroy(&tw);
-    free(texts);
-    free(len);
-    tk_tokenizer_destroy(&tok);
-    tk_table_destroy(&t);
-    tk_squad_destroy(&sq);
+    tk_run_lengths_clear(&rl);
     return st;
 }
 

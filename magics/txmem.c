@@ -104,6 +104,30 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
     if (s->has_oom)
         tk_sb_addf(&h, "<p>Out of memory: tried to allocate <b>%s</b> with %s free on the device.</p>",
                    tk_render_bytes(s->oom_size, a), tk_render_bytes(s->oom_device_free, r));
+    const tk_snap_model *md = &s->model;
+    if (md->recognised) {
+        tk_sb_add(&h, "<p><b>Model</b> (from ");
+        tk_sb_add_html(&h, md->from);
+        tk_sb_add(&h, "): BERT");
+        if (md->preset[0]) tk_sb_addf(&h, " = <code>%s</code>", md->preset);
+        tk_sb_addf(&h, ", hidden %d, %d layers, %d heads, intermediate %d, vocab %d; %s, %d cop%s of each parameter.",
+                   md->hidden, md->layers, md->heads, md->intermediate, md->vocab,
+                   md->mixed ? "fp32 and 16-bit weights" : md->elem == 2 ? "16-bit weights" : "fp32 weights",
+                   md->copies, md->copies == 1 ? "y" : "ies");
+        if (md->batch) tk_sb_addf(&h, " Batch %d &times; sequence %d (from %s).", md->batch, md->seq, md->shape_from);
+        else tk_sb_add(&h, " Batch and sequence unknown: give <code>--batch N --seq N</code> to plan the fixes.");
+        if (md->planned)
+            tk_sb_addf(&h, " Planned as it ran: peak <b>%s</b>%s%s (%s): %s.", tk_render_bytes(md->plan_peak, a),
+                       md->plan_capacity ? " of " : "", md->plan_capacity ? tk_render_bytes(md->plan_capacity, r) : "",
+                       md->capacity_from, md->plan_fits ? "fits" : "does not fit");
+        tk_sb_add(&h, "</p>");
+    }
+    if (s->data.have) {
+        tk_sb_add(&h, "<p><b>Data</b> <code>");
+        tk_sb_add_html(&h, s->data.file);
+        tk_sb_addf(&h, "</code>: %d examples, token lengths p50 %d, p95 %d, p99 %d, max %d.</p>", s->data.n,
+                   s->data.p50, s->data.p95, s->data.p99, s->data.max);
+    }
     static const char *const dh[] = {"diagnosis"};
     tk_rtable *dt = tk_rtable_new("Diagnosis, the cause first", 1, dh);
     for (int i = 0; dt && i < s->n_diag; i++) tk_rtable_rowf(dt, "%s", s->diag[i].text);
@@ -132,6 +156,13 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
     for (int i = 0; i < s->n_fixes; i++) {
         tk_sb_add(&h, "<li>");
         tk_sb_add_html(&h, s->fixes[i].text);
+        if (s->fixes[i].planned) {
+            tk_sb_add(&h, " <i>Planned (");
+            tk_sb_add_html(&h, s->fixes[i].plan_change);
+            tk_sb_addf(&h, "): %s peak %s%s%s.</i>", s->fixes[i].plan_fits ? "fits:" : "does not fit:",
+                       tk_render_bytes(s->fixes[i].plan_peak, a), md->plan_capacity ? " of " : "",
+                       md->plan_capacity ? tk_render_bytes(md->plan_capacity, r) : "");
+        }
         tk_sb_add(&h, "<pre><code>");
         tk_sb_add_html(&h, s->fixes[i].code);
         tk_sb_add(&h, "</code></pre></li>");
@@ -146,13 +177,17 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
     return b;
 }
 
-static int txmem_read_snapshot(tk_magic_ctx *m, const char *path, const char *gpu, const char *cap, int top,
-                               int json_only) {
+static int txmem_read_snapshot(tk_magic_ctx *m, const char *path, const char *cap, int top, int json_only,
+                               const tk_snap_opts *o) {
     tk_err err = {0};
     size_t capacity = 0;
-    if (tk_snap_capacity(gpu, cap, &capacity, &err)) return tk_magic_error(m, "UsageError", "%%txmem: %s", err.msg);
+    if (tk_snap_capacity(o->gpu, cap, &capacity, &err)) return tk_magic_error(m, "UsageError", "%%txmem: %s", err.msg);
     tk_snapshot *s = tk_snap_read(path, capacity, &err);
     if (!s) return tk_magic_error(m, "SnapshotError", "%s", err.msg);
+    if (tk_snap_plan(s, o, &err)) {
+        tk_snap_destroy(&s);
+        return tk_magic_error(m, "SnapshotError", "%s", err.msg);
+    }
     json_t *b = snapshot_bundle(s, top);
     tk_txemit(m, b, json_only);
     json_decref(b);
@@ -164,7 +199,8 @@ static int run_txmem(tk_magic_ctx *m) {
     tk_session *s = m->session;
     char **argv = NULL;
     int argc = 0, json_only = 0, timeline = 0, top = 10, rc = 0;
-    const char *by = "owner", *save = NULL, *snapshot = NULL, *gpu = NULL, *cap = NULL;
+    const char *by = "owner", *save = NULL, *snapshot = NULL, *cap = NULL;
+    tk_snap_opts so = {0};
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -175,16 +211,22 @@ static int run_txmem(tk_magic_ctx *m) {
         else if (!strcmp(argv[i], "--top") && v && atoi(v) > 0) { top = atoi(v); i++; }
         else if (!strcmp(argv[i], "--save") && v) { save = v; i++; }
         else if (!strcmp(argv[i], "--snapshot") && v) { snapshot = v; i++; }
-        else if (!strcmp(argv[i], "--gpu") && v) { gpu = v; i++; }
+        else if (!strcmp(argv[i], "--gpu") && v) { so.gpu = v; i++; }
+        else if (!strcmp(argv[i], "--model") && v) { so.model = v; i++; }
+        else if (!strcmp(argv[i], "--data") && v) { so.data = v; i++; }
+        else if (!strcmp(argv[i], "--text") && v) { so.text_col = v; i++; }
+        else if (!strcmp(argv[i], "--batch") && v && atoi(v) > 0) { so.batch = atoi(v); i++; }
+        else if (!strcmp(argv[i], "--seq") && v && atoi(v) > 0) { so.seq = atoi(v); i++; }
         else if (!strcmp(argv[i], "--capacity") && v) { cap = v; i++; }
         else
             rc = tk_magic_error(m, "UsageError",
                                 "%%txmem: unexpected '%s'\nusage: %%txmem [--by category|owner|layer] [--top N] "
                                 "[--timeline] [--json] [--save FILE]\n       %%txmem --snapshot FILE "
-                                "[--gpu P | --capacity SIZE] [--top N] [--json]", argv[i]);
+                                "[--gpu P | --capacity SIZE] [--model M] [--data FILE [--text COL]] [--batch N --seq N] "
+                                "[--top N] [--json]", argv[i]);
     }
     if (!rc && snapshot) {
-        rc = txmem_read_snapshot(m, snapshot, gpu, cap, top, json_only);
+        rc = txmem_read_snapshot(m, snapshot, cap, top, json_only, &so);
         tk_txargs_free(argv, argc);
         return rc;
     }
@@ -234,7 +276,8 @@ static int run_txmem(tk_magic_ctx *m) {
 static const tk_magic_def TXMEM[] = {
     {"txmem", TK_MAGIC_LINE, run_txmem, "live device memory: by category, owner or layer; timeline; a PyTorch snapshot diagnosed",
      "%txmem [--by category|owner|layer] [--top N] [--timeline] [--json] [--save FILE]\n"
-     "%txmem --snapshot FILE [--gpu P | --capacity SIZE] [--top N] [--json]\n\n"
+     "%txmem --snapshot FILE [--gpu P | --capacity SIZE] [--model M] [--data FILE [--text COL]]\n"
+     "       [--batch N --seq N] [--top N] [--json]\n\n"
      "Capacity, free, allocated, reserved and peaks of the session's device (exact bytes\n"
      "from the caching allocator), the live bytes per category, and the top owners (HF\n"
      "module names) or layers. --timeline charts allocated/reserved at each step of the\n"
@@ -246,8 +289,11 @@ static const tk_magic_def TXMEM[] = {
      "pickle, or its JSON form; nothing in it is executed) and shows reserved, allocated,\n"
      "requested, the largest free block, segments by pool and stream, who holds the live\n"
      "memory (innermost frame of your code: \"cell, line N\"), the memory over the trace,\n"
-     "the OOM event, the diagnosis and fixes as PyTorch code. --gpu/--capacity give the\n"
-     "card's size to judge it against."},
+     "the OOM event, the diagnosis (a leak: memory kept from iteration to iteration) and\n"
+     "fixes as PyTorch code. --gpu/--capacity give the card's size to judge it against.\n"
+     "A BERT is recognised from the live blocks' sizes (or --model NAME|DIR) and each fix\n"
+     "planned at the batch x seq the activations show (or --batch/--seq); --data FILE\n"
+     "gives the token lengths and the max_length fix."},
 };
 
 int tk_magics_register_txmem(tk_magics *m) { return tk_magics_add_table(m, TXMEM, 1); }

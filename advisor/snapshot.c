@@ -821,6 +821,21 @@ int tk_snap_capacity(const char *gpu, const char *size, size_t *out, tk_err *err
 
 /* ---- output --------------------------------------------------------------------------- */
 
+/* The model in one line: what it is and its sizes. Sizes cannot show the
+ * head count: a preset or --model gives it, otherwise it is BERT's
+ * hidden / 64 and said to be assumed. */
+void tk_snap_model_line(const tk_snap_model *md, char *buf, size_t n) {
+    char a[32];
+    snprintf(buf, n, "BERT%s%s%s, hidden %d, %d layers, %d heads%s, intermediate %d, vocab %d, %d positions; "
+                     "%s weights, %d cop%s of each parameter (%s)",
+             md->preset[0] ? " = " : "", md->preset,
+             md->preset[0] ? "" : "-shaped (a transformer whose layers have BERT's parameter shapes)", md->hidden,
+             md->layers, md->heads, md->preset[0] || strncmp(md->from, "--model", 7) == 0 ? "" : " (assumed: hidden / 64)",
+             md->intermediate, md->vocab, md->max_position,
+             md->mixed ? "fp32 and 16-bit" : md->elem == 2 ? "16-bit (fp16/bf16)" : "fp32", md->copies,
+             md->copies == 1 ? "y" : "ies", tk_format_bytes(md->param_bytes, a, sizeof a));
+}
+
 char *tk_snap_text(const tk_snapshot *s, int top) {
     char *out = NULL;
     size_t n = 0;
@@ -852,13 +867,9 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
     if (s->n_owners > top) fprintf(f, "  ... %d more owners\n", s->n_owners - top);
     const tk_snap_model *md = &s->model;
     if (md->recognised) {
-        fprintf(f, "\nModel (from %s): BERT%s%s%s, hidden %d, %d layers, %d heads, intermediate %d, vocab %d, "
-                   "%d positions; %s weights, %d cop%s of each parameter (%s)\n",
-                md->from, md->preset[0] ? " = " : "", md->preset,
-                md->preset[0] ? "" : "-shaped (a transformer whose layers have BERT's parameter shapes)", md->hidden,
-                md->layers, md->heads, md->intermediate, md->vocab, md->max_position,
-                md->mixed ? "fp32 and 16-bit" : md->elem == 2 ? "16-bit (fp16/bf16)" : "fp32", md->copies,
-                md->copies == 1 ? "y" : "ies", fmtb(md->param_bytes, a));
+        char line[512];
+        tk_snap_model_line(md, line, sizeof line);
+        fprintf(f, "\nModel (from %s): %s\n", md->from, line);
         if (md->batch)
             fprintf(f, "  batch %d x sequence %d (from %s)\n", md->batch, md->seq, md->shape_from);
         else

@@ -165,6 +165,8 @@ typedef struct tk_snap_opts {
  * the model or the option on a bad --model, --data or shape. */
 int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err);
 
+/* The recognised model in one line ("BERT = bert-base-uncased, hidden 768, ..."). */
+void tk_snap_model_line(const tk_snap_model *md, char *buf, size_t n);
 /* Text report (new string, free()). */
 char *tk_snap_text(const tk_snapshot *s, int top);
 /* JSON object: reserved, allocated, requested, largest_free_block, segments

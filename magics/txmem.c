@@ -108,12 +108,11 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
     if (md->recognised) {
         tk_sb_add(&h, "<p><b>Model</b> (from ");
         tk_sb_add_html(&h, md->from);
-        tk_sb_add(&h, "): BERT");
-        if (md->preset[0]) tk_sb_addf(&h, " = <code>%s</code>", md->preset);
-        tk_sb_addf(&h, ", hidden %d, %d layers, %d heads, intermediate %d, vocab %d; %s, %d cop%s of each parameter.",
-                   md->hidden, md->layers, md->heads, md->intermediate, md->vocab,
-                   md->mixed ? "fp32 and 16-bit weights" : md->elem == 2 ? "16-bit weights" : "fp32 weights",
-                   md->copies, md->copies == 1 ? "y" : "ies");
+        char line[512];
+        tk_snap_model_line(md, line, sizeof line);
+        tk_sb_add(&h, "): ");
+        tk_sb_add_html(&h, line);
+        tk_sb_add(&h, ".");
         if (md->batch) tk_sb_addf(&h, " Batch %d &times; sequence %d (from %s).", md->batch, md->seq, md->shape_from);
         else tk_sb_add(&h, " Batch and sequence unknown: give <code>--batch N --seq N</code> to plan the fixes.");
         if (md->planned)

@@ -96,7 +96,12 @@ int tk_fix_apply(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_le
                  char *reason, size_t rn) {
     switch (f->kind) {
     case TK_FIX_RELEASE:
-        snprintf(reason, rn, "release what the earlier run still holds (%%txreset) before training");
+        if (f->variant & 2)
+            snprintf(reason, rn, "%sfree what PyTorch's caching allocator holds in this process: in Python, "
+                     "del the models and tensors you no longer need; gc.collect(); torch.cuda.empty_cache()",
+                     f->variant & 1 ? "release the earlier run (%txreset) and " : "");
+        else
+            snprintf(reason, rn, "release what the earlier run still holds (%%txreset) before training");
         return 0;
     case TK_FIX_HEAD:
         if (c->head != TK_HEAD_FLATTEN_DENSE)
@@ -264,14 +269,20 @@ static void diagnose(adv_ctx *x) {
     } else if (a->capacity && need > x->available) {
         snprintf(t, sizeof t, "the run fits the device (%s of %s) but only %s is free now",
                  fmtb(need, b1), fmtb(a->capacity, b2), fmtb(x->available, b3));
-        if (in->held_by_session)
+        if (in->held_in_process)
+            snprintf(e, sizeof e, "PyTorch's caching allocator in this process holds %s of it%s%s%s: "
+                     "del what you no longer need, gc.collect(), torch.cuda.empty_cache()",
+                     fmtb(in->held_in_process, b1), in->held_by_session ? " and an earlier run in this session " : "",
+                     in->held_by_session ? fmtb(in->held_by_session, b2) : "",
+                     in->held_by_session ? " (%txreset)" : "");
+        else if (in->held_by_session)
             snprintf(e, sizeof e, "an earlier run in this session still holds %s; %%txreset releases it",
                      fmtb(in->held_by_session, b1));
         else
             snprintf(e, sizeof e, "%s of the device is taken outside this run (another process or the CUDA context)",
                      fmtb(a->capacity - x->available, b1));
         add_diag(a, TK_DIAG_HEADROOM, t, e);
-        if (in->held_by_session)
+        if (in->held_by_session || in->held_in_process)
             x->cause[TK_FIX_RELEASE] = 1;
     }
 
@@ -468,6 +479,10 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
         case TK_FIX_EVAL_BATCH: snprintf(lab, sizeof lab, "eval batch %d", fixes[i].value); break;
         case TK_FIX_BATCH: snprintf(lab, sizeof lab, "batch %d", fixes[i].value); break;
         case TK_FIX_ATTENTION: snprintf(lab, sizeof lab, "fused attention"); break;
+        case TK_FIX_RELEASE:
+            snprintf(lab, sizeof lab, "%s", fixes[i].variant == 3 ? "release: %txreset + free PyTorch's cache"
+                                            : fixes[i].variant & 2 ? "release: free PyTorch's cache" : "release");
+            break;
         case TK_FIX_HEAD:
             snprintf(lab, sizeof lab, "%s head", out->config.head == TK_HEAD_SPAN ? "span" : "pooled");
             break;
@@ -529,7 +544,10 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
     if (tk_plan(&out->config, (const int *)in->lengths, in->n_lengths, &p, &e) != TK_OK)
         return -1;
     x->out->n_planned++;
-    size_t avail = has_kind(out, TK_FIX_RELEASE) ? x->available + in->held_by_session : x->available;
+    size_t avail = x->available;
+    for (int i = 0; i < n; i++)
+        if (fixes[i].kind == TK_FIX_RELEASE)
+            avail += (fixes[i].variant & 1 ? in->held_by_session : 0) + (fixes[i].variant & 2 ? in->held_in_process : 0);
     if (x->out->capacity && avail > x->out->capacity)
         avail = x->out->capacity;
     out->peak = p.peak_reserved;
@@ -584,8 +602,8 @@ static int single_fixes(const adv_ctx *x, tk_fix *f, int max) {
     const tk_config *c = in->config;
     int n = 0;
 #define ADD(K, V, VAR) do { if (n < max) f[n++] = (tk_fix){ (K), (V), (VAR) }; } while (0)
-    if (in->held_by_session)
-        ADD(TK_FIX_RELEASE, 0, 0);
+    if (in->held_by_session || in->held_in_process)
+        ADD(TK_FIX_RELEASE, 0, (in->held_by_session ? 1 : 0) | (in->held_in_process ? 2 : 0));
     if (c->head == TK_HEAD_FLATTEN_DENSE)
         ADD(TK_FIX_HEAD, 0, 0);
     if (in->lengths && in->n_lengths > 0) {
@@ -652,8 +670,10 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     if (in->oom && !out->capacity)
         out->capacity = in->oom->capacity;
     size_t avail = in->free_now ? in->free_now : out->capacity;
-    if (!in->free_now && in->held_by_session && avail > in->held_by_session)
-        avail -= in->held_by_session;
+    if (!in->free_now) {
+        size_t held = in->held_by_session + in->held_in_process;
+        avail = avail > held ? avail - held : (avail ? 1 : 0);
+    }
     x.available = avail;
     out->free_now = avail;
     double mf = in->margin_frac > 0 ? in->margin_frac : 0.05;

@@ -54,7 +54,8 @@ typedef struct tk_diag {
 } tk_diag;
 
 typedef enum {
-    TK_FIX_RELEASE = 0,     /* release what an earlier run still holds (%txreset) */
+    TK_FIX_RELEASE = 0,     /* release what an earlier run still holds (%txreset; variant bit 1)
+                               and what PyTorch in this process caches (the user's Python; bit 2) */
     TK_FIX_HEAD,            /* span / pooled head instead of flatten_dense */
     TK_FIX_MAX_LEN,         /* max_len from the corpus percentiles */
     TK_FIX_PADDING,         /* dynamic padding or length buckets */
@@ -108,6 +109,8 @@ typedef struct tk_advise_input {
     int n_lengths;
     size_t free_now;              /* what the device has free now; 0: its capacity */
     size_t held_by_session;       /* bytes an earlier run in this session still holds */
+    size_t held_in_process;       /* bytes other code in this process keeps on the device: the user's
+                                     PyTorch caching allocator (its reserved), in the Python companion */
     const size_t *step_allocated; /* allocated at step boundaries, or NULL */
     int n_steps;
     const char *leak_owner;       /* the owner that grew, if the caller knows */

@@ -305,6 +305,20 @@ static void bundle_append(json_t *bundle, const char *text, const char *html_tex
     tk_bundle_take(bundle, "text/html", tk_sb_take(&hb));
 }
 
+void tk_report_add_holder(json_t *bundle, const tk_holder *h, int always) {
+    if (!bundle || !h || h->state == TK_HOLDER_UNKNOWN || (!always && (h->state != TK_HOLDER_HOLDS || !h->reserved))) return;
+    char line[256];
+    tk_holder_line(h, line, sizeof line - 1);
+    strcat(line, "\n");
+    bundle_append(bundle, line, line, h->state == TK_HOLDER_HOLDS ? "<p style=\"color:#c62828\">" : "<p>");
+    static const char *names[] = {"unknown", "absent", "no_cuda", "idle", "holds"};
+    json_t *j = json_object_get(bundle, "application/json");
+    if (j)
+        json_object_set_new(j, "in_process", json_pack("{s:s, s:s, s:I, s:I}", "holder", "PyTorch caching allocator",
+                                                      "state", names[h->state], "reserved", (json_int_t)h->reserved,
+                                                      "allocated", (json_int_t)h->allocated));
+}
+
 void tk_report_add_data(json_t *bundle, const tk_run_data *d) {
     if (!d || !d->n_train) return;
     char line[512];

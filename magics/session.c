@@ -43,6 +43,7 @@ struct tk_session {
     tk_mem_sample *tl;
     int ntl, captl;
     struct tk_advice *advice;  /* the last %txadvise (malloc'd, owned) */
+    tk_holder holder;          /* the host's report; survives a reset */
 };
 
 tk_session *tk_session_new(void) { return calloc(1, sizeof(tk_session)); }
@@ -59,7 +60,48 @@ void tk_session_reset(tk_session *s) {
     free(s->lengths);
     free(s->tl);
     free(s->advice);
+    tk_holder h = s->holder;
     memset(s, 0, sizeof *s);
+    s->holder = h;
+}
+
+void tk_session_set_holder(tk_session *s, const tk_holder *h) {
+    if (s) s->holder = h ? *h : (tk_holder){0};
+}
+
+const tk_holder *tk_session_holder(const tk_session *s) { return s ? &s->holder : NULL; }
+
+size_t tk_session_held_in_process(const tk_session *s) {
+    return s && s->holder.state == TK_HOLDER_HOLDS ? s->holder.reserved : 0;
+}
+
+void tk_holder_line(const tk_holder *h, char *buf, size_t n) {
+    char r[32], a[32];
+    switch (h ? h->state : TK_HOLDER_UNKNOWN) {
+    case TK_HOLDER_ABSENT:
+        snprintf(buf, n, "PyTorch is not imported in this process: it holds no device memory");
+        break;
+    case TK_HOLDER_NO_CUDA:
+        snprintf(buf, n, "PyTorch in this process sees no CUDA device (torch.cuda.is_available() is False): "
+                         "it holds no GPU memory");
+        break;
+    case TK_HOLDER_IDLE:
+        snprintf(buf, n, "PyTorch in this process has not initialised CUDA: it holds no GPU memory yet");
+        break;
+    case TK_HOLDER_HOLDS:
+        snprintf(buf, n, "PyTorch caching allocator in this process: %s reserved, %s allocated",
+                 tk_format_bytes(h->reserved, r, sizeof r), tk_format_bytes(h->allocated, a, sizeof a));
+        break;
+    default:
+        if (n) buf[0] = 0;
+    }
+}
+
+size_t tk_session_free(const tk_session *s, tk_dev *d) {
+    tk_dev_info info;
+    tk_dev_info_get(d, &info);
+    size_t held = info.simulated ? tk_session_held_in_process(s) : 0;
+    return info.free_bytes > held ? info.free_bytes - held : 0;
 }
 
 size_t tk_session_capacity_of(const tk_config *c) {
@@ -267,11 +309,6 @@ tk_status tk_session_load_data(tk_session *s, tk_config *c, tk_run_data *out, tk
     return TK_OK;
 }
 
-static size_t dev_free(tk_dev *d) {
-    tk_dev_info info;
-    tk_dev_info_get(d, &info);
-    return info.free_bytes;
-}
 
 tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks *h,
                            tk_run_report *r, tk_err *err) {
@@ -317,7 +354,7 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     }
     tk_session_set_plan(s, &r->plan);
     size_t limit = tk_session_capacity_of(&cc);
-    r->free_before = dev_free(d);
+    r->free_before = tk_session_free(s, d);
     int known_limit = limit || tk_dev_kind_of(d) == TK_DEV_CUDA;
     int ignore = h && h->ignore_plan;
     if (!ignore && (r->plan.oom || (known_limit && r->plan.peak_reserved > r->free_before))) {
@@ -512,7 +549,7 @@ tk_status tk_session_predict(tk_session *s, const tk_config *c0, tk_predict_repo
     /* planned like a run: the weights and one eval batch */
     if ((rc = tk_plan_inference(&c, data.lengths, data.n_lengths, &r->plan, err)) != TK_OK) goto out;
     size_t limit = tk_session_capacity_of(&c);
-    r->free_before = dev_free(d);
+    r->free_before = tk_session_free(s, d);
     if (r->plan.oom || ((limit || tk_dev_kind_of(d) == TK_DEV_CUDA) && r->plan.peak_reserved > r->free_before)) {
         r->planned_oom = 1;
         goto out;

@@ -141,6 +141,18 @@ void tk_embed_reset(tk_embed *e) {
     if (s) tk_session_reset(s);
 }
 
+int tk_embed_set_holder(tk_embed *e, int state, unsigned long long reserved, unsigned long long allocated) {
+    tk_session *s = e ? tk_magics_session(e->magics) : NULL;
+    if (!s || state < TK_HOLDER_UNKNOWN || state > TK_HOLDER_HOLDS || allocated > reserved) return -1;
+    tk_holder h = {.state = (tk_holder_state)state};
+    if (state == TK_HOLDER_HOLDS) {
+        h.reserved = (size_t)reserved;
+        h.allocated = (size_t)allocated;
+    }
+    tk_session_set_holder(s, &h);
+    return 0;
+}
+
 char *tk_embed_magics_json(tk_embed *e) {
     json_t *arr = json_array();
     for (size_t i = 0; arr && i < tk_magics_count(e->magics); i++) {

@@ -49,6 +49,14 @@ void tk_embed_cancel(tk_embed *e);
  * OOM record), as %txreset does, without output. */
 void tk_embed_reset(tk_embed *e);
 
+/* What other code in this process holds on the GPU, as the host sees it
+ * before a cell: the user's PyTorch caching allocator. state: 0 unknown (not
+ * reported), 1 torch not imported, 2 torch without CUDA, 3 CUDA not yet
+ * initialised by torch, 4 holds `reserved` bytes (torch.cuda.memory_reserved())
+ * of which `allocated` (memory_allocated()). Counted by %txdevice, %txmem,
+ * the plans' free and the advisor's release fix. 0, or -1 on a bad value. */
+int tk_embed_set_holder(tk_embed *e, int state, unsigned long long reserved, unsigned long long allocated);
+
 /* Every registered magic as a JSON array of {"name","kind":"line"|"cell"|"both",
  * "summary","help"}: a new string, release it with tk_embed_free. */
 char *tk_embed_magics_json(tk_embed *e);

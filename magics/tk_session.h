@@ -76,8 +76,39 @@ struct tk_run_hooks;
  * tk_session_load_data call it; so does any command that needs a model. */
 tk_status tk_session_resolve_model(tk_config *c, const char *id, int download, int weights,
                                    const struct tk_run_hooks *h, tk_err *err);
-/* Releases everything: device, last run, timeline (keeps nothing). */
+/* Releases everything: device, last run, timeline (keeps nothing but the
+ * holder below, which is the host's to report). */
 void tk_session_reset(tk_session *s);
+
+/* ---- device memory held by other code in this process ------------------------
+ * In the Python companion the user's own PyTorch shares the process, and so
+ * the GPU, with the engine: its caching allocator's segments are device
+ * memory no plan of ours accounts for. The host (tk_embed_set_holder) reports
+ * what it sees before each cell; the txkernel kernel reports nothing. */
+typedef enum {
+    TK_HOLDER_UNKNOWN = 0, /* nothing reported (the txkernel kernel: no such code) */
+    TK_HOLDER_ABSENT,      /* torch is not imported in this process */
+    TK_HOLDER_NO_CUDA,     /* torch is imported but sees no CUDA device */
+    TK_HOLDER_IDLE,        /* torch has CUDA but has not initialised it: holds nothing */
+    TK_HOLDER_HOLDS        /* reserved / allocated as reported */
+} tk_holder_state;
+
+typedef struct tk_holder {
+    tk_holder_state state;
+    size_t reserved, allocated; /* torch.cuda.memory_reserved() / memory_allocated() */
+} tk_holder;
+
+void tk_session_set_holder(tk_session *s, const tk_holder *h);
+const tk_holder *tk_session_holder(const tk_session *s);
+/* Bytes the holder keeps on the device (its reserved; 0 unless it holds). */
+size_t tk_session_held_in_process(const tk_session *s);
+/* One line on the holder ("PyTorch caching allocator in this process: 1.50
+ * GiB reserved, 1.00 GiB allocated"); "" when nothing was reported. */
+void tk_holder_line(const tk_holder *h, char *buf, size_t n);
+/* What device d has free for a run of this session: the device's free bytes,
+ * less the holder's reserved when the device is simulated (a real GPU's free
+ * count already excludes it). */
+size_t tk_session_free(const tk_session *s, tk_dev *d);
 
 /* A sample of the memory timeline (one per optimizer step of the last run). */
 typedef struct tk_mem_sample { int64_t step; size_t allocated, reserved, peak; } tk_mem_sample;
@@ -180,6 +211,10 @@ tk_status tk_session_predict(tk_session *s, const tk_config *c, tk_predict_repor
 /* The plan: peak vs capacity/free, category breakdown, top owners. `free`
  * is what the device has free (0 = unknown: compare with capacity). */
 json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes);
+/* Appends the in-process holder's line (tk_holder_line) and its JSON
+ * ("in_process") to a bundle: when it holds device memory, or with `always`
+ * whatever the host reported; nothing when the host reported nothing. */
+void tk_report_add_holder(json_t *bundle, const tk_holder *h, int always);
 /* For head flatten_dense: appends to a plan bundle (text/plain, text/html,
  * application/json "head") the head's weight shape and bytes, its share of
  * the peak, and what a per-token span head would take instead. No-op for

@@ -35,16 +35,24 @@ static void device_now(tk_session *s, const tk_config *c, size_t *free_now, size
     *free_now = 0;
     *held = 0;
     tk_dev *d = tk_session_current_device(s);
-    if (!d) return;
+    size_t cap = tk_session_capacity_of(c);
+    size_t torch_held = tk_session_held_in_process(s);
+    if (!d) {
+        /* no device of ours yet: the capacity less what PyTorch in this process keeps */
+        if (cap && torch_held) *free_now = cap > torch_held ? cap - torch_held : 1;
+        return;
+    }
     tk_dev_info info;
     tk_dev_info_get(d, &info);
-    size_t cap = tk_session_capacity_of(c);
     int cuda = tk_dev_kind_of(d) == TK_DEV_CUDA;
     if (!cuda && cap && info.total != cap) return; /* another simulated device: it would be replaced */
     tk_alloc_stats st;
     tk_alloc_stats_get(tk_dev_alloc(d), &st);
     *held = st.allocated;
-    if (cuda || cap) *free_now = info.free_bytes + (st.reserved - st.allocated);
+    if (cuda || cap) {
+        *free_now = tk_session_free(s, d) + (st.reserved - st.allocated);
+        if (!*free_now) *free_now = 1; /* nothing free is not "no limit" */
+    }
 }
 
 static json_t *advice_bundle(const tk_advice *a, int top) {
@@ -302,6 +310,7 @@ static int run_txadvise(tk_magic_ctx *m) {
     in.lengths = (const int32_t *)len;
     in.n_lengths = nl;
     device_now(s, &c, &in.free_now, &in.held_by_session);
+    in.held_in_process = tk_session_held_in_process(s);
     int nt = 0;
     const tk_mem_sample *tl = tk_session_timeline(s, &nt);
     size_t *steps = nt > 0 ? malloc((size_t)nt * sizeof *steps) : NULL;
@@ -421,18 +430,39 @@ static int run_txfix(tk_magic_ctx *m) {
     size_t predicted = cand->peak;
     char b1[32], b2[32], b3[32], b4[32];
     if (cand->action_only) {
-        /* release what the session holds; the config stays */
+        /* release what the session holds; the config stays. What PyTorch
+         * in this process caches is the user's Python to free: said, not done */
+        int variant = cand->fixes[0].variant;
         tk_dev *d = tk_session_current_device(s);
         tk_alloc_stats st = {0};
         if (d) tk_alloc_stats_get(tk_dev_alloc(d), &st);
         char label[sizeof cand->label];
         snprintf(label, sizeof label, "%s", cand->label);
-        tk_session_reset(s); /* frees the advice too: cand is gone after this */
-        cand = NULL;
-        tk_session_set_config(s, &after);
-        tk_magic_printf(m, "stdout", "Fix #%d (%s): released the session's device (%s allocated, %s reserved).\n",
-                        i + 1, label, tk_format_bytes(st.allocated, b1, sizeof b1),
-                        tk_format_bytes(st.reserved, b2, sizeof b2));
+        if (variant & 1) {
+            tk_session_reset(s); /* frees the advice too: cand is gone after this */
+            cand = NULL;
+            tk_session_set_config(s, &after);
+            tk_magic_printf(m, "stdout", "Fix #%d (%s): released the session's device (%s allocated, %s reserved).\n",
+                            i + 1, label, tk_format_bytes(st.allocated, b1, sizeof b1),
+                            tk_format_bytes(st.reserved, b2, sizeof b2));
+        }
+        if (variant & 2) {
+            const tk_holder *h = tk_session_holder(s);
+            tk_magic_printf(m, "stdout",
+                            "Fix #%d (%s): PyTorch's caching allocator in this process holds %s reserved (%s "
+                            "allocated), which only your Python can free. Run in a cell:\n"
+                            "    del model, optimizer, outputs   # whatever still refers to tensors on the GPU\n"
+                            "    import gc; gc.collect()\n"
+                            "    import torch; torch.cuda.empty_cache()\n"
+                            "then %%txtrain (%%txmem shows what PyTorch still holds).\n",
+                            i + 1, label, tk_format_bytes(h->reserved, b1, sizeof b1),
+                            tk_format_bytes(h->allocated, b2, sizeof b2));
+            if (run) {
+                tk_magic_printf(m, "stdout", "Not training now (--run): the run would meet the same memory until "
+                                             "your Python frees it.\n");
+                run = 0;
+            }
+        }
     } else {
         char *diff = tk_config_diff(&before, &after);
         tk_session_set_config(s, &after);

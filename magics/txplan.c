@@ -370,7 +370,23 @@ static int run_txplan(tk_magic_ctx *m) {
         if (tk_plan(&c, len, n, &p, &err) != TK_OK) goto plan_error;
         tk_session_set_config(s, &c);
         tk_session_set_plan(s, &p);
-        bundle = tk_report_plan(&p, 0);
+        /* PyTorch in the same process (the companion) takes its reserved
+         * bytes from what the plan can have: then it is planned against free */
+        size_t held = tk_session_held_in_process(s), plan_free = 0;
+        if (held) {
+            tk_dev *d = tk_session_current_device(s);
+            if (d && tk_dev_kind_of(d) == TK_DEV_CUDA) {
+                tk_alloc_stats st;
+                tk_alloc_stats_get(tk_dev_alloc(d), &st);
+                plan_free = tk_session_free(s, d) + st.reserved;
+            } else {
+                size_t cap = tk_session_capacity_of(&c);
+                plan_free = cap > held ? cap - held : 1;
+                if (!cap) plan_free = 0;
+            }
+        }
+        bundle = tk_report_plan(&p, plan_free);
+        tk_report_add_holder(bundle, tk_session_holder(s), 0);
         tk_report_add_head_note(bundle, &c, &p);
         tk_tensor_info big[8];
         int nb = 0;

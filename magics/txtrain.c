@@ -171,6 +171,7 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
     switch (r.end) {
     case TK_RUN_PLANNED_OOM: {
         json_t *pb = tk_report_plan(&r.plan, r.free_before);
+        tk_report_add_holder(pb, tk_session_holder(s), 0);
         tk_report_add_head_note(pb, &c, &r.plan);
         int nl = 0;
         const int *len = tk_session_lengths(s, &nl);
@@ -180,11 +181,16 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
         if (tk_plan_tensors_at_peak(&c, len, nl, big, 8, &nb, &terr) == TK_OK) tk_report_add_tensors(pb, big, nb);
         tk_txshow(m, pb, "plan", NULL, 0, 0);
         json_decref(pb);
+        size_t held = tk_session_held_in_process(s);
+        char b3[32];
         rc = tk_magic_error(m, "OutOfMemoryPlanned",
-                            "the plan needs %s at its peak but the device has %s free: stopped before "
+                            "the plan needs %s at its peak but the device has %s free%s%s%s: stopped before "
                             "allocating anything (see the plan above; %%txadvise ranks fixes)",
                             tk_format_bytes(r.plan.peak_reserved, b1, sizeof b1),
-                            tk_format_bytes(r.free_before, b2, sizeof b2));
+                            tk_format_bytes(r.free_before, b2, sizeof b2),
+                            held ? " (PyTorch's caching allocator in this process holds " : "",
+                            held ? tk_format_bytes(held, b3, sizeof b3) : "",
+                            held ? " of it: del what you no longer need; gc.collect(); torch.cuda.empty_cache())" : "");
         break;
     }
     case TK_RUN_OOM: {

@@ -10,7 +10,10 @@ engine's MIME bundle, shown with IPython's display machinery (progress as a
 display updated in place through its display_id); an engine error is one
 error line (ename: evalue, as in txkernel), not a traceback through the
 binding; the stop button (SIGINT) sets the engine's cancel flag, so a run
-stops at its next step with the same report. The shell habits (!cmd, %cd,
+stops at its next step with the same report. Before each cell the engine is
+told what the user's PyTorch in this process holds on the GPU (its caching
+allocator's reserved and allocated bytes), which %txdevice, %txmem, the
+plans' free and the advisor's release fix count. The shell habits (!cmd, %cd,
 %env, %%bash) are IPython's own here, so the engine's are not registered."""
 import os
 import pickle
@@ -60,9 +63,35 @@ class _Result:
         return self.data.get("text/plain", "")
 
 
+# tk_embed_set_holder's states
+_NOT_REPORTED, _NO_TORCH, _NO_CUDA, _CUDA_IDLE, _HOLDS = range(5)
+
+
+def _torch_holder():
+    """What the user's PyTorch in this process holds on the GPU the engine
+    uses, read without importing torch or initialising CUDA for it: the
+    caching allocator's reserved and allocated bytes on torch's current
+    device. The engine decides what that means for plans and fixes."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return _NO_TORCH, 0, 0
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_available():
+            return _NO_CUDA, 0, 0
+        if hasattr(cuda, "is_initialized") and not cuda.is_initialized():
+            return _CUDA_IDLE, 0, 0
+        dev = cuda.current_device()
+        reserved, allocated = int(cuda.memory_reserved(dev)), int(cuda.memory_allocated(dev))
+        return _HOLDS, reserved, min(allocated, reserved)
+    except Exception:  # a torch in a state we cannot read: report nothing
+        return _NOT_REPORTED, 0, 0
+
+
 def _run(code):
     from IPython.display import display, clear_output
     result, error = [], []
+    _engine.set_holder(*_torch_holder())
 
     def on_output(msg):
         t = msg["msg_type"]

@@ -41,6 +41,8 @@ def _load():
     lib.tk_embed_magics_json.argtypes = [vp]
     lib.tk_embed_complete_json.restype = vp
     lib.tk_embed_complete_json.argtypes = [vp, cp, ctypes.c_int]
+    lib.tk_embed_set_holder.restype = ctypes.c_int
+    lib.tk_embed_set_holder.argtypes = [vp, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
     lib.tk_embed_free.restype = None
     lib.tk_embed_free.argtypes = [vp]
     lib.tk_embed_version.restype = cp
@@ -87,6 +89,11 @@ class Engine:
 
     def reset(self):
         lib().tk_embed_reset(self._h)
+
+    def set_holder(self, state, reserved=0, allocated=0):
+        """What this process' PyTorch holds on the GPU (tk_embed.h's states)."""
+        if lib().tk_embed_set_holder(self._h, state, reserved, allocated):
+            raise ValueError(f"txkernel: bad holder report {state} {reserved} {allocated}")
 
     def magics(self):
         return self._taken_json(lib().tk_embed_magics_json(self._h))

@@ -8,7 +8,7 @@
   with the same measured-vs-planned line;
 - a bad key, a missing file and a planned OOM each give txkernel's message as
   one error, and the next cell runs;
-- during a training cell the heartbeat never misses and the control thread
+- during a 20 s training cell the heartbeat never misses and the control thread
   (Python: it needs the GIL) answers kernel_info at once; an interrupt stops
   the run within a step with the same report, memory is back at 0, and the
   kernel answers kernel_info and runs the next cell."""
@@ -209,7 +209,8 @@ def test_training_keeps_kernel_alive_and_interrupt_stops_within_a_step(py):
     probe.start()
     last_step, started, control_waits = 0, time.time(), []
     try:
-        while time.time() - started < 4:
+        # 20 s of training: Colab's and Jupyter's heartbeat must never miss
+        while time.time() - started < 20:
             try:
                 m = kc.get_iopub_msg(timeout=0.2)
             except Exception:
@@ -219,14 +220,14 @@ def test_training_keeps_kernel_alive_and_interrupt_stops_within_a_step(py):
                 prog = data.get("application/vnd.txkernel.progress+json") or {}
                 if "step" in prog:
                     last_step = max(last_step, prog["step"])
-            if last_step and len(control_waits) < 5 and time.time() - started > len(control_waits) + 0.5:
+            if last_step and len(control_waits) < 5 and time.time() - started > 4 * len(control_waits) + 0.5:
                 control_waits.append(kernel_info_control(kc, timeout=5))
     finally:
         stop.set()
         probe.join()
     assert last_step >= 5, "the run did not train"
     step_s = (time.time() - started) / last_step
-    assert not misses and len(answered) >= 10, (len(misses), len(answered))
+    assert not misses and len(answered) >= 50, (len(misses), len(answered))
     # the control thread runs Python: it answers only because the engine released the GIL
     assert len(control_waits) >= 3 and max(control_waits) < 0.5, control_waits
     # drain what is already there, then interrupt

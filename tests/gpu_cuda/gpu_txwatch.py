@@ -1,5 +1,7 @@
 """`make test-gpu`'s companion check: in the stock python3 kernel with
-`%load_ext txkernel`, a `%%txwatch` cell allocates 1 GiB CUDA tensors until
+`%load_ext txkernel`, a 2 GiB tensor of the real torch is named by %txdevice
+and %txmem as PyTorch's caching allocator in this process, and no longer once
+freed; then a `%%txwatch` cell allocates 1 GiB CUDA tensors until
 the real torch raises torch.cuda.OutOfMemoryError; the cell must show
 txkernel's diagnosis of the snapshot taken at that moment (a capacity
 diagnosis: the cell's live tensors fill the device) in place of a bare
@@ -38,6 +40,23 @@ km, kc = cu.start(cu.python_kernel_name(python), ROOT)
 try:
     rep, outs = cu.run(kc, "%load_ext txkernel")
     check("load_ext", rep["status"] == "ok", "\n".join(cu.text(outs)))
+    # the user's PyTorch in the same process is a named holder
+    rep, outs = cu.run(kc, "import torch\nx = torch.empty(2 << 30, dtype=torch.uint8, device='cuda')\n"
+                           "print(torch.cuda.memory_reserved(), torch.cuda.memory_allocated())")
+    got = "\n".join(cu.text(outs)).split()
+    check("torch holds 2 GiB", len(got) == 2 and int(got[1]) == 2 << 30, " ".join(got))
+    rep, outs = cu.run(kc, "%txdevice")
+    seen = "\n".join(cu.text(outs))
+    check("%txdevice names PyTorch's caching allocator",
+          "PyTorch caching allocator in this process: 2.00 GiB reserved, 2.00 GiB allocated" in seen, seen)
+    rep, outs = cu.run(kc, "%txmem --json")
+    js = [o["content"]["data"]["application/json"] for o in outs
+          if "application/json" in (o["content"].get("data") or {})]
+    check("%txmem --json counts it", js and js[-1].get("in_process", {}).get("reserved") == int(got[0]),
+          repr(js[-1:] if js else outs))
+    rep, outs = cu.run(kc, "del x; import gc; gc.collect(); torch.cuda.empty_cache()\n%txdevice")
+    seen = "\n".join(cu.text(outs))
+    check("freed, it holds nothing", "PyTorch caching allocator in this process: 0 bytes reserved" in seen, seen)
     cell = ("%%txwatch\nimport torch\nxs = []\nwhile True:\n"
             "    xs.append(torch.empty(1 << 30, dtype=torch.uint8, device='cuda'))\n")
     rep, outs = cu.run(kc, cell, timeout=300)

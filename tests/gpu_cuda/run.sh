@@ -5,7 +5,8 @@
 # closing line counts as one failure). Exit status 1 when anything failed.
 # A binary still running after GPU_TEST_TIMEOUT seconds (300) is stopped and
 # counts as a failure, so a hung kernel costs one binary, not the whole run.
-# Then gpu_txwatch.py: %%txwatch in the python3 kernel against a real CUDA OOM.
+# Then gpu_txwatch.py: the real torch named as a holder, and %%txwatch in the
+# python3 kernel against a real CUDA OOM.
 set -u
 build=${1:-build}
 export TXK_CUDA_PLUGIN="$(cd "$build" && pwd)/libtk_cuda.so"

@@ -219,7 +219,34 @@ static void test_shell_utf8_and_status(void) {
     tk_embed_destroy(&e);
 }
 
+/* The host's report of what PyTorch in its process holds: checked, shown by
+ * %txdevice, kept across a reset (it is the host's), replaced by the next. */
+static void test_holder_report(void) {
+    tk_embed *e = tk_embed_new();
+    TK_CHECK_EQ_INT(tk_embed_set_holder(e, 4, 1ull << 30, 2ull << 30), -1); /* allocated > reserved */
+    TK_CHECK_EQ_INT(tk_embed_set_holder(e, 5, 0, 0), -1);
+    TK_CHECK_EQ_INT(tk_embed_set_holder(e, -1, 0, 0), -1);
+    TK_CHECK_EQ_INT(tk_embed_set_holder(e, 4, 3ull << 30, 1ull << 29), 0);
+    tk_embed_reset(e);
+    int rc;
+    json_t *m = run(e, "%txdevice", 0, &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    char *all = json_dumps(m, 0);
+    TK_CHECK_MSG(all && strstr(all, "PyTorch caching allocator in this process: 3.00 GiB reserved, 512.00 MiB allocated"),
+                 "%s", all ? all : "(null)");
+    free(all);
+    json_decref(m);
+    TK_CHECK_EQ_INT(tk_embed_set_holder(e, 2, 0, 0), 0);
+    m = run(e, "%txdevice", 0, &rc);
+    all = json_dumps(m, 0);
+    TK_CHECK_MSG(all && strstr(all, "sees no CUDA device") && !strstr(all, "3.00 GiB reserved"), "%s", all ? all : "(null)");
+    free(all);
+    json_decref(m);
+    tk_embed_destroy(&e);
+}
+
 int main(void) {
+    TK_RUN(test_holder_report);
     TK_RUN(test_outputs_in_order);
     TK_RUN(test_error_is_one_output);
     TK_RUN(test_cancel_and_sigint_hook);

@@ -104,6 +104,32 @@ size_t tk_session_free(const tk_session *s, tk_dev *d) {
     return info.free_bytes > held ? info.free_bytes - held : 0;
 }
 
+/* What the device free now and what this session holds on it, when the
+ * session has a device for the same capacity as config c. */
+void tk_session_device_now(tk_session *s, const tk_config *c, size_t *free_now, size_t *held) {
+    *free_now = 0;
+    *held = 0;
+    tk_dev *d = tk_session_current_device(s);
+    size_t cap = tk_session_capacity_of(c);
+    size_t torch_held = tk_session_held_in_process(s);
+    if (!d) {
+        /* no device of ours yet: the capacity less what PyTorch in this process keeps */
+        if (cap && torch_held) *free_now = cap > torch_held ? cap - torch_held : 1;
+        return;
+    }
+    tk_dev_info info;
+    tk_dev_info_get(d, &info);
+    int cuda = tk_dev_kind_of(d) == TK_DEV_CUDA;
+    if (!cuda && cap && info.total != cap) return; /* another simulated device: it would be replaced */
+    tk_alloc_stats st;
+    tk_alloc_stats_get(tk_dev_alloc(d), &st);
+    *held = st.allocated;
+    if (cuda || cap) {
+        *free_now = tk_session_free(s, d) + (st.reserved - st.allocated);
+        if (!*free_now) *free_now = 1; /* nothing free is not "no limit" */
+    }
+}
+
 size_t tk_session_capacity_of(const tk_config *c) {
     if (c->capacity) return c->capacity;
     const tk_gpu_profile *p = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;

@@ -109,6 +109,11 @@ void tk_holder_line(const tk_holder *h, char *buf, size_t n);
  * less the holder's reserved when the device is simulated (a real GPU's free
  * count already excludes it). */
 size_t tk_session_free(const tk_session *s, tk_dev *d);
+/* What a run of config c could have now: *free_now, the device's free bytes
+ * plus what this session caches without using (0: no limit known), and
+ * *held, what an earlier run of the session still has allocated; with no
+ * device yet, c's capacity less the holder's reserved (when it holds). */
+void tk_session_device_now(tk_session *s, const tk_config *c, size_t *free_now, size_t *held);
 
 /* A sample of the memory timeline (one per optimizer step of the last run). */
 typedef struct tk_mem_sample { int64_t step; size_t allocated, reserved, peak; } tk_mem_sample;

@@ -29,32 +29,6 @@
 #define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--json]; %%txadvise --from-error + the pasted message"
 #define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--for colab|kaggle|all] [--run] [--json]"
 
-/* What the device free now and what this session holds on it, when the
- * session has a device for the same capacity as config c. */
-static void device_now(tk_session *s, const tk_config *c, size_t *free_now, size_t *held) {
-    *free_now = 0;
-    *held = 0;
-    tk_dev *d = tk_session_current_device(s);
-    size_t cap = tk_session_capacity_of(c);
-    size_t torch_held = tk_session_held_in_process(s);
-    if (!d) {
-        /* no device of ours yet: the capacity less what PyTorch in this process keeps */
-        if (cap && torch_held) *free_now = cap > torch_held ? cap - torch_held : 1;
-        return;
-    }
-    tk_dev_info info;
-    tk_dev_info_get(d, &info);
-    int cuda = tk_dev_kind_of(d) == TK_DEV_CUDA;
-    if (!cuda && cap && info.total != cap) return; /* another simulated device: it would be replaced */
-    tk_alloc_stats st;
-    tk_alloc_stats_get(tk_dev_alloc(d), &st);
-    *held = st.allocated;
-    if (cuda || cap) {
-        *free_now = tk_session_free(s, d) + (st.reserved - st.allocated);
-        if (!*free_now) *free_now = 1; /* nothing free is not "no limit" */
-    }
-}
-
 static json_t *advice_bundle(const tk_advice *a, int top) {
     char *txt = tk_advice_format(a, top);
     json_t *b = tk_bundle_new(txt ? txt : "");
@@ -309,7 +283,7 @@ static int run_txadvise(tk_magic_ctx *m) {
     const int *len = tk_session_lengths(s, &nl);
     in.lengths = (const int32_t *)len;
     in.n_lengths = nl;
-    device_now(s, &c, &in.free_now, &in.held_by_session);
+    tk_session_device_now(s, &c, &in.free_now, &in.held_by_session);
     in.held_in_process = tk_session_held_in_process(s);
     int nt = 0;
     const tk_mem_sample *tl = tk_session_timeline(s, &nt);

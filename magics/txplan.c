@@ -372,18 +372,11 @@ static int run_txplan(tk_magic_ctx *m) {
         tk_session_set_plan(s, &p);
         /* PyTorch in the same process (the companion) takes its reserved
          * bytes from what the plan can have: then it is planned against free */
-        size_t held = tk_session_held_in_process(s), plan_free = 0;
-        if (held) {
-            tk_dev *d = tk_session_current_device(s);
-            if (d && tk_dev_kind_of(d) == TK_DEV_CUDA) {
-                tk_alloc_stats st;
-                tk_alloc_stats_get(tk_dev_alloc(d), &st);
-                plan_free = tk_session_free(s, d) + st.reserved;
-            } else {
-                size_t cap = tk_session_capacity_of(&c);
-                plan_free = cap > held ? cap - held : 1;
-                if (!cap) plan_free = 0;
-            }
+        size_t plan_free = 0;
+        if (tk_session_held_in_process(s)) {
+            size_t fr, ours; /* what the session itself holds is this plan's to use */
+            tk_session_device_now(s, &c, &fr, &ours);
+            plan_free = fr ? fr + ours : 0;
         }
         bundle = tk_report_plan(&p, plan_free);
         tk_report_add_holder(bundle, tk_session_holder(s), 0);

@@ -168,3 +168,38 @@ def test_interrupt_stops_within_a_step_and_keeps_checkpoint(kernel):
     assert reply["status"] == "ok", errors(outs)
     assert mem(kc)["allocated"] == 0
     assert kernel_info_ok(kc)
+
+
+def test_snapshot_with_model_data_and_shape_in_the_kernel(kernel, tmp_path):
+    """%txmem --snapshot takes txk mem's options in the kernel and says the
+    same: a plan snapshot of bert-base at 32 x 512 (written by txk plan) is
+    recognised by its sizes, the data's lengths come through the pipeline,
+    and each fix is planned; the HTML names the model; a bad value is one
+    error naming the option."""
+    import subprocess
+    txk = os.environ.get("TXK_BIN") or os.path.join(ROOT, "build", "txk")
+    cfg = tmp_path / "seed.yaml"
+    cfg.write_text("model: bert-base-cased\nmax_len: 512\nbatch_size: 32\nnum_labels: 3\ndevice: {gpu: t4}\n")
+    snap = str(tmp_path / "plan.pickle")
+    subprocess.run([txk, "plan", str(cfg), "--snapshot", snap], check=True, stdout=subprocess.DEVNULL)
+    opts = f"--gpu t4 --data {DATA}/reviews_train.csv --batch 32 --seq 512"
+    cli = json.loads(subprocess.run([txk, "mem", "--snapshot", snap] + opts.split() + ["--json"], check=True,
+                                    stdout=subprocess.PIPE, text=True).stdout)
+    _, kc = kernel
+    rep, outs = run(kc, f"%txmem --snapshot {snap} {opts} --json")
+    assert rep["status"] == "ok", outs
+    got = [o["content"]["data"]["application/json"] for o in outs if o["msg_type"] == "display_data"][-1]
+    # the same figures, diagnoses and fixes; the top list is as long as each asks
+    n = min(len(got["top"]), len(cli["top"]))
+    assert n >= 5 and got["top"][:n] == cli["top"][:n]
+    assert {k: v for k, v in got.items() if k != "top"} == {k: v for k, v in cli.items() if k != "top"}
+    assert got["model"]["preset"] == "bert-base-cased" and got["model"]["recognised_from"] == "the live blocks' sizes"
+    assert got["data"]["examples"] == 2000 and got["data"]["max_length"] == 176
+    ml = [f for f in got["fixes"] if f["id"] == "max_length"]
+    assert ml and ml[0]["plan"]["change"] == "max_len=176" and ml[0]["plan"]["fits"]
+    rep, outs = run(kc, f"%txmem --snapshot {snap} {opts}")
+    html = [o["content"]["data"]["text/html"] for o in outs if o["msg_type"] == "display_data"]
+    assert html and "bert-base-cased" in html[-1] and "max_length=176" in html[-1], html
+    rep, outs = run(kc, f"%txmem --snapshot {snap} --batch x")
+    errs = [o["content"] for o in outs if o["msg_type"] == "error"]
+    assert rep["status"] == "error" and len(errs) == 1 and "--batch" in errs[0]["evalue"], errs

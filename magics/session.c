@@ -104,8 +104,6 @@ size_t tk_session_free(const tk_session *s, tk_dev *d) {
     return info.free_bytes > held ? info.free_bytes - held : 0;
 }
 
-/* What the device free now and what this session holds on it, when the
- * session has a device for the same capacity as config c. */
 void tk_session_device_now(tk_session *s, const tk_config *c, size_t *free_now, size_t *held) {
     *free_now = 0;
     *held = 0;
@@ -334,7 +332,6 @@ tk_status tk_session_load_data(tk_session *s, tk_config *c, tk_run_data *out, tk
     tk_run_config(out, c);
     return TK_OK;
 }
-
 
 tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks *h,
                            tk_run_report *r, tk_err *err) {

@@ -5,7 +5,8 @@ The checks read the rendered page (the DOM JupyterLab built from the
 outputs), not the messages: the HTML report, its table and <svg> chart, and
 no JSON tree; Run All stopping at a failing cell (and ipykernel doing the
 same); demo notebook 01 under Run All; live progress and the interrupt
-button. The server listens on 127.0.0.1 only, in its own temporary root,
+button; the companion (`%load_ext txkernel` in the python3 kernel, this
+.venv's) rendering its plan as HTML with PyTorch's cache named. The server listens on 127.0.0.1 only, in its own temporary root,
 config, data and runtime dirs, and is stopped by the fixture. Screenshots go
 to the folder printed at the start (build/browser-shots/)."""
 import json, os, shutil, signal, socket, subprocess, sys, tempfile, time, urllib.request
@@ -75,6 +76,13 @@ def lab():
         json.dump({"argv": [binary, "-f", "{connection_file}"], "display_name": "txkernel (under test)",
                    "language": "txkernel", "interrupt_mode": "signal",
                    "env": {"XDG_DATA_HOME": os.path.join(top, "xdg")}}, f)
+    # python3: this .venv's interpreter (ipykernel, and the companion make test installed)
+    pdir = os.path.join(top, "share", "kernels", "python3")
+    os.makedirs(pdir)
+    with open(os.path.join(pdir, "kernel.json"), "w") as f:
+        json.dump({"argv": [sys.executable, "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f",
+                            "{connection_file}"], "display_name": "Python 3 (ipykernel)", "language": "python",
+                   "interrupt_mode": "signal", "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1"}}, f)
     settings = os.path.join(top, "lab-settings")
     # every cell in the DOM (no windowing), no news or update checks (offline)
     for plugin, value in {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
@@ -306,6 +314,32 @@ def test_run_all_stops_on_ipykernel_too(lab):
 DEMO01 = "demo_notebooks/01_seed_oom.ipynb"
 # Demo 01 runs in its own tab while the live-progress notebook is checked;
 # its `%txfix auto --run` trains about 25 s under nbclient.
+def test_companion_renders_in_the_python_kernel(lab):
+    # %load_ext txkernel in the stock python3 kernel (this .venv's, where make
+    # test installed the companion), beside a stand-in torch.cuda whose cache
+    # holds 9 GiB: the plan renders as HTML with its chart and names PyTorch
+    stand_in = ("import sys, types\n"
+                "cuda = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,\n"
+                "    current_device=lambda: 0, memory_reserved=lambda d=None: 9 << 30,\n"
+                "    memory_allocated=lambda d=None: 8 << 30)\n"
+                "torch = types.ModuleType('torch'); torch.cuda = cuda; sys.modules['torch'] = torch")
+    write_nb(os.path.join(lab["root"], "companion.ipynb"),
+             [stand_in, "%load_ext txkernel",
+              "%%txplan\nmodel: bert-base-cased\nmax_len: 512\nbatch_size: 16\nnum_labels: 3\ndevice: {gpu: t4}\n",
+              "%txdevice"], kernel="python3")
+    d = open_nb(lab, "companion.ipynb")
+    s = run_all_and_settle(d, 90)
+    c = cells(d)
+    assert all(isinstance(n, int) and n > 0 for n in s["counts"]), (s, [rendered(x)["text"][-400:] for x in c])
+    plan, device = rendered(c[2]), rendered(c[3])
+    shot(d, c[2], "companion_txplan")
+    line = "PyTorch caching allocator in this process: 9.00 GiB reserved, 8.00 GiB allocated"
+    for name, r in (("plan", plan), ("device", device)):
+        assert r["json"] == 0 and r["errors"] == 0, (name, r["text"][:300])
+        assert line in r["text"], (name, r["text"][-600:])
+    assert "Does not fit" in plan["text"] and plan["tables"] >= 2 and plan["svg"] >= 1, plan
+
+
 def test_demo_01_run_all_starts(lab):
     # after the Run All checks, which a loaded browser would slow
     d = open_nb(lab, DEMO01)

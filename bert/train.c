@@ -491,7 +491,11 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
     }
     double last_save = now_s();
     int every_epoch = c->save_every <= 0 && c->save_every_s <= 0;
-    for (int ep = ep0; ep < epochs && step < total_steps; ep++) {
+    /* a checkpoint taken inside an epoch (position > 0) leaves that epoch
+     * open: its end (dev eval, history, the model folder) is still owed even
+     * when no step is left, as after a save at the run's last step */
+    int open_epoch = resume[0] && pos0 > 0;
+    for (int ep = ep0; ep < epochs && (step < total_steps || (ep == ep0 && open_epoch)); ep++) {
         double t_ep = now_s() - (ep == ep0 ? ep_s0 : 0), ep_loss = ep == ep0 ? ep_loss0 : 0;
         int64_t ep_rows = ep == ep0 ? ep_rows0 : 0;
         float gnorm = 0;

@@ -7,7 +7,7 @@ and the final weights equal the uninterrupted run's bit for bit.
 TXK_TEST_SAVE_DELAY_MS makes each save sleep between its files, so a good
 share of the kills land inside a save; a kill counts as inside a save when it
 left a .checkpoint-N.tmp folder behind. The count is printed."""
-import glob, os, random, re, signal, subprocess, tempfile, time
+import glob, os, random, re, shutil, signal, subprocess, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TXK = os.path.join(ROOT, "build", "txk")
@@ -102,4 +102,33 @@ def test_kill_campaign():
           % (KILLS, killed, in_save, resumed))
     assert killed >= KILLS * 3 // 4
     assert in_save >= 3, "only %d kills landed inside a save" % in_save
+    subprocess.run(["rm", "-rf", top])
+
+
+def test_resume_from_the_last_steps_checkpoint_closes_the_epoch():
+    """A kill between the save at the run's last step (or an epoch's last
+    step) and the epoch's end leaves a checkpoint with no step left in its
+    epoch: the resumed run still owes that epoch's dev eval, its history row
+    and the model folder, and must give the uninterrupted run's weights. (The
+    campaign above met it by chance: the resumed run ended without writing
+    model.safetensors.)"""
+    top = tempfile.mkdtemp(prefix="txk-lastckpt-")
+    cfg = os.path.join(top, "tiny.yaml")
+    with open(cfg, "w") as f:
+        f.write(CONFIG.replace("keep_checkpoints: 2", "keep_checkpoints: 8"))
+    ref = os.path.join(top, "whole")
+    r = subprocess.run(train(cfg, ref), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert steps_in(ref)[-1] == 16 and 8 in steps_in(ref)
+    for step in (16, 8):  # the run's last step; the first epoch's last step
+        out = os.path.join(top, "from%d" % step)
+        os.makedirs(out)
+        shutil.copytree(os.path.join(ref, "checkpoint-%d" % step), os.path.join(out, "checkpoint-%d" % step))
+        r = subprocess.run(train(cfg, out), cwd=ROOT, capture_output=True, text=True, timeout=120)
+        said = r.stdout + r.stderr
+        assert r.returncode == 0 and "resumed from %s/checkpoint-%d:" % (out, step) in said, said
+        assert os.path.exists(os.path.join(out, "model.safetensors")), "step %d: no model folder: %s" % (step, said)
+        assert weights(out) == weights(ref), "step %d: final weights differ" % step
+        rows = [l.split()[0] for l in said.split("Per epoch", 1)[1].splitlines() if l.strip()[:1].isdigit()]
+        assert rows == ["1", "2"], "step %d: %s" % (step, said)
     subprocess.run(["rm", "-rf", top])

@@ -338,6 +338,11 @@ def test_companion_renders_in_the_python_kernel(lab):
         assert r["json"] == 0 and r["errors"] == 0, (name, r["text"][:300])
         assert line in r["text"], (name, r["text"][-600:])
     assert "Does not fit" in plan["text"] and plan["tables"] >= 2 and plan["svg"] >= 1, plan
+    # its kernel goes, so the timed tests after it share the 2 cores with nothing
+    d.execute_script("return window.jupyterapp.shell.currentWidget.sessionContext.shutdown();")
+    wait(lambda: d.execute_script("return window.jupyterapp.shell.currentWidget.sessionContext.session === null"
+                                  " || window.jupyterapp.shell.currentWidget.sessionContext.isDisposed;")
+         or "No Kernel" in d.execute_script("return document.body.innerText;"), 20, "its kernel to shut down")
 
 
 def test_demo_01_run_all_starts(lab):

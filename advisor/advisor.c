@@ -159,7 +159,8 @@ int tk_fix_apply(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_le
         snprintf(reason, rn, "recompute each encoder layer in backward, keeping only its input");
         return 0;
     case TK_FIX_ATTENTION:
-        if (c->attention != TK_ATTN_STANDARD)
+        /* auto on a card is fused already; on the cpu it is standard */
+        if (tk_config_attention(c, TK_DEV_META, NULL) != TK_ATTN_STANDARD)
             return -1;
         c->attention = TK_ATTN_FUSED;
         snprintf(reason, rn, "memory-efficient attention: no L x L probabilities kept for backward");

@@ -276,6 +276,9 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int in
     int EB = c->eval_batch_size > 0 ? c->eval_batch_size : B;
     out->batch = B;
     out->seq = T;
+    const char *why = NULL;
+    out->attention = tk_config_attention(c, TK_DEV_META, &why);
+    snprintf(out->attention_why, sizeof out->attention_why, "%s", why);
     out->capacity = capacity;
     out->context_bytes = context_bytes;
 
@@ -364,6 +367,7 @@ char *tk_plan_format(const tk_plan_result *p) {
         OUT("first OOM during %s: %s for %s (%s)\n", p->oom_phase,
             tk_format_bytes(p->oom_record.requested, b1, sizeof b1), p->oom_record.owner_name,
             tk_cat_name(p->oom_record.tag.cat));
+    OUT("attention: %s (%s)\n", tk_attention_name(p->attention), p->attention_why);
     OUT("at the peak, by category:\n");
     for (int c = 0; c < TK_CAT_COUNT; c++)
         if (p->by_cat_at_peak[c])

@@ -48,6 +48,8 @@ typedef struct tk_plan_result {
     tk_cost eval_step;             /* of one eval batch */
     double step_seconds;           /* roofline estimate (0 if no GPU profile) */
     char profile[32];              /* GPU profile used for the estimate */
+    tk_attention attention;        /* the attention planned (tk_config_attention) */
+    char attention_why[32];        /* "default on cuda", "set in the config", ... */
     double plan_ms;                /* how long planning took */
 } tk_plan_result;
 

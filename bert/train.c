@@ -653,6 +653,7 @@ out:
 tk_status tk_train_measure(const tk_config *c0, tk_dev_kind kind, int timed_steps, tk_measure *out, tk_err *err) {
     memset(out, 0, sizeof *out);
     tk_config c = *c0;
+    c.attention = tk_config_attention(c0, TK_DEV_META, NULL); /* as the plan of c0 has it */
     c.device = kind == TK_DEV_CUDA ? TK_DEVICE_CUDA : TK_DEVICE_CPU;
     c.capacity = 0;
     c.gpu[0] = 0;

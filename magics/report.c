@@ -192,6 +192,9 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
     }
     tk_sb_addf(&text, "Model states: params %s, grads %s, optimizer %s\n", B(p->param_bytes, a), B(p->grad_bytes, b),
                B(p->optim_bytes, c));
+    /* which attention was planned, and whether the user or the default chose it */
+    tk_sb_addf(&text, "attention: %s (%s)\n", tk_attention_name(p->attention), p->attention_why);
+    tk_sb_addf(&html, "<p>attention: <b>%s</b> (%s)</p>", tk_attention_name(p->attention), p->attention_why);
     char *svg = NULL;
     tk_sb_add(&html, "<div style=\"display:flex;gap:24px;align-items:flex-start\">");
     json_t *vl = NULL;
@@ -233,6 +236,8 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
                           "optim_bytes", (json_int_t)p->optim_bytes, "n_params", (json_int_t)p->n_params,
                           "n_trainable", (json_int_t)p->n_trainable, "oom", p->oom, "step_gflop",
                           p->train_step.flops / 1e9, "plan_ms", p->plan_ms, "profile", p->profile);
+    json_object_set_new(j, "attention", json_string(tk_attention_name(p->attention)));
+    json_object_set_new(j, "attention_why", json_string(p->attention_why));
     if (p->oom) json_object_set_new(j, "oom_record", tk_report_oom_json(&p->oom_record, p->oom_phase));
     json_t *bundle = tk_bundle_new("");
     char *tx = tk_sb_take(&text);

@@ -368,6 +368,11 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
          data.n_train, data.n_dev_examples, (unsigned long long)data.digest);
     if (data.n_truncated) note(h, "data: %d examples were truncated to max_len %d", data.n_truncated, cc.max_len);
 
+    /* attention: auto is decided by the device the run got (device: auto
+     * may have found cuda); the plan and the model then use the same. */
+    const char *attn_why = NULL;
+    cc.attention = tk_config_attention(&cc, tk_dev_kind_of(d), &attn_why);
+
     /* Plan first, at the worst-case batch of this corpus, against what the
      * device has free now (an earlier run may still hold memory). */
     rc = tk_plan(&cc, data.lengths, data.n_lengths, &r->plan, err);
@@ -375,6 +380,7 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
         tk_run_data_clear(&data);
         return rc;
     }
+    snprintf(r->plan.attention_why, sizeof r->plan.attention_why, "%s", attn_why);
     tk_session_set_plan(s, &r->plan);
     size_t limit = tk_session_capacity_of(&cc);
     r->free_before = tk_session_free(s, d);
@@ -569,8 +575,12 @@ tk_status tk_session_predict(tk_session *s, const tk_config *c0, tk_predict_repo
         return rc;
     }
     r->digest = data.digest;
-    /* planned like a run: the weights and one eval batch */
+    /* planned like a run: the weights and one eval batch, with the
+     * attention of the device it got */
+    const char *attn_why = NULL;
+    c.attention = tk_config_attention(&c, tk_dev_kind_of(d), &attn_why);
     if ((rc = tk_plan_inference(&c, data.lengths, data.n_lengths, &r->plan, err)) != TK_OK) goto out;
+    snprintf(r->plan.attention_why, sizeof r->plan.attention_why, "%s", attn_why);
     size_t limit = tk_session_capacity_of(&c);
     r->free_before = tk_session_free(s, d);
     if (r->plan.oom || ((limit || tk_dev_kind_of(d) == TK_DEV_CUDA) && r->plan.peak_reserved > r->free_before)) {

@@ -145,9 +145,13 @@ static const sweep_row SWEEP[] = {
 tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_err *err) {
     *bundle = NULL;
     size_t cap = tk_session_capacity_of(c0);
-    char title[256], b[8][32];
-    snprintf(title, sizeof title, "Peak per technique: %.120s, batch %d x max_len %d%s%s (planned on meta)", c0->model,
-             c0->batch_size, c0->max_len, cap ? ", capacity " : "", cap ? tk_format_bytes(cap, b[0], sizeof b[0]) : "");
+    char title[320], b[8][32];
+    /* the baseline's attention: on a card the default is fused already */
+    const char *attn_why = NULL;
+    tk_attention attn = tk_config_attention(c0, TK_DEV_META, &attn_why);
+    snprintf(title, sizeof title, "Peak per technique: %.120s, batch %d x max_len %d%s%s, baseline attention %s (%s) "
+             "(planned on meta)", c0->model, c0->batch_size, c0->max_len, cap ? ", capacity " : "",
+             cap ? tk_format_bytes(cap, b[0], sizeof b[0]) : "", tk_attention_name(attn), attn_why);
     /* measured where the config says it runs: cuda, or else the cpu */
     const int on_cuda = c0->device == TK_DEVICE_CUDA;
     const char *h[] = {"technique", ">peak reserved", ">vs baseline", ">param", ">grad", ">optim", ">act", ">temp",
@@ -360,14 +364,19 @@ static int run_txplan(tk_magic_ctx *m) {
         int n = 0;
         const int *len = tk_session_lengths(s, &n);
         tk_plan_result p;
+        tk_dev *sd = tk_session_current_device(s);
         if (c.capacity == 0 && !c.gpu[0]) {
             /* plan against the session device's capacity when it has one */
-            tk_dev *d = tk_session_current_device(s);
             tk_dev_info info;
-            tk_dev_info_get(d, &info);
-            if (d && tk_dev_kind_of(d) == TK_DEV_CUDA) c.capacity = info.total;
+            tk_dev_info_get(sd, &info);
+            if (sd && tk_dev_kind_of(sd) == TK_DEV_CUDA) c.capacity = info.total;
         }
+        /* attention: auto as the session's device would run it (a run
+         * decides it the same way; without a device, from the config) */
+        const char *attn_why = NULL;
+        c.attention = tk_config_attention(&c, sd ? tk_dev_kind_of(sd) : TK_DEV_META, &attn_why);
         if (tk_plan(&c, len, n, &p, &err) != TK_OK) goto plan_error;
+        snprintf(p.attention_why, sizeof p.attention_why, "%s", attn_why);
         tk_session_set_config(s, &c);
         tk_session_set_plan(s, &p);
         /* PyTorch in the same process (the companion) takes its reserved

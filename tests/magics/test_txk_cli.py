@@ -30,7 +30,9 @@ def test_help_lists_every_subcommand():
 
 
 def test_plan_seed_does_not_fit_and_says_so():
-    c = cfg("model: bert-base-cased\nmax_len: 512\nbatch_size: 32\nnum_labels: 2\ndevice: {gpu: t4, capacity: 7.43GiB}\n")
+    # the seed's framework kept the L x L attention probabilities (standard attention)
+    c = cfg("model: bert-base-cased\nmax_len: 512\nbatch_size: 32\nnum_labels: 2\ndevice: {gpu: t4, capacity: 7.43GiB}\n"
+            "attention: standard\n")
     rc, out, _ = txk("plan", c, "--json")
     assert rc == 3
     j = json.loads(out)
@@ -46,9 +48,18 @@ def test_plan_seed_does_not_fit_and_says_so():
     rc, out, _ = txk("plan", c)
     assert rc == 3 and "DOES NOT FIT" in out and "Top owners at the peak" in out and "act 100%" in out
     assert "Largest tensors at the peak" in out and "f32 [32, 12, 512, 512]" in out
+    assert "attention: standard (set in the config)" in out
     # an override on the command line: batch 2 at max_len 128 fits
     rc, out, _ = txk("plan", c, "batch_size=2", "max_len=128", "--json")
     assert rc == 0 and json.loads(out)["fits"] is True and json.loads(out)["batch"] == 2
+    # txkernel's own default for a card is fused attention: the plan says so and keeps no L x L tensor
+    rc, out, _ = txk("plan", c, "attention=auto", "--json")
+    d = json.loads(out)
+    assert rc == 3 and (d["attention"], d["attention_why"]) == ("fused", "default on cuda"), d
+    assert d["peak_reserved"] < j["peak_reserved"] and not d["top"][0]["owner"].endswith("attention.self")
+    assert all(t["shape"][-2:] != [512, 512] for t in d["tensors_at_peak"]), d["tensors_at_peak"]
+    rc, out, _ = txk("plan", c, "attention=auto")
+    assert "attention: fused (default on cuda)" in out
 
 
 def test_config_errors_name_file_line_and_key():
@@ -157,7 +168,7 @@ def test_sweep_techniques_match_first_principles():
     embeddings drop their gradients (4 bytes per embedding parameter)."""
     for model, batch in (("bert-base-cased", 32), ("bert-large-cased", 4)):
         L, H, heads, V = DIMS[model]
-        s = _sweep(model, batch, "t4")
+        s = _sweep(model, batch, "t4", "attention=standard")  # the card's default is fused: measure from standard
         b = s["baseline"]
         n = b["n_params"]
         act = lambda r: r["at_peak"]["act"]

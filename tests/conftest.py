@@ -20,7 +20,7 @@ Each module with peer tests prints, before its first test, one line per row
 with that row's versions (shown with -s); a child run reports the versions
 of the packages it imported, printed by the item that started it.
 """
-import json, os, subprocess, sys, tempfile, time
+import json, os, resource, subprocess, sys, tempfile, time
 
 import pytest
 
@@ -117,7 +117,7 @@ def _child_run(session, row):
     os.close(fd)
     env = dict(os.environ, TXK_PEER_ROW=row, TXK_PEER_REPORT=report)
     env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")
-    t0 = time.time()
+    t0, cpu0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     r = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", peers.ROOT, *ids],
                        cwd=peers.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        errors="replace", timeout=1800)
@@ -130,7 +130,10 @@ def _child_run(session, row):
     if isinstance(got, dict):
         got["tail"] = r.stdout[-6000:]
         used = ", ".join(f"{k} {v}" for k, v in got["imported"].items())
-        print(f"peers {row}: {len(ids)} tests ran in {python} ({time.time() - t0:.1f} s); imported: {used}")
+        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
+        print(f"peers {row}: {len(ids)} tests ran in {python} ({time.time() - t0:.1f} s, {cpu:.1f} s of CPU); "
+              f"imported: {used}")
     _children[row] = got
     return got
 

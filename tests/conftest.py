@@ -101,6 +101,7 @@ def _child_id(item, row):
 
 
 _children = {}
+CHILD_TIMEOUT = 1800  # s, for every peer test of a session on one row
 
 
 def _child_run(session, row):
@@ -118,9 +119,15 @@ def _child_run(session, row):
     env = dict(os.environ, TXK_PEER_ROW=row, TXK_PEER_REPORT=report)
     env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")
     t0, cpu0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", peers.ROOT, *ids],
-                       cwd=peers.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       errors="replace", timeout=1800)
+    try:
+        r = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", peers.ROOT, *ids],
+                           cwd=peers.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace", timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode("utf-8", "replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        os.unlink(report)
+        _children[row] = f"row {row}: the child pytest ({python}) ran past {CHILD_TIMEOUT} s:\n{out[-6000:]}"
+        return _children[row]
     try:
         with open(report) as f:
             got = json.load(f)

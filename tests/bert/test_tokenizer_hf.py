@@ -10,7 +10,7 @@ import pytest
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import BertWordPieceTokenizer
 
-pytestmark = pytest.mark.peer  # on both rows: torch 1.13 and torch 2.x (tests/peers.py)
+pytestmark = pytest.mark.peer  # on both rows (tests/peers.py): HF tokenizers 0.19 and 0.2x
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "tests", "data")

@@ -380,6 +380,12 @@ static int cmd_train(int argc, char **argv) {
             printf("trained %lld steps in %.1f s; peak %s allocated (planned %s)%s%s\n", (long long)r.steps, r.seconds,
                    tk_format_bytes(r.peak_allocated, b1, sizeof b1), tk_format_bytes(r.plan.peak_allocated, b2, sizeof b2),
                    r.checkpoint[0] ? "; checkpoint " : "", r.checkpoint);
+        if (r.failed_saves) {
+            fprintf(stderr, "txk: %d save%s into %s failed during the run (save_error: continue); %s%s\n",
+                    r.failed_saves, r.failed_saves == 1 ? "" : "s", c.output_dir,
+                    r.checkpoint[0] ? "the last one saved: " : "nothing was saved", r.checkpoint);
+            rc = EXIT_ERR;
+        }
     }
     if (snap && st == TK_OK && r.end != TK_RUN_PLANNED_OOM) {
         int wrc = write_snapshot(s, snap, r.end == TK_RUN_OOM && r.have_oom ? &r.oom : NULL);
@@ -879,6 +885,9 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv);
         /* exec failed: go on with the default policy */
     }
+    /* a file-size limit (ulimit -f) makes a write fail with EFBIG, which the
+     * save reports naming the file, instead of killing the run unsaid */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) return usage(stderr);
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) return usage(stdout);
     for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)

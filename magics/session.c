@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "tk_checkpoint.h"
+#include "tk_files.h"
 #include "tk_hub.h"
 #include "tk_model.h"
 #include "tk_pipeline.h"
@@ -387,6 +388,19 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
         return TK_OK;
     }
 
+    /* The results' folder (and its parents, as mkdir -p) before a weight
+     * is fetched or a step taken: a run that cannot save must not train for
+     * nothing. */
+    if (cc.output_dir[0]) {
+        tk_err me = {0};
+        if (tk_mkdirs(cc.output_dir, &me) != TK_OK) {
+            tk_err_set(err, TK_EIO, "output_dir %s; nothing was trained", me.msg);
+            r->save_stopped = 1;
+            tk_run_data_clear(&data);
+            return TK_EIO;
+        }
+    }
+
     if (pending.status == TK_OK) rc = tk_session_resolve_model(&cc, id, 1, 1, h, &pending);
     if (pending.status != TK_OK) {
         *err = pending;
@@ -455,6 +469,8 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
         r->peak_reserved = tr.peak_reserved;
         r->seconds = tr.seconds;
         memcpy(r->checkpoint, tr.checkpoint, sizeof r->checkpoint);
+        r->failed_saves = tr.failed_saves;
+        r->save_stopped = rc != TK_OK && rc != TK_ECANCEL && rc != TK_EOOM && tr.failed_saves > 0;
         if (tr.have_oom) {
             r->have_oom = 1;
             r->oom = tr.oom;

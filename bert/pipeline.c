@@ -292,6 +292,16 @@ tk_status tk_run_data_load(const tk_config *c, tk_run_data *d, tk_err *err) {
         tk_err_set(err, TK_EINVAL, "train_file: not set (name a CSV, TSV, JSONL or SQuAD JSON file)");
         return TK_EINVAL;
     }
+    /* a file that cannot be opened is named with the key that names it, so
+     * the user knows which line of the config to fix */
+    const char *const keys[2] = {"train_file", "dev_file"};
+    const char *const files[2] = {c->train_file, c->dev_file};
+    for (int i = 0; i < 2; i++) {
+        if (files[i][0] && access(files[i], R_OK) != 0) {
+            tk_err_set(err, TK_EIO, "%s: %s: cannot open: %s", keys[i], files[i], strerror(errno));
+            return TK_EIO;
+        }
+    }
     if (c->head == TK_HEAD_FLATTEN_DENSE && c->towers > 1) {
         tk_err_set(err, TK_EINVAL,
                    "towers: %d-tower training from a data file is not supported; plan it with %%txplan "

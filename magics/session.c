@@ -545,6 +545,12 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
     c->max_examples = 0; /* a training-set limit: every input example is predicted */
     c->init = TK_INIT_PRETRAINED; /* the trained weights, whatever the run started from */
     c->dev_file[0] = 0;
+    struct stat sd;
+    if (folder && (stat(folder, &sd) != 0 || !S_ISDIR(sd.st_mode))) {
+        tk_err_set(err, TK_EINVAL, "%s: no such folder; give the output_dir of a run, or a config whose output_dir "
+                   "holds one", folder);
+        return TK_EINVAL;
+    }
     if (!has_file(c->model, "config.json") || !tk_checkpoint_find(c->model, wfile, sizeof wfile)) {
         tk_err_set(err, TK_EINVAL,
                    "%s: not a trained model folder (config.json and model.safetensors or pytorch_model.bin); give the "

@@ -5,6 +5,7 @@
  * a small run trains, and %txmem / %txdata / %txdevice / %txreset answer. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "tk_magics.h"
 #include "tk_session.h"
 #include "tk_test.h"
@@ -210,6 +211,50 @@ static void test_completion(void) {
     json_decref(matches);
 }
 
+/* Issue 28's smaller errors, each naming what to fix: a missing train_file
+ * names the key; a CSV without the label column is a DataError (as a bad
+ * row is) that suggests label_col:; after a failed cell, a bad --gpus is
+ * named rather than the earlier cell's error; a mistyped model folder is
+ * "no such folder". */
+static void test_errors_name_what_to_fix(void) {
+    int rc;
+    const char *tiny = "model: bert-tiny\ninit: random\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"
+                       "vocab: tests/data/vocab_cased.txt\nmax_len: 32\nbatch_size: 8\nmax_steps: 1\n"
+                       "device: cpu\n";
+    char cell[1024];
+    snprintf(cell, sizeof cell, "%%%%txtrain\n%strain_file: tests/data/no_such.csv\n", tiny);
+    json_t *m = run(cell, &rc);
+    json_t *e = first(m, "error");
+    TK_CHECK(e && !strcmp(json_string_value(json_object_get(e, "ename")), "DataError"));
+    TK_CHECK_MSG(strstr(evalue(m), "train_file: tests/data/no_such.csv: cannot open"), "%s", evalue(m));
+    json_decref(m);
+    m = run("%txplan --gpus colba", &rc);
+    e = first(m, "error");
+    TK_CHECK(e && !strcmp(json_string_value(json_object_get(e, "ename")), "UsageError"));
+    TK_CHECK_STR(evalue(m), "--gpus colba: expected colab, kaggle or all");
+    json_decref(m);
+
+    const char *csv = "/tmp/tk_test_magics_nolabel.csv";
+    FILE *f = fopen(csv, "w");
+    TK_CHECK(f != NULL);
+    if (f) {
+        fputs("text,sentiment\ngood,pos\nbad,neg\n", f);
+        fclose(f);
+    }
+    snprintf(cell, sizeof cell, "%%%%txtrain\n%strain_file: %s\ndev_split: 0\n", tiny, csv);
+    m = run(cell, &rc);
+    e = first(m, "error");
+    TK_CHECK(e && !strcmp(json_string_value(json_object_get(e, "ename")), "DataError"));
+    TK_CHECK_MSG(strstr(evalue(m), "tk_test_magics_nolabel.csv: no column 'label' for the label (columns: text, "
+                                   "sentiment; set label_col: to one of them)"), "%s", evalue(m));
+    json_decref(m);
+    unlink(csv);
+
+    m = run("%txpredict /tmp/tk_test_magics_no_such_run --input tests/data/reviews_dev.csv", &rc);
+    TK_CHECK_MSG(strstr(evalue(m), "/tmp/tk_test_magics_no_such_run: no such folder"), "%s", evalue(m));
+    json_decref(m);
+}
+
 int main(void) {
     M = tk_magics_new();
     TK_CHECK(M != NULL);
@@ -222,6 +267,7 @@ int main(void) {
     TK_RUN(test_mem_data_device_reset);
     TK_RUN(test_keys_magic);
     TK_RUN(test_completion);
+    TK_RUN(test_errors_name_what_to_fix);
     tk_magics_destroy(&M);
     return tk_test_done();
 }

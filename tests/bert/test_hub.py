@@ -236,9 +236,12 @@ def test_train_downloads_and_huggingface_hub_finds_it(tmp_path, env, hub):
     assert open(os.path.join(repo_dir, "refs", "main")).read() == COMMIT
     link = os.readlink(os.path.join(snapshot(env), "model.safetensors"))
     assert link == "../../blobs/" + hashlib.sha256(hub.repos[REPO]["model.safetensors"]).hexdigest()
-    # the LFS file went HEAD (302) then GET on the redirect; the optional file the repo lacks was asked once
+    # the LFS file went HEAD (302) then GET on the redirect; the repo's file list was asked (for the small
+    # files, then for the weights once the plan fit), so the files it lacks (special_tokens_map.json,
+    # tokenizer.json) never were
     assert ("GET", "/lfs/" + link.split("/")[-1], None) in hub.log
-    assert any(p.endswith("special_tokens_map.json") for _, p, _ in hub.log)
+    assert {p for m, p, _ in hub.log if p.startswith("/api/models/")} == {f"/api/models/{REPO}/revision/{COMMIT}"}
+    assert not any(p.endswith(("special_tokens_map.json", "tokenizer.json")) for _, p, _ in hub.log), hub.log
     # huggingface_hub finds txk's files in the same cache, with no request
     n = len(hub.log)
     for f in ("config.json", "vocab.txt", "model.safetensors"):
@@ -344,10 +347,13 @@ def test_random_init_only_when_asked(tmp_path, env, hub):
     (folder / "vocab.txt").write_bytes(hub.repos[REPO]["vocab.txt"])
     rc, out = txk(dead, "train", cfg(tmp_path, str(folder)))
     assert rc == 1 and "has no weights" in out and "init: random" in out, out
-    # planning a hub id that is not in the cache does not download it
-    n = len(hub.log)
+    # planning a hub id that is not in the cache fetches its config and tokenizer, never its weights
+    hub.log.clear()
     rc, out = txk(env, "plan", cfg(tmp_path, REPO))
-    assert rc == 1 and "planning never downloads" in out and len(hub.log) == n, out
+    assert rc == 0, out
+    got = {p.rsplit("/", 1)[1] for m, p, _ in hub.log if "/resolve/" in p}
+    assert got == {"config.json", "vocab.txt", "tokenizer_config.json"}, hub.log
+    assert not any(p.startswith("/lfs/") for _, p, _ in hub.log), hub.log
 
 
 def test_sharded_weights_load_as_one_and_bin_is_named(tmp_path, env, hub):

@@ -297,11 +297,7 @@ tk_status tk_session_resolve_model(tk_config *c, const char *id, int download, i
     tk_status rc = tk_hub_resolve(id, c->revision, &o, dir, sizeof dir, &info, &e);
     if (rc != TK_OK) {
         if (!download && preset) return TK_OK;
-        if (!download)
-            tk_err_set(err, rc, "%s (planning never downloads: %%%%txtrain or txk train fetches the model first)",
-                       e.msg);
-        else
-            tk_err_set(err, rc, "%s", e.msg);
+        tk_err_set(err, rc, "%s", e.msg);
         return rc;
     }
     if (strlen(dir) >= sizeof c->model) {

@@ -72,10 +72,11 @@ struct tk_run_hooks;
  * weights, no network); anything else from the HF cache, or, when
  * `download`, from the hub (the weights too when `weights` and init is
  * pretrained), with h's on_download progress and a note saying where the
- * model came from (h may be NULL). Without `download` (plans, advice) a
- * preset not in the cache stays its shape, which is the hub model's;
- * another hub id is an error saying a run fetches it. tk_session_train and
- * tk_session_load_data call it; so does any command that needs a model. */
+ * model came from (h may be NULL). Without `download` (a preset that plans
+ * and advice name) a preset not in the cache stays its shape, which is the
+ * hub model's; another id not in the cache is an error naming the file the
+ * cache lacks. tk_session_train and tk_session_load_data call it; so does
+ * any command that needs a model. */
 tk_status tk_session_resolve_model(tk_config *c, const char *id, int download, int weights,
                                    const struct tk_run_hooks *h, tk_err *err);
 /* Releases everything: device, last run, timeline (keeps nothing but the

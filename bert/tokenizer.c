@@ -741,10 +741,10 @@ tk_tokenizer *tk_tokenizer_from_folder(const char *dir, const tk_tokenizer_opts 
     o.keep_control = !j->clean;
     tk_tokenizer *t = tk_tokenizer_new(vt, &o, err);
     if (t) {
-        int diff = -1;
-        if (t->n != j->n) diff = t->n < j->n ? t->n : j->n;
-        for (int i = 0; diff < 0 && i < t->n; i++)
+        int diff = -1, common = t->n < j->n ? t->n : j->n;
+        for (int i = 0; diff < 0 && i < common; i++)
             if (strcmp(t->tok[i], j->tok[i])) diff = i;
+        if (diff < 0 && t->n != j->n) diff = common;
         if (diff >= 0 || t->sp.unk != j->sp.unk) {
             if (diff >= 0)
                 tk_err_set(err, TK_EFORMAT,

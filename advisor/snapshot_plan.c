@@ -359,7 +359,7 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     /* the setting as it ran, then each fix, on the planner */
     tk_config c;
     tk_config_defaults(&c);
-    snprintf(c.model, sizeof c.model, "%s", o->model && *o->model ? o->model : m->preset[0] ? m->preset : "bert-base-uncased");
+    snprintf(c.model, sizeof c.model, "%s", model[0] ? model : m->preset[0] ? m->preset : "bert-base-uncased");
     c.init = TK_INIT_RANDOM;
     c.hidden = m->hidden, c.layers = m->layers, c.heads = m->heads, c.intermediate = m->intermediate;
     c.vocab_size = m->vocab, c.max_position = m->max_position;

@@ -524,7 +524,7 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
         tk_config_defaults(c);
         snprintf(c->model, sizeof c->model, "%s", folder);
         struct stat st;
-        if (stat(folder, &st) != 0) { /* a hub id: its snapshot, weights and all */
+        if (stat(folder, &st) != 0 && tk_hub_is_repo_id(folder)) { /* its snapshot, weights and all */
             tk_status rc = tk_session_resolve_model(c, folder, 1, 1, NULL, err);
             if (rc != TK_OK) return rc;
         }

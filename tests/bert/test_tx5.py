@@ -243,3 +243,41 @@ def test_tokenizer_json_alone_gives_transformers5_ids(case, tok_cases):
         assert not bad, bad[0]
     else:
         assert bad and all(a.count(1) > b.count(1) for _, a, b in bad)
+
+
+def test_txpredict_magic_and_snapshot_model_take_a_hub_id(saved, dev, tmp_path):
+    """%txpredict ORG/NAME in the kernel gives what txk predict ORG/NAME
+    gives; the snapshot reader's --model ORG/NAME fetches config.json and
+    the tokenizer, never the weights."""
+    from jupyter_client.manager import KernelManager
+    sys.path.insert(0, os.path.join(ROOT, "tests", "kernel"))
+    sys.path.insert(0, os.path.join(ROOT, "tests", "magics"))
+    sys.path.insert(0, os.path.join(ROOT, "tests", "advisor"))
+    import txk_util as u
+    from test_snapshot_bert import snapshot, write
+    from test_txpredict import bundle_json
+    folders, hub = saved
+    label = ROWS[-1][0]
+    repo = f"tx-{label}/tiny-bert"
+    inp, _ = dev
+    env = hub_env(hub, tmp_path / "cache")
+    hub.log.clear()
+    rc, out, err = txk(env, "mem", "--snapshot", write(snapshot()), "--model", repo, "--data", inp, "--json")
+    assert rc == 0, err
+    m = json.loads(out)["model"]
+    assert m["recognised_from"] == f"--model {repo}" and m["hidden"] == 32 and m["layers"] == 2, m
+    assert not any(p.startswith("/lfs/") or p.endswith(".safetensors") for _, p, _ in hub.log), hub.log
+    rc, out, err = txk(env, "predict", repo, "--input", inp, "--json")
+    assert rc == 0, err
+    want = json.loads(out)["predictions"]
+    km = KernelManager(kernel_name=u.dev_kernel_name())
+    km.start_kernel(env=env, cwd=ROOT)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=30)
+        reply, outs = u.run_cell(kc, f"%txpredict {repo} --input {inp} --json", timeout=120)
+    finally:
+        u.stop(km, kc)
+    assert reply["content"]["status"] == "ok", outs
+    assert bundle_json(outs)["predictions"] == want

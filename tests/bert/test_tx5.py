@@ -159,6 +159,12 @@ def test_fine_tune_by_hub_id_then_output_dir_loads_in_both_rows(saved, dev, tmp_
     assert {p.rsplit("/", 1)[1] for m, p, _ in hub.log if "/resolve/" in p} == {"config.json", "tokenizer.json",
                                                                                  "tokenizer_config.json"}
     assert not any(p.startswith("/lfs/") for _, p, _ in hub.log)
+    # advice too, from what the plan fetched; offline with a cache that lacks the repo it says so
+    hub.log.clear()
+    rc, out, err = txk(dict(env, HF_HUB_OFFLINE="1"), "advise", str(cfg), "--gpu", "t4", "--json")
+    assert rc in (0, 3) and hub.log == [], err
+    rc, out, err = txk(dict(env, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty")), "plan", str(cfg))
+    assert rc != 0 and repo in err and "not in the HF cache" in err and "HF_HUB_OFFLINE=1" in err, err
     rc, out, err = txk(env, "train", str(cfg))
     assert rc == 0, err
     assert "weights: loaded" in out + err and "tokenizer.json" in out + err, out + err

@@ -67,6 +67,7 @@ class Hub:
         self.repos, self.log, self.token = repos, [], None
         self.cut = None        # (file, n): the next GET of file sends n bytes, then hangs up
         self.corrupt = set()   # files whose bytes go out with one byte flipped
+        self.listing = True    # False: no file list (/api/models/...), as an old mirror
         hub = self
 
         class H(http.server.BaseHTTPRequestHandler):
@@ -92,6 +93,8 @@ class Hub:
                 if hub.token and self.headers.get("Authorization") != "Bearer " + hub.token:
                     return self.send(401, {"X-Error-Message": "Invalid credentials", "Content-Length": "0"}, body=body)
                 m = re.match(r"^/api/models/([^/]+/[^/]+)/revision/([^/]+)$", self.path)
+                if m and not hub.listing:
+                    return self.send(404, {"Content-Length": "0"}, body=body)
                 if m:  # what snapshot_download lists
                     files = hub.repos.get(m.group(1))
                     if files is None:
@@ -199,7 +202,7 @@ def hub():
 @pytest.fixture
 def env(tmp_path, hub):
     hub.log.clear()
-    hub.token, hub.cut, hub.corrupt = None, None, set()
+    hub.token, hub.cut, hub.corrupt, hub.listing = None, None, set(), True
     e = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     e.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "home"),
              HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
@@ -422,3 +425,28 @@ def test_waits_for_the_lock_huggingface_hub_takes(tmp_path, env, hub):
         out, _ = p.communicate(timeout=120)
     assert p.returncode == 0 and "weights: loaded" in out, out
     assert any(m == "GET" and q == "/lfs/" + sha for m, q, _ in hub.log)
+
+
+def test_a_hub_without_the_file_list_is_asked_file_by_file(tmp_path, env, hub):
+    """An older hub or mirror that does not serve /api/models/{repo}/revision/
+    {rev}: every file is asked for, a 404 meaning the repo lacks it; a repo
+    with tokenizer.json and no vocab.txt (as transformers 5 saves) trains."""
+    hub.listing = False
+    files = dict(hub.repos[REPO])
+    vocab = files.pop("vocab.txt").decode().split("\n")[:-1]
+    files["tokenizer.json"] = json.dumps({
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100, "vocab": {t: i for i, t in enumerate(vocab)}},
+        "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                       "strip_accents": None, "lowercase": True},
+        "pre_tokenizer": {"type": "BertPreTokenizer"}}).encode()
+    hub.repos["some-org/tokjson-bert"] = files
+    try:
+        rc, out = txk(env, "train", cfg(tmp_path, "some-org/tokjson-bert"))
+    finally:
+        del hub.repos["some-org/tokjson-bert"]
+    assert rc == 0 and "weights: loaded" in out, out
+    assert "tokenizer.json" in out  # the vocabulary note names the file read
+    asked = [p.rsplit("/", 1)[1] for m, p, _ in hub.log if m == "HEAD" and "/resolve/" in p]
+    assert "vocab.txt" in asked and "special_tokens_map.json" in asked  # asked, answered 404
+    assert any(p.startswith("/api/models/") for _, p, _ in hub.log)

@@ -1,6 +1,6 @@
 """transformers 5 folders and hub ids (issue 24), against the peer rows of
-tests/peers.py ("old": transformers 4.40, "new": transformers 5.x), each run
-as a subprocess (tests/bert/tx_peer.py) while pytest runs under .venv:
+tests/peers.py (torch1: transformers 4.40, torch2: transformers 5.x), each
+run as a subprocess (tests/bert/tx_peer.py) while pytest runs under .venv:
 
 - a BERT folder transformers saved (5.x: tokenizer.json only, "dtype"),
   served by a hub on 127.0.0.1 (test_hub.Hub), downloads by hub id in
@@ -30,14 +30,19 @@ TOK = os.path.join(ROOT, "build", "tok_dump")
 DATA = os.path.join(ROOT, "tests", "data")
 PEER = os.path.join(HERE, "tx_peer.py")
 LABELS = ["mixed", "neg", "pos"]
-ROWS = peers.peer_rows()
+# the rows installed here, oldest first; the last is today's (transformers 5)
+ROWS = [(label, py) for label, py in peers.peer_rows() if os.access(py, os.X_OK)]
+
+
+def peer_python(label):
+    return dict(ROWS)[label]
 
 
 def new_python():
-    p = peers.peer_python("new")
-    if not p:
-        pytest.skip("the transformers 5 row (.venv-t2, or TK_PEER_NEW) is not installed here")
-    return p
+    label, py = peers.peer_rows()[-1]
+    if not os.access(py, os.X_OK):
+        pytest.skip(f"the transformers 5 row ({label}: {py}) is not installed here; make test installs it")
+    return py
 
 
 def peer(python, *args):
@@ -107,7 +112,7 @@ def worst(preds, ref):
 @pytest.mark.parametrize("label", [r[0] for r in ROWS])
 def test_predict_by_hub_id_equals_transformers_and_works_offline(label, saved, dev, tmp_path):
     folders, hub = saved
-    py = peers.peer_python(label)
+    py = peer_python(label)
     repo = f"tx-{label}/tiny-bert"
     inp, texts = dev
     ref = peer(py, "logits", folders[label], texts, "128")
@@ -145,7 +150,7 @@ def test_fine_tune_by_hub_id_then_output_dir_loads_in_both_rows(saved, dev, tmp_
     new_python()
     folders, hub = saved
     inp, texts = dev
-    repo = "tx-new/tiny-bert"
+    repo = f"tx-{peers.peer_rows()[-1][0]}/tiny-bert"
     env = hub_env(hub, tmp_path / "cache")
     out_dir = tmp_path / "out"
     cfg = tmp_path / "cfg.yaml"

@@ -6,6 +6,9 @@
  * BertNormalizer's flags), writes both, and turns UTF-8 text into word-piece ids the way HF `tokenizers` does with
  * BertNormalizer + BertPreTokenizer + WordPiece + the BERT template
  * ([CLS] A [SEP] B [SEP]):
+ *   - special tokens in the text ([CLS], [SEP], [PAD], [UNK], [MASK]; for a
+ *     tokenizer.json its added_tokens) are matched first, in the raw text,
+ *     as HF's added vocabulary does, and become their own ids;
  *   - cleaning (clean_text): U+0000, U+FFFD and category-C characters (except
  *     \t \n \r) are dropped; white space (incl. Zs, \t \n \r) becomes a space;
  *   - CJK ideographs become words of their own (handle_chinese_chars);
@@ -47,7 +50,8 @@ typedef struct tk_tokenizer_opts {
  * the file's normalizer is the default for what `opts` leaves at -1/0; only
  * model.type WordPiece with "##" pieces, the BertNormalizer (or none), the
  * BertPreTokenizer and BERT's template are accepted, and added_tokens must be
- * vocabulary entries). `opts` may be NULL (all defaults). The vocabulary must
+ * vocabulary entries matched in the raw text: normalized, single_word,
+ * lstrip and rstrip false). `opts` may be NULL (all defaults). The vocabulary must
  * hold the unknown token ([UNK], or tokenizer.json's unk_token), [CLS], [SEP],
  * [PAD] ([MASK] optional). New object, or NULL with err naming the file and
  * line or key ("vocab.txt: cannot open: No such file or directory",

@@ -36,6 +36,11 @@ struct tk_tokenizer {
     int lowercase, strip_accents, max_word_chars;
     int split_cjk, clean; /* BertNormalizer's handle_chinese_chars and clean_text */
     tk_special_ids sp;
+    /* Tokens matched in the raw text before any normalization, as HF's
+     * added vocabulary does: "a [SEP] b" has the [SEP] token. vocab.txt:
+     * the five BERT specials it holds; tokenizer.json: its added_tokens. */
+    int32_t added[32];
+    int n_added;
 };
 
 static uint32_t hash_bytes(const char *s, size_t n) {
@@ -157,6 +162,9 @@ static tk_tokenizer *build(char *arena, int n, const char *name, const char *unk
     t->max_word_chars = opts && opts->max_word_chars > 0 ? opts->max_word_chars : 100;
     t->split_cjk = !(opts && opts->keep_cjk);
     t->clean = !(opts && opts->keep_control);
+    const int32_t sp5[5] = {t->sp.pad, t->sp.unk, t->sp.cls, t->sp.sep, t->sp.mask};
+    for (int i = 0; i < 5; i++)
+        if (sp5[i] >= 0) t->added[t->n_added++] = sp5[i];
     return t;
 }
 
@@ -396,15 +404,47 @@ static int word_flush(sink *s, word_buf *w) {
 }
 
 /* The normalizer and pre-tokenizer in one pass; words go to the sink. */
+/* The added token that starts text[i..len) (the longest, as HF's
+ * leftmost-longest matcher takes), or -1. */
+static int added_at(const tk_tokenizer *t, const char *text, size_t i, size_t len) {
+    int best = -1;
+    uint32_t best_len = 0;
+    for (int a = 0; a < t->n_added; a++) {
+        int32_t id = t->added[a];
+        uint32_t n = t->toklen[id];
+        if (n > best_len && n <= len - i && memcmp(text + i, t->tok[id], n) == 0) {
+            best = id;
+            best_len = n;
+        }
+    }
+    return best;
+}
+
 static int run(sink *s, const char *text, size_t len, int lower, int strip, int split_cjk, int clean) {
     word_buf w = {0};
     const uint8_t *p = (const uint8_t *)text;
     int32_t ci = 0;
     int rc = 0;
     size_t i = 0;
+    const tk_tokenizer *t = s->t;
     while (i < len && rc == 0) {
         int32_t c;
         size_t k;
+        int id = t && t->n_added ? added_at(t, text, i, len) : -1;
+        if (id >= 0) { /* an added token: a word of its own, never normalized */
+            if ((rc = word_flush(s, &w)) != 0) break;
+            size_t nb = t->toklen[id];
+            int32_t nc = 0; /* its characters: the bytes that start one */
+            for (size_t j = 0; j < nb; j++) nc += (p[i + j] & 0xC0) != 0x80;
+            if (s->enc) {
+                if (enc_reserve(s->enc, s->enc->n + 1) != 0) { rc = -1; break; }
+                enc_push(s->enc, id, s->seq, s->seq, ci, ci + nc, (int32_t)i, (int32_t)(i + nb));
+            }
+            s->count++;
+            i += nb;
+            ci += nc;
+            continue;
+        }
         if (p[i] < 0x80) {
             c = p[i];
             k = 1;
@@ -636,6 +676,11 @@ static tk_tokenizer *from_json(const char *path, const tk_tokenizer_opts *opts, 
     /* n distinct ids in 0..n-1 cover every id, so no gap is possible here */
     json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_array(added)) JSON_FAIL(TK_EFORMAT, "%s: \"added_tokens\" must be an array", path);
+    if (json_array_size(added) > 32)
+        JSON_FAIL(TK_EFORMAT, "%s: \"added_tokens\" has %zu entries; at most 32 are supported", path,
+                  json_array_size(added));
+    int32_t added_ids[32];
+    int n_added = 0;
     size_t ai;
     json_array_foreach(added, ai, v) {
         json_t *idv = json_object_get(v, "id");
@@ -650,6 +695,14 @@ static tk_tokenizer *from_json(const char *path, const tk_tokenizer_opts *opts, 
         if (strcmp(by_id[id], content))
             JSON_FAIL(TK_EFORMAT, "%s: \"added_tokens[%zu]\": id %lld is \"%s\" here but \"%s\" in \"model.vocab\"",
                       path, ai, (long long)id, content, by_id[id]);
+        /* matched in the raw text; one matched after normalization, or only as a whole word or with its
+         * spaces, is another matcher */
+        static const char *const flags[] = {"normalized", "single_word", "lstrip", "rstrip"};
+        for (int f = 0; f < 4; f++)
+            if (json_is_true(json_object_get(v, flags[f])))
+                JSON_FAIL(TK_EFORMAT, "%s: \"added_tokens[%zu]\" (\"%s\"): \"%s\": true is not supported", path, ai,
+                          content, flags[f]);
+        added_ids[n_added++] = (int32_t)id;
     }
     /* the normalizer: BertNormalizer, or none at all */
     tk_tokenizer_opts o = {.lowercase = 0, .strip_accents = 0, .max_word_chars = max_word, .keep_cjk = 1,
@@ -695,10 +748,16 @@ static tk_tokenizer *from_json(const char *path, const tk_tokenizer_opts *opts, 
     }
     char unk_copy[256];
     snprintf(unk_copy, sizeof unk_copy, "%s", unk);
+    int has_added = added != NULL;
     free(by_id);
     json_decref(root);
     const char *base = strrchr(path, '/');
-    return build(arena, n, base ? base + 1 : path, unk_copy, &o, err);
+    tk_tokenizer *t = build(arena, n, base ? base + 1 : path, unk_copy, &o, err);
+    if (t && has_added) { /* the file's list, not the five BERT names */
+        memcpy(t->added, added_ids, sizeof(int32_t) * (size_t)n_added);
+        t->n_added = n_added;
+    }
+    return t;
 fail:
     free(by_id);
     free(arena);

@@ -88,6 +88,26 @@ static void test_cjk_control_punct(void) {
     tk_tokenizer_destroy(&t);
 }
 
+static void test_special_tokens_in_text(void) {
+    /* matched in the raw text before normalization, as HF's added vocabulary
+     * does; a lower-cased or spaced copy is ordinary text */
+    tk_tokenizer *t = mk(1);
+    TK_CHECK_STR(toks(t, "hello[SEP]world [MASK]s [sep]"), "hello [SEP] world [MASK] [UNK] [UNK] [UNK] [UNK]"); /* s starts a word */
+    tk_encoding e = {0};
+    TK_CHECK(tk_tokenize_append(t, "é[CLS]", (size_t)-1, 0, &e, NULL) == TK_OK);
+    TK_CHECK_EQ_INT(e.n, 2);
+    if (e.n == 2) {
+        TK_CHECK_EQ_INT(e.ids[1], 2);
+        TK_CHECK_EQ_INT(e.start[1], 1); /* characters */
+        TK_CHECK_EQ_INT(e.end[1], 6);
+        TK_CHECK_EQ_INT(e.bstart[1], 2); /* bytes */
+        TK_CHECK_EQ_INT(e.bend[1], 7);
+    }
+    tk_encoding_clear(&e);
+    TK_CHECK_EQ_INT(tk_count_tokens(t, "[CLS][CLS] hello", (size_t)-1), 3);
+    tk_tokenizer_destroy(&t);
+}
+
 static void test_long_words(void) {
     tk_tokenizer *t = mk(1);
     char w[200];
@@ -375,6 +395,7 @@ int main(void) {
     TK_RUN(test_unaffable);
     TK_RUN(test_accents_and_case);
     TK_RUN(test_cjk_control_punct);
+    TK_RUN(test_special_tokens_in_text);
     TK_RUN(test_long_words);
     TK_RUN(test_offsets);
     TK_RUN(test_pairs_and_truncation);

@@ -41,6 +41,7 @@ struct tk_tokenizer {
      * the five BERT specials it holds; tokenizer.json: its added_tokens. */
     int32_t added[32];
     int n_added;
+    uint8_t added_first[256]; /* 1 for a byte that starts an added token: the fast no */
 };
 
 static uint32_t hash_bytes(const char *s, size_t n) {
@@ -101,6 +102,11 @@ void tk_tokenizer_destroy(tk_tokenizer **p) {
     free(t->cont.slot);
     free(t);
     *p = NULL;
+}
+
+static void set_added_first(tk_tokenizer *t) {
+    memset(t->added_first, 0, sizeof t->added_first);
+    for (int a = 0; a < t->n_added; a++) t->added_first[(uint8_t)t->tok[t->added[a]][0]] = 1;
 }
 
 /* Builds the tokenizer from `n` tokens laid out NUL-separated in `arena`
@@ -165,6 +171,7 @@ static tk_tokenizer *build(char *arena, int n, const char *name, const char *unk
     const int32_t sp5[5] = {t->sp.pad, t->sp.unk, t->sp.cls, t->sp.sep, t->sp.mask};
     for (int i = 0; i < 5; i++)
         if (sp5[i] >= 0) t->added[t->n_added++] = sp5[i];
+    set_added_first(t);
     return t;
 }
 
@@ -430,7 +437,7 @@ static int run(sink *s, const char *text, size_t len, int lower, int strip, int 
     while (i < len && rc == 0) {
         int32_t c;
         size_t k;
-        int id = t && t->n_added ? added_at(t, text, i, len) : -1;
+        int id = t && t->added_first[p[i]] ? added_at(t, text, i, len) : -1;
         if (id >= 0) { /* an added token: a word of its own, never normalized */
             if ((rc = word_flush(s, &w)) != 0) break;
             size_t nb = t->toklen[id];
@@ -756,6 +763,7 @@ static tk_tokenizer *from_json(const char *path, const tk_tokenizer_opts *opts, 
     if (t && has_added) { /* the file's list, not the five BERT names */
         memcpy(t->added, added_ids, sizeof(int32_t) * (size_t)n_added);
         t->n_added = n_added;
+        set_added_first(t);
     }
     return t;
 fail:

@@ -4,7 +4,7 @@
  *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|all] [--max-batch] [--sweep]
  *            [--snapshot FILE] [--json]
  *   txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]
- *   txk predict MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
+ *   txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
  *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [--for colab] [-o F]] [--json]
  *   txk advise [cfg.yaml [key=value ...]] --from-error FILE|- [--json]
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
@@ -32,6 +32,7 @@
 
 #include "tk_advisor.h"
 #include "tk_config.h"
+#include "tk_hub.h"
 #include "tk_kernel.h"
 #include "tk_magics.h"
 #include "tk_pipeline.h"
@@ -606,6 +607,16 @@ static int nearby_folder(const char *path, char *near, size_t n) {
     return near[0] != 0;
 }
 
+/* A model named directly: a folder, or a hub id ("org/name" that is no
+ * file here and no YAML config). */
+static int is_model_ref(const char *p) {
+    struct stat st;
+    if (is_dir_path(p)) return 1;
+    size_t n = strlen(p);
+    int yaml = (n > 5 && !strcmp(p + n - 5, ".yaml")) || (n > 4 && !strcmp(p + n - 4, ".yml"));
+    return stat(p, &st) != 0 && !yaml && tk_hub_is_repo_id(p);
+}
+
 /* Every prediction to FILE: JSON Lines for *.jsonl, else CSV with a header. */
 static int write_predictions(const char *path, const json_t *preds, int qa, const tk_predict_report *r) {
     FILE *f = fopen(path, "w");
@@ -649,7 +660,7 @@ static int write_predictions(const char *path, const json_t *preds, int qa, cons
  * holds one) over an input file, with metrics when it has gold labels. */
 static int cmd_predict(int argc, char **argv) {
     if (argc < 1) {
-        fprintf(stderr, "usage: txk predict MODEL_DIR|cfg.yaml --input FILE [--text COL] [--pair COL] [--label COL] "
+        fprintf(stderr, "usage: txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text COL] [--pair COL] [--label COL] "
                         "[-o OUT.csv|OUT.jsonl] [--rows N] [key=value ...] [--json]\n");
         return EXIT_USAGE;
     }
@@ -664,14 +675,15 @@ static int cmd_predict(int argc, char **argv) {
     }
     tk_config c;
     tk_err err = {0};
-    int folder = is_dir_path(argv[0]);
-    if (!folder && access(argv[0], F_OK) != 0) {
-        /* most often a mistyped run folder: say that, not "config" */
-        char near[TK_PATH_MAX * 2 + 8];
-        int have = nearby_folder(argv[0], near, sizeof near);
+    /* a missing path beside a near folder is a mistyped run folder, not a hub id */
+    char near[TK_PATH_MAX * 2 + 8];
+    int missing = access(argv[0], F_OK) != 0;
+    int have = missing && nearby_folder(argv[0], near, sizeof near);
+    int folder = !have && is_model_ref(argv[0]);
+    if (!folder && missing) {
         fprintf(stderr, "txk: %s: no such folder (nor a config file); predict takes a trained model's folder "
-                        "(a run's output_dir) or a config whose output_dir holds one%s%s%s\n",
-                argv[0], have ? "; did you mean " : "", near, have ? "?" : "");
+                        "(a run's output_dir), a hub id (ORG/NAME) or a config whose output_dir holds one%s%s%s\n",
+                argv[0], have ? "; did you mean " : "", have ? near : "", have ? "?" : "");
         return EXIT_ERR;
     }
     if (!folder && (rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
@@ -896,7 +908,7 @@ static const txk_cmd CMDS[] = {
     {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [--for colab] [-o F]] [--json]   why it does not fit, ranked fixes;\n"
                            "           [cfg.yaml] --from-error FILE|-   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
-    {"predict", cmd_predict, "MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
+    {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
     {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
     {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory;\n"

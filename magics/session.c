@@ -416,8 +416,11 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
             note(h, "training on %s (cuda)", info.name);
         else if (cc.gpu[0])
             note(h, "training on the cpu (%s); gpu: %s is the planning profile: its %s is the memory limit here, as "
-                 "on that card", cc.device == TK_DEVICE_AUTO ? "no CUDA device here" : "device: cpu; device: cuda "
-                 "trains on a GPU", cc.gpu, tk_format_bytes(info.total, b, sizeof b));
+                 "on that card%s", cc.device == TK_DEVICE_AUTO ? "no CUDA device here" : "device: cpu; device: cuda "
+                 "trains on a GPU", cc.gpu, tk_format_bytes(info.total, b, sizeof b),
+                 /* the plan for the card chose the card's attention; the run keeps it so they agree */
+                 cc.attention == TK_ATTN_FUSED && !strcmp(attn_why, "default on cuda")
+                     ? ", and its default attention: fused" : "");
         else
             note(h, "training on the cpu%s%s", cc.capacity ? ", memory limited to capacity: " : "",
                  cc.capacity ? tk_format_bytes(info.total, b, sizeof b) : "");

@@ -1,7 +1,7 @@
 /* txk — the txkernel engine from a shell: the same plans, runs and reports as
  * the notebook magics, as text or (with --json) as JSON for scripts.
  *
- *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|all] [--max-batch] [--sweep]
+ *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep]
  *            [--snapshot FILE] [--json]
  *   txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]
  *   txk predict MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
@@ -165,7 +165,7 @@ static void plan_snap_closing(tk_alloc *a, const tk_oom *oom, void *ud) {
 }
 
 static int cmd_plan(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|all] [--max-batch] [--sweep] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
+    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
     static const char *const valued[] = {"--gpu", "--gpus", "--snapshot", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", "--measure", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
@@ -520,7 +520,7 @@ static int cmd_advise(int argc, char **argv) {
                                             : tk_advice_auto(a))
              : (*fix && !*end && k >= 1 && k <= a->n_cand) ? (int)k - 1 : -2;
         if (plat && (strcmp(fix, "auto") || pick == -2)) {
-            fprintf(stderr, "txk: --for colab|kaggle|all goes with --fix auto\n");
+            fprintf(stderr, "txk: --for colab|kaggle|colab-2020|all goes with --fix auto\n");
             free(a);
             tk_run_data_clear(&data);
             return EXIT_USAGE;
@@ -847,7 +847,7 @@ static int cmd_kernel(int argc, char **argv) {
 typedef struct { const char *name; int (*run)(int argc, char **argv); const char *summary; } txk_cmd;
 
 static const txk_cmd CMDS[] = {
-    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|all] [--max-batch|--sweep] [--snapshot FILE] [--json]   planned peak memory, no training (--snapshot: the planned step as a PyTorch snapshot)"},
+    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch|--sweep] [--snapshot FILE] [--json]   planned peak memory, no training (--snapshot: the planned step as a PyTorch snapshot)"},
     {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [--for colab] [-o F]] [--json]   why it does not fit, ranked fixes;\n"
                            "           [cfg.yaml] --from-error FILE|-   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},

@@ -561,8 +561,8 @@ static const char *a_card(const tk_gpu_profile *p, char *buf, size_t n) {
 static const char *platform_clause(const char *platform) {
     if (!platform) return "";
     if (!strcmp(platform, "colab-2020"))
-        return ", one of the cards Colab's free runtime was given in 2020 (K80, P4, T4, P100, V100-16) without the "
-               "notebook choosing";
+        return ", one of the cards Colab's runtime was given in 2020 (K80, P4, T4, P100; V100-16 on Colab Pro) without "
+               "the notebook choosing";
     if (!strcmp(platform, "colab"))
         return ", one of the cards Colab hands out today (a T4 on the free tier; L4, A100, H100 and RTX PRO 6000 on paid "
                "plans)";
@@ -653,7 +653,7 @@ static void config_on_cards(tk_oom_message *m, const char *platform, const tk_ca
         if (A->bytes > m->plan_peak + m->plan_peak / 4)
             snprintf(gap, sizeof gap,
                      " Whose numbers: your PyTorch run had %s allocated when it failed on the %s (its peak was higher "
-                     "still), where txkernel's trainer plans a peak of %s for the same config: %s more. The message's "
+                     "still), where txkernel's trainer plans a peak of %s for this config: %s more. The message's "
                      "figure counts every tensor your Python process held on the card (an earlier cell's model or "
                      "optimizer included) and PyTorch's own way of running the step (its attention and optimizer "
                      "code); txkernel plans its own trainer, and an `engine: pytorch` plan that would model PyTorch's "
@@ -662,7 +662,7 @@ static void config_on_cards(tk_oom_message *m, const char *platform, const tk_ca
         else
             snprintf(gap, sizeof gap,
                      " Whose numbers: your PyTorch run had %s allocated when it failed on the %s; txkernel's trainer "
-                     "plans a peak of %s for the same config.",
+                     "plans a peak of %s for this config.",
                      A->text, nm, fmt(m->plan_peak, b3, sizeof b3));
     }
     add_diag(m, TK_DIAG_LOTTERY, "card lottery on %s, your config as txkernel's trainer plans it: %s%s%s%s.%s", platform,

@@ -622,14 +622,21 @@ static void why_intermittent(tk_oom_message *m, const char *platform, uint64_t h
     else
         snprintf(room, sizeof room, "; PyTorch had %s here and needed more, and no card in the list leaves more",
                  fmt(here, b2, sizeof b2));
-    char held[400];
+    /* earlier cells' tensors are inside PyTorch's figures; only another
+     * process or framework is outside its cache */
+    const tk_oommsg_figure *A = ok_fig(m, TK_OOMFIG_ALLOCATED);
+    char held[600], inside[160] = "";
+    if (A) snprintf(inside, sizeof inside, "tensors earlier cells still hold count in the %s PyTorch had allocated, and ",
+                    A->text);
     if (here + 128 * MIB < budget)
         snprintf(held, sizeof held,
-                 "; and %s beyond that default was held outside PyTorch on this run (usually an earlier cell's model "
-                 "or tensors, or another process on the card), an amount that differs from run to run",
-                 fmt(budget - here, b3, sizeof b3));
+                 "; and what else is on the card changes from run to run: %s%s beyond that default was held outside "
+                 "PyTorch on this run (another process on the card, such as a second notebook, or another framework "
+                 "in this one, such as TensorFlow)",
+                 inside, fmt(budget - here, b3, sizeof b3));
     else
-        snprintf(held, sizeof held, "; outside PyTorch about that default was held, so a restart frees nothing more");
+        snprintf(held, sizeof held, "; and what else is on the card changes from run to run: %sabout that default was "
+                 "held outside PyTorch", inside);
     char nm[40];
     a_card(card, nm, sizeof nm);
     add_diag(m, TK_DIAG_LOTTERY,
@@ -809,8 +816,8 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
             add_diag(m, TK_DIAG_HEADROOM,
                      "headroom: %s of the card is held outside PyTorch's cache (total %s - reserved %s - free %s). The "
                      "CUDA context and library buffers take about %s on a %s (the profile's default, not measured); "
-                     "the other %s is another process or another framework in this runtime (an earlier cell's model, "
-                     "TensorFlow, a second kernel)",
+                     "the other %s is another process on the card (a second notebook, a run still alive) or another "
+                     "framework in this one (TensorFlow loaded by an earlier cell)",
                      fmt(m->outside, b1, sizeof b1), T->text, V ? V->text : "?", F ? F->text : "?",
                      fmt(ctx, b2, sizeof b2), m->card->name, fmt(m->outside - ctx, b3, sizeof b3));
         else

@@ -693,11 +693,17 @@ static void capacity_fixes(tk_oom_message *m) {
                  "TrainingArguments(..., per_device_train_batch_size=B // 2, gradient_accumulation_steps=A * 2)\n"
                  "# B, A: your batch size and accumulation now (txk advise CFG --from-error fills them in)");
     add_fix(m, "half the batch per step, same effective batch (transformers)", code);
-    if (m->user_p99 > 0)
+    if (m->user_p99 > 0 && (m->user_max_len <= 0 || m->user_p99 < m->user_max_len))
         snprintf(code, sizeof code,
                  "enc = tokenizer(texts, truncation=True, max_length=%d, padding=\"longest\")\n"
-                 "# %d: the p99 of your train_file's token lengths (your config's max_len: %d)", m->user_p99,
+                 "# %d: the p99 token length of your training examples (your config's max_len: %d)", m->user_p99,
                  m->user_p99, m->user_max_len);
+    else if (m->user_p99 > 0)
+        snprintf(code, sizeof code,
+                 "enc = tokenizer(texts, truncation=True, max_length=%d, padding=\"longest\")\n"
+                 "# %d: your config's max_len; your training examples' p99 is %d, so a shorter max_length truncates more: "
+                 "padding=\"longest\" is the saving here",
+                 m->user_max_len, m->user_max_len, m->user_p99);
     else if (m->user_max_len > 0)
         snprintf(code, sizeof code,
                  "enc = tokenizer(texts, truncation=True, max_length=%d, padding=\"longest\")\n"

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tk_data.h"
 #include "tk_advisor.h"
 #include "tk_magics.h"
 #include "tk_oom_message.h"
@@ -120,22 +121,13 @@ static char *yaml_change(const tk_config *base, const tk_config *cand) {
     return tk_sb_take(&sb);
 }
 
-/* The 99th percentile of the corpus' token lengths (nearest rank), 0
- * without a corpus. */
+/* The 99th percentile of the corpus' token lengths, as %txdata and txk
+ * data compute it; 0 without a corpus. */
 static int lengths_p99(const int32_t *lengths, int n) {
     if (!lengths || n <= 0) return 0;
-    int32_t *v = malloc((size_t)n * sizeof *v);
-    if (!v) return 0;
-    memcpy(v, lengths, (size_t)n * sizeof *v);
-    for (int i = 1; i < n; i++) /* insertion sort: corpora here are small, and this runs once */
-        for (int k = i; k > 0 && v[k] < v[k - 1]; k--) {
-            int32_t t = v[k];
-            v[k] = v[k - 1], v[k - 1] = t;
-        }
-    int idx = (int)((99LL * n + 99) / 100) - 1;
-    int p = v[idx < 0 ? 0 : idx >= n ? n - 1 : idx];
-    free(v);
-    return p;
+    tk_length_stats st;
+    tk_length_stats_compute(lengths, n, &st);
+    return st.p99;
 }
 
 tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,

@@ -59,7 +59,19 @@ def test_from_error_answers_why_intermittent_with_only_the_users_numbers():
     assert "your PyTorch run had 5.42 GiB allocated when it failed on the P4" in out
     assert "txkernel's trainer plans a peak of 3.20 GiB" in out and "`engine: pytorch`" in out
     assert "fits on every card (K80, P4, T4, P100, V100-16)" in out
-
+    # --data: the corpus' p99 in the max_length fix (below the config's 512), or, at 160, the config's own
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    data = ["vocab=tests/data/vocab_cased.txt", "--data", os.path.join("tests", "data", "reviews_train.csv")]
+    out = subprocess.run([TXK, "advise", SEED, *data, "--from-error", MSG], stdout=subprocess.PIPE, cwd=ROOT, env=env,
+                         timeout=120).stdout.decode()
+    m = re.search(r"max_length=(\d+), padding=\"longest\"\)\n\s*# (\d+): the p99 token length of your training "
+                  r"examples \(your config's max_len: 512\)", out)
+    assert m and m.group(1) == m.group(2) and int(m.group(1)) < 512, out
+    out = subprocess.run([TXK, "advise", SEED, "max_len=160", *data, "--from-error", MSG], stdout=subprocess.PIPE,
+                         cwd=ROOT, env=env, timeout=120).stdout.decode()
+    assert "max_length=160" in out and "a shorter max_length truncates more" in out, out
+    r = txk("advise", "--data", "x.csv", "--from-error", MSG)
+    assert r.returncode == 2 and b"--data x.csv needs a config" in r.stderr
 
 def test_no_kernel_image_is_not_an_oom():
     """Issue 24: Kaggle's P100 with a cu128 torch (Kaggle/docker-python#1546)."""

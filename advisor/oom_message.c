@@ -1,6 +1,12 @@
 /* oom_message.c — reads a pasted out-of-memory message and says why it
  * happened, from the figures in it alone (or with the user's config planned
- * on a platform's cards).
+ * on a platform's cards). The diagnosis opens with the seed user's question,
+ * why the same code fits on some runs and not others, answered from the
+ * message's figures and each card's one usable capacity
+ * (tk_gpu_profile_budget); fix code carries only numbers the user gave (a
+ * config's, set by the caller) or named placeholders; txkernel's plans are
+ * labelled as such beside PyTorch's figures. A "no kernel image" error (or
+ * torch's "not compatible" warning) is read too, as not an OOM.
  *
  * The forms PyTorch has printed (c10/cuda/CUDACachingAllocator.cpp, earlier
  * aten/src/THC/THCCachingAllocator.cpp):

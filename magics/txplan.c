@@ -336,7 +336,12 @@ static int run_txplan(tk_magic_ctx *m) {
         else if (!strcmp(argv[i], "--sweep")) sweep = 1;
         else if (!strcmp(argv[i], "--measure")) measure = sweep = 1;
         else if (!strcmp(argv[i], "--gpus")) {
-            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--gpus needs colab, kaggle, colab-2020 or all");
+            /* checked here, before the session's last config is read: a bad
+             * flag is named even when that config would fail (a failed cell) */
+            const tk_gpu_profile *probe[16];
+            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--gpus needs %s", tk_gpu_platform_names());
+            else if (tk_gpu_platform_cards(argv[i + 1], probe, 16) < 0)
+                rc = tk_magic_error(m, "UsageError", "--gpus %s: expected %s", argv[i + 1], tk_gpu_platform_names());
             else snprintf(gpus, sizeof gpus, "%s", argv[++i]);
         } else if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file")) {
             if (i + 1 >= argc) {

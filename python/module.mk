@@ -7,7 +7,10 @@
 #                         --no-undefined against the system libraries, so a
 #                         missing symbol fails the build, not the import
 #   companion-install     pip install --no-build-isolation . into $(VENV)
-#                         (no index needed: setuptools comes with the venv)
+#                         (no index needed: setuptools comes with the venv),
+#                         and into .venv-colab when scripts/deps.sh made it
+#                         (Colab's kernel stack + .venv-t2's torch 2.x),
+#                         printing the versions that row runs with
 #
 # kernel/ is left out on purpose: the host (IPython) is the kernel, and the
 # magics use only kernel/tk_kernel.h's types.
@@ -25,8 +28,17 @@ $(BUILD)/pic/%.o: %.c
 $(EMBED_LIB): $(EMBED_OBJS)
 	$(CC) -shared -Wl,--no-undefined -Wl,-soname,libtxk.so $^ $(EMBED_LIBS) -o $@
 
+COLAB_VENV := .venv-colab
+
 .PHONY: companion-install
 companion-install: $(EMBED_LIB)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps .
+	@if [ -x $(COLAB_VENV)/bin/python ]; then \
+	  $(COLAB_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps . && \
+	  $(COLAB_VENV)/bin/python -c "import sys, IPython, ipykernel, jupyter_client, torch, transformers; \
+	    print('companion: installed into $(COLAB_VENV): Python', sys.version.split()[0], '| IPython', IPython.__version__, \
+	    '| ipykernel', ipykernel.__version__, '| jupyter_client', jupyter_client.__version__, '| torch', \
+	    torch.__version__, '| transformers', transformers.__version__)"; \
+	fi
 
 -include $(EMBED_OBJS:.o=.d)

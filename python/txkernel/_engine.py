@@ -42,10 +42,11 @@ def _open_passive(path):
     except OSError:
         loaded = False
     if loaded:
-        OPENMP_NOTE = ("OpenMP (libgomp) was loaded before txkernel, by torch or another library, with its "
-                       "default spin-wait policy: CPU training may run slower than in txk train on a busy "
-                       "machine; to avoid it, start the kernel with OMP_WAIT_POLICY=passive, or run "
-                       "%load_ext txkernel before importing torch")
+        OPENMP_NOTE = ("OpenMP (libgomp) was already loaded here (torch loads it on import) with its default "
+                       "spin-waiting, which txkernel cannot change now: on a busy machine CPU training runs "
+                       "slower than `txk train` (a quarter of its speed on 2 shared cores). To avoid it, "
+                       "restart the kernel and run `%load_ext txkernel` before `import torch`, or set "
+                       "os.environ['OMP_WAIT_POLICY'] = 'passive' before importing torch")
         return ctypes.CDLL(path)
     os.environ["OMP_WAIT_POLICY"] = "passive"
     try:

@@ -42,3 +42,11 @@ companion-install: $(EMBED_LIB)
 	fi
 
 -include $(EMBED_OBJS:.o=.d)
+
+# The companion against txk train, same config, same run (bench/RESULTS.md
+# "## companion"): make bench-companion [COMPANION_BENCH_ARGS="--runs 3 --import-torch"]
+COMPANION_BENCH_ARGS ?=
+.PHONY: bench-companion
+bench-companion: $(BUILD)/txk $(EMBED_LIB)
+	$(PY) bench/companion_vs_txk.py --build $(BUILD) $(COMPANION_BENCH_ARGS)
+bench: bench-companion

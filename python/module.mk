@@ -35,10 +35,9 @@ companion-install: $(EMBED_LIB)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps .
 	@if [ -x $(COLAB_VENV)/bin/python ]; then \
 	  $(COLAB_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps . && \
-	  $(COLAB_VENV)/bin/python -c "import sys, IPython, ipykernel, jupyter_client, torch, transformers; \
-	    print('companion: installed into $(COLAB_VENV): Python', sys.version.split()[0], '| IPython', IPython.__version__, \
-	    '| ipykernel', ipykernel.__version__, '| jupyter_client', jupyter_client.__version__, '| torch', \
-	    torch.__version__, '| transformers', transformers.__version__)"; \
+	  $(COLAB_VENV)/bin/python -c "import sys, importlib.metadata as m; \
+	    print('companion: installed into $(COLAB_VENV): Python', sys.version.split()[0], *[f'| {p} {m.version(p)}' for p in \
+	    ('ipython', 'ipykernel', 'jupyter_client', 'torch', 'transformers')])"; \
 	fi
 
 -include $(EMBED_OBJS:.o=.d)

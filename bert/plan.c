@@ -78,6 +78,7 @@ typedef struct {
     size_t steady[TK_CAT_COUNT]; /* live bytes after the last optimizer step */
     tk_cost train_cost, eval_cost;
     int64_t n_params, n_trainable;
+    int steps;                 /* optimizer steps simulated */
     int n_top;
     struct { char owner[128]; size_t bytes, by_cat[TK_CAT_COUNT]; } top[TK_PLAN_TOP];
     /* asked for by tk_plan_tensors_at_peak: the tensors live at the peak */
@@ -158,7 +159,9 @@ static tk_status sim_steps(const tk_config *c, tk_trainer *t, tk_dev *d, const s
         tk_dev_cost_reset(d);
         snprintf(o->phase, sizeof o->phase, "forward/backward");
         st = tk_train_step(t, batches, order, g0, g1, &so, err);
-        if (st != TK_OK && so.phase)
+        if (st == TK_OK)
+            o->steps++;
+        else if (so.phase)
             snprintf(o->phase, sizeof o->phase, "%s", so.phase);
         tk_dev_cost_get(d, &o->train_cost);
         sum.flops += o->train_cost.flops;
@@ -401,6 +404,7 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
     out->param_bytes = so->steady[TK_CAT_PARAM];
     out->grad_bytes = so->steady[TK_CAT_GRAD];
     out->optim_bytes = so->steady[TK_CAT_OPTIM];
+    out->epoch_steps = run ? so->steps : 0;
     out->n_params = so->n_params;
     out->n_trainable = so->n_trainable;
     out->train_step = so->train_cost;

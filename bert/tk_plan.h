@@ -26,7 +26,8 @@ extern "C" {
 #define TK_PLAN_TOP 10
 
 typedef struct tk_plan_result {
-    int batch, seq;                /* the worst-case shape planned */
+    int batch, seq;                /* the worst-case shape planned (an epoch plan: its largest batch) */
+    int epoch_steps;               /* tk_plan_epoch: the steps planned; 0 for the worst-case plan */
     size_t capacity;               /* 0: no limit known (cpu without capacity) */
     size_t context_bytes;          /* a GPU profile's context overhead, already taken
                                       off its capacity (0 with an explicit capacity) */

@@ -406,13 +406,13 @@ static int run_txfix(tk_magic_ctx *m) {
     if (cand->action_only) {
         /* release what the session holds; the config stays. What PyTorch
          * in this process caches is the user's Python to free: said, not done */
-        int variant = cand->fixes[0].variant;
+        unsigned release = cand->fixes[0].release;
         tk_dev *d = tk_session_current_device(s);
         tk_alloc_stats st = {0};
         if (d) tk_alloc_stats_get(tk_dev_alloc(d), &st);
         char label[sizeof cand->label];
         snprintf(label, sizeof label, "%s", cand->label);
-        if (variant & 1) {
+        if (release & TK_RELEASE_SESSION) {
             tk_session_reset(s); /* frees the advice too: cand is gone after this */
             cand = NULL;
             tk_session_set_config(s, &after);
@@ -420,7 +420,7 @@ static int run_txfix(tk_magic_ctx *m) {
                             i + 1, label, tk_format_bytes(st.allocated, b1, sizeof b1),
                             tk_format_bytes(st.reserved, b2, sizeof b2));
         }
-        if (variant & 2) {
+        if (release & TK_RELEASE_IN_PROCESS) {
             const tk_holder *h = tk_session_holder(s);
             tk_magic_printf(m, "stdout",
                             "Fix #%d (%s): PyTorch's caching allocator in this process holds %s reserved (%s "
@@ -467,8 +467,7 @@ static int run_txfix(tk_magic_ctx *m) {
         tk_bundle_take(b, "text/html", tk_sb_take(&h));
         json_t *fx = json_array();
         for (int k = 0; fx && k < cand->n_fixes; k++)
-            json_array_append_new(fx, json_pack("{s:s, s:i, s:i}", "kind", tk_fix_name(cand->fixes[k].kind), "value",
-                                                cand->fixes[k].value, "variant", cand->fixes[k].variant));
+            json_array_append_new(fx, tk_fix_json(&cand->fixes[k]));
         json_object_set_new(b, "application/json",
                             json_pack("{s:i, s:s, s:s, s:o, s:I, s:I, s:b, s:s, s:s}", "index", i + 1, "label",
                                       cand->label, "reason", cand->reason, "fixes", fx, "planned_peak",

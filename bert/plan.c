@@ -310,6 +310,22 @@ tk_status tk_plan_epoch_tensors_at_peak(const tk_config *c, const tk_plan_batche
     return tensors_at_peak(c, NULL, 0, b, out, max, n_out, err);
 }
 
+/* The roofline step time of one optimizer step on the profile's card. */
+static void estimate_step_time(tk_plan_result *out, const tk_config *c, const tk_gpu_profile *prof,
+                               const tk_cost *cost) {
+    snprintf(out->profile, sizeof out->profile, "%s", prof->name);
+    double rate = c->precision == TK_PREC_FP32 ? prof->fp32_flops
+                : c->precision == TK_PREC_BF16 ? prof->bf16_flops : prof->fp16_flops;
+    double tc = rate > 0 ? cost->flops / rate : 0;
+    /* Fused attention runs on the GPU's fp32 cores (no tensor cores) and
+     * its cuda kernels compute the scores twice in forward and backward:
+     * 6 + 14 T^2*HS FLOPs per head where the op counts 4 + 10. */
+    if (rate > 0 && prof->fp32_flops > 0 && cost->attn_flops > 0)
+        tc += cost->attn_flops * (20.0 / 14.0 / prof->fp32_flops - 1.0 / rate);
+    double tm = prof->bandwidth > 0 ? cost->bytes / prof->bandwidth : 0;
+    out->step_seconds = tc > tm ? tc : tm;
+}
+
 static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const tk_plan_batches *run, int inference,
                            const tk_plan_watch *w, tk_plan_result *out, tk_tensor_info *tensors, int max_tensors,
                            int *n_tensors, tk_err *err) {
@@ -411,19 +427,8 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
     out->eval_step = so->eval_cost;
     out->fits = !out->oom && (!capacity || out->peak_reserved <= capacity);
     out->margin = capacity ? (int64_t)capacity - (int64_t)out->peak_reserved : 0;
-    if (prof) {
-        snprintf(out->profile, sizeof out->profile, "%s", prof->name);
-        double rate = c->precision == TK_PREC_FP32 ? prof->fp32_flops
-                    : c->precision == TK_PREC_BF16 ? prof->bf16_flops : prof->fp16_flops;
-        double tc = rate > 0 ? so->train_cost.flops / rate : 0;
-        /* Fused attention runs on the GPU's fp32 cores (no tensor cores) and
-         * its cuda kernels compute the scores twice in forward and backward:
-         * 6 + 14 T^2*HS FLOPs per head where the op counts 4 + 10. */
-        if (rate > 0 && prof->fp32_flops > 0 && so->train_cost.attn_flops > 0)
-            tc += so->train_cost.attn_flops * (20.0 / 14.0 / prof->fp32_flops - 1.0 / rate);
-        double tm = prof->bandwidth > 0 ? so->train_cost.bytes / prof->bandwidth : 0;
-        out->step_seconds = tc > tm ? tc : tm;
-    }
+    if (prof)
+        estimate_step_time(out, c, prof, &so->train_cost);
     if (n_tensors)
         *n_tensors = so->n_tensors;
     free(so);

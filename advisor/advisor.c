@@ -450,7 +450,7 @@ static int single_fixes(const adv_ctx *x, tk_fix *f, int max) {
     for (int k = 0; k < tk_fix_n_kinds() && n < max; k++) {
         const tk_fix_def *d = tk_fix_def_of((tk_fix_kind)k);
         if (d->propose)
-            n += d->propose(x->in, f + n, max - n);
+            n += d->propose((tk_fix_kind)k, x->in, f + n, max - n);
     }
     return n;
 }

@@ -77,7 +77,7 @@ static int release_apply(tk_config *c, const tk_fix *f, const int32_t *len, int 
         snprintf(reason, rn, "release what the earlier run still holds (%%txreset) before training");
     return 0;
 }
-static int release_propose(const tk_advise_input *in, tk_fix *out, int max) {
+static int release_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
     int n = 0;
     if (in->held_by_session || in->held_in_process)
         PROPOSE(((tk_fix){ .kind = TK_FIX_RELEASE,
@@ -104,7 +104,7 @@ static int head_apply(tk_config *c, const tk_fix *f, const int32_t *len, int nl,
              c->task == TK_TASK_QA ? "per-token span (start/end)" : "pooled [CLS]");
     return 0;
 }
-static int head_propose(const tk_advise_input *in, tk_fix *out, int max) {
+static int head_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
     int n = 0;
     if (in->config->head == TK_HEAD_FLATTEN_DENSE)
         PROPOSE(((tk_fix){ .kind = TK_FIX_HEAD }));
@@ -129,7 +129,7 @@ static int max_len_apply(tk_config *c, const tk_fix *f, const int32_t *len, int 
     c->max_len = f->value;
     return 0;
 }
-static int max_len_propose(const tk_advise_input *in, tk_fix *out, int max) {
+static int max_len_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
     int n = 0;
     if (!in->lengths || in->n_lengths <= 0)
         return 0;
@@ -161,7 +161,7 @@ static int padding_apply(tk_config *c, const tk_fix *f, const int32_t *len, int 
              f->batching == TK_BATCH_BUCKETS ? "length buckets" : "dynamic padding");
     return 0;
 }
-static int padding_propose(const tk_advise_input *in, tk_fix *out, int max) {
+static int padding_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
     int n = 0;
     if (in->lengths && in->n_lengths > 0 && in->config->batching == TK_BATCH_FIXED) {
         PROPOSE(((tk_fix){ .kind = TK_FIX_PADDING, .batching = TK_BATCH_DYNAMIC }));
@@ -187,7 +187,7 @@ static int precision_apply(tk_config *c, const tk_fix *f, const int32_t *len, in
              slow ? gp->name : "", slow ? " it saves memory but no time (no tensor cores)" : "");
     return 0;
 }
-static int precision_propose(const tk_advise_input *in, tk_fix *out, int max) {
+static int precision_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
     int n = 0;
     const tk_config *c = in->config;
     if (c->precision != TK_PREC_FP32)
@@ -219,7 +219,7 @@ static int accumulate_apply(tk_config *c, const tk_fix *f, const int32_t *len, i
     c->accumulate = acc * k;
     return 0;
 }
-static int accumulate_propose(const tk_advise_input *in, tk_fix *out, int max) {
+static int accumulate_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
     int n = 0;
     for (int k = 2; k <= 8; k *= 2)
         if (in->config->batch_size % k == 0)
@@ -276,8 +276,8 @@ static int empty_cache_apply(tk_config *c, const tk_fix *f, const int32_t *len, 
 }
 /* proposes the kind's one fix, no parameter */
 #define ALWAYS(NAME, KIND) \
-    static int NAME(const tk_advise_input *in, tk_fix *out, int max) { \
-        (void)in; \
+    static int NAME(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) { \
+        (void)self, (void)in; \
         if (max < 1) return 0; \
         out[0] = (tk_fix){ .kind = (KIND) }; \
         return 1; \
@@ -287,7 +287,7 @@ ALWAYS(attention_propose, TK_FIX_ATTENTION)
 ALWAYS(optim8_propose, TK_FIX_OPTIM8)
 ALWAYS(freeze_emb_propose, TK_FIX_FREEZE_EMB)
 #undef ALWAYS
-static int empty_cache_propose(const tk_advise_input *in, tk_fix *out, int max) {
+static int empty_cache_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
     int n = 0;
     if (in->oom) /* the cache matters only once a run has met it */
         PROPOSE(((tk_fix){ .kind = TK_FIX_EMPTY_CACHE }));
@@ -303,7 +303,7 @@ static int freeze_layers_apply(tk_config *c, const tk_fix *f, const int32_t *len
     snprintf(reason, rn, "freeze the first %d of %d encoder layers", f->value, layers);
     return 0;
 }
-static int freeze_layers_propose(const tk_advise_input *in, tk_fix *out, int max) {
+static int freeze_layers_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
     int n = 0, layers = tk_adv_dims_of(in->config).layers;
     if (layers >= 2)
         PROPOSE(((tk_fix){ .kind = TK_FIX_FREEZE_LAYERS, .value = layers / 2 }));
@@ -334,7 +334,7 @@ static int eval_batch_apply(tk_config *c, const tk_fix *f, const int32_t *len, i
     c->eval_batch_size = f->value;
     return 0;
 }
-static int eval_batch_propose(const tk_advise_input *in, tk_fix *out, int max) {
+static int eval_batch_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
     int n = 0;
     const tk_config *c = in->config;
     int eb = c->eval_batch_size > 0 ? c->eval_batch_size : c->batch_size;
@@ -352,7 +352,7 @@ static int batch_apply(tk_config *c, const tk_fix *f, const int32_t *len, int nl
     c->batch_size = f->value;
     return 0;
 }
-static int batch_propose(const tk_advise_input *in, tk_fix *out, int max) {
+static int batch_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
     int n = 0;
     if (in->config->batch_size > 1)
         PROPOSE(((tk_fix){ .kind = TK_FIX_BATCH, .value = in->config->batch_size / 2 }));

@@ -104,9 +104,9 @@ typedef struct tk_fix_def {
      * or -1 when it does not apply to this config. */
     int (*apply)(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_lengths, char *reason,
                  size_t reason_n);
-    /* The fixes of this kind worth planning for `in` (at most max, written to
-     * out), in the order to try them. NULL: none is proposed. */
-    int (*propose)(const struct tk_advise_input *in, tk_fix *out, int max);
+    /* The fixes of this kind (`self`) worth planning for `in` (at most max,
+     * written to out), in the order to try them. NULL: none is proposed. */
+    int (*propose)(tk_fix_kind self, const struct tk_advise_input *in, tk_fix *out, int max);
     /* The ranked table's words for f; `fixed` is the config after it. */
     void (*label)(const tk_fix *f, const tk_config *fixed, char *out, size_t n);
     /* The share of results at stake (0..1) and what, in words. NULL: none. */

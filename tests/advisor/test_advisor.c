@@ -233,13 +233,10 @@ static int half_apply(tk_config *c, const tk_fix *f, const int32_t *len, int n, 
     c->max_len /= 2;
     return 0;
 }
-static int half_propose(const tk_advise_input *in, tk_fix *out, int max) {
-    static int kind = -1;
-    if (kind < 0)
-        kind = tk_fix_n_kinds() - 1; /* registered last: this row */
+static int half_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
     if (max < 1 || in->config->max_len < 64)
         return 0;
-    out[0] = (tk_fix){ .kind = (tk_fix_kind)kind };
+    out[0] = (tk_fix){ .kind = self };
     return 1;
 }
 static void half_label(const tk_fix *f, const tk_config *fixed, char *o, size_t n) {

@@ -12,11 +12,58 @@
  * the micro-step counter (dropout streams are never reused) and the spent
  * on_oom retry; the optimizer's state is the trainer's and is released by
  * tk_trainer_close whatever happened.
+ *
+ * The optimizer's parameter table and the fp16 loss scaler live here too:
+ * the step is their one user besides checkpoints.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "tk_train.h"
+
+tk_optim_param *tk_train_optim_params(tk_model *m, int *n) {
+    int np = tk_model_n_params(m);
+    tk_optim_param *ps = calloc(np > 0 ? (size_t)np : 1, sizeof *ps);
+    if (!ps) {
+        *n = 0;
+        return NULL;
+    }
+    for (int i = 0; i < np; i++) {
+        const tk_param *p = tk_model_param(m, i);
+        ps[i] = (tk_optim_param){ .name = p->name, .param = p->w, .grad = p->g,
+                                  .no_decay = p->no_decay, .frozen = p->frozen };
+    }
+    *n = np;
+    return ps;
+}
+
+/* ---- fp16 loss scaling ------------------------------------------------ */
+
+void tk_loss_scaler_init(tk_loss_scaler *s, tk_precision p) {
+    memset(s, 0, sizeof *s);
+    s->enabled = p == TK_PREC_FP16;
+    s->scale = s->enabled ? TK_LOSS_SCALE_INIT : 1.0f;
+    s->growth_interval = TK_LOSS_SCALE_GROWTH_INTERVAL;
+}
+
+void tk_loss_scaler_update(tk_loss_scaler *s, int overflow) {
+    if (!s->enabled)
+        return;
+    if (overflow) {
+        s->skipped++;
+        s->good_steps = 0;
+        if (s->scale * 0.5f >= TK_LOSS_SCALE_MIN)
+            s->scale *= 0.5f;
+        return;
+    }
+    if (++s->good_steps >= s->growth_interval) {
+        s->good_steps = 0;
+        if (s->scale * 2.0f <= TK_LOSS_SCALE_MAX)
+            s->scale *= 2.0f;
+    }
+}
+
+/* ---- the trainer and its step ------------------------------------------- */
 
 tk_status tk_trainer_open(tk_trainer *t, const tk_config *c, tk_model *m, int64_t total_steps, tk_err *err) {
     memset(t, 0, sizeof *t);

@@ -55,22 +55,6 @@ void tk_train_result_clear(tk_train_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-tk_optim_param *tk_train_optim_params(tk_model *m, int *n) {
-    int np = tk_model_n_params(m);
-    tk_optim_param *ps = calloc(np > 0 ? (size_t)np : 1, sizeof *ps);
-    if (!ps) {
-        *n = 0;
-        return NULL;
-    }
-    for (int i = 0; i < np; i++) {
-        const tk_param *p = tk_model_param(m, i);
-        ps[i] = (tk_optim_param){ .name = p->name, .param = p->w, .grad = p->g,
-                                  .no_decay = p->no_decay, .frozen = p->frozen };
-    }
-    *n = np;
-    return ps;
-}
-
 /* splitmix64, so the batch order does not depend on the C library */
 static uint64_t mix64(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -230,32 +214,6 @@ static tk_status evaluate(tk_model *m, const tk_batch *dev, int n_dev, tk_epoch_
     free(e.tp);
     free(logits);
     return st;
-}
-
-/* ---- fp16 loss scaling ------------------------------------------------ */
-
-void tk_loss_scaler_init(tk_loss_scaler *s, tk_precision p) {
-    memset(s, 0, sizeof *s);
-    s->enabled = p == TK_PREC_FP16;
-    s->scale = s->enabled ? TK_LOSS_SCALE_INIT : 1.0f;
-    s->growth_interval = TK_LOSS_SCALE_GROWTH_INTERVAL;
-}
-
-void tk_loss_scaler_update(tk_loss_scaler *s, int overflow) {
-    if (!s->enabled)
-        return;
-    if (overflow) {
-        s->skipped++;
-        s->good_steps = 0;
-        if (s->scale * 0.5f >= TK_LOSS_SCALE_MIN)
-            s->scale *= 0.5f;
-        return;
-    }
-    if (++s->good_steps >= s->growth_interval) {
-        s->good_steps = 0;
-        if (s->scale * 2.0f <= TK_LOSS_SCALE_MAX)
-            s->scale *= 2.0f;
-    }
 }
 
 /* ---- the loop --------------------------------------------------------- */

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "tk_checkpoint.h"
+#include "tk_files.h"
 #include "tk_safetensors.h"
 
 #define STATE_FILE "trainer_state.json"
@@ -501,8 +502,9 @@ tk_status tk_ckpt_save(const char *out_dir, tk_model *m, tk_adamw *o, const tk_c
     char tmp[TK_PATH_MAX + 64], fin[TK_PATH_MAX + 64], p[TK_PATH_MAX * 2];
     snprintf(tmp, sizeof tmp, "%s/.checkpoint-%lld.tmp", out_dir, (long long)s->step);
     snprintf(fin, sizeof fin, "%s/checkpoint-%lld", out_dir, (long long)s->step);
-    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
-        tk_err_set(err, TK_EIO, "%s: cannot create output_dir: %s", out_dir, strerror(errno));
+    tk_err me = {0};
+    if (tk_mkdirs(out_dir, &me) != TK_OK) {
+        tk_err_set(err, TK_EIO, "output_dir %s", me.msg);
         return TK_EIO;
     }
     /* a .tmp left by a run killed inside a save */
@@ -535,7 +537,8 @@ tk_status tk_ckpt_save(const char *out_dir, tk_model *m, tk_adamw *o, const tk_c
     struct stat sv;
     snprintf(p, sizeof p, "%s/vocab.txt", tmp);
     if (st == TK_OK && stat(p, &sv) == 0) nfiles = 4;
-    else if (st == TK_OK && vocab && vocab[0] && (st = copy_file(vocab, p, err)) == TK_OK) nfiles = 4;
+    else if (st == TK_OK && vocab && vocab[0] && !strstr(vocab, ".json") && (st = copy_file(vocab, p, err)) == TK_OK)
+        nfiles = 4; /* a tokenizer.json is no vocab.txt: only the card writes one from it */
     if (st == TK_OK && !(j = state_json(c, o, s))) {
         tk_err_set(err, TK_EIO, "%s: out of host memory", tmp);
         st = TK_EIO;

@@ -4,7 +4,7 @@
  *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|all] [--max-batch] [--sweep]
  *            [--epoch] [--snapshot FILE] [--json]
  *   txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]
- *   txk predict MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
+ *   txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
  *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [--for colab] [-o F]] [--json]
  *   txk advise [cfg.yaml [key=value ...]] --from-error FILE|- [--json]
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
@@ -19,6 +19,8 @@
  * 2 usage; 3 the plan does not fit (nothing was allocated); 4 out of memory
  * at run time; 130 interrupted.
  */
+#include <dirent.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -30,6 +32,7 @@
 
 #include "tk_advisor.h"
 #include "tk_config.h"
+#include "tk_hub.h"
 #include "tk_kernel.h"
 #include "tk_magics.h"
 #include "tk_pipeline.h"
@@ -80,7 +83,7 @@ static int load_config(const char *path, char **argv, int argc, tk_config *c) {
     size_t len = 0;
     char *y = read_file(path, &len);
     if (!y) {
-        fprintf(stderr, "txk: %s: cannot read the config\n", path);
+        fprintf(stderr, "txk: %s: cannot read the config: %s\n", path, strerror(errno));
         return EXIT_ERR;
     }
     tk_status st = tk_config_parse_yaml(c, y, len, path, &err);
@@ -390,6 +393,12 @@ static int cmd_train(int argc, char **argv) {
             printf("trained %lld steps in %.1f s; peak %s allocated (planned %s)%s%s\n", (long long)r.steps, r.seconds,
                    tk_format_bytes(r.peak_allocated, b1, sizeof b1), tk_format_bytes(r.plan.peak_allocated, b2, sizeof b2),
                    r.checkpoint[0] ? "; checkpoint " : "", r.checkpoint);
+        if (r.failed_saves) {
+            fprintf(stderr, "txk: %d save%s into %s failed during the run (save_error: continue); %s%s\n",
+                    r.failed_saves, r.failed_saves == 1 ? "" : "s", c.output_dir,
+                    r.checkpoint[0] ? "the last one saved: " : "nothing was saved", r.checkpoint);
+            rc = EXIT_ERR;
+        }
     }
     if (snap && st == TK_OK && r.end != TK_RUN_PLANNED_OOM) {
         int wrc = write_snapshot(s, snap, r.end == TK_RUN_OOM && r.have_oom ? &r.oom : NULL);
@@ -580,6 +589,44 @@ static int is_dir_path(const char *p) {
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* A folder beside the missing `path` whose name starts with its name or is
+ * the start of it ("out/review" -> "out/reviews"), into near; 1 if found. */
+static int nearby_folder(const char *path, char *near, size_t n) {
+    near[0] = 0;
+    char dir[TK_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    size_t l = strlen(dir);
+    while (l > 1 && dir[l - 1] == '/') dir[--l] = 0;
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? slash + 1 : dir;
+    const char *parent = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
+    size_t bl = strlen(base);
+    DIR *d = bl ? opendir(parent) : NULL;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        size_t el = strlen(e->d_name);
+        if (strncmp(e->d_name, base, el < bl ? el : bl) != 0) continue;
+        char p[TK_PATH_MAX * 2];
+        snprintf(p, sizeof p, "%s%s%s", slash ? parent : "", slash && strcmp(parent, "/") ? "/" : "", e->d_name);
+        if (is_dir_path(p)) {
+            snprintf(near, n, "%s", p);
+            break;
+        }
+    }
+    if (d) closedir(d);
+    return near[0] != 0;
+}
+
+/* A model named directly: a folder, or a hub id ("org/name" that is no
+ * file here and no YAML config). */
+static int is_model_ref(const char *p) {
+    struct stat st;
+    if (is_dir_path(p)) return 1;
+    size_t n = strlen(p);
+    int yaml = (n > 5 && !strcmp(p + n - 5, ".yaml")) || (n > 4 && !strcmp(p + n - 4, ".yml"));
+    return stat(p, &st) != 0 && !yaml && tk_hub_is_repo_id(p);
+}
+
 /* Every prediction to FILE: JSON Lines for *.jsonl, else CSV with a header. */
 static int write_predictions(const char *path, const json_t *preds, int qa, const tk_predict_report *r) {
     FILE *f = fopen(path, "w");
@@ -623,7 +670,7 @@ static int write_predictions(const char *path, const json_t *preds, int qa, cons
  * holds one) over an input file, with metrics when it has gold labels. */
 static int cmd_predict(int argc, char **argv) {
     if (argc < 1) {
-        fprintf(stderr, "usage: txk predict MODEL_DIR|cfg.yaml --input FILE [--text COL] [--pair COL] [--label COL] "
+        fprintf(stderr, "usage: txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text COL] [--pair COL] [--label COL] "
                         "[-o OUT.csv|OUT.jsonl] [--rows N] [key=value ...] [--json]\n");
         return EXIT_USAGE;
     }
@@ -638,7 +685,17 @@ static int cmd_predict(int argc, char **argv) {
     }
     tk_config c;
     tk_err err = {0};
-    int folder = is_dir_path(argv[0]);
+    /* a missing path beside a near folder is a mistyped run folder, not a hub id */
+    char near[TK_PATH_MAX * 2 + 8];
+    int missing = access(argv[0], F_OK) != 0;
+    int have = missing && nearby_folder(argv[0], near, sizeof near);
+    int folder = !have && is_model_ref(argv[0]);
+    if (!folder && missing) {
+        fprintf(stderr, "txk: %s: no such folder (nor a config file); predict takes a trained model's folder "
+                        "(a run's output_dir), a hub id (ORG/NAME) or a config whose output_dir holds one%s%s%s\n",
+                argv[0], have ? "; did you mean " : "", have ? near : "", have ? "?" : "");
+        return EXIT_ERR;
+    }
     if (!folder && (rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
     if (tk_session_predict_config(folder ? argv[0] : NULL, &c, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", err.msg);
@@ -861,7 +918,7 @@ static const txk_cmd CMDS[] = {
     {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [--for colab] [-o F]] [--json]   why it does not fit, ranked fixes;\n"
                            "           [cfg.yaml] --from-error FILE|-   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
-    {"predict", cmd_predict, "MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
+    {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
     {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
     {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory;\n"
@@ -889,6 +946,9 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv);
         /* exec failed: go on with the default policy */
     }
+    /* a file-size limit (ulimit -f) makes a write fail with EFBIG, which the
+     * save reports naming the file, instead of killing the run unsaid */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) return usage(stderr);
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) return usage(stdout);
     for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "tk_checkpoint.h"
+#include "tk_files.h"
 #include "tk_hub.h"
 #include "tk_model.h"
 #include "tk_pipeline.h"
@@ -297,11 +298,7 @@ tk_status tk_session_resolve_model(tk_config *c, const char *id, int download, i
     tk_status rc = tk_hub_resolve(id, c->revision, &o, dir, sizeof dir, &info, &e);
     if (rc != TK_OK) {
         if (!download && preset) return TK_OK;
-        if (!download)
-            tk_err_set(err, rc, "%s (planning never downloads: %%%%txtrain or txk train fetches the model first)",
-                       e.msg);
-        else
-            tk_err_set(err, rc, "%s", e.msg);
+        tk_err_set(err, rc, "%s", e.msg);
         return rc;
     }
     if (strlen(dir) >= sizeof c->model) {
@@ -323,7 +320,13 @@ tk_status tk_session_load_data(tk_session *s, tk_config *c, tk_run_data *out, tk
     memset(out, 0, sizeof *out);
     char id[TK_PATH_MAX];
     snprintf(id, sizeof id, "%s", c->model);
-    tk_status mrc = tk_session_resolve_model(c, id, 0, 0, NULL, err);
+    /* a hub id's small files (config, tokenizer) are fetched; a preset is
+     * a known shape, planned as such when the cache lacks it, so a plan
+     * of one never waits on the network */
+    struct stat st;
+    tk_bert_dims shape;
+    int preset = stat(id, &st) != 0 && tk_bert_preset(id, &shape, NULL) == 0;
+    tk_status mrc = tk_session_resolve_model(c, id, !preset, 0, NULL, err);
     if (mrc != TK_OK) return mrc;
     if (!c->train_file[0]) return TK_OK;
     tk_status rc = tk_run_data_load(c, out, err);
@@ -332,6 +335,16 @@ tk_status tk_session_load_data(tk_session *s, tk_config *c, tk_run_data *out, tk
     tk_run_config(out, c);
     return TK_OK;
 }
+
+/* Measured here (2 shared cores, 2026-11-25) with `build/txk train
+ * examples/reviews_tiny.yaml lr=X` (the README's example: bert-tiny's shape,
+ * init: random, 3 epochs), dev accuracy after epochs 1/2/3: lr 2e-5
+ * 0.345/0.345/0.345 (chance for 3 classes), 2e-4 0.573/0.720/0.823, 1e-3
+ * 0.988/1.000/1.000, 2e-3 0.973/1.000/1.000. */
+#define RANDOM_INIT_LR_NOTE                                                                                         \
+    "warning: lr: %g is the default, a rate for fine-tuning pretrained weights; random weights (init: random) "    \
+    "learn little at it (examples/reviews_tiny.yaml, 3 epochs: dev accuracy 0.35 at 2e-5, 0.82 at 2e-4, 1.00 at " \
+    "2e-3): set lr: 2e-3"
 
 /* The data and the plan, at the worst-case batch of this corpus, against
  * what the device has free now (an earlier run may still hold memory).
@@ -360,6 +373,34 @@ static tk_status plan_run(tk_session *s, tk_config *cc, tk_dev *d, const tk_run_
         remember_run(s, r);
         tk_run_data_clear(data);
         *stop = 1;
+    }
+    return TK_OK;
+}
+
+/* Before a weight is fetched or a step taken: which device trains (said
+ * always: a gpu: profile on a machine without CUDA plans for that card but
+ * trains on the cpu, under its capacity), and the results' folder (and its
+ * parents, as mkdir -p): a run that cannot save must not train for nothing. */
+static tk_status prepare_run(const tk_config *cc, tk_dev *d, const tk_run_hooks *h, tk_run_report *r, tk_err *err) {
+    tk_dev_info info;
+    tk_dev_info_get(d, &info);
+    char b[32];
+    if (info.kind == TK_DEV_CUDA)
+        note(h, "training on %s (cuda)", info.name);
+    else if (cc->gpu[0])
+        note(h, "training on the cpu (%s); gpu: %s is the planning profile: its %s is the memory limit here, as "
+             "on that card", cc->device == TK_DEVICE_AUTO ? "no CUDA device here" : "device: cpu; device: cuda "
+             "trains on a GPU", cc->gpu, tk_format_bytes(info.total, b, sizeof b));
+    else
+        note(h, "training on the cpu%s%s", cc->capacity ? ", memory limited to capacity: " : "",
+             cc->capacity ? tk_format_bytes(info.total, b, sizeof b) : "");
+    if (cc->output_dir[0]) {
+        tk_err me = {0};
+        if (tk_mkdirs(cc->output_dir, &me) != TK_OK) {
+            tk_err_set(err, TK_EIO, "output_dir %s; nothing was trained", me.msg);
+            r->save_stopped = 1;
+            return TK_EIO;
+        }
     }
     return TK_OK;
 }
@@ -394,6 +435,12 @@ static tk_status build_model(tk_dev *d, const tk_config *cc, const char *asked, 
     if (random_init) {
         note(h, "weights: random init (seed %llu), as init: random asks: %s gives only the shape",
              (unsigned long long)cc->seed, asked);
+        /* the default lr is a fine-tuning rate for pretrained weights; from
+         * random weights it barely moves them (measured on the README's
+         * examples/reviews_tiny.yaml, see RANDOM_INIT_LR_NOTE) */
+        tk_config dflt;
+        tk_config_defaults(&dflt);
+        if (cc->lr == dflt.lr) note(h, RANDOM_INIT_LR_NOTE, (double)cc->lr);
     } else {
         note(h, "weights: loaded %s", cc->model);
         if (lr.n_new) note(h, "weights: newly initialised (not in the checkpoint): %s", lr.new_names);
@@ -433,6 +480,8 @@ static tk_status train_model(tk_session *s, tk_config *cc, tk_model *m, const tk
     r->peak_reserved = tr.peak_reserved;
     r->seconds = tr.seconds;
     memcpy(r->checkpoint, tr.checkpoint, sizeof r->checkpoint);
+    r->failed_saves = tr.failed_saves;
+    r->save_stopped = rc != TK_OK && rc != TK_ECANCEL && rc != TK_EOOM && tr.failed_saves > 0;
     if (tr.have_oom) {
         r->have_oom = 1;
         r->oom = tr.oom;
@@ -501,6 +550,10 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     tk_run_data data;
     int stop = 0;
     if ((rc = plan_run(s, &cc, d, h, &data, r, &stop, err)) != TK_OK || stop) return rc;
+    if ((rc = prepare_run(&cc, d, h, r, err)) != TK_OK) {
+        tk_run_data_clear(&data);
+        return rc;
+    }
 
     if (pending.status == TK_OK) rc = tk_session_resolve_model(&cc, id, 1, 1, h, &pending);
     if (pending.status != TK_OK) {
@@ -528,6 +581,8 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     return end_run(s, d, r, rc);
 }
 
+/* ---- using a trained model ---------------------------------------------------- */
+
 void tk_predict_report_clear(tk_predict_report *r) {
     if (!r) return;
     for (int i = 0; i < r->n_labels; i++) free(r->labels[i]);
@@ -549,7 +604,12 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
     if (folder) {
         tk_config_defaults(c);
         snprintf(c->model, sizeof c->model, "%s", folder);
-        int L = tk_hf_model_max_length(folder);
+        struct stat st;
+        if (stat(folder, &st) != 0 && tk_hub_is_repo_id(folder)) { /* its snapshot, weights and all */
+            tk_status rc = tk_session_resolve_model(c, folder, 1, 1, NULL, err);
+            if (rc != TK_OK) return rc;
+        }
+        int L = tk_hf_model_max_length(c->model);
         if (L > 0) c->max_len = L;
     } else if (c->output_dir[0] && tk_checkpoint_find(c->output_dir, wfile, sizeof wfile)) {
         snprintf(c->model, sizeof c->model, "%s", c->output_dir);
@@ -557,6 +617,12 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
     c->max_examples = 0; /* a training-set limit: every input example is predicted */
     c->init = TK_INIT_PRETRAINED; /* the trained weights, whatever the run started from */
     c->dev_file[0] = 0;
+    struct stat sd;
+    if (folder && (stat(folder, &sd) != 0 || !S_ISDIR(sd.st_mode))) {
+        tk_err_set(err, TK_EINVAL, "%s: no such folder; give the output_dir of a run, or a config whose output_dir "
+                   "holds one", folder);
+        return TK_EINVAL;
+    }
     if (!has_file(c->model, "config.json") || !tk_checkpoint_find(c->model, wfile, sizeof wfile)) {
         tk_err_set(err, TK_EINVAL,
                    "%s: not a trained model folder (config.json and model.safetensors or pytorch_model.bin); give the "

@@ -1,8 +1,10 @@
 """`model:` from the HF hub and its cache (bert/hub.c), against a hub this test
 serves on 127.0.0.1: the resolve API /{repo}/resolve/{revision}/{file} with
 the headers huggingface_hub reads (X-Repo-Commit, ETag, X-Linked-Etag,
-X-Linked-Size), a redirect for LFS files, Range requests, and a log of every
-request. No traffic leaves 127.0.0.1."""
+X-Linked-Size), a redirect for LFS files to a second server (the CDN), Range requests, the revision and
+tree listings snapshot_download asks for, and a log of every request. The
+tests marked `peer` run with huggingface_hub 0.x (torch1 row) and 2.x
+(torch2 row, tests/peers.py). No traffic leaves 127.0.0.1."""
 import hashlib, http.server, json, os, re, subprocess, sys, threading
 
 import numpy as np
@@ -67,6 +69,7 @@ class Hub:
         self.repos, self.log, self.token = repos, [], None
         self.cut = None        # (file, n): the next GET of file sends n bytes, then hangs up
         self.corrupt = set()   # files whose bytes go out with one byte flipped
+        self.listing = True    # False: no file list (/api/models/...), as an old mirror
         hub = self
 
         class H(http.server.BaseHTTPRequestHandler):
@@ -89,15 +92,33 @@ class Hub:
 
             def answer(self, body):
                 hub.log.append((self.command, self.path, self.headers.get("Range")))
-                if hub.token and self.headers.get("Authorization") != "Bearer " + hub.token:
+                # the LFS store's URLs are signed, as the hub's CDN's are: no token there
+                if hub.token and self.headers.get("Authorization") != "Bearer " + hub.token \
+                        and not self.path.startswith("/lfs/"):
                     return self.send(401, {"X-Error-Message": "Invalid credentials", "Content-Length": "0"}, body=body)
                 m = re.match(r"^/api/models/([^/]+/[^/]+)/revision/([^/]+)$", self.path)
+                if m and not hub.listing:
+                    return self.send(404, {"Content-Length": "0"}, body=body)
                 if m:  # what snapshot_download lists
                     files = hub.repos.get(m.group(1))
                     if files is None:
                         return self.send(404, {"X-Error-Code": "RepoNotFound", "Content-Length": "0"})
                     js = json.dumps({"id": m.group(1), "sha": COMMIT,
                                      "siblings": [{"rfilename": f} for f in files]}).encode()
+                    return self.send(200, {"Content-Type": "application/json", "Content-Length": str(len(js))}, js)
+                m = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/?]+)(?:\?.*)?$", self.path)
+                if m:  # what huggingface_hub 1.x+ snapshot_download lists (one page, no Link header)
+                    files = hub.repos.get(m.group(1))
+                    if files is None:
+                        return self.send(404, {"X-Error-Code": "RepoNotFound", "Content-Length": "0"})
+                    tree = []
+                    for f, data in files.items():
+                        e = {"type": "file", "path": f, "size": len(data),
+                             "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()}
+                        if f.endswith(LFS):
+                            e["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                        tree.append(e)
+                    js = json.dumps(tree).encode()
                     return self.send(200, {"Content-Type": "application/json", "Content-Length": str(len(js))}, js)
                 m = re.match(r"^/lfs/([0-9a-f]{64})$", self.path)
                 if m:
@@ -120,7 +141,7 @@ class Hub:
                     sha = hashlib.sha256(data).hexdigest()
                     h.update({"X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data)),
                               "ETag": '"%s"' % hashlib.sha1(name.encode()).hexdigest(),
-                              "Location": f"http://127.0.0.1:{hub.port}/lfs/{sha}", "Content-Length": "0"})
+                              "Location": f"http://127.0.0.1:{hub.cdn_port}/lfs/{sha}", "Content-Length": "0"})
                     return self.send(302, h, body=body)
                 blob = b"blob %d\0" % len(data) + data
                 h.update({"ETag": '"%s"' % hashlib.sha1(blob).hexdigest(), "Content-Length": str(len(data))})
@@ -158,7 +179,13 @@ class Hub:
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.port = self.srv.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        # LFS files are served from another origin, as the hub's CDN: huggingface_hub
+        # 1.x+ follows a redirect to the same origin and reads the file's metadata
+        # there, but stops at one to another and reads it from the 302
+        self.cdn = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.cdn_port = self.cdn.server_address[1]
+        for srv in (self.srv, self.cdn):
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
 
 
 def sharded(files):
@@ -194,12 +221,13 @@ def hub():
     h = Hub({REPO: files, "some-org/sharded-bert": sharded(files), "some-org/bin-bert": only_bin})
     yield h
     h.srv.shutdown()
+    h.cdn.shutdown()
 
 
 @pytest.fixture
 def env(tmp_path, hub):
     hub.log.clear()
-    hub.token, hub.cut, hub.corrupt = None, None, set()
+    hub.token, hub.cut, hub.corrupt, hub.listing = None, None, set(), True
     e = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     e.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "home"),
              HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
@@ -223,6 +251,7 @@ def snapshot(env):
     return os.path.join(env["HF_HUB_CACHE"], "models--some-org--tiny-bert", "snapshots", COMMIT)
 
 
+@pytest.mark.peer
 def test_train_downloads_and_huggingface_hub_finds_it(tmp_path, env, hub):
     import huggingface_hub as hh
     rc, out = txk(env, "train", cfg(tmp_path, REPO))
@@ -236,9 +265,12 @@ def test_train_downloads_and_huggingface_hub_finds_it(tmp_path, env, hub):
     assert open(os.path.join(repo_dir, "refs", "main")).read() == COMMIT
     link = os.readlink(os.path.join(snapshot(env), "model.safetensors"))
     assert link == "../../blobs/" + hashlib.sha256(hub.repos[REPO]["model.safetensors"]).hexdigest()
-    # the LFS file went HEAD (302) then GET on the redirect; the optional file the repo lacks was asked once
+    # the LFS file went HEAD (302) then GET on the redirect; the repo's file list was asked (for the small
+    # files, then for the weights once the plan fit), so the files it lacks (special_tokens_map.json,
+    # tokenizer.json) never were
     assert ("GET", "/lfs/" + link.split("/")[-1], None) in hub.log
-    assert any(p.endswith("special_tokens_map.json") for _, p, _ in hub.log)
+    assert {p for m, p, _ in hub.log if p.startswith("/api/models/")} == {f"/api/models/{REPO}/revision/{COMMIT}"}
+    assert not any(p.endswith(("special_tokens_map.json", "tokenizer.json")) for _, p, _ in hub.log), hub.log
     # huggingface_hub finds txk's files in the same cache, with no request
     n = len(hub.log)
     for f in ("config.json", "vocab.txt", "model.safetensors"):
@@ -250,6 +282,7 @@ def test_train_downloads_and_huggingface_hub_finds_it(tmp_path, env, hub):
     assert len(hub.log) == n, hub.log[n:]
 
 
+@pytest.mark.peer
 def test_txk_uses_a_cache_huggingface_hub_filled_without_a_request(tmp_path, env, hub):
     from huggingface_hub import snapshot_download
     cache = env["HF_HUB_CACHE"]
@@ -344,12 +377,16 @@ def test_random_init_only_when_asked(tmp_path, env, hub):
     (folder / "vocab.txt").write_bytes(hub.repos[REPO]["vocab.txt"])
     rc, out = txk(dead, "train", cfg(tmp_path, str(folder)))
     assert rc == 1 and "has no weights" in out and "init: random" in out, out
-    # planning a hub id that is not in the cache does not download it
-    n = len(hub.log)
+    # planning a hub id that is not in the cache fetches its config and tokenizer, never its weights
+    hub.log.clear()
     rc, out = txk(env, "plan", cfg(tmp_path, REPO))
-    assert rc == 1 and "planning never downloads" in out and len(hub.log) == n, out
+    assert rc == 0, out
+    got = {p.rsplit("/", 1)[1] for m, p, _ in hub.log if "/resolve/" in p}
+    assert got == {"config.json", "vocab.txt", "tokenizer_config.json"}, hub.log
+    assert not any(p.startswith("/lfs/") for _, p, _ in hub.log), hub.log
 
 
+@pytest.mark.peer
 def test_sharded_weights_load_as_one_and_bin_is_named(tmp_path, env, hub):
     """A sharded checkpoint (the index and every shard it names) is fetched
     and loads as the one-file model does: the same training losses.
@@ -416,3 +453,28 @@ def test_waits_for_the_lock_huggingface_hub_takes(tmp_path, env, hub):
         out, _ = p.communicate(timeout=120)
     assert p.returncode == 0 and "weights: loaded" in out, out
     assert any(m == "GET" and q == "/lfs/" + sha for m, q, _ in hub.log)
+
+
+def test_a_hub_without_the_file_list_is_asked_file_by_file(tmp_path, env, hub):
+    """An older hub or mirror that does not serve /api/models/{repo}/revision/
+    {rev}: every file is asked for, a 404 meaning the repo lacks it; a repo
+    with tokenizer.json and no vocab.txt (as transformers 5 saves) trains."""
+    hub.listing = False
+    files = dict(hub.repos[REPO])
+    vocab = files.pop("vocab.txt").decode().split("\n")[:-1]
+    files["tokenizer.json"] = json.dumps({
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100, "vocab": {t: i for i, t in enumerate(vocab)}},
+        "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                       "strip_accents": None, "lowercase": True},
+        "pre_tokenizer": {"type": "BertPreTokenizer"}}).encode()
+    hub.repos["some-org/tokjson-bert"] = files
+    try:
+        rc, out = txk(env, "train", cfg(tmp_path, "some-org/tokjson-bert"))
+    finally:
+        del hub.repos["some-org/tokjson-bert"]
+    assert rc == 0 and "weights: loaded" in out, out
+    assert "tokenizer.json" in out  # the vocabulary note names the file read
+    asked = [p.rsplit("/", 1)[1] for m, p, _ in hub.log if m == "HEAD" and "/resolve/" in p]
+    assert "vocab.txt" in asked and "special_tokens_map.json" in asked  # asked, answered 404
+    assert any(p.startswith("/api/models/") for _, p, _ in hub.log)

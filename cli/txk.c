@@ -1,12 +1,12 @@
 /* txk — the txkernel engine from a shell: the same plans, runs and reports as
  * the notebook magics, as text or (with --json) as JSON for scripts.
  *
- *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|all] [--max-batch] [--sweep]
+ *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep]
  *            [--epoch] [--snapshot FILE] [--json]
  *   txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]
  *   txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
  *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [--for colab] [-o F]] [--json]
- *   txk advise [cfg.yaml [key=value ...]] --from-error FILE|- [--json]
+ *   txk advise [cfg.yaml [key=value ...] [--data FILE]] --from-error FILE|- [--json]
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
  *   txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]
  *   txk mem [--device cpu|cuda|meta] [--capacity 7.43GiB] [--json]
@@ -168,7 +168,7 @@ static void plan_snap_closing(tk_alloc *a, const tk_oom *oom, void *ud) {
 }
 
 static int cmd_plan(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|all] [--max-batch] [--sweep] [--epoch] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
+    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep] [--epoch] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
     static const char *const valued[] = {"--gpu", "--gpus", "--snapshot", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", "--measure", "--epoch", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
@@ -435,17 +435,27 @@ static char *read_input(const char *path, size_t *len) {
  * each card of its platform. Exit 1 with "no OOM message found" when the
  * text holds none. */
 static int advise_from_error(int argc, char **argv) {
-    static const char *const valued[] = {"--from-error", NULL}, *const bare[] = {"--json", NULL};
+    static const char *const valued[] = {"--from-error", "--data", NULL}, *const bare[] = {"--json", NULL};
     int has_cfg = argc > 0 && argv[0][0] != '-' && !strchr(argv[0], '=');
     int rc = check_words(argv + has_cfg, argc - has_cfg, valued, bare);
     if (rc) return rc;
-    const char *path = flag_value(argv, argc, "--from-error");
+    const char *path = flag_value(argv, argc, "--from-error"), *data_path = flag_value(argv, argc, "--data");
     if (!path) {
         fprintf(stderr, "txk: --from-error needs a file, or - for standard input\n");
         return EXIT_USAGE;
     }
+    if (data_path && !has_cfg) {
+        fprintf(stderr, "txk: --data %s needs a config: its model's tokenizer counts the tokens\n", data_path);
+        return EXIT_USAGE;
+    }
     tk_config c;
     if (has_cfg && (rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
+    /* --data: the corpus whose p99 length the max_length fix carries */
+    tk_err derr = {0};
+    if (data_path && tk_config_set(&c, "train_file", data_path, &derr) != TK_OK) {
+        fprintf(stderr, "txk: --data: %s\n", derr.msg);
+        return EXIT_USAGE;
+    }
     size_t len = 0;
     char *text = read_input(path, &len);
     if (!text) {
@@ -455,7 +465,11 @@ static int advise_from_error(int argc, char **argv) {
     tk_err err = {0};
     tk_run_data data;
     memset(&data, 0, sizeof data);
-    if (has_cfg && c.train_file[0] && tk_run_data_load(&c, &data, &err) != TK_OK) {
+    /* the corpus' lengths untruncated (up to BERT's 512 positions), so the
+     * max_length fix sees the real p99; plans still cap at the config's max_len */
+    tk_config dc = c;
+    if (has_cfg && dc.max_len < 512) dc.max_len = 512;
+    if (has_cfg && c.train_file[0] && tk_run_data_load(&dc, &data, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", err.msg);
         free(text);
         return EXIT_ERR;
@@ -482,7 +496,7 @@ static int cmd_advise(int argc, char **argv) {
     if (has_flag(argv, argc, "--from-error")) return advise_from_error(argc, argv);
     if (argc < 1) {
         fprintf(stderr, "usage: txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] "
-                        "[--fix N|auto [-o fixed.yaml]] [--json]\n       txk advise [cfg.yaml] --from-error FILE|- [--json]\n");
+                        "[--fix N|auto [-o fixed.yaml]] [--json]\n       txk advise [cfg.yaml [--data FILE]] --from-error FILE|- [--json]\n");
         return EXIT_USAGE;
     }
     static const char *const valued[] = {"--gpu", "--top", "--margin", "--fix", "-o", "--for", NULL};
@@ -539,7 +553,7 @@ static int cmd_advise(int argc, char **argv) {
                                             : tk_advice_auto(a))
              : (*fix && !*end && k >= 1 && k <= a->n_cand) ? (int)k - 1 : -2;
         if (plat && (strcmp(fix, "auto") || pick == -2)) {
-            fprintf(stderr, "txk: --for colab|kaggle|all goes with --fix auto\n");
+            fprintf(stderr, "txk: --for colab|kaggle|colab-2020|all goes with --fix auto\n");
             free(a);
             tk_run_data_clear(&data);
             return EXIT_USAGE;
@@ -914,9 +928,9 @@ static int cmd_kernel(int argc, char **argv) {
 typedef struct { const char *name; int (*run)(int argc, char **argv); const char *summary; } txk_cmd;
 
 static const txk_cmd CMDS[] = {
-    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|all] [--max-batch|--sweep] [--epoch] [--snapshot FILE] [--json]   planned peak memory, no training (--epoch: the first epoch's own batches in the run's order, so dynamic padding's and empty_cache's reserved peak is planned too; --snapshot: the planned step as a PyTorch snapshot)"},
+    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch|--sweep] [--epoch] [--snapshot FILE] [--json]   planned peak memory, no training (--epoch: the first epoch's own batches in the run's order, so dynamic padding's and empty_cache's reserved peak is planned too; --snapshot: the planned step as a PyTorch snapshot)"},
     {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [--for colab] [-o F]] [--json]   why it does not fit, ranked fixes;\n"
-                           "           [cfg.yaml] --from-error FILE|-   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it"},
+                           "           [cfg.yaml [--data FILE]] --from-error FILE|-   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it; --data: the corpus whose p99 the max_length fix carries"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
     {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},

@@ -330,7 +330,7 @@ static int run_txplan(tk_magic_ctx *m) {
     tk_config c;
     if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     char **argv = NULL;
-    int argc = 0, json_only = 0, max_batch = 0, sweep = 0, measure = 0, rc = 0;
+    int argc = 0, json_only = 0, max_batch = 0, sweep = 0, measure = 0, epoch = 0, rc = 0;
     char gpus[16] = "";
     tk_err err = {0};
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
@@ -338,6 +338,7 @@ static int run_txplan(tk_magic_ctx *m) {
         if (!strcmp(argv[i], "--json")) json_only = 1;
         else if (!strcmp(argv[i], "--max-batch")) max_batch = 1;
         else if (!strcmp(argv[i], "--sweep")) sweep = 1;
+        else if (!strcmp(argv[i], "--epoch")) epoch = 1;
         else if (!strcmp(argv[i], "--measure")) measure = sweep = 1;
         else if (!strcmp(argv[i], "--gpus")) {
             /* checked here, before the session's last config is read: a bad
@@ -377,7 +378,7 @@ static int run_txplan(tk_magic_ctx *m) {
             }
         } else if (!strncmp(argv[i], "--", 2)) {
             rc = tk_magic_error(m, "UsageError", "%%txplan: unknown option %s\nusage: %%txplan [key=value ...] "
-                                                  "[--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]", argv[i]);
+                                                  "[--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--epoch] [--json]", argv[i]);
         }
     }
     tk_txargs_free(argv, argc);
@@ -409,7 +410,9 @@ static int run_txplan(tk_magic_ctx *m) {
          * decides it the same way; without a device, from the config) */
         const char *attn_why = NULL;
         c.attention = tk_config_attention(&c, sd ? tk_dev_kind_of(sd) : TK_DEV_META, &attn_why);
-        if (tk_plan(&c, len, n, &p, &err) != TK_OK) goto plan_error;
+        /* --epoch: the run's first epoch, its own batches in its order */
+        tk_plan_batches run = {.train = data.train, .n_train = data.n_train, .dev = data.dev, .n_dev = data.n_dev};
+        if ((epoch ? tk_plan_epoch(&c, &run, NULL, &p, &err) : tk_plan(&c, len, n, &p, &err)) != TK_OK) goto plan_error;
         snprintf(p.attention_why, sizeof p.attention_why, "%s", attn_why);
         tk_session_set_config(s, &c);
         tk_session_set_plan(s, &p);
@@ -426,7 +429,9 @@ static int run_txplan(tk_magic_ctx *m) {
         tk_report_add_head_note(bundle, &c, &p);
         tk_tensor_info big[8];
         int nb = 0;
-        if (tk_plan_tensors_at_peak(&c, len, n, big, 8, &nb, &err) == TK_OK) tk_report_add_tensors(bundle, big, nb);
+        if ((epoch ? tk_plan_epoch_tensors_at_peak(&c, &run, big, 8, &nb, &err)
+                   : tk_plan_tensors_at_peak(&c, len, n, big, 8, &nb, &err)) == TK_OK)
+            tk_report_add_tensors(bundle, big, nb);
         tk_report_add_data(bundle, &data);
     }
     tk_run_data_clear(&data);
@@ -440,13 +445,16 @@ plan_error:
 
 static const tk_magic_def TXPLAN[] = {
     {"txplan", TK_MAGIC_BOTH, run_txplan, "predicted peak memory of a run and who takes it, without training",
-     "%txplan [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]\n"
+     "%txplan [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--epoch] [--json]\n"
      "%%txplan [key=value ...]\n<YAML config>\n\n"
      "Runs one training step (and an eval step) of the config on the meta device: no\n"
      "arithmetic, same allocator, same allocation order as a real run. Shows the peak\n"
      "(allocated and reserved) against the capacity, the bytes per category at the peak\n"
      "and the top owners (HF module names). The line form starts from the last config of\n"
      "the session and applies key=value overrides: %txplan batch_size=8 precision=fp16.\n"
+     "--epoch: the run's first epoch instead of the worst-case batch: its own batches in the\n"
+     "run's order through the run's step (empty_cache, the on_oom retry), then every dev\n"
+     "batch, so the cache that dynamic padding fragments is planned too (needs train_file).\n"
      "--max-batch: the largest batch for max_len 64..512 that fits the capacity.\n"
      "--sweep: the peak (and its categories) with each memory-saving technique and a few\n"
      "combinations: recompute, fused attention, fp16/bf16, 8-bit AdamW, frozen embeddings,\n"

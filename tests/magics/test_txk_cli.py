@@ -245,6 +245,31 @@ def test_data_reads_squad_question_context_pairs():
     assert rc == 1 and "no column 'nope'" in err
 
 
+def test_plan_epoch_plans_the_runs_reserved_peak():
+    """`txk plan --epoch`: the example config for 12 steps in 2 GiB. The default
+    plan (the worst-case batch) reserves 167,772,160 B; the run's dynamic
+    batches leave 190,840,832 B reserved (test_plan_epoch.c trains it); the
+    epoch plan says so, with every:1 it is the default's again."""
+    ex = os.path.join(ROOT, "examples", "reviews_tiny.yaml")
+    got = {}
+    for flag in ("", "--epoch"):
+        for ec in ("never", "every:1"):
+            r = subprocess.run([TXK, "plan", ex, "max_steps=12", "capacity=2GiB", "empty_cache=" + ec, "--json"]
+                               + ([flag] if flag else []), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            got[flag, ec] = json.loads(r.stdout)
+    assert got["", "never"]["peak_reserved"] == 167772160
+    assert got["", "every:1"]["peak_reserved"] == 167772160
+    assert got["--epoch", "never"]["peak_reserved"] == 190840832
+    assert got["--epoch", "every:1"]["peak_reserved"] == 167772160
+    assert got["--epoch", "never"]["epoch_steps"] == 12
+    assert "epoch_steps" not in got["", "never"]
+    assert all(p["peak_allocated"] == 147975168 for p in got.values())
+    rc, out, err = txk("plan", ex, "max_steps=12", "--epoch")
+    assert rc == 0 and "Plan of the first epoch as the run makes it: 12 steps" in out, out + err
+
+
 def tiny_cfg(**over):
     kv = dict(model="bert-tiny", init="random", hidden=32, layers=1, heads=2, intermediate=64,
               vocab=os.path.join(DATA, "vocab_cased.txt"), train_file=os.path.join(DATA, "reviews_train.csv"),

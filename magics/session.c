@@ -626,7 +626,8 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
     c->init = TK_INIT_PRETRAINED; /* the trained weights, whatever the run started from */
     c->dev_file[0] = 0;
     struct stat sd;
-    if (folder && (stat(folder, &sd) != 0 || !S_ISDIR(sd.st_mode))) {
+    /* c->model: the folder, or the hub snapshot a hub id resolved to */
+    if (folder && (stat(c->model, &sd) != 0 || !S_ISDIR(sd.st_mode))) {
         tk_err_set(err, TK_EINVAL, "%s: no such folder; give the output_dir of a run, or a config whose output_dir "
                    "holds one", folder);
         return TK_EINVAL;

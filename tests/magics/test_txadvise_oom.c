@@ -13,7 +13,7 @@
 
 #include "magics_rec.h"
 
-#define SEED "model: bert-base-cased\nnum_labels: 3\nmax_len: 512\nbatch_size: 32\ngpu: p4\ndevice: cpu\n"
+#define SEED "model: bert-base-cased\nnum_labels: 3\nmax_len: 512\nbatch_size: 32\ngpu: p4\ndevice: cpu\nattention: standard\n" /* as the seed ran it */
 #define MSG                                                                                               \
     "Traceback (most recent call last):\n  File \"<ipython-input-29>\", line 1, in <module>\n"               \
     "RuntimeError: CUDA out of memory. Tried to allocate 24.00 MiB (GPU 0; 7.43 GiB total capacity; 5.42 GiB " \

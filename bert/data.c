@@ -7,6 +7,7 @@
  * gives the same result on every machine and C library.
  */
 #include "tk_data_internal.h"
+#include "tk_ops_spec.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -15,12 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t tk_rand_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+uint64_t tk_rand_next(uint64_t *s) { return tk_spec_splitmix64(s); }
 
 void tk_shuffle_i32(int32_t *a, int n, uint64_t *rng) {
     for (int i = n - 1; i > 0; i--) {

@@ -24,6 +24,7 @@
 #include "tk_model.h"
 #include "tk_safetensors.h"
 #include "tk_torchbin.h"
+#include "tk_data.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -401,13 +402,6 @@ tk_status tk_model_zero_grads(tk_model *m, tk_err *err) {
 
 /* ---- weights ---------------------------------------------------------- */
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Fills host buffer with the init of slot s: N(0, 0.02) by Box-Muller from a
  * generator keyed by (seed, parameter index), so a parameter's values do not
  * depend on which other parameters exist. */
@@ -419,8 +413,8 @@ static void init_values(const pslot *s, int idx, uint64_t seed, float *buf, int6
     }
     uint64_t st = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(idx + 1));
     for (int64_t i = 0; i < n; i += 2) {
-        double u1 = ((splitmix(&st) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
-        double u2 = (splitmix(&st) >> 11) * (1.0 / 9007199254740992.0);
+        double u1 = ((tk_rand_next(&st) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+        double u2 = (tk_rand_next(&st) >> 11) * (1.0 / 9007199254740992.0);
         double r = sqrt(-2.0 * log(u1)) * 0.02;
         buf[i] = (float)(r * cos(2 * M_PI * u2));
         if (i + 1 < n) buf[i + 1] = (float)(r * sin(2 * M_PI * u2));

@@ -34,6 +34,7 @@
 
 #include "tk_checkpoint.h"
 #include "tk_train.h"
+#include "tk_data.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -64,20 +65,12 @@ tk_optim_param *tk_train_optim_params(tk_model *m, int *n) {
     return ps;
 }
 
-/* splitmix64, so the batch order does not depend on the C library */
-static uint64_t mix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static void epoch_order(int *order, int n, uint64_t seed, int epoch) {
     for (int i = 0; i < n; i++)
         order[i] = i;
     uint64_t s = seed * 1000003ull + (uint64_t)epoch;
     for (int i = n - 1; i > 0; i--) {
-        int j = (int)(mix64(&s) % (uint64_t)(i + 1));
+        int j = (int)(tk_rand_next(&s) % (uint64_t)(i + 1));
         int t = order[i];
         order[i] = order[j];
         order[j] = t;

@@ -37,30 +37,13 @@
 #include "tk_ops_spec.h"
 #include "tk_cpu_vec.h"
 
+/* A tensor's run as f32 and back (tk_cpu_vec.h: F16C where the CPU has it). */
 static void load(float *dst, const tk_tensor *t, int64_t off, int64_t n) {
-    const void *src = t->data;
-    switch (t->dtype) {
-    case TK_F16:
-        for (int64_t i = 0; i < n; i++) dst[i] = tk_f16_to_f32(((const uint16_t *)src)[off + i]);
-        break;
-    case TK_BF16:
-        for (int64_t i = 0; i < n; i++) dst[i] = tk_bf16_to_f32(((const uint16_t *)src)[off + i]);
-        break;
-    default: memcpy(dst, (const float *)src + off, (size_t)n * sizeof(float)); break;
-    }
+    tk_cpu_to_f32(dst, t->data, t->dtype, off, n);
 }
 
 static void store(tk_tensor *t, int64_t off, const float *src, int64_t n) {
-    void *dst = t->data;
-    switch (t->dtype) {
-    case TK_F16:
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[off + i] = tk_f32_to_f16(src[i]);
-        break;
-    case TK_BF16:
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[off + i] = tk_f32_to_bf16(src[i]);
-        break;
-    default: memcpy((float *)dst + off, src, (size_t)n * sizeof(float)); break;
-    }
+    tk_cpu_from_f32(t->data, t->dtype, off, src, n);
 }
 
 /* dst (n x m) = src (m x n) transposed */

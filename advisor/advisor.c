@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "tk_advisor.h"
+#include "tk_host_mem.h"
 #include "tk_oom_message.h"
 
 static const char *const DIAG_NAMES[TK_DIAG_COUNT] = {
@@ -44,28 +45,33 @@ static char *fmtb(size_t b, char *buf) { return tk_format_bytes(b, buf, 32); }
 
 /* ---- corpus helpers ------------------------------------------------------ */
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* The q-quantile (0..1) of the lengths, nearest-rank. */
+/* The q-quantile (0..1) of the lengths, nearest-rank: the smallest length v
+ * with at least ceil(q n) lengths <= v, found by bisection over the values so
+ * that it needs no sorted copy (and cannot run out of host memory). */
 static int quantile(const int32_t *len, int n, double q) {
     if (!len || n <= 0)
         return 0;
-    int32_t *s = malloc((size_t)n * sizeof *s);
-    if (!s)
-        return 0;
-    memcpy(s, len, (size_t)n * sizeof *s);
-    qsort(s, (size_t)n, sizeof *s, cmp_i32);
-    int idx = (int)ceil(q * n) - 1;
-    if (idx < 0)
-        idx = 0;
-    if (idx >= n)
-        idx = n - 1;
-    int v = s[idx];
-    free(s);
-    return v;
+    int64_t rank = (int64_t)ceil(q * n);
+    if (rank < 1)
+        rank = 1;
+    if (rank > n)
+        rank = n;
+    int32_t lo = len[0], hi = len[0];
+    for (int i = 1; i < n; i++) {
+        lo = len[i] < lo ? len[i] : lo;
+        hi = len[i] > hi ? len[i] : hi;
+    }
+    while (lo < hi) {
+        int32_t mid = lo + (int32_t)(((int64_t)hi - lo) / 2);
+        int64_t k = 0;
+        for (int i = 0; i < n; i++)
+            k += len[i] <= mid;
+        if (k >= rank)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
 }
 
 static double share_longer(const int32_t *len, int n, int max_len) {
@@ -239,6 +245,7 @@ typedef struct {
     size_t margin_bytes;
     int cause[TK_FIX_COUNT];   /* 1: this fix removes a diagnosed cause */
     double base_tps;
+    int nomem;                 /* a plan ran out of host memory: the advice fails with TK_ENOMEM */
 } adv_ctx;
 
 static void add_diag(tk_advice *a, tk_diag_kind k, const char *title, const char *evidence) {
@@ -413,7 +420,10 @@ static void diagnose(adv_ctx *x) {
     const char *plat = in->platform ? in->platform : tk_gpu_platform_of(cur);
     tk_card_fit cards[16];
     int nc = 0;
-    if (plat && tk_plan_cards(c, in->lengths, in->n_lengths, plat, cards, 16, &nc, NULL) == TK_OK) {
+    tk_err ce = { 0 };
+    tk_status cst = plat ? tk_plan_cards(c, in->lengths, in->n_lengths, plat, cards, 16, &nc, &ce) : TK_EINVAL;
+    if (cst == TK_ENOMEM) x->nomem = 1;
+    if (cst == TK_OK) {
         int any = 0, fits_cur = a->base.fits, near = -1;
         for (int i = 0; i < nc; i++) {
             any |= cards[i].fits;
@@ -541,7 +551,9 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
 
     tk_plan_result p;
     tk_err e;
-    if (tk_plan(&out->config, (const int *)in->lengths, in->n_lengths, &p, &e) != TK_OK)
+    tk_status pst = tk_plan(&out->config, (const int *)in->lengths, in->n_lengths, &p, &e);
+    if (pst == TK_ENOMEM) x->nomem = 1; /* not the config's fault: the whole advice fails */
+    if (pst != TK_OK)
         return -1;
     x->out->n_planned++;
     size_t avail = x->available;
@@ -562,7 +574,7 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
 static int push(cand_list *l, const tk_candidate *c) {
     if (l->n == l->cap) {
         int nc = l->cap ? 2 * l->cap : 64;
-        tk_candidate *v = realloc(l->v, (size_t)nc * sizeof *v);
+        tk_candidate *v = tk_realloc(l->v, (size_t)nc * sizeof *v);
         if (!v)
             return -1;
         l->v = v;
@@ -661,8 +673,9 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     if (in->plan) {
         out->base = *in->plan;
     } else {
-        if (tk_plan(in->config, (const int *)in->lengths, in->n_lengths, &out->base, err) != TK_OK)
-            return err ? err->status : TK_EINVAL;
+        tk_status pst = tk_plan(in->config, (const int *)in->lengths, in->n_lengths, &out->base, err);
+        if (pst != TK_OK)
+            return pst;
         out->n_planned++;
     }
     adv_ctx x = { .in = in, .out = out };
@@ -682,6 +695,8 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     out->base_effective_batch = effective_batch(in->config);
 
     diagnose(&x);
+    if (x.nomem)
+        return tk_err_nomem(err, "advisor: planning the platform's cards");
 
     int budget = in->max_plans > 0 ? in->max_plans : 400;
     tk_fix singles[32];
@@ -730,6 +745,8 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
             }
         }
     }
+    if (x.nomem)
+        goto nomem;
     qsort(all.v, (size_t)all.n, sizeof *all.v, cmp_cand);
     out->n_cand = all.n < TK_ADVICE_MAX_CANDS ? all.n : TK_ADVICE_MAX_CANDS;
     memcpy(out->cand, all.v, (size_t)out->n_cand * sizeof *all.v);
@@ -738,8 +755,8 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     return TK_OK;
 nomem:
     free(all.v);
-    tk_err_set(err, TK_EOOM, "advisor: out of host memory while ranking fixes");
-    return TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "advisor: out of host memory while ranking fixes");
+    return TK_ENOMEM;
 }
 
 int tk_advice_auto(const tk_advice *a) {
@@ -771,7 +788,7 @@ static void sb_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...
             return;
         }
         size_t nc = *cap * 2 + (size_t)k;
-        char *nb = realloc(*buf, nc);
+        char *nb = tk_realloc(*buf, nc);
         if (!nb) {
             free(*buf);
             *buf = NULL;
@@ -784,7 +801,7 @@ static void sb_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...
 
 char *tk_advice_format(const tk_advice *a, int top) {
     size_t cap = 4096, len = 0;
-    char *s = malloc(cap);
+    char *s = tk_malloc(cap);
     char b1[32], b2[32];
     if (!s)
         return NULL;

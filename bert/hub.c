@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE /* strcasestr */
 #include "tk_hub.h"
+#include "tk_host_mem.h"
 
 #include <ctype.h>
 #include <curl/curl.h>
@@ -154,11 +155,11 @@ static tk_status sha256_file(const char *path, char hex[65], tk_err *err) {
         tk_err_set(err, TK_EIO, "%s: cannot read: %s", path, strerror(errno));
         return TK_EIO;
     }
-    unsigned char *buf = malloc(1 << 20);
+    unsigned char *buf = tk_malloc(1 << 20);
     if (!buf) {
         fclose(f);
-        tk_err_set(err, TK_EIO, "%s: out of host memory to hash it", path);
-        return TK_EIO;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory to hash it", path);
+        return TK_ENOMEM;
     }
     crypto_hash_sha256_state s;
     crypto_hash_sha256_init(&s);

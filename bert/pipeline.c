@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "tk_data.h"
+#include "tk_host_mem.h"
 #include "tk_pipeline.h"
 
 typedef struct {
@@ -80,12 +81,12 @@ static tk_status make_batches(const tk_features *f, const tk_config *c, int batc
     tk_batches *bs = tk_batches_new(f, &bo, pad_id, err);
     if (!bs) return err && err->status ? err->status : TK_EINVAL;
     int n = tk_batches_count(bs);
-    tk_data_batch *raw = calloc((size_t)(n > 0 ? n : 1), sizeof *raw);
-    tk_batch *mb = calloc((size_t)(n > 0 ? n : 1), sizeof *mb);
+    tk_data_batch *raw = tk_calloc((size_t)(n > 0 ? n : 1), sizeof *raw);
+    tk_batch *mb = tk_calloc((size_t)(n > 0 ? n : 1), sizeof *mb);
     tk_status st = TK_OK;
     if (!raw || !mb) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory for %d batches", n);
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory for %d batches", n);
+        st = TK_ENOMEM;
     }
     /* a fresh data batch each time: tk_batches_get reuses a batch's memory */
     for (int i = 0; st == TK_OK && i < n; i++) {
@@ -122,10 +123,10 @@ static tk_status batches_of(const tk_features *ft, const tk_features *fd, const 
 }
 
 static tk_status lengths_of(const tk_features *f, tk_run_data *d, tk_err *err) {
-    d->lengths = malloc((size_t)(f->n > 0 ? f->n : 1) * sizeof *d->lengths);
+    d->lengths = tk_malloc((size_t)(f->n > 0 ? f->n : 1) * sizeof *d->lengths);
     if (!d->lengths) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory");
+        return TK_ENOMEM;
     }
     memcpy(d->lengths, f->len, (size_t)f->n * sizeof *d->lengths);
     d->n_lengths = f->n;
@@ -170,8 +171,8 @@ static tk_status load_classify(const tk_config *c, tk_run_data *d, tk_err *err) 
     if (dev && (st = tk_features_classify(tok, dev, c->max_len, TK_TRUNC_LONGEST_FIRST, &fd, err)) != TK_OK)
         goto out;
     d->num_labels = train->num_labels;
-    d->labels = calloc((size_t)(train->num_labels + 1), sizeof *d->labels);
-    for (int i = 0; d->labels && i < train->num_labels; i++) d->labels[i] = strdup(train->labels[i]);
+    d->labels = tk_calloc((size_t)(train->num_labels + 1), sizeof *d->labels);
+    for (int i = 0; d->labels && i < train->num_labels; i++) d->labels[i] = tk_strdup(train->labels[i]);
     d->n_examples = head.n;
     d->n_dev_examples = dev ? dev->n : 0;
     d->n_truncated = ft->n_truncated;
@@ -199,10 +200,10 @@ static tk_status load_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
     if (c->dev_file[0] && (st = tk_squad_load(c->dev_file, &dev, err)) != TK_OK) goto out;
     tk_squad head = *train;
     if (c->max_examples > 0 && head.n > c->max_examples) head.n = c->max_examples;
-    texts = malloc((size_t)(2 * head.n + 1) * sizeof *texts);
+    texts = tk_malloc((size_t)(2 * head.n + 1) * sizeof *texts);
     if (!texts) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory");
+        st = TK_ENOMEM;
         goto out;
     }
     for (int i = 0; i < head.n; i++) {
@@ -267,9 +268,9 @@ tk_status tk_run_data_load(const tk_config *c, tk_run_data *d, tk_err *err) {
                    "(or train with towers: 1)", c->towers);
         return TK_EINVAL;
     }
-    if (!(d->priv = calloc(1, sizeof(owned)))) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory");
-        return TK_EINVAL;
+    if (!(d->priv = tk_calloc(1, sizeof(owned)))) {
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory");
+        return TK_ENOMEM;
     }
     tk_status st = c->task == TK_TASK_QA ? load_squad(c, d, err) : load_classify(c, d, err);
     if (st != TK_OK) {
@@ -381,10 +382,10 @@ static tk_status eval_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
     tk_status st;
     if ((st = tk_squad_load(c->train_file, &sq, err)) != TK_OK) goto out;
     if (c->max_examples > 0 && sq->n > c->max_examples) sq->n = c->max_examples;
-    texts = malloc((size_t)(2 * sq->n + 1) * sizeof *texts);
+    texts = tk_malloc((size_t)(2 * sq->n + 1) * sizeof *texts);
     if (!texts) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory");
+        st = TK_ENOMEM;
         goto out;
     }
     for (int i = 0; i < sq->n; i++) {
@@ -429,9 +430,9 @@ tk_status tk_run_data_load_eval(const tk_config *c0, const char *const *labels, 
     /* file order, each batch padded to its longest: the fastest exact way */
     tk_config c = *c0;
     if (c.head != TK_HEAD_FLATTEN_DENSE) c.batching = TK_BATCH_DYNAMIC;
-    if (!(d->priv = calloc(1, sizeof(owned)))) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory");
-        return TK_EINVAL;
+    if (!(d->priv = tk_calloc(1, sizeof(owned)))) {
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory");
+        return TK_ENOMEM;
     }
     tk_status st = c.task == TK_TASK_QA ? eval_squad(&c, d, err) : eval_classify(&c, labels, n_labels, d, err);
     if (st != TK_OK) {
@@ -531,11 +532,11 @@ tk_status tk_run_text_lengths(const tk_config *c, const char *path, const char *
         snprintf(out->column, sizeof out->column, "%s", col);
         nrows = t->nrows;
     }
-    texts = malloc((size_t)(nrows > 0 ? 2 * nrows : 1) * sizeof *texts);
-    out->len = malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof *out->len);
+    texts = tk_malloc((size_t)(nrows > 0 ? 2 * nrows : 1) * sizeof *texts);
+    out->len = tk_malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof *out->len);
     if (!texts || !out->len) {
-        tk_err_set(err, TK_EINVAL, "%s: out of host memory", path);
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
+        st = TK_ENOMEM;
         goto out;
     }
     for (int i = 0; i < nrows; i++) {
@@ -552,8 +553,8 @@ tk_status tk_run_text_lengths(const tk_config *c, const char *path, const char *
         int n = tk_count_tokens(tok, texts[i], (size_t)-1);
         int np = pair ? tk_count_tokens(tok, pair, (size_t)-1) : 0;
         if (n < 0 || np < 0) {
-            tk_err_set(err, TK_EINVAL, "%s: out of host memory while tokenizing", path);
-            st = TK_EINVAL;
+            tk_err_set(err, TK_ENOMEM, "%s: out of host memory while tokenizing", path);
+            st = TK_ENOMEM;
             goto out;
         }
         out->len[i] = n + np + (pair ? 3 : 2); /* [CLS] a [SEP] (b [SEP]) */

@@ -11,6 +11,7 @@
  * other code points go through utf8proc (category, NFD, lower-case).
  */
 #include "tk_tokenizer.h"
+#include "tk_host_mem.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -98,20 +99,20 @@ void tk_tokenizer_destroy(tk_tokenizer **p) {
  * (takes ownership of arena, even on failure). */
 static tk_tokenizer *build(char *arena, int n, const char *name, const tk_tokenizer_opts *opts,
                            tk_err *err) {
-    tk_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) { free(arena); tk_err_set(err, TK_EOOM, "%s: out of host memory", name); return NULL; }
+    tk_tokenizer *t = tk_calloc(1, sizeof *t);
+    if (!t) { free(arena); tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name); return NULL; }
     t->arena = arena;
     t->n = n;
-    t->tok = malloc(sizeof(char *) * (size_t)(n ? n : 1));
-    t->toklen = malloc(sizeof(uint32_t) * (size_t)(n ? n : 1));
+    t->tok = tk_malloc(sizeof(char *) * (size_t)(n ? n : 1));
+    t->toklen = tk_malloc(sizeof(uint32_t) * (size_t)(n ? n : 1));
     uint32_t cap = 16;
     while (cap < (uint32_t)n * 2u + 2u) cap <<= 1;
-    t->whole.slot = calloc(cap, sizeof(uint32_t));
-    t->cont.slot = calloc(cap, sizeof(uint32_t));
+    t->whole.slot = tk_calloc(cap, sizeof(uint32_t));
+    t->cont.slot = tk_calloc(cap, sizeof(uint32_t));
     t->whole.mask = t->cont.mask = cap - 1;
     if (!t->tok || !t->toklen || !t->whole.slot || !t->cont.slot) {
         tk_tokenizer_destroy(&t);
-        tk_err_set(err, TK_EOOM, "%s: out of host memory", name);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name);
         return NULL;
     }
     char *s = arena;
@@ -158,8 +159,8 @@ tk_tokenizer *tk_tokenizer_from_tokens(const char *const *tokens, int n, const c
     if (!name) name = "vocab";
     size_t total = 1;
     for (int i = 0; i < n; i++) total += strlen(tokens[i]) + 1;
-    char *arena = malloc(total);
-    if (!arena) { tk_err_set(err, TK_EOOM, "%s: out of host memory", name); return NULL; }
+    char *arena = tk_malloc(total);
+    if (!arena) { tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name); return NULL; }
     char *s = arena;
     for (int i = 0; i < n; i++) {
         size_t len = strlen(tokens[i]);
@@ -179,19 +180,19 @@ tk_tokenizer *tk_tokenizer_new(const char *path, const tk_tokenizer_opts *opts, 
     FILE *f = fopen(path, "rb");
     if (!f) { tk_err_set(err, TK_EIO, "%s: cannot open vocabulary: %s", path, strerror(errno)); return NULL; }
     size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap + 1);
+    char *buf = tk_malloc(cap + 1);
     while (buf) {
         size_t k = fread(buf + len, 1, cap - len, f);
         len += k;
         if (len < cap) break;
         cap *= 2;
-        char *nb = realloc(buf, cap + 1);
+        char *nb = tk_realloc(buf, cap + 1);
         if (!nb) { free(buf); buf = NULL; break; }
         buf = nb;
     }
     int rd_err = ferror(f);
     fclose(f);
-    if (!buf) { tk_err_set(err, TK_EOOM, "%s: out of host memory", path); return NULL; }
+    if (!buf) { tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path); return NULL; }
     if (rd_err) { free(buf); tk_err_set(err, TK_EIO, "%s: read error", path); return NULL; }
     buf[len] = '\0';
     /* Lines become NUL-separated tokens in place; trailing white space is
@@ -245,7 +246,7 @@ static int enc_reserve(tk_encoding *e, int need) {
     while (cap < need) cap *= 2;
     int32_t **arr[] = {&e->ids, &e->type_ids, &e->seq, &e->start, &e->end, &e->bstart, &e->bend};
     for (size_t k = 0; k < sizeof arr / sizeof arr[0]; k++) {
-        int32_t *p = realloc(*arr[k], sizeof(int32_t) * (size_t)cap);
+        int32_t *p = tk_realloc(*arr[k], sizeof(int32_t) * (size_t)cap);
         if (!p) return -1; /* arrays already grown stay valid; cap is unchanged */
         *arr[k] = p;
     }
@@ -311,7 +312,7 @@ static int word_push(word_buf *w, int32_t c, int32_t cs, int32_t bs, int32_t be)
         int cap = w->cap ? w->cap * 2 : 64;
         int32_t **arr[] = {&w->cpb, &w->cs, &w->ce, &w->bs, &w->be};
         for (int k = 0; k < 5; k++) {
-            int32_t *p = realloc(*arr[k], sizeof(int32_t) * (size_t)cap);
+            int32_t *p = tk_realloc(*arr[k], sizeof(int32_t) * (size_t)cap);
             if (!p) return -1;
             *arr[k] = p;
         }
@@ -319,7 +320,7 @@ static int word_push(word_buf *w, int32_t c, int32_t cs, int32_t bs, int32_t be)
     }
     if (w->blen + 4 > w->bcap) {
         int cap = w->bcap ? w->bcap * 2 : 256;
-        char *p = realloc(w->b, (size_t)cap);
+        char *p = tk_realloc(w->b, (size_t)cap);
         if (!p) return -1;
         w->b = p;
         w->bcap = cap;
@@ -450,8 +451,8 @@ tk_status tk_tokenize_append(const tk_tokenizer *t, const char *text, size_t len
     if (len == (size_t)-1) len = text ? strlen(text) : 0;
     sink s = {.t = t, .enc = out, .seq = seq};
     if (run(&s, text, len, t->lowercase, t->strip_accents) != 0) {
-        tk_err_set(err, TK_EOOM, "tokenizer: out of host memory");
-        return TK_EOOM;
+        tk_err_set(err, TK_ENOMEM, "tokenizer: out of host memory");
+        return TK_ENOMEM;
     }
     return TK_OK;
 }
@@ -540,6 +541,6 @@ tk_status tk_encode(const tk_tokenizer *t, const char *a, const char *b, int max
     if (truncated) *truncated = 1;
     return TK_OK;
 oom:
-    tk_err_set(err, TK_EOOM, "tokenizer: out of host memory");
-    return TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "tokenizer: out of host memory");
+    return TK_ENOMEM;
 }

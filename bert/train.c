@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "tk_checkpoint.h"
+#include "tk_host_mem.h"
 #include "tk_train.h"
 #include "tk_data.h"
 
@@ -51,7 +52,7 @@ void tk_train_result_clear(tk_train_result *r) {
 
 tk_optim_param *tk_train_optim_params(tk_model *m, int *n) {
     int np = tk_model_n_params(m);
-    tk_optim_param *ps = calloc(np > 0 ? (size_t)np : 1, sizeof *ps);
+    tk_optim_param *ps = tk_calloc(np > 0 ? (size_t)np : 1, sizeof *ps);
     if (!ps) {
         *n = 0;
         return NULL;
@@ -160,19 +161,19 @@ static tk_status evaluate(tk_model *m, const tk_batch *dev, int n_dev, tk_epoch_
     eval_acc e;
     memset(&e, 0, sizeof e);
     e.num_labels = span ? 2 : mo->num_labels;
-    e.tp = calloc((size_t)e.num_labels * 3, sizeof(int64_t));
+    e.tp = tk_calloc((size_t)e.num_labels * 3, sizeof(int64_t));
     int64_t maxl = 0;
     for (int i = 0; i < n_dev; i++) {
         int64_t nl = tk_model_n_logits(m, dev[i].B, dev[i].T);
         if (nl > maxl)
             maxl = nl;
     }
-    float *logits = malloc((size_t)(maxl > 0 ? maxl : 1) * sizeof(float));
+    float *logits = tk_malloc((size_t)(maxl > 0 ? maxl : 1) * sizeof(float));
     if (!e.tp || !logits) {
         free(e.tp);
         free(logits);
-        tk_err_set(err, TK_EINVAL, "eval: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "eval: out of host memory");
+        return TK_ENOMEM;
     }
     e.fp = e.tp + e.num_labels;
     e.fn = e.fp + e.num_labels;
@@ -386,6 +387,8 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
                        const tk_batch *dev, int n_dev, const tk_train_callbacks *cb,
                        tk_train_result *r, tk_err *err) {
     memset(r, 0, sizeof *r);
+    tk_err local = { 0 };
+    if (!err) err = &local; /* callees' failures are read from it, never guessed */
     if (!c || !m || (n_train > 0 && !train) || n_train <= 0 || (n_dev > 0 && !dev)) {
         tk_err_set(err, TK_EINVAL, "train: %s", n_train <= 0 ? "the training set has no batches"
                                                             : "no config, model or batches");
@@ -416,11 +419,11 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
     tk_adamw *opt = NULL;
     int np = 0;
     tk_optim_param *ps = NULL;
-    int *order = malloc((size_t)n_train * sizeof *order);
-    r->history = calloc((size_t)epochs, sizeof *r->history);
+    int *order = tk_malloc((size_t)n_train * sizeof *order);
+    r->history = tk_calloc((size_t)epochs, sizeof *r->history);
     if (!order || !r->history) {
-        tk_err_set(err, TK_EINVAL, "train: out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "train: out of host memory");
+        st = TK_ENOMEM;
         goto out;
     }
     char resume[TK_PATH_MAX + 64] = "";
@@ -435,12 +438,12 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
     if ((st = tk_model_alloc_grads(m, err)) != TK_OK)
         goto out;
     if (!(ps = tk_train_optim_params(m, &np))) {
-        tk_err_set(err, TK_EINVAL, "train: out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "train: out of host memory");
+        st = TK_ENOMEM;
         goto out;
     }
     if (!(opt = tk_adamw_new(d, c, ps, np, err))) {
-        st = TK_EINVAL;
+        st = err->status; /* the optimizer's own: out of host or device memory, a bad config */
         goto out;
     }
 
@@ -645,6 +648,8 @@ out:
 
 tk_status tk_train_measure(const tk_config *c0, tk_dev_kind kind, int timed_steps, tk_measure *out, tk_err *err) {
     memset(out, 0, sizeof *out);
+    tk_err local = { 0 };
+    if (!err) err = &local;
     tk_config c = *c0;
     c.device = kind == TK_DEV_CUDA ? TK_DEVICE_CUDA : TK_DEVICE_CPU;
     c.capacity = 0;
@@ -658,19 +663,19 @@ tk_status tk_train_measure(const tk_config *c0, tk_dev_kind kind, int timed_step
     tk_dev_opts dopts = {.kind = kind, .threads = c.threads};
     tk_dev *d = tk_dev_new(&dopts, err);
     tk_model *m = d ? tk_model_new(d, &mo, err) : NULL;
-    tk_status st = m ? tk_model_init_random(m, 3, err) : (err->status ? err->status : TK_EDEVICE);
+    tk_status st = m ? tk_model_init_random(m, 3, err) : err->status;
     int rows = c.head == TK_HEAD_FLATTEN_DENSE ? (c.towers > 0 ? c.towers : 1) : 1;
     int B = c.batch_size, T = c.max_len, EB = c.eval_batch_size > 0 ? c.eval_batch_size : B;
     int k = c.accumulate > 1 ? c.accumulate : 1;
     int nsteps = timed_steps > 0 ? timed_steps : 0;
     size_t nb = (size_t)(B > EB ? B : EB) * rows * T;
-    int32_t *ids = malloc(nb * 4), *types = calloc(nb, 4), *mask = malloc(nb * 4);
-    int32_t *lab = calloc((size_t)(B > EB ? B : EB), 4);
+    int32_t *ids = tk_malloc(nb * 4), *types = tk_calloc(nb, 4), *mask = tk_malloc(nb * 4);
+    int32_t *lab = tk_calloc((size_t)(B > EB ? B : EB), 4);
     int nbatch = 2 * k > nsteps * k ? 2 * k : nsteps * k;
-    tk_batch *train = calloc((size_t)nbatch, sizeof *train);
+    tk_batch *train = tk_calloc((size_t)nbatch, sizeof *train);
     if (st == TK_OK && (!ids || !types || !mask || !lab || !train)) {
-        tk_err_set(err, TK_EINVAL, "out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "out of host memory");
+        st = TK_ENOMEM;
     }
     if (st == TK_OK) {
         tk_dev_info info;

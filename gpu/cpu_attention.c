@@ -19,7 +19,7 @@
  *    (B,NH,T,T) probabilities at that offset.
  *  - Deterministic: every sum runs in a fixed order within one thread.
  *  - Scratch is malloc'd per thread (about 10*T*HS + 3*T floats); if the
- *    host has none the op returns TK_EDEVICE and its outputs are undefined.
+ *    host has none the op returns TK_ENOMEM and its outputs are undefined.
  *
  * Speed: a task keeps K (and in backward V) transposed, so a row's T scores
  * are HS axpys over the keys, and every inner loop (scores, exp, dropout,
@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "tk_backend_impl.h"
+#include "tk_host_mem.h"
 #include "tk_ops_spec.h"
 #include "tk_cpu_vec.h"
 
@@ -139,7 +140,7 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
     int failed = 0;
 #pragma omp parallel num_threads(tk_cpu_ctx_threads(ctx)) if (BH > 1 && BH * T * TH > 65536)
     {
-        float *buf = malloc(((size_t)5 * TH + (size_t)2 * T) * sizeof(float));
+        float *buf = tk_malloc(((size_t)5 * TH + (size_t)2 * T) * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -175,7 +176,7 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
@@ -192,7 +193,7 @@ tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tenso
     int failed = 0;
 #pragma omp parallel num_threads(tk_cpu_ctx_threads(ctx)) if (BH > 1 && BH * T * TH > 65536)
     {
-        float *buf = malloc(((size_t)10 * TH + (size_t)3 * T) * sizeof(float));
+        float *buf = tk_malloc(((size_t)10 * TH + (size_t)3 * T) * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -238,5 +239,5 @@ tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tenso
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }

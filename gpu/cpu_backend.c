@@ -13,8 +13,9 @@
  *  - Dropout and the 8-bit AdamW codes follow tk_ops_spec.h bit for bit.
  *  - Nothing aborts. Host scratch (f32 copies of 16-bit GEMM operands, per
  *    thread row buffers) is malloc'd outside the tagged allocator because it
- *    is not device memory; a failed scratch malloc returns TK_EDEVICE (not
- *    TK_EOOM, which promises a tk_oom record from the tagged allocator).
+ *    is not device memory; a failed scratch malloc returns TK_ENOMEM, out of
+ *    host memory (not TK_EOOM, which promises a tk_oom record from the
+ *    tagged allocator).
  * Arguments are validated by the tk_op_* wrappers; the ops here only return
  * TK_EINVAL for what only the data can reveal (an id or label out of range).
  *
@@ -30,6 +31,7 @@
 #pragma GCC optimize("no-trapping-math", "no-math-errno")
 
 #include "tk_backend_impl.h"
+#include "tk_host_mem.h"
 #include "tk_ops_spec.h"
 #include "tk_cpu_vec.h"
 
@@ -52,7 +54,7 @@ typedef struct cpu_ctx {
 } cpu_ctx;
 
 void *tk_cpu_ctx_new(const tk_dev_opts *opts) {
-    cpu_ctx *c = calloc(1, sizeof *c);
+    cpu_ctx *c = tk_calloc(1, sizeof *c);
     if (!c) return NULL;
     c->head.threads = (opts && opts->threads > 0) ? opts->threads : omp_get_num_procs();
     if (c->head.threads < 1) c->head.threads = 1;
@@ -244,7 +246,7 @@ static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_
     if (M <= 0 || N <= 0 || batch <= 0) return TK_OK;
     int a32 = A->dtype == TK_F32, b32 = B->dtype == TK_F32, c32 = C->dtype == TK_F32;
     size_t need = (a32 ? 0 : (size_t)(M * K)) + (b32 ? 0 : (size_t)(K * N)) + (c32 ? 0 : (size_t)(M * N));
-    if (need && gemm_scratch(c, need)) return TK_EDEVICE;
+    if (need && gemm_scratch(c, need)) return TK_ENOMEM;
     float *sa = c->gemm_scratch, *sb = sa + (a32 ? 0 : M * K), *sc = sb + (b32 ? 0 : K * N);
     int lda = (int)(transA ? M : K), ldb = (int)(transB ? K : N);
     for (int64_t bi = 0; bi < batch; bi++) {
@@ -270,8 +272,8 @@ static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_
             float *bb = NULL;
             const float *bv = bias->data;
             if (bias->dtype != TK_F32) {
-                bb = malloc((size_t)N * sizeof(float));
-                if (!bb) return TK_EDEVICE;
+                bb = tk_malloc((size_t)N * sizeof(float));
+                if (!bb) return TK_ENOMEM;
                 tk_cpu_to_f32(bb, bias->data, bias->dtype, 0, N);
                 bv = bb;
             }
@@ -578,7 +580,7 @@ static tk_status cpu_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, t
     float *mu = mean ? mean->data : NULL, *rs = rstd ? rstd->data : NULL;
 #pragma omp parallel num_threads(c->head.threads) if (N * C > PAR_MIN)
     {
-        float *buf = malloc((size_t)C * 4 * sizeof(float));
+        float *buf = tk_malloc((size_t)C * 4 * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -612,7 +614,7 @@ static tk_status cpu_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, t
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 /* din = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * w;
@@ -624,15 +626,15 @@ static tk_status cpu_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_
                                    int64_t N, int64_t C, int accumulate) {
     cpu_ctx *c = ctx;
     int nt = (N * C > PAR_MIN) ? c->head.threads : 1;
-    float *part = calloc((size_t)nt * 2 * C, sizeof(float));
-    if (!part) return TK_EDEVICE;
+    float *part = tk_calloc((size_t)nt * 2 * C, sizeof(float));
+    if (!part) return TK_ENOMEM;
     int failed = 0;
     const float *mu = mean->data, *rs = rstd->data;
 #pragma omp parallel num_threads(nt)
     {
         int tid = omp_get_thread_num();
         float *pdw = part + (size_t)tid * 2 * C, *pdb = pdw + C;
-        float *buf = malloc((size_t)C * 5 * sizeof(float));
+        float *buf = tk_malloc((size_t)C * 5 * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -681,7 +683,7 @@ static tk_status cpu_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_
         }
     }
     free(part);
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 /* HF BERT's extended attention mask: (1 - mask) * finfo(float32).min. */
@@ -695,7 +697,7 @@ static tk_status cpu_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in,
 #pragma omp parallel num_threads(c->head.threads) if (rows * T > PAR_MIN / 4)
     {
         int need = in->dtype != TK_F32 || out->dtype != TK_F32;
-        float *buf = need ? malloc((size_t)T * 2 * sizeof(float)) : NULL;
+        float *buf = need ? tk_malloc((size_t)T * 2 * sizeof(float)) : NULL;
         if (need && !buf) {
 #pragma omp atomic write
             failed = 1;
@@ -735,7 +737,7 @@ static tk_status cpu_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in,
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 static tk_status cpu_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
@@ -745,7 +747,7 @@ static tk_status cpu_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out
 #pragma omp parallel num_threads(c->head.threads) if (rows * T > PAR_MIN / 4)
     {
         int need = din->dtype != TK_F32 || out->dtype != TK_F32 || dout->dtype != TK_F32;
-        float *buf = need ? malloc((size_t)T * 3 * sizeof(float)) : NULL;
+        float *buf = need ? tk_malloc((size_t)T * 3 * sizeof(float)) : NULL;
         if (need && !buf) {
 #pragma omp atomic write
             failed = 1;
@@ -765,7 +767,7 @@ static tk_status cpu_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 /* One row: p = softmax(x) written to o (may be NULL), returns log-sum-exp.
@@ -797,7 +799,7 @@ static tk_status cpu_xent_fwd(void *ctx, tk_tensor *losses, tk_tensor *probs, co
     int failed = 0;
 #pragma omp parallel num_threads(c->head.threads) if (N * V > PAR_MIN / 4)
     {
-        float *buf = malloc((size_t)V * 2 * sizeof(float));
+        float *buf = tk_malloc((size_t)V * 2 * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -813,7 +815,7 @@ static tk_status cpu_xent_fwd(void *ctx, tk_tensor *losses, tk_tensor *probs, co
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 static tk_status cpu_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *logits,
@@ -825,7 +827,7 @@ static tk_status cpu_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *lo
     int failed = 0;
 #pragma omp parallel num_threads(c->head.threads) if (N * V > PAR_MIN / 4)
     {
-        float *buf = malloc((size_t)V * 2 * sizeof(float));
+        float *buf = tk_malloc((size_t)V * 2 * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -846,7 +848,7 @@ static tk_status cpu_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *lo
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 /* ---- reductions ----------------------------------------------------------- */
@@ -861,7 +863,7 @@ static tk_status cpu_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, 
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t blk = 0; blk < nblk; blk++) {
         int64_t c0 = blk * cw, c1 = c0 + cw < C ? c0 + cw : C, w = c1 - c0;
-        float *acc = calloc((size_t)w, sizeof(float));
+        float *acc = tk_calloc((size_t)w, sizeof(float));
         if (!acc) {
 #pragma omp atomic write
             failed = 1;
@@ -881,7 +883,7 @@ static tk_status cpu_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, 
         for (int64_t j = 0; j < w; j++) st1(db, c0 + j, ld1(db, c0 + j) + acc[j]);
         free(acc);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 #define SUMSQ_MAXT 256

@@ -22,6 +22,12 @@ void tk_err_set(tk_err *err, tk_status st, const char *fmt, ...) {
     va_end(ap);
 }
 
+tk_status tk_err_nomem(tk_err *err, const char *what) {
+    if (what && *what) tk_err_set(err, TK_ENOMEM, "%s: out of host memory", what);
+    else tk_err_set(err, TK_ENOMEM, "out of host memory");
+    return TK_ENOMEM;
+}
+
 const char *tk_status_name(tk_status st) {
     switch (st) {
     case TK_OK: return "ok";
@@ -31,6 +37,7 @@ const char *tk_status_name(tk_status st) {
     case TK_ECANCEL: return "cancelled";
     case TK_EDEVICE: return "device error";
     case TK_EFORMAT: return "malformed input";
+    case TK_ENOMEM: return "out of host memory";
     }
     return "unknown status";
 }

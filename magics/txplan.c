@@ -88,8 +88,8 @@ tk_status tk_max_batch_report(const tk_config *c0, json_t **bundle, tk_err *err)
     const char *h[] = {">max_len", ">largest batch", ">peak reserved", ">margin"};
     tk_rtable *t = tk_rtable_new(title, 4, h);
     if (!t) {
-        tk_err_set(err, TK_EINVAL, "out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "out of host memory");
+        return TK_ENOMEM;
     }
     const char *labels[5];
     char lb[5][16];
@@ -156,8 +156,8 @@ tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_
     tk_rtable *t = tk_rtable_new(title, measure ? (on_cuda ? 15 : 13) : 9, h);
     double base_ms = 0;
     if (!t) {
-        tk_err_set(err, TK_EINVAL, "out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "out of host memory");
+        return TK_ENOMEM;
     }
     int n = (int)(sizeof SWEEP / sizeof SWEEP[0]);
     const char *labels[sizeof SWEEP / sizeof SWEEP[0]];

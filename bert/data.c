@@ -322,6 +322,8 @@ static int ends_with(const char *s, const char *suf) {
 }
 
 tk_status tk_table_read(const char *path, tk_table **out, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     *out = NULL;
     const char *name = base_name(path);
     int kind = ends_with(path, ".csv") ? 1 : (ends_with(path, ".tsv") || ends_with(path, ".tab")) ? 2
@@ -332,7 +334,7 @@ tk_status tk_table_read(const char *path, tk_table **out, tk_err *err) {
     }
     size_t len;
     char *buf = read_file(path, &len, err);
-    if (!buf) return err ? err->status : TK_EIO;
+    if (!buf) return err->status;
     tk_status st = kind == 3 ? tk_jsonl_parse(buf, len, name, out, err)
                              : tk_csv_parse(buf, len, kind == 1 ? ',' : '\t', name, out, err);
     free(buf);

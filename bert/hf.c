@@ -121,6 +121,8 @@ static int is_dir(const char *p) {
 }
 
 tk_status tk_bert_dims_from_config_json(const char *path, tk_bert_dims *out, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     char file[TK_PATH_MAX + 16];
     if (is_dir(path)) snprintf(file, sizeof file, "%s/config.json", path);
     else snprintf(file, sizeof file, "%s", path);
@@ -129,7 +131,7 @@ tk_status tk_bert_dims_from_config_json(const char *path, tk_bert_dims *out, tk_
     if (!root) {
         tk_err_set(err, errno == ENOENT || je.line < 0 ? TK_EIO : TK_EFORMAT, "%s:%d: %s", file,
                    je.line, je.text);
-        return err ? err->status : TK_EFORMAT;
+        return err->status;
     }
     if (!json_is_object(root)) {
         json_decref(root);

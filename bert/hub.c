@@ -685,6 +685,8 @@ static tk_status download_blob(hub *h, const head_info *hi, const char *file, co
 /* Makes snapshots/<commit>/<file> exist. *found = 0 when an optional file
  * is not in the repo. */
 static tk_status fetch(hub *h, const char *file, int optional, int *found, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     *found = 1;
     if (in_snapshot(h, file)) return TK_OK;
     if (optional && known_missing(h, file)) {
@@ -710,7 +712,7 @@ static tk_status fetch(hub *h, const char *file, int optional, int *found, tk_er
     char blob[PATHN + 256];
     pathf(blob, sizeof blob, "%s/blobs/%s", h->dir, hi.etag);
     int lock = exists(blob) ? -1 : lock_blob(h, file, hi.etag, err);
-    if (!exists(blob) && lock < 0) return err ? err->status : TK_EIO;
+    if (!exists(blob) && lock < 0) return err->status;
     st = exists(blob) ? TK_OK : download_blob(h, &hi, file, url, blob, err);
     if (lock >= 0) close(lock);
     if (st != TK_OK) return st;

@@ -570,10 +570,12 @@ static const tk_st_entry *find_entry(const tk_st_file *f, const char *name) {
 }
 
 tk_status tk_model_load_hf(tk_model *m, const char *path, tk_load_report *rep, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     char file[TK_PATH_MAX + 64];
     tk_load_report_clear(rep);
     tk_st_file *f = tk_checkpoint_open(path, file, sizeof file, err);
-    if (!f) return err ? err->status : TK_EIO;
+    if (!f) return err->status;
     tk_status st = TK_OK;
     float *buf = NULL;
     size_t bufn = 0;

@@ -75,11 +75,13 @@ tk_tokenizer *tk_run_tokenizer(const tk_config *c, const char *corpus, const cha
  * owned data batches plus model views of them. */
 static tk_status make_batches(const tk_features *f, const tk_config *c, int batch_size, int pad_id,
                               tk_data_batch **raw_out, tk_batch **out, int *nout, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_batching_opts bo = {.strategy = c->head == TK_HEAD_FLATTEN_DENSE ? TK_BATCH_FIXED : c->batching,
                            .batch_size = batch_size, .buckets = c->buckets, .shuffle = 0,
                            .drop_last = 0, .seed = c->seed};
     tk_batches *bs = tk_batches_new(f, &bo, pad_id, err);
-    if (!bs) return err && err->status ? err->status : TK_EINVAL;
+    if (!bs) return err->status;
     int n = tk_batches_count(bs);
     tk_data_batch *raw = tk_calloc((size_t)(n > 0 ? n : 1), sizeof *raw);
     tk_batch *mb = tk_calloc((size_t)(n > 0 ? n : 1), sizeof *mb);
@@ -140,6 +142,8 @@ static tk_status tokenizer_facts(const tk_tokenizer *tok, tk_run_data *d) {
 }
 
 static tk_status load_classify(const tk_config *c, tk_run_data *d, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_data_cols cols = {.text = c->text_col, .text_pair = c->text_pair_col, .label = c->label_col};
     tk_dataset *all = NULL, *train = NULL, *dev = NULL;
     tk_tokenizer *tok = NULL;
@@ -163,7 +167,7 @@ static tk_status load_classify(const tk_config *c, tk_run_data *d, tk_err *err) 
     if (c->max_examples > 0 && head.n > c->max_examples) head.n = c->max_examples;
     if (!(tok = tk_run_tokenizer(c, c->train_file, (const char *const *)head.text, head.n, d->vocab_path,
                                 sizeof d->vocab_path, d->vocab_note, sizeof d->vocab_note, err))) {
-        st = err && err->status ? err->status : TK_EINVAL;
+        st = err->status;
         goto out;
     }
     tokenizer_facts(tok, d);
@@ -191,6 +195,8 @@ out:
 }
 
 static tk_status load_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_squad *train = NULL, *dev = NULL;
     tk_tokenizer *tok = NULL;
     tk_features *ft = NULL, *fd = NULL;
@@ -212,7 +218,7 @@ static tk_status load_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
     }
     if (!(tok = tk_run_tokenizer(c, c->train_file, texts, 2 * head.n, d->vocab_path, sizeof d->vocab_path,
                                 d->vocab_note, sizeof d->vocab_note, err))) {
-        st = err && err->status ? err->status : TK_EINVAL;
+        st = err->status;
         goto out;
     }
     tokenizer_facts(tok, d);
@@ -333,6 +339,8 @@ static tk_status map_labels(tk_dataset *ds, const char *const *labels, int n_lab
 
 static tk_status eval_classify(const tk_config *c, const char *const *labels, int n_labels, tk_run_data *d,
                                tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_data_cols cols = {.text = c->text_col, .text_pair = c->text_pair_col, .label = c->label_col,
                          .label_optional = 1};
     tk_dataset *ds = NULL;
@@ -344,7 +352,7 @@ static tk_status eval_classify(const tk_config *c, const char *const *labels, in
     if (c->max_examples > 0 && ds->n > c->max_examples) ds->n = c->max_examples;
     if (!(tok = tk_run_tokenizer(c, c->train_file, (const char *const *)ds->text, ds->n, d->vocab_path,
                                  sizeof d->vocab_path, d->vocab_note, sizeof d->vocab_note, err))) {
-        st = err && err->status ? err->status : TK_EINVAL;
+        st = err->status;
         goto out;
     }
     tokenizer_facts(tok, d);
@@ -375,6 +383,8 @@ out:
 }
 
 static tk_status eval_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_squad *sq = NULL;
     tk_tokenizer *tok = NULL;
     tk_features *f = NULL;
@@ -394,7 +404,7 @@ static tk_status eval_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
     }
     if (!(tok = tk_run_tokenizer(c, c->train_file, texts, 2 * sq->n, d->vocab_path, sizeof d->vocab_path,
                                  d->vocab_note, sizeof d->vocab_note, err))) {
-        st = err && err->status ? err->status : TK_EINVAL;
+        st = err->status;
         goto out;
     }
     tokenizer_facts(tok, d);
@@ -502,6 +512,8 @@ static tk_squad *lengths_try_squad(const char *path) {
 
 tk_status tk_run_text_lengths(const tk_config *c, const char *path, const char *text_col, const char *pair_col,
                               tk_run_lengths *out, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_table *t = NULL;
     tk_squad *sq = lengths_try_squad(path);
     tk_tokenizer *tok = NULL;
@@ -545,7 +557,7 @@ tk_status tk_run_text_lengths(const tk_config *c, const char *path, const char *
     }
     if (!(tok = tk_run_tokenizer(c, path, texts, nrows, out->vocab_path, sizeof out->vocab_path, out->vocab_note,
                                  sizeof out->vocab_note, err))) {
-        st = err && err->status ? err->status : TK_EINVAL;
+        st = err->status;
         goto out;
     }
     for (int i = 0; i < nrows; i++) {

@@ -467,7 +467,7 @@ int tk_count_tokens(const tk_tokenizer *t, const char *text, size_t len) {
 tk_status tk_pretokenize(const char *text, size_t len, int lowercase, tk_word_fn fn, void *user) {
     if (len == (size_t)-1) len = text ? strlen(text) : 0;
     sink s = {.fn = fn, .user = user};
-    return run(&s, text, len, lowercase != 0, lowercase != 0) == 0 ? TK_OK : TK_EOOM;
+    return run(&s, text, len, lowercase != 0, lowercase != 0) == 0 ? TK_OK : TK_ENOMEM; /* run fails only for host memory */
 }
 
 static const char *trunc_name(tk_truncation s) {
@@ -480,13 +480,15 @@ tk_status tk_encode(const tk_tokenizer *t, const char *a, const char *b, int max
     out->n = 0;
     if (enc_reserve(out, 4) != 0) goto oom;
     enc_push(out, t->sp.cls, 0, -1, 0, 0, 0, 0);
-    if (tk_tokenize_append(t, a ? a : "", (size_t)-1, 0, out, err) != TK_OK) return TK_EOOM;
+    tk_status ast = tk_tokenize_append(t, a ? a : "", (size_t)-1, 0, out, err);
+    if (ast != TK_OK) return ast;
     int na = out->n - 1;
     if (enc_reserve(out, out->n + 1) != 0) goto oom;
     enc_push(out, t->sp.sep, 0, -1, 0, 0, 0, 0);
     int nb = 0;
     if (b) {
-        if (tk_tokenize_append(t, b, (size_t)-1, 1, out, err) != TK_OK) return TK_EOOM;
+        tk_status bst = tk_tokenize_append(t, b, (size_t)-1, 1, out, err);
+        if (bst != TK_OK) return bst;
         nb = out->n - na - 2;
         if (enc_reserve(out, out->n + 1) != 0) goto oom;
         enc_push(out, t->sp.sep, 1, -1, 0, 0, 0, 0);

@@ -149,6 +149,8 @@ out:
 
 tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, int lowercase,
                              const char *out_path, int *n_texts, int *n_tokens, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_table *t = NULL;
     tk_status st = tk_table_read(path, &t, err);
     if (st != TK_OK) return st;
@@ -169,7 +171,7 @@ tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, i
         tk_tokenizer *tok = tk_tokenizer_new(out_path, NULL, err);
         *n_texts = t->nrows;
         *n_tokens = tok ? tk_tokenizer_vocab_size(tok) : 0;
-        if (!tok) st = err && err->status ? err->status : TK_EIO;
+        if (!tok) st = err->status;
         tk_tokenizer_destroy(&tok);
     }
     free(texts);

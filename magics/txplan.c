@@ -72,6 +72,8 @@ static json_t *bars_bundle(const tk_rtable *t, char *text, const char *title, co
 }
 
 tk_status tk_max_batch_report(const tk_config *c0, json_t **bundle, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_config c = *c0;
     size_t cap = tk_session_capacity_of(&c);
     *bundle = NULL;
@@ -101,7 +103,7 @@ tk_status tk_max_batch_report(const tk_config *c0, json_t **bundle, tk_err *err)
         int b = largest_batch(c, seqs[i], cap, 4096, &peak, err);
         if (b < 0) {
             tk_rtable_destroy(&t);
-            return err->status ? err->status : TK_EINVAL;
+            return err->status;
         }
         char pb[32], mb[32];
         tk_rtable_rowf(t, "%d\t%d\t%s\t%s", seqs[i], b, b ? tk_format_bytes(peak, pb, sizeof pb) : "-",
@@ -143,6 +145,8 @@ static const sweep_row SWEEP[] = {
 
 
 tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     *bundle = NULL;
     size_t cap = tk_session_capacity_of(c0);
     char title[256], b[8][32];
@@ -236,7 +240,7 @@ tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_
 fail:
     json_decref(rows);
     tk_rtable_destroy(&t);
-    return err->status ? err->status : TK_EINVAL;
+    return err->status;
 }
 
 tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bundle, tk_err *err) {

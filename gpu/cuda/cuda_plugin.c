@@ -250,7 +250,7 @@ tk_status tk_cuda_plugin_open(const tk_dev_opts *opts, const tk_backend **be, vo
         return tk_cuda_fail(err, TK_EINVAL, "cuda_device %d does not exist (this machine has %d)",
                             dev, n);
     tk_cuda_ctx *c = calloc(1, sizeof *c);
-    if (!c) return tk_cuda_fail(err, TK_EOOM, "out of host memory opening the cuda device");
+    if (!c) return tk_cuda_fail(err, TK_ENOMEM, "out of host memory opening the cuda device");
     c->device = dev;
     pthread_mutex_init(&c->lock, NULL);
     /* CUPTI before the context: allocations made while creating cuBLAS and

@@ -104,7 +104,7 @@ const tk_backend emu_backend = make_table();
 extern "C" tk_dev *tk_cuda_emu_open(tk_err *err) {
     emu_ctx *c = new (std::nothrow) emu_ctx();
     if (!c) {
-        tk_err_set(err, TK_EOOM, "out of host memory for the emulated cuda device");
+        tk_err_set(err, TK_ENOMEM, "out of host memory for the emulated cuda device");
         return NULL;
     }
     tk_dev_opts cpu_opts = {};

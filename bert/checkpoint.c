@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "tk_checkpoint.h"
+#include "tk_files.h"
 #include "tk_host_mem.h"
 #include "tk_safetensors.h"
 
@@ -502,8 +503,9 @@ tk_status tk_ckpt_save(const char *out_dir, tk_model *m, tk_adamw *o, const tk_c
     char tmp[TK_PATH_MAX + 64], fin[TK_PATH_MAX + 64], p[TK_PATH_MAX * 2];
     snprintf(tmp, sizeof tmp, "%s/.checkpoint-%lld.tmp", out_dir, (long long)s->step);
     snprintf(fin, sizeof fin, "%s/checkpoint-%lld", out_dir, (long long)s->step);
-    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
-        tk_err_set(err, TK_EIO, "%s: cannot create output_dir: %s", out_dir, strerror(errno));
+    tk_err me = {0};
+    if (tk_mkdirs(out_dir, &me) != TK_OK) {
+        tk_err_set(err, TK_EIO, "output_dir %s", me.msg);
         return TK_EIO;
     }
     /* a .tmp left by a run killed inside a save */

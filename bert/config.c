@@ -306,7 +306,7 @@ static const keydef KEYS[] = {
     INT("log_every", "train", log_every, 1, BIG, "progress update every N steps"),
     SPEC("save_every", "train", set_save_every, get_save_every, "checkpoint-STEP in output_dir every N steps, or every 10min / 30s / 2h; 0 = at each epoch's end"),
     INT("keep_checkpoints", "train", keep_checkpoints, 0, BIG, "checkpoint-STEP folders kept (the newest); 0 = all"),
-    ENUM("save_error", "train", save_error_stop, save_error_names, "a failed checkpoint save (disk full): continue training or stop"),
+    ENUM("save_error", "train", save_error_stop, save_error_names, "a failed save (disk full): stop the run there (default) or continue training"),
 
     ENUM("device", "device", device, device_names, "auto (cuda if present, else cpu), cpu, cuda or meta (plan only)"),
     {"capacity", "device", K_BYTES, OFF(capacity), 0, 0, NULL, NULL, NULL, "simulated device memory (7.43GiB, 800MiB, bytes); 0 = the device's"},
@@ -573,6 +573,7 @@ void tk_config_defaults(tk_config *c) {
     c->buckets = 8;
     c->log_every = 10;
     c->keep_checkpoints = 3;
+    c->save_error_stop = 1; /* a run never ends "ok" without its results */
 }
 
 /* ---- YAML ------------------------------------------------------------------ */

@@ -374,7 +374,11 @@ static int lev(const char *a, const char *b) {
     return d[la][lb];
 }
 
-static int need_col(const tk_table *t, const char *col, const char *what, tk_err *err) {
+/* The column named `col` (the config's `key`), or -1 with an error naming
+ * the file, the column, the columns it has and the key to set. TK_EFORMAT:
+ * the file is not shaped as the config says, a data error like its bad
+ * rows. */
+static int need_col(const tk_table *t, const char *col, const char *what, const char *key, tk_err *err) {
     int c = tk_table_col(t, col);
     if (c >= 0) return c;
     char list[512] = "";
@@ -388,10 +392,11 @@ static int need_col(const tk_table *t, const char *col, const char *what, tk_err
     }
     int lim = (int)strlen(col) / 3 > 2 ? (int)strlen(col) / 3 : 2;
     if (best >= 0 && bd <= lim)
-        tk_err_set(err, TK_EINVAL, "%s: no column '%s' for %s (columns: %s; did you mean '%s'?)", t->name, col,
-                   what, list, t->cols[best]);
+        tk_err_set(err, TK_EFORMAT, "%s: no column '%s' for %s (columns: %s; did you mean '%s'? set %s: %s)",
+                   t->name, col, what, list, t->cols[best], key, t->cols[best]);
     else
-        tk_err_set(err, TK_EINVAL, "%s: no column '%s' for %s (columns: %s)", t->name, col, what, list);
+        tk_err_set(err, TK_EFORMAT, "%s: no column '%s' for %s (columns: %s; set %s: to one of them)", t->name, col,
+                   what, list, key);
     return -1;
 }
 
@@ -426,13 +431,13 @@ tk_status tk_dataset_from_table(const tk_table *t, const tk_data_cols *cols, tk_
     const char *tc = cols && cols->text && *cols->text ? cols->text : "text";
     const char *pc = cols && cols->text_pair && *cols->text_pair ? cols->text_pair : NULL;
     const char *lc = cols && cols->label && *cols->label ? cols->label : "label";
-    int ct = need_col(t, tc, "the text", err);
-    if (ct < 0) return TK_EINVAL;
+    int ct = need_col(t, tc, "the text", "text_col", err);
+    if (ct < 0) return TK_EFORMAT;
     int cp = -1;
-    if (pc && (cp = need_col(t, pc, "the text pair", err)) < 0) return TK_EINVAL;
+    if (pc && (cp = need_col(t, pc, "the text pair", "text_pair_col", err)) < 0) return TK_EFORMAT;
     int unlabelled = cols && cols->label_optional && tk_table_col(t, lc) < 0;
-    int cl = unlabelled ? -1 : need_col(t, lc, "the label", err);
-    if (cl < 0 && !unlabelled) return TK_EINVAL;
+    int cl = unlabelled ? -1 : need_col(t, lc, "the label", "label_col", err);
+    if (cl < 0 && !unlabelled) return TK_EFORMAT;
     if (t->nrows == 0) {
         tk_err_set(err, TK_EINVAL, "%s: no examples (only a header)", t->name);
         return TK_EINVAL;

@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE /* strcasestr */
 #include "tk_hub.h"
+#include "tk_files.h"
 #include "tk_host_mem.h"
 
 #include <ctype.h>
@@ -119,19 +120,6 @@ static int exists(const char *p) {
 static int64_t file_size(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 ? (int64_t)st.st_size : -1;
-}
-
-/* mkdir -p */
-static int mkdirs(const char *path) {
-    char p[PATHN];
-    pathf(p, sizeof p, "%s", path);
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/') continue;
-        *s = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
-        *s = '/';
-    }
-    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
 static int is_hex(const char *s, size_t n) {
@@ -557,10 +545,7 @@ static tk_status link_snapshot(const hub *h, const char *file, const char *etag,
     snap_path(h, file, p, sizeof p);
     char *slash = strrchr(p, '/');
     *slash = 0;
-    if (mkdirs(p)) {
-        tk_err_set(err, TK_EIO, "%s: cannot create: %s", p, strerror(errno));
-        return TK_EIO;
-    }
+    if (tk_mkdirs(p, err) != TK_OK) return TK_EIO;
     *slash = '/';
     int depth = 2;
     for (const char *s = file; *s; s++) depth += *s == '/';
@@ -580,7 +565,8 @@ static tk_status link_snapshot(const hub *h, const char *file, const char *etag,
 static void mark_missing(const hub *h, const char *file) {
     char p[PATHN + 512];
     pathf(p, sizeof p, "%s/.no_exist/%s", h->dir, h->commit);
-    if (mkdirs(p)) return;
+    tk_err ignore = {0};
+    if (tk_mkdirs(p, &ignore) != TK_OK) return;
     pathf(p, sizeof p, "%s/.no_exist/%s/%s", h->dir, h->commit, file);
     FILE *f = fopen(p, "w");
     if (f) fclose(f);
@@ -601,10 +587,7 @@ static int lock_blob(const hub *h, const char *file, const char *etag, tk_err *e
     char p[PATHN + 512];
     const char *repo_dir = strrchr(h->dir, '/') + 1;
     pathf(p, sizeof p, "%s/.locks/%s", h->cache, repo_dir);
-    if (mkdirs(p)) {
-        tk_err_set(err, TK_EIO, "%s: cannot create: %s", p, strerror(errno));
-        return -1;
-    }
+    if (tk_mkdirs(p, err) != TK_OK) return -1;
     pathf(p, sizeof p, "%s/.locks/%s/%s.lock", h->cache, repo_dir, etag);
     int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -637,10 +620,7 @@ static tk_status download_blob(hub *h, const head_info *hi, const char *file, co
     pathf(part, sizeof part, "%s.incomplete", blob);
     char dir[PATHN + 16];
     pathf(dir, sizeof dir, "%s/blobs", h->dir);
-    if (mkdirs(dir)) {
-        tk_err_set(err, TK_EIO, "%s: cannot create: %s", dir, strerror(errno));
-        return TK_EIO;
-    }
+    if (tk_mkdirs(dir, err) != TK_OK) return TK_EIO;
     /* the bytes: where an LFS redirect points (no token: it is a signed
      * URL on another host), else the resolve URL */
     int redirected = hi->code >= 300 && hi->code < 400 && hi->location[0];
@@ -763,10 +743,7 @@ static tk_status write_ref(const hub *h, tk_err *err) {
     pathf(p, sizeof p, "%s/refs/%s", h->dir, h->revision);
     char *slash = strrchr(p, '/');
     *slash = 0;
-    if (mkdirs(p)) {
-        tk_err_set(err, TK_EIO, "%s: cannot create: %s", p, strerror(errno));
-        return TK_EIO;
-    }
+    if (tk_mkdirs(p, err) != TK_OK) return TK_EIO;
     *slash = '/';
     char tmp[PATHN + 300];
     pathf(tmp, sizeof tmp, "%s.tmp%d", p, (int)getpid());
@@ -847,10 +824,7 @@ tk_status tk_hub_resolve(const char *model, const char *revision, const tk_hub_o
             return TK_EIO;
         }
         token(h.token, sizeof h.token);
-        if (mkdirs(h.dir)) {
-            tk_err_set(err, TK_EIO, "%s: cannot create the cache folder: %s", h.dir, strerror(errno));
-            return TK_EIO;
-        }
+        if (tk_mkdirs(h.dir, err) != TK_OK) return TK_EIO;
         /* Which commit the revision is now: the hub says so in every answer. */
         if (!is_hex(h.revision, 40)) {
             char url[4096];

@@ -21,6 +21,7 @@
  * log-sum-exp (B,NH,T) instead of the (B,NH,T,T) probabilities; recompute:
  * attention keeps nothing and rebuilds the probabilities chunk by chunk.
  */
+#include "tk_files.h"
 #include "tk_model.h"
 #include "tk_host_mem.h"
 #include "tk_safetensors.h"
@@ -716,10 +717,7 @@ tk_model *tk_model_from_config(tk_dev *d, const tk_config *c, tk_load_report *re
 }
 
 tk_status tk_model_save_hf(tk_model *m, const char *dir, tk_err *err) {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        tk_err_set(err, TK_EIO, "%s: cannot create folder: %s", dir, strerror(errno));
-        return TK_EIO;
-    }
+    if (tk_mkdirs(dir, err) != TK_OK) return TK_EIO;
     tk_st_writer *w = tk_st_writer_new();
     float **bufs = tk_calloc((size_t)m->np, sizeof *bufs);
     tk_status st = TK_OK;

@@ -9,8 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <errno.h>
+#include <unistd.h>
 
 #include "tk_data.h"
+#include "tk_files.h"
 #include "tk_host_mem.h"
 #include "tk_pipeline.h"
 
@@ -36,6 +39,22 @@ static uint64_t fnv_bytes(const void *p, size_t n, uint64_t h) {
 static uint64_t fnv(const char *s, uint64_t h) { return fnv_bytes(s, strlen(s), h); }
 #define FNV0 1469598103934665603ull
 
+/* Where a vocabulary learned from the data is kept: the user's cache
+ * ($XDG_CACHE_HOME, else ~/.cache)/txkernel/vocab, else the temp folder.
+ * Never output_dir: a plan must not write over a trained model's vocab.txt,
+ * and a run puts its vocabulary there with the model (tk_model_save_hf). */
+static void vocab_cache_dir(char *out, size_t n) {
+    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (x && x[0] == '/') snprintf(out, n, "%s/txkernel/vocab", x);
+    else if (home && home[0]) snprintf(out, n, "%s/.cache/txkernel/vocab", home);
+    else out[0] = 0;
+    tk_err ignore = {0};
+    if (!out[0] || tk_mkdirs(out, &ignore) != TK_OK) {
+        const char *t = getenv("TMPDIR");
+        snprintf(out, n, "%s", t && t[0] == '/' ? t : "/tmp");
+    }
+}
+
 tk_tokenizer *tk_run_tokenizer(const tk_config *c, const char *corpus, const char *const *texts, int n,
                                char *path, size_t pn, char *note, size_t note_n, tk_err *err) {
     tk_config r = *c;
@@ -53,16 +72,28 @@ tk_tokenizer *tk_run_tokenizer(const tk_config *c, const char *corpus, const cha
         return tk_tokenizer_new(path, &o, err);
     }
     /* A preset names a shape, not weights: there is no vocab.txt to read.
-     * Learn a WordPiece vocabulary from the data. */
+     * Learn a WordPiece vocabulary from the data, once per distinct set of
+     * texts: the cache file is named by a digest of every text (and the
+     * normalizer and size), so the same data finds it again and other data
+     * never overwrites it. */
     int size = r.vocab_size > 0 ? r.vocab_size : 30522;
-    struct stat st;
-    uint64_t h = fnv(corpus, FNV0) ^ (uint64_t)(stat(corpus, &st) == 0 ? st.st_size : 0);
+    uint64_t h = FNV0;
+    for (int i = 0; i < n; i++) h = fnv_bytes(texts[i], strlen(texts[i]) + 1, h);
     h = fnv(r.lowercase > 0 ? "lc" : "cs", h) * 31 + (uint64_t)size;
-    if (c->output_dir[0]) snprintf(path, pn, "%s/vocab.txt", c->output_dir);
-    else snprintf(path, pn, "/tmp/txk-vocab-%016llx.txt", (unsigned long long)h);
-    if (c->output_dir[0]) mkdir(c->output_dir, 0777);
-    if (!(c->output_dir[0] == 0 && file_exists(path))) {
-        if (tk_vocab_build(texts, n, size, r.lowercase > 0, 0, path, err) != TK_OK) return NULL;
+    char dir[TK_PATH_MAX];
+    vocab_cache_dir(dir, sizeof dir);
+    snprintf(path, pn, "%.*s/txk-vocab-%016llx.txt", (int)(pn > 40 ? pn - 40 : 0), dir, (unsigned long long)h);
+    if (!file_exists(path)) {
+        /* built under a name of this process, then renamed: two commands
+         * learning the same vocabulary at once never see half a file */
+        char mine[TK_PATH_MAX + 128];
+        snprintf(mine, sizeof mine, "%s.%ld", path, (long)getpid());
+        if (tk_vocab_build(texts, n, size, r.lowercase > 0, 0, mine, err) != TK_OK) return NULL;
+        if (rename(mine, path) != 0) {
+            tk_err_set(err, TK_EIO, "%s: cannot rename into place from %s: %s", path, mine, strerror(errno));
+            unlink(mine);
+            return NULL;
+        }
     }
     o.lowercase = r.lowercase > 0;
     snprintf(note, note_n,
@@ -267,6 +298,16 @@ tk_status tk_run_data_load(const tk_config *c, tk_run_data *d, tk_err *err) {
     if (!c->train_file[0]) {
         tk_err_set(err, TK_EINVAL, "train_file: not set (name a CSV, TSV, JSONL or SQuAD JSON file)");
         return TK_EINVAL;
+    }
+    /* a file that cannot be opened is named with the key that names it, so
+     * the user knows which line of the config to fix */
+    const char *const keys[2] = {"train_file", "dev_file"};
+    const char *const files[2] = {c->train_file, c->dev_file};
+    for (int i = 0; i < 2; i++) {
+        if (files[i][0] && access(files[i], R_OK) != 0) {
+            tk_err_set(err, TK_EIO, "%s: %s: cannot open: %s", keys[i], files[i], strerror(errno));
+            return TK_EIO;
+        }
     }
     if (c->head == TK_HEAD_FLATTEN_DENSE && c->towers > 1) {
         tk_err_set(err, TK_EINVAL,

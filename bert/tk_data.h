@@ -16,7 +16,8 @@
  *
  * Errors: every reader error names the file, and where it applies the line and
  * column: "train.csv:17:3: unterminated quoted field",
- * "train.csv: no column 'txt' (columns: text, label; did you mean 'text'?)",
+ * "train.csv: no column 'txt' for the text (columns: text, label; did you mean
+ * 'text'? set text_col: text)",
  * "dev.csv:4: unknown label 'neutral' (train labels: neg, pos)",
  * "train.csv: no examples". Nothing exits; every failure frees what it made.
  *
@@ -83,8 +84,8 @@ typedef struct tk_data_cols {
 } tk_data_cols;
 
 /* Loads a CSV/TSV/JSONL file into a dataset with its own sorted label set.
- * Errors: cannot open, parse errors, unknown column (with the list and the
- * closest name), empty label cell ("x.csv:5: empty label"), no examples. */
+ * Errors: cannot open, parse errors, unknown column (TK_EFORMAT, with the
+ * list, the closest name and the config key to set), empty label cell ("x.csv:5: empty label"), no examples. */
 tk_status tk_dataset_load(const char *path, const tk_data_cols *cols, tk_dataset **out, tk_err *err);
 /* Same from a parsed table (borrowed). */
 tk_status tk_dataset_from_table(const tk_table *t, const tk_data_cols *cols, tk_dataset **out,

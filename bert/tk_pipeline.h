@@ -53,16 +53,19 @@ typedef struct tk_run_data {
 } tk_run_data;
 
 /* Builds the data for a run from config `c`. A preset model without a
- * vocabulary gets one learned from the training texts, written to
- * output_dir/vocab.txt or a /tmp file keyed by the corpus (said in
- * vocab_note). On failure `out` is left cleared. */
+ * vocabulary gets one learned from the training texts, kept in the user's
+ * cache (tk_run_tokenizer; said in vocab_note). Writes nothing the user
+ * owns: plans call it too, so output_dir is neither created nor touched.
+ * On failure `out` is left cleared. */
 tk_status tk_run_data_load(const tk_config *c, tk_run_data *out, tk_err *err);
 void tk_run_data_clear(tk_run_data *d);
 
 /* The tokenizer a run of config c uses: c->vocab, else the model folder's
  * vocab.txt, else a WordPiece vocabulary learned from `texts` (n of them,
- * from the file `corpus`), written to output_dir/vocab.txt or a /tmp file
- * keyed by the corpus and reused. `path` (pn bytes) gets the vocab.txt read,
+ * from the file `corpus`), kept as $XDG_CACHE_HOME (else ~/.cache)
+ * /txkernel/vocab/txk-vocab-DIGEST.txt (the temp folder when that cannot be
+ * made), named by a digest of the texts, the normalizer and the size, and
+ * reused. Never written into output_dir: a run's model save copies it there. `path` (pn bytes) gets the vocab.txt read,
  * `note` (note_n bytes) a line for the user. New object or NULL with err.
  * %txdata's report uses it, so its lengths are the run's. */
 struct tk_tokenizer;

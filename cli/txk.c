@@ -19,6 +19,8 @@
  * 2 usage; 3 the plan does not fit (nothing was allocated); 4 out of memory
  * at run time; 130 interrupted.
  */
+#include <dirent.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -80,7 +82,7 @@ static int load_config(const char *path, char **argv, int argc, tk_config *c) {
     size_t len = 0;
     char *y = read_file(path, &len);
     if (!y) {
-        fprintf(stderr, "txk: %s: cannot read the config\n", path);
+        fprintf(stderr, "txk: %s: cannot read the config: %s\n", path, strerror(errno));
         return EXIT_ERR;
     }
     tk_status st = tk_config_parse_yaml(c, y, len, path, &err);
@@ -380,6 +382,12 @@ static int cmd_train(int argc, char **argv) {
             printf("trained %lld steps in %.1f s; peak %s allocated (planned %s)%s%s\n", (long long)r.steps, r.seconds,
                    tk_format_bytes(r.peak_allocated, b1, sizeof b1), tk_format_bytes(r.plan.peak_allocated, b2, sizeof b2),
                    r.checkpoint[0] ? "; checkpoint " : "", r.checkpoint);
+        if (r.failed_saves) {
+            fprintf(stderr, "txk: %d save%s into %s failed during the run (save_error: continue); %s%s\n",
+                    r.failed_saves, r.failed_saves == 1 ? "" : "s", c.output_dir,
+                    r.checkpoint[0] ? "the last one saved: " : "nothing was saved", r.checkpoint);
+            rc = EXIT_ERR;
+        }
     }
     if (snap && st == TK_OK && r.end != TK_RUN_PLANNED_OOM) {
         int wrc = write_snapshot(s, snap, r.end == TK_RUN_OOM && r.have_oom ? &r.oom : NULL);
@@ -570,6 +578,34 @@ static int is_dir_path(const char *p) {
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* A folder beside the missing `path` whose name starts with its name or is
+ * the start of it ("out/review" -> "out/reviews"), into near; 1 if found. */
+static int nearby_folder(const char *path, char *near, size_t n) {
+    near[0] = 0;
+    char dir[TK_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    size_t l = strlen(dir);
+    while (l > 1 && dir[l - 1] == '/') dir[--l] = 0;
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? slash + 1 : dir;
+    const char *parent = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
+    size_t bl = strlen(base);
+    DIR *d = bl ? opendir(parent) : NULL;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        size_t el = strlen(e->d_name);
+        if (strncmp(e->d_name, base, el < bl ? el : bl) != 0) continue;
+        char p[TK_PATH_MAX * 2];
+        snprintf(p, sizeof p, "%s%s%s", slash ? parent : "", slash && strcmp(parent, "/") ? "/" : "", e->d_name);
+        if (is_dir_path(p)) {
+            snprintf(near, n, "%s", p);
+            break;
+        }
+    }
+    if (d) closedir(d);
+    return near[0] != 0;
+}
+
 /* Every prediction to FILE: JSON Lines for *.jsonl, else CSV with a header. */
 static int write_predictions(const char *path, const json_t *preds, int qa, const tk_predict_report *r) {
     FILE *f = fopen(path, "w");
@@ -629,6 +665,15 @@ static int cmd_predict(int argc, char **argv) {
     tk_config c;
     tk_err err = {0};
     int folder = is_dir_path(argv[0]);
+    if (!folder && access(argv[0], F_OK) != 0) {
+        /* most often a mistyped run folder: say that, not "config" */
+        char near[TK_PATH_MAX * 2 + 8];
+        int have = nearby_folder(argv[0], near, sizeof near);
+        fprintf(stderr, "txk: %s: no such folder (nor a config file); predict takes a trained model's folder "
+                        "(a run's output_dir) or a config whose output_dir holds one%s%s%s\n",
+                argv[0], have ? "; did you mean " : "", near, have ? "?" : "");
+        return EXIT_ERR;
+    }
     if (!folder && (rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
     if (tk_session_predict_config(folder ? argv[0] : NULL, &c, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", err.msg);
@@ -879,6 +924,9 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv);
         /* exec failed: go on with the default policy */
     }
+    /* a file-size limit (ulimit -f) makes a write fail with EFBIG, which the
+     * save reports naming the file, instead of killing the run unsaid */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) return usage(stderr);
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) return usage(stdout);
     for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)

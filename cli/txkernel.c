@@ -5,6 +5,7 @@
 #include "tk_kernel.h"
 #include "tk_magics.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -24,6 +25,8 @@ int main(int argc, char **argv) {
         else return usage(stderr);
     }
     if (!conn) return usage(stderr);
+    /* as in txk: a file-size limit is a save error naming the file, not a kill */
+    signal(SIGXFSZ, SIG_IGN);
     tk_magics *m = tk_magics_new();
     if (!m) { fprintf(stderr, "txkernel: out of memory at start\n"); return 1; }
     tk_interp it = tk_magics_interp(m);

@@ -156,6 +156,8 @@ typedef struct tk_run_report {
     size_t peak_allocated, peak_reserved;
     double seconds;
     char checkpoint[TK_PATH_MAX];
+    int failed_saves;           /* saves that failed (checkpoints, the model folder) */
+    int save_stopped;           /* 1: output_dir could not be made, or a save failed and ended the run */
     char device_note[256];
     /* cuda: CUPTI's peak of every device allocation in the process over the
      * run (segments + the plugin's buffers + libraries), and the plugin's

@@ -311,7 +311,12 @@ static int run_txplan(tk_magic_ctx *m) {
         else if (!strcmp(argv[i], "--sweep")) sweep = 1;
         else if (!strcmp(argv[i], "--measure")) measure = sweep = 1;
         else if (!strcmp(argv[i], "--gpus")) {
+            /* checked here, before the session's last config is read: a bad
+             * flag is named even when that config would fail (a failed cell) */
+            const tk_gpu_profile *probe[16];
             if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--gpus needs colab, kaggle or all");
+            else if (tk_gpu_platform_cards(argv[i + 1], probe, 16) < 0)
+                rc = tk_magic_error(m, "UsageError", "--gpus %s: expected colab, kaggle or all", argv[i + 1]);
             else snprintf(gpus, sizeof gpus, "%s", argv[++i]);
         } else if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file")) {
             if (i + 1 >= argc) {

@@ -164,7 +164,8 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
     char b1[32], b2[32], b3[32], b4[32];
     int rc = 0;
     if (st != TK_OK) {
-        rc = tk_magic_error(m, st == TK_EFORMAT || st == TK_EIO ? "DataError" : "RunError", "%s", err.msg);
+        rc = tk_magic_error(m, r.save_stopped ? "SaveError" : st == TK_EFORMAT || st == TK_EIO ? "DataError" : "RunError",
+                            "%s", err.msg);
         tk_run_report_clear(&r);
         return rc;
     }
@@ -248,6 +249,13 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
         json_object_set_new(res, "application/json", rj);
         tk_txshow(m, res, "result", NULL, 0, 1);
         json_decref(res);
+        /* save_error: continue went on past a failed save: the cell still
+         * fails, so Run All stops and nobody takes the run as saved */
+        if (r.failed_saves)
+            rc = tk_magic_error(m, "SaveError", "%d save%s into %s failed during the run (save_error: continue; the "
+                                "messages above say why); %s%s", r.failed_saves, r.failed_saves == 1 ? "" : "s",
+                                c.output_dir, r.checkpoint[0] ? "the last one saved: " : "nothing was saved",
+                                r.checkpoint);
         break;
     }
     default:

@@ -49,4 +49,34 @@ if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(0 if u.find_
   echo "deps: installing antiberty==0.1.3 (a pretrained BERT in a wheel) into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps antiberty==0.1.3
 fi
+
+# The second test row (tests/peers.py): today's stack from PyPI, torch 2.x
+# (used on the CPU; its wheel brings the CUDA libraries, about 5.6 GB in
+# all), transformers 5.x and huggingface_hub, in .venv-t2 without Debian's
+# site packages (Debian's torch 1.13 must not shadow it). tests/conftest.py
+# runs the interop tests on this row in a child pytest of its python, hence
+# pytest; AntiBERTy's wheel (--no-deps, as in .venv) for the pretrained-BERT
+# test. Versions are read from the installed metadata: importing torch takes
+# seconds.
+if [ ! -x .venv-t2/bin/python ]; then
+  /usr/bin/python3 -m venv .venv-t2
+fi
+t2_ok() {
+  .venv-t2/bin/python -c "
+import importlib.metadata as m, sys
+v = m.version
+for p in ('huggingface_hub', 'safetensors', 'tokenizers', 'pytest'):
+    v(p)  # raises when absent
+sys.exit(0 if v('torch').split('.')[0] == '2' and v('transformers').split('.')[0] == '5' else 1)" 2>/dev/null
+}
+if ! t2_ok; then
+  echo "deps: installing the torch 2.x test row into .venv-t2 (about 5.6 GB)"
+  .venv-t2/bin/python -m pip install -q --disable-pip-version-check "torch>=2,<3" "transformers>=5,<6" \
+    huggingface_hub safetensors tokenizers pytest
+fi
+if ! .venv-t2/bin/python -c "import importlib.metadata as m; m.version('antiberty')" 2>/dev/null; then
+  echo "deps: installing antiberty==0.1.3 (a pretrained BERT in a wheel) into .venv-t2"
+  .venv-t2/bin/python -m pip install -q --disable-pip-version-check --no-deps antiberty==0.1.3
+fi
+
 touch .venv/.deps-ok

@@ -6,7 +6,9 @@ Suites, in order:
      its own "N passed, N failed" line, which is read here;
   2. extra commands a module registers in tests/suites/*.sh (one suite each; the
      last line of its output must be "N passed, N failed");
-  3. the python tests (tests/**/test_*.py) under pytest, counted from its JUnit XML.
+  3. the python tests (tests/**/test_*.py) under pytest, counted from its JUnit XML;
+     the interop tests (marked peer) run once per peer row (tests/peers.py,
+     tests/conftest.py), whose versions are printed first.
 A suite that crashes or prints no closing line counts as one failure.
 """
 import glob, os, re, subprocess, sys, time
@@ -73,6 +75,11 @@ for s in sorted(glob.glob("tests/suites/*.sh")):
 pyfiles = sorted(glob.glob("tests/**/test_*.py", recursive=True))
 pyfiles = [p for p in pyfiles if wanted(p)]
 if pyfiles:
+    # the peer rows' versions (tests/peers.py): the tests marked peer run on each
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import peers
+    for label, python in peers.peer_rows():
+        print(f"peers {label}: {peers.versions(python)}")
     os.makedirs("build", exist_ok=True)
     xml = "build/pytest.xml"
     t0 = time.time()

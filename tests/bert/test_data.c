@@ -118,11 +118,13 @@ static void test_dataset_errors(void) {
     TK_CHECK_STR(err.msg, want);
     const char *p = put("train.csv", "text,label\nhi,pos\n");
     tk_data_cols cols = {.text = "txt"};
-    TK_CHECK(tk_dataset_load(p, &cols, &d, &err) == TK_EINVAL);
-    TK_CHECK_STR(err.msg, "train.csv: no column 'txt' for the text (columns: text, label; did you mean 'text'?)");
+    TK_CHECK(tk_dataset_load(p, &cols, &d, &err) == TK_EFORMAT);
+    TK_CHECK_STR(err.msg, "train.csv: no column 'txt' for the text (columns: text, label; did you mean 'text'? "
+                          "set text_col: text)");
     cols = (tk_data_cols){.label = "category"};
-    TK_CHECK(tk_dataset_load(p, &cols, &d, &err) == TK_EINVAL);
-    TK_CHECK_STR(err.msg, "train.csv: no column 'category' for the label (columns: text, label)");
+    TK_CHECK(tk_dataset_load(p, &cols, &d, &err) == TK_EFORMAT);
+    TK_CHECK_STR(err.msg, "train.csv: no column 'category' for the label (columns: text, label; set label_col: to "
+                          "one of them)");
     p = put("empty.csv", "text,label\n");
     TK_CHECK(tk_dataset_load(p, NULL, &d, &err) == TK_EINVAL);
     TK_CHECK_STR(err.msg, "empty.csv: no examples (only a header)");

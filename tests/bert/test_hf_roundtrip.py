@@ -1,8 +1,11 @@
-"""A round trip with PyPI transformers (4.40, on Debian's torch 1.13):
+"""A round trip with PyPI transformers, on both peer rows (tests/peers.py):
+4.40 on Debian's torch 1.13, and 5.x on torch 2.x:
 
 - a model transformers saved (safetensors, pytorch_model.bin, and shards
-  of it with their index) gives the same logits in
-  `txk predict` as in transformers (fp32, dropout off, within 1e-4);
+  with their index) gives the same logits in `txk predict` as in
+  transformers (fp32, dropout off, within 1e-4). transformers 5 writes
+  safetensors only: there the .bin is torch.save's of the state dict (torch
+  2.x's writer) and the shards are safetensors shards;
 - a model `txk train` fine-tuned and saved loads in transformers with no
   missing or unexpected keys, the label names in id2label, the same logits,
   and its tokenizer files load with AutoTokenizer and give txk's token ids
@@ -17,12 +20,17 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+pytestmark = pytest.mark.peer  # on both rows: torch 1.13 and torch 2.x (tests/peers.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TXK = os.path.join(ROOT, "build", "txk")
 TOK = os.path.join(ROOT, "build", "tok_dump")
 DATA = os.path.join(ROOT, "tests", "data")
 VOCAB = os.path.join(DATA, "vocab_uncased.txt")
+TF5 = int(transformers.__version__.split(".")[0]) >= 5
+# transformers 5 saves a tokenizer as tokenizer.json, with no vocab.txt
+NO_VOCAB_TXT = "transformers 5 folder without vocab.txt: issue 24, branch h24a"
 
 
 def txk(*args, cwd=ROOT):
@@ -57,6 +65,7 @@ def tmp():
         yield d
 
 
+@pytest.mark.peer_xfail("torch2", reason=NO_VOCAB_TXT)
 @pytest.mark.parametrize("form", ["safetensors", "bin", "sharded"])
 def test_a_model_transformers_saved_predicts_the_same_logits(tmp, form):
     torch.manual_seed(0)
@@ -69,11 +78,18 @@ def test_a_model_transformers_saved_predicts_the_same_logits(tmp, form):
     model = transformers.BertForSequenceClassification(cfg)
     folder = os.path.join(tmp, "hf_saved_" + form)
     # model.safetensors; pytorch_model.bin (torch.save's zip); or shards of
-    # pytorch_model.bin with their index
-    model.save_pretrained(folder, safe_serialization=form == "safetensors",
-                          **({"max_shard_size": "40KB"} if form == "sharded" else {}))
-    if form == "sharded":
-        assert os.path.exists(os.path.join(folder, "pytorch_model.bin.index.json"))
+    # pytorch_model.bin (of model.safetensors with transformers 5) with their index
+    if TF5 and form == "bin":
+        model.config.save_pretrained(folder)
+        torch.save(model.state_dict(), os.path.join(folder, "pytorch_model.bin"))
+    elif TF5:
+        model.save_pretrained(folder, **({"max_shard_size": "40KB"} if form == "sharded" else {}))
+    else:
+        model.save_pretrained(folder, safe_serialization=form == "safetensors",
+                              **({"max_shard_size": "40KB"} if form == "sharded" else {}))
+    weights = {"safetensors": "model.safetensors", "bin": "pytorch_model.bin",
+               "sharded": "model.safetensors.index.json" if TF5 else "pytorch_model.bin.index.json"}[form]
+    assert os.path.exists(os.path.join(folder, weights)), os.listdir(folder)
     transformers.BertTokenizer(VOCAB, do_lower_case=True, model_max_length=128).save_pretrained(folder)
     rows = dev_rows(24)
     inp = os.path.join(tmp, "dev24.csv")
@@ -97,7 +113,8 @@ def test_a_model_txk_trained_loads_in_transformers(tmp):
     assert r.returncode == 0, r.stderr
     last = json.loads(r.stdout)[-1]
     model, info = transformers.AutoModelForSequenceClassification.from_pretrained(out, output_loading_info=True)
-    assert info["missing_keys"] == [] and info["unexpected_keys"] == []
+    # lists in transformers 4, sets in 5
+    assert list(info["missing_keys"]) == [] and list(info["unexpected_keys"]) == []
     assert model.config.id2label == {0: "mixed", 1: "neg", 2: "pos"}
 
     # the dev set's metrics, again, from the saved model

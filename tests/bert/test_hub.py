@@ -1,8 +1,10 @@
 """`model:` from the HF hub and its cache (bert/hub.c), against a hub this test
 serves on 127.0.0.1: the resolve API /{repo}/resolve/{revision}/{file} with
 the headers huggingface_hub reads (X-Repo-Commit, ETag, X-Linked-Etag,
-X-Linked-Size), a redirect for LFS files, Range requests, and a log of every
-request. No traffic leaves 127.0.0.1."""
+X-Linked-Size), a redirect for LFS files to a second server (the CDN), Range requests, the revision and
+tree listings snapshot_download asks for, and a log of every request. The
+tests marked `peer` run with huggingface_hub 0.x (torch1 row) and 2.x
+(torch2 row, tests/peers.py). No traffic leaves 127.0.0.1."""
 import hashlib, http.server, json, os, re, subprocess, sys, threading
 
 import numpy as np
@@ -89,7 +91,9 @@ class Hub:
 
             def answer(self, body):
                 hub.log.append((self.command, self.path, self.headers.get("Range")))
-                if hub.token and self.headers.get("Authorization") != "Bearer " + hub.token:
+                # the LFS store's URLs are signed, as the hub's CDN's are: no token there
+                if hub.token and self.headers.get("Authorization") != "Bearer " + hub.token \
+                        and not self.path.startswith("/lfs/"):
                     return self.send(401, {"X-Error-Message": "Invalid credentials", "Content-Length": "0"}, body=body)
                 m = re.match(r"^/api/models/([^/]+/[^/]+)/revision/([^/]+)$", self.path)
                 if m:  # what snapshot_download lists
@@ -98,6 +102,20 @@ class Hub:
                         return self.send(404, {"X-Error-Code": "RepoNotFound", "Content-Length": "0"})
                     js = json.dumps({"id": m.group(1), "sha": COMMIT,
                                      "siblings": [{"rfilename": f} for f in files]}).encode()
+                    return self.send(200, {"Content-Type": "application/json", "Content-Length": str(len(js))}, js)
+                m = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/?]+)(?:\?.*)?$", self.path)
+                if m:  # what huggingface_hub 1.x+ snapshot_download lists (one page, no Link header)
+                    files = hub.repos.get(m.group(1))
+                    if files is None:
+                        return self.send(404, {"X-Error-Code": "RepoNotFound", "Content-Length": "0"})
+                    tree = []
+                    for f, data in files.items():
+                        e = {"type": "file", "path": f, "size": len(data),
+                             "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()}
+                        if f.endswith(LFS):
+                            e["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                        tree.append(e)
+                    js = json.dumps(tree).encode()
                     return self.send(200, {"Content-Type": "application/json", "Content-Length": str(len(js))}, js)
                 m = re.match(r"^/lfs/([0-9a-f]{64})$", self.path)
                 if m:
@@ -120,7 +138,7 @@ class Hub:
                     sha = hashlib.sha256(data).hexdigest()
                     h.update({"X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data)),
                               "ETag": '"%s"' % hashlib.sha1(name.encode()).hexdigest(),
-                              "Location": f"http://127.0.0.1:{hub.port}/lfs/{sha}", "Content-Length": "0"})
+                              "Location": f"http://127.0.0.1:{hub.cdn_port}/lfs/{sha}", "Content-Length": "0"})
                     return self.send(302, h, body=body)
                 blob = b"blob %d\0" % len(data) + data
                 h.update({"ETag": '"%s"' % hashlib.sha1(blob).hexdigest(), "Content-Length": str(len(data))})
@@ -158,7 +176,13 @@ class Hub:
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.port = self.srv.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        # LFS files are served from another origin, as the hub's CDN: huggingface_hub
+        # 1.x+ follows a redirect to the same origin and reads the file's metadata
+        # there, but stops at one to another and reads it from the 302
+        self.cdn = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.cdn_port = self.cdn.server_address[1]
+        for srv in (self.srv, self.cdn):
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
 
 
 def sharded(files):
@@ -194,6 +218,7 @@ def hub():
     h = Hub({REPO: files, "some-org/sharded-bert": sharded(files), "some-org/bin-bert": only_bin})
     yield h
     h.srv.shutdown()
+    h.cdn.shutdown()
 
 
 @pytest.fixture
@@ -223,6 +248,7 @@ def snapshot(env):
     return os.path.join(env["HF_HUB_CACHE"], "models--some-org--tiny-bert", "snapshots", COMMIT)
 
 
+@pytest.mark.peer
 def test_train_downloads_and_huggingface_hub_finds_it(tmp_path, env, hub):
     import huggingface_hub as hh
     rc, out = txk(env, "train", cfg(tmp_path, REPO))
@@ -250,6 +276,7 @@ def test_train_downloads_and_huggingface_hub_finds_it(tmp_path, env, hub):
     assert len(hub.log) == n, hub.log[n:]
 
 
+@pytest.mark.peer
 def test_txk_uses_a_cache_huggingface_hub_filled_without_a_request(tmp_path, env, hub):
     from huggingface_hub import snapshot_download
     cache = env["HF_HUB_CACHE"]
@@ -350,6 +377,7 @@ def test_random_init_only_when_asked(tmp_path, env, hub):
     assert rc == 1 and "planning never downloads" in out and len(hub.log) == n, out
 
 
+@pytest.mark.peer
 def test_sharded_weights_load_as_one_and_bin_is_named(tmp_path, env, hub):
     """A sharded checkpoint (the index and every shard it names) is fetched
     and loads as the one-file model does: the same training losses.

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.peer  # on both rows: torch 1.13 and torch 2.x (tests/peers.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
 DRIVER = os.path.join(BUILD, "train_parity")

@@ -6,7 +6,9 @@ vocab.txt. txk reads that file in C as it is:
 
 - through a classification head with the same weights on both sides, the
   pooled logits equal transformers' within 1e-4 (the encoder, the pooler and
-  the head all take part);
+  the head all take part); on both peer rows (tests/peers.py): transformers
+  4.40 on torch 1.13 and 5.x on torch 2.x, where the head's shard is that
+  torch's torch.save;
 - a short fine-tune on project-made sequences runs, and reports the
   checkpoint's unused heads (cls.*) and the newly initialised classifier.
 """
@@ -61,6 +63,7 @@ def folder(tmp_path_factory):
     return d
 
 
+@pytest.mark.peer  # transformers 4.40 on torch 1.13, and 5.x on torch 2.x (tests/peers.py)
 def test_pooled_logits_equal_transformers(folder, tmp_path):
     torch.manual_seed(0)
     hf = transformers.BertForSequenceClassification.from_pretrained(str(folder), num_labels=2).eval()
@@ -98,6 +101,7 @@ def test_pooled_logits_equal_transformers(folder, tmp_path):
 
 
 def test_a_short_finetune_runs(folder, tmp_path):
+    # txk alone (no peer takes part): the same on every row, so it runs once
     train, dev = tmp_path / "train.csv", tmp_path / "dev.csv"
     write_csv(train, sequences(48, 2))
     write_csv(dev, sequences(16, 3))

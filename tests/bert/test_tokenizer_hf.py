@@ -10,6 +10,8 @@ import pytest
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import BertWordPieceTokenizer
 
+pytestmark = pytest.mark.peer  # on both rows (tests/peers.py): HF tokenizers 0.19 and 0.2x
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "tests", "data")
 BUILD = os.environ.get("TK_BUILD", os.path.join(ROOT, "build"))

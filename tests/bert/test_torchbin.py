@@ -43,6 +43,7 @@ def dump(path):
     return r, out
 
 
+@pytest.mark.peer
 @pytest.mark.parametrize("zipped", [True, False], ids=["zip", "legacy"])
 def test_tensors_read_bitwise_equal(zipped, tmp_path):
     sd = state_dict()
@@ -89,6 +90,7 @@ def test_a_global_outside_the_state_dict_is_refused_and_nothing_runs(tmp_path):
     assert not os.path.exists(MARKER)
 
 
+@pytest.mark.peer
 def test_truncated_and_oversized_files_are_errors(tmp_path):
     sd = state_dict()
     for zipped in (True, False):

@@ -5,6 +5,7 @@
  * a small run trains, and %txmem / %txdata / %txdevice / %txreset answer. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "tk_magics.h"
 #include "tk_session.h"
 #include "tk_test.h"
@@ -210,6 +211,82 @@ static void test_completion(void) {
     json_decref(matches);
 }
 
+/* Issue 28's smaller errors, each naming what to fix: a missing train_file
+ * names the key; a CSV without the label column is a DataError (as a bad
+ * row is) that suggests label_col:; after a failed cell, a bad --gpus is
+ * named rather than the earlier cell's error; a mistyped model folder is
+ * "no such folder". */
+static void test_errors_name_what_to_fix(void) {
+    int rc;
+    const char *tiny = "model: bert-tiny\ninit: random\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"
+                       "vocab: tests/data/vocab_cased.txt\nmax_len: 32\nbatch_size: 8\nmax_steps: 1\n"
+                       "device: cpu\n";
+    char cell[1024];
+    snprintf(cell, sizeof cell, "%%%%txtrain\n%strain_file: tests/data/no_such.csv\n", tiny);
+    json_t *m = run(cell, &rc);
+    json_t *e = first(m, "error");
+    TK_CHECK(e && !strcmp(json_string_value(json_object_get(e, "ename")), "DataError"));
+    TK_CHECK_MSG(strstr(evalue(m), "train_file: tests/data/no_such.csv: cannot open"), "%s", evalue(m));
+    json_decref(m);
+    m = run("%txplan --gpus colba", &rc);
+    e = first(m, "error");
+    TK_CHECK(e && !strcmp(json_string_value(json_object_get(e, "ename")), "UsageError"));
+    TK_CHECK_STR(evalue(m), "--gpus colba: expected colab, kaggle or all");
+    json_decref(m);
+
+    const char *csv = "/tmp/tk_test_magics_nolabel.csv";
+    FILE *f = fopen(csv, "w");
+    TK_CHECK(f != NULL);
+    if (f) {
+        fputs("text,sentiment\ngood,pos\nbad,neg\n", f);
+        fclose(f);
+    }
+    snprintf(cell, sizeof cell, "%%%%txtrain\n%strain_file: %s\ndev_split: 0\n", tiny, csv);
+    m = run(cell, &rc);
+    e = first(m, "error");
+    TK_CHECK(e && !strcmp(json_string_value(json_object_get(e, "ename")), "DataError"));
+    TK_CHECK_MSG(strstr(evalue(m), "tk_test_magics_nolabel.csv: no column 'label' for the label (columns: text, "
+                                   "sentiment; set label_col: to one of them)"), "%s", evalue(m));
+    json_decref(m);
+    unlink(csv);
+
+    /* an output_dir that cannot be made: a SaveError naming it, before training */
+    f = fopen("/tmp/tk_test_magics_a_file", "w");
+    if (f) fclose(f);
+    snprintf(cell, sizeof cell, "%%%%txtrain\n%strain_file: tests/data/reviews_train.csv\ndev_split: 0\n"
+                                "max_examples: 16\noutput_dir: /tmp/tk_test_magics_a_file/run\n", tiny);
+    m = run(cell, &rc);
+    e = first(m, "error");
+    TK_CHECK(e && !strcmp(json_string_value(json_object_get(e, "ename")), "SaveError"));
+    TK_CHECK_MSG(strstr(evalue(m), "output_dir /tmp/tk_test_magics_a_file/run: cannot create folder "
+                                   "/tmp/tk_test_magics_a_file: Not a directory") &&
+                     strstr(evalue(m), "nothing was trained"), "%s", evalue(m));
+    TK_CHECK(first(m, "result") == NULL);
+    json_decref(m);
+    unlink("/tmp/tk_test_magics_a_file");
+
+    m = run("%txpredict /tmp/tk_test_magics_no_such_run --input tests/data/reviews_dev.csv", &rc);
+    TK_CHECK_MSG(strstr(evalue(m), "/tmp/tk_test_magics_no_such_run: no such folder"), "%s", evalue(m));
+    json_decref(m);
+}
+
+/* %%txtrain says which device trains (a gpu: profile on the cpu is only the
+ * memory limit), and that the default lr is too small for random weights. */
+static void test_train_says_device_and_lr(void) {
+    int rc;
+    json_t *m = run("%%txtrain\nmodel: bert-tiny\ninit: random\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"
+                    "vocab: tests/data/vocab_cased.txt\ntrain_file: tests/data/reviews_train.csv\ndev_split: 0\n"
+                    "max_examples: 16\nmax_len: 32\nbatch_size: 8\nmax_steps: 1\ngpu: t4\n", &rc);
+    TK_CHECK_MSG(rc == 0, "%s", evalue(m));
+    char *all = json_dumps(m, 0);
+    TK_CHECK_MSG(all && strstr(all, "training on the cpu (device: cpu") &&
+                     strstr(all, "gpu: t4 is the planning profile"), "%s", all ? all : "");
+    TK_CHECK_MSG(all && strstr(all, "warning: lr: 2e-05 is the default") && strstr(all, "lr: 2e-3"), "%s",
+                 all ? all : "");
+    free(all);
+    json_decref(m);
+}
+
 int main(void) {
     M = tk_magics_new();
     TK_CHECK(M != NULL);
@@ -222,6 +299,8 @@ int main(void) {
     TK_RUN(test_mem_data_device_reset);
     TK_RUN(test_keys_magic);
     TK_RUN(test_completion);
+    TK_RUN(test_errors_name_what_to_fix);
+    TK_RUN(test_train_says_device_and_lr);
     tk_magics_destroy(&M);
     return tk_test_done();
 }

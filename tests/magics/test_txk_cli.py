@@ -232,3 +232,38 @@ def test_data_reads_squad_question_context_pairs():
     # a CSV still needs its column
     rc, _, err = txk("data", os.path.join(DATA, "reviews_train.csv"), "--text", "nope")
     assert rc == 1 and "no column 'nope'" in err
+
+
+def tiny_cfg(**over):
+    kv = dict(model="bert-tiny", init="random", hidden=32, layers=1, heads=2, intermediate=64,
+              vocab=os.path.join(DATA, "vocab_cased.txt"), train_file=os.path.join(DATA, "reviews_train.csv"),
+              dev_split=0, max_examples=16, max_len=32, batch_size=8, max_steps=1, device="cpu")
+    kv.update(over)
+    return cfg("".join(f"{k}: {v}\n" for k, v in kv.items()))
+
+
+def test_errors_name_the_key_and_the_folder():
+    # a missing train_file names the key as well as the file
+    rc, _, err = txk("plan", tiny_cfg(train_file="no_such_train.csv"))
+    assert rc == 1 and "train_file: no_such_train.csv: cannot open: No such file or directory" in err, err
+    # a CSV without the label column: the file, the column, the columns it has and label_col:
+    d = tempfile.mkdtemp()
+    bad = os.path.join(d, "nolabel.csv")
+    with open(bad, "w") as f:
+        f.write("text,sentiment\ngood,pos\nbad,neg\n")
+    rc, _, err = txk("train", tiny_cfg(train_file=bad))
+    assert rc == 1 and "nolabel.csv: no column 'label' for the label (columns: text, sentiment; set label_col:" in err
+    # a mistyped model folder is no such folder, with the near one
+    os.makedirs(os.path.join(d, "out", "reviews"))
+    rc, _, err = txk("predict", os.path.join(d, "out", "review"), "--input", os.path.join(DATA, "reviews_dev.csv"))
+    assert rc == 1 and "out/review: no such folder" in err and "did you mean " + os.path.join(d, "out", "reviews") in err
+    assert "cannot read the config" not in err
+
+
+def test_train_says_which_device_and_warns_of_the_default_lr_from_random_weights():
+    rc, _, err = txk("train", tiny_cfg(gpu="t4"))
+    assert rc == 0, err
+    assert "training on the cpu (device: cpu" in err and "gpu: t4 is the planning profile" in err, err
+    assert "warning: lr: 2e-05 is the default" in err, err
+    rc, _, err = txk("train", tiny_cfg(lr="2e-3"))
+    assert rc == 0 and "training on the cpu" in err and "warning: lr:" not in err, err

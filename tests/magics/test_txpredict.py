@@ -68,6 +68,10 @@ def test_txpredict_after_txtrain(kernel):
 
     reply, outs = u.run_cell(kc, f"%txpredict /nonexistent --input {DATA}/reviews_dev.csv", timeout=60)
     errs = [o for o in outs if o["msg_type"] == "error"]
+    assert len(errs) == 1 and "/nonexistent: no such folder" in errs[0]["content"]["evalue"]
+    # a folder that is there but holds no model says that instead
+    reply, outs = u.run_cell(kc, f"%txpredict {DATA} --input {DATA}/reviews_dev.csv", timeout=60)
+    errs = [o for o in outs if o["msg_type"] == "error"]
     assert len(errs) == 1 and "not a trained model folder" in errs[0]["content"]["evalue"]
 
     bad = os.path.join(out, "bad.csv")

@@ -26,7 +26,7 @@
 #include "tk_host_mem.h"
 #include "tk_safetensors.h"
 #include "tk_torchbin.h"
-#include "tk_data.h"
+#include "tk_ops_spec.h" /* splitmix64, inlined in weight init */
 
 #include <assert.h>
 #include <errno.h>
@@ -459,8 +459,8 @@ static void init_values(const pslot *s, int idx, uint64_t seed, float *buf, int6
     }
     uint64_t st = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(idx + 1));
     for (int64_t i = 0; i < n; i += 2) {
-        double u1 = ((tk_rand_next(&st) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
-        double u2 = (tk_rand_next(&st) >> 11) * (1.0 / 9007199254740992.0);
+        double u1 = ((tk_spec_splitmix64(&st) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+        double u2 = (tk_spec_splitmix64(&st) >> 11) * (1.0 / 9007199254740992.0);
         double r = sqrt(-2.0 * log(u1)) * 0.02;
         buf[i] = (float)(r * cos(2 * M_PI * u2));
         if (i + 1 < n) buf[i + 1] = (float)(r * sin(2 * M_PI * u2));

@@ -35,7 +35,7 @@
 #include "tk_checkpoint.h"
 #include "tk_host_mem.h"
 #include "tk_train.h"
-#include "tk_data.h"
+#include "tk_ops_spec.h" /* splitmix64 for the batch order */
 
 static double now_s(void) {
     struct timespec ts;
@@ -71,7 +71,7 @@ static void epoch_order(int *order, int n, uint64_t seed, int epoch) {
         order[i] = i;
     uint64_t s = seed * 1000003ull + (uint64_t)epoch;
     for (int i = n - 1; i > 0; i--) {
-        int j = (int)(tk_rand_next(&s) % (uint64_t)(i + 1));
+        int j = (int)(tk_spec_splitmix64(&s) % (uint64_t)(i + 1));
         int t = order[i];
         order[i] = order[j];
         order[j] = t;

@@ -197,10 +197,9 @@ TK_SPEC_FN tk_adamw_coef tk_adamw_coef_of(const tk_adamw_hp *hp) {
 TK_SPEC_FN void tk_adamw_update(float *p, float *m, float *v, float g, const tk_adamw_coef *k) {
     float mi = k->b1 * *m + k->omb1 * g;
     float vi = k->b2 * *v + k->omb2 * g * g;
-    float pi = *p * k->decay;
-    *p = pi - k->step_size * mi / (sqrtf(vi) * k->inv_sqrt_bc2 + k->eps);
-    *m = mi;
+    *m = mi; /* p, m and v are distinct elements */
     *v = vi;
+    *p = *p * k->decay - k->step_size * mi / (sqrtf(vi) * k->inv_sqrt_bc2 + k->eps);
 }
 
 /* ---- fp16 / bf16 <-> fp32 ---- */

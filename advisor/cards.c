@@ -18,7 +18,7 @@ tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_length
     const tk_gpu_profile *cards[16];
     int n = tk_gpu_platform_cards(platform, cards, 16);
     if (n < 0) {
-        tk_err_set(err, TK_EINVAL, "--gpus %s: expected colab, kaggle or all", platform ? platform : "(none)");
+        tk_err_set(err, TK_EINVAL, "--gpus %s: expected colab, kaggle, colab-2020 or all", platform ? platform : "(none)");
         return TK_EINVAL;
     }
     tk_plan_result *p = tk_malloc(sizeof *p);

@@ -1,6 +1,12 @@
 /* oom_message.c — reads a pasted out-of-memory message and says why it
  * happened, from the figures in it alone (or with the user's config planned
- * on a platform's cards).
+ * on a platform's cards). The diagnosis opens with the seed user's question,
+ * why the same code fits on some runs and not others, answered from the
+ * message's figures and each card's one usable capacity
+ * (tk_gpu_profile_budget); fix code carries only numbers the user gave (a
+ * config's, set by the caller) or named placeholders; txkernel's plans are
+ * labelled as such beside PyTorch's figures. A "no kernel image" error (or
+ * torch's "not compatible" warning) is read too, as not an OOM.
  *
  * The forms PyTorch has printed (c10/cuda/CUDACachingAllocator.cpp, earlier
  * aten/src/THC/THCCachingAllocator.cpp):
@@ -338,6 +344,102 @@ static void name_card(tk_oom_message *m) {
                       hit[i]->name, i + 1 == n ? ")" : "");
 }
 
+/* ---- not an OOM: the installed torch has no kernels for the card ------------------------ */
+
+/* The line holding s, from its start to s: [*b, s). */
+static const char *line_start(const char *text, const char *s) {
+    while (s > text && s[-1] != '\n' && s[-1] != '\r') s--;
+    return s;
+}
+
+static void copy_trimmed(char *out, size_t n, const char *b, const char *e) {
+    while (b < e && isspace((unsigned char)*b)) b++;
+    while (e > b && isspace((unsigned char)e[-1])) e--;
+    size_t k = (size_t)(e - b) < n - 1 ? (size_t)(e - b) : n - 1;
+    for (size_t i = 0; i < k; i++) out[i] = isprint((unsigned char)b[i]) ? b[i] : '?';
+    out[k] = 0;
+}
+
+/* The profile's words in a device name: "p100" in "Tesla P100-PCIE-16GB",
+ * "rtx-pro-6000" in "NVIDIA RTX PRO 6000 Blackwell ..." ('-' matches a space
+ * or '-'); a trailing memory size ("-16", "-80") is left out, as device
+ * names spell it differently. Case-insensitive, on word boundaries. */
+static int names_card(const char *dev, const char *name) {
+    size_t k = strlen(name);
+    const char *dash = strrchr(name, '-');
+    if (dash && dash[1] && strspn(dash + 1, "0123456789") == strlen(dash + 1)) k = (size_t)(dash - name);
+    for (const char *q = dev; *q; q++) {
+        if (q > dev && isalnum((unsigned char)q[-1])) continue;
+        size_t i = 0;
+        for (; i < k && q[i]; i++) {
+            if (name[i] == '-' ? (q[i] != ' ' && q[i] != '-') : tolower((unsigned char)q[i]) != name[i]) break;
+        }
+        if (i == k && !isalnum((unsigned char)q[k])) return 1;
+    }
+    return 0;
+}
+
+/* The one card (A100-40 and -80 count as one) the device name names, or NULL. */
+static const tk_gpu_profile *card_of_device(const char *dev) {
+    const tk_gpu_profile *hit = NULL;
+    int n = 0;
+    for (int i = 0; tk_gpu_profile_at(i); i++) {
+        const tk_gpu_profile *p = tk_gpu_profile_at(i);
+        if (!names_card(dev, p->name)) continue;
+        if (!hit || strncmp(hit->name, p->name, 4)) n++;
+        if (!hit) hit = p;
+    }
+    return n == 1 ? hit : NULL;
+}
+
+/* "CUDA error: no kernel image is available for execution on the device"
+ * (cudaErrorNoKernelImageForDevice), and the warning torch prints when the
+ * card is first used: "Tesla P100-PCIE-16GB with CUDA capability sm_60 is not
+ * compatible with the current PyTorch installation. The current PyTorch
+ * install supports CUDA capabilities sm_70 ... sm_120." */
+static int parse_no_kernel(const char *text, size_t len, tk_oom_message *m) {
+    if (!text) return -1;
+    const char *end = text + len;
+    const char *err = find_last(text, len, "no kernel image is available for execution on the device");
+    const char *warn = find_last(text, len, " is not compatible with the current PyTorch installation");
+    if (!err && !warn) return -1;
+    m->format = TK_OOMMSG_NO_KERNEL_IMAGE;
+    if (warn) {
+        const char *cap = NULL;
+        for (const char *q = line_start(text, warn); q && q < warn;) {
+            const char *f = find_in(q, warn, " with CUDA capability ");
+            if (!f) break;
+            cap = f;
+            q = f + 1;
+        }
+        if (cap) {
+            copy_trimmed(m->device_name, sizeof m->device_name, line_start(text, cap), cap);
+            copy_trimmed(m->device_sm, sizeof m->device_sm, cap + 22, warn);
+        }
+        const char *sup = find_in(warn, end, "supports CUDA capabilities ");
+        if (sup) {
+            sup += 27;
+            const char *e = sup;
+            while (e < end && *e != '.' && *e != '\n' && *e != '\r') e++;
+            copy_trimmed(m->supported_sm, sizeof m->supported_sm, sup, e);
+        }
+    }
+    if (!m->device_name[0]) {
+        /* "Found GPU0 Tesla P100-PCIE-16GB which is of cuda capability 6.0." */
+        const char *f = find_last(text, len, "Found GPU");
+        const char *w = f ? find_in(f, end, " which is of cuda capability") : NULL;
+        if (w) {
+            const char *b = f + 9;
+            while (b < w && isdigit((unsigned char)*b)) b++;
+            copy_trimmed(m->device_name, sizeof m->device_name, b, w);
+        }
+    }
+    m->card = m->device_name[0] ? card_of_device(m->device_name) : NULL;
+    if (m->card) snprintf(m->card_text, sizeof m->card_text, "%s", m->card->name);
+    else if (m->device_name[0]) snprintf(m->card_text, sizeof m->card_text, "%s", m->device_name);
+    return 0;
+}
+
 /* ---- impossible figures and derived ones -------------------------------------------- */
 
 static void check_and_derive(tk_oom_message *m) {
@@ -392,7 +494,7 @@ int tk_oom_message_parse(const char *text, size_t len, tk_oom_message *m) {
     if (m->format == TK_OOMMSG_NONE || (!any && m->format != TK_OOMMSG_TF)) {
         memset(m, 0, sizeof *m);
         m->gpu_index = -1;
-        return -1;
+        return parse_no_kernel(text, len, m);
     }
     check_and_derive(m);
     name_card(m);
@@ -453,52 +555,213 @@ static void upper(const char *s, char *out, size_t n) {
     out[i] = 0;
 }
 
-/* The lottery from the message alone: on its card PyTorch could use `here`
- * (the total less what was held outside its cache) and the run needed more;
- * which of the platform's cards leave it more room than that? */
-static void lottery_from_figures(tk_oom_message *m, const char *platform, uint64_t held) {
-    const tk_gpu_profile *cards[16];
-    int n = tk_gpu_platform_cards(platform, cards, 16);
-    uint64_t here = m->have_outside ? m->fig[TK_OOMFIG_TOTAL].bytes - m->outside : tk_gpu_profile_budget(m->card);
-    char more[400] = "", less[200] = "", nm[32], b1[32], b2[32], b3[32];
-    size_t wm = 0, wl = 0;
-    for (int i = 0; i < n; i++) {
-        if (cards[i] == m->card) continue;
-        upper(cards[i]->name, nm, sizeof nm);
-        size_t budget = tk_gpu_profile_budget(cards[i]);
-        if (budget > here)
-            wm += (size_t)snprintf(more + wm, wm < sizeof more ? sizeof more - wm : 0, "%s%s (%s for PyTorch)",
-                                   wm ? ", " : "", nm, fmt(budget, b1, sizeof b1));
-        else
-            wl += (size_t)snprintf(less + wl, wl < sizeof less ? sizeof less - wl : 0, "%s%s", wl ? ", " : "", nm);
-        if (wm >= sizeof more) wm = sizeof more - 1;
-        if (wl >= sizeof less) wl = sizeof less - 1;
-    }
-    if (!more[0]) return;
-    upper(m->card->name, nm, sizeof nm);
-    add_diag(m, TK_DIAG_LOTTERY,
-             "card lottery: this message comes from a %s (%s total), one of the cards %s hands out; there PyTorch could "
-             "use %s and the run, holding %s, needed more. %s leave PyTorch more room (after the context), so the same "
-             "notebook gets further there and may fit%s%s: which card the runtime gets decides. Plan the config on "
-             "each card to know: txk plan CFG --gpus %s",
-             nm, m->fig[TK_OOMFIG_TOTAL].text, platform, fmt(here, b2, sizeof b2), fmt(held, b3, sizeof b3), more,
-             less[0] ? "; no more room on " : "", less, platform);
+/* "a P4", "an L4", "an A100-40", "an RTX-PRO-6000" (upper-case name) */
+static const char *a_card(const tk_gpu_profile *p, char *buf, size_t n) {
+    char nm[32];
+    upper(p->name, nm, sizeof nm);
+    int an = nm[0] && strchr("AEFHILMNORSX", nm[0]) != NULL; /* letters read with a vowel: "an L4" */
+    snprintf(buf, n, "a%s %s", an ? "n" : "", nm);
+    return buf;
 }
 
-static void lottery_from_plans(tk_oom_message *m, const char *platform, const tk_card_fit *cards, int n) {
-    int fits_here = -1, any_fit = 0, near = 0;
-    for (int i = 0; i < n; i++) {
-        if (cards[i].card == m->card) fits_here = cards[i].fits;
-        any_fit |= cards[i].fits;
-        if (cards[i].fits && cards[i].margin < (int64_t)(cards[i].budget / 20)) near = 1;
+static const char *platform_clause(const char *platform) {
+    if (!platform) return "";
+    if (!strcmp(platform, "colab-2020"))
+        return ", one of the cards Colab's runtime was given in 2020 (K80, P4, T4, P100; V100-16 on Colab Pro) without "
+               "the notebook choosing";
+    if (!strcmp(platform, "colab"))
+        return ", one of the cards Colab hands out today (a T4 on the free tier; L4, A100, H100 and RTX PRO 6000 on paid "
+               "plans)";
+    if (!strcmp(platform, "kaggle")) return ", one of Kaggle's accelerators (T4, P100, RTX PRO 6000)";
+    return "";
+}
+
+/* The first diagnosis: why the same code fits on some runs and not others,
+ * from the message's own figures and the one usable capacity of each card
+ * (tk_gpu_profile_budget). `here`: what PyTorch had on this run (reserved +
+ * free); `held`: what it had allocated when it failed. */
+static void why_intermittent(tk_oom_message *m, const char *platform, uint64_t here) {
+    const tk_gpu_profile *card = m->card, *pool[16], *today[16], *cands[32];
+    int np = platform ? tk_gpu_platform_cards(platform, pool, 16) : 0, nt = tk_gpu_platform_cards("colab", today, 16);
+    if (np < 0) np = 0;
+    /* the platform's cards, then today's Colab cards (T4, L4, A100, ...) not among them */
+    int nc = 0, n_pool = 0;
+    for (int i = 0; i < np + nt && nc < 32; i++) {
+        const tk_gpu_profile *p = i < np ? pool[i] : today[i - np];
+        int dup = p == card;
+        for (int k = 0; k < nc && !dup; k++) dup = cands[k] == p;
+        if (dup || tk_gpu_profile_budget(p) <= here) continue;
+        cands[nc++] = p;
+        if (i < np) n_pool++;
     }
-    if (!any_fit || (fits_here == 1 && !near)) return;
-    char s[320], nm[32] = "";
+    /* each group by budget, smallest first */
+    for (int g = 0; g < 2; g++) {
+        int lo = g ? n_pool : 0, hi = g ? nc : n_pool;
+        for (int i = lo + 1; i < hi; i++)
+            for (int k = i; k > lo && tk_gpu_profile_budget(cands[k]) < tk_gpu_profile_budget(cands[k - 1]); k--) {
+                const tk_gpu_profile *t = cands[k];
+                cands[k] = cands[k - 1], cands[k - 1] = t;
+            }
+    }
+    if (n_pool && nc > n_pool + 2) nc = n_pool + 2; /* today's two smallest beside an old pool: L4, A100-40 */
+    char c1[40], b1[32], b2[32], b3[32], more[600] = "";
+    size_t budget = tk_gpu_profile_budget(card), w = 0;
+    /* the card named as "would fit": the first with twice the room, else the largest */
+    const tk_gpu_profile *sure = NULL;
+    for (int i = 0; i < nc; i++) {
+        size_t b = tk_gpu_profile_budget(cands[i]);
+        if (b >= 2 * here && (!sure || b < tk_gpu_profile_budget(sure))) sure = cands[i];
+        w += (size_t)snprintf(more + w, w < sizeof more ? sizeof more - w : 0, "%s%s on %s%s",
+                              i == n_pool && n_pool ? " (and today " : i ? ", " : "", fmt(b, b1, sizeof b1),
+                              a_card(cands[i], c1, sizeof c1), i + 1 == nc && n_pool && i >= n_pool ? ")" : "");
+        if (w >= sizeof more) w = sizeof more - 1;
+    }
+    for (int i = 0; !sure && i < nc; i++)
+        if (!sure || tk_gpu_profile_budget(cands[i]) > tk_gpu_profile_budget(sure)) sure = cands[i];
+    char room[900];
+    if (sure)
+        snprintf(room, sizeof room,
+                 "; PyTorch had %s here and needed more, while a run gets %s, so on %s it would fit unless its step "
+                 "needs over %.1fx what it had here",
+                 fmt(here, b2, sizeof b2), more, a_card(sure, c1, sizeof c1),
+                 (double)tk_gpu_profile_budget(sure) / (double)(here ? here : 1));
+    else
+        snprintf(room, sizeof room, "; PyTorch had %s here and needed more, and no card in the list leaves more",
+                 fmt(here, b2, sizeof b2));
+    /* earlier cells' tensors are inside PyTorch's figures; only another
+     * process or framework is outside its cache */
+    const tk_oommsg_figure *A = ok_fig(m, TK_OOMFIG_ALLOCATED);
+    char held[600], inside[160] = "";
+    if (A) snprintf(inside, sizeof inside, "tensors earlier cells still hold count in the %s PyTorch had allocated, and ",
+                    A->text);
+    if (here + 128 * MIB < budget)
+        snprintf(held, sizeof held,
+                 "; and what else is on the card changes from run to run: %s%s beyond that default was held outside "
+                 "PyTorch on this run (another process on the card, such as a second notebook, or another framework "
+                 "in this one, such as TensorFlow)",
+                 inside, fmt(budget - here, b3, sizeof b3));
+    else
+        snprintf(held, sizeof held, "; and what else is on the card changes from run to run: %sabout that default was "
+                 "held outside PyTorch", inside);
+    char nm[40];
+    a_card(card, nm, sizeof nm);
+    add_diag(m, TK_DIAG_LOTTERY,
+             "card lottery: why it fits on some runs and not others: this run got %s (%s total, %s usable after %s "
+             "for the CUDA context and library buffers, the profile's default, not measured)%s%s%s.",
+             nm, m->fig[TK_OOMFIG_TOTAL].text, fmt(budget, b1, sizeof b1),
+             fmt(card->capacity - budget, b2, sizeof b2), platform_clause(platform), room, held);
+}
+
+/* With the user's config: txkernel's trainer's plan of it on each card, and
+ * the gap between that plan and the PyTorch run the message comes from. */
+static void config_on_cards(tk_oom_message *m, const char *platform, const tk_card_fit *cards, int n) {
+    char s[400], nm[32] = "", b1[32], b2[32], b3[32];
     tk_cards_sentence(cards, n, s, sizeof s);
     if (m->card) upper(m->card->name, nm, sizeof nm);
-    add_diag(m, TK_DIAG_LOTTERY, "card lottery on %s: the config %s%s%s%s.", platform, s,
-             nm[0] ? "; this message came from a " : "", nm,
-             near ? "; within 5% of a card's budget a run can fit one day and not the next" : "");
+    int near = 0;
+    for (int i = 0; i < n; i++) near |= cards[i].fits && cards[i].margin < (int64_t)(cards[i].budget / 20);
+    const tk_oommsg_figure *A = ok_fig(m, TK_OOMFIG_ALLOCATED);
+    char gap[700] = "";
+    if (m->have_plan && A && m->card) {
+        if (A->bytes > m->plan_peak + m->plan_peak / 4)
+            snprintf(gap, sizeof gap,
+                     " Whose numbers: your PyTorch run had %s allocated when it failed on the %s (its peak was higher "
+                     "still), where txkernel's trainer plans a peak of %s for this config: %s more. The message's "
+                     "figure counts every tensor your Python process held on the card (an earlier cell's model or "
+                     "optimizer included) and PyTorch's own way of running the step (its attention and optimizer "
+                     "code); txkernel plans its own trainer, and an `engine: pytorch` plan that would model PyTorch's "
+                     "step is not available yet, so the gap cannot be split further here.",
+                     A->text, nm, fmt(m->plan_peak, b1, sizeof b1), fmt(A->bytes - m->plan_peak, b2, sizeof b2));
+        else
+            snprintf(gap, sizeof gap,
+                     " Whose numbers: your PyTorch run had %s allocated when it failed on the %s; txkernel's trainer "
+                     "plans a peak of %s for this config.",
+                     A->text, nm, fmt(m->plan_peak, b3, sizeof b3));
+    }
+    add_diag(m, TK_DIAG_LOTTERY, "card lottery on %s, your config as txkernel's trainer plans it: %s%s%s%s.%s", platform,
+             s, nm[0] ? "; this message came from a " : "", nm,
+             near ? "; within 5% of a card's budget a run can fit one day and not the next" : "", gap);
+}
+
+/* The capacity fixes as code, carrying the user's own numbers when a config
+ * gave them and named placeholders otherwise: never an example value. */
+static void capacity_fixes(tk_oom_message *m) {
+    char code[400], text[240];
+    int B = m->user_batch, A = m->user_accumulate > 1 ? m->user_accumulate : 1;
+    if (B >= 2)
+        snprintf(code, sizeof code,
+                 "TrainingArguments(..., per_device_train_batch_size=%d, gradient_accumulation_steps=%d)\n"
+                 "# your batch %d x accumulation %d: the same effective batch of %d\n"
+                 "# (a plain loop: DataLoader(..., batch_size=%d), optimizer.step() every %d batches)",
+                 B / 2, 2 * A, B, A, B * A, B / 2, 2 * A);
+    else
+        snprintf(code, sizeof code,
+                 "TrainingArguments(..., per_device_train_batch_size=B // 2, gradient_accumulation_steps=A * 2)\n"
+                 "# B, A: your batch size and accumulation now (txk advise CFG --from-error fills them in)");
+    add_fix(m, "half the batch per step, same effective batch (transformers)", code);
+    if (m->user_p99 > 0 && (m->user_max_len <= 0 || m->user_p99 < m->user_max_len))
+        snprintf(code, sizeof code,
+                 "enc = tokenizer(texts, truncation=True, max_length=%d, padding=\"longest\")\n"
+                 "# %d: the p99 token length of your training examples (your config's max_len: %d)", m->user_p99,
+                 m->user_p99, m->user_max_len);
+    else if (m->user_p99 > 0)
+        snprintf(code, sizeof code,
+                 "enc = tokenizer(texts, truncation=True, max_length=%d, padding=\"longest\")\n"
+                 "# %d: your config's max_len; your training examples' p99 is %d, so a shorter max_length truncates more: "
+                 "padding=\"longest\" is the saving here",
+                 m->user_max_len, m->user_max_len, m->user_p99);
+    else if (m->user_max_len > 0)
+        snprintf(code, sizeof code,
+                 "enc = tokenizer(texts, truncation=True, max_length=%d, padding=\"longest\")\n"
+                 "# %d: your config's max_len; lower it to your data's p99 (txk data FILE prints it)",
+                 m->user_max_len, m->user_max_len);
+    else
+        snprintf(code, sizeof code,
+                 "enc = tokenizer(texts, truncation=True, max_length=N, padding=\"longest\")\n"
+                 "# N: your data's p99 token length (txk data FILE prints it)");
+    add_fix(m, "shorter sequences: pad each batch to its longest text, and truncate at what your texts need", code);
+    static const char amp[] = "scaler = torch.amp.GradScaler(\"cuda\")\nwith torch.autocast(\"cuda\", dtype=torch.float16):\n"
+                              "    loss = model(**batch).loss\nscaler.scale(loss).backward()\nscaler.step(optimizer)\n"
+                              "scaler.update()";
+    if (m->card && !tk_gpu_profile_fast_fp16(m->card)) {
+        snprintf(text, sizeof text, "mixed precision: on a %s (no tensor cores) fp16 saves activation memory but no time",
+                 m->card->name);
+        add_fix(m, text, amp);
+    } else {
+        add_fix(m, "mixed precision (fp16 halves activations and is faster on tensor cores)", amp);
+    }
+    add_fix(m, "recompute activations in the backward pass (about 30% slower, far less memory)",
+            "model.gradient_checkpointing_enable()");
+}
+
+/* Not an OOM: the card is older than every kernel the installed torch has
+ * (Kaggle's P100 with a cu128 torch: Kaggle/docker-python#1546; Kaggle's
+ * answer in Kaggle/kaggle-cli#1151: use a T4 or L4, or install a Pascal
+ * build). torch's own warning there asks for CUDA 12.6 builds, whose arch
+ * list still has 6.0 (PyTorch 2.9's cu126: 5.0 6.0 7.0 7.5 8.0 8.6 9.0, as
+ * Comfy-Org/ComfyUI#16438 lists them). */
+static void no_kernel_diagnosis(tk_oom_message *m) {
+    char dev[120], code[300];
+    if (m->device_name[0])
+        snprintf(dev, sizeof dev, " (%s%s%s)", m->device_name, m->device_sm[0] ? ", " : "", m->device_sm);
+    else
+        dev[0] = 0;
+    add_diag(m, TK_OOMMSG_DIAG_NO_KERNEL_IMAGE,
+             "no_kernel_image: not an out-of-memory error: the installed torch has no GPU code for this card%s%s%s%s. "
+             "Memory settings, a smaller batch or a restart cannot help. Kaggle's P100 with its cu128 torch is the "
+             "known case (Kaggle/docker-python#1546)",
+             dev, m->supported_sm[0] ? "; this torch has kernels for " : "", m->supported_sm,
+             m->supported_sm[0] ? " only" : "");
+    add_fix(m, "switch the notebook to a T4 (Kaggle: Settings > Accelerator > GPU T4 x2; Colab: Runtime > Change "
+               "runtime type), then check the card",
+            "!nvidia-smi --query-gpu=name,compute_cap --format=csv   # a T4 says 7.5");
+    snprintf(code, sizeof code,
+             "!pip install torch --index-url https://download.pytorch.org/whl/cu126\n"
+             "import torch; print(torch.cuda.get_arch_list())   # must list %s",
+             m->device_sm[0] ? m->device_sm : "your card's sm_NN");
+    add_fix(m, "or keep the card and install a torch build with kernels for it (PyTorch's cu126 wheels still have "
+               "sm_60; needs the internet, so not in an offline competition)",
+            code);
 }
 
 void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n, const char *platform) {
@@ -509,8 +772,15 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
                            *A = ok_fig(m, TK_OOMFIG_ALLOCATED), *U = ok_fig(m, TK_OOMFIG_RESERVED_UNALLOCATED),
                            *F = ok_fig(m, TK_OOMFIG_FREE), *P = ok_fig(m, TK_OOMFIG_PROCESS_IN_USE),
                            *V = ok_fig(m, TK_OOMFIG_RESERVED);
+    if (m->format == TK_OOMMSG_NO_KERNEL_IMAGE) {
+        no_kernel_diagnosis(m);
+        return;
+    }
     int torch = m->format != TK_OOMMSG_TF;
     int cap_first = R && T && R->bytes > T->bytes;
+    const char *plat = platform ? platform : tk_gpu_platform_of(m->card);
+    /* the seed's question first: why the same code fits on some runs and not others */
+    if (torch && m->card && T && m->have_outside) why_intermittent(m, plat, T->bytes - m->outside);
     /* fragmentation ranks first only when the split cache is the larger loss:
      * 379 MiB of scraps beside 1.6 GiB held outside the cache is not the cause */
     int frag = torch && R && U && U->bytes >= R->bytes && !cap_first;
@@ -543,20 +813,23 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
     }
     if (torch && A && T && !cap_first && A->bytes * 2 >= T->bytes)
         add_diag(m, TK_DIAG_CAPACITY,
-                 "capacity: live tensors (%s allocated by PyTorch) fill %.0f%% of the card (%s): the step needs more "
-                 "than this card has",
+                 "capacity: when it failed, your PyTorch run had %s allocated, %.0f%% of the card (%s): as PyTorch ran "
+                 "it, the step needed more than this card had for it",
                  A->text, 100.0 * (double)A->bytes / (double)T->bytes, T->text);
     else if (torch && A && T && R && !cap_first && A->bytes + R->bytes > T->bytes)
         add_diag(m, TK_DIAG_CAPACITY,
                  "capacity: live tensors (%s) plus the request (%s) come to %s, more than the whole card (%s)",
                  A->text, R->text, fmt(A->bytes + R->bytes, b1, sizeof b1), T->text);
-    uint64_t ctx = m->card ? m->card->context_overhead : 0;
+    /* what the card's one usable capacity leaves outside PyTorch: the
+     * profile's default for the context and library buffers */
+    uint64_t ctx = m->card ? m->card->capacity - tk_gpu_profile_budget(m->card) : 0;
     if (torch && m->have_outside && m->outside >= 256 * MIB && T && m->outside * 20 >= T->bytes) {
         if (m->card && m->outside > ctx + 128 * MIB)
             add_diag(m, TK_DIAG_HEADROOM,
                      "headroom: %s of the card is held outside PyTorch's cache (total %s - reserved %s - free %s). The "
-                     "CUDA context and library kernels take about %s on a %s; the other %s is another process or "
-                     "another framework in this runtime (an earlier cell's model, TensorFlow, a second kernel)",
+                     "CUDA context and library buffers take about %s on a %s (the profile's default, not measured); "
+                     "the other %s is another process on the card (a second notebook, a run still alive) or another "
+                     "framework in this one (TensorFlow loaded by an earlier cell)",
                      fmt(m->outside, b1, sizeof b1), T->text, V ? V->text : "?", F ? F->text : "?",
                      fmt(ctx, b2, sizeof b2), m->card->name, fmt(m->outside - ctx, b3, sizeof b3));
         else
@@ -586,9 +859,14 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
     if (torch && R && T && !cap_first && R->bytes * 4 >= T->bytes)
         add_diag(m, TK_DIAG_DOMINANT_LAYER, "dominant_layer: one tensor of %s is %.0f%% of the card", R->text,
                  100.0 * (double)R->bytes / (double)T->bytes);
-    const char *plat = platform ? platform : tk_gpu_platform_of(m->card);
-    if (plat && n > 0) lottery_from_plans(m, plat, cards, n);
-    else if (plat && m->card && torch && A && R) lottery_from_figures(m, plat, A->bytes);
+    if (plat && n > 0 && m->n_diag < TK_OOMMSG_MAX_DIAG) {
+        /* the config's fit on each card goes right after the opening sentence */
+        config_on_cards(m, plat, cards, n);
+        int to = m->n_diag > 1 && m->diag[0].kind == TK_DIAG_LOTTERY ? 1 : 0;
+        tk_oommsg_diag d = m->diag[m->n_diag - 1];
+        memmove(&m->diag[to + 1], &m->diag[to], (size_t)(m->n_diag - 1 - to) * sizeof d);
+        m->diag[to] = d;
+    }
 
     /* fixes, in the order of the diagnoses they answer */
     for (int i = 0; i < m->n_diag; i++) {
@@ -620,29 +898,19 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
                         "c = tf.keras.layers.GlobalAveragePooling1D()(context_bert_layer)\n"
                         "out = tf.keras.layers.Dense(1604, activation=\"softmax\")(tf.keras.layers.Concatenate()([q, c]))");
             } else if (!torch) {
-                add_fix(m, "halve the tensor: a smaller batch or mixed precision",
-                        "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")\nmodel.fit(x, y, batch_size=8)");
+                char code[200];
+                if (m->user_batch >= 2)
+                    snprintf(code, sizeof code, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")\n"
+                             "model.fit(x, y, batch_size=%d)   # half your %d", m->user_batch / 2, m->user_batch);
+                else
+                    snprintf(code, sizeof code, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")\n"
+                             "model.fit(x, y, batch_size=B // 2)   # B: your batch size now");
+                add_fix(m, "halve the tensor: a smaller batch or mixed precision", code);
             }
             break;
         case TK_DIAG_CAPACITY:
             if (!torch) break;
-            add_fix(m, "half the batch per step, same effective batch (transformers)",
-                    "TrainingArguments(..., per_device_train_batch_size=8, gradient_accumulation_steps=4)");
-            add_fix(m, "shorter sequences: most texts need far fewer than 512 tokens",
-                    "enc = tokenizer(texts, truncation=True, max_length=256, padding=\"longest\")");
-            if (m->card && !tk_gpu_profile_fast_fp16(m->card)) {
-                char t[240];
-                snprintf(t, sizeof t, "mixed precision: on a %s (no tensor cores) fp16 saves activation memory but no "
-                         "time", m->card->name);
-                add_fix(m, t, "scaler = torch.cuda.amp.GradScaler()\nwith torch.autocast(\"cuda\", dtype=torch.float16):\n"
-                              "    loss = model(**batch).loss\nscaler.scale(loss).backward()\nscaler.step(optimizer)\nscaler.update()");
-            } else {
-                add_fix(m, "mixed precision (fp16 halves activations and is faster on tensor cores)",
-                        "scaler = torch.cuda.amp.GradScaler()\nwith torch.autocast(\"cuda\", dtype=torch.float16):\n"
-                        "    loss = model(**batch).loss\nscaler.scale(loss).backward()\nscaler.step(optimizer)\nscaler.update()");
-            }
-            add_fix(m, "recompute activations in the backward pass (about 30% slower, far less memory)",
-                    "model.gradient_checkpointing_enable()");
+            capacity_fixes(m);
             break;
         case TK_DIAG_LOTTERY:
             add_fix(m, "see which card the runtime got before training, and plan for the smallest one",
@@ -662,6 +930,7 @@ static const char *format_name(tk_oommsg_format f) {
     case TK_OOMMSG_TORCH_RESERVED: return "PyTorch 1.4-2.0";
     case TK_OOMMSG_TORCH_21: return "PyTorch 2.1+";
     case TK_OOMMSG_TF: return "TensorFlow";
+    case TK_OOMMSG_NO_KERNEL_IMAGE: return "not an OOM: no kernel image for the device";
     default: return "none";
     }
 }
@@ -676,7 +945,8 @@ char *tk_oom_message_format(const tk_oom_message *m) {
         fclose(f);
         return buf;
     }
-    fprintf(f, "OOM message: %s%s", format_name(m->format), m->spelled_capacty ? ", spelled \"capacty\"" : "");
+    fprintf(f, "%s: %s%s", m->format == TK_OOMMSG_NO_KERNEL_IMAGE ? "Message" : "OOM message", format_name(m->format),
+            m->spelled_capacty ? ", spelled \"capacty\"" : "");
     if (m->gpu_index >= 0) fprintf(f, ", GPU %d", m->gpu_index);
     fputc('\n', f);
     if (m->format == TK_OOMMSG_TF) {
@@ -728,7 +998,7 @@ static const char *diag_id(tk_diag_kind k) {
     case TK_DIAG_CAPACITY: return "capacity";
     case TK_DIAG_HEADROOM: return "headroom";
     case TK_DIAG_FRAGMENTATION: return "fragmentation";
-    default: return "other";
+    default: return k == TK_OOMMSG_DIAG_NO_KERNEL_IMAGE ? "no_kernel_image" : "other";
     }
 }
 

@@ -12,9 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tk_data.h"
 #include "tk_host_mem.h"
+#include "tk_hub.h"
 #include "tk_model.h"
 #include "tk_pipeline.h"
 #include "tk_plan.h"
@@ -225,12 +227,32 @@ static tk_snap_fix *add_fix(tk_snapshot *s, const char *id) {
     return f;
 }
 
-static int read_data(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
+/* --model as a local name: a path or a preset as it is; a hub id becomes
+ * its snapshot folder in the HF cache, with config.json and the tokenizer
+ * files fetched when the cache lacks them (never the weights; offline, the
+ * error names the file missing). */
+static int local_model(const char *name, char *out, size_t n, tk_err *err) {
+    struct stat st;
+    tk_bert_dims d;
+    if (stat(name, &st) == 0 || tk_bert_preset(name, &d, NULL) == 0 || !tk_hub_is_repo_id(name)) {
+        snprintf(out, n, "%s", name);
+        return 0;
+    }
+    tk_hub_opts ho = {.weights = 0};
+    tk_err e = {0};
+    if (tk_hub_resolve(name, NULL, &ho, out, n, NULL, &e) != TK_OK) {
+        tk_err_set(err, e.status, "--model %.200s: %.800s", name, e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int read_data(tk_snapshot *s, const tk_snap_opts *o, const char *model, tk_err *err) {
     tk_config c;
     tk_config_defaults(&c);
-    /* the tokenizer of the given model (its folder's vocab.txt); else the
-     * pipeline's default for a preset */
-    if (o->model && *o->model) snprintf(c.model, sizeof c.model, "%s", o->model);
+    /* the tokenizer of the given model (its folder's vocab.txt or
+     * tokenizer.json); else the pipeline's default for a preset */
+    if (model[0]) snprintf(c.model, sizeof c.model, "%s", model);
     else if (s->model.preset[0]) snprintf(c.model, sizeof c.model, "%s", s->model.preset);
     tk_run_lengths rl;
     if (tk_run_text_lengths(&c, o->data, o->text_col, NULL, &rl, err) != TK_OK) {
@@ -276,9 +298,14 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     sizes z = {v, s->n_live_sizes};
     tk_snap_model m4 = {0}, m2 = {0};
     size_t b4 = recognise_elem(z, 4, &m4), b2 = recognise_elem(z, 2, &m2);
-    if (o->model && *o->model) {
+    char model[TK_PATH_MAX] = "";
+    if (o->model && *o->model && local_model(o->model, model, sizeof model, err)) {
+        free(v);
+        return -1;
+    }
+    if (model[0]) {
         tk_bert_dims d;
-        if (tk_bert_dims_resolve(o->model, &d, NULL, err) != TK_OK) {
+        if (tk_bert_dims_resolve(model, &d, NULL, err) != TK_OK) {
             if (!strstr(err->msg, o->model)) {
                 char msg[sizeof err->msg];
                 snprintf(msg, sizeof msg, "--model %.200s: %.800s", o->model, err->msg);
@@ -313,7 +340,7 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
         m->batch = o->batch, m->seq = o->seq;
         snprintf(m->shape_from, sizeof m->shape_from, "--batch/--seq");
     }
-    if (o->data && *o->data && read_data(s, o, err)) return -1;
+    if (o->data && *o->data && read_data(s, o, model, err)) return -1;
 
     tk_snap_fix *ml = find_fix(s, "max_length");
     if (s->data.have && !ml && (ml = add_fix(s, "max_length")))
@@ -333,7 +360,7 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     /* the setting as it ran, then each fix, on the planner */
     tk_config c;
     tk_config_defaults(&c);
-    snprintf(c.model, sizeof c.model, "%s", o->model && *o->model ? o->model : m->preset[0] ? m->preset : "bert-base-uncased");
+    snprintf(c.model, sizeof c.model, "%s", model[0] ? model : m->preset[0] ? m->preset : "bert-base-uncased");
     c.init = TK_INIT_RANDOM;
     c.hidden = m->hidden, c.layers = m->layers, c.heads = m->heads, c.intermediate = m->intermediate;
     c.vocab_size = m->vocab, c.max_position = m->max_position;

@@ -23,7 +23,13 @@ typedef enum {
     TK_OOMMSG_TORCH_RESERVED, /* 1.4-2.0: "...; F free; X reserved in total by PyTorch)" */
     TK_OOMMSG_TORCH_21,       /* 2.1+: "GPU n has a total capacity of T of which F is free. ..." */
     TK_OOMMSG_TF,             /* "OOM when allocating tensor with shape[..] and type T on .. by allocator .." */
+    TK_OOMMSG_NO_KERNEL_IMAGE, /* not an OOM: "no kernel image is available for execution on the device", or
+                                * PyTorch's warning "<card> with CUDA capability sm_NN is not compatible ..." */
 } tk_oommsg_format;
+
+/* A diagnosis only a pasted message has, beyond the advisor's kinds: the
+ * installed torch has no kernels for the card (JSON id "no_kernel_image"). */
+#define TK_OOMMSG_DIAG_NO_KERNEL_IMAGE ((tk_diag_kind)TK_DIAG_COUNT)
 
 /* The figures, in the order the JSON lists them. */
 typedef enum {
@@ -54,7 +60,7 @@ typedef struct tk_oommsg_figure {
 
 typedef struct tk_oommsg_diag {
     tk_diag_kind kind;
-    char text[640];
+    char text[1400];
 } tk_oommsg_diag;
 
 typedef struct tk_oommsg_fix {
@@ -79,6 +85,18 @@ typedef struct tk_oom_message {
     /* the card */
     const tk_gpu_profile *card;   /* the one profile whose capacity matches the total, or NULL */
     char card_text[96];           /* "p4" / "an 80 GB-class card (a100-80 or h100-80)" / "" */
+    /* no kernel image: what the warning says, when it is there */
+    char device_name[64];         /* "Tesla P100-PCIE-16GB" */
+    char device_sm[16];           /* "sm_60" */
+    char supported_sm[160];       /* "sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120" */
+    /* the user's own numbers, set by the caller before diagnosing (0: not
+     * given): fix code carries them, or named placeholders without them */
+    int user_batch, user_accumulate, user_max_len, user_p99;
+    /* txkernel's trainer's plan of the user's config on the message's card,
+     * set by the caller (have_plan 0: none): the diagnosis labels it against
+     * the message's PyTorch figures and names the gap */
+    int have_plan;
+    uint64_t plan_peak;           /* planned peak reserved */
     /* derived */
     int have_outside;             /* total - reserved - free, from reliable figures */
     uint64_t outside;
@@ -91,8 +109,10 @@ typedef struct tk_oom_message {
 
 /* Finds the last OOM message in text[0..len) (a whole traceback is fine; the
  * text need not be NUL-terminated) and reads its figures, flags impossible
- * ones and names the card. 0, or -1 when there is no OOM message with at
- * least one figure (*m is then zeroed with format NONE). */
+ * ones and names the card. Without one, a "no kernel image" error or
+ * PyTorch's "not compatible" warning is read instead (format
+ * NO_KERNEL_IMAGE, no figures). 0, or -1 when there is neither (*m is then
+ * zeroed with format NONE). */
 int tk_oom_message_parse(const char *text, size_t len, tk_oom_message *m);
 
 /* What a run on the card of the message does on each of a platform's cards:
@@ -107,10 +127,12 @@ typedef struct tk_card_fit {
     double step_seconds;          /* predicted, 0 if unknown */
 } tk_card_fit;
 
-/* Diagnoses a parsed message (ranked, best first) and writes its fixes.
- * `cards` (may be NULL, n 0): planned fits of the user's config on the
- * platform's cards, which turns the lottery diagnosis from "can get further
- * on" into "fits on". `platform` names those cards ("colab"); NULL: the
+/* Diagnoses a parsed message (ranked, best first) and writes its fixes. The
+ * first diagnosis, when the card is known, says why the same notebook fits
+ * on some runs and not others: the card it got, what other cards leave, and
+ * what was held outside PyTorch. `cards` (may be NULL, n 0): planned fits of
+ * the user's config on the platform's cards (txkernel's trainer), reported
+ * card by card. `platform` names those cards ("colab-2020"); NULL: the
  * platform whose list holds the message's card. */
 void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n, const char *platform);
 

@@ -148,8 +148,10 @@ void tk_snap_destroy(tk_snapshot **ps);
  * a size ("14.75GiB"); both NULL gives 0 (unknown). -1 with err if unknown. */
 int tk_snap_capacity(const char *gpu, const char *size, size_t *out, tk_err *err);
 
-/* What tk_snap_plan is asked: the model (a preset name or an HF folder
- * with config.json; NULL: recognise it from the block sizes), the batch
+/* What tk_snap_plan is asked: the model (a preset name, an HF folder with
+ * config.json, or a hub id "org/name", whose config and tokenizer files
+ * come from the HF cache or the hub, never its weights; NULL: recognise it
+ * from the block sizes), the batch
  * shape (0: infer it from the activation blocks), the user's data file
  * (NULL: none) and its text column (NULL: "text"), the GPU profile the
  * capacity came from (NULL: none; the plans then take off its context). */

@@ -538,7 +538,8 @@ tk_status tk_ckpt_save(const char *out_dir, tk_model *m, tk_adamw *o, const tk_c
     struct stat sv;
     snprintf(p, sizeof p, "%s/vocab.txt", tmp);
     if (st == TK_OK && stat(p, &sv) == 0) nfiles = 4;
-    else if (st == TK_OK && vocab && vocab[0] && (st = copy_file(vocab, p, err)) == TK_OK) nfiles = 4;
+    else if (st == TK_OK && vocab && vocab[0] && !strstr(vocab, ".json") && (st = copy_file(vocab, p, err)) == TK_OK)
+        nfiles = 4; /* a tokenizer.json is no vocab.txt: only the card writes one from it */
     if (st == TK_OK && !(j = state_json(c, o, s))) {
         tk_err_set(err, TK_ENOMEM, "%s: out of host memory", tmp);
         st = TK_ENOMEM;

@@ -2,8 +2,9 @@
  *
  * Presets are the sizes Google released (Turc et al. small BERTs, base,
  * large); config.json follows HF BertConfig's field names and defaults, so a
- * folder saved by HF transformers loads here and one written here loads
- * there. Errors name the file and the key.
+ * folder saved by HF transformers (4.x or 5.x: "dtype" or "torch_dtype", no
+ * position_embedding_type) loads here and one written here loads there.
+ * Errors name the file and the key.
  */
 #include "tk_model.h"
 #include "tk_host_mem.h"
@@ -175,6 +176,35 @@ tk_status tk_bert_dims_from_config_json(const char *path, tk_bert_dims *out, tk_
                    json_is_string(act) ? json_string_value(act) : "not a string");
         st = TK_EFORMAT;
     }
+    /* transformers 5 writes "dtype" where 4.x wrote "torch_dtype": the
+     * dtype the weights were saved in. Ours are read as whatever dtype the
+     * weights file says, so only a dtype we cannot read, or two keys that
+     * disagree, is an error. */
+    const char *dt[2] = {NULL, NULL};
+    static const char *const dt_keys[2] = {"dtype", "torch_dtype"};
+    for (int i = 0; i < 2 && st == TK_OK; i++) {
+        json_t *v = json_object_get(root, dt_keys[i]);
+        if (!v || json_is_null(v)) continue;
+        dt[i] = json_string_value(v);
+        if (dt[i] && !strncmp(dt[i], "torch.", 6)) dt[i] += 6;
+        if (!dt[i] || (strcmp(dt[i], "float32") && strcmp(dt[i], "float16") && strcmp(dt[i], "bfloat16") &&
+                       strcmp(dt[i], "auto"))) {
+            tk_err_set(err, TK_EFORMAT, "%s: \"%s\" is %s; only float32, float16 and bfloat16 weights are read", file,
+                       dt_keys[i], dt[i] ? dt[i] : "not a string");
+            st = TK_EFORMAT;
+        }
+    }
+    if (st == TK_OK && dt[0] && dt[1] && strcmp(dt[0], dt[1])) {
+        tk_err_set(err, TK_EFORMAT, "%s: \"dtype\" is %s but \"torch_dtype\" is %s; keep one", file, dt[0], dt[1]);
+        st = TK_EFORMAT;
+    }
+    /* a decoder (causal attention, cross-attention) is not this encoder */
+    static const char *const enc_only[] = {"is_decoder", "add_cross_attention"};
+    for (int i = 0; i < 2 && st == TK_OK; i++)
+        if (json_is_true(json_object_get(root, enc_only[i]))) {
+            tk_err_set(err, TK_EFORMAT, "%s: \"%s\" is true; only BERT as an encoder is supported", file, enc_only[i]);
+            st = TK_EFORMAT;
+        }
     json_t *pe = json_object_get(root, "position_embedding_type");
     if (st == TK_OK && pe && (!json_is_string(pe) || strcmp(json_string_value(pe), "absolute") != 0)) {
         tk_err_set(err, TK_EFORMAT, "%s: \"position_embedding_type\" must be \"absolute\"", file);
@@ -209,6 +239,8 @@ tk_status tk_bert_dims_write_config_json(const char *path, const tk_bert_dims *d
                           "num_attention_heads", d->heads, "num_hidden_layers", d->layers,
                           "type_vocab_size", d->type_vocab, "vocab_size", d->vocab_size,
                           "torch_dtype", "float32", "pad_token_id", 0);
+    /* transformers 5's name for torch_dtype; 4.x keeps it as a plain attribute */
+    if (o) json_object_set_new(o, "dtype", json_string("float32"));
     if (!o) {
         tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
         return TK_ENOMEM;

@@ -7,7 +7,10 @@
  * (X-Linked-Etag, the sha256 of an LFS file, else ETag, the git blob id) and
  * size (X-Linked-Size, else Content-Length); an LFS file answers with a
  * redirect to where its bytes are, which the GET then asks. Relative
- * redirects (a renamed repo) are followed for the HEAD itself.
+ * redirects (a renamed repo) are followed for the HEAD itself. Which files
+ * the repo has comes from its model info (GET /api/models/{repo}/revision/
+ * {commit}, "siblings"), so only files it has are asked for; a hub that
+ * does not answer that is asked file by file, a 404 meaning "not there".
  */
 #define _GNU_SOURCE /* strcasestr */
 #include "tk_hub.h"
@@ -129,7 +132,7 @@ static int is_hex(const char *s, size_t n) {
 }
 
 /* "org/name" with the characters the hub allows. */
-static int is_repo_id(const char *s) {
+int tk_hub_is_repo_id(const char *s) {
     const char *slash = strchr(s, '/');
     if (!slash || slash == s || !slash[1] || strchr(slash + 1, '/') || strlen(s) > 200) return 0;
     for (const char *p = s; *p; p++)
@@ -175,7 +178,20 @@ typedef struct hub {
     char endpoint[512], token[512];
     char cache[PATHN], dir[PATHN + 512]; /* the cache, and models--ORG--NAME in it */
     char commit[64];
+    json_t *siblings; /* the repo's file list at commit (the hub's model info); NULL = not known */
 } hub;
+
+/* 1: the listing names file; 0: it does not; -1: no listing to ask. */
+static int listed(const hub *h, const char *file) {
+    if (!h->siblings) return -1;
+    size_t i;
+    json_t *v;
+    json_array_foreach(h->siblings, i, v) {
+        const char *name = json_string_value(json_object_get(v, "rfilename"));
+        if (name && !strcmp(name, file)) return 1;
+    }
+    return 0;
+}
 
 static void read_ref(const hub *h, char *commit, size_t n) {
     char p[PATHN + 256];
@@ -243,13 +259,16 @@ static const char *cached_weights(const hub *h) {
     return NULL;
 }
 
-static const char *const REQUIRED[] = {"config.json", "vocab.txt", NULL};
+/* The tokenizer is vocab.txt or tokenizer.json (transformers 5 saves only
+ * the latter); the others are read when the repo has them. */
+static const char *const TOKENIZER_FILES[] = {"vocab.txt", "tokenizer.json", NULL};
 static const char *const OPTIONAL[] = {"tokenizer_config.json", "special_tokens_map.json", NULL};
 
 /* The first file the snapshot lacks among those a run needs; NULL when whole. */
 static const char *snapshot_missing(const hub *h, int weights) {
     if (!h->commit[0]) return "refs/";
-    for (int i = 0; REQUIRED[i]; i++) if (!in_snapshot(h, REQUIRED[i])) return REQUIRED[i];
+    if (!in_snapshot(h, "config.json")) return "config.json";
+    if (!in_snapshot(h, "vocab.txt") && !in_snapshot(h, "tokenizer.json")) return "vocab.txt (or tokenizer.json)";
     if (weights && !cached_weights(h)) return "model.safetensors";
     return NULL;
 }
@@ -673,6 +692,13 @@ static tk_status fetch(hub *h, const char *file, int optional, int *found, tk_er
         *found = 0;
         return TK_OK;
     }
+    if (listed(h, file) == 0) { /* the listing says it is not there: no request */
+        *found = 0;
+        if (optional) return TK_OK;
+        head_info none = {.code = 404};
+        pathf(none.error_code, sizeof none.error_code, "EntryNotFound");
+        return http_error(h, file, h->commit, &none, err);
+    }
     char url[4096];
     url_of(h, h->commit, file, url, sizeof url);
     head_info hi;
@@ -697,6 +723,80 @@ static tk_status fetch(hub *h, const char *file, int optional, int *found, tk_er
     if (lock >= 0) close(lock);
     if (st != TK_OK) return st;
     return link_snapshot(h, file, hi.etag, err);
+}
+
+typedef struct mem_body {
+    char *p;
+    size_t n, cap;
+} mem_body;
+
+static size_t on_mem(char *buf, size_t sz, size_t n, void *ud) {
+    mem_body *b = ud;
+    size_t len = sz * n;
+    if (b->n + len + 1 > b->cap) {
+        size_t cap = (b->n + len + 1) * 2;
+        if (cap > (64u << 20)) return 0; /* a file list is small; this is not one */
+        char *p = tk_realloc(b->p, cap);
+        if (!p) return 0;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, buf, len);
+    b->n += len;
+    b->p[b->n] = 0;
+    return len;
+}
+
+/* The repo's file list at h->commit, as huggingface_hub's snapshot_download
+ * asks for it: GET {endpoint}/api/models/{repo}/revision/{commit} answers
+ * with the model info, whose "siblings" are [{"rfilename": ...}, ...].
+ * Sets h->siblings. A hub that cannot answer it (an old mirror: 404 with no
+ * error code, a 5xx, not JSON) leaves h->siblings NULL and the files are
+ * asked one by one, as before; a missing repo or revision, or no access, is
+ * the error it is. */
+static tk_status list_files(hub *h, tk_err *err) {
+    char url[4096];
+    char *r = curl_easy_escape(NULL, h->commit, 0);
+    pathf(url, sizeof url, "%s/api/models/%s/revision/%s", h->endpoint, h->repo, r ? r : h->commit);
+    curl_free(r);
+    CURL *c = curl_easy_init();
+    if (!c) {
+        tk_err_set(err, TK_EIO, "libcurl: cannot start a transfer");
+        return TK_EIO;
+    }
+    head_info hi;
+    memset(&hi, 0, sizeof hi);
+    mem_body body = {0};
+    char ebuf[CURL_ERROR_SIZE] = "";
+    struct curl_slist *hd = auth_headers(h, 1);
+    common_opts(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hd);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &hi);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_mem);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, ebuf);
+    CURLcode rc = curl_easy_perform(c);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &hi.code);
+    curl_easy_cleanup(c);
+    curl_slist_free_all(hd);
+    tk_status st = TK_OK;
+    if (rc != CURLE_OK && rc != CURLE_WRITE_ERROR) {
+        st = net_error(h, rc, url, ebuf, err);
+    } else if (hi.code == 401 || hi.code == 403 || !strcmp(hi.error_code, "GatedRepo") ||
+               !strcmp(hi.error_code, "RepoNotFound") || !strcmp(hi.error_code, "RevisionNotFound")) {
+        st = http_error(h, "(the file list)", h->commit, &hi, err);
+    } else if (hi.code == 200 && body.p) {
+        json_t *root = json_loads(body.p, 0, NULL);
+        json_t *sib = json_object_get(root, "siblings");
+        if (json_is_array(sib)) h->siblings = json_incref(sib);
+        json_decref(root);
+    }
+    free(body.p);
+    return st;
 }
 
 static tk_status fetch_weights(hub *h, tk_err *err) {
@@ -770,7 +870,7 @@ tk_status tk_hub_resolve(const char *model, const char *revision, const tk_hub_o
     }
     const char *repo = tk_hub_alias(model);
     if (!repo) repo = model;
-    if (!is_repo_id(repo)) {
+    if (!tk_hub_is_repo_id(repo)) {
         tk_err_set(err, TK_EINVAL,
                    "model: '%s' is not a folder or file here, nor a hub id (org/name) or a preset (bert-tiny, "
                    "bert-base-cased, ...)",
@@ -840,10 +940,24 @@ tk_status tk_hub_resolve(const char *model, const char *revision, const tk_hub_o
             pathf(h.commit, sizeof h.commit, "%s", hi.commit);
             if ((st = write_ref(&h, err)) != TK_OK) return st;
         }
-        int found;
-        for (int i = 0; REQUIRED[i] && st == TK_OK; i++) st = fetch(&h, REQUIRED[i], 0, &found, err);
+        int found, tokenizer = 0;
+        st = list_files(&h, err);
+        if (st == TK_OK) st = fetch(&h, "config.json", 0, &found, err);
+        for (int i = 0; TOKENIZER_FILES[i] && st == TK_OK; i++) {
+            st = fetch(&h, TOKENIZER_FILES[i], 1, &found, err);
+            tokenizer |= found;
+        }
+        if (st == TK_OK && !tokenizer) {
+            tk_err_set(err, TK_EIO,
+                       "%s (revision %s, commit %s) has neither vocab.txt nor tokenizer.json: no tokenizer to read; "
+                       "set vocab: to a vocab.txt or tokenizer.json of your own",
+                       repo, h.revision, h.commit);
+            st = TK_EIO;
+        }
         for (int i = 0; OPTIONAL[i] && st == TK_OK; i++) st = fetch(&h, OPTIONAL[i], 1, &found, err);
         if (st == TK_OK && o->weights && !cached_weights(&h)) st = fetch_weights(&h, err);
+        json_decref(h.siblings);
+        h.siblings = NULL;
         if (st != TK_OK) return st;
     }
     /* What the cache holds is checked against its name before it is used. */

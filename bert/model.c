@@ -25,6 +25,7 @@
 #include "tk_model.h"
 #include "tk_host_mem.h"
 #include "tk_safetensors.h"
+#include "tk_tokenizer.h"
 #include "tk_torchbin.h"
 #include "tk_ops_spec.h" /* splitmix64, inlined in weight init */
 
@@ -319,41 +320,25 @@ tk_status tk_model_set_card(tk_model *m, const tk_model_card *c, tk_err *err) {
     return TK_OK;
 }
 
-/* The tokenizer files transformers' AutoTokenizer reads (a BertTokenizer):
- * vocab.txt copied from the run's, tokenizer_config.json and
- * special_tokens_map.json. */
+/* The tokenizer files transformers' AutoTokenizer reads, the set
+ * transformers 4.40 saves (5.x reads it too, to the same ids): vocab.txt
+ * and tokenizer.json written from the run's tokenizer (read again from the
+ * vocab.txt or tokenizer.json it came from), tokenizer_config.json that
+ * agrees with its normalizer (transformers rebuilds the normalizer when
+ * they differ), and special_tokens_map.json. */
 static tk_status save_tokenizer(const tk_model *m, const char *dir, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     char path[TK_PATH_MAX + 64];
-    FILE *f = fopen(m->vocab_path, "rb");
-    if (!f) {
-        tk_err_set(err, TK_EIO, "%s: cannot read the vocabulary to save it: %s", m->vocab_path, strerror(errno));
-        return TK_EIO;
-    }
-    char *buf = NULL;
-    size_t n = 0, cap = 0, k;
-    char chunk[65536];
-    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        if (n + k > cap) {
-            cap = (n + k) * 2;
-            char *nb = tk_realloc(buf, cap);
-            if (!nb) break;
-            buf = nb;
-        }
-        memcpy(buf + n, chunk, k);
-        n += k;
-    }
-    int bad = ferror(f) || (k > 0);
-    fclose(f);
-    tk_status st = TK_OK;
-    if (bad) {
-        tk_err_set(err, TK_EIO, "%s: cannot read the vocabulary to save it", m->vocab_path);
-        st = TK_EIO;
-    }
+    tk_tokenizer_opts to = {.lowercase = m->lowercase >= 0 ? m->lowercase : -1, .strip_accents = -1};
+    tk_tokenizer *tok = tk_tokenizer_new(m->vocab_path, &to, err);
+    if (!tok) return err->status;
     snprintf(path, sizeof path, "%s/vocab.txt", dir);
-    const void *parts[1] = {buf ? buf : ""};
-    size_t sizes[1] = {n};
-    if (st == TK_OK) st = tk_write_file_atomic(path, parts, sizes, 1, err);
-    free(buf);
+    tk_status st = tk_tokenizer_write_vocab(tok, path, err);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (st == TK_OK) st = tk_tokenizer_write_json(tok, path, err);
+    tk_tokenizer_opts norm = tk_tokenizer_normalizer(tok);
+    tk_tokenizer_destroy(&tok);
     static const char *const special[][2] = {{"cls_token", "[CLS]"}, {"mask_token", "[MASK]"}, {"pad_token", "[PAD]"},
                                              {"sep_token", "[SEP]"}, {"unk_token", "[UNK]"}};
     json_t *map = json_object(), *tc = json_object();
@@ -362,9 +347,10 @@ static tk_status save_tokenizer(const tk_model *m, const char *dir, tk_err *err)
         json_object_set_new(tc, special[i][0], json_string(special[i][1]));
     }
     json_object_set_new(tc, "tokenizer_class", json_string("BertTokenizer"));
-    json_object_set_new(tc, "do_lower_case", json_boolean(m->lowercase > 0));
-    json_object_set_new(tc, "strip_accents", json_null());
-    json_object_set_new(tc, "tokenize_chinese_chars", json_true());
+    json_object_set_new(tc, "do_lower_case", json_boolean(norm.lowercase));
+    json_object_set_new(tc, "strip_accents",
+                        norm.strip_accents == norm.lowercase ? json_null() : json_boolean(norm.strip_accents));
+    json_object_set_new(tc, "tokenize_chinese_chars", json_boolean(!norm.keep_cjk));
     json_object_set_new(tc, "clean_up_tokenization_spaces", json_true());
     json_object_set_new(tc, "model_max_length",
                         json_integer(m->max_len > 0 ? m->max_len : m->o.dims.max_position));

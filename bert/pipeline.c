@@ -66,10 +66,15 @@ tk_tokenizer *tk_run_tokenizer(const tk_config *c, const char *corpus, const cha
         snprintf(note, note_n, "vocabulary: %s", c->vocab);
         return tk_tokenizer_new(path, &o, err);
     }
+    /* a model folder's own: vocab.txt, else tokenizer.json (transformers 5
+     * saves only that one) */
     snprintf(path, pn, "%s/vocab.txt", c->model);
-    if (file_exists(path)) {
-        snprintf(note, note_n, "vocabulary: %.600s", path);
-        return tk_tokenizer_new(path, &o, err);
+    int has_vocab = file_exists(path);
+    snprintf(path, pn, "%s/tokenizer.json", c->model);
+    if (has_vocab || file_exists(path)) {
+        tk_tokenizer *t = tk_tokenizer_from_folder(c->model, &o, path, pn, err);
+        if (t) snprintf(note, note_n, "vocabulary: %.600s", path);
+        return t;
     }
     /* A preset names a shape, not weights: there is no vocab.txt to read.
      * Learn a WordPiece vocabulary from the data, once per distinct set of
@@ -97,7 +102,8 @@ tk_tokenizer *tk_run_tokenizer(const tk_config *c, const char *corpus, const cha
     }
     o.lowercase = r.lowercase > 0;
     snprintf(note, note_n,
-             "vocabulary: learned from %.300s (%.300s has no vocab.txt here; set vocab: to use yours) -> %.600s",
+             "vocabulary: learned from %.300s (%.300s has no vocab.txt or tokenizer.json here; set vocab: to use "
+             "yours) -> %.600s",
              corpus, c->model, path);
     return tk_tokenizer_new(path, &o, err);
 }

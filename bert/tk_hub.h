@@ -18,10 +18,15 @@
  * huggingface_hub writes, $HF_TOKEN_PATH or $HF_HOME/token) and
  * HF_HUB_OFFLINE=1 are honoured.
  *
- * Guarantees: only the files a run needs are fetched (config.json,
- * vocab.txt, tokenizer_config.json and special_tokens_map.json when the repo
- * has them, and the weights: model.safetensors, else the shards a
- * model.safetensors.index.json names, else pytorch_model.bin). A download
+ * Guarantees: only the files a run needs are fetched, and only those the
+ * repo has (its file list, the "siblings" of GET
+ * $HF_ENDPOINT/api/models/{repo}/revision/{commit}, as huggingface_hub's
+ * snapshot_download reads it; a hub that does not serve it is asked file by
+ * file): config.json, the tokenizer (vocab.txt and/or tokenizer.json: a
+ * transformers 5 repo has only the latter), tokenizer_config.json and
+ * special_tokens_map.json, and the weights: model.safetensors, else the
+ * shards a model.safetensors.index.json names, else pytorch_model.bin. A
+ * snapshot is whole with config.json and either tokenizer file. A download
  * goes to blobs/<etag>.incomplete and resumes from its length with an HTTP
  * Range request; an LFS file's sha256 must equal its etag, in the cache as
  * after a download; a blob appears only whole, by rename, written under
@@ -73,6 +78,10 @@ tk_status tk_hub_resolve(const char *model, const char *revision, const tk_hub_o
  * "google-bert/bert-base-cased", "bert-tiny" -> "prajjwal1/bert-tiny");
  * NULL when the name is not a preset. Borrowed. */
 const char *tk_hub_alias(const char *name);
+
+/* 1 when s has the shape of a hub id ("org/name", the characters the hub
+ * allows), whether or not such a repo exists. */
+int tk_hub_is_repo_id(const char *s);
 
 /* The cache folder in use (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub). */
 void tk_hub_cache_dir(char *out, size_t n);

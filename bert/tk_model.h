@@ -192,12 +192,12 @@ tk_model *tk_model_from_config(tk_dev *d, const tk_config *c, tk_load_report *re
 
 /* What a saved folder says besides the weights, so that transformers loads
  * it whole: the label names (config.json's id2label) and the tokenizer
- * (vocab.txt, tokenizer_config.json, special_tokens_map.json). Strings are
+ * (vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json). Strings are
  * copied. n_labels 0 / vocab_path NULL leave that part out. */
 typedef struct tk_model_card {
     const char *const *labels;
     int n_labels;
-    const char *vocab_path;  /* the vocab.txt the run's tokenizer read */
+    const char *vocab_path;  /* the vocab.txt or tokenizer.json the run's tokenizer read */
     int lowercase;           /* the tokenizer's do_lower_case */
     int max_len;             /* model_max_length; 0 = the model's max positions */
 } tk_model_card;
@@ -206,9 +206,10 @@ tk_status tk_model_set_card(tk_model *m, const tk_model_card *card, tk_err *err)
 /* Writes every parameter under its HF name (with "bert.") to
  * <dir>/model.safetensors, config.json (tk_bert_dims_write_config_json
  * with the card's labels) and, when the card names a vocabulary, vocab.txt,
- * tokenizer_config.json and special_tokens_map.json, each atomically (temp
- * file, fsync, rename); creates dir if needed. The folder loads with
- * transformers' AutoConfig / AutoTokenizer / AutoModelFor... */
+ * tokenizer.json, tokenizer_config.json and special_tokens_map.json, each
+ * atomically (temp file, fsync, rename); creates dir if needed. The folder
+ * loads with transformers' (4.40 and 5.x) AutoConfig / AutoTokenizer /
+ * AutoModelFor... */
 tk_status tk_model_save_hf(tk_model *m, const char *dir, tk_err *err);
 
 /* Allocates the gradients (TK_CAT_GRAD, same owners as the parameters) of

@@ -1,12 +1,17 @@
 /* tk_tokenizer.h — WordPiece tokenizer compatible with HF BertTokenizerFast.
  *
- * What it does: reads a vocab.txt (one token per line, id = line number) and
- * turns UTF-8 text into word-piece ids the way HF `tokenizers` does with
+ * What it does: reads a vocab.txt (one token per line, id = line number) or
+ * a tokenizer.json (HF tokenizers' file, as transformers 5 saves a BERT
+ * folder: model.vocab, unk_token, max_input_chars_per_word, the
+ * BertNormalizer's flags), writes both, and turns UTF-8 text into word-piece ids the way HF `tokenizers` does with
  * BertNormalizer + BertPreTokenizer + WordPiece + the BERT template
  * ([CLS] A [SEP] B [SEP]):
- *   - cleaning: U+0000, U+FFFD and category-C characters (except \t \n \r) are
- *     dropped; white space (incl. Zs, \t \n \r) becomes a space;
- *   - CJK ideographs become words of their own;
+ *   - special tokens in the text ([CLS], [SEP], [PAD], [UNK], [MASK]; for a
+ *     tokenizer.json its added_tokens) are matched first, in the raw text,
+ *     as HF's added vocabulary does, and become their own ids;
+ *   - cleaning (clean_text): U+0000, U+FFFD and category-C characters (except
+ *     \t \n \r) are dropped; white space (incl. Zs, \t \n \r) becomes a space;
+ *   - CJK ideographs become words of their own (handle_chinese_chars);
  *   - uncased vocabularies only: accents stripped (NFD, Mn dropped), lower-case;
  *   - split on white space; each punctuation character (ASCII 33-47, 58-64,
  *     91-96, 123-126 or Unicode P*) is its own word;
@@ -37,13 +42,34 @@ typedef struct tk_tokenizer_opts {
                         * vocabulary: uncased when no token has an upper-case letter */
     int strip_accents; /* -1 = same as lowercase (HF default); 0/1 force */
     int max_word_chars;/* 0 = 100 (HF max_input_chars_per_word) */
+    int keep_cjk;      /* 1: CJK ideographs are not split off (handle_chinese_chars false) */
+    int keep_control;  /* 1: no cleaning (clean_text false): control characters stay in words */
 } tk_tokenizer_opts;
 
-/* Reads vocab.txt. `opts` may be NULL (all defaults). The vocabulary must hold
- * [UNK], [CLS], [SEP], [PAD] ([MASK] optional). New object, or NULL with err
- * ("vocab.txt: cannot open: No such file or directory", "vocab.txt:7: empty
- * token", "vocab.txt: no [UNK] token"). */
+/* Reads vocab.txt, or tokenizer.json when the path ends in ".json" (then
+ * the file's normalizer is the default for what `opts` leaves at -1/0; only
+ * model.type WordPiece with "##" pieces, the BertNormalizer (or none), the
+ * BertPreTokenizer and BERT's template are accepted, and added_tokens must be
+ * vocabulary entries matched in the raw text: normalized, single_word,
+ * lstrip and rstrip false). `opts` may be NULL (all defaults). The vocabulary must
+ * hold the unknown token ([UNK], or tokenizer.json's unk_token), [CLS], [SEP],
+ * [PAD] ([MASK] optional). New object, or NULL with err naming the file and
+ * line or key ("vocab.txt: cannot open: No such file or directory",
+ * "vocab.txt:7: empty token", "vocab.txt: no [UNK] token",
+ * "tokenizer.json: \"model.type\" is \"BPE\"; only WordPiece ..."). */
 tk_tokenizer *tk_tokenizer_new(const char *vocab_path, const tk_tokenizer_opts *opts, tk_err *err);
+/* A model folder's tokenizer: vocab.txt, else tokenizer.json. With both,
+ * their vocabularies (and unknown token) must be the same list, else an
+ * error naming both files; tokenizer.json's normalizer then decides what
+ * `opts` leaves open (transformers' fast tokenizer reads that file). `used`
+ * (un bytes, may be NULL) gets the file whose vocabulary was read. */
+tk_tokenizer *tk_tokenizer_from_folder(const char *dir, const tk_tokenizer_opts *opts, char *used, size_t un,
+                                       tk_err *err);
+/* Writes the vocabulary as vocab.txt (one token a line, id order), or the
+ * whole tokenizer as a tokenizer.json that HF tokenizers (transformers 4
+ * and 5) loads to the same ids; each atomically. */
+tk_status tk_tokenizer_write_vocab(const tk_tokenizer *t, const char *path, tk_err *err);
+tk_status tk_tokenizer_write_json(const tk_tokenizer *t, const char *path, tk_err *err);
 /* Same from tokens in memory (id = index; tokens are copied). `name` is used in
  * errors. */
 tk_tokenizer *tk_tokenizer_from_tokens(const char *const *tokens, int n, const char *name,
@@ -52,6 +78,9 @@ void tk_tokenizer_destroy(tk_tokenizer **p);
 
 int tk_tokenizer_vocab_size(const tk_tokenizer *t);
 int tk_tokenizer_lowercase(const tk_tokenizer *t);   /* 1 when it lower-cases */
+/* Its normalizer as options (every field decided: lowercase and
+ * strip_accents 0/1), e.g. to write a tokenizer_config.json that agrees. */
+tk_tokenizer_opts tk_tokenizer_normalizer(const tk_tokenizer *t);
 int tk_tokenizer_token_to_id(const tk_tokenizer *t, const char *token); /* -1 if absent */
 const char *tk_tokenizer_id_to_token(const tk_tokenizer *t, int id);    /* borrowed; NULL if out of range */
 

@@ -1,12 +1,12 @@
 /* txk — the txkernel engine from a shell: the same plans, runs and reports as
  * the notebook magics, as text or (with --json) as JSON for scripts.
  *
- *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|all] [--max-batch] [--sweep]
+ *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep]
  *            [--snapshot FILE] [--json]
  *   txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]
- *   txk predict MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
+ *   txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
  *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [--for colab] [-o F]] [--json]
- *   txk advise [cfg.yaml [key=value ...]] --from-error FILE|- [--json]
+ *   txk advise [cfg.yaml [key=value ...] [--data FILE]] --from-error FILE|- [--json]
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
  *   txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]
  *   txk mem [--device cpu|cuda|meta] [--capacity 7.43GiB] [--json]
@@ -32,6 +32,7 @@
 
 #include "tk_advisor.h"
 #include "tk_config.h"
+#include "tk_hub.h"
 #include "tk_kernel.h"
 #include "tk_magics.h"
 #include "tk_pipeline.h"
@@ -167,7 +168,7 @@ static void plan_snap_closing(tk_alloc *a, const tk_oom *oom, void *ud) {
 }
 
 static int cmd_plan(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|all] [--max-batch] [--sweep] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
+    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
     static const char *const valued[] = {"--gpu", "--gpus", "--snapshot", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", "--measure", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
@@ -424,17 +425,27 @@ static char *read_input(const char *path, size_t *len) {
  * each card of its platform. Exit 1 with "no OOM message found" when the
  * text holds none. */
 static int advise_from_error(int argc, char **argv) {
-    static const char *const valued[] = {"--from-error", NULL}, *const bare[] = {"--json", NULL};
+    static const char *const valued[] = {"--from-error", "--data", NULL}, *const bare[] = {"--json", NULL};
     int has_cfg = argc > 0 && argv[0][0] != '-' && !strchr(argv[0], '=');
     int rc = check_words(argv + has_cfg, argc - has_cfg, valued, bare);
     if (rc) return rc;
-    const char *path = flag_value(argv, argc, "--from-error");
+    const char *path = flag_value(argv, argc, "--from-error"), *data_path = flag_value(argv, argc, "--data");
     if (!path) {
         fprintf(stderr, "txk: --from-error needs a file, or - for standard input\n");
         return EXIT_USAGE;
     }
+    if (data_path && !has_cfg) {
+        fprintf(stderr, "txk: --data %s needs a config: its model's tokenizer counts the tokens\n", data_path);
+        return EXIT_USAGE;
+    }
     tk_config c;
     if (has_cfg && (rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
+    /* --data: the corpus whose p99 length the max_length fix carries */
+    tk_err derr = {0};
+    if (data_path && tk_config_set(&c, "train_file", data_path, &derr) != TK_OK) {
+        fprintf(stderr, "txk: --data: %s\n", derr.msg);
+        return EXIT_USAGE;
+    }
     size_t len = 0;
     char *text = read_input(path, &len);
     if (!text) {
@@ -444,7 +455,11 @@ static int advise_from_error(int argc, char **argv) {
     tk_err err = {0};
     tk_run_data data;
     memset(&data, 0, sizeof data);
-    if (has_cfg && c.train_file[0] && tk_run_data_load(&c, &data, &err) != TK_OK) {
+    /* the corpus' lengths untruncated (up to BERT's 512 positions), so the
+     * max_length fix sees the real p99; plans still cap at the config's max_len */
+    tk_config dc = c;
+    if (has_cfg && dc.max_len < 512) dc.max_len = 512;
+    if (has_cfg && c.train_file[0] && tk_run_data_load(&dc, &data, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", err.msg);
         free(text);
         return EXIT_ERR;
@@ -471,7 +486,7 @@ static int cmd_advise(int argc, char **argv) {
     if (has_flag(argv, argc, "--from-error")) return advise_from_error(argc, argv);
     if (argc < 1) {
         fprintf(stderr, "usage: txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] "
-                        "[--fix N|auto [-o fixed.yaml]] [--json]\n       txk advise [cfg.yaml] --from-error FILE|- [--json]\n");
+                        "[--fix N|auto [-o fixed.yaml]] [--json]\n       txk advise [cfg.yaml [--data FILE]] --from-error FILE|- [--json]\n");
         return EXIT_USAGE;
     }
     static const char *const valued[] = {"--gpu", "--top", "--margin", "--fix", "-o", "--for", NULL};
@@ -528,7 +543,7 @@ static int cmd_advise(int argc, char **argv) {
                                             : tk_advice_auto(a))
              : (*fix && !*end && k >= 1 && k <= a->n_cand) ? (int)k - 1 : -2;
         if (plat && (strcmp(fix, "auto") || pick == -2)) {
-            fprintf(stderr, "txk: --for colab|kaggle|all goes with --fix auto\n");
+            fprintf(stderr, "txk: --for colab|kaggle|colab-2020|all goes with --fix auto\n");
             free(a);
             tk_run_data_clear(&data);
             return EXIT_USAGE;
@@ -606,6 +621,16 @@ static int nearby_folder(const char *path, char *near, size_t n) {
     return near[0] != 0;
 }
 
+/* A model named directly: a folder, or a hub id ("org/name" that is no
+ * file here and no YAML config). */
+static int is_model_ref(const char *p) {
+    struct stat st;
+    if (is_dir_path(p)) return 1;
+    size_t n = strlen(p);
+    int yaml = (n > 5 && !strcmp(p + n - 5, ".yaml")) || (n > 4 && !strcmp(p + n - 4, ".yml"));
+    return stat(p, &st) != 0 && !yaml && tk_hub_is_repo_id(p);
+}
+
 /* Every prediction to FILE: JSON Lines for *.jsonl, else CSV with a header. */
 static int write_predictions(const char *path, const json_t *preds, int qa, const tk_predict_report *r) {
     FILE *f = fopen(path, "w");
@@ -649,7 +674,7 @@ static int write_predictions(const char *path, const json_t *preds, int qa, cons
  * holds one) over an input file, with metrics when it has gold labels. */
 static int cmd_predict(int argc, char **argv) {
     if (argc < 1) {
-        fprintf(stderr, "usage: txk predict MODEL_DIR|cfg.yaml --input FILE [--text COL] [--pair COL] [--label COL] "
+        fprintf(stderr, "usage: txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text COL] [--pair COL] [--label COL] "
                         "[-o OUT.csv|OUT.jsonl] [--rows N] [key=value ...] [--json]\n");
         return EXIT_USAGE;
     }
@@ -664,14 +689,15 @@ static int cmd_predict(int argc, char **argv) {
     }
     tk_config c;
     tk_err err = {0};
-    int folder = is_dir_path(argv[0]);
-    if (!folder && access(argv[0], F_OK) != 0) {
-        /* most often a mistyped run folder: say that, not "config" */
-        char near[TK_PATH_MAX * 2 + 8];
-        int have = nearby_folder(argv[0], near, sizeof near);
+    /* a missing path beside a near folder is a mistyped run folder, not a hub id */
+    char near[TK_PATH_MAX * 2 + 8];
+    int missing = access(argv[0], F_OK) != 0;
+    int have = missing && nearby_folder(argv[0], near, sizeof near);
+    int folder = !have && is_model_ref(argv[0]);
+    if (!folder && missing) {
         fprintf(stderr, "txk: %s: no such folder (nor a config file); predict takes a trained model's folder "
-                        "(a run's output_dir) or a config whose output_dir holds one%s%s%s\n",
-                argv[0], have ? "; did you mean " : "", near, have ? "?" : "");
+                        "(a run's output_dir), a hub id (ORG/NAME) or a config whose output_dir holds one%s%s%s\n",
+                argv[0], have ? "; did you mean " : "", have ? near : "", have ? "?" : "");
         return EXIT_ERR;
     }
     if (!folder && (rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
@@ -892,11 +918,11 @@ static int cmd_kernel(int argc, char **argv) {
 typedef struct { const char *name; int (*run)(int argc, char **argv); const char *summary; } txk_cmd;
 
 static const txk_cmd CMDS[] = {
-    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|all] [--max-batch|--sweep] [--snapshot FILE] [--json]   planned peak memory, no training (--snapshot: the planned step as a PyTorch snapshot)"},
+    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch|--sweep] [--snapshot FILE] [--json]   planned peak memory, no training (--snapshot: the planned step as a PyTorch snapshot)"},
     {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [--for colab] [-o F]] [--json]   why it does not fit, ranked fixes;\n"
-                           "           [cfg.yaml] --from-error FILE|-   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it"},
+                           "           [cfg.yaml [--data FILE]] --from-error FILE|-   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it; --data: the corpus whose p99 the max_length fix carries"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
-    {"predict", cmd_predict, "MODEL_DIR|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
+    {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
     {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
     {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory;\n"

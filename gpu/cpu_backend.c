@@ -20,9 +20,17 @@
  * TK_EINVAL for what only the data can reveal (an id or label out of range).
  *
  * Threads: opts->threads (0 = every core) is used for every OpenMP region of
- * this context and passed to openblas_set_num_threads, which is process-wide:
- * the last cpu context opened sets OpenBLAS's count. Transcendental loops use
- * the branch-free exp/erfc below, with AVX-512 and AVX2 clones.
+ * this context, GEMMs included: one pool. A GEMM is cut into one slice per
+ * OpenMP thread (rows or columns of C, or the batch) and each slice is one
+ * single-threaded OpenBLAS call. OpenBLAS's own pthreads pool is never woken
+ * here: after a region, libgomp's workers spin-wait (OMP_WAIT_POLICY's
+ * default) and starved OpenBLAS's threads on the same cores; txk re-execs
+ * with the passive policy, but a library loaded into Python cannot (torch
+ * has often loaded libgomp, with its policy, before us), and the companion
+ * trained at 0.4x txk's speed. OpenBLAS's thread count is process-wide and
+ * may be numpy's too, so it is set to 1 only for the call and restored.
+ * Transcendental loops use the branch-free exp/erfc below, with AVX-512 and
+ * AVX2 clones.
  */
 /* Floating-point exceptions and errno are never inspected here; without this
  * GCC will not turn the selects of the vector math below into blends (a
@@ -59,7 +67,6 @@ void *tk_cpu_ctx_new(const tk_dev_opts *opts) {
     c->head.threads = (opts && opts->threads > 0) ? opts->threads : omp_get_num_procs();
     if (c->head.threads < 1) c->head.threads = 1;
     c->capacity = opts ? opts->capacity : 0;
-    openblas_set_num_threads(c->head.threads);
     return c;
 }
 
@@ -238,6 +245,39 @@ static void par_from_f32(cpu_ctx *c, tk_tensor *t, int64_t off, const float *src
         tk_cpu_from_f32(t->data, t->dtype, off + ci * CH, src + ci * CH, CHUNK_LEN(n, ci));
 }
 
+/* C (M x N, row-major, ldc = N) = alpha op(A) op(B) + beta C on nt OpenMP
+ * threads, each thread one single-threaded cblas_sgemm on its slice: rows of
+ * C when M is the longer side, else columns (op(A) rows start at row i of A,
+ * or column i when A is transposed; likewise op(B)'s columns). Slices are
+ * multiples of 16 so OpenBLAS's micro-kernels see full tiles. Every element
+ * is still one sum over all of K, in OpenBLAS's order. */
+#define GEMM_PAR_MIN (1 << 18) /* M*N*K below this: one call, no region */
+static void sgemm_sliced(int nt, int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *pa, int lda, const float *pb, int ldb, float beta, float *pc) {
+    enum CBLAS_TRANSPOSE ta = transA ? CblasTrans : CblasNoTrans, tb = transB ? CblasTrans : CblasNoTrans;
+    int saved = openblas_get_num_threads();
+    if (saved != 1) openblas_set_num_threads(1);
+    int rows = M >= N;
+    int64_t len = rows ? M : N;
+    if (nt > 1 && len >= 32 && (double)M * N * K >= GEMM_PAR_MIN) {
+#pragma omp parallel num_threads(nt)
+        {
+            int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num(); /* the runtime may grant fewer */
+            int64_t per = ((len + nth - 1) / nth + 15) / 16 * 16;
+            int64_t a = tid * per, b = a + per < len ? a + per : len;
+            if (a < b && rows)
+                cblas_sgemm(CblasRowMajor, ta, tb, (int)(b - a), (int)N, (int)K, alpha,
+                            pa + (transA ? a : a * lda), lda, pb, ldb, beta, pc + a * N, (int)N);
+            else if (a < b)
+                cblas_sgemm(CblasRowMajor, ta, tb, (int)M, (int)(b - a), (int)K, alpha, pa, lda,
+                            pb + (transB ? a * ldb : a), ldb, beta, pc + a, (int)N);
+        }
+    } else {
+        cblas_sgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, alpha, pa, lda, pb, ldb, beta, pc, (int)N);
+    }
+    if (saved != 1) openblas_set_num_threads(saved);
+}
+
 static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
                           const tk_tensor *bias, int transA, int transB,
                           int64_t M, int64_t N, int64_t K, int64_t batch,
@@ -249,6 +289,19 @@ static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_
     if (need && gemm_scratch(c, need)) return TK_ENOMEM;
     float *sa = c->gemm_scratch, *sb = sa + (a32 ? 0 : M * K), *sc = sb + (b32 ? 0 : K * N);
     int lda = (int)(transA ? M : K), ldb = (int)(transB ? K : N);
+    if (a32 && b32 && c32 && K > 0 && batch >= c->head.threads && c->head.threads > 1 && !bias) {
+        /* many small f32 products (attention's per-head GEMMs): one per thread
+         * at a time, each single-threaded in OpenBLAS (see the file's header) */
+        int saved = openblas_get_num_threads();
+        if (saved != 1) openblas_set_num_threads(1);
+#pragma omp parallel for num_threads(c->head.threads) schedule(static)
+        for (int64_t bi = 0; bi < batch; bi++)
+            cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+                        (int)M, (int)N, (int)K, alpha, (const float *)A->data + bi * strideA, lda,
+                        (const float *)B->data + bi * strideB, ldb, beta, (float *)C->data + bi * strideC, (int)N);
+        if (saved != 1) openblas_set_num_threads(saved);
+        return TK_OK;
+    }
     for (int64_t bi = 0; bi < batch; bi++) {
         const float *pa, *pb;
         float *pc;
@@ -262,9 +315,7 @@ static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_
             pc = sc;
         }
         if (K > 0) {
-            cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
-                        transB ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                        alpha, pa, lda, pb, ldb, beta, pc, (int)N);
+            sgemm_sliced(c->head.threads, transA, transB, M, N, K, alpha, pa, lda, pb, ldb, beta, pc);
         } else {
             for (int64_t i = 0; i < M * N; i++) pc[i] = beta == 0.0f ? 0.0f : beta * pc[i];
         }

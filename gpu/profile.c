@@ -1,11 +1,16 @@
 /* profile.c — named GPU profiles for planning, the cards each notebook
  * platform hands out, and byte sizes in text.
  *
- * Capacities are "usable bytes as PyTorch reports them" (the total capacity
- * in its OOM message, i.e. cudaMemGetInfo's total), so a plan against "t4"
- * matches what a Colab user sees. Each figure is read off users' pasted
- * PyTorch OOM messages; where this commit re-read one, the thread and its date
- * are given (copies in tests/data/oom_messages/): T4 14.75 GiB
+ * One capacity per card, defined here once: `capacity` is the total as
+ * PyTorch prints it in an OOM message (cudaMemGetInfo's total), and
+ * tk_gpu_profile_budget() is what a training run can use on that card: the
+ * total less the CUDA context (`context_overhead`, the profile's planning
+ * default, not a measurement) less the cuda backend's own buffers (32 MiB of
+ * cuBLAS workspace and the like). Every plan against a profile, the --gpus
+ * table, --max-batch and the pasted-message diagnosis use that one budget.
+ *
+ * Where each capacity was read (copies of the messages in
+ * tests/data/oom_messages/ where they are there): T4 14.75 GiB
  * (FoundationVision/GenerateU#10, 2024-05-21; 14.73-14.76 with other
  * drivers), P4 7.43 GiB (the seed's Colab message, transformers on Python 3.6),
  * K80 11.17 GiB (shllln/GenerativeGraph#5, 2019-03-21), P100 15.90 GiB
@@ -13,8 +18,14 @@
  * A100-40 39.59, A100-80 79.15, L4 22.03 (22.03-22.07 with other drivers) and
  * H100-80 79.19 GiB (79.14-79.25 with other drivers and board variants) are
  * FACTS.md's and the earlier profiles' figures, also from users' messages,
- * dates not recorded. The driver reserves slightly different amounts per
- * version, so these are good to a few hundredths of a GiB.
+ * dates not recorded. RTX PRO 6000 (Blackwell, 96 GB class: Colab's G4 and
+ * Kaggle's): 95.59 GiB in a PyTorch 2.x message on an RTX PRO 6000 Blackwell
+ * under WSL2 (pytorch/pytorch#182286, 2026-05-04), which is nvidia-smi's
+ * 97887 MiB total on the Workstation edition (antirez/ds4#431, 2026-06-16);
+ * the Server Edition that Colab and Kaggle run has not been seen in a PyTorch
+ * message here, so its figure is the Workstation's. The driver reserves
+ * slightly different amounts per version, so these are good to a few
+ * hundredths of a GiB.
  *
  * Throughput is the vendor datasheet's (dense, no sparsity) as a mixed-
  * precision training step gets it: fp16/bf16 GEMMs accumulate in fp32 under
@@ -23,8 +34,14 @@
  * cuBLAS converts and computes in fp32) and the P100 (its 2x half2 rate needs
  * fp16 accumulation, which autocast does not use) save memory with fp16 but
  * no time; the K80 has no fp16 arithmetic at all. bf16 has hardware only
- * from Ampere on; elsewhere it is given the fp32 rate (no speed-up). These
- * drive the cost model's relative speed estimates only.
+ * from Ampere on; elsewhere it is given the fp32 rate (no speed-up). The RTX
+ * PRO 6000's rates: 125 TFLOPS fp32 and 1792 GB/s (28 Gbps GDDR7 on 512 bits)
+ * are NVIDIA's GTC 2025 figures for the Workstation edition as the press
+ * reported them (gpu.name / VideoCardz, 2025-03); its fp16/bf16 500 TFLOPS is
+ * derived, not read: the announced 4000 AI TOPS (FP4, with sparsity) halved
+ * for dense and twice more for FP8 then FP16; no datasheet line for the
+ * Server Edition was found. These drive the cost model's relative speed
+ * estimates only.
  *
  * Context overhead: the CUDA context plus the kernels of the libraries a
  * fine-tuning process loads (cuBLAS/cuBLASLt), which live outside the
@@ -33,21 +50,24 @@
  * first CUDA call (PyTorch forum answers), ~1.3 GB with cuBLAS and cuDNN
  * kernels on a V100 (HF, quoted in FACTS.md). Cards that only run older,
  * eagerly loading CUDA stacks (K80, P4, P100, V100) get the top of that
- * range; T4 the typical PyTorch figure; Ampere/Ada/Hopper, where CUDA 12+
- * loads kernels lazily by default, the lower middle. These are planning
- * defaults, not our measurements: on a real card the cuda plugin measures the
- * actual outside-allocator bytes with CUPTI.
+ * range; T4 the typical PyTorch figure; Ampere/Ada/Hopper/Blackwell, where
+ * CUDA 12+ loads kernels lazily by default, the lower middle. These are
+ * planning defaults, not our measurements (output says "the profile's
+ * default"): on a real card the cuda plugin measures the actual
+ * outside-allocator bytes with CUPTI.
  *
- * Platforms: the cards Colab and Kaggle have handed to notebooks since 2019.
- * Colab's FAQ (research.google.com/colaboratory/faq.html, 2019-2021) named
- * "K80s, T4s, P4s and P100s" for the free tier; its paid tiers added V100,
- * A100-40 and (2023) L4. Kaggle's notebooks offer a P100 (NVIDIA's developer
- * blog, "How Kaggle Makes GPUs Accessible to 5 Million Data Scientists") and
- * two T4s (Kaggle's accelerator menu, 2023-); its first GPU kernels (2017-2019)
- * ran on K80s, which is kept from memory of its announcement, not re-checked
- * here. Which card a
- * runtime gets is not the user's choice on the free tiers: that is why the
- * same notebook sometimes fits and sometimes does not.
+ * Platforms. "colab": the cards Colab hands out in 2026: a T4 on the free
+ * tier; L4, A100 (40 and 80 GB), H100 and G4 (RTX PRO 6000) on paid plans
+ * (mccormickml.com, "Colab GPUs Features & Pricing", updated 2026-03; FACTS.md).
+ * "kaggle": T4 (two of them, planned here as one: two cards as one platform
+ * entry belong to multi-GPU planning), the P100 that is being retired (its
+ * cu128 torch has no sm_60 kernels: Kaggle/docker-python#1546, 2026-03-20;
+ * Kaggle/kaggle-cli#1151, 2026-07-30) and the RTX PRO 6000 (kaggle-cli#1151
+ * names it). "colab-2020": the cards the seed's free Colab runtime was drawn
+ * from: Colab's FAQ (research.google.com/colaboratory/faq.html, 2019-2021)
+ * named "K80s, T4s, P4s and P100s"; V100s came with its paid tier. Which card
+ * a runtime gets was not the user's choice there: that is why the same
+ * notebook sometimes fit and sometimes did not.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -65,16 +85,27 @@
 #define G 1e9
 
 static const tk_gpu_profile profiles[] = {
-    /* name, long name, capacity, context overhead, fp32, fp16, bf16, bandwidth, cc */
-    {"t4", "NVIDIA Tesla T4", GIB(14.75), MB(800), 8.1 * T, 65 * T, 8.1 * T, 320 * G, 7, 5},
-    {"k80", "NVIDIA Tesla K80 (one GK210)", GIB(11.17), MB(1300), 4.37 * T, 4.37 * T, 4.37 * T, 240 * G, 3, 7},
-    {"p4", "NVIDIA Tesla P4", GIB(7.43), MB(1300), 5.5 * T, 5.5 * T, 5.5 * T, 192 * G, 6, 1},
-    {"p100", "NVIDIA Tesla P100-PCIE-16GB", GIB(15.90), MB(1300), 9.3 * T, 9.3 * T, 9.3 * T, 732 * G, 6, 0},
-    {"v100-16", "NVIDIA Tesla V100-SXM2-16GB", GIB(15.78), MB(1300), 15.7 * T, 125 * T, 15.7 * T, 900 * G, 7, 0},
-    {"l4", "NVIDIA L4", GIB(22.03), MB(600), 30.3 * T, 121 * T, 121 * T, 300 * G, 8, 9},
-    {"a100-40", "NVIDIA A100-SXM4-40GB", GIB(39.59), MB(600), 19.5 * T, 312 * T, 312 * T, 1555 * G, 8, 0},
-    {"a100-80", "NVIDIA A100-SXM4-80GB", GIB(79.15), MB(600), 19.5 * T, 312 * T, 312 * T, 2039 * G, 8, 0},
-    {"h100-80", "NVIDIA H100 80GB HBM3", GIB(79.19), MB(600), 66.9 * T, 989 * T, 989 * T, 3350 * G, 9, 0},
+    /* name, long name, capacity, context overhead, fp32, fp16, bf16, bandwidth, cc, capacity's source */
+    {"t4", "NVIDIA Tesla T4", GIB(14.75), MB(800), 8.1 * T, 65 * T, 8.1 * T, 320 * G, 7, 5,
+     "a PyTorch OOM message, FoundationVision/GenerateU#10 (2024-05-21)"},
+    {"k80", "NVIDIA Tesla K80 (one GK210)", GIB(11.17), MB(1300), 4.37 * T, 4.37 * T, 4.37 * T, 240 * G, 3, 7,
+     "a PyTorch OOM message, shllln/GenerativeGraph#5 (2019-03-21)"},
+    {"p4", "NVIDIA Tesla P4", GIB(7.43), MB(1300), 5.5 * T, 5.5 * T, 5.5 * T, 192 * G, 6, 1,
+     "the seed's Colab OOM message (PyTorch 1.x, Python 3.6)"},
+    {"p100", "NVIDIA Tesla P100-PCIE-16GB", GIB(15.90), MB(1300), 9.3 * T, 9.3 * T, 9.3 * T, 732 * G, 6, 0,
+     "a PyTorch OOM message, 2KangHo/vdsr_pytorch#2 (2020-05-10)"},
+    {"v100-16", "NVIDIA Tesla V100-SXM2-16GB", GIB(15.78), MB(1300), 15.7 * T, 125 * T, 15.7 * T, 900 * G, 7, 0,
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)"},
+    {"l4", "NVIDIA L4", GIB(22.03), MB(600), 30.3 * T, 121 * T, 121 * T, 300 * G, 8, 9,
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)"},
+    {"a100-40", "NVIDIA A100-SXM4-40GB", GIB(39.59), MB(600), 19.5 * T, 312 * T, 312 * T, 1555 * G, 8, 0,
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)"},
+    {"a100-80", "NVIDIA A100-SXM4-80GB", GIB(79.15), MB(600), 19.5 * T, 312 * T, 312 * T, 2039 * G, 8, 0,
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)"},
+    {"h100-80", "NVIDIA H100 80GB HBM3", GIB(79.19), MB(600), 66.9 * T, 989 * T, 989 * T, 3350 * G, 9, 0,
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)"},
+    {"rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", GIB(95.59), MB(600), 125 * T, 500 * T, 500 * T, 1792 * G, 12, 0,
+     "a PyTorch OOM message on the Workstation edition, pytorch/pytorch#182286 (2026-05-04); the Server Edition Colab and Kaggle run not yet seen in a PyTorch message"},
 };
 #define N_PROFILES ((int)(sizeof profiles / sizeof profiles[0]))
 
@@ -94,15 +125,22 @@ const tk_gpu_profile *tk_gpu_profile_at(int i) {
     return i >= 0 && i < N_PROFILES ? &profiles[i] : NULL;
 }
 
-static const char *const colab_cards[] = {"k80", "p4", "t4", "p100", "v100-16", "l4", "a100-40", NULL};
-static const char *const kaggle_cards[] = {"k80", "p100", "t4", NULL};
+static const char *const colab_cards[] = {"t4", "l4", "a100-40", "a100-80", "h100-80", "rtx-pro-6000", NULL};
+static const char *const kaggle_cards[] = {"t4", "p100", "rtx-pro-6000", NULL};
+static const char *const colab_2020_cards[] = {"k80", "p4", "t4", "p100", "v100-16", NULL};
+
+static const struct {
+    const char *name;
+    const char *const *cards;
+} platforms[] = {{"colab", colab_cards}, {"kaggle", kaggle_cards}, {"colab-2020", colab_2020_cards}};
+#define N_PLATFORMS ((int)(sizeof platforms / sizeof platforms[0]))
 
 int tk_gpu_platform_cards(const char *platform, const tk_gpu_profile **out, int max) {
     if (!platform || !out) return -1;
     const char *const *names = NULL;
-    if (!strcasecmp(platform, "colab")) names = colab_cards;
-    else if (!strcasecmp(platform, "kaggle")) names = kaggle_cards;
-    else if (strcasecmp(platform, "all")) return -1;
+    for (int i = 0; i < N_PLATFORMS && !names; i++)
+        if (!strcasecmp(platform, platforms[i].name)) names = platforms[i].cards;
+    if (!names && strcasecmp(platform, "all")) return -1;
     int n = 0;
     for (int i = 0; n < max && (names ? names[i] != NULL : i < N_PROFILES); i++)
         out[n++] = names ? tk_gpu_profile_find(names[i]) : &profiles[i];
@@ -110,11 +148,14 @@ int tk_gpu_platform_cards(const char *platform, const tk_gpu_profile **out, int 
 }
 
 const char *tk_gpu_platform_of(const tk_gpu_profile *card) {
-    for (int i = 0; card && colab_cards[i]; i++)
-        if (!strcmp(colab_cards[i], card->name)) return "colab";
-    for (int i = 0; card && kaggle_cards[i]; i++)
-        if (!strcmp(kaggle_cards[i], card->name)) return "kaggle";
+    for (int p = 0; card && p < N_PLATFORMS; p++)
+        for (int i = 0; platforms[p].cards[i]; i++)
+            if (!strcmp(platforms[p].cards[i], card->name)) return platforms[p].name;
     return NULL;
+}
+
+const char *tk_gpu_platform_names(void) {
+    return "colab, kaggle, colab-2020 or all";
 }
 
 int tk_gpu_profile_fast_fp16(const tk_gpu_profile *p) {

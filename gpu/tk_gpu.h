@@ -233,6 +233,7 @@ typedef struct tk_gpu_profile {
     double fp32_flops, fp16_flops, bf16_flops; /* peak FLOP/s of a mixed-precision step */
     double bandwidth;          /* bytes/s */
     int cc_major, cc_minor;
+    const char *source;        /* where `capacity` was read, with its date, or what is not known */
 } tk_gpu_profile;
 
 /* The cuda backend's own device buffers, taken once when it opens, outside
@@ -246,20 +247,26 @@ typedef struct tk_gpu_profile {
 /* Looks up a profile by name (case-insensitive); NULL if unknown. Borrowed. */
 const tk_gpu_profile *tk_gpu_profile_find(const char *name);
 const tk_gpu_profile *tk_gpu_profile_at(int i); /* NULL past the end */
-/* The profiles of the cards a platform hands out: "colab", "kaggle", or
+/* The profiles of the cards a platform hands out: "colab" (2026: T4, L4,
+ * A100-40, A100-80, H100-80, RTX PRO 6000), "kaggle" (T4, P100, RTX PRO
+ * 6000), "colab-2020" (the seed's runtime: K80, P4, T4, P100, V100-16), or
  * "all" (every profile). Fills out[0..max) with borrowed pointers; returns
  * how many, or -1 for an unknown platform. */
 int tk_gpu_platform_cards(const char *platform, const tk_gpu_profile **out, int max);
-/* "colab" when Colab hands out that card, else "kaggle" when Kaggle does,
- * else NULL. */
+/* The first of colab, kaggle, colab-2020 whose list holds the card (a P4 or
+ * K80: colab-2020), else NULL. */
 const char *tk_gpu_platform_of(const tk_gpu_profile *card);
+/* "colab, kaggle, colab-2020 or all": the accepted names, for messages. */
+const char *tk_gpu_platform_names(void);
 /* 1 when 16-bit training is faster than fp32 on the card (tensor cores);
  * 0 where fp16 only saves memory (K80, P4, P100). */
 int tk_gpu_profile_fast_fp16(const tk_gpu_profile *p);
-/* What the caching allocator can take on that card: capacity less the
- * context overhead (the CUDA context and library kernels) and less the cuda
- * backend's own buffers, which sit on the same memory outside the
- * allocator. Plans against a profile use this. */
+/* The card's one usable capacity: what the caching allocator can take on
+ * it, i.e. capacity (the total PyTorch prints) less the context overhead
+ * (the CUDA context and library kernels: the profile's default) and less
+ * the cuda backend's own buffers, which sit on the same memory outside the
+ * allocator. Plans, --gpus, --max-batch and the OOM-message diagnosis all
+ * use this figure. */
 size_t tk_gpu_profile_budget(const tk_gpu_profile *p);
 /* Parses "7.43GiB", "15GB", "800MiB", "1234567" into bytes; 0 on success. */
 int tk_parse_bytes(const char *s, size_t *out);

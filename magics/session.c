@@ -299,11 +299,7 @@ tk_status tk_session_resolve_model(tk_config *c, const char *id, int download, i
     tk_status rc = tk_hub_resolve(id, c->revision, &o, dir, sizeof dir, &info, &e);
     if (rc != TK_OK) {
         if (!download && preset) return TK_OK;
-        if (!download)
-            tk_err_set(err, rc, "%s (planning never downloads: %%%%txtrain or txk train fetches the model first)",
-                       e.msg);
-        else
-            tk_err_set(err, rc, "%s", e.msg);
+        tk_err_set(err, rc, "%s", e.msg);
         return rc;
     }
     if (strlen(dir) >= sizeof c->model) {
@@ -325,7 +321,13 @@ tk_status tk_session_load_data(tk_session *s, tk_config *c, tk_run_data *out, tk
     memset(out, 0, sizeof *out);
     char id[TK_PATH_MAX];
     snprintf(id, sizeof id, "%s", c->model);
-    tk_status mrc = tk_session_resolve_model(c, id, 0, 0, NULL, err);
+    /* a hub id's small files (config, tokenizer) are fetched; a preset is
+     * a known shape, planned as such when the cache lacks it, so a plan
+     * of one never waits on the network */
+    struct stat st;
+    tk_bert_dims shape;
+    int preset = stat(id, &st) != 0 && tk_bert_preset(id, &shape, NULL) == 0;
+    tk_status mrc = tk_session_resolve_model(c, id, !preset, 0, NULL, err);
     if (mrc != TK_OK) return mrc;
     if (!c->train_file[0]) return TK_OK;
     tk_status rc = tk_run_data_load(c, out, err);
@@ -573,7 +575,12 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
     if (folder) {
         tk_config_defaults(c);
         snprintf(c->model, sizeof c->model, "%s", folder);
-        int L = tk_hf_model_max_length(folder);
+        struct stat st;
+        if (stat(folder, &st) != 0 && tk_hub_is_repo_id(folder)) { /* its snapshot, weights and all */
+            tk_status rc = tk_session_resolve_model(c, folder, 1, 1, NULL, err);
+            if (rc != TK_OK) return rc;
+        }
+        int L = tk_hf_model_max_length(c->model);
         if (L > 0) c->max_len = L;
     } else if (c->output_dir[0] && tk_checkpoint_find(c->output_dir, wfile, sizeof wfile)) {
         snprintf(c->model, sizeof c->model, "%s", c->output_dir);

@@ -59,9 +59,11 @@ struct tk_run_data;     /* tk_pipeline.h */
 /* The data of config *c as its run builds it (bert's one pipeline): when c
  * names a train_file, `out` gets the corpus, the session's lengths become
  * the corpus' and *c becomes the config the run uses (its label count).
- * c->model first becomes a local folder when the HF cache holds it
- * (tk_hub.h; this never downloads: tk_session_train does, before it
- * comes here). Without a train_file `out` is left zeroed. Every command
+ * c->model first becomes a local folder: a hub id's config and tokenizer
+ * files come from the HF cache or are downloaded (never its weights:
+ * tk_session_train fetches those once the plan fits; offline, a file the
+ * cache lacks is named); a preset the cache lacks stays its shape, with no
+ * network request. Without a train_file `out` is left zeroed. Every command
  * that plans, advises or trains a config comes through here. */
 tk_status tk_session_load_data(tk_session *s, tk_config *c, struct tk_run_data *out, tk_err *err);
 struct tk_run_hooks;
@@ -70,10 +72,11 @@ struct tk_run_hooks;
  * weights, no network); anything else from the HF cache, or, when
  * `download`, from the hub (the weights too when `weights` and init is
  * pretrained), with h's on_download progress and a note saying where the
- * model came from (h may be NULL). Without `download` (plans, advice) a
- * preset not in the cache stays its shape, which is the hub model's;
- * another hub id is an error saying a run fetches it. tk_session_train and
- * tk_session_load_data call it; so does any command that needs a model. */
+ * model came from (h may be NULL). Without `download` (a preset that plans
+ * and advice name) a preset not in the cache stays its shape, which is the
+ * hub model's; another id not in the cache is an error naming the file the
+ * cache lacks. tk_session_train and tk_session_load_data call it; so does
+ * any command that needs a model. */
 tk_status tk_session_resolve_model(tk_config *c, const char *id, int download, int weights,
                                    const struct tk_run_hooks *h, tk_err *err);
 /* Releases everything: device, last run, timeline (keeps nothing but the
@@ -199,8 +202,9 @@ typedef struct tk_predict_report {
 } tk_predict_report;
 void tk_predict_report_clear(tk_predict_report *r);
 
-/* The config to predict with. With `folder` (a trained output_dir, or any HF
- * BERT folder): the defaults, model = folder, max_len from its
+/* The config to predict with. With `folder` (a trained output_dir, any HF
+ * BERT folder, or a hub id "org/name", fetched into the HF cache or found
+ * there): the defaults, model = the folder, max_len from its
  * tokenizer_config.json. With folder NULL, *c is a txkernel config already
  * parsed: the model becomes its output_dir when that holds a trained model. */
 tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *err);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tk_data.h"
 #include "tk_advisor.h"
 #include "tk_host_mem.h"
 #include "tk_magics.h"
@@ -28,7 +29,7 @@
 #include "tk_txmagics.h"
 
 #define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--json]; %%txadvise --from-error + the pasted message"
-#define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--for colab|kaggle|all] [--run] [--json]"
+#define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--for colab|kaggle|colab-2020|all] [--run] [--json]"
 
 static json_t *advice_bundle(const tk_advice *a, int top) {
     char *txt = tk_advice_format(a, top);
@@ -126,6 +127,15 @@ static char *yaml_change(const tk_config *base, const tk_config *cand) {
     return tk_sb_take(&sb);
 }
 
+/* The 99th percentile of the corpus' token lengths, as %txdata and txk
+ * data compute it; 0 without a corpus. */
+static int lengths_p99(const int32_t *lengths, int n) {
+    if (!lengths || n <= 0) return 0;
+    tk_length_stats st;
+    tk_length_stats_compute(lengths, n, &st);
+    return st.p99;
+}
+
 tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,
                                 int n_lengths, json_t **bundle, tk_err *err) {
     *bundle = NULL;
@@ -142,12 +152,20 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         tk_err_set(err, TK_EFORMAT, "no OOM message found");
         return TK_EFORMAT;
     }
-    if (c) {
+    if (c && msg->format != TK_OOMMSG_NO_KERNEL_IMAGE) { /* no plan answers a missing kernel */
         const char *platform = tk_gpu_platform_of(msg->card);
         tk_card_fit cards[16];
         int n = 0;
         st = tk_plan_cards(c, lengths, n_lengths, platform ? platform : "colab", cards, 16, &n, err);
         if (st != TK_OK) goto done;
+        /* the user's own numbers for the fix code, and txkernel's plan of
+         * the config on the message's card to set beside PyTorch's figures */
+        msg->user_batch = c->batch_size;
+        msg->user_accumulate = c->accumulate;
+        msg->user_max_len = c->max_len;
+        msg->user_p99 = lengths_p99(lengths, n_lengths);
+        for (int i = 0; i < n; i++)
+            if (cards[i].card == msg->card) msg->have_plan = 1, msg->plan_peak = cards[i].peak;
         tk_oom_message_diagnose(msg, cards, n, platform ? platform : "colab");
         /* the config advised on the card the message names */
         tk_config on = *c;
@@ -174,7 +192,7 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
             msg->n_fixes++;
             tk_oommsg_fix *x = &msg->fixes[0];
             char b1[32];
-            snprintf(x->text, sizeof x->text, "the config's fix planned on %s: %s (peak %s%s)",
+            snprintf(x->text, sizeof x->text, "your config's fix, as txkernel's trainer plans it on %s: %s (peak %s%s)",
                      msg->card ? msg->card->name : "this card", a->cand[i].label,
                      tk_format_bytes(a->cand[i].peak, b1, sizeof b1), a->cand[i].fits_margin ? ", fits with margin" : "");
             snprintf(x->code, sizeof x->code, "%s", code);
@@ -190,11 +208,19 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
     free(js);
     tk_sb sb = {0};
     tk_sb_add(&sb, txt ? txt : "");
-    if (adv_text) tk_sb_addf(&sb, "The config planned on %s:\n%s", msg->card ? msg->card->name : "this card", adv_text);
+    if (adv_text)
+        tk_sb_addf(&sb, "The config planned on %s by txkernel's trainer (its own plan, not your PyTorch run's figures):\n%s",
+                   msg->card ? msg->card->name : "this card", adv_text);
     char *plain = tk_sb_take(&sb);
     tk_sb_add(&sb, "<pre>");
     tk_sb_add_html(&sb, txt ? txt : "");
-    if (adv_text) tk_sb_add_html(&sb, adv_text);
+    if (adv_text) {
+        char head[160];
+        snprintf(head, sizeof head, "The config planned on %s by txkernel's trainer (its own plan, not your PyTorch run's "
+                 "figures):\n", msg->card ? msg->card->name : "this card");
+        tk_sb_add_html(&sb, head);
+        tk_sb_add_html(&sb, adv_text);
+    }
     tk_sb_add(&sb, "</pre>");
     char *html = tk_sb_take(&sb);
     int bad = !txt || !jv || !plain || !html || !(*bundle = tk_bundle_new(plain));
@@ -384,7 +410,7 @@ static int run_txfix(tk_magic_ctx *m) {
     for (int i = 0; i < argc && !rc; i++) {
         if (!strcmp(argv[i], "--run")) run = 1;
         else if (!strcmp(argv[i], "--for")) {
-            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--for needs colab, kaggle or all");
+            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--for needs colab, kaggle, colab-2020 or all");
             else snprintf(for_platform, sizeof for_platform, "%s", argv[++i]);
         }
         else if (!strcmp(argv[i], "--json")) json_only = 1;
@@ -406,7 +432,7 @@ static int run_txfix(tk_magic_ctx *m) {
         int nl = 0;
         const int *len = tk_session_lengths(s, &nl);
         i = tk_advice_auto_for(a, for_platform, (const int32_t *)len, nl);
-        if (i == -2) rc = tk_magic_error(m, "UsageError", "--for %s: expected colab, kaggle or all", for_platform);
+        if (i == -2) rc = tk_magic_error(m, "UsageError", "--for %s: expected colab, kaggle, colab-2020 or all", for_platform);
         else if (i < 0)
             rc = tk_magic_error(m, "NoFixError", "no candidate of the last advice fits with a 5%% margin on every card "
                                                  "%s hands out and keeps the effective batch of %d", for_platform,
@@ -561,7 +587,7 @@ static const tk_magic_def TXADVISE[] = {
      "picks that row. Shows what changed and the new plan; the fixed config becomes the\n"
      "session's: %txtrain (the line form) trains it, %txplan plans it with overrides.\n"
      "--run trains it now and compares the measured peak with the planned one.\n"
-     "auto --for colab|kaggle|all: the best candidate that also fits with a 5% margin on\n"
+     "auto --for colab|kaggle|colab-2020|all: the best candidate that also fits with a 5% margin on\n"
      "every card the platform hands out, so the card the runtime gets does not matter."},
 };
 

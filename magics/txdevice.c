@@ -137,8 +137,8 @@ json_t *tk_device_report(tk_dev *d, const tk_config *c) {
         if (p) {
             char e[32];
             char w[32];
-            tk_sb_addf(&text, "Planning profile %s: %s, %s as PyTorch reports it, context ~%s, cuBLAS workspace %s: "
-                              "%s for the allocator%s\n",
+            tk_sb_addf(&text, "Planning profile %s: %s, %s as PyTorch reports it, context ~%s (the profile's "
+                              "default, not measured), cuBLAS workspace %s: %s usable%s\n",
                        p->name, p->long_name, tk_format_bytes(p->capacity, a, sizeof a),
                        tk_format_bytes(p->context_overhead, b, sizeof b),
                        tk_format_bytes(TK_CUDA_PLUGIN_BYTES, w, sizeof w),

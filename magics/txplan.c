@@ -266,16 +266,31 @@ tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bund
         tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s", r->card->name, tk_format_bytes(r->card->capacity, b1, sizeof b1),
                        tk_format_bytes(r->budget, b2, sizeof b2), tk_format_bytes(r->peak, b3, sizeof b3),
                        r->fits ? "yes" : "no", b4, step);
-        json_array_append_new(rows, json_pack("{s:s, s:s, s:I, s:I, s:I, s:b, s:I, s:f}", "card", r->card->name,
-                                              "long_name", r->card->long_name, "capacity", (json_int_t)r->card->capacity,
-                                              "budget", (json_int_t)r->budget, "peak_reserved", (json_int_t)r->peak,
-                                              "fits", r->fits, "margin", (json_int_t)r->margin, "step_seconds",
-                                              r->step_seconds));
+        json_array_append_new(rows, json_pack("{s:s, s:s, s:I, s:I, s:I, s:b, s:I, s:f, s:I, s:b, s:s}", "card",
+                                              r->card->name, "long_name", r->card->long_name, "capacity",
+                                              (json_int_t)r->card->capacity, "budget", (json_int_t)r->budget,
+                                              "peak_reserved", (json_int_t)r->peak, "fits", r->fits, "margin",
+                                              (json_int_t)r->margin, "step_seconds", r->step_seconds, "outside_budget",
+                                              (json_int_t)(r->card->capacity - r->budget), "context_measured", 0,
+                                              "source", r->card->source ? r->card->source : ""));
     }
+    /* what budget means, once, and where each capacity was read */
+    static const char note[] = "budget: the card's usable capacity, the same figure every plan, --max-batch and "
+                               "--from-error use: capacity (the total PyTorch prints) less the CUDA context and library "
+                               "buffers (the profile's default, not measured) less txkernel's 32 MiB of workspace.";
+    tk_sb src = {0};
+    for (int i = 0; i < n; i++)
+        tk_sb_addf(&src, "  %s: %s\n", cards[i].card->name, cards[i].card->source ? cards[i].card->source : "?");
     char *txt = t ? tk_rtable_text(t) : NULL;
     tk_sb sb = {0};
     tk_sb_add(&sb, txt ? txt : "");
-    tk_sb_addf(&sb, "The config %s.\n", sentence);
+    /* Kaggle's P100 plans, but its cu128 torch cannot run there */
+    static const char p100[] = "On Kaggle the P100 is being retired and its cu128 torch has no sm_60 kernels "
+                               "(Kaggle/docker-python#1546): the plan holds, but PyTorch fails there with \"no kernel "
+                               "image is available\"; pick the T4.";
+    int kaggle = !strcmp(platform, "kaggle");
+    tk_sb_addf(&sb, "The config %s.\n%s\n%s%sCapacity read from:\n%s", sentence, note, kaggle ? p100 : "",
+               kaggle ? "\n" : "", src.p ? src.p : "");
     free(txt);
     *bundle = tk_bundle_new(sb.p ? sb.p : "");
     tk_sb_clear(&sb);
@@ -284,7 +299,21 @@ tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bund
     free(html);
     tk_sb_add(&sb, "<p>The config ");
     tk_sb_add_html(&sb, sentence);
-    tk_sb_add(&sb, ".</p>");
+    tk_sb_add(&sb, ".</p><p><small>");
+    tk_sb_add_html(&sb, note);
+    if (kaggle) {
+        tk_sb_add(&sb, "<br>");
+        tk_sb_add_html(&sb, p100);
+    }
+    tk_sb_add(&sb, "<br>Capacity read from:<br>");
+    for (int i = 0; i < n; i++) {
+        tk_sb_add_html(&sb, cards[i].card->name);
+        tk_sb_add(&sb, ": ");
+        tk_sb_add_html(&sb, cards[i].card->source ? cards[i].card->source : "?");
+        tk_sb_add(&sb, "<br>");
+    }
+    tk_sb_add(&sb, "</small></p>");
+    tk_sb_clear(&src);
     tk_bundle_take(*bundle, "text/html", tk_sb_take(&sb));
     tk_bundle_take_json(*bundle, "application/json",
                         json_pack("{s:s, s:o, s:s}", "platform", platform, "cards", rows, "sentence", sentence));
@@ -314,9 +343,9 @@ static int run_txplan(tk_magic_ctx *m) {
             /* checked here, before the session's last config is read: a bad
              * flag is named even when that config would fail (a failed cell) */
             const tk_gpu_profile *probe[16];
-            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--gpus needs colab, kaggle or all");
+            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--gpus needs %s", tk_gpu_platform_names());
             else if (tk_gpu_platform_cards(argv[i + 1], probe, 16) < 0)
-                rc = tk_magic_error(m, "UsageError", "--gpus %s: expected colab, kaggle or all", argv[i + 1]);
+                rc = tk_magic_error(m, "UsageError", "--gpus %s: expected %s", argv[i + 1], tk_gpu_platform_names());
             else snprintf(gpus, sizeof gpus, "%s", argv[++i]);
         } else if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file")) {
             if (i + 1 >= argc) {
@@ -348,7 +377,7 @@ static int run_txplan(tk_magic_ctx *m) {
             }
         } else if (!strncmp(argv[i], "--", 2)) {
             rc = tk_magic_error(m, "UsageError", "%%txplan: unknown option %s\nusage: %%txplan [key=value ...] "
-                                                  "[--gpu PROFILE | --gpus colab|kaggle|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]", argv[i]);
+                                                  "[--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]", argv[i]);
         }
     }
     tk_txargs_free(argv, argc);
@@ -406,7 +435,7 @@ plan_error:
 
 static const tk_magic_def TXPLAN[] = {
     {"txplan", TK_MAGIC_BOTH, run_txplan, "predicted peak memory of a run and who takes it, without training",
-     "%txplan [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]\n"
+     "%txplan [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]\n"
      "%%txplan [key=value ...]\n<YAML config>\n\n"
      "Runs one training step (and an eval step) of the config on the meta device: no\n"
      "arithmetic, same allocator, same allocation order as a real run. Shows the peak\n"
@@ -420,7 +449,7 @@ static const tk_magic_def TXPLAN[] = {
      "(the cpu: keep the model small; cuda for device: cuda) and shows the measured\n"
      "peak, whether it equals the plan, and ms/step; on cuda ten more steps are timed\n"
      "and CUPTI's device peak is set against the plan plus the plugin's own buffers.\n"
-     "--gpus colab|kaggle|all: the config planned on each card the platform hands out\n"
+     "--gpus colab|kaggle|colab-2020|all: the config planned on each card the platform hands out\n"
      "(its capacity, as `gpu: CARD` gives): fits, margin, predicted step time, and one\n"
      "sentence saying on which cards it fits."},
 };

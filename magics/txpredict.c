@@ -18,8 +18,8 @@
 #include "tk_txmagics.h"
 
 #define TXPREDICT_USAGE                                                                                     \
-    "%txpredict [MODEL_DIR] --input FILE [--text COL] [--pair COL] [--label COL] [--rows N] [--json]\n"       \
-    "%%txpredict [MODEL_DIR] [--rows N] [--json]\n<one text per line>"
+    "%txpredict [MODEL_DIR|ORG/NAME] --input FILE [--text COL] [--pair COL] [--label COL] [--rows N] [--json]\n"       \
+    "%%txpredict [MODEL_DIR|ORG/NAME] [--rows N] [--json]\n<one text per line>"
 
 /* The body's lines as a one-column CSV (quotes doubled); path in `path`. */
 static int body_to_csv(const char *body, char *path, size_t n) {
@@ -132,7 +132,8 @@ static int run_txpredict(tk_magic_ctx *m) {
 static const tk_magic_def TXPREDICT[] = {
     {"txpredict", TK_MAGIC_BOTH, run_txpredict, "labels and probabilities (answers for QA) of a trained model",
      TXPREDICT_USAGE "\n\n"
-     "Runs a trained model (MODEL_DIR, or the output_dir of the session's last config)\n"
+     "Runs a trained model (MODEL_DIR; a hub id ORG/NAME, from the HF cache or downloaded\n"
+     "into it; or the output_dir of the session's last config)\n"
      "over a CSV/TSV/JSONL file (SQuAD JSON for a QA model), or over the lines of a\n"
      "%%txpredict cell. Per example: the label (names from the model's id2label) and\n"
      "every class probability, or the answer text and its character span. With a\n"

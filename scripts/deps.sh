@@ -80,3 +80,26 @@ if ! .venv-t2/bin/python -c "import importlib.metadata as m; m.version('antibert
 fi
 
 touch .venv/.deps-ok
+
+# The Colab row (issue 24): Colab's own kernel stack, at the versions Colab's
+# runtime pins (googlecolab/backend-info, pip-freeze.gpu.txt), in .venv-colab,
+# which reaches .venv-t2's torch 2.x and transformers 5.x through a .pth file
+# (one copy of torch on disk). The companion's tests start a python3 kernel
+# from it (tests/companion/test_colab_stack.py); `make companion-install`
+# installs the companion into it too (pip's --no-build-isolation build needs
+# wheel beside the venv's setuptools). Python is Debian's 3.11 (Colab: 3.12).
+COLAB_PINS="ipython==7.34.0 ipykernel==6.17.1 jupyter_client==7.4.9 wheel"
+if [ -x .venv-t2/bin/python ]; then
+  if [ ! -x .venv-colab/bin/python ]; then
+    /usr/bin/python3 -m venv .venv-colab
+  fi
+  if ! .venv-colab/bin/python -c "import wheel, IPython, ipykernel, jupyter_client, sys; sys.exit(0 if (IPython.__version__, ipykernel.__version__, jupyter_client.__version__) == ('7.34.0', '6.17.1', '7.4.9') else 1)" 2>/dev/null; then
+    echo "deps: installing Colab's kernel stack into .venv-colab: $COLAB_PINS"
+    .venv-colab/bin/python -m pip install -q --disable-pip-version-check $COLAB_PINS
+  fi
+  # written after the pins, so pip resolved them in .venv-colab alone; written
+  # each time, so a moved checkout points at its own .venv-t2
+  site_t2=$(.venv-t2/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  site_colab=$(.venv-colab/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$site_t2" > "$site_colab/txk-torch2.pth"
+fi

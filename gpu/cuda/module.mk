@@ -10,9 +10,14 @@
 # leaves it, CUDA and CUPTI mapped, because CUPTI's worker thread and the CUDA
 # runtime's teardown must not run into unmapped code when a device is closed
 # and reopened in one kernel session. Host code is compiled by gcc against the
-# toolkit's headers; only cuda_ops.cu goes through nvcc. Architectures: SASS
-# for sm_75 (T4), sm_80 (A100; runs on sm_86/sm_89 too) and sm_90 (H100), plus
-# compute_90 PTX for newer cards, which keeps the nvcc step short on 2 cores.
+# toolkit's headers; only cuda_ops.cu goes through nvcc. Architectures: native
+# SASS for every card Colab and Kaggle hand out in 2026 and their neighbours,
+# as far as CUDA 13's nvcc targets them (`nvcc --list-gpu-arch`: compute_75 and
+# newer): sm_75 (T4), sm_80 (A100), sm_86 (A10, RTX 30), sm_89 (L4), sm_90
+# (H100), sm_100 (B200) and sm_120 (RTX PRO 6000, Colab's G4 and Kaggle's),
+# plus compute_120 PTX for cards after that. The K80, P4, P100 and V100 are
+# below what CUDA 13 can target: planning profiles only. Seven SASS targets
+# cost nvcc time on 2 cores; bench/RESULTS.md has the build before and after.
 # -fmad=false: no FMA contraction, so the kernels round exactly as the cpu
 # backend (gcc on x86-64 without -mfma) does; they are memory bound anyway.
 # Without nvcc the plugin is skipped with a one-line notice.
@@ -20,7 +25,9 @@
 CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard $(CUDA_HOME)/bin/nvcc))
 CUDA_GENCODE ?= -gencode arch=compute_75,code=sm_75 -gencode arch=compute_80,code=sm_80 \
-                -gencode arch=compute_90,code=[sm_90,compute_90]
+                -gencode arch=compute_86,code=sm_86 -gencode arch=compute_89,code=sm_89 \
+                -gencode arch=compute_90,code=sm_90 -gencode arch=compute_100,code=sm_100 \
+                -gencode arch=compute_120,code=[sm_120,compute_120]
 
 CUDA_PLUGIN := $(BUILD)/libtk_cuda.so
 CUDA_DIR    := gpu/cuda

@@ -227,6 +227,9 @@ def load_ipython_extension(ip):
     global _engine
     if _engine is None:
         _engine = Engine()
+        from ._engine import OPENMP_NOTE
+        if OPENMP_NOTE:
+            print("txkernel: " + OPENMP_NOTE, file=sys.stderr)
     for m in _engine.magics():
         # only the tx* magics: %cd, %env, %%bash, %lsmagic ... are IPython's own
         if not m["name"].startswith("tx"):

@@ -17,6 +17,44 @@ EMIT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
 CATCH_SIGINT = 1
 
 
+# Set when libgomp was already in this process, with its spin-wait default,
+# before the engine came: the line %load_ext prints.
+OPENMP_NOTE = None
+
+
+def _open_passive(path):
+    """Opens the engine with libgomp's workers sleeping, not spinning, between
+    parallel regions. libgomp reads OMP_WAIT_POLICY once, when it is loaded;
+    left at its default, each worker spins ~3 ms after every region, which on
+    a busy or small machine takes the cores the next region needs (the
+    companion trained at 0.4x `txk train`, which re-execs with the passive
+    policy, on 2 shared cores). So the policy is set for this dlopen only and
+    the environment restored: the user's own processes and later imports see
+    what they saw. When libgomp is already loaded (torch loads its copy, same
+    soname, on import) its policy is fixed; then, unless the user chose one,
+    OPENMP_NOTE says so and what to do."""
+    global OPENMP_NOTE
+    if "OMP_WAIT_POLICY" in os.environ:
+        return ctypes.CDLL(path)
+    try:
+        ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+        loaded = True
+    except OSError:
+        loaded = False
+    if loaded:
+        OPENMP_NOTE = ("OpenMP (libgomp) was already loaded here (torch loads it on import) with its default "
+                       "spin-waiting, which txkernel cannot change now: on a busy machine CPU training runs "
+                       "slower than `txk train` (a quarter of its speed on 2 shared cores). To avoid it, "
+                       "restart the kernel and run `%load_ext txkernel` before `import torch`, or set "
+                       "os.environ['OMP_WAIT_POLICY'] = 'passive' before importing torch")
+        return ctypes.CDLL(path)
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+    try:
+        return ctypes.CDLL(path)
+    finally:
+        del os.environ["OMP_WAIT_POLICY"]
+
+
 def _load():
     path = os.environ.get("TXK_ENGINE_LIB") or os.path.join(_HERE, "libtxk.so")
     # the cuda plugin is found through $TXK_CUDA_PLUGIN when it is not next to
@@ -24,7 +62,7 @@ def _load():
     plugin = os.path.join(_HERE, "libtk_cuda.so")
     if os.path.exists(plugin):
         os.environ.setdefault("TXK_CUDA_PLUGIN", plugin)
-    lib = ctypes.CDLL(path)
+    lib = _open_passive(path)
     vp, cp = ctypes.c_void_p, ctypes.c_char_p
     lib.tk_embed_new.restype = vp
     lib.tk_embed_new.argtypes = []

@@ -29,8 +29,6 @@ TOK = os.path.join(ROOT, "build", "tok_dump")
 DATA = os.path.join(ROOT, "tests", "data")
 VOCAB = os.path.join(DATA, "vocab_uncased.txt")
 TF5 = int(transformers.__version__.split(".")[0]) >= 5
-# transformers 5 saves a tokenizer as tokenizer.json, with no vocab.txt
-NO_VOCAB_TXT = "transformers 5 folder without vocab.txt: issue 24, branch h24a"
 
 
 def txk(*args, cwd=ROOT):
@@ -65,7 +63,6 @@ def tmp():
         yield d
 
 
-@pytest.mark.peer_xfail("torch2", reason=NO_VOCAB_TXT)
 @pytest.mark.parametrize("form", ["safetensors", "bin", "sharded"])
 def test_a_model_transformers_saved_predicts_the_same_logits(tmp, form):
     torch.manual_seed(0)

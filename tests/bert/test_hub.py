@@ -69,6 +69,7 @@ class Hub:
         self.repos, self.log, self.token = repos, [], None
         self.cut = None        # (file, n): the next GET of file sends n bytes, then hangs up
         self.corrupt = set()   # files whose bytes go out with one byte flipped
+        self.listing = True    # False: no file list (/api/models/...), as an old mirror
         hub = self
 
         class H(http.server.BaseHTTPRequestHandler):
@@ -96,6 +97,8 @@ class Hub:
                         and not self.path.startswith("/lfs/"):
                     return self.send(401, {"X-Error-Message": "Invalid credentials", "Content-Length": "0"}, body=body)
                 m = re.match(r"^/api/models/([^/]+/[^/]+)/revision/([^/]+)$", self.path)
+                if m and not hub.listing:
+                    return self.send(404, {"Content-Length": "0"}, body=body)
                 if m:  # what snapshot_download lists
                     files = hub.repos.get(m.group(1))
                     if files is None:
@@ -224,7 +227,7 @@ def hub():
 @pytest.fixture
 def env(tmp_path, hub):
     hub.log.clear()
-    hub.token, hub.cut, hub.corrupt = None, None, set()
+    hub.token, hub.cut, hub.corrupt, hub.listing = None, None, set(), True
     e = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     e.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "home"),
              HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
@@ -262,9 +265,12 @@ def test_train_downloads_and_huggingface_hub_finds_it(tmp_path, env, hub):
     assert open(os.path.join(repo_dir, "refs", "main")).read() == COMMIT
     link = os.readlink(os.path.join(snapshot(env), "model.safetensors"))
     assert link == "../../blobs/" + hashlib.sha256(hub.repos[REPO]["model.safetensors"]).hexdigest()
-    # the LFS file went HEAD (302) then GET on the redirect; the optional file the repo lacks was asked once
+    # the LFS file went HEAD (302) then GET on the redirect; the repo's file list was asked (for the small
+    # files, then for the weights once the plan fit), so the files it lacks (special_tokens_map.json,
+    # tokenizer.json) never were
     assert ("GET", "/lfs/" + link.split("/")[-1], None) in hub.log
-    assert any(p.endswith("special_tokens_map.json") for _, p, _ in hub.log)
+    assert {p for m, p, _ in hub.log if p.startswith("/api/models/")} == {f"/api/models/{REPO}/revision/{COMMIT}"}
+    assert not any(p.endswith(("special_tokens_map.json", "tokenizer.json")) for _, p, _ in hub.log), hub.log
     # huggingface_hub finds txk's files in the same cache, with no request
     n = len(hub.log)
     for f in ("config.json", "vocab.txt", "model.safetensors"):
@@ -371,10 +377,13 @@ def test_random_init_only_when_asked(tmp_path, env, hub):
     (folder / "vocab.txt").write_bytes(hub.repos[REPO]["vocab.txt"])
     rc, out = txk(dead, "train", cfg(tmp_path, str(folder)))
     assert rc == 1 and "has no weights" in out and "init: random" in out, out
-    # planning a hub id that is not in the cache does not download it
-    n = len(hub.log)
+    # planning a hub id that is not in the cache fetches its config and tokenizer, never its weights
+    hub.log.clear()
     rc, out = txk(env, "plan", cfg(tmp_path, REPO))
-    assert rc == 1 and "planning never downloads" in out and len(hub.log) == n, out
+    assert rc == 0, out
+    got = {p.rsplit("/", 1)[1] for m, p, _ in hub.log if "/resolve/" in p}
+    assert got == {"config.json", "vocab.txt", "tokenizer_config.json"}, hub.log
+    assert not any(p.startswith("/lfs/") for _, p, _ in hub.log), hub.log
 
 
 @pytest.mark.peer
@@ -444,3 +453,28 @@ def test_waits_for_the_lock_huggingface_hub_takes(tmp_path, env, hub):
         out, _ = p.communicate(timeout=120)
     assert p.returncode == 0 and "weights: loaded" in out, out
     assert any(m == "GET" and q == "/lfs/" + sha for m, q, _ in hub.log)
+
+
+def test_a_hub_without_the_file_list_is_asked_file_by_file(tmp_path, env, hub):
+    """An older hub or mirror that does not serve /api/models/{repo}/revision/
+    {rev}: every file is asked for, a 404 meaning the repo lacks it; a repo
+    with tokenizer.json and no vocab.txt (as transformers 5 saves) trains."""
+    hub.listing = False
+    files = dict(hub.repos[REPO])
+    vocab = files.pop("vocab.txt").decode().split("\n")[:-1]
+    files["tokenizer.json"] = json.dumps({
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100, "vocab": {t: i for i, t in enumerate(vocab)}},
+        "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                       "strip_accents": None, "lowercase": True},
+        "pre_tokenizer": {"type": "BertPreTokenizer"}}).encode()
+    hub.repos["some-org/tokjson-bert"] = files
+    try:
+        rc, out = txk(env, "train", cfg(tmp_path, "some-org/tokjson-bert"))
+    finally:
+        del hub.repos["some-org/tokjson-bert"]
+    assert rc == 0 and "weights: loaded" in out, out
+    assert "tokenizer.json" in out  # the vocabulary note names the file read
+    asked = [p.rsplit("/", 1)[1] for m, p, _ in hub.log if m == "HEAD" and "/resolve/" in p]
+    assert "vocab.txt" in asked and "special_tokens_map.json" in asked  # asked, answered 404
+    assert any(p.startswith("/api/models/") for _, p, _ in hub.log)

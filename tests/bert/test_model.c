@@ -153,6 +153,24 @@ static void test_config_json(void) {
     fclose(f);
     TK_CHECK(tk_bert_dims_from_config_json(path, &r, &e) == TK_EFORMAT);
     TK_CHECK(strstr(e.msg, "multiple") != NULL);
+    /* transformers 5's keys: dtype for torch_dtype, is_decoder, no position_embedding_type */
+    f = fopen(path, "w");
+    fputs("{\"hidden_size\": 64, \"num_attention_heads\": 2, \"dtype\": \"float32\", \"is_decoder\": false,"
+          " \"add_cross_attention\": false, \"tie_word_embeddings\": true, \"use_cache\": true}", f);
+    fclose(f);
+    TK_CHECK_MSG(tk_bert_dims_from_config_json(path, &r, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(r.hidden, 64);
+    const char *bad[][2] = {{"{\"dtype\": \"int8\"}", "\"dtype\" is int8"},
+                            {"{\"torch_dtype\": 3}", "\"torch_dtype\" is not a string"},
+                            {"{\"dtype\": \"float16\", \"torch_dtype\": \"float32\"}", "\"dtype\" is float16 but"},
+                            {"{\"is_decoder\": true}", "\"is_decoder\" is true"}};
+    for (int i = 0; i < 4; i++) {
+        f = fopen(path, "w");
+        fputs(bad[i][0], f);
+        fclose(f);
+        TK_CHECK(tk_bert_dims_from_config_json(path, &r, &e) == TK_EFORMAT);
+        TK_CHECK_MSG(strstr(e.msg, bad[i][1]) && strstr(e.msg, path), "%s", e.msg);
+    }
     unlink(path);
 }
 

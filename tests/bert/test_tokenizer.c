@@ -1,7 +1,9 @@
 /* test_tokenizer.c — WordPiece known outputs, normalization edge cases,
- * pairs and truncation, offsets, vocabulary errors and the vocab builder. */
+ * pairs and truncation, offsets, vocabulary errors, tokenizer.json (read,
+ * written, its errors, a folder with both files) and the vocab builder. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "tk_test.h"
 #include "tk_tokenizer.h"
@@ -83,6 +85,26 @@ static void test_cjk_control_punct(void) {
     tk_encoding_clear(&e);
     /* invalid UTF-8 reads as U+FFFD and is dropped */
     TK_CHECK_STR(toks(t, "x\xff" "x"), "x ##x");
+    tk_tokenizer_destroy(&t);
+}
+
+static void test_special_tokens_in_text(void) {
+    /* matched in the raw text before normalization, as HF's added vocabulary
+     * does; a lower-cased or spaced copy is ordinary text */
+    tk_tokenizer *t = mk(1);
+    TK_CHECK_STR(toks(t, "hello[SEP]world [MASK]s [sep]"), "hello [SEP] world [MASK] [UNK] [UNK] [UNK] [UNK]"); /* s starts a word */
+    tk_encoding e = {0};
+    TK_CHECK(tk_tokenize_append(t, "é[CLS]", (size_t)-1, 0, &e, NULL) == TK_OK);
+    TK_CHECK_EQ_INT(e.n, 2);
+    if (e.n == 2) {
+        TK_CHECK_EQ_INT(e.ids[1], 2);
+        TK_CHECK_EQ_INT(e.start[1], 1); /* characters */
+        TK_CHECK_EQ_INT(e.end[1], 6);
+        TK_CHECK_EQ_INT(e.bstart[1], 2); /* bytes */
+        TK_CHECK_EQ_INT(e.bend[1], 7);
+    }
+    tk_encoding_clear(&e);
+    TK_CHECK_EQ_INT(tk_count_tokens(t, "[CLS][CLS] hello", (size_t)-1), 3);
     tk_tokenizer_destroy(&t);
 }
 
@@ -200,6 +222,106 @@ static void test_vocab_errors(void) {
     unlink(path);
 }
 
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    TK_CHECK(f != NULL);
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A tokenizer.json as transformers 5 writes one for BERT, with the given
+ * normalizer and max_input_chars_per_word. */
+static void write_tokenizer_json(const char *path, const char *normalizer, int max_word) {
+    char buf[4096];
+    snprintf(buf, sizeof buf,
+             "{\"version\": \"1.0\", \"added_tokens\": [{\"id\": 0, \"content\": \"[PAD]\", \"special\": true},"
+             " {\"id\": 1, \"content\": \"[UNK]\", \"special\": true}],"
+             " \"normalizer\": %s, \"pre_tokenizer\": {\"type\": \"BertPreTokenizer\"},"
+             " \"post_processor\": {\"type\": \"TemplateProcessing\"},"
+             " \"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"continuing_subword_prefix\": \"##\","
+             " \"max_input_chars_per_word\": %d, \"vocab\": {\"[PAD]\": 0, \"[UNK]\": 1, \"[CLS]\": 2, \"[SEP]\": 3,"
+             " \"hello\": 4, \"Hello\": 5, \"cafe\": 6, \"café\": 7, \"中\": 8, \"文\": 9, \"中文\": 10,"
+             " \"##s\": 11}}}",
+             normalizer, max_word);
+    write_text(path, buf);
+}
+
+static void test_tokenizer_json(void) {
+    char dir[] = "/tmp/tk_tokjson_XXXXXX", path[256], vt[256];
+    TK_CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    snprintf(vt, sizeof vt, "%s/vocab.txt", dir);
+    tk_err err = {0};
+    /* the normalizer's flags are read: lowercase, strip_accents (null: as lowercase), CJK, max word */
+    write_tokenizer_json(path, "{\"type\": \"BertNormalizer\", \"clean_text\": true, \"handle_chinese_chars\": true,"
+                               " \"strip_accents\": null, \"lowercase\": true}", 100);
+    tk_tokenizer *t = tk_tokenizer_new(path, NULL, &err);
+    TK_CHECK_MSG(t != NULL, "%s", err.msg);
+    if (t) {
+        TK_CHECK_EQ_INT(tk_tokenizer_vocab_size(t), 12);
+        TK_CHECK_STR(toks(t, "HELLOs Café 中文"), "hello ##s cafe 中 文");
+        tk_tokenizer_destroy(&t);
+    }
+    write_tokenizer_json(path, "{\"type\": \"BertNormalizer\", \"handle_chinese_chars\": false,"
+                               " \"strip_accents\": false, \"lowercase\": false}", 5);
+    t = tk_tokenizer_new(path, NULL, &err);
+    TK_CHECK_MSG(t != NULL, "%s", err.msg);
+    if (t) {
+        TK_CHECK_STR(toks(t, "Hello café 中文 hellos"), "Hello café 中文 [UNK]"); /* 6 characters > 5 */
+        /* written and read back: the same tokenizer, and vocab.txt agrees with it */
+        TK_CHECK(tk_tokenizer_write_json(t, path, &err) == TK_OK);
+        TK_CHECK(tk_tokenizer_write_vocab(t, vt, &err) == TK_OK);
+        tk_tokenizer_destroy(&t);
+        char used[512];
+        t = tk_tokenizer_from_folder(dir, NULL, used, sizeof used, &err);
+        TK_CHECK_MSG(t != NULL, "%s", err.msg);
+        TK_CHECK_STR(used, vt);
+        if (t) TK_CHECK_STR(toks(t, "Hello café 中文 hellos"), "Hello café 中文 [UNK]"); /* tokenizer.json's normalizer */
+        tk_tokenizer_destroy(&t);
+    }
+    /* no normalizer at all: nothing lower-cased, CJK not split */
+    write_tokenizer_json(path, "null", 100);
+    unlink(vt);
+    t = tk_tokenizer_from_folder(dir, NULL, NULL, 0, &err);
+    TK_CHECK_MSG(t != NULL, "%s", err.msg);
+    if (t) TK_CHECK_STR(toks(t, "Hello 中文"), "Hello 中文");
+    tk_tokenizer_destroy(&t);
+    /* both files, different vocabularies: an error naming both */
+    write_text(vt, "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\nworld\n");
+    TK_CHECK(tk_tokenizer_from_folder(dir, NULL, NULL, 0, &err) == NULL);
+    char want[1024];
+    snprintf(want, sizeof want, "%s and %s disagree: 6 and 12 tokens, first difference at id 5 (\"world\" vs "
+             "\"Hello\"); remove the one that does not belong to this model", vt, path);
+    TK_CHECK_STR(err.msg, want);
+    unlink(vt);
+    /* bad files name the file and the key */
+    struct { const char *text, *want; } bad[] = {
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {}}}", "\"model.type\" is \"BPE\"; only WordPiece"},
+        {"{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0, \"b\": 7}}}", "\"model.vocab\": \"b\" has id out of range"},
+        {"{\"model\": {\"type\": \"WordPiece\", \"continuing_subword_prefix\": \"@@\", \"vocab\": {\"a\": 0}}}",
+         "\"model.continuing_subword_prefix\" must be \"##\""},
+        {"{\"normalizer\": {\"type\": \"Sequence\"}, \"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}",
+         "\"normalizer.type\" is \"Sequence\"; only BertNormalizer"},
+        {"{\"normalizer\": {\"type\": \"BertNormalizer\", \"lowercase\": 1}, \"model\": {\"type\": \"WordPiece\", "
+         "\"vocab\": {\"a\": 0}}}", "\"normalizer.lowercase\" must be true or false"},
+        {"{\"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}",
+         "\"pre_tokenizer.type\" is \"Whitespace\"; only BertPreTokenizer"},
+        {"{\"added_tokens\": [{\"id\": 9, \"content\": \"<x>\"}], \"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}",
+         "\"added_tokens[0]\": \"<x>\" (id 9) is not in \"model.vocab\""},
+        {"{\"model\": ", ":1: "},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_text(path, bad[i].text);
+        TK_CHECK(tk_tokenizer_new(path, NULL, &err) == NULL);
+        TK_CHECK_MSG(strstr(err.msg, path) && strstr(err.msg, bad[i].want), "%zu: %s", i, err.msg);
+    }
+    unlink(path);
+    TK_CHECK(tk_tokenizer_from_folder(dir, NULL, NULL, 0, &err) == NULL);
+    TK_CHECK(strstr(err.msg, "neither vocab.txt nor tokenizer.json") != NULL);
+    rmdir(dir);
+}
+
 static void test_vocab_build(void) {
     const char *texts[] = {"the cat sat on the mat", "the cats sat", "Unaffable cat, the end.", "cat cat cat"};
     char path[] = "/tmp/tk_vb_XXXXXX";
@@ -273,10 +395,12 @@ int main(void) {
     TK_RUN(test_unaffable);
     TK_RUN(test_accents_and_case);
     TK_RUN(test_cjk_control_punct);
+    TK_RUN(test_special_tokens_in_text);
     TK_RUN(test_long_words);
     TK_RUN(test_offsets);
     TK_RUN(test_pairs_and_truncation);
     TK_RUN(test_vocab_errors);
+    TK_RUN(test_tokenizer_json);
     TK_RUN(test_vocab_build);
     TK_RUN(test_random_bytes);
     return tk_test_done();

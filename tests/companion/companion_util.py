@@ -13,24 +13,28 @@ import txk_util as u  # noqa: E402
 _py = {}
 
 
-def python_kernel_name(python=None):
+def python_kernel_name(python=None, preload=None):
     """A python3 kernelspec for `python` (default: $TXK_COMPANION_PYTHON, else
-    this interpreter), shadowing the system python3 spec."""
+    this interpreter), shadowing the system python3 spec. The kernel runs
+    $TXK_COMPANION_PRELOAD (Python, e.g. `import torch, transformers`) as it
+    starts, before any cell: a notebook whose first cell imports torch."""
     python = python or os.environ.get("TXK_COMPANION_PYTHON") or sys.executable
-    if python not in _py:
+    preload = preload if preload is not None else os.environ.get("TXK_COMPANION_PRELOAD")
+    if (python, preload) not in _py:
         u.dev_kernel_name()  # sets JUPYTER_PATH/XDG_DATA_HOME for the txkernel spec first
         top = tempfile.mkdtemp(prefix="txk-py-")
         d = os.path.join(top, "kernels", "python3")
         os.makedirs(d)
         with open(os.path.join(d, "kernel.json"), "w") as f:
             json.dump({"argv": [python, "-Xfrozen_modules=off", "-m", "ipykernel_launcher",
-                                "-f", "{connection_file}"],
+                                "-f", "{connection_file}"]
+                               + ([f"--IPKernelApp.exec_lines={preload}"] if preload else []),
                        "display_name": "Python 3 (ipykernel)", "language": "python",
                        "interrupt_mode": "signal",
                        "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1"}}, f)
         os.environ["JUPYTER_PATH"] = top + os.pathsep + os.environ.get("JUPYTER_PATH", "")
-        _py[python] = "python3"
-    return _py[python]
+        _py[(python, preload)] = "python3"
+    return _py[(python, preload)]
 
 
 def start(kernel_name, cwd):

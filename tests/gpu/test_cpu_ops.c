@@ -215,6 +215,16 @@ static void test_gemm(void) {
                 gemm_case(FDT[d], FDT[d], ta, tb, 4, 33, 17, 2, -1.5f, 0.25f, 1);
             }
     gemm_case(TK_F32, TK_F32, 0, 1, 64, 96, 80, 4, 0.125f, 0.0f, 1); /* big enough for threads */
+    /* each of the GEMM's thread splits (cpu_backend.c's sgemm_sliced): rows
+     * of C, columns of C (slices not multiples of 16 at the end), and the
+     * batch (f32 without bias), for every transpose */
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            gemm_case(TK_F32, TK_F32, ta, tb, 100, 40, 70, 1, 1.0f, 0.5f, 0);
+            gemm_case(TK_F32, TK_F32, ta, tb, 40, 100, 70, 2, 0.75f, 0.0f, 1);
+            gemm_case(TK_F16, TK_F32, ta, tb, 100, 40, 70, 1, 1.0f, 0.0f, 1);
+            gemm_case(TK_F32, TK_F32, ta, tb, 9, 11, 5, 5, 1.0f, 0.25f, 0);
+        }
 }
 
 /* ---- elementwise ---------------------------------------------------------------- */

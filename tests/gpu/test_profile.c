@@ -53,8 +53,9 @@ static void test_profiles(void) {
         char b[32];
         TK_CHECK_STR(tk_format_bytes(t4->capacity, b, sizeof b), "14.75 GiB");
     }
-    const char *names[] = {"t4", "k80", "p4", "p100", "v100-16", "l4", "a100-40", "a100-80", "h100-80"};
-    const char *caps[] = {"14.75 GiB", "11.17 GiB", "7.43 GiB", "15.90 GiB", "15.78 GiB", NULL, "39.59 GiB", "79.15 GiB", NULL};
+    const char *names[] = {"t4", "k80", "p4", "p100", "v100-16", "l4", "a100-40", "a100-80", "h100-80", "rtx-pro-6000"};
+    const char *caps[] = {"14.75 GiB", "11.17 GiB", "7.43 GiB", "15.90 GiB", "15.78 GiB", NULL, "39.59 GiB", "79.15 GiB", NULL,
+                          "95.59 GiB"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const tk_gpu_profile *p = tk_gpu_profile_find(names[i]);
         TK_CHECK_MSG(p != NULL, "%s", names[i]);
@@ -68,7 +69,7 @@ static void test_profiles(void) {
     }
     int n = 0;
     while (tk_gpu_profile_at(n)) n++;
-    TK_CHECK_EQ_INT(n, 9);
+    TK_CHECK_EQ_INT(n, 10);
     TK_CHECK(tk_gpu_profile_at(-1) == NULL);
     TK_CHECK(tk_gpu_profile_find("rtx9090") == NULL);
     TK_CHECK(tk_gpu_profile_find(NULL) == NULL);

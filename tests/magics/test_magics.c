@@ -231,7 +231,7 @@ static void test_errors_name_what_to_fix(void) {
     m = run("%txplan --gpus colba", &rc);
     e = first(m, "error");
     TK_CHECK(e && !strcmp(json_string_value(json_object_get(e, "ename")), "UsageError"));
-    TK_CHECK_STR(evalue(m), "--gpus colba: expected colab, kaggle or all");
+    TK_CHECK_STR(evalue(m), "--gpus colba: expected colab, kaggle, colab-2020 or all");
     json_decref(m);
 
     const char *csv = "/tmp/tk_test_magics_nolabel.csv";

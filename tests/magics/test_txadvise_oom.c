@@ -2,8 +2,8 @@
  *  - %%txadvise --from-error with the seed's pasted message, alone and after
  *    a config: the P4 named, the figures in the JSON, the config planned on
  *    each Colab card; garbage pasted gets the one line "no OOM message found";
- *  - %txplan --gpus colab: one row per Colab card and the sentence;
- *  - %txfix auto --for colab: a config that fits with margin on every card. */
+ *  - %txplan --gpus colab / colab-2020: one row per card and the sentence;
+ *  - %txfix auto --for colab-2020: a config that fits with margin on every card. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,15 +54,20 @@ static void test_gpus_and_fix_for(void) {
     json_t *m = run("%%txplan --gpus colab --json\n" SEED, &rc);
     TK_CHECK_MSG(rc == 0, "%s", evalue(m));
     json_t *j = last_json(m);
-    TK_CHECK(j && json_array_size(json_object_get(j, "cards")) == 7);
+    TK_CHECK(j && json_array_size(json_object_get(j, "cards")) == 6); /* today's: T4 .. RTX PRO 6000 */
+    json_decref(m);
+    m = run("%%txplan --gpus colab-2020 --json\n" SEED, &rc);
+    TK_CHECK_MSG(rc == 0, "%s", evalue(m));
+    j = last_json(m);
+    TK_CHECK(j && json_array_size(json_object_get(j, "cards")) == 5); /* the seed's: K80 .. V100-16 */
     TK_CHECK(j && strstr(json_string_value(json_object_get(j, "sentence")), "not on K80 or P4"));
     json_decref(m);
     m = run("%txadvise --json", &rc);
     json_decref(m);
-    m = run("%txfix auto --for colab", &rc);
+    m = run("%txfix auto --for colab-2020", &rc);
     TK_CHECK_MSG(rc == 0, "%s", evalue(m));
     json_decref(m);
-    m = run("%txplan --gpus colab --json", &rc);
+    m = run("%txplan --gpus colab-2020 --json", &rc);
     j = last_json(m);
     json_t *cards = j ? json_object_get(j, "cards") : NULL;
     for (size_t i = 0; i < json_array_size(cards); i++) {

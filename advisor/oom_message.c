@@ -1004,7 +1004,7 @@ static const char *diag_id(tk_diag_kind k) {
 
 /* Every set and append is checked: a part that could not be built (out of
  * host memory) makes the whole answer NULL, never a shorter object. */
-char *tk_oom_message_json(const tk_oom_message *m) {
+json_t *tk_oom_message_to_json(const tk_oom_message *m) {
     json_t *o = json_object();
     json_t *unrel = json_array(), *diags = json_array(), *fixes = json_array();
     int bad = !o || !unrel || !diags || !fixes;
@@ -1022,7 +1022,16 @@ char *tk_oom_message_json(const tk_oom_message *m) {
     bad |= o ? json_object_set_new(o, "unreliable", unrel) : (json_decref(unrel), -1);
     bad |= o ? json_object_set_new(o, "diagnoses", diags) : (json_decref(diags), -1);
     bad |= o ? json_object_set_new(o, "fixes", fixes) : (json_decref(fixes), -1);
-    char *s = bad ? NULL : json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+char *tk_oom_message_json(const tk_oom_message *m) {
+    json_t *o = tk_oom_message_to_json(m);
+    char *s = o ? json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(o);
     return s;
 }

@@ -203,9 +203,8 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
     }
     /* Every part or none: a part that could not be built is an error, not a
      * shorter report. */
-    char *txt = tk_oom_message_format(msg), *js = tk_oom_message_json(msg);
-    json_t *jv = js ? json_loads(js, 0, NULL) : NULL;
-    free(js);
+    char *txt = tk_oom_message_format(msg);
+    json_t *jv = tk_oom_message_to_json(msg);
     tk_sb sb = {0};
     tk_sb_add(&sb, txt ? txt : "");
     if (adv_text)

@@ -1,5 +1,10 @@
-/* advisor.c — diagnoses of a plan or an OOM, the catalogue of fixes, and the
- * search that plans each fix and combinations of them on the meta device.
+/* advisor.c — diagnoses of a plan or an OOM, and the search that plans each
+ * fix of the catalogue (fixes.c, one table) and combinations of them on the
+ * meta device, then ranks them.
+ *
+ * Each diagnosis is its own function (DIAGNOSES below, in report order): it
+ * adds its finding with the numbers behind it and marks the fixes that
+ * remove its cause.
  *
  * Guarantees: every candidate offered was planned by tk_plan with the config
  * it shows (a config the trainer rejects is dropped, never offered); the
@@ -16,23 +21,15 @@
 
 #include "tk_advisor.h"
 #include "tk_host_mem.h"
+#include "tk_advisor_impl.h"
 #include "tk_oom_message.h"
 
 static const char *const DIAG_NAMES[TK_DIAG_COUNT] = {
     "capacity", "headroom", "fragmentation", "dominant layer", "dominant category",
     "padding", "data spike", "leak", "card lottery",
 };
-static const char *const FIX_NAMES[TK_FIX_COUNT] = {
-    "release", "head", "max_len", "padding", "precision", "accumulate", "recompute",
-    "attention", "adamw8bit", "freeze embeddings", "freeze layers", "empty_cache",
-    "eval_batch_size", "batch_size",
-};
-
 const char *tk_diag_name(tk_diag_kind k) {
     return (unsigned)k < TK_DIAG_COUNT ? DIAG_NAMES[k] : "?";
-}
-const char *tk_fix_name(tk_fix_kind k) {
-    return (unsigned)k < TK_FIX_COUNT ? FIX_NAMES[k] : "?";
 }
 
 static double now_ms(void) {
@@ -42,182 +39,6 @@ static double now_ms(void) {
 }
 
 static char *fmtb(size_t b, char *buf) { return tk_format_bytes(b, buf, 32); }
-
-/* ---- corpus helpers ------------------------------------------------------ */
-
-/* The q-quantile (0..1) of the lengths, nearest-rank: the smallest length v
- * with at least ceil(q n) lengths <= v, found by bisection over the values so
- * that it needs no sorted copy (and cannot run out of host memory). */
-static int quantile(const int32_t *len, int n, double q) {
-    if (!len || n <= 0)
-        return 0;
-    int64_t rank = (int64_t)ceil(q * n);
-    if (rank < 1)
-        rank = 1;
-    if (rank > n)
-        rank = n;
-    int32_t lo = len[0], hi = len[0];
-    for (int i = 1; i < n; i++) {
-        lo = len[i] < lo ? len[i] : lo;
-        hi = len[i] > hi ? len[i] : hi;
-    }
-    while (lo < hi) {
-        int32_t mid = lo + (int32_t)(((int64_t)hi - lo) / 2);
-        int64_t k = 0;
-        for (int i = 0; i < n; i++)
-            k += len[i] <= mid;
-        if (k >= rank)
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    return lo;
-}
-
-static double share_longer(const int32_t *len, int n, int max_len) {
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        k += len[i] > max_len;
-    return n ? (double)k / n : 0.0;
-}
-
-static int round_up8(int x) { return (x + 7) / 8 * 8; }
-
-/* The config with its model's dimensions filled in (hidden, layers, vocab,
- * ... from a preset or config.json) when they were left to the model: the
- * numbers in diagnoses, risks and the freeze-layers fix need them. The
- * config itself keeps what the user wrote. */
-static tk_config dims_of(const tk_config *c) {
-    tk_config d = *c;
-    tk_err e;
-    if (d.hidden <= 0 || d.layers <= 0 || d.vocab_size <= 0)
-        if (tk_config_resolve_model(&d, &e) != TK_OK)
-            d = *c;
-    return d;
-}
-
-/* ---- the fixes: pure config -> config ----------------------------------- */
-
-int tk_fix_apply(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_lengths,
-                 char *reason, size_t rn) {
-    switch (f->kind) {
-    case TK_FIX_RELEASE:
-        if (f->variant & 2)
-            snprintf(reason, rn, "%sfree what PyTorch's caching allocator holds in this process: in Python, "
-                     "del the models and tensors you no longer need; gc.collect(); torch.cuda.empty_cache()",
-                     f->variant & 1 ? "release the earlier run (%txreset) and " : "");
-        else
-            snprintf(reason, rn, "release what the earlier run still holds (%%txreset) before training");
-        return 0;
-    case TK_FIX_HEAD:
-        if (c->head != TK_HEAD_FLATTEN_DENSE)
-            return -1;
-        c->head = c->task == TK_TASK_QA ? TK_HEAD_SPAN : TK_HEAD_POOLED;
-        snprintf(reason, rn, "%s head instead of a Dense layer over the flattened sequence",
-                 c->task == TK_TASK_QA ? "per-token span (start/end)" : "pooled [CLS]");
-        return 0;
-    case TK_FIX_MAX_LEN: {
-        if (!lengths || n_lengths <= 0 || f->value <= 0 || f->value >= c->max_len)
-            return -1;
-        double cut = 100.0 * share_longer(lengths, n_lengths, f->value);
-        snprintf(reason, rn, "max_len %d -> %d: truncates %.1f%% of the %d examples", c->max_len,
-                 f->value, cut, n_lengths);
-        c->max_len = f->value;
-        return 0;
-    }
-    case TK_FIX_PADDING:
-        if (c->batching != TK_BATCH_FIXED || !lengths || n_lengths <= 0)
-            return -1;
-        c->batching = f->variant == 2 ? TK_BATCH_BUCKETS : TK_BATCH_DYNAMIC;
-        if (f->variant == 2 && c->buckets <= 0)
-            c->buckets = 8;
-        snprintf(reason, rn, "%s: pad each batch to its longest example, not to max_len",
-                 f->variant == 2 ? "length buckets" : "dynamic padding");
-        return 0;
-    case TK_FIX_PRECISION:
-        if (c->precision != TK_PREC_FP32)
-            return -1;
-        c->precision = f->variant == 2 ? TK_PREC_BF16 : TK_PREC_FP16;
-        {
-            /* without tensor cores (K80, P4, P100) 16-bit GEMMs still run at the fp32 rate */
-            const tk_gpu_profile *gp = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
-            int slow = gp && (f->variant == 2 ? gp->bf16_flops <= 1.5 * gp->fp32_flops : !tk_gpu_profile_fast_fp16(gp));
-            snprintf(reason, rn, "%s mixed precision: 16-bit activations, fp32 master weights%s%s%s%s",
-                     f->variant == 2 ? "bf16" : "fp16", f->variant == 2 ? "" : ", dynamic loss scaling",
-                     slow ? "; on a " : "", slow ? gp->name : "", slow ? " it saves memory but no time (no tensor cores)" : "");
-        }
-        return 0;
-    case TK_FIX_ACCUMULATE: {
-        int k = f->value;
-        int acc = c->accumulate > 1 ? c->accumulate : 1;
-        if (k < 2 || c->batch_size % k != 0 || c->batch_size / k < 1)
-            return -1;
-        snprintf(reason, rn, "batch %d -> %d micro-batches of %d, accumulate %d: same effective batch %d",
-                 c->batch_size, k, c->batch_size / k, acc * k, c->batch_size * acc);
-        c->batch_size /= k;
-        c->accumulate = acc * k;
-        return 0;
-    }
-    case TK_FIX_RECOMPUTE:
-        if (c->recompute != TK_RECOMPUTE_NONE)
-            return -1;
-        c->recompute = TK_RECOMPUTE_LAYERS;
-        snprintf(reason, rn, "recompute each encoder layer in backward, keeping only its input");
-        return 0;
-    case TK_FIX_ATTENTION:
-        if (c->attention != TK_ATTN_STANDARD)
-            return -1;
-        c->attention = TK_ATTN_FUSED;
-        snprintf(reason, rn, "memory-efficient attention: no L x L probabilities kept for backward");
-        return 0;
-    case TK_FIX_OPTIM8:
-        if (c->optimizer != TK_OPTIM_ADAMW)
-            return -1;
-        c->optimizer = TK_OPTIM_ADAMW8;
-        snprintf(reason, rn, "8-bit AdamW: block-quantised moments, about 6 bytes less per parameter");
-        return 0;
-    case TK_FIX_FREEZE_EMB:
-        if (c->freeze_embeddings)
-            return -1;
-        c->freeze_embeddings = 1;
-        snprintf(reason, rn, "freeze the embeddings: no gradient or optimizer state for them");
-        return 0;
-    case TK_FIX_FREEZE_LAYERS:
-    {
-        int layers = dims_of(c).layers;
-        if (f->value <= c->freeze_layers || f->value >= layers)
-            return -1;
-        c->freeze_layers = f->value;
-        snprintf(reason, rn, "freeze the first %d of %d encoder layers", f->value, layers);
-    }
-        return 0;
-    case TK_FIX_EMPTY_CACHE:
-        if (c->empty_cache == TK_EMPTY_EVERY && c->empty_cache_every == 1)
-            return -1;
-        c->empty_cache = TK_EMPTY_EVERY;
-        c->empty_cache_every = 1;
-        snprintf(reason, rn, "return cached free segments to the device after every step");
-        return 0;
-    case TK_FIX_EVAL_BATCH: {
-        int eb = c->eval_batch_size > 0 ? c->eval_batch_size : c->batch_size;
-        if (f->value <= 0 || f->value >= eb)
-            return -1;
-        snprintf(reason, rn, "eval batch %d -> %d", eb, f->value);
-        c->eval_batch_size = f->value;
-        return 0;
-    }
-    case TK_FIX_BATCH:
-        if (f->value <= 0 || f->value >= c->batch_size)
-            return -1;
-        snprintf(reason, rn, "batch %d -> %d (changes the effective batch; retune lr)",
-                 c->batch_size, f->value);
-        c->batch_size = f->value;
-        return 0;
-    case TK_FIX_COUNT:
-        break;
-    }
-    return -1;
-}
 
 /* ---- costs ---------------------------------------------------------------- */
 
@@ -243,7 +64,7 @@ typedef struct {
     tk_advice *out;
     size_t available;          /* what a run may take now */
     size_t margin_bytes;
-    int cause[TK_FIX_COUNT];   /* 1: this fix removes a diagnosed cause */
+    int cause[TK_FIX_MAX_KINDS]; /* 1: this kind removes a diagnosed cause */
     double base_tps;
     int nomem;                 /* a plan ran out of host memory: the advice fails with TK_ENOMEM */
 } adv_ctx;
@@ -257,14 +78,15 @@ static void add_diag(tk_advice *a, tk_diag_kind k, const char *title, const char
     snprintf(d->evidence, sizeof d->evidence, "%s", evidence);
 }
 
-static void diagnose(adv_ctx *x) {
+/* capacity: the run needs more than the card; headroom: it fits the card
+ * but not what is free now (an earlier run, PyTorch in this process,
+ * another process) */
+static void diag_room(adv_ctx *x) {
     const tk_advise_input *in = x->in;
     tk_advice *a = x->out;
     const tk_plan_result *p = &a->base;
-    const tk_config *c = in->config;
     char b1[32], b2[32], b3[32], b4[32], t[160], e[768];
     size_t need = p->peak_reserved;
-
     if (a->capacity && need > a->capacity) {
         snprintf(t, sizeof t, "the run needs %s; the device has %s", fmtb(need, b1),
                  fmtb(a->capacity, b2));
@@ -292,7 +114,12 @@ static void diagnose(adv_ctx *x) {
         if (in->held_by_session || in->held_in_process)
             x->cause[TK_FIX_RELEASE] = 1;
     }
+}
 
+/* fragmentation: an OOM with enough cached bytes but no block that fits */
+static void diag_fragmentation(adv_ctx *x) {
+    const tk_advise_input *in = x->in;
+    char b1[32], b2[32], b3[32], b4[32], t[160], e[768];
     if (in->oom && in->oom->fragmentation) {
         const tk_oom *o = in->oom;
         snprintf(t, sizeof t, "fragmentation: %s cached but no free block of %s",
@@ -301,11 +128,17 @@ static void diagnose(adv_ctx *x) {
                  "asked %s for %s (%s); reserved %s, allocated %s, largest free block %s",
                  fmtb(o->requested, b1), o->owner_name, tk_cat_name(o->tag.cat),
                  fmtb(o->reserved, b2), fmtb(o->allocated, b3), fmtb(o->largest_free_block, b4));
-        add_diag(a, TK_DIAG_FRAGMENTATION, t, e);
+        add_diag(x->out, TK_DIAG_FRAGMENTATION, t, e);
         x->cause[TK_FIX_EMPTY_CACHE] = 1;
     }
+}
 
-    /* dominant layer: one owner's bytes at the peak (params, grads, state) */
+/* dominant layer: one owner's bytes at the peak (params, grads, state) */
+static void diag_dominant_layer(adv_ctx *x) {
+    tk_advice *a = x->out;
+    const tk_plan_result *p = &a->base;
+    const tk_config *c = x->in->config;
+    char b1[32], b2[32], b3[32], t[160], e[768];
     if (p->n_top > 0 && p->peak_allocated > 0) {
         double share = (double)p->top[0].bytes / (double)p->peak_allocated;
         if (share >= 0.25) {
@@ -314,7 +147,7 @@ static void diagnose(adv_ctx *x) {
             int is_head = c->head == TK_HEAD_FLATTEN_DENSE &&
                           strncmp(p->top[0].owner, "bert.", 5) != 0;
             if (is_head) {
-                tk_config dc = dims_of(c);
+                tk_config dc = tk_adv_dims_of(c);
                 const tk_config *hc = &dc;
                 int64_t in_f = (int64_t)(hc->towers > 0 ? hc->towers : 1) * hc->max_len * hc->hidden;
                 size_t w = (size_t)in_f * (size_t)(hc->head_units > 0 ? hc->head_units : 1) * 4;
@@ -331,8 +164,13 @@ static void diagnose(adv_ctx *x) {
             add_diag(a, TK_DIAG_DOMINANT_LAYER, t, e);
         }
     }
+}
 
-    /* dominant category */
+/* dominant category: activations, or the model states */
+static void diag_dominant_category(adv_ctx *x) {
+    tk_advice *a = x->out;
+    const tk_plan_result *p = &a->base;
+    char b1[32], b2[32], b3[32], b4[32], t[160], e[768];
     if (p->peak_allocated > 0) {
         size_t states = p->by_cat_at_peak[TK_CAT_PARAM] + p->by_cat_at_peak[TK_CAT_GRAD] +
                         p->by_cat_at_peak[TK_CAT_OPTIM];
@@ -354,49 +192,73 @@ static void diagnose(adv_ctx *x) {
             add_diag(a, TK_DIAG_DOMINANT_CATEGORY, t, e);
         }
     }
+}
 
-    /* corpus: padding and spikes */
-    if (in->lengths && in->n_lengths > 0) {
-        int p50 = quantile(in->lengths, in->n_lengths, 0.50);
-        int p99 = quantile(in->lengths, in->n_lengths, 0.99);
-        int mx = quantile(in->lengths, in->n_lengths, 1.0);
-        if (c->batching == TK_BATCH_FIXED && c->max_len >= 2 * round_up8(p99)) {
-            double real = 0;
-            for (int i = 0; i < in->n_lengths; i++)
-                real += in->lengths[i] < c->max_len ? in->lengths[i] : c->max_len;
-            double waste = 1.0 - real / ((double)in->n_lengths * c->max_len);
-            snprintf(t, sizeof t, "99%% of examples are at most %d tokens; max_len %d pads them", p99,
-                     c->max_len);
-            snprintf(e, sizeof e,
-                     "%d examples: p50 %d, p99 %d, max %d tokens; with fixed padding %.0f%% of every "
-                     "batch is padding",
-                     in->n_lengths, p50, p99, mx, 100 * waste);
-            add_diag(a, TK_DIAG_PADDING, t, e);
-            x->cause[TK_FIX_MAX_LEN] = 1;
-            x->cause[TK_FIX_PADDING] = 1;
-        }
-        if (c->batching != TK_BATCH_FIXED && mx > 2 * p99 && mx > 2 * p50) {
-            int cap = mx < c->max_len ? mx : c->max_len;
-            /* a dynamic batch of B random examples pads to the longest of B:
-             * its median is the 0.5^(1/B) quantile of the lengths; a bucket's
-             * batch holds similar lengths, about the median one */
-            int typical = c->batching == TK_BATCH_BUCKETS
-                              ? p50
-                              : quantile(in->lengths, in->n_lengths, pow(0.5, 1.0 / (c->batch_size > 0 ? c->batch_size : 1)));
-            if (typical > cap)
-                typical = cap;
-            snprintf(t, sizeof t, "the longest batch pads to %d tokens; the typical one to about %d", cap,
-                     typical);
-            snprintf(e, sizeof e,
-                     "with %s batching memory follows the longest batch: p50 %d, p99 %d, max %d; the "
-                     "peak comes only when that batch comes, so the OOM looks intermittent",
-                     c->batching == TK_BATCH_BUCKETS ? "bucketed" : "dynamic", p50, p99, mx);
-            add_diag(a, TK_DIAG_DATA_SPIKE, t, e);
-            x->cause[TK_FIX_MAX_LEN] = 1;
-        }
+/* padding: fixed padding to a max_len far above what the corpus needs */
+static void diag_padding(adv_ctx *x) {
+    const tk_advise_input *in = x->in;
+    const tk_config *c = in->config;
+    tk_advice *a = x->out;
+    char t[160], e[768];
+    if (!in->lengths || in->n_lengths <= 0)
+        return;
+    int p50 = tk_adv_quantile(in->lengths, in->n_lengths, 0.50);
+    int p99 = tk_adv_quantile(in->lengths, in->n_lengths, 0.99);
+    int mx = tk_adv_quantile(in->lengths, in->n_lengths, 1.0);
+    if (c->batching == TK_BATCH_FIXED && c->max_len >= 2 * tk_adv_round_up8(p99)) {
+        double real = 0;
+        for (int i = 0; i < in->n_lengths; i++)
+            real += in->lengths[i] < c->max_len ? in->lengths[i] : c->max_len;
+        double waste = 1.0 - real / ((double)in->n_lengths * c->max_len);
+        snprintf(t, sizeof t, "99%% of examples are at most %d tokens; max_len %d pads them", p99,
+                 c->max_len);
+        snprintf(e, sizeof e,
+                 "%d examples: p50 %d, p99 %d, max %d tokens; with fixed padding %.0f%% of every "
+                 "batch is padding",
+                 in->n_lengths, p50, p99, mx, 100 * waste);
+        add_diag(a, TK_DIAG_PADDING, t, e);
+        x->cause[TK_FIX_MAX_LEN] = 1;
+        x->cause[TK_FIX_PADDING] = 1;
     }
+}
 
-    /* leak: allocated at step boundaries keeps growing */
+/* data spike: under dynamic padding or buckets the longest batch is far
+ * above the typical one */
+static void diag_data_spike(adv_ctx *x) {
+    const tk_advise_input *in = x->in;
+    const tk_config *c = in->config;
+    tk_advice *a = x->out;
+    char t[160], e[768];
+    if (!in->lengths || in->n_lengths <= 0)
+        return;
+    int p50 = tk_adv_quantile(in->lengths, in->n_lengths, 0.50);
+    int p99 = tk_adv_quantile(in->lengths, in->n_lengths, 0.99);
+    int mx = tk_adv_quantile(in->lengths, in->n_lengths, 1.0);
+    if (c->batching != TK_BATCH_FIXED && mx > 2 * p99 && mx > 2 * p50) {
+        int cap = mx < c->max_len ? mx : c->max_len;
+        /* a dynamic batch of B random examples pads to the longest of B:
+         * its median is the 0.5^(1/B) quantile of the lengths; a bucket's
+         * batch holds similar lengths, about the median one */
+        int typical = c->batching == TK_BATCH_BUCKETS
+                          ? p50
+                          : tk_adv_quantile(in->lengths, in->n_lengths, pow(0.5, 1.0 / (c->batch_size > 0 ? c->batch_size : 1)));
+        if (typical > cap)
+            typical = cap;
+        snprintf(t, sizeof t, "the longest batch pads to %d tokens; the typical one to about %d", cap,
+                 typical);
+        snprintf(e, sizeof e,
+                 "with %s batching memory follows the longest batch: p50 %d, p99 %d, max %d; the "
+                 "peak comes only when that batch comes, so the OOM looks intermittent",
+                 c->batching == TK_BATCH_BUCKETS ? "bucketed" : "dynamic", p50, p99, mx);
+        add_diag(a, TK_DIAG_DATA_SPIKE, t, e);
+        x->cause[TK_FIX_MAX_LEN] = 1;
+    }
+}
+
+/* leak: allocated at step boundaries keeps growing */
+static void diag_leak(adv_ctx *x) {
+    const tk_advise_input *in = x->in;
+    char b1[32], b2[32], t[160], e[768];
     if (in->step_allocated && in->n_steps >= 3) {
         int up = 0;
         for (int i = 1; i < in->n_steps; i++)
@@ -411,11 +273,17 @@ static void diagnose(adv_ctx *x) {
                      "reference each step%s%s",
                      fmtb(first, b1), fmtb(last, b2), in->n_steps, in->leak_owner ? ": " : "",
                      in->leak_owner ? in->leak_owner : "");
-            add_diag(a, TK_DIAG_LEAK, t, e);
+            add_diag(x->out, TK_DIAG_LEAK, t, e);
         }
     }
+}
 
-    /* the card lottery: the same config on each card the platform hands out */
+/* the card lottery: the same config on each card the platform hands out */
+static void diag_lottery(adv_ctx *x) {
+    const tk_advise_input *in = x->in;
+    tk_advice *a = x->out;
+    const tk_config *c = in->config;
+    char b1[32], t[160], e[768];
     const tk_gpu_profile *cur = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
     const char *plat = in->platform ? in->platform : tk_gpu_platform_of(cur);
     tk_card_fit cards[16];
@@ -448,6 +316,22 @@ static void diagnose(adv_ctx *x) {
     }
 }
 
+/* The diagnoses, in the order a report lists them. */
+static void (*const DIAGNOSES[])(adv_ctx *) = {
+    diag_room, diag_fragmentation, diag_dominant_layer, diag_dominant_category,
+    diag_padding, diag_data_spike, diag_leak, diag_lottery,
+};
+
+static void diagnose(adv_ctx *x) {
+    for (size_t i = 0; i < sizeof DIAGNOSES / sizeof DIAGNOSES[0]; i++)
+        DIAGNOSES[i](x);
+    /* a registered fix names the diagnoses whose cause it removes */
+    for (int k = TK_FIX_COUNT; k < tk_fix_n_kinds(); k++)
+        for (int i = 0; i < x->out->n_diag; i++)
+            if (tk_fix_def_of((tk_fix_kind)k)->removes & (1u << x->out->diag[i].kind))
+                x->cause[k] = 1;
+}
+
 /* ---- candidates ----------------------------------------------------------- */
 
 typedef struct {
@@ -462,6 +346,40 @@ static int has_kind(const tk_candidate *c, tk_fix_kind k) {
     return 0;
 }
 
+/* Applies the fixes to the candidate's config, one by one, through their
+ * rows: the reason, the label and the risk of each. -1 when one does not
+ * apply. */
+static int apply_fixes(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
+    const tk_advise_input *in = x->in;
+    double risk_keep = 1.0;
+    char rtext[192] = "";
+    for (int i = 0; i < n; i++) {
+        const tk_fix_def *d = tk_fix_def_of(fixes[i].kind);
+        char reason[256], lab[48], w[96] = "";
+        if (!d || d->apply(&out->config, &fixes[i], in->lengths, in->n_lengths, reason, sizeof reason))
+            return -1;
+        out->fixes[i] = fixes[i];
+        size_t l = strlen(out->reason);
+        snprintf(out->reason + l, sizeof out->reason - l, "%s%s", l ? "; " : "", reason);
+        tk_fix_label(&fixes[i], &out->config, lab, sizeof lab);
+        l = strlen(out->label);
+        snprintf(out->label + l, sizeof out->label - l, "%s%s", l ? " + " : "", lab);
+        double r = d->risk ? d->risk(&fixes[i], &out->config, in->lengths, in->n_lengths, w, sizeof w) : 0;
+        risk_keep *= 1.0 - r;
+        if (w[0]) {
+            l = strlen(rtext);
+            snprintf(rtext + l, sizeof rtext - l, "%s%s", l ? "; " : "", w);
+        }
+        if (d->action_only)
+            out->action_only = n == 1;
+        if (x->cause[fixes[i].kind])
+            out->addresses_cause = 1;
+    }
+    out->risk = 1.0 - risk_keep;
+    snprintf(out->risk_text, sizeof out->risk_text, "%s", rtext[0] ? rtext : "none");
+    return 0;
+}
+
 /* Applies fixes to the config, plans it and fills a candidate. Returns 0, or
  * -1 when a fix does not apply or the trainer rejects the config. */
 static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
@@ -469,86 +387,8 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
     memset(out, 0, sizeof *out);
     out->config = *in->config;
     out->n_fixes = n;
-    double risk_keep = 1.0;
-    char rtext[192] = "";
-    for (int i = 0; i < n; i++) {
-        char reason[256];
-        if (tk_fix_apply(&out->config, &fixes[i], in->lengths, in->n_lengths, reason, sizeof reason))
-            return -1;
-        out->fixes[i] = fixes[i];
-        size_t l = strlen(out->reason);
-        snprintf(out->reason + l, sizeof out->reason - l, "%s%s", l ? "; " : "", reason);
-        l = strlen(out->label);
-        char lab[48];
-        switch (fixes[i].kind) {
-        case TK_FIX_MAX_LEN: snprintf(lab, sizeof lab, "max_len %d", fixes[i].value); break;
-        case TK_FIX_ACCUMULATE: snprintf(lab, sizeof lab, "accumulate x%d", fixes[i].value); break;
-        case TK_FIX_PRECISION: snprintf(lab, sizeof lab, "%s", fixes[i].variant == 2 ? "bf16" : "fp16"); break;
-        case TK_FIX_PADDING: snprintf(lab, sizeof lab, "%s", fixes[i].variant == 2 ? "length buckets" : "dynamic padding"); break;
-        case TK_FIX_FREEZE_LAYERS: snprintf(lab, sizeof lab, "freeze %d layers", fixes[i].value); break;
-        case TK_FIX_EVAL_BATCH: snprintf(lab, sizeof lab, "eval batch %d", fixes[i].value); break;
-        case TK_FIX_BATCH: snprintf(lab, sizeof lab, "batch %d", fixes[i].value); break;
-        case TK_FIX_ATTENTION: snprintf(lab, sizeof lab, "fused attention"); break;
-        case TK_FIX_RELEASE:
-            snprintf(lab, sizeof lab, "%s", fixes[i].variant == 3 ? "release: %txreset + free PyTorch's cache"
-                                            : fixes[i].variant & 2 ? "release: free PyTorch's cache" : "release");
-            break;
-        case TK_FIX_HEAD:
-            snprintf(lab, sizeof lab, "%s head", out->config.head == TK_HEAD_SPAN ? "span" : "pooled");
-            break;
-        default: snprintf(lab, sizeof lab, "%s", tk_fix_name(fixes[i].kind)); break;
-        }
-        snprintf(out->label + l, sizeof out->label - l, "%s%s", l ? " + " : "", lab);
-
-        /* risk to results, per fix */
-        double r = 0;
-        char w[96] = "";
-        switch (fixes[i].kind) {
-        case TK_FIX_MAX_LEN:
-            r = share_longer(in->lengths, in->n_lengths, fixes[i].value);
-            snprintf(w, sizeof w, "truncates %.1f%% of examples", 100 * r);
-            break;
-        case TK_FIX_PRECISION:
-            r = fixes[i].variant == 2 ? 0.01 : 0.02;
-            snprintf(w, sizeof w, "%s rounding", fixes[i].variant == 2 ? "bf16" : "fp16 range and");
-            break;
-        case TK_FIX_OPTIM8: r = 0.02; snprintf(w, sizeof w, "quantised optimizer state"); break;
-        case TK_FIX_FREEZE_EMB:
-        case TK_FIX_FREEZE_LAYERS: {
-            double frozen = 0;
-            tk_config dc = dims_of(&out->config);
-            const tk_config *cc = &dc;
-            double H = cc->hidden, L = cc->layers;
-            double emb = (cc->vocab_size + cc->max_position + cc->type_vocab + 2) * H;
-            double layer = 4 * H * H + 2 * H * cc->intermediate + 9 * H + cc->intermediate;
-            double total = emb + L * layer;
-            if (fixes[i].kind == TK_FIX_FREEZE_EMB)
-                frozen = emb;
-            else
-                frozen = fixes[i].value * layer;
-            r = total > 0 ? frozen / total : 0;
-            snprintf(w, sizeof w, "%.0f%% of weights frozen", 100 * r);
-            break;
-        }
-        /* the per-token head is the task's standard one, and a fine-tune
-         * trains the head from scratch either way: little at stake */
-        case TK_FIX_HEAD: r = 0.01; snprintf(w, sizeof w, "a different head (the task's standard one)"); break;
-        case TK_FIX_BATCH: r = 0.10; snprintf(w, sizeof w, "effective batch changes"); break;
-        default: break;
-        }
-        risk_keep *= 1.0 - r;
-        if (w[0]) {
-            l = strlen(rtext);
-            snprintf(rtext + l, sizeof rtext - l, "%s%s", l ? "; " : "", w);
-        }
-        if (fixes[i].kind == TK_FIX_RELEASE)
-            out->action_only = n == 1;
-        if (x->cause[fixes[i].kind])
-            out->addresses_cause = 1;
-    }
-    out->risk = 1.0 - risk_keep;
-    snprintf(out->risk_text, sizeof out->risk_text, "%s", rtext[0] ? rtext : "none");
-
+    if (apply_fixes(x, fixes, n, out))
+        return -1;
     tk_plan_result p;
     tk_err e;
     tk_status pst = tk_plan(&out->config, (const int *)in->lengths, in->n_lengths, &p, &e);
@@ -557,9 +397,11 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
         return -1;
     x->out->n_planned++;
     size_t avail = x->available;
-    for (int i = 0; i < n; i++)
-        if (fixes[i].kind == TK_FIX_RELEASE)
-            avail += (fixes[i].variant & 1 ? in->held_by_session : 0) + (fixes[i].variant & 2 ? in->held_in_process : 0);
+    for (int i = 0; i < n; i++) {
+        const tk_fix_def *d = tk_fix_def_of(fixes[i].kind);
+        if (d->frees)
+            avail += d->frees(&fixes[i], in);
+    }
     if (x->out->capacity && avail > x->out->capacity)
         avail = x->out->capacity;
     out->peak = p.peak_reserved;
@@ -608,59 +450,22 @@ static int cmp_cand(const void *pa, const void *pb) {
     return a->peak < b->peak ? -1 : a->peak > b->peak;
 }
 
-/* The single fixes worth trying for this config. */
+/* The single fixes worth trying for this config: each row's proposals, in
+ * the table's order. */
 static int single_fixes(const adv_ctx *x, tk_fix *f, int max) {
-    const tk_advise_input *in = x->in;
-    const tk_config *c = in->config;
     int n = 0;
-#define ADD(K, V, VAR) do { if (n < max) f[n++] = (tk_fix){ (K), (V), (VAR) }; } while (0)
-    if (in->held_by_session || in->held_in_process)
-        ADD(TK_FIX_RELEASE, 0, (in->held_by_session ? 1 : 0) | (in->held_in_process ? 2 : 0));
-    if (c->head == TK_HEAD_FLATTEN_DENSE)
-        ADD(TK_FIX_HEAD, 0, 0);
-    if (in->lengths && in->n_lengths > 0) {
-        int p99 = round_up8(quantile(in->lengths, in->n_lengths, 0.99));
-        int p95 = round_up8(quantile(in->lengths, in->n_lengths, 0.95));
-        if (p99 < c->max_len)
-            ADD(TK_FIX_MAX_LEN, p99, 0);
-        if (p95 < p99)
-            ADD(TK_FIX_MAX_LEN, p95, 0);
-        if (c->batching == TK_BATCH_FIXED) {
-            ADD(TK_FIX_PADDING, 0, 1);
-            ADD(TK_FIX_PADDING, 0, 2);
-        }
+    for (int k = 0; k < tk_fix_n_kinds() && n < max; k++) {
+        const tk_fix_def *d = tk_fix_def_of((tk_fix_kind)k);
+        if (d->propose)
+            n += d->propose((tk_fix_kind)k, x->in, f + n, max - n);
     }
-    if (c->precision == TK_PREC_FP32) {
-        ADD(TK_FIX_PRECISION, 0, 1);
-        const tk_gpu_profile *g = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
-        if (!g || g->cc_major >= 8) /* bf16 tensor cores need Ampere or newer */
-            ADD(TK_FIX_PRECISION, 0, 2);
-    }
-    for (int k = 2; k <= 8; k *= 2)
-        if (c->batch_size % k == 0)
-            ADD(TK_FIX_ACCUMULATE, k, 0);
-    ADD(TK_FIX_RECOMPUTE, 0, 0);
-    ADD(TK_FIX_ATTENTION, 0, 0);
-    ADD(TK_FIX_OPTIM8, 0, 0);
-    ADD(TK_FIX_FREEZE_EMB, 0, 0);
-    int layers = dims_of(c).layers;
-    if (layers >= 2)
-        ADD(TK_FIX_FREEZE_LAYERS, layers / 2, 0);
-    if (in->oom)
-        ADD(TK_FIX_EMPTY_CACHE, 0, 0);
-    int eb = c->eval_batch_size > 0 ? c->eval_batch_size : c->batch_size;
-    if (eb > 1)
-        ADD(TK_FIX_EVAL_BATCH, eb / 2, 0);
-    if (c->batch_size > 1)
-        ADD(TK_FIX_BATCH, c->batch_size / 2, 0);
-#undef ADD
     return n;
 }
 
 /* Kinds that are combined in the search; the others stand alone. */
 static int combinable(tk_fix_kind k) {
-    return k != TK_FIX_RELEASE && k != TK_FIX_BATCH && k != TK_FIX_EVAL_BATCH &&
-           k != TK_FIX_EMPTY_CACHE;
+    const tk_fix_def *d = tk_fix_def_of(k);
+    return d && d->combinable;
 }
 
 tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
@@ -757,6 +562,12 @@ nomem:
     free(all.v);
     tk_err_set(err, TK_ENOMEM, "advisor: out of host memory while ranking fixes");
     return TK_ENOMEM;
+}
+
+json_t *tk_fix_json(const tk_fix *f) {
+    char param[48];
+    return json_pack("{s:s, s:i, s:s}", "kind", tk_fix_name(f->kind), "value", f->value, "param",
+                     tk_fix_param(f, param, sizeof param));
 }
 
 int tk_advice_auto(const tk_advice *a) {
@@ -867,8 +678,7 @@ char *tk_advice_json(const tk_advice *a) {
         const tk_candidate *c = &a->cand[i];
         json_t *fx = json_array();
         for (int k = 0; fx && k < c->n_fixes; k++)
-            json_array_append_new(fx, json_pack("{s:s, s:i, s:i}", "kind", tk_fix_name(c->fixes[k].kind),
-                                                "value", c->fixes[k].value, "variant", c->fixes[k].variant));
+            json_array_append_new(fx, tk_fix_json(&c->fixes[k]));
         json_array_append_new(cands, json_pack("{s:s, s:s, s:I, s:I, s:b, s:b, s:f, s:f, s:s, s:b, s:b, s:o*}",
                                                "label", c->label, "reason", c->reason,
                                                "peak", (json_int_t)c->peak, "margin", (json_int_t)c->margin,

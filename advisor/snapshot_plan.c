@@ -366,6 +366,10 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     c.vocab_size = m->vocab, c.max_position = m->max_position;
     c.batch_size = m->batch, c.max_len = m->seq;
     c.precision = m->elem == 2 || m->mixed ? TK_PREC_FP16 : TK_PREC_FP32;
+    /* The shape read from the blocks came from the T x T score blocks the
+     * run kept (eager attention): plan it as it ran, not with the fused
+     * attention txkernel's own default gives a card. */
+    if (strstr(m->shape_from, "activation blocks")) c.attention = TK_ATTN_STANDARD;
     if (o->gpu && *o->gpu) {
         snprintf(c.gpu, sizeof c.gpu, "%s", o->gpu);
         snprintf(m->capacity_from, sizeof m->capacity_from, "the %s profile, less its CUDA context", o->gpu);

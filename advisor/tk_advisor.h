@@ -53,9 +53,11 @@ typedef struct tk_diag {
     char evidence[768];  /* the numbers behind it */
 } tk_diag;
 
+/* The built-in fix kinds, in the order the search proposes them; the
+ * catalogue (advisor/fixes.c) is one table with a row per kind, and
+ * tk_fix_register adds rows after these. */
 typedef enum {
-    TK_FIX_RELEASE = 0,     /* release what an earlier run still holds (%txreset; variant bit 1)
-                               and what PyTorch in this process caches (the user's Python; bit 2) */
+    TK_FIX_RELEASE = 0,     /* release what an earlier run and PyTorch in this process hold */
     TK_FIX_HEAD,            /* span / pooled head instead of flatten_dense */
     TK_FIX_MAX_LEN,         /* max_len from the corpus percentiles */
     TK_FIX_PADDING,         /* dynamic padding or length buckets */
@@ -69,17 +71,69 @@ typedef enum {
     TK_FIX_EMPTY_CACHE,     /* release cached segments between steps */
     TK_FIX_EVAL_BATCH,      /* smaller eval batch */
     TK_FIX_BATCH,           /* smaller batch (changes the effective batch) */
-    TK_FIX_COUNT
+    TK_FIX_COUNT            /* built-in kinds; registered ones follow */
 } tk_fix_kind;
 
-const char *tk_fix_name(tk_fix_kind k); /* "max_len", "fp16", ... */
+#define TK_FIX_MAX_KINDS 32 /* built-in and registered */
 
-/* One fix with its parameter (max_len, k, N, ...). */
+const char *tk_fix_name(tk_fix_kind k); /* "max_len", "precision", ...; "?" for no such kind */
+
+/* What a release frees (TK_FIX_RELEASE's parameter, a bit set). */
+enum {
+    TK_RELEASE_SESSION = 1u,    /* an earlier run in this session (%txreset) */
+    TK_RELEASE_IN_PROCESS = 2u, /* PyTorch's caching allocator in this process (the user's Python) */
+};
+
+/* One fix with its parameter; each kind reads only its own field. */
 typedef struct tk_fix {
     tk_fix_kind kind;
-    int value;           /* the fix's number: new max_len, k, layers, N steps, ... */
-    int variant;         /* fix-specific choice (precision: 1 fp16, 2 bf16; padding: 1 dynamic, 2 buckets) */
+    int value;                /* the number the kind sets: max_len, accumulate k, frozen layers,
+                                 eval batch, batch */
+    tk_precision precision;   /* TK_FIX_PRECISION: TK_PREC_FP16 or TK_PREC_BF16 */
+    tk_batching batching;     /* TK_FIX_PADDING: TK_BATCH_DYNAMIC or TK_BATCH_BUCKETS */
+    unsigned release;         /* TK_FIX_RELEASE: TK_RELEASE_SESSION | TK_RELEASE_IN_PROCESS */
 } tk_fix;
+
+struct tk_advise_input;
+
+/* A row of the catalogue: everything the advisor knows of one kind. Only
+ * name and apply are required; the others say their default. */
+typedef struct tk_fix_def {
+    const char *name;         /* "max_len"; also the label when `label` is NULL */
+    /* Applies f to *c (pure; c modified in place): 0 with a one-line reason,
+     * or -1 when it does not apply to this config. */
+    int (*apply)(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_lengths, char *reason,
+                 size_t reason_n);
+    /* The fixes of this kind (`self`) worth planning for `in` (at most max,
+     * written to out), in the order to try them. NULL: none is proposed. */
+    int (*propose)(tk_fix_kind self, const struct tk_advise_input *in, tk_fix *out, int max);
+    /* The ranked table's words for f; `fixed` is the config after it. */
+    void (*label)(const tk_fix *f, const tk_config *fixed, char *out, size_t n);
+    /* The share of results at stake (0..1) and what, in words. NULL: none. */
+    double (*risk)(const tk_fix *f, const tk_config *fixed, const int32_t *lengths, int n_lengths, char *what,
+                   size_t what_n);
+    /* Device bytes the fix frees outside the config (what a release gives
+     * back). NULL: none. */
+    size_t (*frees)(const tk_fix *f, const struct tk_advise_input *in);
+    int combinable;           /* 1: tried in pairs and triples with other kinds */
+    int action_only;          /* 1: alone it is an action, not a config change */
+    unsigned removes;         /* diagnoses whose cause it removes: bits (1u << tk_diag_kind) */
+} tk_fix_def;
+
+/* Adds a row after the built-in ones (the definition is copied; its
+ * functions must outlive every tk_advise). Returns the new kind, or -1 when
+ * name or apply is missing or TK_FIX_MAX_KINDS are taken. Not thread-safe:
+ * register before advising. */
+int tk_fix_register(const tk_fix_def *d);
+/* The row of kind k, or NULL. */
+const tk_fix_def *tk_fix_def_of(tk_fix_kind k);
+/* Kinds in the table (built-in + registered). */
+int tk_fix_n_kinds(void);
+/* The ranked table's words for f (`fixed`: the config after it). */
+void tk_fix_label(const tk_fix *f, const tk_config *fixed, char *out, size_t n);
+/* f's typed parameter in words ("bf16", "buckets", "session+in_process"; ""
+ * for kinds whose parameter is `value`), written to buf. */
+const char *tk_fix_param(const tk_fix *f, char *buf, size_t n);
 
 #define TK_ADVICE_MAX_FIXES 4
 #define TK_ADVICE_MAX_CANDS 48
@@ -154,6 +208,11 @@ int tk_advice_auto_for(const tk_advice *a, const char *platform, const int32_t *
 
 /* Text report: diagnoses and the ranked table (new string, free()). */
 char *tk_advice_format(const tk_advice *a, int top);
+/* A fix as JSON: {kind, value, param} (param: tk_fix_param's words). New
+ * reference, NULL when out of memory. */
+struct json_t;
+struct json_t *tk_fix_json(const tk_fix *f);
+
 /* JSON object of the advice (new string, free()). */
 char *tk_advice_json(const tk_advice *a);
 

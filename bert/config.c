@@ -57,7 +57,7 @@ static const char *const head_names[] = {"pooled", "span", "flatten_dense", NULL
 static const char *const prec_names[] = {"fp32", "fp16", "bf16", NULL};
 static const char *const optim_names[] = {"adamw", "adamw8bit", NULL};
 static const char *const save_error_names[] = {"continue", "stop", NULL};
-static const char *const attn_names[] = {"standard", "fused", NULL};
+static const char *const attn_names[] = {"standard", "fused", "auto", NULL};
 static const char *const batching_names[] = {"fixed", "dynamic", "buckets", NULL};
 static const char *const device_names[] = {"auto", "cpu", "cuda", "meta", NULL};
 static const char *const schedule_names[] = {"linear", "constant", NULL};
@@ -296,7 +296,7 @@ static const keydef KEYS[] = {
     INT("freeze_layers", "train", freeze_layers, 0, 1000, "the first N encoder layers are frozen"),
     ENUM("optimizer", "train", optimizer, optim_names, "adamw or adamw8bit (block-wise 8-bit moments)"),
     INT("adamw8_fp32_embeddings", "train", adamw8_fp32_embeddings, 0, 1, "adamw8bit: keep embeddings' state in fp32"),
-    ENUM("attention", "train", attention, attn_names, "standard, or fused (no LxL probabilities kept for backward)"),
+    ENUM("attention", "train", attention, attn_names, "standard, fused (no LxL probabilities kept for backward) or auto (the default: fused on cuda and for a gpu: card, standard on the cpu)"),
     ENUM("batching", "train", batching, batching_names, "fixed (pad to max_len), dynamic (pad per batch) or buckets"),
     INT("buckets", "train", buckets, 1, 4096, "batching buckets: number of length buckets"),
     SPEC("empty_cache", "train", set_empty_cache, get_empty_cache, "release cached device memory: never, on_oom or every:N steps"),
@@ -569,11 +569,36 @@ void tk_config_defaults(tk_config *c) {
     c->seed = 42;
     c->device = TK_DEVICE_CPU;
     c->precision = TK_PREC_FP32;
+    c->attention = TK_ATTN_AUTO;
     c->accumulate = 1;
     c->buckets = 8;
     c->log_every = 10;
     c->keep_checkpoints = 3;
     c->save_error_stop = 1; /* a run never ends "ok" without its results */
+}
+
+/* ---- the attention default ------------------------------------------------ */
+
+tk_attention tk_config_attention(const tk_config *c, tk_dev_kind on, const char **why) {
+    if (c->attention != TK_ATTN_AUTO) {
+        if (why) *why = "set in the config";
+        return c->attention;
+    }
+    /* On a GPU the T x T probabilities are most of the activations at long
+     * sequences (bert-base-cased, 512 tokens: about 380 MiB saved per example
+     * with them, 226 MiB without; PyTorch 2's SDPA keeps about 333). */
+    if (on == TK_DEV_CUDA || c->device == TK_DEVICE_CUDA || c->gpu[0]) {
+        if (why) *why = "default on cuda";
+        return TK_ATTN_FUSED;
+    }
+    /* The cpu: standard attention's BLAS GEMMs beat the fused kernel's rows
+     * (measured at 128 and 512 tokens, bench/RESULTS.md). */
+    if (why) *why = "default on the cpu";
+    return TK_ATTN_STANDARD;
+}
+
+const char *tk_attention_name(tk_attention a) {
+    return a >= TK_ATTN_STANDARD && a <= TK_ATTN_AUTO ? attn_names[a] : "?";
 }
 
 /* ---- YAML ------------------------------------------------------------------ */

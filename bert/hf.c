@@ -318,7 +318,9 @@ tk_status tk_model_opts_from_config(tk_model_opts *o, const tk_config *c, tk_err
     }
     o->precision = c->precision;
     o->recompute = c->recompute;
-    o->attention = c->attention;
+    /* auto is decided from the config here (a plan, a device named in it);
+     * a session that opened device: auto's device decides first */
+    o->attention = tk_config_attention(c, TK_DEV_META, NULL);
     o->freeze_embeddings = c->freeze_embeddings;
     o->freeze_layers = c->freeze_layers;
     o->seed = c->seed;

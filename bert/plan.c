@@ -1,12 +1,16 @@
 /* plan.c — plans a training run on the meta device.
  *
- * The plan replays exactly what tk_train_run does, on a meta device with the
- * config's capacity: model parameters, gradients, then two optimizer steps
- * (each: zero grads, `accumulate` forward+backward micro-steps, AdamW step —
- * the second step is the first with optimizer state live during forward, so
- * it is the steady-state peak), then one eval step at eval_batch_size. Same
- * model code, same allocator, same order: on cpu a run with fixed-shape
- * batches reaches this peak byte for byte.
+ * The plan runs the run's own code on a meta device with the config's
+ * capacity: the model, then tk_trainer_open (gradients, the optimizer) and
+ * tk_train_step, the very step tk_train_run calls (zero grads, `accumulate`
+ * forward+backward micro-steps, AdamW, the empty_cache policy, the on_oom
+ * retry), then the eval the run makes. By default it steps twice over the
+ * worst-case batch (the second step is the first with optimizer state live
+ * during forward, so it is the steady-state peak) and evaluates one eval
+ * batch: on cpu a run with fixed-shape batches reaches this peak byte for
+ * byte. tk_plan_epoch steps through the run's own first epoch instead (its
+ * batches, its order), so the reserved bytes that differently shaped
+ * batches leave in the cache are planned too.
  *
  * When the run does not fit, the plan is made twice: once under the capacity
  * (to record where the first OOM happens) and once without a limit (to say
@@ -75,6 +79,7 @@ typedef struct {
     size_t steady[TK_CAT_COUNT]; /* live bytes after the last optimizer step */
     tk_cost train_cost, eval_cost;
     int64_t n_params, n_trainable;
+    int steps;                 /* optimizer steps simulated */
     int n_top;
     struct { char owner[128]; size_t bytes, by_cat[TK_CAT_COUNT]; } top[TK_PLAN_TOP];
     /* asked for by tk_plan_tensors_at_peak: the tensors live at the peak */
@@ -107,9 +112,90 @@ static void top_owners(tk_alloc *a, sim_out *o) {
     }
 }
 
+/* What one simulation runs: the worst-case batch (B x T for two steps of
+ * `accumulate` micro-batches, then one eval batch EB x T), or, when `train`
+ * is set, the first epoch of the run's own batches in the run's order and
+ * every dev batch. */
+typedef struct {
+    int B, T, EB;
+    const tk_batch *train, *dev;
+    int n_train, n_dev;
+    int inference;             /* weights and eval only */
+} sim_job;
+
+static void cost_div(tk_cost *c, int n) {
+    if (n <= 1)
+        return;
+    c->flops /= n;
+    c->bytes /= n;
+    c->attn_flops /= n;
+    c->n_ops /= (uint64_t)n;
+}
+
+/* The steps of the job through tk_train_step, the run's own step. */
+static tk_status sim_steps(const tk_config *c, tk_trainer *t, tk_dev *d, const sim_job *j, const tk_batch *tb,
+                           sim_out *o, tk_err *err) {
+    int k = c->accumulate > 1 ? c->accumulate : 1;
+    const tk_batch *batches = tb;
+    int n = k, steps = 2;
+    if (j->train) {
+        batches = j->train;
+        n = j->n_train;
+        steps = (n + k - 1) / k;
+        if (c->max_steps > 0 && c->max_steps < steps)
+            steps = c->max_steps;
+    }
+    int *order = tk_calloc((size_t)n, sizeof *order); /* the worst case: k times batch 0 */
+    if (!order) {
+        tk_err_set(err, TK_ENOMEM, "plan: out of host memory");
+        return TK_ENOMEM;
+    }
+    if (j->train)
+        tk_train_epoch_order(order, n, c->seed, 0);
+    tk_status st = TK_OK;
+    tk_cost sum = { 0 };
+    for (int s = 0; s < steps && st == TK_OK; s++) {
+        int g0 = j->train ? s * k : 0, g1 = g0 + k < n ? g0 + k : n;
+        tk_step_out so;
+        tk_dev_cost_reset(d);
+        snprintf(o->phase, sizeof o->phase, "forward/backward");
+        st = tk_train_step(t, batches, order, g0, g1, &so, err);
+        if (st == TK_OK)
+            o->steps++;
+        else if (so.phase)
+            snprintf(o->phase, sizeof o->phase, "%s", so.phase);
+        tk_dev_cost_get(d, &o->train_cost);
+        sum.flops += o->train_cost.flops;
+        sum.bytes += o->train_cost.bytes;
+        sum.attn_flops += o->train_cost.attn_flops;
+        sum.n_ops += o->train_cost.n_ops;
+    }
+    if (st == TK_OK && j->train) { /* an epoch's step is its mean step */
+        cost_div(&sum, steps);
+        o->train_cost = sum;
+    }
+    free(order);
+    return st;
+}
+
+/* The eval the run makes after an epoch: one batch EB x T, or every dev
+ * batch of the run. */
+static tk_status sim_eval(tk_model *m, tk_dev *d, const sim_job *j, const tk_batch *eb, sim_out *o, tk_err *err) {
+    const tk_batch *dev = j->train ? j->dev : eb;
+    int n = j->train ? j->n_dev : 1;
+    tk_dev_cost_reset(d);
+    snprintf(o->phase, sizeof o->phase, "eval");
+    tk_status st = TK_OK;
+    for (int i = 0; i < n && st == TK_OK; i++)
+        st = tk_model_forward_eval(m, &dev[i], NULL, NULL, err);
+    tk_dev_cost_get(d, &o->eval_cost);
+    cost_div(&o->eval_cost, n);
+    return st;
+}
+
 /* One simulated run under `capacity` (0 = none). */
-static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t capacity, int B, int T,
-                          int EB, int inference, const tk_plan_watch *w, sim_out *o, tk_err *err) {
+static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t capacity, const sim_job *j,
+                          const tk_plan_watch *w, sim_out *o, tk_err *err) {
     tk_tensor_info *want = o->tensors;
     int max_want = o->max_tensors;
     memset(o, 0, sizeof *o);
@@ -129,15 +215,15 @@ static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t ca
     tk_alloc *a = tk_dev_alloc(d);
     if (w && w->opened) w->opened(a, w->ud);
     tk_model *m = NULL;
-    tk_adamw *opt = NULL;
-    tk_optim_param *ps = NULL;
+    tk_trainer t;
+    memset(&t, 0, sizeof t);
     host_batch hb, he;
     tk_batch tb, eb;
     int rows = mo->head == TK_HEAD_FLATTEN_DENSE ? (mo->towers > 0 ? mo->towers : 1) : 1;
     tk_status st = TK_OK;
     memset(&hb, 0, sizeof hb);
     memset(&he, 0, sizeof he);
-    if (host_batch_make(&hb, &tb, B, rows, T) || host_batch_make(&he, &eb, EB, rows, T)) {
+    if (!j->train && (host_batch_make(&hb, &tb, j->B, rows, j->T) || host_batch_make(&he, &eb, j->EB, rows, j->T))) {
         tk_err_set(err, TK_ENOMEM, "plan: out of host memory");
         st = TK_ENOMEM;
         goto out;
@@ -149,47 +235,18 @@ static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t ca
     }
     o->n_params = tk_model_n_weights(m);
     o->n_trainable = tk_model_n_trainable(m);
-    if (inference) /* weights and eval batches only: no gradients, no optimizer state */
-        goto eval;
-    snprintf(o->phase, sizeof o->phase, "gradients");
-    if ((st = tk_model_alloc_grads(m, err)) != TK_OK)
-        goto out;
-    int np = 0;
-    if (!(ps = tk_train_optim_params(m, &np))) {
-        st = tk_err_nomem(err, "plan: the optimizer's table");
-        goto out;
-    }
-    if (!(opt = tk_adamw_new(d, c, ps, np, err))) {
-        st = err->status;
-        goto out;
-    }
-    int k = c->accumulate > 1 ? c->accumulate : 1;
-    uint64_t micro = 0;
-    for (int step = 0; step < 2; step++) {
-        tk_dev_cost_reset(d);
-        if ((st = tk_model_zero_grads(m, err)) != TK_OK)
+    if (!j->inference) { /* inference: weights and eval batches only */
+        snprintf(o->phase, sizeof o->phase, "gradients");
+        if ((st = tk_trainer_open(&t, c, m, 2, err)) != TK_OK || (st = sim_steps(c, &t, d, j, &tb, o, err)) != TK_OK)
             goto out;
-        for (int j = 0; j < k; j++) {
-            snprintf(o->phase, sizeof o->phase, "forward/backward");
-            if ((st = tk_model_forward_backward(m, &tb, micro++, 1.0f / (float)k, NULL, NULL, err)) != TK_OK)
-                goto out;
-        }
-        snprintf(o->phase, sizeof o->phase, "optimizer");
-        if ((st = tk_adamw_step(opt, c->lr, 1.0f, NULL, NULL, err)) != TK_OK)
-            goto out;
-        tk_dev_cost_get(d, &o->train_cost);
     }
-eval:
     {
         tk_alloc_stats s;
         tk_alloc_stats_get(a, &s);
         memcpy(o->steady, s.by_cat, sizeof o->steady);
     }
-    tk_dev_cost_reset(d);
-    snprintf(o->phase, sizeof o->phase, "eval");
-    if ((st = tk_model_forward_eval(m, &eb, NULL, NULL, err)) != TK_OK)
+    if ((st = sim_eval(m, d, j, &eb, o, err)) != TK_OK)
         goto out;
-    tk_dev_cost_get(d, &o->eval_cost);
     o->phase[0] = '\0';
 out:
     if (st == TK_EOOM && tk_dev_last_oom(d))
@@ -199,8 +256,7 @@ out:
     if (want)
         o->n_tensors = tk_dev_tensors_at_peak(d, want, max_want);
     if (w && w->closing) w->closing(a, st == TK_EOOM ? tk_dev_last_oom(d) : NULL, w->ud);
-    tk_adamw_destroy(&opt);
-    free(ps);
+    tk_trainer_close(&t);
     tk_model_destroy(&m);
     tk_dev_destroy(&d);
     host_batch_free(&hb);
@@ -208,39 +264,75 @@ out:
     return o->st = st;
 }
 
-static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int inference, const tk_plan_watch *w,
-                           tk_plan_result *out, tk_tensor_info *tensors, int max_tensors, int *n_tensors,
-                           tk_err *err);
+static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const tk_plan_batches *run, int inference,
+                           const tk_plan_watch *w, tk_plan_result *out, tk_tensor_info *tensors, int max_tensors,
+                           int *n_tensors, tk_err *err);
 
 tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
-    return plan_impl(c, lengths, n, 0, NULL, out, NULL, 0, NULL, err);
+    return plan_impl(c, lengths, n, NULL, 0, NULL, out, NULL, 0, NULL, err);
 }
 
 tk_status tk_plan_watched(const tk_config *c, const int *lengths, int n, const tk_plan_watch *w, tk_plan_result *out,
                           tk_err *err) {
-    return plan_impl(c, lengths, n, 0, w, out, NULL, 0, NULL, err);
+    return plan_impl(c, lengths, n, NULL, 0, w, out, NULL, 0, NULL, err);
 }
 
 tk_status tk_plan_inference(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
-    return plan_impl(c, lengths, n, 1, NULL, out, NULL, 0, NULL, err);
+    return plan_impl(c, lengths, n, NULL, 1, NULL, out, NULL, 0, NULL, err);
 }
 
-tk_status tk_plan_tensors_at_peak(const tk_config *c, const int *lengths, int n, tk_tensor_info *out, int max,
-                                  int *n_out, tk_err *err) {
+tk_status tk_plan_epoch(const tk_config *c, const tk_plan_batches *b, const tk_plan_watch *w, tk_plan_result *out,
+                        tk_err *err) {
+    if (!b || !b->train || b->n_train <= 0 || (b->n_dev > 0 && !b->dev)) {
+        memset(out, 0, sizeof *out);
+        tk_err_set(err, TK_EINVAL, "plan --epoch: needs the run's training batches (a config with a train_file)");
+        return TK_EINVAL;
+    }
+    return plan_impl(c, NULL, 0, b, 0, w, out, NULL, 0, NULL, err);
+}
+
+static tk_status tensors_at_peak(const tk_config *c, const int *lengths, int n, const tk_plan_batches *run,
+                                 tk_tensor_info *out, int max, int *n_out, tk_err *err) {
     *n_out = 0;
     tk_plan_result *p = tk_malloc(sizeof *p);
     if (!p) {
         tk_err_set(err, TK_ENOMEM, "plan: out of host memory");
         return TK_ENOMEM;
     }
-    tk_status st = plan_impl(c, lengths, n, 0, NULL, p, out, max, n_out, err);
+    tk_status st = plan_impl(c, lengths, n, run, 0, NULL, p, out, max, n_out, err);
     free(p);
     return st;
 }
 
-static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int inference, const tk_plan_watch *w,
-                           tk_plan_result *out, tk_tensor_info *tensors, int max_tensors, int *n_tensors,
-                           tk_err *err) {
+tk_status tk_plan_tensors_at_peak(const tk_config *c, const int *lengths, int n, tk_tensor_info *out, int max,
+                                  int *n_out, tk_err *err) {
+    return tensors_at_peak(c, lengths, n, NULL, out, max, n_out, err);
+}
+
+tk_status tk_plan_epoch_tensors_at_peak(const tk_config *c, const tk_plan_batches *b, tk_tensor_info *out, int max,
+                                        int *n_out, tk_err *err) {
+    return tensors_at_peak(c, NULL, 0, b, out, max, n_out, err);
+}
+
+/* The roofline step time of one optimizer step on the profile's card. */
+static void estimate_step_time(tk_plan_result *out, const tk_config *c, const tk_gpu_profile *prof,
+                               const tk_cost *cost) {
+    snprintf(out->profile, sizeof out->profile, "%s", prof->name);
+    double rate = c->precision == TK_PREC_FP32 ? prof->fp32_flops
+                : c->precision == TK_PREC_BF16 ? prof->bf16_flops : prof->fp16_flops;
+    double tc = rate > 0 ? cost->flops / rate : 0;
+    /* Fused attention runs on the GPU's fp32 cores (no tensor cores) and
+     * its cuda kernels compute the scores twice in forward and backward:
+     * 6 + 14 T^2*HS FLOPs per head where the op counts 4 + 10. */
+    if (rate > 0 && prof->fp32_flops > 0 && cost->attn_flops > 0)
+        tc += cost->attn_flops * (20.0 / 14.0 / prof->fp32_flops - 1.0 / rate);
+    double tm = prof->bandwidth > 0 ? cost->bytes / prof->bandwidth : 0;
+    out->step_seconds = tc > tm ? tc : tm;
+}
+
+static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const tk_plan_batches *run, int inference,
+                           const tk_plan_watch *w, tk_plan_result *out, tk_tensor_info *tensors, int max_tensors,
+                           int *n_tensors, tk_err *err) {
     double t0 = now_ms();
     memset(out, 0, sizeof *out);
     if (!c || c->batch_size < 1 || c->max_len < 1) {
@@ -270,7 +362,8 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int in
 
     /* Worst-case shape: fixed padding pads every batch to max_len; dynamic
      * padding and buckets pad to the longest example of the batch, at worst
-     * the corpus' longest (capped by max_len). flatten_dense needs max_len. */
+     * the corpus' longest (capped by max_len). flatten_dense needs max_len.
+     * An epoch plan reports the largest batch of the run's own. */
     int T = c->max_len;
     if (lengths && n > 0 && c->batching != TK_BATCH_FIXED && c->head != TK_HEAD_FLATTEN_DENSE) {
         int mx = 1;
@@ -282,8 +375,23 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int in
     }
     int B = c->batch_size;
     int EB = c->eval_batch_size > 0 ? c->eval_batch_size : B;
+    sim_job job = { .B = B, .T = T, .EB = EB, .inference = inference };
+    if (run) {
+        job.train = run->train;
+        job.n_train = run->n_train;
+        job.dev = run->dev;
+        job.n_dev = run->n_dev;
+        B = T = 0;
+        for (int i = 0; i < run->n_train; i++) {
+            B = run->train[i].B > B ? run->train[i].B : B;
+            T = run->train[i].T > T ? run->train[i].T : T;
+        }
+    }
     out->batch = B;
     out->seq = T;
+    const char *why = NULL;
+    out->attention = tk_config_attention(c, TK_DEV_META, &why);
+    snprintf(out->attention_why, sizeof out->attention_why, "%s", why);
     out->capacity = capacity;
     out->context_bytes = context_bytes;
 
@@ -294,14 +402,14 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int in
     }
     so->tensors = tensors;
     so->max_tensors = max_tensors;
-    st = simulate(c, &mo, capacity, B, T, EB, inference, w, so, err);
+    st = simulate(c, &mo, capacity, &job, w, so, err);
     if (st == TK_EOOM && capacity) {
         out->oom = 1;
         out->oom_record = so->oom;
         snprintf(out->oom_phase, sizeof out->oom_phase, "%s", so->phase);
         if (err)
             memset(err, 0, sizeof *err);
-        st = simulate(c, &mo, 0, B, T, EB, inference, NULL, so, err);
+        st = simulate(c, &mo, 0, &job, NULL, so, err);
     }
     if (st != TK_OK) {
         free(so);
@@ -319,25 +427,15 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, int in
     out->param_bytes = so->steady[TK_CAT_PARAM];
     out->grad_bytes = so->steady[TK_CAT_GRAD];
     out->optim_bytes = so->steady[TK_CAT_OPTIM];
+    out->epoch_steps = run ? so->steps : 0;
     out->n_params = so->n_params;
     out->n_trainable = so->n_trainable;
     out->train_step = so->train_cost;
     out->eval_step = so->eval_cost;
     out->fits = !out->oom && (!capacity || out->peak_reserved <= capacity);
     out->margin = capacity ? (int64_t)capacity - (int64_t)out->peak_reserved : 0;
-    if (prof) {
-        snprintf(out->profile, sizeof out->profile, "%s", prof->name);
-        double rate = c->precision == TK_PREC_FP32 ? prof->fp32_flops
-                    : c->precision == TK_PREC_BF16 ? prof->bf16_flops : prof->fp16_flops;
-        double tc = rate > 0 ? so->train_cost.flops / rate : 0;
-        /* Fused attention runs on the GPU's fp32 cores (no tensor cores) and
-         * its cuda kernels compute the scores twice in forward and backward:
-         * 6 + 14 T^2*HS FLOPs per head where the op counts 4 + 10. */
-        if (rate > 0 && prof->fp32_flops > 0 && so->train_cost.attn_flops > 0)
-            tc += so->train_cost.attn_flops * (20.0 / 14.0 / prof->fp32_flops - 1.0 / rate);
-        double tm = prof->bandwidth > 0 ? so->train_cost.bytes / prof->bandwidth : 0;
-        out->step_seconds = tc > tm ? tc : tm;
-    }
+    if (prof)
+        estimate_step_time(out, c, prof, &so->train_cost);
     if (n_tensors)
         *n_tensors = so->n_tensors;
     free(so);
@@ -372,6 +470,7 @@ char *tk_plan_format(const tk_plan_result *p) {
         OUT("first OOM during %s: %s for %s (%s)\n", p->oom_phase,
             tk_format_bytes(p->oom_record.requested, b1, sizeof b1), p->oom_record.owner_name,
             tk_cat_name(p->oom_record.tag.cat));
+    OUT("attention: %s (%s)\n", tk_attention_name(p->attention), p->attention_why);
     OUT("at the peak, by category:\n");
     for (int c = 0; c < TK_CAT_COUNT; c++)
         if (p->by_cat_at_peak[c])

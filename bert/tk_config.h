@@ -26,7 +26,8 @@ typedef enum { TK_HEAD_POOLED = 0, TK_HEAD_SPAN, TK_HEAD_FLATTEN_DENSE } tk_head
 typedef enum { TK_PREC_FP32 = 0, TK_PREC_FP16, TK_PREC_BF16 } tk_precision;
 typedef enum { TK_RECOMPUTE_NONE = 0, TK_RECOMPUTE_LAYERS, TK_RECOMPUTE_ATTENTION } tk_recompute;
 typedef enum { TK_OPTIM_ADAMW = 0, TK_OPTIM_ADAMW8 } tk_optim;
-typedef enum { TK_ATTN_STANDARD = 0, TK_ATTN_FUSED } tk_attention;
+/* TK_ATTN_AUTO (the default) is decided per device by tk_config_attention. */
+typedef enum { TK_ATTN_STANDARD = 0, TK_ATTN_FUSED, TK_ATTN_AUTO } tk_attention;
 typedef enum { TK_BATCH_FIXED = 0, TK_BATCH_DYNAMIC, TK_BATCH_BUCKETS } tk_batching;
 typedef enum { TK_EMPTY_NEVER = 0, TK_EMPTY_EVERY, TK_EMPTY_ON_OOM } tk_empty_cache;
 typedef enum { TK_DEVICE_AUTO = 0, TK_DEVICE_CPU, TK_DEVICE_CUDA, TK_DEVICE_META } tk_device_choice;
@@ -79,7 +80,7 @@ typedef struct tk_config {
     int freeze_layers;         /* the first N encoder layers are frozen */
     tk_optim optimizer;
     int adamw8_fp32_embeddings;/* 8-bit AdamW keeps embeddings' state in fp32 */
-    tk_attention attention;
+    tk_attention attention;    /* standard | fused | auto (the default: tk_config_attention) */
     tk_batching batching;
     int buckets;               /* length buckets for batching: buckets */
     tk_empty_cache empty_cache;
@@ -96,8 +97,24 @@ typedef struct tk_config {
 } tk_config;
 
 /* HF-like defaults: bert-base-cased, max_len 128, batch 32, 3 epochs, lr 2e-5,
- * linear schedule, AdamW (0.9, 0.999, 1e-8, wd 0.01), clip 1.0, fp32, cpu. */
+ * linear schedule, AdamW (0.9, 0.999, 1e-8, wd 0.01), clip 1.0, fp32, cpu,
+ * attention: auto. */
 void tk_config_defaults(tk_config *c);
+
+/* The attention a run of `c` uses: the one rule for the attention default.
+ * A config that names standard or fused gets it. By default (auto):
+ *  - fused, which keeps no T x T matrix for backward, on a GPU: when the run
+ *    is on cuda (`on` == TK_DEV_CUDA), says device: cuda, or is for a card
+ *    (gpu: PROFILE, on any machine: a plan for a t4 is a plan of a t4 run);
+ *  - standard on the cpu, where it is the faster of the two (bench/RESULTS.md:
+ *    the cpu's fused kernel walks rows, the standard path runs BLAS GEMMs).
+ * `on` is the kind of device the run got; TK_DEV_META (a plan, or a device
+ * not opened yet) decides from the config alone, so device: auto without a
+ * profile counts as the cpu there. `why` (may be NULL) gets "set in the
+ * config", "default on cuda" or "default on the cpu" (static strings). */
+tk_attention tk_config_attention(const tk_config *c, tk_dev_kind on, const char **why);
+/* "standard" | "fused" | "auto" */
+const char *tk_attention_name(tk_attention a);
 
 /* Parses a YAML document over `c` (which holds defaults or a previous config).
  * `source` names it in errors ("cell", "cfg.yaml"). On error, `c` is left as

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include "tk_gpu.h"
 #include "tk_config.h"
+#include "tk_model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,7 +26,8 @@ extern "C" {
 #define TK_PLAN_TOP 10
 
 typedef struct tk_plan_result {
-    int batch, seq;                /* the worst-case shape planned */
+    int batch, seq;                /* the worst-case shape planned (an epoch plan: its largest batch) */
+    int epoch_steps;               /* tk_plan_epoch: the steps planned; 0 for the worst-case plan */
     size_t capacity;               /* 0: no limit known (cpu without capacity) */
     size_t context_bytes;          /* a GPU profile's context overhead, already taken
                                       off its capacity (0 with an explicit capacity) */
@@ -48,6 +50,8 @@ typedef struct tk_plan_result {
     tk_cost eval_step;             /* of one eval batch */
     double step_seconds;           /* roofline estimate (0 if no GPU profile) */
     char profile[32];              /* GPU profile used for the estimate */
+    tk_attention attention;        /* the attention planned (tk_config_attention) */
+    char attention_why[32];        /* "default on cuda", "set in the config", ... */
     double plan_ms;                /* how long planning took */
 } tk_plan_result;
 
@@ -70,6 +74,23 @@ typedef struct tk_plan_watch {
 tk_status tk_plan_watched(const tk_config *c, const int *lengths, int n, const tk_plan_watch *w, tk_plan_result *out,
                           tk_err *err);
 
+/* The run's own batches (borrowed; the meta device never reads their data). */
+typedef struct tk_plan_batches {
+    const tk_batch *train, *dev;
+    int n_train, n_dev;
+} tk_plan_batches;
+
+/* The plan of the run's first epoch as it will happen (`txk plan --epoch`):
+ * its training batches in the run's order (seed, epoch 0), every step through
+ * the run's own tk_train_step (accumulation, the empty_cache policy, the
+ * on_oom retry), up to max_steps, then every dev batch. Differently shaped
+ * batches leave the cache fragmented as the run's do, so on cpu the peak
+ * reserved of a one-epoch run is planned byte for byte, not only the peak
+ * allocated. Costs are the mean step's and the mean eval batch's; batch and
+ * seq the largest batch's. Slower than tk_plan by the number of steps. */
+tk_status tk_plan_epoch(const tk_config *c, const tk_plan_batches *b, const tk_plan_watch *w, tk_plan_result *out,
+                        tk_err *err);
+
 /* The plan of using the model: the weights and one eval batch
  * (eval_batch_size, else batch_size) at the worst-case length, with no
  * gradients or optimizer state; the same fields, train_step zero. */
@@ -81,6 +102,10 @@ tk_status tk_plan_inference(const tk_config *c, const int *lengths, int n, tk_pl
  * walk per free). *n_out gets the count. */
 tk_status tk_plan_tensors_at_peak(const tk_config *c, const int *lengths, int n, tk_tensor_info *out, int max,
                                   int *n_out, tk_err *err);
+
+/* tk_plan_tensors_at_peak of tk_plan_epoch's plan. */
+tk_status tk_plan_epoch_tensors_at_peak(const tk_config *c, const tk_plan_batches *b, tk_tensor_info *out, int max,
+                                        int *n_out, tk_err *err);
 
 /* Human-readable summary (new string, free()). */
 char *tk_plan_format(const tk_plan_result *p);

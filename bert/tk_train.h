@@ -219,6 +219,55 @@ tk_status tk_train_run(const tk_config *c, tk_model *model, const tk_batch *trai
                        const tk_batch *dev, int n_dev, const tk_train_callbacks *cb,
                        tk_train_result *r, tk_err *err);
 
+/* ---- one training step: what the run and the plan both execute --------- */
+
+/* The optimizer and the counters a step needs, as the run keeps them between
+ * steps (a checkpoint saves and restores exactly these). */
+typedef struct tk_trainer {
+    const tk_config *c;         /* borrowed */
+    tk_model *m;                /* borrowed */
+    tk_adamw *opt;              /* owned (tk_trainer_close) */
+    tk_optim_param *params;     /* owned: the optimizer's table */
+    tk_sched sched;
+    tk_loss_scaler scaler;
+    uint64_t micro;             /* micro-steps so far: seeds dropout */
+    int64_t step;               /* loop steps done (fp16 skipped steps included) */
+    int oom_retried;            /* empty_cache on_oom spent its one retry */
+} tk_trainer;
+
+/* What one step did. */
+typedef struct tk_step_out {
+    float lr;                   /* the rate the step used */
+    double loss_sum;            /* sum over its examples of the loss */
+    int64_t rows;               /* examples in the step */
+    float grad_norm;            /* before clipping (0 on meta) */
+    int skipped;                /* fp16: non-finite gradients, no update */
+    int retried;                /* 1: the on_oom retry ran in this step */
+    const char *phase;          /* on failure: "forward/backward" or "optimizer" */
+} tk_step_out;
+
+/* Allocates the model's gradients and creates the optimizer (no device
+ * state until the first step), the schedule for total_steps and the loss
+ * scaler. On failure call tk_trainer_close all the same. */
+tk_status tk_trainer_open(tk_trainer *t, const tk_config *c, tk_model *m, int64_t total_steps, tk_err *err);
+/* Releases the optimizer's state and table (the model keeps its gradients). */
+void tk_trainer_close(tk_trainer *t);
+
+/* One optimizer step over the micro-batches batches[order[g0..g1)]: zero
+ * the gradients, forward+backward each (micro-batch j weighted by
+ * B_j / sum(B), times the loss scale), AdamW at the schedule's rate, then
+ * the loss scaler and the empty_cache policy (every:N releases the cache
+ * after every Nth step; on_oom releases it and redoes a step that ran out,
+ * once per run). The run calls it on its device, the planner on meta.
+ * TK_EOOM leaves the device's record (tk_dev_last_oom). */
+tk_status tk_train_step(tk_trainer *t, const tk_batch *batches, const int *order, int g0, int g1,
+                        tk_step_out *out, tk_err *err);
+
+/* The order in which an epoch visits the n training micro-batches: a
+ * shuffle seeded by seed and the epoch (splitmix64, so it does not depend on
+ * the C library). The run and tk_plan_epoch use it. */
+void tk_train_epoch_order(int *order, int n, uint64_t seed, int epoch);
+
 /* What tk_train_measure saw. */
 typedef struct tk_measure {
     size_t peak_allocated, peak_reserved; /* the caching allocator, over the measured run */

@@ -1,11 +1,18 @@
-/* train.c — the training loop: epochs of accumulated micro-batches, AdamW
- * steps on HF's schedule, eval after each epoch, history, progress, cancel,
- * OOM unwinding, the empty-cache policy and per-epoch checkpoints.
+/* train.c — the training loop: epochs of optimizer steps, eval after each
+ * epoch, history, progress, cancel, OOM unwinding and checkpoints.
+ *
+ * tk_train_run is a short loop of named steps, each a function of one job:
+ * run_begin (arguments, sizes), run_resume (a checkpoint or HF weights, the
+ * trainer), run_epoch (its order, then run_step for each optimizer step:
+ * tk_train_step of step.c — the step the planner runs too — then a due
+ * checkpoint and progress), run_eval, run_save (the model folder),
+ * run_checkpoint, run_end (results, memory back). run_state is the one
+ * builder of tk_train_state, save_failed the one save-error policy.
  *
  * Guarantees:
- *  - k micro-batches make one optimizer step; micro-batch j's gradient is
- *    scaled by B_j / sum(B), so the step equals the one on the concatenated
- *    batch (mean loss over its examples).
+ *  - k micro-batches make one optimizer step (tk_train_step); micro-batch
+ *    j's gradient is scaled by B_j / sum(B), so the step equals the one on
+ *    the concatenated batch (mean loss over its examples).
  *  - The cancel flag and the progress callback's answer are looked at only
  *    between optimizer steps: a cancelled run has whole steps only.
  *  - Whatever ends the run (success, cancel, OOM, error) the optimizer state
@@ -50,23 +57,7 @@ void tk_train_result_clear(tk_train_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-tk_optim_param *tk_train_optim_params(tk_model *m, int *n) {
-    int np = tk_model_n_params(m);
-    tk_optim_param *ps = tk_calloc(np > 0 ? (size_t)np : 1, sizeof *ps);
-    if (!ps) {
-        *n = 0;
-        return NULL;
-    }
-    for (int i = 0; i < np; i++) {
-        const tk_param *p = tk_model_param(m, i);
-        ps[i] = (tk_optim_param){ .name = p->name, .param = p->w, .grad = p->g,
-                                  .no_decay = p->no_decay, .frozen = p->frozen };
-    }
-    *n = np;
-    return ps;
-}
-
-static void epoch_order(int *order, int n, uint64_t seed, int epoch) {
+void tk_train_epoch_order(int *order, int n, uint64_t seed, int epoch) {
     for (int i = 0; i < n; i++)
         order[i] = i;
     uint64_t s = seed * 1000003ull + (uint64_t)epoch;
@@ -219,32 +210,6 @@ static tk_status evaluate(tk_model *m, const tk_batch *dev, int n_dev, tk_epoch_
     return st;
 }
 
-/* ---- fp16 loss scaling ------------------------------------------------ */
-
-void tk_loss_scaler_init(tk_loss_scaler *s, tk_precision p) {
-    memset(s, 0, sizeof *s);
-    s->enabled = p == TK_PREC_FP16;
-    s->scale = s->enabled ? TK_LOSS_SCALE_INIT : 1.0f;
-    s->growth_interval = TK_LOSS_SCALE_GROWTH_INTERVAL;
-}
-
-void tk_loss_scaler_update(tk_loss_scaler *s, int overflow) {
-    if (!s->enabled)
-        return;
-    if (overflow) {
-        s->skipped++;
-        s->good_steps = 0;
-        if (s->scale * 0.5f >= TK_LOSS_SCALE_MIN)
-            s->scale *= 0.5f;
-        return;
-    }
-    if (++s->good_steps >= s->growth_interval) {
-        s->good_steps = 0;
-        if (s->scale * 2.0f <= TK_LOSS_SCALE_MAX)
-            s->scale *= 2.0f;
-    }
-}
-
 /* ---- the loop --------------------------------------------------------- */
 
 static void fill_progress(tk_progress *p, tk_dev *d) {
@@ -333,54 +298,302 @@ static int cancelled(const tk_train_callbacks *cb) {
     return cb && cb->cancel && *cb->cancel;
 }
 
-/* A checkpoint-STEP; a failed save is said and the run goes on unless
- * save_error is stop (then its error ends the run). */
-static tk_status save_checkpoint(const tk_config *c, tk_model *m, tk_adamw *opt, const char *vocab,
-                                 const tk_train_state *ss, const tk_train_callbacks *cb, tk_train_result *r,
-                                 tk_err *err) {
-    tk_err e = {0};
-    char path[TK_PATH_MAX];
-    if (tk_ckpt_save(c->output_dir, m, opt, c, vocab, ss, path, sizeof path, &e) == TK_OK) {
-        snprintf(r->checkpoint, sizeof r->checkpoint, "%s", path);
-        r->saves++;
-        return TK_OK;
+/* Everything one run carries from step to step. */
+typedef struct run {
+    const tk_config *c;
+    tk_model *m;
+    tk_dev *d;
+    tk_alloc *a;
+    const tk_batch *train, *dev;
+    int n_train, n_dev;
+    const tk_train_callbacks *cb;
+    tk_train_result *r;
+    tk_trainer t;               /* the optimizer and the step counters */
+    int k, epochs, log_every;
+    int64_t total_steps;
+    int *order;                 /* the epoch's order of micro-batches */
+    double t_start, last_save;
+    int every_epoch;            /* checkpoints at each epoch's end only */
+    uint64_t digest;            /* of the training batches, for checkpoints */
+    const char *vocab;          /* copied into checkpoints */
+    char resume[TK_PATH_MAX + 64]; /* the checkpoint the run goes on from ("" none) */
+    /* where the run stands: restored by a resume, kept by each step */
+    int ep0, pos0;              /* the first epoch and its first micro-batch */
+    double ep_loss0, ep_s0;     /* that epoch's sums before the resume */
+    int64_t ep_rows0;
+    int ep;                     /* the epoch under way */
+    double t_ep, ep_loss, log_loss;
+    int64_t ep_rows, log_rows;
+    float gnorm;
+} run;
+
+static tk_status cancel_error(run *R, tk_err *err) {
+    tk_err_set(err, TK_ECANCEL, "training cancelled after step %lld of %lld", (long long)R->t.step,
+               (long long)R->total_steps);
+    return TK_ECANCEL;
+}
+
+/* Arguments, the run's length in steps and epochs, its host arrays. */
+static tk_status run_begin(run *R, tk_err *err) {
+    const tk_config *c = R->c;
+    if (!c || !R->m || !R->train || R->n_train <= 0 || (R->n_dev > 0 && !R->dev)) {
+        tk_err_set(err, TK_EINVAL, "train: %s", R->n_train <= 0 ? "the training set has no batches"
+                                                                : "no config, model or batches");
+        return TK_EINVAL;
     }
-    r->failed_saves++;
-    if (c->save_error_stop) {
-        *err = e;
-        return e.status ? e.status : TK_EIO;
+    R->d = tk_model_dev(R->m);
+    R->a = tk_dev_alloc(R->d);
+    tk_alloc_stats s0;
+    tk_alloc_stats_get(R->a, &s0);
+    R->r->allocated_before = s0.allocated;
+    R->t_start = now_s();
+    R->k = c->accumulate > 1 ? c->accumulate : 1;
+    int64_t steps_per_epoch = (R->n_train + R->k - 1) / R->k;
+    R->epochs = c->epochs > 0 ? c->epochs : 1;
+    R->total_steps = steps_per_epoch * R->epochs;
+    if (c->max_steps > 0) {
+        R->total_steps = c->max_steps;
+        R->epochs = (int)((R->total_steps + steps_per_epoch - 1) / steps_per_epoch);
     }
-    note(cb, "%s; training goes on (save_error: stop ends the run instead)", e.msg);
+    R->log_every = c->log_every > 0 ? c->log_every : 10;
+    R->every_epoch = c->save_every <= 0 && c->save_every_s <= 0;
+    R->vocab = R->cb && R->cb->vocab_file ? R->cb->vocab_file : c->vocab;
+    /* the result reports the scaler whatever happens */
+    tk_loss_scaler_init(&R->t.scaler, c->precision);
+    R->order = tk_malloc((size_t)R->n_train * sizeof *R->order);
+    R->r->history = tk_calloc((size_t)R->epochs, sizeof *R->r->history);
+    if (!R->order || !R->r->history) {
+        tk_err_set(err, TK_ENOMEM, "train: out of host memory");
+        return TK_ENOMEM;
+    }
     return TK_OK;
 }
 
-/* One optimizer step over micro-batches order[g0..g1). The gradients hold
- * scale x the true gradient (fp16 loss scaling; scale 1 otherwise) and the
- * optimizer unscales them; *skipped says the update was skipped for a
- * non-finite gradient norm. */
-static tk_status train_group(tk_model *m, tk_adamw *opt, const tk_batch *train, const int *order,
-                             int g0, int g1, uint64_t *micro, float lr, float scale,
-                             double *loss_sum, int64_t *rows, float *gnorm, int *skipped,
-                             tk_err *err) {
-    tk_status st = tk_model_zero_grads(m, err);
-    if (st != TK_OK)
+/* Where the run stands, as a checkpoint records it: the one builder of
+ * tk_train_state (epoch and position: where the next step starts). */
+static tk_train_state run_state(const run *R, int epoch, int position) {
+    int open = position > 0; /* the epoch's sums go on only inside it */
+    return (tk_train_state){
+        .step = R->t.step, .epoch = epoch, .position = position, .micro = R->t.micro,
+        .ep_loss = open ? R->ep_loss : 0, .ep_rows = open ? R->ep_rows : 0,
+        .log_loss = R->log_loss, .log_rows = R->log_rows,
+        .ep_seconds = open ? now_s() - R->t_ep : 0, .run_seconds = now_s() - R->t_start,
+        .oom_retried = R->t.oom_retried, .scaler = R->t.scaler, .sched = R->t.sched,
+        .n_train = R->n_train, .data_digest = R->digest,
+        .n_history = R->r->n_history, .history = R->r->history,
+    };
+}
+
+/* The inverse of run_state: a checkpoint's state put back into the run. */
+static void run_restore(run *R, tk_train_state *rs) {
+    tk_train_result *r = R->r;
+    R->t.step = rs->step;
+    R->t.micro = rs->micro;
+    R->t.oom_retried = rs->oom_retried;
+    R->t.scaler = rs->scaler;
+    R->log_loss = rs->log_loss;
+    R->log_rows = rs->log_rows;
+    R->ep0 = rs->epoch;
+    R->pos0 = rs->position;
+    R->ep_loss0 = rs->ep_loss;
+    R->ep_rows0 = rs->ep_rows;
+    R->ep_s0 = rs->ep_seconds;
+    R->t_start -= rs->run_seconds;
+    int nh = rs->n_history < R->epochs ? rs->n_history : R->epochs;
+    memcpy(r->history, rs->history, (size_t)nh * sizeof *r->history);
+    r->n_history = nh;
+    r->epochs_done = nh;
+}
+
+/* resume_from: the checkpoint to go on from (weights, moments, counters,
+ * history) or an HF folder's weights; then the optimizer. */
+static tk_status run_resume(run *R, tk_err *err) {
+    const tk_config *c = R->c;
+    tk_status st;
+    if (c->resume_from[0] && (st = pick_resume(c, R->cb, R->resume, sizeof R->resume, err)) != TK_OK)
         return st;
-    int64_t total = 0;
-    for (int j = g0; j < g1; j++)
-        total += train[order[j]].B;
-    for (int j = g0; j < g1 && st == TK_OK; j++) {
-        const tk_batch *b = &train[order[j]];
-        float loss = 0;
-        st = tk_model_forward_backward(m, b, (*micro)++, scale * ((float)b->B / (float)total), &loss,
-                                       NULL, err);
-        if (st == TK_OK) {
-            *loss_sum += (double)loss * b->B;
-            *rows += b->B;
-        }
+    /* an HF folder that is not a checkpoint: its weights only */
+    if (c->resume_from[0] && !R->resume[0] && strcmp(c->resume_from, "auto") != 0 &&
+        (st = tk_model_load_hf(R->m, c->resume_from, NULL, err)) != TK_OK)
+        return st;
+    if ((st = tk_trainer_open(&R->t, c, R->m, R->total_steps, err)) != TK_OK)
+        return st;
+    R->digest = c->output_dir[0] || R->resume[0] ? tk_ckpt_data_digest(R->train, R->n_train) : 0;
+    if (!R->resume[0])
+        return TK_OK;
+    tk_train_state rs;
+    if ((st = tk_ckpt_load(R->resume, R->m, R->t.opt, c, R->n_train, R->digest, &rs, err)) != TK_OK)
+        return st;
+    run_restore(R, &rs);
+    tk_train_state_clear(&rs);
+    tk_train_result *r = R->r;
+    snprintf(r->resumed_from, sizeof r->resumed_from, "%s", R->resume);
+    r->resumed_step = R->t.step;
+    note(R->cb, "resumed from %s: step %lld of %lld, epoch %d, %d epoch(s) in the history", R->resume,
+         (long long)R->t.step, (long long)R->total_steps, R->ep0 + 1, r->n_history);
+    for (int i = 0; i < r->n_history && R->cb && R->cb->on_epoch; i++)
+        R->cb->on_epoch(R->cb->ud, &r->history[i]);
+    return TK_OK;
+}
+
+/* The one save-error policy, for checkpoints and the epoch's model folder:
+ * a failed save is counted and said, and the run goes on unless save_error
+ * is stop (then the save's error ends the run). `kept` says what survives. */
+static tk_status save_failed(run *R, const tk_err *e, const char *kept, tk_err *err) {
+    R->r->failed_saves++;
+    if (R->c->save_error_stop) {
+        *err = *e;
+        return e->status ? e->status : TK_EIO;
     }
+    note(R->cb, "%s%s", e->msg, kept);
+    return TK_OK;
+}
+
+/* A checkpoint-STEP of where the run stands. */
+static tk_status run_checkpoint(run *R, int epoch, int position, tk_err *err) {
+    tk_train_state ss = run_state(R, epoch, position);
+    tk_err e = {0};
+    char path[TK_PATH_MAX];
+    if (tk_ckpt_save(R->c->output_dir, R->m, R->t.opt, R->c, R->vocab, &ss, path, sizeof path, &e) != TK_OK)
+        return save_failed(R, &e, "; training goes on (save_error: stop ends the run instead)", err);
+    snprintf(R->r->checkpoint, sizeof R->r->checkpoint, "%s", path);
+    R->r->saves++;
+    return TK_OK;
+}
+
+/* The progress callback every log_every steps and at the last one; its
+ * nonzero answer cancels the run. */
+static tk_status run_progress(run *R, float lr, tk_err *err) {
+    const tk_train_callbacks *cb = R->cb;
+    int64_t step = R->t.step;
+    if (!cb || !cb->on_progress || (step % R->log_every != 0 && step != R->total_steps))
+        return TK_OK;
+    double el = now_s() - R->t_ep, el_run = now_s() - R->t_start;
+    tk_progress p = {
+        .epoch = R->ep + 1, .epochs = R->epochs, .step = step, .total_steps = R->total_steps,
+        .loss = R->log_rows ? (float)(R->log_loss / (double)R->log_rows) : 0.0f,
+        .lr = lr, .grad_norm = R->gnorm,
+        .loss_scale = R->t.scaler.scale, .skipped_steps = R->t.scaler.skipped,
+        .samples_per_s = el > 0 ? (double)R->ep_rows / el : 0,
+        .eta_s = el_run / (double)step * (double)(R->total_steps - step),
+    };
+    fill_progress(&p, R->d);
+    R->log_loss = 0;
+    R->log_rows = 0;
+    return cb->on_progress(cb->ud, &p) ? cancel_error(R, err) : TK_OK;
+}
+
+/* One optimizer step of the epoch's micro-batches from g0, then what follows
+ * a step: the sums, a checkpoint when one is due, progress. */
+static tk_status run_step(run *R, int g0, tk_err *err) {
+    if (cancelled(R->cb))
+        return cancel_error(R, err);
+    int g1 = g0 + R->k < R->n_train ? g0 + R->k : R->n_train;
+    tk_step_out o;
+    tk_status st = tk_train_step(&R->t, R->train, R->order, g0, g1, &o, err);
     if (st != TK_OK)
         return st;
-    return tk_adamw_step(opt, lr, 1.0f / scale, gnorm, skipped, err);
+    R->gnorm = o.grad_norm;
+    R->ep_loss += o.loss_sum;
+    R->ep_rows += o.rows;
+    R->log_loss += o.loss_sum;
+    R->log_rows += o.rows;
+    const tk_config *c = R->c;
+    if (c->output_dir[0] && !R->every_epoch &&
+        ((c->save_every > 0 && R->t.step % c->save_every == 0) ||
+         (c->save_every_s > 0 && now_s() - R->last_save >= c->save_every_s))) {
+        /* the clock restarts after a failed save too: it is retried in
+         * save_every_s, not at every step */
+        if ((st = run_checkpoint(R, R->ep, g1, err)) != TK_OK)
+            return st;
+        R->last_save = now_s();
+    }
+    return run_progress(R, o.lr, err);
+}
+
+/* The epoch's history row: train loss, dev metrics, the epoch's peaks. */
+static tk_status run_eval(run *R, tk_epoch_stats *es, tk_err *err) {
+    memset(es, 0, sizeof *es);
+    es->epoch = R->ep + 1;
+    es->seconds = now_s() - R->t_ep;
+    es->train_loss = R->ep_rows ? (float)(R->ep_loss / (double)R->ep_rows) : NAN;
+    es->samples_per_s = es->seconds > 0 ? (double)R->ep_rows / es->seconds : 0;
+    es->dev_loss = es->dev_acc = es->dev_f1 = es->dev_em = es->dev_span_f1 = NAN;
+    tk_status st;
+    if (R->n_dev > 0 && (st = evaluate(R->m, R->dev, R->n_dev, es, err)) != TK_OK)
+        return st;
+    tk_alloc_stats sp;
+    tk_alloc_stats_get(R->a, &sp);
+    es->peak_allocated = sp.allocated_peak;
+    es->peak_reserved = sp.reserved_peak;
+    if (sp.allocated_peak > R->r->peak_allocated)
+        R->r->peak_allocated = sp.allocated_peak;
+    if (sp.reserved_peak > R->r->peak_reserved)
+        R->r->peak_reserved = sp.reserved_peak;
+    return TK_OK;
+}
+
+/* The HF model folder in output_dir, after each evaluated epoch. */
+static tk_status run_save(run *R, tk_err *err) {
+    if (!R->c->output_dir[0])
+        return TK_OK;
+    tk_err e = {0};
+    if (tk_model_save_hf(R->m, R->c->output_dir, &e) != TK_OK)
+        return save_failed(R, &e, " (the model folder's earlier files are kept); training goes on", err);
+    snprintf(R->r->checkpoint, sizeof R->r->checkpoint, "%s", R->c->output_dir);
+    return TK_OK;
+}
+
+/* One epoch: its order, its steps from the resume position, its end (eval,
+ * model folder, the epoch's checkpoint, on_epoch). */
+static tk_status run_epoch(run *R, tk_err *err) {
+    int ep = R->ep, first = ep == R->ep0;
+    R->t_ep = now_s() - (first ? R->ep_s0 : 0);
+    R->ep_loss = first ? R->ep_loss0 : 0;
+    R->ep_rows = first ? R->ep_rows0 : 0;
+    R->gnorm = 0;
+    tk_alloc_reset_peak(R->a);
+    tk_train_epoch_order(R->order, R->n_train, R->c->seed, ep);
+    tk_status st;
+    for (int g0 = first ? R->pos0 : 0; g0 < R->n_train && R->t.step < R->total_steps; g0 += R->k)
+        if ((st = run_step(R, g0, err)) != TK_OK)
+            return st;
+    tk_train_result *r = R->r;
+    tk_epoch_stats *es = &r->history[r->n_history];
+    if ((st = run_eval(R, es, err)) != TK_OK || (st = run_save(R, err)) != TK_OK)
+        return st;
+    r->n_history++;
+    r->epochs_done = ep + 1;
+    if (R->c->output_dir[0] && R->every_epoch && (st = run_checkpoint(R, ep + 1, 0, err)) != TK_OK)
+        return st;
+    if (R->cb && R->cb->on_epoch)
+        R->cb->on_epoch(R->cb->ud, es);
+    return TK_OK;
+}
+
+/* Whatever ended the run: its counters, its OOM record, its memory back. */
+static tk_status run_end(run *R, tk_status st) {
+    tk_train_result *r = R->r;
+    r->steps = tk_adamw_steps(R->t.opt);
+    r->skipped_steps = R->t.scaler.skipped;
+    r->loss_scale = R->t.scaler.scale;
+    if (st == TK_EOOM && R->d && tk_dev_last_oom(R->d)) {
+        r->have_oom = 1;
+        r->oom = *tk_dev_last_oom(R->d);
+    }
+    tk_trainer_close(&R->t);
+    free(R->order);
+    if (R->a) {
+        tk_alloc_stats s1;
+        tk_alloc_stats_get(R->a, &s1);
+        r->allocated_after = s1.allocated;
+        if (s1.allocated_peak > r->peak_allocated)
+            r->peak_allocated = s1.allocated_peak;
+        if (s1.reserved_peak > r->peak_reserved)
+            r->peak_reserved = s1.reserved_peak;
+        r->seconds = now_s() - R->t_start;
+    }
+    return r->status = st;
 }
 
 tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, int n_train,
@@ -389,259 +602,19 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
     memset(r, 0, sizeof *r);
     tk_err local = { 0 };
     if (!err) err = &local; /* callees' failures are read from it, never guessed */
-    if (!c || !m || (n_train > 0 && !train) || n_train <= 0 || (n_dev > 0 && !dev)) {
-        tk_err_set(err, TK_EINVAL, "train: %s", n_train <= 0 ? "the training set has no batches"
-                                                            : "no config, model or batches");
-        return r->status = TK_EINVAL;
-    }
-    tk_dev *d = tk_model_dev(m);
-    tk_alloc *a = tk_dev_alloc(d);
-    tk_alloc_stats s0;
-    tk_alloc_stats_get(a, &s0);
-    r->allocated_before = s0.allocated;
-    double t_start = now_s();
-
-    int k = c->accumulate > 1 ? c->accumulate : 1;
-    int64_t steps_per_epoch = (n_train + k - 1) / k;
-    int epochs = c->epochs > 0 ? c->epochs : 1;
-    int64_t total_steps = steps_per_epoch * epochs;
-    if (c->max_steps > 0) {
-        total_steps = c->max_steps;
-        epochs = (int)((total_steps + steps_per_epoch - 1) / steps_per_epoch);
-    }
-    tk_sched sched = tk_sched_from_config(c, total_steps);
-    int log_every = c->log_every > 0 ? c->log_every : 10;
-
-    tk_status st = TK_OK;
-    /* before any exit path: the result reports it whatever happens */
-    tk_loss_scaler scaler;
-    tk_loss_scaler_init(&scaler, c->precision);
-    tk_adamw *opt = NULL;
-    int np = 0;
-    tk_optim_param *ps = NULL;
-    int *order = tk_malloc((size_t)n_train * sizeof *order);
-    r->history = tk_calloc((size_t)epochs, sizeof *r->history);
-    if (!order || !r->history) {
-        tk_err_set(err, TK_ENOMEM, "train: out of host memory");
-        st = TK_ENOMEM;
-        goto out;
-    }
-    char resume[TK_PATH_MAX + 64] = "";
-    if (c->resume_from[0] && (st = pick_resume(c, cb, resume, sizeof resume, err)) != TK_OK)
-        goto out;
-    /* an HF folder that is not a checkpoint: its weights only */
-    if (c->resume_from[0] && !resume[0] && strcmp(c->resume_from, "auto") != 0 &&
-        (st = tk_model_load_hf(m, c->resume_from, NULL, err)) != TK_OK)
-        goto out;
-    /* Gradients before optimizer state, as in PyTorch (first backward, then
-     * first step); the grad tensors must exist for the optimizer's table. */
-    if ((st = tk_model_alloc_grads(m, err)) != TK_OK)
-        goto out;
-    if (!(ps = tk_train_optim_params(m, &np))) {
-        tk_err_set(err, TK_ENOMEM, "train: out of host memory");
-        st = TK_ENOMEM;
-        goto out;
-    }
-    if (!(opt = tk_adamw_new(d, c, ps, np, err))) {
-        st = err->status; /* the optimizer's own: out of host or device memory, a bad config */
-        goto out;
-    }
-
-    uint64_t micro = 0;
-    int64_t step = 0;
-    double log_loss = 0;
-    int64_t log_rows = 0;
-    int oom_retried = 0;
-    int ep0 = 0, pos0 = 0;
-    double ep_loss0 = 0, ep_s0 = 0;
-    int64_t ep_rows0 = 0;
-    uint64_t digest = c->output_dir[0] || resume[0] ? tk_ckpt_data_digest(train, n_train) : 0;
-    const char *vocab = cb && cb->vocab_file ? cb->vocab_file : c->vocab;
-    if (resume[0]) {
-        tk_train_state rs;
-        if ((st = tk_ckpt_load(resume, m, opt, c, n_train, digest, &rs, err)) != TK_OK)
-            goto out;
-        step = rs.step;
-        micro = rs.micro;
-        log_loss = rs.log_loss;
-        log_rows = rs.log_rows;
-        oom_retried = rs.oom_retried;
-        scaler = rs.scaler;
-        ep0 = rs.epoch;
-        pos0 = rs.position;
-        ep_loss0 = rs.ep_loss;
-        ep_rows0 = rs.ep_rows;
-        ep_s0 = rs.ep_seconds;
-        t_start -= rs.run_seconds;
-        int nh = rs.n_history < epochs ? rs.n_history : epochs;
-        memcpy(r->history, rs.history, (size_t)nh * sizeof *r->history);
-        r->n_history = nh;
-        r->epochs_done = nh;
-        tk_train_state_clear(&rs);
-        snprintf(r->resumed_from, sizeof r->resumed_from, "%s", resume);
-        r->resumed_step = step;
-        note(cb, "resumed from %s: step %lld of %lld, epoch %d, %d epoch(s) in the history", resume,
-             (long long)step, (long long)total_steps, ep0 + 1, nh);
-        for (int i = 0; i < nh && cb && cb->on_epoch; i++)
-            cb->on_epoch(cb->ud, &r->history[i]);
-    }
-    double last_save = now_s();
-    int every_epoch = c->save_every <= 0 && c->save_every_s <= 0;
+    run R = { .c = c, .m = m, .train = train, .n_train = n_train, .dev = dev, .n_dev = n_dev, .cb = cb, .r = r };
+    tk_status st = run_begin(&R, err);
+    if (st == TK_OK)
+        st = run_resume(&R, err);
+    R.last_save = now_s();
     /* a checkpoint taken inside an epoch (position > 0) leaves that epoch
      * open: its end (dev eval, history, the model folder) is still owed even
      * when no step is left, as after a save at the run's last step */
-    int open_epoch = resume[0] && pos0 > 0;
-    for (int ep = ep0; ep < epochs && (step < total_steps || (ep == ep0 && open_epoch)); ep++) {
-        double t_ep = now_s() - (ep == ep0 ? ep_s0 : 0), ep_loss = ep == ep0 ? ep_loss0 : 0;
-        int64_t ep_rows = ep == ep0 ? ep_rows0 : 0;
-        float gnorm = 0;
-        tk_alloc_reset_peak(a);
-        epoch_order(order, n_train, c->seed, ep);
-        for (int g0 = ep == ep0 ? pos0 : 0; g0 < n_train && step < total_steps; g0 += k) {
-            if (cancelled(cb)) {
-                tk_err_set(err, TK_ECANCEL, "training cancelled after step %lld of %lld",
-                           (long long)step, (long long)total_steps);
-                st = TK_ECANCEL;
-                goto out;
-            }
-            int g1 = g0 + k < n_train ? g0 + k : n_train;
-            float lr = tk_sched_lr(&sched, step);
-            double lsum = 0;
-            int64_t rows = 0;
-            int skipped = 0;
-            st = train_group(m, opt, train, order, g0, g1, &micro, lr, scaler.scale, &lsum, &rows, &gnorm,
-                             &skipped, err);
-            if (st == TK_EOOM && c->empty_cache == TK_EMPTY_ON_OOM && !oom_retried) {
-                /* The policy users apply by hand: release the cache, redo the
-                 * whole step once (its gradients are zeroed again). */
-                oom_retried = 1;
-                tk_alloc_empty_cache(a);
-                lsum = 0;
-                rows = 0;
-                st = train_group(m, opt, train, order, g0, g1, &micro, lr, scaler.scale, &lsum, &rows,
-                                 &gnorm, &skipped, err);
-            }
-            if (st != TK_OK)
-                goto out;
-            tk_loss_scaler_update(&scaler, skipped);
-            step++;
-            ep_loss += lsum;
-            ep_rows += rows;
-            log_loss += lsum;
-            log_rows += rows;
-            if (c->empty_cache == TK_EMPTY_EVERY && c->empty_cache_every > 0 &&
-                step % c->empty_cache_every == 0)
-                tk_alloc_empty_cache(a);
-            if (c->output_dir[0] && !every_epoch &&
-                ((c->save_every > 0 && step % c->save_every == 0) ||
-                 (c->save_every_s > 0 && now_s() - last_save >= c->save_every_s))) {
-                tk_train_state ss = {
-                    .step = step, .epoch = ep, .position = g1, .micro = micro,
-                    .ep_loss = ep_loss, .log_loss = log_loss, .ep_rows = ep_rows, .log_rows = log_rows,
-                    .ep_seconds = now_s() - t_ep, .run_seconds = now_s() - t_start,
-                    .oom_retried = oom_retried, .scaler = scaler, .sched = sched,
-                    .n_train = n_train, .data_digest = digest,
-                    .n_history = r->n_history, .history = r->history,
-                };
-                if ((st = save_checkpoint(c, m, opt, vocab, &ss, cb, r, err)) != TK_OK)
-                    goto out;
-                last_save = now_s();
-            }
-            if (cb && cb->on_progress && (step % log_every == 0 || step == total_steps)) {
-                double el = now_s() - t_ep;
-                double el_run = now_s() - t_start;
-                tk_progress p = {
-                    .epoch = ep + 1, .epochs = epochs, .step = step, .total_steps = total_steps,
-                    .loss = log_rows ? (float)(log_loss / (double)log_rows) : 0.0f,
-                    .lr = lr, .grad_norm = gnorm,
-                    .loss_scale = scaler.scale, .skipped_steps = scaler.skipped,
-                    .samples_per_s = el > 0 ? (double)ep_rows / el : 0,
-                    .eta_s = el_run / (double)step * (double)(total_steps - step),
-                };
-                fill_progress(&p, d);
-                log_loss = 0;
-                log_rows = 0;
-                if (cb->on_progress(cb->ud, &p)) {
-                    tk_err_set(err, TK_ECANCEL, "training cancelled after step %lld of %lld",
-                               (long long)step, (long long)total_steps);
-                    st = TK_ECANCEL;
-                    goto out;
-                }
-            }
-        }
-        tk_epoch_stats *es = &r->history[r->n_history];
-        memset(es, 0, sizeof *es);
-        es->epoch = ep + 1;
-        es->seconds = now_s() - t_ep;
-        es->train_loss = ep_rows ? (float)(ep_loss / (double)ep_rows) : NAN;
-        es->samples_per_s = es->seconds > 0 ? (double)ep_rows / es->seconds : 0;
-        es->dev_loss = es->dev_acc = es->dev_f1 = es->dev_em = es->dev_span_f1 = NAN;
-        if (n_dev > 0 && (st = evaluate(m, dev, n_dev, es, err)) != TK_OK)
-            goto out;
-        tk_alloc_stats sp;
-        tk_alloc_stats_get(a, &sp);
-        es->peak_allocated = sp.allocated_peak;
-        es->peak_reserved = sp.reserved_peak;
-        if (sp.allocated_peak > r->peak_allocated)
-            r->peak_allocated = sp.allocated_peak;
-        if (sp.reserved_peak > r->peak_reserved)
-            r->peak_reserved = sp.reserved_peak;
-        if (c->output_dir[0]) {
-            /* a full disk is the checkpoints' policy here too (save_error) */
-            tk_err e = {0};
-            if (tk_model_save_hf(m, c->output_dir, &e) == TK_OK) {
-                snprintf(r->checkpoint, sizeof r->checkpoint, "%s", c->output_dir);
-            } else if (c->save_error_stop) {
-                *err = e;
-                st = e.status ? e.status : TK_EIO;
-                goto out;
-            } else {
-                r->failed_saves++;
-                note(cb, "%s (the model folder's earlier files are kept); training goes on", e.msg);
-            }
-        }
-        r->n_history++;
-        r->epochs_done = ep + 1;
-        if (c->output_dir[0] && every_epoch) {
-            tk_train_state ss = {
-                .step = step, .epoch = ep + 1, .position = 0, .micro = micro,
-                .log_loss = log_loss, .log_rows = log_rows, .run_seconds = now_s() - t_start,
-                .oom_retried = oom_retried, .scaler = scaler, .sched = sched,
-                .n_train = n_train, .data_digest = digest,
-                .n_history = r->n_history, .history = r->history,
-            };
-            if ((st = save_checkpoint(c, m, opt, vocab, &ss, cb, r, err)) != TK_OK)
-                goto out;
-        }
-        if (cb && cb->on_epoch)
-            cb->on_epoch(cb->ud, es);
-    }
-
-out:
-    r->steps = tk_adamw_steps(opt);
-    r->skipped_steps = scaler.skipped;
-    r->loss_scale = scaler.scale;
-    if (st == TK_EOOM) {
-        const tk_oom *o = tk_dev_last_oom(d);
-        if (o) {
-            r->have_oom = 1;
-            r->oom = *o;
-        }
-    }
-    tk_adamw_destroy(&opt);
-    free(ps);
-    free(order);
-    {
-        tk_alloc_stats s1;
-        tk_alloc_stats_get(a, &s1);
-        r->allocated_after = s1.allocated;
-        if (s1.allocated_peak > r->peak_allocated)
-            r->peak_allocated = s1.allocated_peak;
-        if (s1.reserved_peak > r->peak_reserved)
-            r->peak_reserved = s1.reserved_peak;
-    }
-    r->seconds = now_s() - t_start;
-    return r->status = st;
+    int open_epoch = R.resume[0] && R.pos0 > 0;
+    for (R.ep = R.ep0; st == TK_OK && R.ep < R.epochs &&
+                       (R.t.step < R.total_steps || (R.ep == R.ep0 && open_epoch)); R.ep++)
+        st = run_epoch(&R, err);
+    return run_end(&R, st);
 }
 
 /* ---- measuring a config the way the planner replays it ---------------------- */
@@ -651,6 +624,7 @@ tk_status tk_train_measure(const tk_config *c0, tk_dev_kind kind, int timed_step
     tk_err local = { 0 };
     if (!err) err = &local;
     tk_config c = *c0;
+    c.attention = tk_config_attention(c0, TK_DEV_META, NULL); /* as the plan of c0 has it */
     c.device = kind == TK_DEV_CUDA ? TK_DEVICE_CUDA : TK_DEVICE_CPU;
     c.capacity = 0;
     c.gpu[0] = 0;

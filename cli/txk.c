@@ -2,7 +2,7 @@
  * the notebook magics, as text or (with --json) as JSON for scripts.
  *
  *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep]
- *            [--snapshot FILE] [--json]
+ *            [--epoch] [--snapshot FILE] [--json]
  *   txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]
  *   txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
  *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [--for colab] [-o F]] [--json]
@@ -168,8 +168,8 @@ static void plan_snap_closing(tk_alloc *a, const tk_oom *oom, void *ud) {
 }
 
 static int cmd_plan(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
-    static const char *const valued[] = {"--gpu", "--gpus", "--snapshot", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", "--measure", NULL};
+    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep] [--epoch] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
+    static const char *const valued[] = {"--gpu", "--gpus", "--snapshot", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", "--measure", "--epoch", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
     tk_config c;
@@ -210,8 +210,17 @@ static int cmd_plan(int argc, char **argv) {
     tk_plan_result p;
     plan_snap ps = {.path = flag_value(argv, argc, "--snapshot")};
     tk_plan_watch w = {.opened = plan_snap_opened, .closing = plan_snap_closing, .ud = &ps};
-    if (!s || tk_session_load_data(s, &c, &data, &err) != TK_OK ||
-        tk_plan_watched(&c, data.lengths, data.n_lengths, ps.path ? &w : NULL, &p, &err) != TK_OK) {
+    /* --epoch: the run's first epoch as it will happen, its own batches in
+     * its order, instead of the worst-case batch */
+    int epoch = has_flag(argv, argc, "--epoch");
+    tk_plan_batches run = {0};
+    tk_status pst = TK_OK;
+    if (s && (pst = tk_session_load_data(s, &c, &data, &err)) == TK_OK) {
+        run = (tk_plan_batches){.train = data.train, .n_train = data.n_train, .dev = data.dev, .n_dev = data.n_dev};
+        pst = epoch ? tk_plan_epoch(&c, &run, ps.path ? &w : NULL, &p, &err)
+                    : tk_plan_watched(&c, data.lengths, data.n_lengths, ps.path ? &w : NULL, &p, &err);
+    }
+    if (!s || pst != TK_OK) {
         fprintf(stderr, "txk: %s\n", s ? err.msg : "out of host memory");
         if (s) tk_run_data_clear(&data);
         tk_session_destroy(&s);
@@ -221,7 +230,8 @@ static int cmd_plan(int argc, char **argv) {
     tk_report_add_head_note(b, &c, &p);
     tk_tensor_info big[8];
     int nb = 0;
-    if (tk_plan_tensors_at_peak(&c, data.lengths, data.n_lengths, big, 8, &nb, &err) == TK_OK)
+    if ((epoch ? tk_plan_epoch_tensors_at_peak(&c, &run, big, 8, &nb, &err)
+               : tk_plan_tensors_at_peak(&c, data.lengths, data.n_lengths, big, 8, &nb, &err)) == TK_OK)
         tk_report_add_tensors(b, big, nb);
     tk_report_add_data(b, &data);
     emit(b, json);
@@ -918,7 +928,7 @@ static int cmd_kernel(int argc, char **argv) {
 typedef struct { const char *name; int (*run)(int argc, char **argv); const char *summary; } txk_cmd;
 
 static const txk_cmd CMDS[] = {
-    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch|--sweep] [--snapshot FILE] [--json]   planned peak memory, no training (--snapshot: the planned step as a PyTorch snapshot)"},
+    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch|--sweep] [--epoch] [--snapshot FILE] [--json]   planned peak memory, no training (--epoch: the first epoch's own batches in the run's order, so dynamic padding's and empty_cache's reserved peak is planned too; --snapshot: the planned step as a PyTorch snapshot)"},
     {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [--for colab] [-o F]] [--json]   why it does not fit, ranked fixes;\n"
                            "           [cfg.yaml [--data FILE]] --from-error FILE|-   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it; --data: the corpus whose p99 the max_length fix carries"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},

@@ -163,8 +163,13 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
     int fits = p->fits && (!limit || p->peak_reserved <= limit);
     int64_t margin = limit ? (int64_t)limit - (int64_t)p->peak_reserved : 0;
     size_t amargin = (size_t)(margin < 0 ? -margin : margin);
-    tk_sb_addf(&text, "Plan: batch %d x seq %d, %lld parameters (%lld trainable)\n", p->batch, p->seq,
-               (long long)p->n_params, (long long)p->n_trainable);
+    if (p->epoch_steps)
+        tk_sb_addf(&text, "Plan of the first epoch as the run makes it: %d steps over its own batches (largest "
+                   "batch %d x seq %d), then its dev set; %lld parameters (%lld trainable)\n", p->epoch_steps,
+                   p->batch, p->seq, (long long)p->n_params, (long long)p->n_trainable);
+    else
+        tk_sb_addf(&text, "Plan: batch %d x seq %d, %lld parameters (%lld trainable)\n", p->batch, p->seq,
+                   (long long)p->n_params, (long long)p->n_trainable);
     if (limit)
         tk_sb_addf(&text, "Predicted peak %s reserved (%s allocated) vs %s %s: %s (%s %s)\n", B(p->peak_reserved, a),
                    B(p->peak_allocated, b), B(limit, c), free_bytes ? "free" : "capacity",
@@ -193,6 +198,9 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
     }
     tk_sb_addf(&text, "Model states: params %s, grads %s, optimizer %s\n", B(p->param_bytes, a), B(p->grad_bytes, b),
                B(p->optim_bytes, c));
+    /* which attention was planned, and whether the user or the default chose it */
+    tk_sb_addf(&text, "attention: %s (%s)\n", tk_attention_name(p->attention), p->attention_why);
+    tk_sb_addf(&html, "<p>attention: <b>%s</b> (%s)</p>", tk_attention_name(p->attention), p->attention_why);
     char *svg = NULL;
     tk_sb_add(&html, "<div style=\"display:flex;gap:24px;align-items:flex-start\">");
     json_t *vl = NULL;
@@ -234,6 +242,9 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
                           "optim_bytes", (json_int_t)p->optim_bytes, "n_params", (json_int_t)p->n_params,
                           "n_trainable", (json_int_t)p->n_trainable, "oom", p->oom, "step_gflop",
                           p->train_step.flops / 1e9, "plan_ms", p->plan_ms, "profile", p->profile);
+    json_object_set_new(j, "attention", json_string(tk_attention_name(p->attention)));
+    json_object_set_new(j, "attention_why", json_string(p->attention_why));
+    if (p->epoch_steps) json_object_set_new(j, "epoch_steps", json_integer(p->epoch_steps));
     if (p->oom) json_object_set_new(j, "oom_record", tk_report_oom_json(&p->oom_record, p->oom_phase));
     json_t *bundle = tk_bundle_new("");
     char *tx = tk_sb_take(&text);

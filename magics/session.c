@@ -347,186 +347,166 @@ tk_status tk_session_load_data(tk_session *s, tk_config *c, tk_run_data *out, tk
     "learn little at it (examples/reviews_tiny.yaml, 3 epochs: dev accuracy 0.35 at 2e-5, 0.82 at 2e-4, 1.00 at " \
     "2e-3): set lr: 2e-3"
 
-tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks *h,
-                           tk_run_report *r, tk_err *err) {
-    memset(r, 0, sizeof *r);
-    r->end = TK_RUN_FAILED;
-    tk_err local = { 0 };
-    if (!err) err = &local; /* callees' failures are read from it, never guessed */
-    tk_config cc = *c;
-    tk_session_set_config(s, c);
-    tk_dev *d = tk_session_device(s, &cc, r->device_note, err);
-    if (!d) return err->status;
-    if (r->device_note[0]) note(h, "%s", r->device_note);
-    tk_alloc *a = tk_dev_alloc(d);
-    tk_alloc_stats st;
-    tk_alloc_stats_get(a, &st);
-    r->baseline = st.allocated;
-
-    /* The model's config and tokenizer first (small files: the data
-     * pipeline reads its vocab.txt, the plan its config), its weights only
-     * once the plan fits. A preset the hub cannot give now is planned as its
-     * shape, so a run that would not fit says so even offline. */
-    char id[TK_PATH_MAX];
-    snprintf(id, sizeof id, "%s", c->model);
-    tk_err pending = {0};
-    tk_status rc = tk_session_resolve_model(&cc, id, 1, 0, h, &pending);
-    tk_bert_dims shape;
-    if (rc != TK_OK && tk_bert_preset(id, &shape, NULL) != 0) {
-        *err = pending;
-        return rc;
-    }
-    tk_run_data data;
-    rc = tk_session_load_data(s, &cc, &data, err);
+/* The data and the plan, at the worst-case batch of this corpus, against
+ * what the device has free now (an earlier run may still hold memory).
+ * *stop = 1: the plan does not fit and the run ends here (r says so). */
+static tk_status plan_run(tk_session *s, tk_config *cc, tk_dev *d, const tk_run_hooks *h, tk_run_data *data,
+                          tk_run_report *r, int *stop, tk_err *err) {
+    *stop = 0;
+    tk_status rc = tk_session_load_data(s, cc, data, err);
     if (rc != TK_OK) return rc;
-    if (data.vocab_note[0]) note(h, "%s", data.vocab_note);
-    note(h, "data: %d training examples in %d batches, %d dev examples (digest %016llx)", data.n_examples,
-         data.n_train, data.n_dev_examples, (unsigned long long)data.digest);
-    if (data.n_truncated) note(h, "data: %d examples were truncated to max_len %d", data.n_truncated, cc.max_len);
-
-    /* Plan first, at the worst-case batch of this corpus, against what the
-     * device has free now (an earlier run may still hold memory). */
-    rc = tk_plan(&cc, data.lengths, data.n_lengths, &r->plan, err);
+    if (data->vocab_note[0]) note(h, "%s", data->vocab_note);
+    note(h, "data: %d training examples in %d batches, %d dev examples (digest %016llx)", data->n_examples,
+         data->n_train, data->n_dev_examples, (unsigned long long)data->digest);
+    if (data->n_truncated) note(h, "data: %d examples were truncated to max_len %d", data->n_truncated, cc->max_len);
+    /* attention: auto is decided by the device the run got (device: auto
+     * may have found cuda); the plan and the model then use the same. */
+    const char *attn_why = NULL;
+    cc->attention = tk_config_attention(cc, tk_dev_kind_of(d), &attn_why);
+    rc = tk_plan(cc, data->lengths, data->n_lengths, &r->plan, err);
     if (rc != TK_OK) {
-        tk_run_data_clear(&data);
+        tk_run_data_clear(data);
         return rc;
     }
+    snprintf(r->plan.attention_why, sizeof r->plan.attention_why, "%s", attn_why);
     tk_session_set_plan(s, &r->plan);
-    size_t limit = tk_session_capacity_of(&cc);
+    size_t limit = tk_session_capacity_of(cc);
     r->free_before = tk_session_free(s, d);
     int known_limit = limit || tk_dev_kind_of(d) == TK_DEV_CUDA;
     int ignore = h && h->ignore_plan;
     if (!ignore && (r->plan.oom || (known_limit && r->plan.peak_reserved > r->free_before))) {
         r->end = TK_RUN_PLANNED_OOM;
         remember_run(s, r);
-        tk_run_data_clear(&data);
-        return TK_OK;
+        tk_run_data_clear(data);
+        *stop = 1;
     }
+    return TK_OK;
+}
 
-    /* Which device trains, said always: a gpu: profile on a machine without
-     * CUDA plans for that card but trains on the cpu, under its capacity. */
-    {
-        tk_dev_info info;
-        tk_dev_info_get(d, &info);
-        char b[32];
-        if (info.kind == TK_DEV_CUDA)
-            note(h, "training on %s (cuda)", info.name);
-        else if (cc.gpu[0])
-            note(h, "training on the cpu (%s); gpu: %s is the planning profile: its %s is the memory limit here, as "
-                 "on that card", cc.device == TK_DEVICE_AUTO ? "no CUDA device here" : "device: cpu; device: cuda "
-                 "trains on a GPU", cc.gpu, tk_format_bytes(info.total, b, sizeof b));
-        else
-            note(h, "training on the cpu%s%s", cc.capacity ? ", memory limited to capacity: " : "",
-                 cc.capacity ? tk_format_bytes(info.total, b, sizeof b) : "");
-    }
-
-    /* The results' folder (and its parents, as mkdir -p) before a weight
-     * is fetched or a step taken: a run that cannot save must not train for
-     * nothing. */
-    if (cc.output_dir[0]) {
+/* Before a weight is fetched or a step taken: which device trains (said
+ * always: a gpu: profile on a machine without CUDA plans for that card but
+ * trains on the cpu, under its capacity), and the results' folder (and its
+ * parents, as mkdir -p): a run that cannot save must not train for nothing. */
+static tk_status prepare_run(const tk_config *cc, tk_dev *d, const tk_run_hooks *h, tk_run_report *r, tk_err *err) {
+    tk_dev_info info;
+    tk_dev_info_get(d, &info);
+    char b[32];
+    if (info.kind == TK_DEV_CUDA)
+        note(h, "training on %s (cuda)", info.name);
+    else if (cc->gpu[0])
+        note(h, "training on the cpu (%s); gpu: %s is the planning profile: its %s is the memory limit here, as "
+             "on that card%s", cc->device == TK_DEVICE_AUTO ? "no CUDA device here" : "device: cpu; device: cuda "
+             "trains on a GPU", cc->gpu, tk_format_bytes(info.total, b, sizeof b),
+             /* the plan for the card chose the card's attention; the run keeps it so they agree */
+             cc->attention == TK_ATTN_FUSED && !strcmp(r->plan.attention_why, "default on cuda")
+                 ? ", and its default attention: fused" : "");
+    else
+        note(h, "training on the cpu%s%s", cc->capacity ? ", memory limited to capacity: " : "",
+             cc->capacity ? tk_format_bytes(info.total, b, sizeof b) : "");
+    if (cc->output_dir[0]) {
         tk_err me = {0};
-        if (tk_mkdirs(cc.output_dir, &me) != TK_OK) {
+        if (tk_mkdirs(cc->output_dir, &me) != TK_OK) {
             tk_err_set(err, TK_EIO, "output_dir %s; nothing was trained", me.msg);
             r->save_stopped = 1;
-            tk_run_data_clear(&data);
             return TK_EIO;
         }
     }
+    return TK_OK;
+}
 
-    if (pending.status == TK_OK) rc = tk_session_resolve_model(&cc, id, 1, 1, h, &pending);
-    if (pending.status != TK_OK) {
-        *err = pending;
-        tk_run_data_clear(&data);
-        return pending.status;
-    }
-
-    /* On cuda the device peak (CUPTI) starts afresh: the run's own. */
-    int cupti_run = tk_dev_kind_of(d) == TK_DEV_CUDA && tk_dev_cuda_mem_reset_peak(d, NULL) == TK_OK;
-
-    /* The model, then the loop. */
-    tk_model *m = NULL;
+/* The model of the run on d (*out), with what output_dir gets beside the
+ * weights; says where its weights came from. On an OOM r keeps the record. */
+static tk_status build_model(tk_dev *d, const tk_config *cc, const char *asked, const tk_run_data *data,
+                             const tk_run_hooks *h, tk_run_report *r, tk_model **out, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_load_report lr = {0};
     int random_init = 0;
-    s->ntl = 0;
     snprintf(r->oom_phase, sizeof r->oom_phase, "model");
-    if (!(m = tk_model_from_config(d, &cc, &lr, &random_init, err))) {
-        rc = err->status;
+    tk_model *m = *out = tk_model_from_config(d, cc, &lr, &random_init, err);
+    if (!m) {
+        tk_status rc = err->status;
         if (rc == TK_EOOM && tk_dev_last_oom(d)) {
             r->have_oom = 1;
             r->oom = *tk_dev_last_oom(d);
         }
-        goto out;
+        return rc;
     }
     /* what output_dir gets beside the weights: label names, tokenizer files */
-    tk_model_card card = {.labels = (const char *const *)data.labels,
-                          .n_labels = cc.task == TK_TASK_CLASSIFY ? data.num_labels : 0,
-                          .vocab_path = data.vocab_path, .lowercase = data.lowercase, .max_len = cc.max_len};
-    if ((rc = tk_model_set_card(m, &card, err)) != TK_OK) goto out;
+    tk_model_card card = {.labels = (const char *const *)data->labels,
+                          .n_labels = cc->task == TK_TASK_CLASSIFY ? data->num_labels : 0,
+                          .vocab_path = data->vocab_path, .lowercase = data->lowercase, .max_len = cc->max_len};
+    tk_status rc = tk_model_set_card(m, &card, err);
+    if (rc != TK_OK) {
+        tk_load_report_clear(&lr);
+        return rc;
+    }
     note(h, "model: %lld parameters (%lld trainable)", (long long)tk_model_n_weights(m),
          (long long)tk_model_n_trainable(m));
     if (random_init) {
         note(h, "weights: random init (seed %llu), as init: random asks: %s gives only the shape",
-             (unsigned long long)cc.seed, c->model);
+             (unsigned long long)cc->seed, asked);
         /* the default lr is a fine-tuning rate for pretrained weights; from
          * random weights it barely moves them (measured on the README's
          * examples/reviews_tiny.yaml, see RANDOM_INIT_LR_NOTE) */
         tk_config dflt;
         tk_config_defaults(&dflt);
-        if (cc.lr == dflt.lr) note(h, RANDOM_INIT_LR_NOTE, (double)cc.lr);
+        if (cc->lr == dflt.lr) note(h, RANDOM_INIT_LR_NOTE, (double)cc->lr);
     } else {
-        note(h, "weights: loaded %s", cc.model);
+        note(h, "weights: loaded %s", cc->model);
         if (lr.n_new) note(h, "weights: newly initialised (not in the checkpoint): %s", lr.new_names);
         if (lr.n_unused) note(h, "weights: in the checkpoint but not used by this model (ignored): %s",
                               lr.unused_names);
     }
     tk_load_report_clear(&lr);
+    return TK_OK;
+}
+
+/* The training loop with the session's callbacks; its result into r. */
+static tk_status train_model(tk_session *s, tk_config *cc, tk_model *m, const tk_run_data *data,
+                             const tk_run_hooks *h, tk_run_report *r, tk_err *err) {
     snprintf(r->oom_phase, sizeof r->oom_phase, "training");
-    {
-        /* progress every step: the timeline wants each step, the display
-         * throttles itself */
-        cc.log_every = 1;
-        run_ctx x = {s, h, r};
-        tk_train_callbacks cb = {.on_progress = run_progress, .on_epoch = run_epoch, .ud = &x,
-                                 .on_note = run_note, .vocab_file = data.vocab_path};
-        int64_t *ck = NULL;
-        int nck = cc.resume_from[0] ? 0 : tk_ckpt_list(cc.output_dir, &ck);
-        if (nck > 0)
-            note(h, "output_dir %s already holds %d checkpoint(s), the newest checkpoint-%lld; this run starts at "
-                 "step 0. To go on from there instead: resume_from: auto (or a new output_dir for a new run)",
-                 cc.output_dir, nck, (long long)ck[0]);
-        free(ck);
-        tk_train_result tr;
-        memset(&tr, 0, sizeof tr);
-        rc = tk_train_run(&cc, m, data.train, data.n_train, data.dev, data.n_dev, &cb, &tr, err);
-        r->steps = tr.steps;
-        r->epochs_done = tr.epochs_done;
-        r->n_history = tr.n_history;
-        r->history = tr.history;
-        tr.history = NULL;
-        r->peak_allocated = tr.peak_allocated;
-        r->peak_reserved = tr.peak_reserved;
-        r->seconds = tr.seconds;
-        memcpy(r->checkpoint, tr.checkpoint, sizeof r->checkpoint);
-        r->failed_saves = tr.failed_saves;
-        r->save_stopped = rc != TK_OK && rc != TK_ECANCEL && rc != TK_EOOM && tr.failed_saves > 0;
-        if (tr.have_oom) {
-            r->have_oom = 1;
-            r->oom = tr.oom;
-        }
-        tk_train_result_clear(&tr);
+    /* progress every step: the timeline wants each step, the display
+     * throttles itself */
+    cc->log_every = 1;
+    run_ctx x = {s, h, r};
+    tk_train_callbacks cb = {.on_progress = run_progress, .on_epoch = run_epoch, .ud = &x,
+                             .on_note = run_note, .vocab_file = data->vocab_path};
+    int64_t *ck = NULL;
+    int nck = cc->resume_from[0] ? 0 : tk_ckpt_list(cc->output_dir, &ck);
+    if (nck > 0)
+        note(h, "output_dir %s already holds %d checkpoint(s), the newest checkpoint-%lld; this run starts at "
+             "step 0. To go on from there instead: resume_from: auto (or a new output_dir for a new run)",
+             cc->output_dir, nck, (long long)ck[0]);
+    free(ck);
+    tk_train_result tr;
+    memset(&tr, 0, sizeof tr);
+    tk_status rc = tk_train_run(cc, m, data->train, data->n_train, data->dev, data->n_dev, &cb, &tr, err);
+    r->steps = tr.steps;
+    r->epochs_done = tr.epochs_done;
+    r->n_history = tr.n_history;
+    r->history = tr.history;
+    tr.history = NULL;
+    r->peak_allocated = tr.peak_allocated;
+    r->peak_reserved = tr.peak_reserved;
+    r->seconds = tr.seconds;
+    memcpy(r->checkpoint, tr.checkpoint, sizeof r->checkpoint);
+    r->failed_saves = tr.failed_saves;
+    r->save_stopped = rc != TK_OK && rc != TK_ECANCEL && rc != TK_EOOM && tr.failed_saves > 0;
+    if (tr.have_oom) {
+        r->have_oom = 1;
+        r->oom = tr.oom;
     }
-out:
-    if (cupti_run) {
-        tk_cuda_mem_totals tot;
-        if (tk_dev_cuda_mem_totals(d, &tot, NULL) == TK_OK && tot.cupti_active) {
-            r->have_device_peak = 1;
-            r->device_peak = tot.device_peak;
-            r->plugin_bytes = tot.plugin_bytes;
-        }
-    }
-    tk_model_destroy(&m);
+    tk_train_result_clear(&tr);
+    return rc;
+}
+
+/* How the run ended, remembered by the session: an OOM or a cancel is a
+ * report (TK_OK), not an error. */
+static tk_status end_run(tk_session *s, tk_dev *d, tk_run_report *r, tk_status rc) {
+    tk_alloc *a = tk_dev_alloc(d);
+    tk_alloc_stats st;
     tk_alloc_empty_cache(a);
-    tk_run_data_clear(&data);
     tk_alloc_stats_get(a, &st);
     r->allocated_after = st.allocated;
     if (rc == TK_EOOM) {
@@ -550,6 +530,68 @@ out:
     if (rc == TK_OK) r->end = TK_RUN_DONE;
     remember_run(s, r);
     return rc;
+}
+
+tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks *h,
+                           tk_run_report *r, tk_err *err) {
+    memset(r, 0, sizeof *r);
+    r->end = TK_RUN_FAILED;
+    tk_err local = { 0 };
+    if (!err) err = &local; /* callees' failures are read from it, never guessed */
+    tk_config cc = *c;
+    tk_session_set_config(s, c);
+    tk_dev *d = tk_session_device(s, &cc, r->device_note, err);
+    if (!d) return err->status;
+    if (r->device_note[0]) note(h, "%s", r->device_note);
+    tk_alloc_stats st;
+    tk_alloc_stats_get(tk_dev_alloc(d), &st);
+    r->baseline = st.allocated;
+
+    /* The model's config and tokenizer first (small files: the data
+     * pipeline reads its vocab.txt, the plan its config), its weights only
+     * once the plan fits. A preset the hub cannot give now is planned as its
+     * shape, so a run that would not fit says so even offline. */
+    char id[TK_PATH_MAX];
+    snprintf(id, sizeof id, "%s", c->model);
+    tk_err pending = {0};
+    tk_status rc = tk_session_resolve_model(&cc, id, 1, 0, h, &pending);
+    tk_bert_dims shape;
+    if (rc != TK_OK && tk_bert_preset(id, &shape, NULL) != 0) {
+        *err = pending;
+        return rc;
+    }
+    tk_run_data data;
+    int stop = 0;
+    if ((rc = plan_run(s, &cc, d, h, &data, r, &stop, err)) != TK_OK || stop) return rc;
+    if ((rc = prepare_run(&cc, d, h, r, err)) != TK_OK) {
+        tk_run_data_clear(&data);
+        return rc;
+    }
+
+    if (pending.status == TK_OK) rc = tk_session_resolve_model(&cc, id, 1, 1, h, &pending);
+    if (pending.status != TK_OK) {
+        *err = pending;
+        tk_run_data_clear(&data);
+        return pending.status;
+    }
+
+    /* On cuda the device peak (CUPTI) starts afresh: the run's own. */
+    int cupti_run = tk_dev_kind_of(d) == TK_DEV_CUDA && tk_dev_cuda_mem_reset_peak(d, NULL) == TK_OK;
+    s->ntl = 0;
+    tk_model *m = NULL;
+    rc = build_model(d, &cc, c->model, &data, h, r, &m, err);
+    if (rc == TK_OK) rc = train_model(s, &cc, m, &data, h, r, err);
+    if (cupti_run) {
+        tk_cuda_mem_totals tot;
+        if (tk_dev_cuda_mem_totals(d, &tot, NULL) == TK_OK && tot.cupti_active) {
+            r->have_device_peak = 1;
+            r->device_peak = tot.device_peak;
+            r->plugin_bytes = tot.plugin_bytes;
+        }
+    }
+    tk_model_destroy(&m);
+    tk_run_data_clear(&data);
+    return end_run(s, d, r, rc);
 }
 
 /* ---- using a trained model ---------------------------------------------------- */
@@ -589,7 +631,8 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
     c->init = TK_INIT_PRETRAINED; /* the trained weights, whatever the run started from */
     c->dev_file[0] = 0;
     struct stat sd;
-    if (folder && (stat(folder, &sd) != 0 || !S_ISDIR(sd.st_mode))) {
+    /* c->model: the folder, or the hub snapshot a hub id resolved to */
+    if (folder && (stat(c->model, &sd) != 0 || !S_ISDIR(sd.st_mode))) {
         tk_err_set(err, TK_EINVAL, "%s: no such folder; give the output_dir of a run, or a config whose output_dir "
                    "holds one", folder);
         return TK_EINVAL;
@@ -636,8 +679,12 @@ tk_status tk_session_predict(tk_session *s, const tk_config *c0, tk_predict_repo
         return rc;
     }
     r->digest = data.digest;
-    /* planned like a run: the weights and one eval batch */
+    /* planned like a run: the weights and one eval batch, with the
+     * attention of the device it got */
+    const char *attn_why = NULL;
+    c.attention = tk_config_attention(&c, tk_dev_kind_of(d), &attn_why);
     if ((rc = tk_plan_inference(&c, data.lengths, data.n_lengths, &r->plan, err)) != TK_OK) goto out;
+    snprintf(r->plan.attention_why, sizeof r->plan.attention_why, "%s", attn_why);
     size_t limit = tk_session_capacity_of(&c);
     r->free_before = tk_session_free(s, d);
     if (r->plan.oom || ((limit || tk_dev_kind_of(d) == TK_DEV_CUDA) && r->plan.peak_reserved > r->free_before)) {

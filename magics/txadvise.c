@@ -399,13 +399,19 @@ static void compare(size_t measured, size_t planned, char *buf, size_t n) {
     else snprintf(buf, n, "ABOVE the plan by %s", tk_format_bytes(measured - planned, b, sizeof b));
 }
 
-static int run_txfix(tk_magic_ctx *m) {
+/* %txfix's words: the candidate it names (-1: an error was shown), the
+ * flags. `what` (wn bytes) gets the name as given. */
+static int parse_txfix(tk_magic_ctx *m, const tk_advice **pa, int *run_out, int *json_out, char *what_out,
+                       size_t wn) {
     tk_session *s = m->session;
     char **argv = NULL;
     int argc = 0, run = 0, json_only = 0, rc = 0;
     const char *what = NULL;
     char for_platform[16] = "";
-    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
+    if (tk_txargs_split(m->args, &argv, &argc)) {
+        tk_magic_error(m, "UsageError", "unbalanced quotes");
+        return -1;
+    }
     for (int i = 0; i < argc && !rc; i++) {
         if (!strcmp(argv[i], "--run")) run = 1;
         else if (!strcmp(argv[i], "--for")) {
@@ -439,98 +445,107 @@ static int run_txfix(tk_magic_ctx *m) {
     } else if (!rc) {
         i = pick(m, a, what);
     }
-    char what_buf[64];
-    snprintf(what_buf, sizeof what_buf, "%s", what ? what : "");
-    what = what_buf;
+    snprintf(what_out, wn, "%s", what ? what : "");
     tk_txargs_free(argv, argc);
-    if (rc || i < 0) return -1;
+    *pa = a;
+    *run_out = run;
+    *json_out = json_only;
+    return rc ? -1 : i;
+}
 
-    const tk_candidate *cand = &a->cand[i];
-    const tk_config *old = tk_session_config(s);
-    tk_config before = old ? *old : cand->config, after = cand->config;
-    size_t predicted = cand->peak;
-    char b1[32], b2[32], b3[32], b4[32];
-    if (cand->action_only) {
-        /* release what the session holds; the config stays. What PyTorch
-         * in this process caches is the user's Python to free: said, not done */
-        int variant = cand->fixes[0].variant;
-        tk_dev *d = tk_session_current_device(s);
-        tk_alloc_stats st = {0};
-        if (d) tk_alloc_stats_get(tk_dev_alloc(d), &st);
-        char label[sizeof cand->label];
-        snprintf(label, sizeof label, "%s", cand->label);
-        if (variant & 1) {
-            tk_session_reset(s); /* frees the advice too: cand is gone after this */
-            cand = NULL;
-            tk_session_set_config(s, &after);
-            tk_magic_printf(m, "stdout", "Fix #%d (%s): released the session's device (%s allocated, %s reserved).\n",
-                            i + 1, label, tk_format_bytes(st.allocated, b1, sizeof b1),
-                            tk_format_bytes(st.reserved, b2, sizeof b2));
-        }
-        if (variant & 2) {
-            const tk_holder *h = tk_session_holder(s);
-            tk_magic_printf(m, "stdout",
-                            "Fix #%d (%s): PyTorch's caching allocator in this process holds %s reserved (%s "
-                            "allocated), which only your Python can free. Run in a cell:\n"
-                            "    del model, optimizer, outputs   # whatever still refers to tensors on the GPU\n"
-                            "    import gc; gc.collect()\n"
-                            "    import torch; torch.cuda.empty_cache()\n"
-                            "then %%txtrain (%%txmem shows what PyTorch still holds).\n",
-                            i + 1, label, tk_format_bytes(h->reserved, b1, sizeof b1),
-                            tk_format_bytes(h->allocated, b2, sizeof b2));
-            if (run) {
-                tk_magic_printf(m, "stdout", "Not training now (--run): the run would meet the same memory until "
-                                             "your Python frees it.\n");
-                run = 0;
-            }
-        }
-    } else {
-        char *diff = tk_config_diff(&before, &after);
-        tk_session_set_config(s, &after);
-        json_t *b = json_object();
-        char *yaml = tk_config_to_yaml(&after);
-        tk_sb t = {0};
-        tk_sb_addf(&t, "Fix #%d: %s\n  %s\nChanged:\n%s", i + 1, cand->label, cand->reason,
-                   diff && *diff ? diff : "  (nothing)\n");
-        tk_sb_addf(&t, "Planned peak %s reserved (was %s), margin %s%s. The session's config is now this one%s%s%s\n",
-                   tk_format_bytes(cand->peak, b1, sizeof b1), tk_format_bytes(a->base.peak_reserved, b2, sizeof b2),
-                   cand->margin < 0 ? "-" : "",
-                   tk_format_bytes((size_t)(cand->margin < 0 ? -cand->margin : cand->margin), b3, sizeof b3),
-                   run ? "; training it now." : ": %txtrain trains it (or %txfix ", run ? "" : what,
-                   run ? "" : " --run).");
-        char *tt = tk_sb_take(&t);
-        json_object_set_new(b, "text/plain", json_string(tt ? tt : ""));
-        tk_sb h = {0};
-        tk_sb_add(&h, "<div><p><b>Fix #");
-        tk_sb_addf(&h, "%d: ", i + 1);
-        tk_sb_add_html(&h, cand->label);
-        tk_sb_add(&h, "</b> - ");
-        tk_sb_add_html(&h, cand->reason);
-        tk_sb_add(&h, "</p><pre>");
-        tk_sb_add_html(&h, diff ? diff : "");
-        tk_sb_add(&h, "</pre><details><summary>the whole config (YAML)</summary><pre>");
-        tk_sb_add_html(&h, yaml ? yaml : "");
-        tk_sb_add(&h, "</pre></details></div>");
-        tk_bundle_take(b, "text/html", tk_sb_take(&h));
-        json_t *fx = json_array();
-        for (int k = 0; fx && k < cand->n_fixes; k++)
-            json_array_append_new(fx, json_pack("{s:s, s:i, s:i}", "kind", tk_fix_name(cand->fixes[k].kind), "value",
-                                                cand->fixes[k].value, "variant", cand->fixes[k].variant));
-        json_object_set_new(b, "application/json",
-                            json_pack("{s:i, s:s, s:s, s:o, s:I, s:I, s:b, s:s, s:s}", "index", i + 1, "label",
-                                      cand->label, "reason", cand->reason, "fixes", fx, "planned_peak",
-                                      (json_int_t)cand->peak, "margin", (json_int_t)cand->margin, "fits_margin",
-                                      cand->fits_margin, "diff", diff ? diff : "", "yaml", yaml ? yaml : ""));
-        free(tt);
-        free(yaml);
-        free(diff);
-        tk_txemit(m, b, json_only);
-        json_decref(b);
+/* A release (action_only): what the session holds is freed; what PyTorch in
+ * this process caches is the user's Python to free, so it is said, not
+ * done (and *run is cleared: a run would meet the same memory). */
+static void apply_release(tk_magic_ctx *m, const tk_candidate *cand, int i, const tk_config *after, int *run) {
+    tk_session *s = m->session;
+    char b1[32], b2[32];
+    unsigned release = cand->fixes[0].release;
+    tk_dev *d = tk_session_current_device(s);
+    tk_alloc_stats st = {0};
+    if (d) tk_alloc_stats_get(tk_dev_alloc(d), &st);
+    char label[sizeof cand->label];
+    snprintf(label, sizeof label, "%s", cand->label);
+    if (release & TK_RELEASE_SESSION) {
+        tk_session_reset(s); /* frees the advice too: cand is gone after this */
+        cand = NULL;
+        tk_session_set_config(s, after);
+        tk_magic_printf(m, "stdout", "Fix #%d (%s): released the session's device (%s allocated, %s reserved).\n",
+                        i + 1, label, tk_format_bytes(st.allocated, b1, sizeof b1),
+                        tk_format_bytes(st.reserved, b2, sizeof b2));
     }
-    if (!run) return 0;
+    if (release & TK_RELEASE_IN_PROCESS) {
+        const tk_holder *h = tk_session_holder(s);
+        tk_magic_printf(m, "stdout",
+                        "Fix #%d (%s): PyTorch's caching allocator in this process holds %s reserved (%s "
+                        "allocated), which only your Python can free. Run in a cell:\n"
+                        "    del model, optimizer, outputs   # whatever still refers to tensors on the GPU\n"
+                        "    import gc; gc.collect()\n"
+                        "    import torch; torch.cuda.empty_cache()\n"
+                        "then %%txtrain (%%txmem shows what PyTorch still holds).\n",
+                        i + 1, label, tk_format_bytes(h->reserved, b1, sizeof b1),
+                        tk_format_bytes(h->allocated, b2, sizeof b2));
+        if (*run) {
+            tk_magic_printf(m, "stdout", "Not training now (--run): the run would meet the same memory until "
+                                         "your Python frees it.\n");
+            *run = 0;
+        }
+    }
+}
 
-    /* train the fixed config and hold the plan to account */
-    if (tk_txtrain_run_config(m, &after, 0)) return -1;
+/* A config change: the diff, the new plan's figures, the session's config
+ * set to it. */
+static void apply_config_fix(tk_magic_ctx *m, const tk_advice *a, const tk_candidate *cand, int i,
+                             const tk_config *before, const tk_config *after, int run, const char *what,
+                             int json_only) {
+    tk_session *s = m->session;
+    char b1[32], b2[32], b3[32];
+    char *diff = tk_config_diff(before, after);
+    tk_session_set_config(s, after);
+    json_t *b = json_object();
+    char *yaml = tk_config_to_yaml(after);
+    tk_sb t = {0};
+    tk_sb_addf(&t, "Fix #%d: %s\n  %s\nChanged:\n%s", i + 1, cand->label, cand->reason,
+               diff && *diff ? diff : "  (nothing)\n");
+    tk_sb_addf(&t, "Planned peak %s reserved (was %s), margin %s%s. The session's config is now this one%s%s%s\n",
+               tk_format_bytes(cand->peak, b1, sizeof b1), tk_format_bytes(a->base.peak_reserved, b2, sizeof b2),
+               cand->margin < 0 ? "-" : "",
+               tk_format_bytes((size_t)(cand->margin < 0 ? -cand->margin : cand->margin), b3, sizeof b3),
+               run ? "; training it now." : ": %txtrain trains it (or %txfix ", run ? "" : what,
+               run ? "" : " --run).");
+    char *tt = tk_sb_take(&t);
+    json_object_set_new(b, "text/plain", json_string(tt ? tt : ""));
+    tk_sb h = {0};
+    tk_sb_add(&h, "<div><p><b>Fix #");
+    tk_sb_addf(&h, "%d: ", i + 1);
+    tk_sb_add_html(&h, cand->label);
+    tk_sb_add(&h, "</b> - ");
+    tk_sb_add_html(&h, cand->reason);
+    tk_sb_add(&h, "</p><pre>");
+    tk_sb_add_html(&h, diff ? diff : "");
+    tk_sb_add(&h, "</pre><details><summary>the whole config (YAML)</summary><pre>");
+    tk_sb_add_html(&h, yaml ? yaml : "");
+    tk_sb_add(&h, "</pre></details></div>");
+    tk_bundle_take(b, "text/html", tk_sb_take(&h));
+    json_t *fx = json_array();
+    for (int k = 0; fx && k < cand->n_fixes; k++)
+        json_array_append_new(fx, tk_fix_json(&cand->fixes[k]));
+    json_object_set_new(b, "application/json",
+                        json_pack("{s:i, s:s, s:s, s:o, s:I, s:I, s:b, s:s, s:s}", "index", i + 1, "label",
+                                  cand->label, "reason", cand->reason, "fixes", fx, "planned_peak",
+                                  (json_int_t)cand->peak, "margin", (json_int_t)cand->margin, "fits_margin",
+                                  cand->fits_margin, "diff", diff ? diff : "", "yaml", yaml ? yaml : ""));
+    free(tt);
+    free(yaml);
+    free(diff);
+    tk_txemit(m, b, json_only);
+    json_decref(b);
+}
+
+/* --run: train the fixed config and hold the plan to account. */
+static int train_and_compare(tk_magic_ctx *m, const tk_config *after, size_t predicted) {
+    tk_session *s = m->session;
+    char b1[32], b2[32], b3[32], b4[32];
+    if (tk_txtrain_run_config(m, after, 0)) return -1;
     const tk_run_report *r = tk_session_last_run(s);
     if (!r) return 0;
     /* reserved is the figure the advice ranks by; allocated is shown too.
@@ -556,6 +571,23 @@ static int run_txfix(tk_magic_ctx *m) {
                         tk_format_bytes(want, b2, sizeof b2), off);
     }
     return 0;
+}
+
+static int run_txfix(tk_magic_ctx *m) {
+    const tk_advice *a = NULL;
+    int run = 0, json_only = 0;
+    char what[64];
+    int i = parse_txfix(m, &a, &run, &json_only, what, sizeof what);
+    if (i < 0) return -1;
+    const tk_candidate *cand = &a->cand[i];
+    const tk_config *old = tk_session_config(m->session);
+    tk_config before = old ? *old : cand->config, after = cand->config;
+    size_t predicted = cand->peak;
+    if (cand->action_only)
+        apply_release(m, cand, i, &after, &run); /* may free the advice: cand is gone after this */
+    else
+        apply_config_fix(m, a, cand, i, &before, &after, run, what, json_only);
+    return run ? train_and_compare(m, &after, predicted) : 0;
 }
 
 static const tk_magic_def TXADVISE[] = {

@@ -149,9 +149,13 @@ tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_
     if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     *bundle = NULL;
     size_t cap = tk_session_capacity_of(c0);
-    char title[256], b[8][32];
-    snprintf(title, sizeof title, "Peak per technique: %.120s, batch %d x max_len %d%s%s (planned on meta)", c0->model,
-             c0->batch_size, c0->max_len, cap ? ", capacity " : "", cap ? tk_format_bytes(cap, b[0], sizeof b[0]) : "");
+    char title[320], b[8][32];
+    /* the baseline's attention: on a card the default is fused already */
+    const char *attn_why = NULL;
+    tk_attention attn = tk_config_attention(c0, TK_DEV_META, &attn_why);
+    snprintf(title, sizeof title, "Peak per technique: %.120s, batch %d x max_len %d%s%s, baseline attention %s (%s) "
+             "(planned on meta)", c0->model, c0->batch_size, c0->max_len, cap ? ", capacity " : "",
+             cap ? tk_format_bytes(cap, b[0], sizeof b[0]) : "", tk_attention_name(attn), attn_why);
     /* measured where the config says it runs: cuda, or else the cpu */
     const int on_cuda = c0->device == TK_DEVICE_CUDA;
     const char *h[] = {"technique", ">peak reserved", ">vs baseline", ">param", ">grad", ">optim", ">act", ">temp",
@@ -330,7 +334,7 @@ static int run_txplan(tk_magic_ctx *m) {
     tk_config c;
     if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     char **argv = NULL;
-    int argc = 0, json_only = 0, max_batch = 0, sweep = 0, measure = 0, rc = 0;
+    int argc = 0, json_only = 0, max_batch = 0, sweep = 0, measure = 0, epoch = 0, rc = 0;
     char gpus[16] = "";
     tk_err err = {0};
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
@@ -338,6 +342,7 @@ static int run_txplan(tk_magic_ctx *m) {
         if (!strcmp(argv[i], "--json")) json_only = 1;
         else if (!strcmp(argv[i], "--max-batch")) max_batch = 1;
         else if (!strcmp(argv[i], "--sweep")) sweep = 1;
+        else if (!strcmp(argv[i], "--epoch")) epoch = 1;
         else if (!strcmp(argv[i], "--measure")) measure = sweep = 1;
         else if (!strcmp(argv[i], "--gpus")) {
             /* checked here, before the session's last config is read: a bad
@@ -377,7 +382,7 @@ static int run_txplan(tk_magic_ctx *m) {
             }
         } else if (!strncmp(argv[i], "--", 2)) {
             rc = tk_magic_error(m, "UsageError", "%%txplan: unknown option %s\nusage: %%txplan [key=value ...] "
-                                                  "[--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]", argv[i]);
+                                                  "[--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--epoch] [--json]", argv[i]);
         }
     }
     tk_txargs_free(argv, argc);
@@ -398,14 +403,21 @@ static int run_txplan(tk_magic_ctx *m) {
         int n = 0;
         const int *len = tk_session_lengths(s, &n);
         tk_plan_result p;
+        tk_dev *sd = tk_session_current_device(s);
         if (c.capacity == 0 && !c.gpu[0]) {
             /* plan against the session device's capacity when it has one */
-            tk_dev *d = tk_session_current_device(s);
             tk_dev_info info;
-            tk_dev_info_get(d, &info);
-            if (d && tk_dev_kind_of(d) == TK_DEV_CUDA) c.capacity = info.total;
+            tk_dev_info_get(sd, &info);
+            if (sd && tk_dev_kind_of(sd) == TK_DEV_CUDA) c.capacity = info.total;
         }
-        if (tk_plan(&c, len, n, &p, &err) != TK_OK) goto plan_error;
+        /* attention: auto as the session's device would run it (a run
+         * decides it the same way; without a device, from the config) */
+        const char *attn_why = NULL;
+        c.attention = tk_config_attention(&c, sd ? tk_dev_kind_of(sd) : TK_DEV_META, &attn_why);
+        /* --epoch: the run's first epoch, its own batches in its order */
+        tk_plan_batches run = {.train = data.train, .n_train = data.n_train, .dev = data.dev, .n_dev = data.n_dev};
+        if ((epoch ? tk_plan_epoch(&c, &run, NULL, &p, &err) : tk_plan(&c, len, n, &p, &err)) != TK_OK) goto plan_error;
+        snprintf(p.attention_why, sizeof p.attention_why, "%s", attn_why);
         tk_session_set_config(s, &c);
         tk_session_set_plan(s, &p);
         /* PyTorch in the same process (the companion) takes its reserved
@@ -421,7 +433,9 @@ static int run_txplan(tk_magic_ctx *m) {
         tk_report_add_head_note(bundle, &c, &p);
         tk_tensor_info big[8];
         int nb = 0;
-        if (tk_plan_tensors_at_peak(&c, len, n, big, 8, &nb, &err) == TK_OK) tk_report_add_tensors(bundle, big, nb);
+        if ((epoch ? tk_plan_epoch_tensors_at_peak(&c, &run, big, 8, &nb, &err)
+                   : tk_plan_tensors_at_peak(&c, len, n, big, 8, &nb, &err)) == TK_OK)
+            tk_report_add_tensors(bundle, big, nb);
         tk_report_add_data(bundle, &data);
     }
     tk_run_data_clear(&data);
@@ -435,13 +449,16 @@ plan_error:
 
 static const tk_magic_def TXPLAN[] = {
     {"txplan", TK_MAGIC_BOTH, run_txplan, "predicted peak memory of a run and who takes it, without training",
-     "%txplan [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--json]\n"
+     "%txplan [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--epoch] [--json]\n"
      "%%txplan [key=value ...]\n<YAML config>\n\n"
      "Runs one training step (and an eval step) of the config on the meta device: no\n"
      "arithmetic, same allocator, same allocation order as a real run. Shows the peak\n"
      "(allocated and reserved) against the capacity, the bytes per category at the peak\n"
      "and the top owners (HF module names). The line form starts from the last config of\n"
      "the session and applies key=value overrides: %txplan batch_size=8 precision=fp16.\n"
+     "--epoch: the run's first epoch instead of the worst-case batch: its own batches in the\n"
+     "run's order through the run's step (empty_cache, the on_oom retry), then every dev\n"
+     "batch, so the cache that dynamic padding fragments is planned too (needs train_file).\n"
      "--max-batch: the largest batch for max_len 64..512 that fits the capacity.\n"
      "--sweep: the peak (and its categories) with each memory-saving technique and a few\n"
      "combinations: recompute, fused attention, fp16/bf16, 8-bit AdamW, frozen embeddings,\n"

@@ -11,6 +11,7 @@
  * CUPTI's device peak (every device allocation in the process) and the
  * plugin's fixed buffers; the RSS figures then describe the host side only.
  *
+ * Each step is tk_train_step, the step tk_train_run and the planner run.
  * One warm-up step (it allocates the AdamW moments), then S steps. Prints one
  * JSON line: step times (min, mean), samples/s from the mean, the allocator's
  * peak allocated/reserved bytes, and the process' peak RSS growth over its
@@ -96,10 +97,15 @@ int main(int argc, char **argv) {
     tk_dev *d = tk_dev_new(&dopts, &err);
     tk_model *m = d ? tk_model_new(d, &o, &err) : NULL;
     if (!m || tk_model_init_random(m, 1, &err) != TK_OK) { fprintf(stderr, "train_cpu: %s\n", err.msg); return 1; }
-    int np = 0;
-    tk_optim_param *pp = tk_train_optim_params(m, &np);
-    tk_adamw *opt = pp ? tk_adamw_new(d, &c, pp, np, &err) : NULL;
-    if (!opt) { fprintf(stderr, "train_cpu: %s\n", err.msg[0] ? err.msg : "no optimizer"); return 1; }
+    /* the run's own step (tk_train_step) at a constant 2e-5 */
+    c.lr = 2e-5f;
+    c.warmup_ratio = 0;
+    snprintf(c.schedule, sizeof c.schedule, "constant");
+    tk_trainer tr;
+    if (tk_trainer_open(&tr, &c, m, steps + 1, &err) != TK_OK) {
+        fprintf(stderr, "train_cpu: %s\n", err.msg[0] ? err.msg : "no optimizer");
+        return 1;
+    }
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)B * T), *mask = malloc(sizeof(int32_t) * (size_t)B * T);
     int32_t *types = calloc((size_t)B * T, sizeof(int32_t)), *labels = malloc(sizeof(int32_t) * (size_t)B);
     for (int i = 0; i < B * T; i++) {
@@ -111,16 +117,15 @@ int main(int argc, char **argv) {
     int k = c.accumulate > 1 ? c.accumulate : 1;
     if (B % k) { fprintf(stderr, "train_cpu: batch %d is not a multiple of accumulate %d\n", B, k); return 2; }
     tk_batch b = {.B = B / k, .T = T, .input_ids = ids, .token_type_ids = types, .attention_mask = mask, .labels = labels};
-    float loss = 0, gnorm = 0;
+    int *order = calloc((size_t)k, sizeof *order); /* k times the one batch */
+    float loss = 0;
     double best = 1e30, sum = 0;
     for (int s = 0; s <= steps; s++) {
         double t0 = now();
-        int skipped = 0;
-        tk_status st = tk_model_zero_grads(m, &err);
-        for (int j = 0; j < k && st == TK_OK; j++)
-            st = tk_model_forward_backward(m, &b, (uint64_t)(s * k + j), 1.0f / (float)k, &loss, NULL, &err);
-        if (st != TK_OK || tk_adamw_step(opt, 2e-5f, 1.0f, &gnorm, &skipped, &err) != TK_OK ||
-            tk_dev_sync(d, &err) != TK_OK) {
+        tk_step_out so;
+        tk_status st = tk_train_step(&tr, &b, order, 0, k, &so, &err);
+        loss = so.rows ? (float)(so.loss_sum / (double)so.rows) : 0.0f;
+        if (st != TK_OK || tk_dev_sync(d, &err) != TK_OK) {
             fprintf(stderr, "train_cpu: %s\n", err.msg);
             return 1;
         }
@@ -145,8 +150,8 @@ int main(int argc, char **argv) {
            info.name, tech, model, B, T, threads, steps, best * 1e3, sum / steps * 1e3, B / (sum / steps), loss,
            st.allocated_peak, st.reserved_peak, hwm1 > rss0 ? hwm1 - rss0 : 0, tot.cupti_active, tot.device_peak,
            tot.plugin_bytes);
-    free(ids); free(mask); free(types); free(labels); free(pp);
-    tk_adamw_destroy(&opt);
+    free(ids); free(mask); free(types); free(labels); free(order);
+    tk_trainer_close(&tr);
     tk_model_destroy(&m);
     tk_dev_destroy(&d);
     return 0;

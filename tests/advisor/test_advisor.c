@@ -1,8 +1,11 @@
 /* test_advisor.c — one scenario per diagnosis, each built to trigger it,
  * asserting the diagnosis and the top-ranked fix; plus the seed scenario's
- * %txfix auto and the fixes' purity. Plans run on the meta backend. */
+ * %txfix auto, the fixes' purity, and a fix kind the test adds to the
+ * catalogue itself (tk_fix_register) that the search plans and ranks. Plans
+ * run on the meta backend. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "tk_test.h"
 #include "tk_advisor.h"
 
@@ -174,14 +177,14 @@ static void test_fix_purity(void) {
     char r[256];
     base_config(&c, "bert-base-cased", 512, 32, "7.43GiB");
     d = c;
-    tk_fix f = { TK_FIX_ACCUMULATE, 4, 0 };
+    tk_fix f = { .kind = TK_FIX_ACCUMULATE, .value = 4 };
     TK_CHECK(tk_fix_apply(&d, &f, NULL, 0, r, sizeof r) == 0);
     TK_CHECK_EQ_INT(d.batch_size, 8);
     TK_CHECK_EQ_INT(d.accumulate, 4);
     TK_CHECK_EQ_INT(c.batch_size, 32);
-    tk_fix m = { TK_FIX_MAX_LEN, 128, 0 };
+    tk_fix m = { .kind = TK_FIX_MAX_LEN, .value = 128 };
     TK_CHECK(tk_fix_apply(&d, &m, NULL, 0, r, sizeof r) == -1); /* needs corpus lengths */
-    tk_fix h = { TK_FIX_HEAD, 0, 0 };
+    tk_fix h = { .kind = TK_FIX_HEAD };
     TK_CHECK(tk_fix_apply(&d, &h, NULL, 0, r, sizeof r) == -1); /* not a flatten head */
 }
 
@@ -220,6 +223,70 @@ static void test_data_spike(void) {
     free(len);
 }
 
+/* ---- a fix kind defined here, through the table alone ---------------------- */
+
+static int half_apply(tk_config *c, const tk_fix *f, const int32_t *len, int n, char *reason, size_t rn) {
+    (void)f, (void)len, (void)n;
+    if (c->max_len < 64)
+        return -1;
+    snprintf(reason, rn, "max_len %d -> %d (the test's own fix)", c->max_len, c->max_len / 2);
+    c->max_len /= 2;
+    return 0;
+}
+static int half_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
+    if (max < 1 || in->config->max_len < 64)
+        return 0;
+    out[0] = (tk_fix){ .kind = self };
+    return 1;
+}
+static void half_label(const tk_fix *f, const tk_config *fixed, char *o, size_t n) {
+    (void)f;
+    snprintf(o, n, "halve max_len to %d", fixed->max_len);
+}
+
+static void test_registered_fix_kind(void) {
+    int before = tk_fix_n_kinds();
+    tk_fix_def half = { .name = "half max_len", .apply = half_apply, .propose = half_propose, .label = half_label,
+                        .removes = 1u << TK_DIAG_CAPACITY };
+    int kind = tk_fix_register(&half);
+    TK_CHECK_EQ_INT(kind, before);
+    TK_CHECK_EQ_INT(tk_fix_n_kinds(), before + 1);
+    TK_CHECK(strcmp(tk_fix_name((tk_fix_kind)kind), "half max_len") == 0);
+    tk_fix_def bad = { .name = "no apply" };
+    TK_CHECK_EQ_INT(tk_fix_register(&bad), -1);
+
+    /* the seed: bert-base 512 x 32 in 7.43 GiB does not fit */
+    tk_config c;
+    tk_err e;
+    base_config(&c, "bert-base-cased", 512, 32, "7.43GiB");
+    tk_advise_input in = { .config = &c };
+    TK_CHECK(tk_advise(&in, adv, &e) == TK_OK);
+    TK_CHECK(has_diag(adv, TK_DIAG_CAPACITY));
+    int at = -1;
+    for (int i = 0; i < adv->n_cand && at < 0; i++)
+        if (adv->cand[i].n_fixes == 1 && (int)adv->cand[i].fixes[0].kind == kind)
+            at = i;
+    TK_CHECK_MSG(at >= 0, "the registered fix is not among the %d candidates", adv->n_cand);
+    if (at < 0)
+        return;
+    const tk_candidate *k = &adv->cand[at];
+    /* planned: its peak is the planner's for the config it shows */
+    TK_CHECK_EQ_INT(k->config.max_len, 256);
+    TK_CHECK(strcmp(k->label, "halve max_len to 256") == 0);
+    TK_CHECK(strstr(k->reason, "the test's own fix") != NULL);
+    tk_plan_result p;
+    TK_CHECK(tk_plan(&k->config, NULL, 0, &p, &e) == TK_OK);
+    TK_CHECK_EQ_INT(k->peak, p.peak_reserved);
+    /* ranked: it fits with margin and removes the diagnosed cause (capacity),
+     * with no risk stated: first, and what %txfix auto picks */
+    TK_CHECK(k->fits_margin && k->addresses_cause);
+    TK_CHECK(strcmp(k->risk_text, "none") == 0);
+    TK_CHECK_EQ_INT(at, 0);
+    TK_CHECK_EQ_INT(tk_advice_auto(adv), 0);
+    fprintf(stderr, "  registered fix: #%d of %d, peak %zu of capacity %zu\n", at + 1, adv->n_cand, k->peak,
+            adv->capacity);
+}
+
 int main(void) {
     adv = malloc(sizeof *adv);
     TK_RUN(test_fix_purity);
@@ -230,6 +297,7 @@ int main(void) {
     TK_RUN(test_earlier_run_held);
     TK_RUN(test_leak_named);
     TK_RUN(test_data_spike);
+    TK_RUN(test_registered_fix_kind); /* last: it adds a row for the rest of the process */
     free(adv);
     return tk_test_done();
 }

@@ -103,7 +103,8 @@ def fix(j, fid):
     return next(f for f in j["fixes"] if f["id"] == fid)
 
 
-BASE_YAML = "model: bert-base-uncased\ninit: random\nnum_labels: 2\ngpu: t4\n"
+# the snapshot's run kept the T x T scores its shape was read from: planned with standard attention
+BASE_YAML = "model: bert-base-uncased\ninit: random\nnum_labels: 2\ngpu: t4\nattention: standard\n"
 
 
 def test_bert_base_recognised_shape_inferred_and_fixes_planned():

@@ -237,6 +237,37 @@ static void test_plan_fused_on_cuda(void) {
     TK_CHECK_EQ_INT(saved[1], saved[0]);
 }
 
+/* attention: auto (the default) is fused for a card and standard on the
+ * cpu (tk_config_attention); the plan says which and why, and a cpu run of
+ * a card's config (gpu: t4, as demo notebooks run them) uses what its plan
+ * used, so they still agree byte for byte. */
+static void test_plan_default_attention(void) {
+    tk_config c = tiny_cfg(64, 4);
+    c.threads = 2;
+    tk_err e = { 0 };
+    tk_plan_result cpu, card, fused;
+    TK_CHECK_MSG(tk_plan(&c, NULL, 0, &cpu, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(cpu.attention, TK_ATTN_STANDARD);
+    TK_CHECK_STR(cpu.attention_why, "default on the cpu");
+    snprintf(c.gpu, sizeof c.gpu, "t4");
+    TK_CHECK_MSG(tk_plan(&c, NULL, 0, &card, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(card.attention, TK_ATTN_FUSED);
+    TK_CHECK_STR(card.attention_why, "default on cuda");
+    char *txt = tk_plan_format(&card);
+    TK_CHECK(txt && strstr(txt, "attention: fused (default on cuda)\n"));
+    free(txt);
+    c.attention = TK_ATTN_FUSED; /* the same bytes as naming it */
+    TK_CHECK_MSG(tk_plan(&c, NULL, 0, &fused, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_STR(fused.attention_why, "set in the config");
+    TK_CHECK_EQ_INT(fused.peak_allocated, card.peak_allocated);
+    TK_CHECK(card.peak_allocated < cpu.peak_allocated);
+    c.attention = TK_ATTN_AUTO;
+    tk_measure m;
+    TK_CHECK_MSG(tk_train_measure(&c, TK_DEV_CPU, 0, &m, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(m.peak_allocated, card.peak_allocated);
+    TK_CHECK_EQ_INT(m.peak_reserved, card.peak_reserved);
+}
+
 /* A GPU profile's card also holds the CUDA context, library kernels and the
  * cuda plugin's buffers: a plan against `gpu: t4` gives the allocator the
  * card's capacity less the profile's context overhead and those buffers, and
@@ -339,6 +370,7 @@ int main(void) {
     TK_RUN(test_plan_does_not_fit);
     TK_RUN(test_plan_dynamic_lengths);
     TK_RUN(test_plan_fused_on_cuda);
+    TK_RUN(test_plan_default_attention);
     TK_RUN(test_measure_matches_plan);
     TK_RUN(test_plan_profile_budget);
     return tk_test_done();

@@ -144,7 +144,7 @@ static const bad_case BAD[] = {
     {"model: bert-tiny\n\n# the batch\n\nbatch_size: x\n", 5, "batch_size: 'x' is not an integer"},
     {"model: bert-base-cased\nmax_len: 512\nbatch_size: 32\nlr: 2e-5\nprecision: fp8\n", 5, "precision: 'fp8' is not one of fp32, fp16, bf16"},
     {"optimizer: sgd\n", 1, "optimizer: 'sgd' is not one of adamw, adamw8bit"},
-    {"attention: flash\n", 1, "attention: 'flash' is not one of standard, fused"},
+    {"attention: flash\n", 1, "attention: 'flash' is not one of standard, fused, auto"},
     {"batching: random\n", 1, "batching: 'random' is not one of fixed, dynamic, buckets"},
     {"head: mlp\n", 1, "head: 'mlp' is not one of pooled, span, flatten_dense"},
     {"task: ner\n", 1, "task: 'ner' is not one of classify, qa"},
@@ -175,6 +175,39 @@ static const bad_case BAD[] = {
     {"device:\n  gpu: t5\n", 2, "gpu: 't5' is not a known GPU profile"},
     {"freeze_embeddings: maybe\n", 1, "freeze_embeddings: 'maybe' is not an integer"},
 };
+
+/* attention: auto, the default, is decided by one rule (tk_config_attention):
+ * fused on cuda and for a card (gpu: PROFILE on any device), standard on the
+ * cpu; a config that names one keeps it on every device. */
+static void test_attention_default(void) {
+    tk_config c;
+    tk_err err = {0};
+    const char *why = NULL;
+    tk_config_defaults(&c);
+    TK_CHECK_EQ_INT(c.attention, TK_ATTN_AUTO);
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_META, &why), TK_ATTN_STANDARD); /* device: cpu */
+    TK_CHECK_STR(why, "default on the cpu");
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_CPU, NULL), TK_ATTN_STANDARD);
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_CUDA, &why), TK_ATTN_FUSED); /* device: auto found cuda */
+    TK_CHECK_STR(why, "default on cuda");
+    TK_CHECK_EQ_INT(tk_config_set(&c, "device", "cuda", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_META, NULL), TK_ATTN_FUSED);
+    tk_config_defaults(&c); /* a plan for a t4, made on a machine without one */
+    TK_CHECK_EQ_INT(tk_config_set(&c, "gpu", "t4", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_META, &why), TK_ATTN_FUSED);
+    TK_CHECK_STR(why, "default on cuda");
+    TK_CHECK_EQ_INT(tk_config_set(&c, "attention", "standard", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_CUDA, &why), TK_ATTN_STANDARD);
+    TK_CHECK_STR(why, "set in the config");
+    tk_config_defaults(&c);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "attention", "fused", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_CPU, NULL), TK_ATTN_FUSED);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "attention", "auto", &err), TK_OK);
+    TK_CHECK_EQ_INT(c.attention, TK_ATTN_AUTO);
+    char *y = tk_config_to_yaml(&c);
+    TK_CHECK(y && strstr(y, "attention: auto\n"));
+    free(y);
+}
 
 static void test_bad_configs(void) {
     int n = (int)(sizeof BAD / sizeof BAD[0]);
@@ -366,6 +399,7 @@ static void test_resolve_model(void) {
 int main(void) {
     TK_RUN(test_defaults);
     TK_RUN(test_natural_spellings);
+    TK_RUN(test_attention_default);
     TK_RUN(test_bad_configs);
     TK_RUN(test_yaml_syntax_error);
     TK_RUN(test_set_and_dotted);

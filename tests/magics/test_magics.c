@@ -94,6 +94,31 @@ static void test_plan_line_magic(void) {
     json_decref(m);
 }
 
+/* %%txplan --epoch plans the run's first epoch: issue 29's bert-tiny figures
+ * (test_plan_epoch.c trains the same config and gets them) */
+static void test_plan_epoch_cell(void) {
+    int rc;
+    json_t *m = run("%%txplan max_steps=12 capacity=2GiB --epoch --json\n"
+                    "model: bert-tiny\ninit: random\nvocab: tests/data/vocab_uncased.txt\n"
+                    "train_file: tests/data/reviews_train.csv\ndev_file: tests/data/reviews_dev.csv\n"
+                    "text_col: text\nlabel_col: label\nmax_len: 128\nbatching: dynamic\nbatch_size: 32\n"
+                    "eval_batch_size: 64\nepochs: 3\nlr: 2e-3\nwarmup_ratio: 0.1\ndropout: 0.0\nseed: 42\n",
+                    &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    json_t *j = last_json(m);
+    TK_CHECK(j != NULL);
+    TK_CHECK_EQ_INT(json_integer_value(json_object_get(j, "epoch_steps")), 12);
+    TK_CHECK_EQ_INT(json_integer_value(json_object_get(j, "peak_reserved")), 190840832);
+    TK_CHECK_EQ_INT(json_integer_value(json_object_get(j, "peak_allocated")), 147975168);
+    json_decref(m);
+    m = run("%txplan --epoch", &rc); /* the line form: the session's config, same plan */
+    TK_CHECK_EQ_INT(rc, 0);
+    json_t *d = first(m, "display");
+    const char *text = d ? json_string_value(json_object_get(json_object_get(d, "data"), "text/plain")) : NULL;
+    TK_CHECK(text && strstr(text, "Plan of the first epoch as the run makes it: 12 steps"));
+    json_decref(m);
+}
+
 /* A plan that does not fit never reaches the device allocator. */
 static void test_plan_gate_allocates_nothing(void) {
     int rc;
@@ -294,6 +319,7 @@ int main(void) {
     I = tk_magics_interp(M);
     TK_RUN(test_config_errors);
     TK_RUN(test_plan_line_magic);
+    TK_RUN(test_plan_epoch_cell);
     TK_RUN(test_plan_gate_allocates_nothing);
     TK_RUN(test_runtime_oom_then_fit);
     TK_RUN(test_mem_data_device_reset);

@@ -30,7 +30,9 @@ def test_help_lists_every_subcommand():
 
 
 def test_plan_seed_does_not_fit_and_says_so():
-    c = cfg("model: bert-base-cased\nmax_len: 512\nbatch_size: 32\nnum_labels: 2\ndevice: {gpu: t4, capacity: 7.43GiB}\n")
+    # the seed's framework kept the L x L attention probabilities (standard attention)
+    c = cfg("model: bert-base-cased\nmax_len: 512\nbatch_size: 32\nnum_labels: 2\ndevice: {gpu: t4, capacity: 7.43GiB}\n"
+            "attention: standard\n")
     rc, out, _ = txk("plan", c, "--json")
     assert rc == 3
     j = json.loads(out)
@@ -46,9 +48,18 @@ def test_plan_seed_does_not_fit_and_says_so():
     rc, out, _ = txk("plan", c)
     assert rc == 3 and "DOES NOT FIT" in out and "Top owners at the peak" in out and "act 100%" in out
     assert "Largest tensors at the peak" in out and "f32 [32, 12, 512, 512]" in out
+    assert "attention: standard (set in the config)" in out
     # an override on the command line: batch 2 at max_len 128 fits
     rc, out, _ = txk("plan", c, "batch_size=2", "max_len=128", "--json")
     assert rc == 0 and json.loads(out)["fits"] is True and json.loads(out)["batch"] == 2
+    # txkernel's own default for a card is fused attention: the plan says so and keeps no L x L tensor
+    rc, out, _ = txk("plan", c, "attention=auto", "--json")
+    d = json.loads(out)
+    assert rc == 3 and (d["attention"], d["attention_why"]) == ("fused", "default on cuda"), d
+    assert d["peak_reserved"] < j["peak_reserved"] and not d["top"][0]["owner"].endswith("attention.self")
+    assert all(t["shape"][-2:] != [512, 512] for t in d["tensors_at_peak"]), d["tensors_at_peak"]
+    rc, out, _ = txk("plan", c, "attention=auto")
+    assert "attention: fused (default on cuda)" in out
 
 
 def test_config_errors_name_file_line_and_key():
@@ -157,7 +168,7 @@ def test_sweep_techniques_match_first_principles():
     embeddings drop their gradients (4 bytes per embedding parameter)."""
     for model, batch in (("bert-base-cased", 32), ("bert-large-cased", 4)):
         L, H, heads, V = DIMS[model]
-        s = _sweep(model, batch, "t4")
+        s = _sweep(model, batch, "t4", "attention=standard")  # the card's default is fused: measure from standard
         b = s["baseline"]
         n = b["n_params"]
         act = lambda r: r["at_peak"]["act"]
@@ -232,6 +243,31 @@ def test_data_reads_squad_question_context_pairs():
     # a CSV still needs its column
     rc, _, err = txk("data", os.path.join(DATA, "reviews_train.csv"), "--text", "nope")
     assert rc == 1 and "no column 'nope'" in err
+
+
+def test_plan_epoch_plans_the_runs_reserved_peak():
+    """`txk plan --epoch`: the example config for 12 steps in 2 GiB. The default
+    plan (the worst-case batch) reserves 167,772,160 B; the run's dynamic
+    batches leave 190,840,832 B reserved (test_plan_epoch.c trains it); the
+    epoch plan says so, with every:1 it is the default's again."""
+    ex = os.path.join(ROOT, "examples", "reviews_tiny.yaml")
+    got = {}
+    for flag in ("", "--epoch"):
+        for ec in ("never", "every:1"):
+            r = subprocess.run([TXK, "plan", ex, "max_steps=12", "capacity=2GiB", "empty_cache=" + ec, "--json"]
+                               + ([flag] if flag else []), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            got[flag, ec] = json.loads(r.stdout)
+    assert got["", "never"]["peak_reserved"] == 167772160
+    assert got["", "every:1"]["peak_reserved"] == 167772160
+    assert got["--epoch", "never"]["peak_reserved"] == 190840832
+    assert got["--epoch", "every:1"]["peak_reserved"] == 167772160
+    assert got["--epoch", "never"]["epoch_steps"] == 12
+    assert "epoch_steps" not in got["", "never"]
+    assert all(p["peak_allocated"] == 147975168 for p in got.values())
+    rc, out, err = txk("plan", ex, "max_steps=12", "--epoch")
+    assert rc == 0 and "Plan of the first epoch as the run makes it: 12 steps" in out, out + err
 
 
 def tiny_cfg(**over):

@@ -75,6 +75,12 @@ static int bad(ctx *c, const char *where, const char *what) {
     return -1;
 }
 
+/* A host allocation failed while reading `where`: TK_ENOMEM. -1. */
+static int bad_nomem(ctx *c, const char *where) {
+    tk_err_set(c->err, TK_ENOMEM, "%s: %s: out of host memory", c->name, where);
+    return -1;
+}
+
 /* A non-negative integer field; missing_ok keeps *o when absent. */
 static int field_size(ctx *c, sv d, const char *key, const char *where, int missing_ok, int64_t *o) {
     sv v = sv_get(d, key);
@@ -171,7 +177,7 @@ static int add_owner(ctx *c, const char *owner, size_t bytes) {
     if (s->n_owners == c->owners_cap) {
         int cap = c->owners_cap ? c->owners_cap * 2 : 16;
         tk_snap_owner *o = tk_realloc(s->owners, (size_t)cap * sizeof *o);
-        if (!o) return bad(c, "owners", "out of host memory");
+        if (!o) return bad_nomem(c, "owners");
         s->owners = o;
         c->owners_cap = cap;
     }
@@ -187,7 +193,7 @@ static int add_live_size(ctx *c, size_t size) {
     if (s->n_live_sizes == c->sizes_cap) {
         int cap = c->sizes_cap ? c->sizes_cap * 2 : 256;
         size_t *v = tk_realloc(s->live_sizes, (size_t)cap * sizeof *v);
-        if (!v) return bad(c, "blocks", "out of host memory");
+        if (!v) return bad_nomem(c, "blocks");
         s->live_sizes = v;
         c->sizes_cap = cap;
     }
@@ -277,7 +283,7 @@ static int read_trace(ctx *c, sv traces) {
         n += sv_len(t);
     }
     s->points = tk_calloc(n ? n : 1, sizeof *s->points);
-    if (!s->points) return bad(c, "device_traces", "out of host memory");
+    if (!s->points) return bad_nomem(c, "device_traces");
     /* Deltas first; the trace may start after the first allocation, so the
      * curve is anchored at the end, where the snapshot's figures are known. */
     int64_t alloc = 0, res = 0, ev = 0;
@@ -475,7 +481,7 @@ static int find_leak(ctx *c, sv traces) {
     rc = 0;
     goto out;
 oom:
-    bad(c, "device_traces", "out of host memory");
+    bad_nomem(c, "device_traces");
 out:
     free(peak);
     free(trough);

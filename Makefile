@@ -21,7 +21,7 @@ CSTD     := -std=gnu11 -fopenmp
 INCS     := -I. -Igpu -Ikernel -Imagics -Ibert -Iadvisor
 REL_CFLAGS  := $(CSTD) -O2 -g $(WARN) $(INCS) $(PKG_CFLAGS) -MMD -MP
 ASAN_CFLAGS := $(CSTD) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
-               -fno-sanitize-recover=undefined $(WARN) $(INCS) $(PKG_CFLAGS) -MMD -MP
+               -fno-sanitize-recover=undefined -DTK_HOST_CHAOS $(WARN) $(INCS) $(PKG_CFLAGS) -MMD -MP
 LIBS     := $(PKG_LIBS) -lopenblas -lyaml -lm -ldl -lpthread -fopenmp
 
 SRCS      := $(wildcard $(addsuffix /*.c,$(MODULES)))

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "tk_advisor.h"
+#include "tk_host_mem.h"
 #include "tk_advisor_impl.h"
 #include "tk_oom_message.h"
 
@@ -65,6 +66,7 @@ typedef struct {
     size_t margin_bytes;
     int cause[TK_FIX_MAX_KINDS]; /* 1: this kind removes a diagnosed cause */
     double base_tps;
+    int nomem;                 /* a plan ran out of host memory: the advice fails with TK_ENOMEM */
 } adv_ctx;
 
 static void add_diag(tk_advice *a, tk_diag_kind k, const char *title, const char *evidence) {
@@ -286,7 +288,10 @@ static void diag_lottery(adv_ctx *x) {
     const char *plat = in->platform ? in->platform : tk_gpu_platform_of(cur);
     tk_card_fit cards[16];
     int nc = 0;
-    if (plat && tk_plan_cards(c, in->lengths, in->n_lengths, plat, cards, 16, &nc, NULL) == TK_OK) {
+    tk_err ce = { 0 };
+    tk_status cst = plat ? tk_plan_cards(c, in->lengths, in->n_lengths, plat, cards, 16, &nc, &ce) : TK_EINVAL;
+    if (cst == TK_ENOMEM) x->nomem = 1;
+    if (cst == TK_OK) {
         int any = 0, fits_cur = a->base.fits, near = -1;
         for (int i = 0; i < nc; i++) {
             any |= cards[i].fits;
@@ -386,7 +391,9 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
         return -1;
     tk_plan_result p;
     tk_err e;
-    if (tk_plan(&out->config, (const int *)in->lengths, in->n_lengths, &p, &e) != TK_OK)
+    tk_status pst = tk_plan(&out->config, (const int *)in->lengths, in->n_lengths, &p, &e);
+    if (pst == TK_ENOMEM) x->nomem = 1; /* not the config's fault: the whole advice fails */
+    if (pst != TK_OK)
         return -1;
     x->out->n_planned++;
     size_t avail = x->available;
@@ -409,7 +416,7 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
 static int push(cand_list *l, const tk_candidate *c) {
     if (l->n == l->cap) {
         int nc = l->cap ? 2 * l->cap : 64;
-        tk_candidate *v = realloc(l->v, (size_t)nc * sizeof *v);
+        tk_candidate *v = tk_realloc(l->v, (size_t)nc * sizeof *v);
         if (!v)
             return -1;
         l->v = v;
@@ -471,8 +478,9 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     if (in->plan) {
         out->base = *in->plan;
     } else {
-        if (tk_plan(in->config, (const int *)in->lengths, in->n_lengths, &out->base, err) != TK_OK)
-            return err ? err->status : TK_EINVAL;
+        tk_status pst = tk_plan(in->config, (const int *)in->lengths, in->n_lengths, &out->base, err);
+        if (pst != TK_OK)
+            return pst;
         out->n_planned++;
     }
     adv_ctx x = { .in = in, .out = out };
@@ -492,6 +500,8 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     out->base_effective_batch = effective_batch(in->config);
 
     diagnose(&x);
+    if (x.nomem)
+        return tk_err_nomem(err, "advisor: planning the platform's cards");
 
     int budget = in->max_plans > 0 ? in->max_plans : 400;
     tk_fix singles[32];
@@ -540,6 +550,8 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
             }
         }
     }
+    if (x.nomem)
+        goto nomem;
     qsort(all.v, (size_t)all.n, sizeof *all.v, cmp_cand);
     out->n_cand = all.n < TK_ADVICE_MAX_CANDS ? all.n : TK_ADVICE_MAX_CANDS;
     memcpy(out->cand, all.v, (size_t)out->n_cand * sizeof *all.v);
@@ -548,8 +560,8 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     return TK_OK;
 nomem:
     free(all.v);
-    tk_err_set(err, TK_EOOM, "advisor: out of host memory while ranking fixes");
-    return TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "advisor: out of host memory while ranking fixes");
+    return TK_ENOMEM;
 }
 
 json_t *tk_fix_json(const tk_fix *f) {
@@ -587,7 +599,7 @@ static void sb_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...
             return;
         }
         size_t nc = *cap * 2 + (size_t)k;
-        char *nb = realloc(*buf, nc);
+        char *nb = tk_realloc(*buf, nc);
         if (!nb) {
             free(*buf);
             *buf = NULL;
@@ -600,7 +612,7 @@ static void sb_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...
 
 char *tk_advice_format(const tk_advice *a, int top) {
     size_t cap = 4096, len = 0;
-    char *s = malloc(cap);
+    char *s = tk_malloc(cap);
     char b1[32], b2[32];
     if (!s)
         return NULL;

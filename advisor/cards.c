@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "tk_oom_message.h"
+#include "tk_host_mem.h"
 
 tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_lengths, const char *platform,
                         tk_card_fit *out, int max, int *n_out, tk_err *err) {
@@ -20,10 +21,10 @@ tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_length
         tk_err_set(err, TK_EINVAL, "--gpus %s: expected colab, kaggle, colab-2020 or all", platform ? platform : "(none)");
         return TK_EINVAL;
     }
-    tk_plan_result *p = malloc(sizeof *p);
+    tk_plan_result *p = tk_malloc(sizeof *p);
     if (!p) {
-        tk_err_set(err, TK_EOOM, "out of host memory planning %s's cards", platform);
-        return TK_EOOM;
+        tk_err_set(err, TK_ENOMEM, "out of host memory planning %s's cards", platform);
+        return TK_ENOMEM;
     }
     for (int i = 0; i < n && *n_out < max; i++) {
         tk_config cc = *c;

@@ -18,31 +18,38 @@
 #include <string.h>
 
 #include "tk_advisor.h"
+#include "tk_host_mem.h"
 #include "tk_advisor_impl.h"
 
 /* ---- corpus and model helpers (shared with advisor.c) ---------------------- */
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
+/* Nearest-rank: the smallest length v with at least ceil(q n) lengths <= v,
+ * found by bisection over the values so that it needs no sorted copy (and
+ * cannot run out of host memory, which would make a diagnosis quietly 0). */
 int tk_adv_quantile(const int32_t *len, int n, double q) {
     if (!len || n <= 0)
         return 0;
-    int32_t *s = malloc((size_t)n * sizeof *s);
-    if (!s)
-        return 0;
-    memcpy(s, len, (size_t)n * sizeof *s);
-    qsort(s, (size_t)n, sizeof *s, cmp_i32);
-    int idx = (int)ceil(q * n) - 1;
-    if (idx < 0)
-        idx = 0;
-    if (idx >= n)
-        idx = n - 1;
-    int v = s[idx];
-    free(s);
-    return v;
+    int64_t rank = (int64_t)ceil(q * n);
+    if (rank < 1)
+        rank = 1;
+    if (rank > n)
+        rank = n;
+    int32_t lo = len[0], hi = len[0];
+    for (int i = 1; i < n; i++) {
+        lo = len[i] < lo ? len[i] : lo;
+        hi = len[i] > hi ? len[i] : hi;
+    }
+    while (lo < hi) {
+        int32_t mid = lo + (int32_t)(((int64_t)hi - lo) / 2);
+        int64_t k = 0;
+        for (int i = 0; i < n; i++)
+            k += len[i] <= mid;
+        if (k >= rank)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
 }
 
 double tk_adv_share_longer(const int32_t *len, int n, int max_len) {

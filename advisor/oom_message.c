@@ -1002,23 +1002,36 @@ static const char *diag_id(tk_diag_kind k) {
     }
 }
 
-char *tk_oom_message_json(const tk_oom_message *m) {
+/* Every set and append is checked: a part that could not be built (out of
+ * host memory) makes the whole answer NULL, never a shorter object. */
+json_t *tk_oom_message_to_json(const tk_oom_message *m) {
     json_t *o = json_object();
     json_t *unrel = json_array(), *diags = json_array(), *fixes = json_array();
-    for (int i = 0; m && i < TK_OOMFIG_COUNT; i++) {
+    int bad = !o || !unrel || !diags || !fixes;
+    for (int i = 0; !bad && m && i < TK_OOMFIG_COUNT; i++) {
         const tk_oommsg_figure *g = &m->fig[i];
-        json_object_set_new(o, FIG_NAMES[i], g->present && !g->overflow ? json_integer((json_int_t)g->bytes) : json_null());
-        if (g->present && g->unreliable) json_array_append_new(unrel, json_string(FIG_NAMES[i]));
+        bad |= json_object_set_new(o, FIG_NAMES[i], g->present && !g->overflow ? json_integer((json_int_t)g->bytes) : json_null());
+        if (g->present && g->unreliable) bad |= json_array_append_new(unrel, json_string(FIG_NAMES[i]));
     }
-    json_object_set_new(o, "card", m && m->card_text[0] ? json_string(m->card_text) : json_null());
-    json_object_set_new(o, "unreliable", unrel);
-    for (int i = 0; m && i < m->n_diag; i++)
-        json_array_append_new(diags, json_pack("{s:s, s:s}", "id", diag_id(m->diag[i].kind), "text", m->diag[i].text));
-    for (int i = 0; m && i < m->n_fixes; i++)
-        json_array_append_new(fixes, json_pack("{s:s, s:s}", "text", m->fixes[i].text, "code", m->fixes[i].code));
-    json_object_set_new(o, "diagnoses", diags);
-    json_object_set_new(o, "fixes", fixes);
-    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    for (int i = 0; !bad && m && i < m->n_diag; i++)
+        bad |= json_array_append_new(diags, json_pack("{s:s, s:s}", "id", diag_id(m->diag[i].kind), "text", m->diag[i].text));
+    for (int i = 0; !bad && m && i < m->n_fixes; i++)
+        bad |= json_array_append_new(fixes, json_pack("{s:s, s:s}", "text", m->fixes[i].text, "code", m->fixes[i].code));
+    if (!bad) bad |= json_object_set_new(o, "card", m && m->card_text[0] ? json_string(m->card_text) : json_null());
+    /* set_new takes each array's reference, whatever it returns */
+    bad |= o ? json_object_set_new(o, "unreliable", unrel) : (json_decref(unrel), -1);
+    bad |= o ? json_object_set_new(o, "diagnoses", diags) : (json_decref(diags), -1);
+    bad |= o ? json_object_set_new(o, "fixes", fixes) : (json_decref(fixes), -1);
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+char *tk_oom_message_json(const tk_oom_message *m) {
+    json_t *o = tk_oom_message_to_json(m);
+    char *s = o ? json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(o);
     return s;
 }

@@ -9,6 +9,7 @@
  * a two-backend view (sv), so both give the same numbers.
  */
 #include "tk_snapshot.h"
+#include "tk_host_mem.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -71,6 +72,12 @@ typedef struct ctx {
 
 static int bad(ctx *c, const char *where, const char *what) {
     tk_err_set(c->err, TK_EFORMAT, "%s: %s: %s", c->name, where, what);
+    return -1;
+}
+
+/* A host allocation failed while reading `where`: TK_ENOMEM. -1. */
+static int bad_nomem(ctx *c, const char *where) {
+    tk_err_set(c->err, TK_ENOMEM, "%s: %s: out of host memory", c->name, where);
     return -1;
 }
 
@@ -169,8 +176,8 @@ static int add_owner(ctx *c, const char *owner, size_t bytes) {
         }
     if (s->n_owners == c->owners_cap) {
         int cap = c->owners_cap ? c->owners_cap * 2 : 16;
-        tk_snap_owner *o = realloc(s->owners, (size_t)cap * sizeof *o);
-        if (!o) return bad(c, "owners", "out of host memory");
+        tk_snap_owner *o = tk_realloc(s->owners, (size_t)cap * sizeof *o);
+        if (!o) return bad_nomem(c, "owners");
         s->owners = o;
         c->owners_cap = cap;
     }
@@ -185,8 +192,8 @@ static int add_live_size(ctx *c, size_t size) {
     tk_snapshot *s = c->s;
     if (s->n_live_sizes == c->sizes_cap) {
         int cap = c->sizes_cap ? c->sizes_cap * 2 : 256;
-        size_t *v = realloc(s->live_sizes, (size_t)cap * sizeof *v);
-        if (!v) return bad(c, "blocks", "out of host memory");
+        size_t *v = tk_realloc(s->live_sizes, (size_t)cap * sizeof *v);
+        if (!v) return bad_nomem(c, "blocks");
         s->live_sizes = v;
         c->sizes_cap = cap;
     }
@@ -275,8 +282,8 @@ static int read_trace(ctx *c, sv traces) {
         if (!sv_is_list(t)) return bad(c, "device_traces", "each device's trace must be a list");
         n += sv_len(t);
     }
-    s->points = calloc(n ? n : 1, sizeof *s->points);
-    if (!s->points) return bad(c, "device_traces", "out of host memory");
+    s->points = tk_calloc(n ? n : 1, sizeof *s->points);
+    if (!s->points) return bad_nomem(c, "device_traces");
     /* Deltas first; the trace may start after the first allocation, so the
      * curve is anchored at the end, where the snapshot's figures are known. */
     int64_t alloc = 0, res = 0, ev = 0;
@@ -386,8 +393,8 @@ static int find_leak(ctx *c, sv traces) {
     }
     if (!drop) return 0;
     size_t thr = drop / 3;
-    int *peak = malloc((size_t)n * sizeof *peak);
-    size_t *trough = malloc((size_t)n * sizeof *trough);
+    int *peak = tk_malloc((size_t)n * sizeof *peak);
+    size_t *trough = tk_malloc((size_t)n * sizeof *trough);
     live_ent *tab = NULL, **surv = NULL;
     leak_owner *own = NULL;
     if (!peak || !trough) goto oom;
@@ -414,7 +421,7 @@ static int find_leak(ctx *c, sv traces) {
      * (peaks before them) each was allocated in */
     size_t cap = 16;
     while (cap < 2 * (size_t)sv_len(t) + 2) cap <<= 1;
-    tab = calloc(cap, sizeof *tab);
+    tab = tk_calloc(cap, sizeof *tab);
     if (!tab) goto oom;
     int pt = -1, it = 0, nsurv = 0;
     for (size_t i = 0; i < sv_len(t); i++) {
@@ -434,8 +441,8 @@ static int find_leak(ctx *c, sv traces) {
             l->freed = 1;
     }
     for (size_t h = 0; h < cap; h++) nsurv += tab[h].used && !tab[h].freed && tab[h].iteration >= 1;
-    surv = malloc((size_t)(nsurv ? nsurv : 1) * sizeof *surv);
-    own = calloc(64, sizeof *own);
+    surv = tk_malloc((size_t)(nsurv ? nsurv : 1) * sizeof *surv);
+    own = tk_calloc(64, sizeof *own);
     if (!surv || !own) goto oom;
     nsurv = 0;
     for (size_t h = 0; h < cap; h++)
@@ -474,7 +481,7 @@ static int find_leak(ctx *c, sv traces) {
     rc = 0;
     goto out;
 oom:
-    bad(c, "device_traces", "out of host memory");
+    bad_nomem(c, "device_traces");
 out:
     free(peak);
     free(trough);
@@ -729,9 +736,9 @@ static int read_tree(ctx *c, sv root) {
 }
 
 tk_snapshot *tk_snap_read_buf(const uint8_t *buf, size_t len, const char *name, size_t capacity, tk_err *err) {
-    tk_snapshot *s = calloc(1, sizeof *s);
+    tk_snapshot *s = tk_calloc(1, sizeof *s);
     if (!s) {
-        tk_err_set(err, TK_EFORMAT, "%s: out of host memory", name);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name);
         return NULL;
     }
     snprintf(s->path, sizeof s->path, "%s", name);
@@ -780,7 +787,7 @@ tk_snapshot *tk_snap_read(const char *path, size_t capacity, tk_err *err) {
         return NULL;
     }
     size_t n = (size_t)st.st_size;
-    uint8_t *buf = malloc(n ? n : 1);
+    uint8_t *buf = tk_malloc(n ? n : 1);
     if (!buf || fread(buf, 1, n, f) != n) {
         tk_err_set(err, TK_EIO, "%s: could not read the file", path);
         free(buf);

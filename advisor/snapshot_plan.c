@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "tk_data.h"
+#include "tk_host_mem.h"
 #include "tk_hub.h"
 #include "tk_model.h"
 #include "tk_pipeline.h"
@@ -287,9 +288,9 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
         tk_err_set(err, TK_EINVAL, "--batch and --seq: give both, as positive numbers");
         return -1;
     }
-    size_t *v = malloc((size_t)(s->n_live_sizes ? s->n_live_sizes : 1) * sizeof *v);
+    size_t *v = tk_malloc((size_t)(s->n_live_sizes ? s->n_live_sizes : 1) * sizeof *v);
     if (!v) {
-        tk_err_set(err, TK_EINVAL, "%s: out of host memory", s->path);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", s->path);
         return -1;
     }
     memcpy(v, s->live_sizes, (size_t)s->n_live_sizes * sizeof *v);

@@ -10,6 +10,7 @@
  * half file.
  */
 #include "tk_snapshot.h"
+#include "tk_host_mem.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -58,8 +59,8 @@ static void lay_seg(void *ud, const tk_alloc_seg_info *s) {
     if (l->failed) return;
     if (l->ns == l->cs) {
         size_t cap = l->cs ? l->cs * 2 : 64;
-        tk_alloc_seg_info *v = realloc(l->segs, cap * sizeof *v);
-        size_t *f = realloc(l->seg_first, cap * sizeof *f);
+        tk_alloc_seg_info *v = tk_realloc(l->segs, cap * sizeof *v);
+        size_t *f = tk_realloc(l->seg_first, cap * sizeof *f);
         if (v) l->segs = v;
         if (f) l->seg_first = f;
         if (!v || !f) { l->failed = 1; return; }
@@ -74,7 +75,7 @@ static void lay_blk(void *ud, const tk_alloc_blk_info *b) {
     if (l->failed) return;
     if (l->nb == l->cb) {
         size_t cap = l->cb ? l->cb * 2 : 256;
-        tk_alloc_blk_info *v = realloc(l->blks, cap * sizeof *v);
+        tk_alloc_blk_info *v = tk_realloc(l->blks, cap * sizeof *v);
         if (!v) { l->failed = 1; return; }
         l->blks = v;
         l->cb = cap;
@@ -93,7 +94,7 @@ static int cmp_ref(const void *x, const void *y) {
 }
 
 static void replay(layout *l, const tk_alloc_event *ev, size_t n) {
-    ev_ref *segr = malloc((n ? n : 1) * sizeof *segr), *blkr = malloc((n ? n : 1) * sizeof *blkr);
+    ev_ref *segr = tk_malloc((n ? n : 1) * sizeof *segr), *blkr = tk_malloc((n ? n : 1) * sizeof *blkr);
     size_t ns = 0, nb = 0;
     if (!segr || !blkr) { l->failed = 1; free(segr); free(blkr); return; }
     for (size_t i = 0; i < n; i++) {
@@ -203,7 +204,7 @@ static void event(tk_pickle_w *w, const tk_alloc *a, const char *action, uint64_
 int tk_snap_write(const tk_alloc *a, const tk_oom *oom, const char *path, tk_err *err) {
     size_t nh = tk_alloc_history_len(a);
     uint64_t dropped = 0;
-    tk_alloc_event *ev = malloc((nh ? nh : 1) * sizeof *ev);
+    tk_alloc_event *ev = tk_malloc((nh ? nh : 1) * sizeof *ev);
     tk_pickle_w *w = tk_pickle_w_new();
     layout l = {0};
     if (ev) nh = tk_alloc_history(a, ev, nh, &dropped);
@@ -225,7 +226,7 @@ int tk_snap_write(const tk_alloc *a, const tk_oom *oom, const char *path, tk_err
         free(l.seg_first);
         free(ev);
         tk_pickle_w_destroy(&w);
-        tk_err_set(err, TK_EIO, "%s: out of host memory while writing the snapshot", path);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory while writing the snapshot", path);
         return -1;
     }
     tk_pickle_w_dict_begin(w);
@@ -266,7 +267,7 @@ int tk_snap_write(const tk_alloc *a, const tk_oom *oom, const char *path, tk_err
     size_t len = 0;
     uint8_t *buf = tk_pickle_w_finish(&w, &len);
     if (!buf) {
-        tk_err_set(err, TK_EIO, "%s: out of host memory while writing the snapshot", path);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory while writing the snapshot", path);
         return -1;
     }
     char tmp[4200];

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <jansson.h>
 #include "tk_advisor.h"
 
 #ifdef __cplusplus
@@ -142,6 +143,9 @@ char *tk_oom_message_format(const tk_oom_message *m);
  * free, process_in_use (integer bytes, null when absent or too large),
  * card, unreliable, diagnoses [{id, text}], fixes [{text, code}]. New string. */
 char *tk_oom_message_json(const tk_oom_message *m);
+/* The same object as a JSON value (new reference), NULL when out of host
+ * memory: for callers that put it in a bundle without a text round trip. */
+json_t *tk_oom_message_to_json(const tk_oom_message *m);
 
 /* Plans config c on each of a platform's cards (capacity cleared, gpu set to
  * the card), as `gpu: CARD` would. out gets at most max rows; *n_out their

@@ -13,16 +13,17 @@
  * The number of batches per epoch does not depend on the epoch.
  */
 #include "tk_data_internal.h"
+#include "tk_host_mem.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 tk_features *tk_features_alloc(int max_len, int qa) {
-    tk_features *f = calloc(1, sizeof *f);
+    tk_features *f = tk_calloc(1, sizeof *f);
     if (!f) return NULL;
     f->max_len = max_len;
-    f->off = calloc(1, sizeof(int64_t));
+    f->off = tk_calloc(1, sizeof(int64_t));
     if (!f->off) { free(f); return NULL; }
     (void)qa;
     return f;
@@ -39,7 +40,7 @@ void tk_features_destroy(tk_features **p) {
 }
 
 static int grow(void **p, size_t elem, size_t n) {
-    void *q = realloc(*p, elem * (n ? n : 1));
+    void *q = tk_realloc(*p, elem * (n ? n : 1));
     if (!q) return -1;
     *p = q;
     return 0;
@@ -125,8 +126,8 @@ tk_status tk_features_classify(const tk_tokenizer *t, const tk_dataset *ds, int 
     *out = f;
     return TK_OK;
 oom:
-    tk_err_set(err, TK_EOOM, "%s: out of host memory while tokenizing", ds->name);
-    return TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "%s: out of host memory while tokenizing", ds->name);
+    return TK_ENOMEM;
 }
 
 /* ---- batch planning ------------------------------------------------- */
@@ -167,7 +168,7 @@ static int plan_epoch(const int32_t *len, int n, const tk_batching_opts *o, int 
     }
     int K = o->buckets > 0 ? o->buckets : 8;
     if (K > n) K = n > 0 ? n : 1;
-    lenkey *lk = malloc(sizeof(lenkey) * (n > 0 ? (size_t)n : 1));
+    lenkey *lk = tk_malloc(sizeof(lenkey) * (n > 0 ? (size_t)n : 1));
     if (!lk) return -1;
     for (int i = 0; i < n; i++) lk[i] = (lenkey){len[i], o->shuffle ? (int32_t)(tk_rand_next(&rng) >> 33) : i, i};
     qsort(lk, (size_t)n, sizeof(lenkey), cmp_lenkey);
@@ -175,7 +176,7 @@ static int plan_epoch(const int32_t *len, int n, const tk_batching_opts *o, int 
     free(lk);
     /* batches inside each bucket; bucket k is [k*n/K, (k+1)*n/K) */
     int maxb = n / B + K + 1;
-    int32_t *bs = malloc(sizeof(int32_t) * (size_t)maxb * 2);
+    int32_t *bs = tk_malloc(sizeof(int32_t) * (size_t)maxb * 2);
     if (!bs) return -1;
     for (int k = 0; k < K; k++) {
         int lo = (int)((int64_t)k * n / K), hi = (int)((int64_t)(k + 1) * n / K);
@@ -189,8 +190,8 @@ static int plan_epoch(const int32_t *len, int n, const tk_batching_opts *o, int 
         }
     }
     /* shuffle batch order, then lay rows out batch after batch */
-    int32_t *perm = malloc(sizeof(int32_t) * (size_t)(nb ? nb : 1));
-    int32_t *neworder = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    int32_t *perm = tk_malloc(sizeof(int32_t) * (size_t)(nb ? nb : 1));
+    int32_t *neworder = tk_malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     if (!perm || !neworder) { free(bs); free(perm); free(neworder); return -1; }
     for (int i = 0; i < nb; i++) perm[i] = i;
     if (o->shuffle) tk_shuffle_i32(perm, nb, &rng);
@@ -219,14 +220,14 @@ tk_batches *tk_batches_new(const tk_features *f, const tk_batching_opts *o, int 
         tk_err_set(err, TK_EINVAL, "batching: no examples to batch");
         return NULL;
     }
-    tk_batches *b = calloc(1, sizeof *b);
+    tk_batches *b = tk_calloc(1, sizeof *b);
     if (!b) goto oom;
     b->f = f;
     b->o = *o;
     b->pad_id = pad_id;
     int maxb = f->n / o->batch_size + (o->buckets > 0 ? o->buckets : 8) + 2;
-    b->order = malloc(sizeof(int32_t) * (size_t)f->n);
-    b->bstart = malloc(sizeof(int32_t) * (size_t)maxb);
+    b->order = tk_malloc(sizeof(int32_t) * (size_t)f->n);
+    b->bstart = tk_malloc(sizeof(int32_t) * (size_t)maxb);
     if (!b->order || !b->bstart) goto oom_b;
     b->nb = plan_epoch(f->len, f->n, o, 0, b->order, b->bstart);
     if (b->nb < 0) goto oom_b;
@@ -247,7 +248,7 @@ tk_batches *tk_batches_new(const tk_features *f, const tk_batching_opts *o, int 
 oom_b:
     tk_batches_destroy(&b);
 oom:
-    tk_err_set(err, TK_EOOM, "batching: out of host memory");
+    tk_err_set(err, TK_ENOMEM, "batching: out of host memory");
     return NULL;
 }
 
@@ -279,8 +280,8 @@ tk_status tk_batches_get(const tk_batches *cb, int epoch, int i, tk_data_batch *
         int nb = plan_epoch(b->f->len, b->f->n, &b->o, epoch, b->order, b->bstart);
         if (nb < 0) {
             b->epoch = -1;
-            tk_err_set(err, TK_EOOM, "batching: out of host memory");
-            return TK_EOOM;
+            tk_err_set(err, TK_ENOMEM, "batching: out of host memory");
+            return TK_ENOMEM;
         }
         b->epoch = epoch;
     }
@@ -292,8 +293,8 @@ tk_status tk_batches_get(const tk_batches *cb, int epoch, int i, tk_data_batch *
             if (f->len[b->order[r]] > T) T = f->len[b->order[r]];
     int need = B * T > B ? B * T : B;
     if (need > out->cap) {
-        int32_t *blk = malloc(sizeof(int32_t) * (size_t)need * 7);
-        if (!blk) { tk_err_set(err, TK_EOOM, "batching: out of host memory"); return TK_EOOM; }
+        int32_t *blk = tk_malloc(sizeof(int32_t) * (size_t)need * 7);
+        if (!blk) { tk_err_set(err, TK_ENOMEM, "batching: out of host memory"); return TK_ENOMEM; }
         free(out->input_ids);
         out->input_ids = blk;
         out->cap = need;
@@ -338,7 +339,7 @@ void tk_length_stats_compute(const int32_t *len, int n, tk_length_stats *o) {
     memset(o, 0, sizeof *o);
     memcpy(o->cand, cand, sizeof cand);
     if (n <= 0 || !len) return;
-    int32_t *s = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *s = tk_malloc(sizeof(int32_t) * (size_t)n);
     o->n = n;
     double sum = 0;
     for (int i = 0; i < n; i++) sum += len[i];
@@ -381,13 +382,13 @@ tk_status tk_padding_waste(const int32_t *len, int n, int max_len, int batch_siz
         tk_err_set(err, TK_EINVAL, "padding report: batch_size and max_len must be at least 1");
         return TK_EINVAL;
     }
-    int32_t *cl = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    int32_t *order = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    int32_t *bstart = malloc(sizeof(int32_t) * (size_t)(n / batch_size + (buckets > 0 ? buckets : 8) + 2));
+    int32_t *cl = tk_malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    int32_t *order = tk_malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    int32_t *bstart = tk_malloc(sizeof(int32_t) * (size_t)(n / batch_size + (buckets > 0 ? buckets : 8) + 2));
     if (!cl || !order || !bstart) {
         free(cl); free(order); free(bstart);
-        tk_err_set(err, TK_EOOM, "padding report: out of host memory");
-        return TK_EOOM;
+        tk_err_set(err, TK_ENOMEM, "padding report: out of host memory");
+        return TK_ENOMEM;
     }
     int64_t real = 0;
     for (int i = 0; i < n; i++) {
@@ -401,8 +402,8 @@ tk_status tk_padding_waste(const int32_t *len, int n, int max_len, int batch_siz
         int nb = plan_epoch(cl, n, &o, 0, order, bstart);
         if (nb < 0) {
             free(cl); free(order); free(bstart);
-            tk_err_set(err, TK_EOOM, "padding report: out of host memory");
-            return TK_EOOM;
+            tk_err_set(err, TK_ENOMEM, "padding report: out of host memory");
+            return TK_ENOMEM;
         }
         tk_padding_report *r = &out[k];
         r->strategy = kinds[k];

@@ -24,6 +24,7 @@
 
 #include "tk_checkpoint.h"
 #include "tk_files.h"
+#include "tk_host_mem.h"
 #include "tk_safetensors.h"
 
 #define STATE_FILE "trainer_state.json"
@@ -86,11 +87,11 @@ static tk_status file_digest(const char *path, uint64_t *size, uint64_t *hash, t
         return TK_EIO;
     }
     enum { CHUNK = 1 << 20 };
-    unsigned char *buf = malloc(CHUNK);
+    unsigned char *buf = tk_malloc(CHUNK);
     if (!buf) {
         close(fd);
-        tk_err_set(err, TK_EIO, "%s: out of host memory", path);
-        return TK_EIO;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
+        return TK_ENOMEM;
     }
     uint64_t h = FNV_OFF, total = 0;
     size_t have = 0;
@@ -159,12 +160,12 @@ static tk_status copy_file(const char *from, const char *to, tk_err *err) {
         return TK_EIO;
     }
     size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
+    char *buf = tk_malloc(cap);
     size_t k;
     while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
         n += k;
         if (n == cap) {
-            char *nb = realloc(buf, cap * 2);
+            char *nb = tk_realloc(buf, cap * 2);
             if (!nb) {
                 free(buf);
                 buf = NULL;
@@ -261,7 +262,7 @@ static json_t *history_json(const tk_epoch_stats *h, int n) {
 
 static tk_epoch_stats *history_from_json(const json_t *a, int *n) {
     size_t k = json_array_size(a);
-    tk_epoch_stats *h = calloc(k ? k : 1, sizeof *h);
+    tk_epoch_stats *h = tk_calloc(k ? k : 1, sizeof *h);
     if (!h)
         return NULL;
     for (size_t i = 0; i < k; i++) {
@@ -300,10 +301,10 @@ static void moments(const tk_adamw_state_view *v, tk_tensor *t[4]) {
 static tk_status save_optimizer(tk_adamw *o, tk_dev *d, const char *path, tk_err *err) {
     tk_st_writer *w = tk_st_writer_new();
     int n = tk_adamw_n_slots(o);
-    void **bufs = calloc((size_t)(4 * (n > 0 ? n : 1)), sizeof *bufs);
+    void **bufs = tk_calloc((size_t)(4 * (n > 0 ? n : 1)), sizeof *bufs);
     tk_status st = w && bufs ? TK_OK : TK_EIO;
     if (st != TK_OK)
-        tk_err_set(err, TK_EIO, "%s: out of host memory", path);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
     char steps[32];
     snprintf(steps, sizeof steps, "%lld", (long long)tk_adamw_steps(o));
     if (st == TK_OK)
@@ -319,9 +320,9 @@ static tk_status save_optimizer(tk_adamw *o, tk_dev *d, const char *path, tk_err
             if (!t[j] || !t[j]->data)
                 continue;
             size_t nb = tk_tensor_nbytes(t[j]);
-            if (!(bufs[4 * i + j] = malloc(nb ? nb : 1))) {
-                tk_err_set(err, TK_EIO, "%s: out of host memory (%zu bytes)", path, nb);
-                st = TK_EIO;
+            if (!(bufs[4 * i + j] = tk_malloc(nb ? nb : 1))) {
+                tk_err_set(err, TK_ENOMEM, "%s: out of host memory (%zu bytes)", path, nb);
+                st = TK_ENOMEM;
                 break;
             }
             char name[512];
@@ -414,7 +415,7 @@ int tk_ckpt_list(const char *dir, int64_t **steps) {
         if (!step_of(e->d_name, &s) || stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode))
             continue;
         if (n == cap) {
-            int64_t *ns = realloc(*steps, (size_t)(cap = cap ? 2 * cap : 8) * sizeof *ns);
+            int64_t *ns = tk_realloc(*steps, (size_t)(cap = cap ? 2 * cap : 8) * sizeof *ns);
             if (!ns)
                 break;
             *steps = ns;
@@ -540,8 +541,8 @@ tk_status tk_ckpt_save(const char *out_dir, tk_model *m, tk_adamw *o, const tk_c
     else if (st == TK_OK && vocab && vocab[0] && !strstr(vocab, ".json") && (st = copy_file(vocab, p, err)) == TK_OK)
         nfiles = 4; /* a tokenizer.json is no vocab.txt: only the card writes one from it */
     if (st == TK_OK && !(j = state_json(c, o, s))) {
-        tk_err_set(err, TK_EIO, "%s: out of host memory", tmp);
-        st = TK_EIO;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", tmp);
+        st = TK_ENOMEM;
     }
     json_t *fj = json_object();
     for (int i = 0; i < nfiles && st == TK_OK; i++) {
@@ -741,8 +742,8 @@ tk_status tk_ckpt_load(const char *dir, tk_model *m, tk_adamw *o, const tk_confi
         s->n_train = n_train;
         s->data_digest = data_digest;
         if (!(s->history = history_from_json(json_object_get(j, "log_history"), &s->n_history))) {
-            tk_err_set(err, TK_EIO, "%s: out of host memory", dir);
-            st = TK_EIO;
+            tk_err_set(err, TK_ENOMEM, "%s: out of host memory", dir);
+            st = TK_ENOMEM;
         }
     }
     json_decref(j);

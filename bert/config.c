@@ -14,6 +14,7 @@
  *    printed with 9 significant digits, which round-trips a float exactly).
  */
 #include "tk_config.h"
+#include "tk_host_mem.h"
 #include "tk_model.h"
 
 #include <ctype.h>
@@ -872,7 +873,7 @@ static void sb_add(sbuf *b, const char *fmt, ...) {
         if (w < 0) { b->oom = 1; return; }
         if (b->p && (size_t)w < room) { b->len += (size_t)w; return; }
         size_t ncap = (b->cap ? b->cap * 2 : 1024) + (size_t)w;
-        char *np = realloc(b->p, ncap);
+        char *np = tk_realloc(b->p, ncap);
         if (!np) { b->oom = 1; return; }
         b->p = np;
         b->cap = ncap;
@@ -881,7 +882,7 @@ static void sb_add(sbuf *b, const char *fmt, ...) {
 
 static char *sb_take(sbuf *b) {
     if (b->oom) { free(b->p); return NULL; }
-    if (!b->p) { b->p = malloc(1); if (b->p) b->p[0] = 0; }
+    if (!b->p) { b->p = tk_malloc(1); if (b->p) b->p[0] = 0; }
     return b->p;
 }
 

@@ -7,6 +7,8 @@
  * gives the same result on every machine and C library.
  */
 #include "tk_data_internal.h"
+#include "tk_host_mem.h"
+#include "tk_ops_spec.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -15,12 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t tk_rand_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+uint64_t tk_rand_next(uint64_t *s) { return tk_spec_splitmix64(s); }
 
 void tk_shuffle_i32(int32_t *a, int n, uint64_t *rng) {
     for (int i = n - 1; i > 0; i--) {
@@ -39,18 +36,18 @@ static char *read_file(const char *path, size_t *len, tk_err *err) {
     FILE *f = fopen(path, "rb");
     if (!f) { tk_err_set(err, TK_EIO, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
     size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
+    char *buf = tk_malloc(cap + 1);
     while (buf) {
         n += fread(buf + n, 1, cap - n, f);
         if (n < cap) break;
         cap *= 2;
-        char *nb = realloc(buf, cap + 1);
+        char *nb = tk_realloc(buf, cap + 1);
         if (!nb) { free(buf); buf = NULL; }
         else buf = nb;
     }
     int bad = ferror(f);
     fclose(f);
-    if (!buf) { tk_err_set(err, TK_EOOM, "%s: out of host memory", path); return NULL; }
+    if (!buf) { tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path); return NULL; }
     if (bad) { free(buf); tk_err_set(err, TK_EIO, "%s: read error", path); return NULL; }
     buf[n] = 0;
     *len = n;
@@ -80,7 +77,7 @@ static int strv_push(strv *s, char *x) {
     if (!x) return -1;
     if (s->n == s->cap) {
         int cap = s->cap ? s->cap * 2 : 16;
-        char **nv = realloc(s->v, sizeof(char *) * (size_t)cap);
+        char **nv = tk_realloc(s->v, sizeof(char *) * (size_t)cap);
         if (!nv) { free(x); return -1; }
         s->v = nv;
         s->cap = cap;
@@ -94,7 +91,7 @@ static void strv_free(strv *s) {
     memset(s, 0, sizeof *s);
 }
 static char *dupn(const char *s, size_t n) {
-    char *p = malloc(n + 1);
+    char *p = tk_malloc(n + 1);
     if (p) { memcpy(p, s, n); p[n] = 0; }
     return p;
 }
@@ -112,7 +109,7 @@ tk_status tk_csv_parse(const char *buf, size_t len, char delim, const char *name
     strv cells = {0};
     int32_t *lines = NULL;
     int nrec = 0, lcap = 0, ncols = -1;
-    char *fb = malloc(len + 1); /* field buffer: a field is never longer than the input */
+    char *fb = tk_malloc(len + 1); /* field buffer: a field is never longer than the input */
     if (!fb) goto oom;
     size_t i = 0;
     int line = 1;
@@ -186,7 +183,7 @@ tk_status tk_csv_parse(const char *buf, size_t len, char delim, const char *name
         }
         if (nrec == lcap) {
             lcap = lcap ? lcap * 2 : 256;
-            int32_t *nl = realloc(lines, sizeof(int32_t) * (size_t)lcap);
+            int32_t *nl = tk_realloc(lines, sizeof(int32_t) * (size_t)lcap);
             if (!nl) goto oom;
             lines = nl;
         }
@@ -199,14 +196,14 @@ tk_status tk_csv_parse(const char *buf, size_t len, char delim, const char *name
         tk_err_set(err, TK_EFORMAT, "%s: empty file (no header line)", name);
         return TK_EFORMAT;
     }
-    tk_table *t = calloc(1, sizeof *t);
+    tk_table *t = tk_calloc(1, sizeof *t);
     if (!t) goto oom;
     t->ncols = ncols;
     t->nrows = nrec - 1;
     /* header and rows were parsed into one list; the table keeps them apart */
-    t->cols = malloc(sizeof(char *) * (size_t)ncols);
-    t->cells = malloc(sizeof(char *) * (size_t)(t->nrows ? (long)t->nrows * ncols : 1));
-    t->line = malloc(sizeof(int) * (size_t)(t->nrows ? t->nrows : 1));
+    t->cols = tk_malloc(sizeof(char *) * (size_t)ncols);
+    t->cells = tk_malloc(sizeof(char *) * (size_t)(t->nrows ? (long)t->nrows * ncols : 1));
+    t->line = tk_malloc(sizeof(int) * (size_t)(t->nrows ? t->nrows : 1));
     if (!t->cols || !t->cells || !t->line) {
         free(t->cols); free(t->cells); free(t->line); free(t);
         goto oom;
@@ -221,8 +218,8 @@ tk_status tk_csv_parse(const char *buf, size_t len, char delim, const char *name
     return TK_OK;
 oom:
     free(fb); strv_free(&cells); free(lines);
-    tk_err_set(err, TK_EOOM, "%s: out of host memory", name);
-    return TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name);
+    return TK_ENOMEM;
 }
 
 tk_status tk_jsonl_parse(const char *buf, size_t len, const char *name, tk_table **out, tk_err *err) {
@@ -264,12 +261,12 @@ tk_status tk_jsonl_parse(const char *buf, size_t len, const char *name, tk_table
         json_object_foreach(o, k, v) {
             int found = 0;
             for (int c = 0; c < cols.n && !found; c++) found = strcmp(cols.v[c], k) == 0;
-            if (!found && strv_push(&cols, strdup(k)) != 0) { json_decref(o); goto oom; }
+            if (!found && strv_push(&cols, tk_strdup(k)) != 0) { json_decref(o); goto oom; }
         }
         if (nobj == ocap) {
             ocap = ocap ? ocap * 2 : 256;
-            json_t **no = realloc(objs, sizeof(json_t *) * (size_t)ocap);
-            int32_t *nl = realloc(lines, sizeof(int32_t) * (size_t)ocap);
+            json_t **no = tk_realloc(objs, sizeof(json_t *) * (size_t)ocap);
+            int32_t *nl = tk_realloc(lines, sizeof(int32_t) * (size_t)ocap);
             if (no) objs = no;
             if (nl) lines = nl;
             if (!no || !nl) { json_decref(o); goto oom; }
@@ -286,19 +283,19 @@ tk_status tk_jsonl_parse(const char *buf, size_t len, const char *name, tk_table
         for (int c = 0; c < cols.n; c++) {
             json_t *v = json_object_get(objs[r], cols.v[c]);
             char *x;
-            if (!v || json_is_null(v)) x = strdup("");
+            if (!v || json_is_null(v)) x = tk_strdup("");
             else if (json_is_string(v)) x = dupn(json_string_value(v), json_string_length(v));
             else x = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
             if (strv_push(&cells, x) != 0) goto oom;
         }
         nrows++;
     }
-    tk_table *t = calloc(1, sizeof *t);
+    tk_table *t = tk_calloc(1, sizeof *t);
     if (!t) goto oom;
     t->ncols = cols.n;
     t->nrows = nrows;
     t->cols = cols.v;
-    t->cells = cells.v ? cells.v : calloc(1, sizeof(char *));
+    t->cells = cells.v ? cells.v : tk_calloc(1, sizeof(char *));
     t->line = lines;
     lines = NULL;
     memset(&cols, 0, sizeof cols);
@@ -308,8 +305,8 @@ tk_status tk_jsonl_parse(const char *buf, size_t len, const char *name, tk_table
     *out = t;
     goto done;
 oom:
-    tk_err_set(err, TK_EOOM, "%s: out of host memory", name);
-    st = TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name);
+    st = TK_ENOMEM;
 done:
     for (int r = 0; r < nobj; r++) json_decref(objs[r]);
     free(objs);
@@ -325,6 +322,8 @@ static int ends_with(const char *s, const char *suf) {
 }
 
 tk_status tk_table_read(const char *path, tk_table **out, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     *out = NULL;
     const char *name = base_name(path);
     int kind = ends_with(path, ".csv") ? 1 : (ends_with(path, ".tsv") || ends_with(path, ".tab")) ? 2
@@ -335,7 +334,7 @@ tk_status tk_table_read(const char *path, tk_table **out, tk_err *err) {
     }
     size_t len;
     char *buf = read_file(path, &len, err);
-    if (!buf) return err ? err->status : TK_EIO;
+    if (!buf) return err->status;
     tk_status st = kind == 3 ? tk_jsonl_parse(buf, len, name, out, err)
                              : tk_csv_parse(buf, len, kind == 1 ? ',' : '\t', name, out, err);
     free(buf);
@@ -405,25 +404,25 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 /* Sorted unique labels of ds into ds->labels and indices into ds->label. */
 static tk_status build_labels(tk_dataset *d, tk_err *err) {
-    char **tmp = malloc(sizeof(char *) * (size_t)d->n);
+    char **tmp = tk_malloc(sizeof(char *) * (size_t)d->n);
     if (!tmp) goto oom;
     memcpy(tmp, d->label_str, sizeof(char *) * (size_t)d->n);
     qsort(tmp, (size_t)d->n, sizeof(char *), cmp_str);
     int u = 0;
     for (int i = 0; i < d->n; i++)
         if (u == 0 || strcmp(tmp[u - 1], tmp[i]) != 0) tmp[u++] = tmp[i];
-    d->labels = calloc((size_t)u, sizeof(char *));
+    d->labels = tk_calloc((size_t)u, sizeof(char *));
     if (!d->labels) { free(tmp); goto oom; }
     for (int i = 0; i < u; i++) {
-        d->labels[i] = strdup(tmp[i]);
+        d->labels[i] = tk_strdup(tmp[i]);
         if (!d->labels[i]) { d->num_labels = i; free(tmp); goto oom; }
     }
     d->num_labels = u;
     free(tmp);
     return tk_dataset_use_labels(d, d->labels, d->num_labels, err);
 oom:
-    tk_err_set(err, TK_EOOM, "%s: out of host memory", d->name);
-    return TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "%s: out of host memory", d->name);
+    return TK_ENOMEM;
 }
 
 tk_status tk_dataset_from_table(const tk_table *t, const tk_data_cols *cols, tk_dataset **out,
@@ -443,15 +442,15 @@ tk_status tk_dataset_from_table(const tk_table *t, const tk_data_cols *cols, tk_
         tk_err_set(err, TK_EINVAL, "%s: no examples (only a header)", t->name);
         return TK_EINVAL;
     }
-    tk_dataset *d = calloc(1, sizeof *d);
+    tk_dataset *d = tk_calloc(1, sizeof *d);
     if (!d) goto oom;
     snprintf(d->name, sizeof d->name, "%s", t->name);
     size_t n = (size_t)t->nrows;
-    d->text = calloc(n, sizeof(char *));
-    d->text_pair = cp >= 0 ? calloc(n, sizeof(char *)) : NULL;
-    d->label_str = calloc(n, sizeof(char *));
-    d->label = malloc(sizeof(int32_t) * n);
-    d->line = malloc(sizeof(int32_t) * n);
+    d->text = tk_calloc(n, sizeof(char *));
+    d->text_pair = cp >= 0 ? tk_calloc(n, sizeof(char *)) : NULL;
+    d->label_str = tk_calloc(n, sizeof(char *));
+    d->label = tk_malloc(sizeof(int32_t) * n);
+    d->line = tk_malloc(sizeof(int32_t) * n);
     if (!d->text || (cp >= 0 && !d->text_pair) || !d->label_str || !d->label || !d->line) goto oom_d;
     for (int r = 0; r < t->nrows; r++) {
         char *const *row = t->cells + (long)r * t->ncols;
@@ -463,9 +462,9 @@ tk_status tk_dataset_from_table(const tk_table *t, const tk_data_cols *cols, tk_
             return TK_EFORMAT;
         }
         d->n = r + 1;
-        d->text[r] = strdup(row[ct]);
-        if (cp >= 0) d->text_pair[r] = strdup(row[cp]);
-        d->label_str[r] = strdup(cl >= 0 ? row[cl] : "");
+        d->text[r] = tk_strdup(row[ct]);
+        if (cp >= 0) d->text_pair[r] = tk_strdup(row[cp]);
+        d->label_str[r] = tk_strdup(cl >= 0 ? row[cl] : "");
         d->line[r] = t->line[r];
         if (!d->text[r] || (cp >= 0 && !d->text_pair[r]) || !d->label_str[r]) goto oom_d;
     }
@@ -481,8 +480,8 @@ tk_status tk_dataset_from_table(const tk_table *t, const tk_data_cols *cols, tk_
 oom_d:
     tk_dataset_destroy(&d);
 oom:
-    tk_err_set(err, TK_EOOM, "%s: out of host memory", t->name);
-    return TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "%s: out of host memory", t->name);
+    return TK_ENOMEM;
 }
 
 tk_status tk_dataset_load(const char *path, const tk_data_cols *cols, tk_dataset **out, tk_err *err) {
@@ -513,10 +512,10 @@ tk_status tk_dataset_use_labels(tk_dataset *d, char *const *labels, int num_labe
         d->label[i] = (int32_t)(hit - labels);
     }
     if (labels == d->labels) return TK_OK;
-    char **nl = calloc((size_t)num_labels, sizeof(char *));
+    char **nl = tk_calloc((size_t)num_labels, sizeof(char *));
     if (!nl) goto oom;
     for (int k = 0; k < num_labels; k++)
-        if (!(nl[k] = strdup(labels[k]))) {
+        if (!(nl[k] = tk_strdup(labels[k]))) {
             for (int j = 0; j < k; j++) free(nl[j]);
             free(nl);
             goto oom;
@@ -527,33 +526,33 @@ tk_status tk_dataset_use_labels(tk_dataset *d, char *const *labels, int num_labe
     d->num_labels = num_labels;
     return TK_OK;
 oom:
-    tk_err_set(err, TK_EOOM, "%s: out of host memory", d->name);
-    return TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "%s: out of host memory", d->name);
+    return TK_ENOMEM;
 }
 
 /* New dataset with the rows idx[0..n) of src (copies strings and labels). */
 static tk_dataset *subset(const tk_dataset *s, const int32_t *idx, int n) {
-    tk_dataset *d = calloc(1, sizeof *d);
+    tk_dataset *d = tk_calloc(1, sizeof *d);
     if (!d) return NULL;
     memcpy(d->name, s->name, sizeof d->name);
-    d->text = calloc((size_t)n, sizeof(char *));
-    d->text_pair = s->text_pair ? calloc((size_t)n, sizeof(char *)) : NULL;
-    d->label_str = calloc((size_t)n, sizeof(char *));
-    d->label = malloc(sizeof(int32_t) * (size_t)n);
-    d->line = malloc(sizeof(int32_t) * (size_t)n);
-    d->labels = calloc((size_t)s->num_labels, sizeof(char *));
+    d->text = tk_calloc((size_t)n, sizeof(char *));
+    d->text_pair = s->text_pair ? tk_calloc((size_t)n, sizeof(char *)) : NULL;
+    d->label_str = tk_calloc((size_t)n, sizeof(char *));
+    d->label = tk_malloc(sizeof(int32_t) * (size_t)n);
+    d->line = tk_malloc(sizeof(int32_t) * (size_t)n);
+    d->labels = tk_calloc((size_t)s->num_labels, sizeof(char *));
     if (!d->text || (s->text_pair && !d->text_pair) || !d->label_str || !d->label || !d->line || !d->labels) {
         tk_dataset_destroy(&d);
         return NULL;
     }
     for (int k = 0; k < s->num_labels; k++, d->num_labels++)
-        if (!(d->labels[k] = strdup(s->labels[k]))) { tk_dataset_destroy(&d); return NULL; }
+        if (!(d->labels[k] = tk_strdup(s->labels[k]))) { tk_dataset_destroy(&d); return NULL; }
     for (int i = 0; i < n; i++) {
         int r = idx[i];
         d->n = i + 1;
-        d->text[i] = strdup(s->text[r]);
-        if (s->text_pair) d->text_pair[i] = strdup(s->text_pair[r]);
-        d->label_str[i] = strdup(s->label_str[r]);
+        d->text[i] = tk_strdup(s->text[r]);
+        if (s->text_pair) d->text_pair[i] = tk_strdup(s->text_pair[r]);
+        d->label_str[i] = tk_strdup(s->label_str[r]);
         d->label[i] = s->label[r];
         d->line[i] = s->line[r];
         if (!d->text[i] || (s->text_pair && !d->text_pair[i]) || !d->label_str[i]) { tk_dataset_destroy(&d); return NULL; }
@@ -575,7 +574,7 @@ tk_status tk_dataset_split(const tk_dataset *all, double f, uint64_t seed, tk_da
                    ndev < 1 ? "dev" : "train");
         return TK_EINVAL;
     }
-    int32_t *idx = malloc(sizeof(int32_t) * (size_t)all->n);
+    int32_t *idx = tk_malloc(sizeof(int32_t) * (size_t)all->n);
     if (!idx) goto oom;
     for (int i = 0; i < all->n; i++) idx[i] = i;
     uint64_t rng = seed;
@@ -589,6 +588,6 @@ tk_status tk_dataset_split(const tk_dataset *all, double f, uint64_t seed, tk_da
     if (!*dev || !*train) { tk_dataset_destroy(dev); tk_dataset_destroy(train); goto oom; }
     return TK_OK;
 oom:
-    tk_err_set(err, TK_EOOM, "%s: out of host memory", all->name);
-    return TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "%s: out of host memory", all->name);
+    return TK_ENOMEM;
 }

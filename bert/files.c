@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "tk_files.h"
+#include "tk_host_mem.h"
 
 /* One component: made, or already a folder. A file in the way reports
  * ENOTDIR, which says more than mkdir's EEXIST. */
@@ -27,11 +28,8 @@ tk_status tk_mkdirs(const char *path, tk_err *err) {
         return TK_EINVAL;
     }
     size_t n = strlen(path);
-    char *p = malloc(n + 1);
-    if (!p) {
-        tk_err_set(err, TK_EIO, "%s: out of host memory", path);
-        return TK_EIO;
-    }
+    char *p = tk_malloc(n + 1);
+    if (!p) return tk_err_nomem(err, path);
     memcpy(p, path, n + 1);
     while (n > 1 && p[n - 1] == '/') p[--n] = 0;
     int rc = 0;

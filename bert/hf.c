@@ -7,6 +7,7 @@
  * Errors name the file and the key.
  */
 #include "tk_model.h"
+#include "tk_host_mem.h"
 #include "tk_safetensors.h"
 
 #include <errno.h>
@@ -121,6 +122,8 @@ static int is_dir(const char *p) {
 }
 
 tk_status tk_bert_dims_from_config_json(const char *path, tk_bert_dims *out, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     char file[TK_PATH_MAX + 16];
     if (is_dir(path)) snprintf(file, sizeof file, "%s/config.json", path);
     else snprintf(file, sizeof file, "%s", path);
@@ -129,7 +132,7 @@ tk_status tk_bert_dims_from_config_json(const char *path, tk_bert_dims *out, tk_
     if (!root) {
         tk_err_set(err, errno == ENOENT || je.line < 0 ? TK_EIO : TK_EFORMAT, "%s:%d: %s", file,
                    je.line, je.text);
-        return err ? err->status : TK_EFORMAT;
+        return err->status;
     }
     if (!json_is_object(root)) {
         json_decref(root);
@@ -239,8 +242,8 @@ tk_status tk_bert_dims_write_config_json(const char *path, const tk_bert_dims *d
     /* transformers 5's name for torch_dtype; 4.x keeps it as a plain attribute */
     if (o) json_object_set_new(o, "dtype", json_string("float32"));
     if (!o) {
-        tk_err_set(err, TK_EIO, "%s: out of host memory", path);
-        return TK_EIO;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
+        return TK_ENOMEM;
     }
     if (head == TK_HEAD_FLATTEN_DENSE)
         json_object_set_new(o, "txkernel_head",
@@ -263,8 +266,8 @@ tk_status tk_bert_dims_write_config_json(const char *path, const tk_bert_dims *d
     char *s = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
     json_decref(o);
     if (!s) {
-        tk_err_set(err, TK_EIO, "%s: out of host memory", path);
-        return TK_EIO;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
+        return TK_ENOMEM;
     }
     const void *parts[2] = {s, "\n"};
     size_t sizes[2] = {strlen(s), 1};
@@ -347,7 +350,7 @@ tk_status tk_hf_head_from_config_json(const char *path, int *head, char ***label
     tk_status st = TK_OK;
     if (json_is_object(id2label) && json_object_size(id2label) > 0) {
         int n = (int)json_object_size(id2label);
-        char **names = calloc((size_t)n, sizeof *names);
+        char **names = tk_calloc((size_t)n, sizeof *names);
         const char *k;
         json_t *v;
         if (!names) st = TK_EINVAL;
@@ -359,11 +362,11 @@ tk_status tk_hf_head_from_config_json(const char *path, int *head, char ***label
                 tk_err_set(err, TK_EFORMAT, "%s: id2label: key '%s' is not one of 0..%d with a label name", file, k,
                            n - 1);
                 st = TK_EFORMAT;
-            } else if (!(names[id] = strdup(json_string_value(v)))) {
+            } else if (!(names[id] = tk_strdup(json_string_value(v)))) {
                 st = TK_EINVAL;
             }
         }
-        if (st == TK_EINVAL) tk_err_set(err, TK_EINVAL, "%s: out of host memory", file);
+        if (st == TK_EINVAL) tk_err_set(err, TK_ENOMEM, "%s: out of host memory", file);
         if (st != TK_OK) {
             for (int i = 0; names && i < n; i++) free(names[i]);
             free(names);

@@ -15,6 +15,7 @@
 #define _GNU_SOURCE /* strcasestr */
 #include "tk_hub.h"
 #include "tk_files.h"
+#include "tk_host_mem.h"
 
 #include <ctype.h>
 #include <curl/curl.h>
@@ -145,11 +146,11 @@ static tk_status sha256_file(const char *path, char hex[65], tk_err *err) {
         tk_err_set(err, TK_EIO, "%s: cannot read: %s", path, strerror(errno));
         return TK_EIO;
     }
-    unsigned char *buf = malloc(1 << 20);
+    unsigned char *buf = tk_malloc(1 << 20);
     if (!buf) {
         fclose(f);
-        tk_err_set(err, TK_EIO, "%s: out of host memory to hash it", path);
-        return TK_EIO;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory to hash it", path);
+        return TK_ENOMEM;
     }
     crypto_hash_sha256_state s;
     crypto_hash_sha256_init(&s);
@@ -683,6 +684,8 @@ static tk_status download_blob(hub *h, const head_info *hi, const char *file, co
 /* Makes snapshots/<commit>/<file> exist. *found = 0 when an optional file
  * is not in the repo. */
 static tk_status fetch(hub *h, const char *file, int optional, int *found, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     *found = 1;
     if (in_snapshot(h, file)) return TK_OK;
     if (optional && known_missing(h, file)) {
@@ -715,7 +718,7 @@ static tk_status fetch(hub *h, const char *file, int optional, int *found, tk_er
     char blob[PATHN + 256];
     pathf(blob, sizeof blob, "%s/blobs/%s", h->dir, hi.etag);
     int lock = exists(blob) ? -1 : lock_blob(h, file, hi.etag, err);
-    if (!exists(blob) && lock < 0) return err ? err->status : TK_EIO;
+    if (!exists(blob) && lock < 0) return err->status;
     st = exists(blob) ? TK_OK : download_blob(h, &hi, file, url, blob, err);
     if (lock >= 0) close(lock);
     if (st != TK_OK) return st;
@@ -733,7 +736,7 @@ static size_t on_mem(char *buf, size_t sz, size_t n, void *ud) {
     if (b->n + len + 1 > b->cap) {
         size_t cap = (b->n + len + 1) * 2;
         if (cap > (64u << 20)) return 0; /* a file list is small; this is not one */
-        char *p = realloc(b->p, cap);
+        char *p = tk_realloc(b->p, cap);
         if (!p) return 0;
         b->p = p;
         b->cap = cap;

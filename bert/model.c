@@ -23,10 +23,13 @@
  */
 #include "tk_files.h"
 #include "tk_model.h"
+#include "tk_host_mem.h"
 #include "tk_safetensors.h"
 #include "tk_tokenizer.h"
 #include "tk_torchbin.h"
+#include "tk_ops_spec.h" /* splitmix64, inlined in weight init */
 
+#include <assert.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -37,13 +40,26 @@
 
 #define OWN_MAX 96
 
+/* How a parameter starts under tk_model_init_random. */
+typedef enum { INIT_NORMAL = 0 /* N(0, 0.02) */, INIT_ONES, INIT_ZEROS } param_init;
+
+/* One parameter as described before anything is allocated: its leaf name
+ * under the owner, shape, first values and whether weight decay skips it. */
+typedef struct param_desc {
+    const char *leaf;      /* "weight", "bias" */
+    int ndim;
+    int64_t shape[2];
+    param_init init;
+    int no_decay;          /* biases and LayerNorm: no weight decay (as HF) */
+} param_desc;
+
 typedef struct pslot {
     tk_param p;
     tk_tensor w, g;
     tk_tensor w16;         /* 16-bit copy for GEMMs and lookups (precision fp16/bf16, 2-D weights) */
     char name[OWN_MAX + 16];
     char owner[OWN_MAX];
-    int init;              /* 0 normal(0.02), 1 ones, 2 zeros */
+    param_init init;
     int ndim;
     int64_t shape[2];      /* the described shape (w is filled by the allocation) */
 } pslot;
@@ -58,9 +74,12 @@ struct tk_model {
     tk_dev *dev;
     tk_model_opts o;
     int H, NH, HS, I, L;
-    int np;
+    int np;                /* parameters described (describe_params counts them) */
+    int ps_cap;            /* slots in ps */
     pslot *ps;
-    int emb;               /* first embedding param: word, pos, type, ln w, ln b */
+    struct {               /* the embeddings' parameters */
+        int word, pos, type, ln_w, ln_b;
+    } emb;
     int layer0;            /* first param of layer 0; layer l starts at layer0 + l*LNP */
     int pool;              /* pooler w (-1 if no pooler) */
     int head;              /* head w, then b */
@@ -76,31 +95,94 @@ struct tk_model {
 
 /* ---- descriptions ----------------------------------------------------- */
 
-static void add_param(tk_model *m, const char *owner, const char *leaf, int no_decay, int init,
-                      int frozen, int ndim, int64_t d0, int64_t d1) {
-    pslot *s = &m->ps[m->np++];
+/* Appends one parameter and returns its index. With m->ps NULL it only
+ * counts (describe_params' first pass); an index past the slots is a
+ * description that changed between the passes, and writes nothing. */
+static int add_param(tk_model *m, const char *owner, int frozen, param_desc pd) {
+    int i = m->np++;
+    if (!m->ps) return i;
+    assert(i < m->ps_cap && "describe_params described more parameters than it counted");
+    if (i >= m->ps_cap) return i;
+    pslot *s = &m->ps[i];
     snprintf(s->owner, sizeof s->owner, "%s", owner);
-    snprintf(s->name, sizeof s->name, "%s.%s", owner, leaf);
-    s->init = init;
-    s->ndim = ndim;
-    s->shape[0] = d0;
-    s->shape[1] = d1;
+    snprintf(s->name, sizeof s->name, "%s.%s", owner, pd.leaf);
+    s->init = pd.init;
+    s->ndim = pd.ndim;
+    s->shape[0] = pd.shape[0];
+    s->shape[1] = pd.ndim > 1 ? pd.shape[1] : 0;
     s->p.name = s->name;
     s->p.owner = s->owner;
     s->p.w = &s->w;
     s->p.g = &s->g;
-    s->p.no_decay = no_decay;
+    s->p.no_decay = pd.no_decay;
     s->p.frozen = frozen;
+    return i;
 }
 
-static void add_linear(tk_model *m, const char *owner, int64_t out, int64_t in, int frozen) {
-    add_param(m, owner, "weight", 0, 0, frozen, 2, out, in);
-    add_param(m, owner, "bias", 1, 2, frozen, 1, out, 0);
+/* weight (out, in), then bias (out); returns the weight's index */
+static int add_linear(tk_model *m, const char *owner, int64_t out, int64_t in, int frozen) {
+    int w = add_param(m, owner, frozen, (param_desc){ .leaf = "weight", .ndim = 2, .shape = { out, in } });
+    add_param(m, owner, frozen,
+              (param_desc){ .leaf = "bias", .ndim = 1, .shape = { out }, .init = INIT_ZEROS, .no_decay = 1 });
+    return w;
 }
 
-static void add_ln(tk_model *m, const char *owner, int64_t c, int frozen) {
-    add_param(m, owner, "weight", 1, 1, frozen, 1, c, 0);
-    add_param(m, owner, "bias", 1, 2, frozen, 1, c, 0);
+/* LayerNorm weight (ones), then bias (zeros); returns the weight's index */
+static int add_ln(tk_model *m, const char *owner, int64_t c, int frozen) {
+    int w = add_param(m, owner, frozen,
+                      (param_desc){ .leaf = "weight", .ndim = 1, .shape = { c }, .init = INIT_ONES, .no_decay = 1 });
+    add_param(m, owner, frozen,
+              (param_desc){ .leaf = "bias", .ndim = 1, .shape = { c }, .init = INIT_ZEROS, .no_decay = 1 });
+    return w;
+}
+
+/* Every parameter, in allocation order (llm.c's fill_in_parameter_sizes):
+ * called once with m->ps NULL to count them, then again to fill the slots,
+ * so the array's size is counted, never written by hand. */
+static void describe_params(tk_model *m) {
+    const tk_bert_dims *d = &m->o.dims;
+    m->np = 0;
+    int fe = m->o.freeze_embeddings;
+    m->emb.word = add_param(m, "bert.embeddings.word_embeddings", fe,
+                            (param_desc){ .leaf = "weight", .ndim = 2, .shape = { d->vocab_size, m->H } });
+    m->emb.pos = add_param(m, "bert.embeddings.position_embeddings", fe,
+                           (param_desc){ .leaf = "weight", .ndim = 2, .shape = { d->max_position, m->H } });
+    m->emb.type = add_param(m, "bert.embeddings.token_type_embeddings", fe,
+                            (param_desc){ .leaf = "weight", .ndim = 2, .shape = { d->type_vocab, m->H } });
+    m->emb.ln_w = add_ln(m, "bert.embeddings.LayerNorm", m->H, fe);
+    m->emb.ln_b = m->emb.ln_w + 1;
+    m->layer0 = m->np;
+    for (int l = 0; l < m->L; l++) {
+        char b[40];
+        int fz = l < m->o.freeze_layers;
+        snprintf(b, sizeof b, "bert.encoder.layer.%d", l);
+#define OWN(ix, suffix) snprintf(m->own[l][ix], OWN_MAX, "%s.%s", b, suffix)
+        OWN(OQ, "attention.self.query");
+        OWN(OK_, "attention.self.key");
+        OWN(OV, "attention.self.value");
+        OWN(OSELF, "attention.self");
+        OWN(OAO, "attention.output.dense");
+        OWN(OLN1, "attention.output.LayerNorm");
+        OWN(OI, "intermediate.dense");
+        OWN(OO, "output.dense");
+        OWN(OLN2, "output.LayerNorm");
+#undef OWN
+        add_linear(m, m->own[l][OQ], m->H, m->H, fz);
+        add_linear(m, m->own[l][OK_], m->H, m->H, fz);
+        add_linear(m, m->own[l][OV], m->H, m->H, fz);
+        add_linear(m, m->own[l][OAO], m->H, m->H, fz);
+        add_ln(m, m->own[l][OLN1], m->H, fz);
+        add_linear(m, m->own[l][OI], m->I, m->H, fz);
+        add_linear(m, m->own[l][OO], m->H, m->I, fz);
+        add_ln(m, m->own[l][OLN2], m->H, fz);
+    }
+    m->pool = m->o.head == TK_HEAD_POOLED ? add_linear(m, "bert.pooler.dense", m->H, m->H, 0) : -1;
+    if (m->o.head == TK_HEAD_POOLED)
+        m->head = add_linear(m, "classifier", m->o.num_labels, m->H, 0);
+    else if (m->o.head == TK_HEAD_SPAN)
+        m->head = add_linear(m, "qa_outputs", 2, m->H, 0);
+    else
+        m->head = add_linear(m, "classifier", m->o.num_labels, (int64_t)m->o.towers * m->o.max_len * m->H, 0);
 }
 
 static tk_status check_opts(const tk_model_opts *o, tk_err *err) {
@@ -144,9 +226,9 @@ static tk_status check_backend(tk_dev *dev, const tk_model_opts *o, tk_err *err)
 
 tk_model *tk_model_new(tk_dev *dev, const tk_model_opts *opts, tk_err *err) {
     if (check_opts(opts, err) != TK_OK || check_backend(dev, opts, err) != TK_OK) return NULL;
-    tk_model *m = calloc(1, sizeof *m);
+    tk_model *m = tk_calloc(1, sizeof *m);
     if (!m) {
-        tk_err_set(err, TK_EINVAL, "model: out of host memory");
+        tk_err_set(err, TK_ENOMEM, "model: out of host memory");
         return NULL;
     }
     m->dev = dev;
@@ -159,58 +241,22 @@ tk_model *tk_model_new(tk_dev *dev, const tk_model_opts *opts, tk_err *err) {
     m->HS = d->hidden / d->heads;
     m->I = d->intermediate;
     m->L = d->layers;
-    int cap = 5 + LNP * m->L + 2 + 2;
-    m->ps = calloc((size_t)cap, sizeof *m->ps);
-    m->own = calloc((size_t)m->L, sizeof *m->own);
-    if (!m->ps || !m->own) {
-        tk_err_set(err, TK_EINVAL, "model: out of host memory");
+    m->own = tk_calloc((size_t)m->L, sizeof *m->own);
+    if (!m->own) {
+        tk_err_set(err, TK_ENOMEM, "model: out of host memory");
         tk_model_destroy(&m);
         return NULL;
     }
-    int fe = m->o.freeze_embeddings;
-    m->emb = m->np;
-    add_param(m, "bert.embeddings.word_embeddings", "weight", 0, 0, fe, 2, d->vocab_size, m->H);
-    add_param(m, "bert.embeddings.position_embeddings", "weight", 0, 0, fe, 2, d->max_position, m->H);
-    add_param(m, "bert.embeddings.token_type_embeddings", "weight", 0, 0, fe, 2, d->type_vocab, m->H);
-    add_ln(m, "bert.embeddings.LayerNorm", m->H, fe);
-    m->layer0 = m->np;
-    for (int l = 0; l < m->L; l++) {
-        char b[40];
-        int fz = l < m->o.freeze_layers;
-        snprintf(b, sizeof b, "bert.encoder.layer.%d", l);
-#define OWN(ix, suffix) snprintf(m->own[l][ix], OWN_MAX, "%s.%s", b, suffix)
-        OWN(OQ, "attention.self.query");
-        OWN(OK_, "attention.self.key");
-        OWN(OV, "attention.self.value");
-        OWN(OSELF, "attention.self");
-        OWN(OAO, "attention.output.dense");
-        OWN(OLN1, "attention.output.LayerNorm");
-        OWN(OI, "intermediate.dense");
-        OWN(OO, "output.dense");
-        OWN(OLN2, "output.LayerNorm");
-#undef OWN
-        add_linear(m, m->own[l][OQ], m->H, m->H, fz);
-        add_linear(m, m->own[l][OK_], m->H, m->H, fz);
-        add_linear(m, m->own[l][OV], m->H, m->H, fz);
-        add_linear(m, m->own[l][OAO], m->H, m->H, fz);
-        add_ln(m, m->own[l][OLN1], m->H, fz);
-        add_linear(m, m->own[l][OI], m->I, m->H, fz);
-        add_linear(m, m->own[l][OO], m->H, m->I, fz);
-        add_ln(m, m->own[l][OLN2], m->H, fz);
+    describe_params(m); /* counts */
+    m->ps_cap = m->np;
+    m->ps = tk_calloc((size_t)m->ps_cap, sizeof *m->ps);
+    if (!m->ps) {
+        m->np = 0;
+        tk_err_set(err, TK_ENOMEM, "model: out of host memory");
+        tk_model_destroy(&m);
+        return NULL;
     }
-    m->pool = -1;
-    if (m->o.head == TK_HEAD_POOLED) {
-        m->pool = m->np;
-        add_linear(m, "bert.pooler.dense", m->H, m->H, 0);
-    }
-    m->head = m->np;
-    if (m->o.head == TK_HEAD_POOLED)
-        add_linear(m, "classifier", m->o.num_labels, m->H, 0);
-    else if (m->o.head == TK_HEAD_SPAN)
-        add_linear(m, "qa_outputs", 2, m->H, 0);
-    else
-        add_linear(m, "classifier", m->o.num_labels,
-                   (int64_t)m->o.towers * m->o.max_len * m->H, 0);
+    describe_params(m); /* fills */
     for (int i = 0; i < m->np; i++) {
         pslot *s = &m->ps[i];
         if (tk_tensor_alloc(dev, &s->w, TK_F32, s->ndim, s->shape, TK_CAT_PARAM, s->owner, err) !=
@@ -259,17 +305,17 @@ tk_status tk_model_set_card(tk_model *m, const tk_model_card *c, tk_err *err) {
     m->n_labels = 0;
     int ok = 1;
     if (c->n_labels > 0 && c->labels) {
-        m->labels = calloc((size_t)c->n_labels, sizeof *m->labels);
+        m->labels = tk_calloc((size_t)c->n_labels, sizeof *m->labels);
         ok = m->labels != NULL;
-        for (int i = 0; ok && i < c->n_labels; i++) ok = (m->labels[i] = strdup(c->labels[i] ? c->labels[i] : "")) != NULL;
+        for (int i = 0; ok && i < c->n_labels; i++) ok = (m->labels[i] = tk_strdup(c->labels[i] ? c->labels[i] : "")) != NULL;
         m->n_labels = m->labels ? c->n_labels : 0;
     }
-    if (ok && c->vocab_path) ok = (m->vocab_path = strdup(c->vocab_path)) != NULL;
+    if (ok && c->vocab_path) ok = (m->vocab_path = tk_strdup(c->vocab_path)) != NULL;
     m->lowercase = c->lowercase;
     m->max_len = c->max_len;
     if (!ok) {
-        tk_err_set(err, TK_EINVAL, "model: out of host memory for its card");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "model: out of host memory for its card");
+        return TK_ENOMEM;
     }
     return TK_OK;
 }
@@ -281,10 +327,12 @@ tk_status tk_model_set_card(tk_model *m, const tk_model_card *c, tk_err *err) {
  * agrees with its normalizer (transformers rebuilds the normalizer when
  * they differ), and special_tokens_map.json. */
 static tk_status save_tokenizer(const tk_model *m, const char *dir, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     char path[TK_PATH_MAX + 64];
     tk_tokenizer_opts to = {.lowercase = m->lowercase >= 0 ? m->lowercase : -1, .strip_accents = -1};
     tk_tokenizer *tok = tk_tokenizer_new(m->vocab_path, &to, err);
-    if (!tok) return err && err->status ? err->status : TK_EIO;
+    if (!tok) return err->status;
     snprintf(path, sizeof path, "%s/vocab.txt", dir);
     tk_status st = tk_tokenizer_write_vocab(tok, path, err);
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -314,8 +362,8 @@ static tk_status save_tokenizer(const tk_model *m, const char *dir, tk_err *err)
         const void *pp[2] = {s ? s : "", "\n"};
         size_t ss[2] = {s ? strlen(s) : 0, 1};
         if (!s) {
-            tk_err_set(err, TK_EIO, "%s: out of host memory", path);
-            st = TK_EIO;
+            tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
+            st = TK_ENOMEM;
         } else {
             st = tk_write_file_atomic(path, pp, ss, 2, err);
         }
@@ -386,26 +434,19 @@ tk_status tk_model_zero_grads(tk_model *m, tk_err *err) {
 
 /* ---- weights ---------------------------------------------------------- */
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Fills host buffer with the init of slot s: N(0, 0.02) by Box-Muller from a
  * generator keyed by (seed, parameter index), so a parameter's values do not
  * depend on which other parameters exist. */
 static void init_values(const pslot *s, int idx, uint64_t seed, float *buf, int64_t n) {
-    if (s->init == 1 || s->init == 2) {
-        float v = s->init == 1 ? 1.0f : 0.0f;
+    if (s->init == INIT_ONES || s->init == INIT_ZEROS) {
+        float v = s->init == INIT_ONES ? 1.0f : 0.0f;
         for (int64_t i = 0; i < n; i++) buf[i] = v;
         return;
     }
     uint64_t st = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(idx + 1));
     for (int64_t i = 0; i < n; i += 2) {
-        double u1 = ((splitmix(&st) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
-        double u2 = (splitmix(&st) >> 11) * (1.0 / 9007199254740992.0);
+        double u1 = ((tk_spec_splitmix64(&st) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+        double u2 = (tk_spec_splitmix64(&st) >> 11) * (1.0 / 9007199254740992.0);
         double r = sqrt(-2.0 * log(u1)) * 0.02;
         buf[i] = (float)(r * cos(2 * M_PI * u2));
         if (i + 1 < n) buf[i + 1] = (float)(r * sin(2 * M_PI * u2));
@@ -415,10 +456,10 @@ static void init_values(const pslot *s, int idx, uint64_t seed, float *buf, int6
 static tk_status init_slot(tk_model *m, int i, uint64_t seed, tk_err *err) {
     pslot *s = &m->ps[i];
     int64_t n = tk_tensor_numel(&s->w);
-    float *buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
+    float *buf = tk_malloc((size_t)(n ? n : 1) * sizeof *buf);
     if (!buf) {
-        tk_err_set(err, TK_EINVAL, "model: out of host memory initialising %s", s->name);
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "model: out of host memory initialising %s", s->name);
+        return TK_ENOMEM;
     }
     init_values(s, i, seed, buf, n);
     tk_status st = tk_tensor_write_f32(m->dev, &s->w, buf, err);
@@ -463,7 +504,7 @@ char *tk_names_grouped(const char *const *names, int n) {
     if (n <= 0) return NULL;
     size_t cap = 64;
     for (int i = 0; i < n; i++) cap += strlen(names[i]) + 24;
-    char *out = malloc(cap), *done = calloc((size_t)n, 1);
+    char *out = tk_malloc(cap), *done = tk_calloc((size_t)n, 1);
     if (!out || !done) {
         free(out);
         free(done);
@@ -516,24 +557,26 @@ static const tk_st_entry *find_entry(const tk_st_file *f, const char *name) {
 }
 
 tk_status tk_model_load_hf(tk_model *m, const char *path, tk_load_report *rep, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     char file[TK_PATH_MAX + 64];
     tk_load_report_clear(rep);
     tk_st_file *f = tk_checkpoint_open(path, file, sizeof file, err);
-    if (!f) return err ? err->status : TK_EIO;
+    if (!f) return err->status;
     tk_status st = TK_OK;
     float *buf = NULL;
     size_t bufn = 0;
     int is_meta = tk_dev_kind_of(m->dev) == TK_DEV_META;
     int nst = tk_st_count(f);
-    char *used = calloc((size_t)nst + 1, 1);
+    char *used = tk_calloc((size_t)nst + 1, 1);
     /* names for the lists: missing required, newly initialised, unused */
-    const char **missing = calloc((size_t)m->np + 1, sizeof *missing);
-    const char **fresh = calloc((size_t)m->np + 1, sizeof *fresh);
-    const char **unused = calloc((size_t)nst + 1, sizeof *unused);
+    const char **missing = tk_calloc((size_t)m->np + 1, sizeof *missing);
+    const char **fresh = tk_calloc((size_t)m->np + 1, sizeof *fresh);
+    const char **unused = tk_calloc((size_t)nst + 1, sizeof *unused);
     int n_missing = 0, n_fresh = 0, n_unused = 0;
     if (!used || !missing || !fresh || !unused) {
-        tk_err_set(err, TK_EINVAL, "model: out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "model: out of host memory");
+        st = TK_ENOMEM;
     }
     /* Pass 1: check every name, shape and dtype before touching weights. */
     for (int i = 0; i < m->np && st == TK_OK; i++) {
@@ -583,11 +626,11 @@ tk_status tk_model_load_hf(tk_model *m, const char *path, tk_load_report *rep, t
         size_t n = (size_t)tk_st_numel(e);
         if (n > bufn) {
             free(buf);
-            buf = malloc(n * sizeof *buf);
+            buf = tk_malloc(n * sizeof *buf);
             bufn = buf ? n : 0;
             if (!buf) {
-                tk_err_set(err, TK_EINVAL, "model: out of host memory loading %s", e->name);
-                st = TK_EINVAL;
+                tk_err_set(err, TK_ENOMEM, "model: out of host memory loading %s", e->name);
+                st = TK_ENOMEM;
                 break;
             }
         }
@@ -662,19 +705,19 @@ tk_model *tk_model_from_config(tk_dev *d, const tk_config *c, tk_load_report *re
 tk_status tk_model_save_hf(tk_model *m, const char *dir, tk_err *err) {
     if (tk_mkdirs(dir, err) != TK_OK) return TK_EIO;
     tk_st_writer *w = tk_st_writer_new();
-    float **bufs = calloc((size_t)m->np, sizeof *bufs);
+    float **bufs = tk_calloc((size_t)m->np, sizeof *bufs);
     tk_status st = TK_OK;
     if (!w || !bufs) {
-        tk_err_set(err, TK_EIO, "%s: out of host memory", dir);
-        st = TK_EIO;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", dir);
+        st = TK_ENOMEM;
     }
     for (int i = 0; i < m->np && st == TK_OK; i++) {
         pslot *s = &m->ps[i];
         int64_t n = tk_tensor_numel(&s->w);
-        bufs[i] = calloc((size_t)(n ? n : 1), sizeof(float));
+        bufs[i] = tk_calloc((size_t)(n ? n : 1), sizeof(float));
         if (!bufs[i]) {
-            tk_err_set(err, TK_EIO, "%s: out of host memory", dir);
-            st = TK_EIO;
+            tk_err_set(err, TK_ENOMEM, "%s: out of host memory", dir);
+            st = TK_ENOMEM;
             break;
         }
         st = tk_tensor_read_f32(m->dev, &s->w, bufs[i], err);
@@ -794,7 +837,7 @@ static tk_tensor *PG(const step *S, int i) {
 /* out (rows,O) = in (rows,I) @ W(O,I)^T + b */
 static tk_status linear_fwd(step *S, tk_tensor *out, const tk_tensor *in, int wi, int64_t rows,
                             int64_t O, int64_t I) {
-    return tk_op_gemm(S->d, out, in, PWc(S, wi), PW(S, wi + 1), 0, 1, rows, O, I, 1, 0, 0, 0, 1.0f, 0.0f);
+    return tk_op_gemm(S->d, out, in, PWc(S, wi), PW(S, wi + 1), &(tk_gemm){ .m = rows, .n = O, .k = I, .trans_b = 1, .batch = 1, .alpha = 1.0f });
 }
 
 /* dW += dout^T @ in, db += sum dout, and din (=, or += when acc) dout @ W.
@@ -803,11 +846,10 @@ static tk_status linear_bwd(step *S, tk_tensor *din, const tk_tensor *dout, cons
                             int64_t rows, int64_t O, int64_t I, int acc) {
     tk_tensor *dW = PG(S, wi), *db = PG(S, wi + 1);
     tk_status st = TK_OK;
-    if (dW) st = tk_op_gemm(S->d, dW, dout, in, NULL, 1, 0, O, I, rows, 1, 0, 0, 0, 1.0f, 1.0f);
+    if (dW) st = tk_op_gemm(S->d, dW, dout, in, NULL, &(tk_gemm){ .m = O, .n = I, .k = rows, .trans_a = 1, .batch = 1, .alpha = 1.0f, .beta = 1.0f });
     if (st == TK_OK && db) st = tk_op_bias_grad(S->d, db, dout, rows, O);
     if (st == TK_OK && din)
-        st = tk_op_gemm(S->d, din, dout, PWc(S, wi), NULL, 0, 0, rows, I, O, 1, 0, 0, 0, 1.0f,
-                        acc ? 1.0f : 0.0f);
+        st = tk_op_gemm(S->d, din, dout, PWc(S, wi), NULL, &(tk_gemm){ .m = rows, .n = I, .k = O, .batch = 1, .alpha = 1.0f, .beta = acc ? 1.0f : 0.0f });
     return st;
 }
 
@@ -836,18 +878,18 @@ static tk_status embeddings_fwd(step *S, const tk_batch *b, int keep) {
     tk_cat c = keep ? TK_CAT_ACT : TK_CAT_TEMP;
     stens *s = &S->s;
     TRY(alf(S, &s->ex, N, H, c, "bert.embeddings.word_embeddings"));
-    TRY(tk_op_embed_fwd(S->d, &s->ex, &s->ids, PWc(S, m->emb), N, H));
+    TRY(tk_op_embed_fwd(S->d, &s->ex, &s->ids, PWc(S, m->emb.word), N, H));
     TRY(alf(S, &s->tmp, N, H, TK_CAT_TEMP, "bert.embeddings.position_embeddings"));
-    TRY(tk_op_embed_fwd(S->d, &s->tmp, &s->pos, PWc(S, m->emb + 1), N, H));
+    TRY(tk_op_embed_fwd(S->d, &s->tmp, &s->pos, PWc(S, m->emb.pos), N, H));
     TRY(tk_op_add(S->d, &s->ex, &s->ex, &s->tmp, N * H));
-    TRY(tk_op_embed_fwd(S->d, &s->tmp, &s->tt, PWc(S, m->emb + 2), N, H));
+    TRY(tk_op_embed_fwd(S->d, &s->tmp, &s->tt, PWc(S, m->emb.type), N, H));
     TRY(tk_op_add(S->d, &s->ex, &s->ex, &s->tmp, N * H));
     fr(S, &s->tmp);
     TRY(al(S, &s->emean, TK_F32, 1, N, 0, 0, 0, c, own));
     TRY(al(S, &s->erstd, TK_F32, 1, N, 0, 0, 0, c, own));
     TRY(alf(S, &s->h0, N, H, TK_CAT_ACT, own));
-    TRY(tk_op_layernorm_fwd(S->d, &s->h0, &s->emean, &s->erstd, &s->ex, PW(S, m->emb + 3),
-                            PW(S, m->emb + 4), N, H, m->o.dims.layer_norm_eps));
+    TRY(tk_op_layernorm_fwd(S->d, &s->h0, &s->emean, &s->erstd, &s->ex, PW(S, m->emb.ln_w),
+                            PW(S, m->emb.ln_b), N, H, m->o.dims.layer_norm_eps));
     if (!keep) {
         fr(S, &s->erstd);
         fr(S, &s->emean);
@@ -886,7 +928,7 @@ static tk_status attn_probs(step *S, lacts *A, tk_tensor *P, int64_t b0, int64_t
     const int64_t T = S->T, NH = S->m->NH, HS = S->m->HS, PH = NH * T * HS;
     tk_tensor Q = tk_tensor_view(&A->qh, b0 * PH, nb * PH), K = tk_tensor_view(&A->kh, b0 * PH, nb * PH);
     tk_tensor mask = tk_tensor_view(&S->s.mask, b0 * T, nb * T);
-    TRY(tk_op_gemm(S->d, P, &Q, &K, NULL, 0, 1, T, T, HS, nb * NH, T * HS, T * HS, T * T, 1.0f, 0.0f));
+    TRY(tk_op_gemm(S->d, P, &Q, &K, NULL, &(tk_gemm){ .m = T, .n = T, .k = HS, .trans_b = 1, .batch = nb * NH, .stride_a = T * HS, .stride_b = T * HS, .stride_c = T * T, .alpha = 1.0f }));
     TRY(tk_op_softmax_fwd(S->d, P, P, &mask, nb, NH, T, 1.0f / sqrtf((float)HS)));
     return TK_OK;
 }
@@ -944,8 +986,7 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in)
                                   doff(l, SITE_PROBS) + (uint64_t)(b0 * PP)));
         }
         tk_tensor V = tk_tensor_view(&A->vh, b0 * PH, nb * PH), C = tk_tensor_view(&s->ctxh, b0 * PH, nb * PH);
-        TRY(tk_op_gemm(S->d, &C, &PD, &V, NULL, 0, 0, T, HS, T, nb * NH, T * T, T * HS, T * HS, 1.0f,
-                       0.0f));
+        TRY(tk_op_gemm(S->d, &C, &PD, &V, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .batch = nb * NH, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
     }
     fr(S, &s->probs_d);
     fr(S, &s->pchunk);
@@ -1108,12 +1149,12 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
         tk_tensor K = tk_tensor_view(&A->kh, b0 * PH, nb * PH), dK = tk_tensor_view(&s->dkh, b0 * PH, nb * PH);
         tk_tensor dP = tk_tensor_view(&s->dprobs, 0, nb * PP);
         const int64_t bh = nb * NH;
-        TRY(tk_op_gemm(d, &dV, &PD, &dC, NULL, 1, 0, T, HS, T, bh, T * T, T * HS, T * HS, 1.0f, 0.0f));
-        TRY(tk_op_gemm(d, &dP, &dC, &V, NULL, 0, 1, T, T, HS, bh, T * HS, T * HS, T * T, 1.0f, 0.0f));
+        TRY(tk_op_gemm(d, &dV, &PD, &dC, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
+        TRY(tk_op_gemm(d, &dP, &dC, &V, NULL, &(tk_gemm){ .m = T, .n = T, .k = HS, .trans_b = 1, .batch = bh, .stride_a = T * HS, .stride_b = T * HS, .stride_c = T * T, .alpha = 1.0f }));
         if (pa > 0) TRY(tk_op_dropout_bwd(d, &dP, &dP, nb * PP, pa, S->seed, off));
         TRY(tk_op_softmax_bwd(d, &dP, &P, &dP, nb * NH * T, T, 1.0f / sqrtf((float)HS)));
-        TRY(tk_op_gemm(d, &dQ, &dP, &K, NULL, 0, 0, T, HS, T, bh, T * T, T * HS, T * HS, 1.0f, 0.0f));
-        TRY(tk_op_gemm(d, &dK, &dP, &Q, NULL, 1, 0, T, HS, T, bh, T * T, T * HS, T * HS, 1.0f, 0.0f));
+        TRY(tk_op_gemm(d, &dQ, &dP, &K, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
+        TRY(tk_op_gemm(d, &dK, &dP, &Q, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
     }
     fr(S, &s->dprobs);
     fr(S, &s->probs_d);
@@ -1148,15 +1189,15 @@ static tk_status embeddings_bwd(step *S) {
     if (ph > 0)
         TRY(tk_op_dropout_bwd(S->d, &s->dh, &s->dh, N * H, ph, S->seed, doff(-1, SITE_EMB)));
     TRY(alf(S, &s->dx, N, H, TK_CAT_TEMP, "bert.embeddings.LayerNorm"));
-    TRY(tk_op_layernorm_bwd(S->d, &s->dx, PG(S, m->emb + 3), PG(S, m->emb + 4), &s->dh, &s->ex,
-                            PW(S, m->emb + 3), &s->emean, &s->erstd, N, H, 0));
+    TRY(tk_op_layernorm_bwd(S->d, &s->dx, PG(S, m->emb.ln_w), PG(S, m->emb.ln_b), &s->dh, &s->ex,
+                            PW(S, m->emb.ln_w), &s->emean, &s->erstd, N, H, 0));
     fr(S, &s->dh);
     fr(S, &s->erstd);
     fr(S, &s->emean);
     fr(S, &s->ex);
-    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb), &s->ids, &s->dx, N, H));
-    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb + 1), &s->pos, &s->dx, N, H));
-    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb + 2), &s->tt, &s->dx, N, H));
+    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb.word), &s->ids, &s->dx, N, H));
+    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb.pos), &s->pos, &s->dx, N, H));
+    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb.type), &s->tt, &s->dx, N, H));
     fr(S, &s->dx);
     return TK_OK;
 }
@@ -1167,10 +1208,10 @@ static tk_status inputs(step *S, const tk_batch *b) {
     stens *s = &S->s;
     const int64_t N = S->N;
     const tk_bert_dims *dm = &m->o.dims;
-    int32_t *host = malloc((size_t)N * sizeof *host);
+    int32_t *host = tk_malloc((size_t)N * sizeof *host);
     if (!host) {
-        tk_err_set(S->err, TK_EINVAL, "model: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(S->err, TK_ENOMEM, "model: out of host memory");
+        return TK_ENOMEM;
     }
     tk_status st = TK_OK;
     for (int64_t i = 0; i < N && st == TK_OK; i++)
@@ -1255,14 +1296,18 @@ static tk_status inputs(step *S, const tk_batch *b) {
     return TK_OK;
 }
 
-static double mean_loss(step *S, const tk_tensor *losses, int n, int nvalid) {
-    float *h = calloc((size_t)n, sizeof *h);
+/* *out = the sum of the n per-example losses over nvalid (0 when none is
+ * valid). A failed read is the step's error, never a made-up loss. */
+static tk_status mean_loss(step *S, const tk_tensor *losses, int n, int nvalid, double *out) {
+    float *h = tk_calloc((size_t)n, sizeof *h);
     double sum = 0;
-    if (!h) return NAN;
-    if (tk_tensor_read_f32(S->d, losses, h, NULL) == TK_OK)
-        for (int i = 0; i < n; i++) sum += h[i];
+    *out = 0.0;
+    if (!h) return tk_err_nomem(S->err, "model: reading the loss");
+    tk_status st = tk_tensor_read_f32(S->d, losses, h, S->err);
+    for (int i = 0; st == TK_OK && i < n; i++) sum += h[i];
     free(h);
-    return nvalid ? sum / nvalid : 0.0;
+    if (st == TK_OK && nvalid) *out = sum / nvalid;
+    return st;
 }
 
 /* Head forward from hL (N,H); fills logits, losses. `keep` saves for backward
@@ -1305,8 +1350,7 @@ static tk_status head_fwd(step *S, tk_tensor *hL, int keep, int want_loss, doubl
         /* logits^T (2, N) = Wqa (2,H) @ hL^T, bias as a rank-1 update, so that
          * start and end logits are each a contiguous (B,T) block. */
         TRY(alf(S, &s->logits, 2, N, ca, "qa_outputs"));
-        TRY(tk_op_gemm(S->d, &s->logits, PWc(S, m->head), hL, NULL, 0, 1, 2, N, H, 1, 0, 0, 0, 1.0f,
-                       0.0f));
+        TRY(tk_op_gemm(S->d, &s->logits, PWc(S, m->head), hL, NULL, &(tk_gemm){ .m = 2, .n = N, .k = H, .trans_b = 1, .batch = 1, .alpha = 1.0f }));
         /* 16-bit: the bias rounded to the activations' dtype to pair with
          * the ones (as autocast does for a Linear's bias). */
         const tk_tensor *qb = PW(S, m->head + 1);
@@ -1315,7 +1359,7 @@ static tk_status head_fwd(step *S, tk_tensor *hL, int keep, int want_loss, doubl
             TRY(tk_op_cast(S->d, &s->qab, qb, 2));
             qb = &s->qab;
         }
-        TRY(tk_op_gemm(S->d, &s->logits, qb, &s->ones, NULL, 0, 0, 2, N, 1, 1, 0, 0, 0, 1.0f, 1.0f));
+        TRY(tk_op_gemm(S->d, &s->logits, qb, &s->ones, NULL, &(tk_gemm){ .m = 2, .n = N, .k = 1, .batch = 1, .alpha = 1.0f, .beta = 1.0f }));
         fr(S, &s->qab);
         if (!keep) fr(S, hL);
     }
@@ -1323,15 +1367,16 @@ static tk_status head_fwd(step *S, tk_tensor *hL, int keep, int want_loss, doubl
     if (m->o.head != TK_HEAD_SPAN) {
         TRY(al(S, &s->losses, TK_F32, 1, B, 0, 0, 0, TK_CAT_TEMP, "classifier"));
         TRY(tk_op_xent_fwd(S->d, &s->losses, NULL, &s->logits, &s->labels, B, V));
-        *loss = mean_loss(S, &s->losses, (int)B, S->nvalid);
+        TRY(mean_loss(S, &s->losses, (int)B, S->nvalid, loss));
         fr(S, &s->losses);
     } else {
         tk_tensor ls = tk_tensor_view(&s->logits, 0, N), le = tk_tensor_view(&s->logits, N, N);
         TRY(al(S, &s->losses, TK_F32, 1, B, 0, 0, 0, TK_CAT_TEMP, "qa_outputs"));
         TRY(tk_op_xent_fwd(S->d, &s->losses, NULL, &ls, &s->starts, B, S->T));
-        double l1 = mean_loss(S, &s->losses, (int)B, S->nvalid);
+        double l1, l2;
+        TRY(mean_loss(S, &s->losses, (int)B, S->nvalid, &l1));
         TRY(tk_op_xent_fwd(S->d, &s->losses, NULL, &le, &s->ends, B, S->T));
-        double l2 = mean_loss(S, &s->losses, (int)B, S->nvalid2);
+        TRY(mean_loss(S, &s->losses, (int)B, S->nvalid2, &l2));
         fr(S, &s->losses);
         *loss = (l1 + l2) / 2;
     }
@@ -1354,11 +1399,10 @@ static tk_status head_bwd(step *S, tk_tensor *hL, float grad_scale) {
                            S->nvalid2 ? 0.5f * grad_scale / S->nvalid2 : 0.0f));
         fr(S, &s->logits);
         tk_tensor *dW = PG(S, m->head), *db = PG(S, m->head + 1);
-        TRY(tk_op_gemm(d, dW, &s->dlogits, hL, NULL, 0, 0, 2, H, N, 1, 0, 0, 0, 1.0f, 1.0f));
-        TRY(tk_op_gemm(d, db, &s->dlogits, &s->ones, NULL, 0, 0, 2, 1, N, 1, 0, 0, 0, 1.0f, 1.0f));
+        TRY(tk_op_gemm(d, dW, &s->dlogits, hL, NULL, &(tk_gemm){ .m = 2, .n = H, .k = N, .batch = 1, .alpha = 1.0f, .beta = 1.0f }));
+        TRY(tk_op_gemm(d, db, &s->dlogits, &s->ones, NULL, &(tk_gemm){ .m = 2, .n = 1, .k = N, .batch = 1, .alpha = 1.0f, .beta = 1.0f }));
         TRY(alf(S, &s->dh, N, H, TK_CAT_TEMP, "qa_outputs"));
-        TRY(tk_op_gemm(d, &s->dh, &s->dlogits, PWc(S, m->head), NULL, 1, 0, N, H, 2, 1, 0, 0, 0, 1.0f,
-                       0.0f));
+        TRY(tk_op_gemm(d, &s->dh, &s->dlogits, PWc(S, m->head), NULL, &(tk_gemm){ .m = N, .n = H, .k = 2, .trans_a = 1, .batch = 1, .alpha = 1.0f }));
         fr(S, &s->dlogits);
         return TK_OK;
     }
@@ -1397,10 +1441,10 @@ static tk_status head_bwd(step *S, tk_tensor *hL, float grad_scale) {
 static tk_status read_logits(step *S, float *logits) {
     tk_model *m = S->m;
     int64_t n = tk_model_n_logits(m, S->B, S->T);
-    float *h = calloc((size_t)n, sizeof *h);
+    float *h = tk_calloc((size_t)n, sizeof *h);
     if (!h) {
-        tk_err_set(S->err, TK_EINVAL, "model: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(S->err, TK_ENOMEM, "model: out of host memory");
+        return TK_ENOMEM;
     }
     tk_status st = tk_tensor_read_f32(S->d, &S->s.logits, h, S->err);
     if (st == TK_OK && m->o.head == TK_HEAD_SPAN) {
@@ -1444,10 +1488,10 @@ static tk_status step_begin(step *S, tk_model *m, const tk_batch *b, int train, 
                    "(got %d); use batching: fixed", m->o.max_len, b->T);
         return TK_EINVAL;
     }
-    S->la = calloc((size_t)m->L, sizeof *S->la);
+    S->la = tk_calloc((size_t)m->L, sizeof *S->la);
     if (!S->la) {
-        tk_err_set(err, TK_EINVAL, "model: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "model: out of host memory");
+        return TK_ENOMEM;
     }
     return inputs(S, b);
 }

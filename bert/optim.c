@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "tk_train.h"
+#include "tk_host_mem.h"
 
 /* bitsandbytes keeps 32-bit state for tensors under 4096 elements
  * (min_8bit_size); we follow it so small biases do not lose precision. */
@@ -80,10 +81,10 @@ tk_adamw *tk_adamw_new(tk_dev *d, const tk_config *c, const tk_optim_param *para
                    c->adam_beta1, c->adam_beta2);
         return NULL;
     }
-    tk_adamw *o = calloc(1, sizeof *o);
-    if (!o || !(o->slots = calloc(n > 0 ? (size_t)n : 1, sizeof *o->slots))) {
+    tk_adamw *o = tk_calloc(1, sizeof *o);
+    if (!o || !(o->slots = tk_calloc(n > 0 ? (size_t)n : 1, sizeof *o->slots))) {
         free(o);
-        tk_err_set(err, TK_EINVAL, "optimizer: out of host memory");
+        tk_err_set(err, TK_ENOMEM, "optimizer: out of host memory");
         return NULL;
     }
     o->d = d;
@@ -169,10 +170,10 @@ static tk_status zero_bytes(tk_dev *d, tk_tensor *t, tk_err *err) {
     size_t nb = tk_tensor_nbytes(t);
     if (tk_dev_kind_of(d) == TK_DEV_META || nb == 0)
         return TK_OK;
-    void *z = calloc(1, nb);
+    void *z = tk_calloc(1, nb);
     if (!z) {
-        tk_err_set(err, TK_EINVAL, "optimizer: out of host memory (%zu bytes)", nb);
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "optimizer: out of host memory (%zu bytes)", nb);
+        return TK_ENOMEM;
     }
     tk_status st = tk_tensor_write(d, t, z, err);
     free(z);

@@ -7,6 +7,7 @@
  * destroy frees shared and cyclic trees in one pass.
  */
 #include "tk_pickle.h"
+#include "tk_host_mem.h"
 
 #include <fnmatch.h>
 #include <stdio.h>
@@ -67,6 +68,13 @@ static int fail(rd *r, const char *what) {
     return -1;
 }
 
+/* A host allocation failed: TK_ENOMEM, naming the file and where. -1. */
+static int fail_nomem(rd *r) {
+    tk_err_set(r->err, TK_ENOMEM, "%s: byte %zu: %s (0x%02x): out of host memory", r->name, r->op_pos,
+               op_name(r->op), r->op);
+    return -1;
+}
+
 static int charge(rd *r, size_t n) {
     if (n > r->max_bytes || r->p->used > r->max_bytes - n) return fail(r, "the values would exceed the reader's memory cap");
     r->p->used += n;
@@ -75,9 +83,9 @@ static int charge(rd *r, size_t n) {
 
 static tk_pval *node(rd *r, tk_pval_kind k) {
     if (charge(r, sizeof(tk_pval))) return NULL;
-    tk_pval *v = calloc(1, sizeof *v);
+    tk_pval *v = tk_calloc(1, sizeof *v);
     if (!v) {
-        fail(r, "out of host memory");
+        fail_nomem(r);
         return NULL;
     }
     v->kind = k;
@@ -91,8 +99,8 @@ static int add_item(rd *r, tk_pval *v, tk_pval *x) {
     if (v->n == v->cap) {
         size_t cap = v->cap ? v->cap * 2 : 4;
         if (charge(r, (cap - v->cap) * sizeof(tk_pval *))) return -1;
-        tk_pval **it = realloc(v->items, cap * sizeof *it);
-        if (!it) return fail(r, "out of host memory");
+        tk_pval **it = tk_realloc(v->items, cap * sizeof *it);
+        if (!it) return fail_nomem(r);
         v->items = it;
         v->cap = cap;
     }
@@ -116,8 +124,8 @@ static int push(rd *r, tk_pval *v) {
     if (r->sp == r->scap) {
         size_t cap = r->scap ? r->scap * 2 : 64;
         if (charge(r, (cap - r->scap) * sizeof(tk_pval *))) return -1;
-        tk_pval **s = realloc(r->stack, cap * sizeof *s);
-        if (!s) return fail(r, "out of host memory");
+        tk_pval **s = tk_realloc(r->stack, cap * sizeof *s);
+        if (!s) return fail_nomem(r);
         r->stack = s;
         r->scap = cap;
     }
@@ -154,8 +162,8 @@ static int pop_mark(rd *r, size_t *from) {
 static int str_node(rd *r, tk_pval_kind k, size_t n) {
     if (need(r, n) || charge(r, n + 1)) return -1;
     tk_pval *v = node(r, k);
-    char *s = v ? malloc(n + 1) : NULL;
-    if (v && !s) return fail(r, "out of host memory");
+    char *s = v ? tk_malloc(n + 1) : NULL;
+    if (v && !s) return fail_nomem(r);
     if (!v) return -1;
     memcpy(s, r->buf + r->pos, n);
     s[n] = 0;
@@ -189,8 +197,8 @@ static int global_node(rd *r, const char *module, size_t mn, const char *name, s
     }
     if (charge(r, mn + nn + 2)) return -1;
     tk_pval *v = node(r, TK_PV_GLOBAL);
-    char *s = v ? strdup(full) : NULL;
-    if (v && !s) return fail(r, "out of host memory");
+    char *s = v ? tk_strdup(full) : NULL;
+    if (v && !s) return fail_nomem(r);
     if (!v) return -1;
     v->s = s;
     v->n = mn + nn + 1;
@@ -208,8 +216,8 @@ static int memo_put(rd *r, size_t idx) {
         while (n <= idx) n *= 2;
         if (n > r->len) n = r->len;
         if (charge(r, (n - r->memo_n) * sizeof(tk_pval *))) return -1;
-        tk_pval **m = realloc(r->memo, n * sizeof *m);
-        if (!m) return fail(r, "out of host memory");
+        tk_pval **m = tk_realloc(r->memo, n * sizeof *m);
+        if (!m) return fail_nomem(r);
         memset(m + r->memo_n, 0, (n - r->memo_n) * sizeof *m);
         r->memo = m;
         r->memo_n = n;
@@ -280,8 +288,8 @@ static int step(rd *r, int *done) {
         if (r->nmarks == r->mcap) {
             size_t cap = r->mcap ? r->mcap * 2 : 16;
             if (charge(r, (cap - r->mcap) * sizeof(size_t))) return -1;
-            size_t *m = realloc(r->marks, cap * sizeof *m);
-            if (!m) return fail(r, "out of host memory");
+            size_t *m = tk_realloc(r->marks, cap * sizeof *m);
+            if (!m) return fail_nomem(r);
             r->marks = m;
             r->mcap = cap;
         }
@@ -430,9 +438,9 @@ tk_pickle *tk_pickle_load(const uint8_t *buf, size_t len, const tk_pickle_opts *
     r.name = opts && opts->name ? opts->name : "pickle";
     r.max_bytes = opts && opts->max_bytes ? opts->max_bytes : (size_t)1 << 30;
     r.err = err;
-    r.p = calloc(1, sizeof *r.p);
+    r.p = tk_calloc(1, sizeof *r.p);
     if (!r.p) {
-        tk_err_set(err, TK_EFORMAT, "%s: out of host memory", r.name);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", r.name);
         return NULL;
     }
     int done = 0;

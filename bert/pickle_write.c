@@ -6,6 +6,7 @@
  * holds them, as Python's pickle chooses; nothing is written to a file here.
  */
 #include "tk_pickle.h"
+#include "tk_host_mem.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,7 @@ static void put(tk_pickle_w *w, const void *p, size_t n) {
     if (w->len + n > w->cap) {
         size_t cap = w->cap ? w->cap : 4096;
         while (cap < w->len + n) cap *= 2;
-        uint8_t *b = realloc(w->buf, cap);
+        uint8_t *b = tk_realloc(w->buf, cap);
         if (!b) { w->failed = 1; return; }
         w->buf = b;
         w->cap = cap;
@@ -41,7 +42,7 @@ static void le(tk_pickle_w *w, uint64_t x, int n) {
 }
 
 tk_pickle_w *tk_pickle_w_new(void) {
-    tk_pickle_w *w = calloc(1, sizeof *w);
+    tk_pickle_w *w = tk_calloc(1, sizeof *w);
     if (!w) return NULL;
     op(w, 0x80);
     op(w, 4);
@@ -82,7 +83,7 @@ static uint64_t hash_str(const char *s) {
 
 static int memo_grow(tk_pickle_w *w) {
     size_t cap = w->memo_cap ? w->memo_cap * 2 : 256;
-    memo_slot *m = calloc(cap, sizeof *m);
+    memo_slot *m = tk_calloc(cap, sizeof *m);
     if (!m) return -1;
     for (size_t i = 0; i < w->memo_cap; i++)
         if (w->memo[i].s) {
@@ -112,7 +113,7 @@ void tk_pickle_w_str(tk_pickle_w *w, const char *s) {
     else { op(w, 'X'); le(w, n, 4); }
     put(w, s, n);
     op(w, 0x94);
-    char *c = strdup(s);
+    char *c = tk_strdup(s);
     if (!c) { w->failed = 1; return; }
     w->memo[j].s = c;
     w->memo[j].idx = (uint32_t)w->memo_n++;

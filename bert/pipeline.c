@@ -14,6 +14,7 @@
 
 #include "tk_data.h"
 #include "tk_files.h"
+#include "tk_host_mem.h"
 #include "tk_pipeline.h"
 
 typedef struct {
@@ -111,18 +112,20 @@ tk_tokenizer *tk_run_tokenizer(const tk_config *c, const char *corpus, const cha
  * owned data batches plus model views of them. */
 static tk_status make_batches(const tk_features *f, const tk_config *c, int batch_size, int pad_id,
                               tk_data_batch **raw_out, tk_batch **out, int *nout, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_batching_opts bo = {.strategy = c->head == TK_HEAD_FLATTEN_DENSE ? TK_BATCH_FIXED : c->batching,
                            .batch_size = batch_size, .buckets = c->buckets, .shuffle = 0,
                            .drop_last = 0, .seed = c->seed};
     tk_batches *bs = tk_batches_new(f, &bo, pad_id, err);
-    if (!bs) return err && err->status ? err->status : TK_EINVAL;
+    if (!bs) return err->status;
     int n = tk_batches_count(bs);
-    tk_data_batch *raw = calloc((size_t)(n > 0 ? n : 1), sizeof *raw);
-    tk_batch *mb = calloc((size_t)(n > 0 ? n : 1), sizeof *mb);
+    tk_data_batch *raw = tk_calloc((size_t)(n > 0 ? n : 1), sizeof *raw);
+    tk_batch *mb = tk_calloc((size_t)(n > 0 ? n : 1), sizeof *mb);
     tk_status st = TK_OK;
     if (!raw || !mb) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory for %d batches", n);
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory for %d batches", n);
+        st = TK_ENOMEM;
     }
     /* a fresh data batch each time: tk_batches_get reuses a batch's memory */
     for (int i = 0; st == TK_OK && i < n; i++) {
@@ -159,10 +162,10 @@ static tk_status batches_of(const tk_features *ft, const tk_features *fd, const 
 }
 
 static tk_status lengths_of(const tk_features *f, tk_run_data *d, tk_err *err) {
-    d->lengths = malloc((size_t)(f->n > 0 ? f->n : 1) * sizeof *d->lengths);
+    d->lengths = tk_malloc((size_t)(f->n > 0 ? f->n : 1) * sizeof *d->lengths);
     if (!d->lengths) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory");
+        return TK_ENOMEM;
     }
     memcpy(d->lengths, f->len, (size_t)f->n * sizeof *d->lengths);
     d->n_lengths = f->n;
@@ -176,6 +179,8 @@ static tk_status tokenizer_facts(const tk_tokenizer *tok, tk_run_data *d) {
 }
 
 static tk_status load_classify(const tk_config *c, tk_run_data *d, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_data_cols cols = {.text = c->text_col, .text_pair = c->text_pair_col, .label = c->label_col};
     tk_dataset *all = NULL, *train = NULL, *dev = NULL;
     tk_tokenizer *tok = NULL;
@@ -199,7 +204,7 @@ static tk_status load_classify(const tk_config *c, tk_run_data *d, tk_err *err) 
     if (c->max_examples > 0 && head.n > c->max_examples) head.n = c->max_examples;
     if (!(tok = tk_run_tokenizer(c, c->train_file, (const char *const *)head.text, head.n, d->vocab_path,
                                 sizeof d->vocab_path, d->vocab_note, sizeof d->vocab_note, err))) {
-        st = err && err->status ? err->status : TK_EINVAL;
+        st = err->status;
         goto out;
     }
     tokenizer_facts(tok, d);
@@ -207,8 +212,8 @@ static tk_status load_classify(const tk_config *c, tk_run_data *d, tk_err *err) 
     if (dev && (st = tk_features_classify(tok, dev, c->max_len, TK_TRUNC_LONGEST_FIRST, &fd, err)) != TK_OK)
         goto out;
     d->num_labels = train->num_labels;
-    d->labels = calloc((size_t)(train->num_labels + 1), sizeof *d->labels);
-    for (int i = 0; d->labels && i < train->num_labels; i++) d->labels[i] = strdup(train->labels[i]);
+    d->labels = tk_calloc((size_t)(train->num_labels + 1), sizeof *d->labels);
+    for (int i = 0; d->labels && i < train->num_labels; i++) d->labels[i] = tk_strdup(train->labels[i]);
     d->n_examples = head.n;
     d->n_dev_examples = dev ? dev->n : 0;
     d->n_truncated = ft->n_truncated;
@@ -227,6 +232,8 @@ out:
 }
 
 static tk_status load_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_squad *train = NULL, *dev = NULL;
     tk_tokenizer *tok = NULL;
     tk_features *ft = NULL, *fd = NULL;
@@ -236,10 +243,10 @@ static tk_status load_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
     if (c->dev_file[0] && (st = tk_squad_load(c->dev_file, &dev, err)) != TK_OK) goto out;
     tk_squad head = *train;
     if (c->max_examples > 0 && head.n > c->max_examples) head.n = c->max_examples;
-    texts = malloc((size_t)(2 * head.n + 1) * sizeof *texts);
+    texts = tk_malloc((size_t)(2 * head.n + 1) * sizeof *texts);
     if (!texts) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory");
+        st = TK_ENOMEM;
         goto out;
     }
     for (int i = 0; i < head.n; i++) {
@@ -248,7 +255,7 @@ static tk_status load_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
     }
     if (!(tok = tk_run_tokenizer(c, c->train_file, texts, 2 * head.n, d->vocab_path, sizeof d->vocab_path,
                                 d->vocab_note, sizeof d->vocab_note, err))) {
-        st = err && err->status ? err->status : TK_EINVAL;
+        st = err->status;
         goto out;
     }
     tokenizer_facts(tok, d);
@@ -314,9 +321,9 @@ tk_status tk_run_data_load(const tk_config *c, tk_run_data *d, tk_err *err) {
                    "(or train with towers: 1)", c->towers);
         return TK_EINVAL;
     }
-    if (!(d->priv = calloc(1, sizeof(owned)))) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory");
-        return TK_EINVAL;
+    if (!(d->priv = tk_calloc(1, sizeof(owned)))) {
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory");
+        return TK_ENOMEM;
     }
     tk_status st = c->task == TK_TASK_QA ? load_squad(c, d, err) : load_classify(c, d, err);
     if (st != TK_OK) {
@@ -379,6 +386,8 @@ static tk_status map_labels(tk_dataset *ds, const char *const *labels, int n_lab
 
 static tk_status eval_classify(const tk_config *c, const char *const *labels, int n_labels, tk_run_data *d,
                                tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_data_cols cols = {.text = c->text_col, .text_pair = c->text_pair_col, .label = c->label_col,
                          .label_optional = 1};
     tk_dataset *ds = NULL;
@@ -390,7 +399,7 @@ static tk_status eval_classify(const tk_config *c, const char *const *labels, in
     if (c->max_examples > 0 && ds->n > c->max_examples) ds->n = c->max_examples;
     if (!(tok = tk_run_tokenizer(c, c->train_file, (const char *const *)ds->text, ds->n, d->vocab_path,
                                  sizeof d->vocab_path, d->vocab_note, sizeof d->vocab_note, err))) {
-        st = err && err->status ? err->status : TK_EINVAL;
+        st = err->status;
         goto out;
     }
     tokenizer_facts(tok, d);
@@ -421,6 +430,8 @@ out:
 }
 
 static tk_status eval_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_squad *sq = NULL;
     tk_tokenizer *tok = NULL;
     tk_features *f = NULL;
@@ -428,10 +439,10 @@ static tk_status eval_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
     tk_status st;
     if ((st = tk_squad_load(c->train_file, &sq, err)) != TK_OK) goto out;
     if (c->max_examples > 0 && sq->n > c->max_examples) sq->n = c->max_examples;
-    texts = malloc((size_t)(2 * sq->n + 1) * sizeof *texts);
+    texts = tk_malloc((size_t)(2 * sq->n + 1) * sizeof *texts);
     if (!texts) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory");
+        st = TK_ENOMEM;
         goto out;
     }
     for (int i = 0; i < sq->n; i++) {
@@ -440,7 +451,7 @@ static tk_status eval_squad(const tk_config *c, tk_run_data *d, tk_err *err) {
     }
     if (!(tok = tk_run_tokenizer(c, c->train_file, texts, 2 * sq->n, d->vocab_path, sizeof d->vocab_path,
                                  d->vocab_note, sizeof d->vocab_note, err))) {
-        st = err && err->status ? err->status : TK_EINVAL;
+        st = err->status;
         goto out;
     }
     tokenizer_facts(tok, d);
@@ -476,9 +487,9 @@ tk_status tk_run_data_load_eval(const tk_config *c0, const char *const *labels, 
     /* file order, each batch padded to its longest: the fastest exact way */
     tk_config c = *c0;
     if (c.head != TK_HEAD_FLATTEN_DENSE) c.batching = TK_BATCH_DYNAMIC;
-    if (!(d->priv = calloc(1, sizeof(owned)))) {
-        tk_err_set(err, TK_EINVAL, "data: out of host memory");
-        return TK_EINVAL;
+    if (!(d->priv = tk_calloc(1, sizeof(owned)))) {
+        tk_err_set(err, TK_ENOMEM, "data: out of host memory");
+        return TK_ENOMEM;
     }
     tk_status st = c.task == TK_TASK_QA ? eval_squad(&c, d, err) : eval_classify(&c, labels, n_labels, d, err);
     if (st != TK_OK) {
@@ -548,6 +559,8 @@ static tk_squad *lengths_try_squad(const char *path) {
 
 tk_status tk_run_text_lengths(const tk_config *c, const char *path, const char *text_col, const char *pair_col,
                               tk_run_lengths *out, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_table *t = NULL;
     tk_squad *sq = lengths_try_squad(path);
     tk_tokenizer *tok = NULL;
@@ -578,11 +591,11 @@ tk_status tk_run_text_lengths(const tk_config *c, const char *path, const char *
         snprintf(out->column, sizeof out->column, "%s", col);
         nrows = t->nrows;
     }
-    texts = malloc((size_t)(nrows > 0 ? 2 * nrows : 1) * sizeof *texts);
-    out->len = malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof *out->len);
+    texts = tk_malloc((size_t)(nrows > 0 ? 2 * nrows : 1) * sizeof *texts);
+    out->len = tk_malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof *out->len);
     if (!texts || !out->len) {
-        tk_err_set(err, TK_EINVAL, "%s: out of host memory", path);
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
+        st = TK_ENOMEM;
         goto out;
     }
     for (int i = 0; i < nrows; i++) {
@@ -591,7 +604,7 @@ tk_status tk_run_text_lengths(const tk_config *c, const char *path, const char *
     }
     if (!(tok = tk_run_tokenizer(c, path, texts, nrows, out->vocab_path, sizeof out->vocab_path, out->vocab_note,
                                  sizeof out->vocab_note, err))) {
-        st = err && err->status ? err->status : TK_EINVAL;
+        st = err->status;
         goto out;
     }
     for (int i = 0; i < nrows; i++) {
@@ -599,8 +612,8 @@ tk_status tk_run_text_lengths(const tk_config *c, const char *path, const char *
         int n = tk_count_tokens(tok, texts[i], (size_t)-1);
         int np = pair ? tk_count_tokens(tok, pair, (size_t)-1) : 0;
         if (n < 0 || np < 0) {
-            tk_err_set(err, TK_EINVAL, "%s: out of host memory while tokenizing", path);
-            st = TK_EINVAL;
+            tk_err_set(err, TK_ENOMEM, "%s: out of host memory while tokenizing", path);
+            st = TK_ENOMEM;
             goto out;
         }
         out->len[i] = n + np + (pair ? 3 : 2); /* [CLS] a [SEP] (b [SEP]) */

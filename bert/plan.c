@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "tk_plan.h"
+#include "tk_host_mem.h"
 #include "tk_train.h"
 
 static double now_ms(void) {
@@ -52,12 +53,12 @@ static void host_batch_free(host_batch *h) {
 static int host_batch_make(host_batch *h, tk_batch *b, int B, int rows_per_ex, int T) {
     size_t n = (size_t)B * rows_per_ex * T;
     memset(h, 0, sizeof *h);
-    h->ids = calloc(n, sizeof(int32_t));
-    h->types = calloc(n, sizeof(int32_t));
-    h->mask = malloc(n * sizeof(int32_t));
-    h->labels = calloc((size_t)B, sizeof(int32_t));
-    h->starts = calloc((size_t)B, sizeof(int32_t));
-    h->ends = calloc((size_t)B, sizeof(int32_t));
+    h->ids = tk_calloc(n, sizeof(int32_t));
+    h->types = tk_calloc(n, sizeof(int32_t));
+    h->mask = tk_malloc(n * sizeof(int32_t));
+    h->labels = tk_calloc((size_t)B, sizeof(int32_t));
+    h->starts = tk_calloc((size_t)B, sizeof(int32_t));
+    h->ends = tk_calloc((size_t)B, sizeof(int32_t));
     if (!h->ids || !h->types || !h->mask || !h->labels || !h->starts || !h->ends) {
         host_batch_free(h);
         return -1;
@@ -144,10 +145,10 @@ static tk_status sim_steps(const tk_config *c, tk_trainer *t, tk_dev *d, const s
         if (c->max_steps > 0 && c->max_steps < steps)
             steps = c->max_steps;
     }
-    int *order = calloc((size_t)n, sizeof *order); /* the worst case: k times batch 0 */
+    int *order = tk_calloc((size_t)n, sizeof *order); /* the worst case: k times batch 0 */
     if (!order) {
-        tk_err_set(err, TK_EINVAL, "plan: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "plan: out of host memory");
+        return TK_ENOMEM;
     }
     if (j->train)
         tk_train_epoch_order(order, n, c->seed, 0);
@@ -200,13 +201,16 @@ static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t ca
     memset(o, 0, sizeof *o);
     o->tensors = want;
     o->max_tensors = max_want;
+    tk_err local = { 0 };
+    if (!err) err = &local; /* what failed is always recorded, so its status is read, not guessed */
     tk_dev_opts dopts = { .kind = TK_DEV_META, .capacity = capacity };
     tk_dev *d = tk_dev_new(&dopts, err);
     if (!d)
-        return TK_EDEVICE;
-    if (want && max_want > 0 && tk_dev_track_tensors(d, err) != TK_OK) {
+        return err->status;
+    tk_status tst;
+    if (want && max_want > 0 && (tst = tk_dev_track_tensors(d, err)) != TK_OK) {
         tk_dev_destroy(&d);
-        return TK_EINVAL;
+        return tst;
     }
     tk_alloc *a = tk_dev_alloc(d);
     if (w && w->opened) w->opened(a, w->ud);
@@ -220,13 +224,13 @@ static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t ca
     memset(&hb, 0, sizeof hb);
     memset(&he, 0, sizeof he);
     if (!j->train && (host_batch_make(&hb, &tb, j->B, rows, j->T) || host_batch_make(&he, &eb, j->EB, rows, j->T))) {
-        tk_err_set(err, TK_EINVAL, "plan: out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "plan: out of host memory");
+        st = TK_ENOMEM;
         goto out;
     }
     snprintf(o->phase, sizeof o->phase, "model");
     if (!(m = tk_model_new(d, mo, err))) {
-        st = err && err->status ? err->status : TK_EOOM;
+        st = err->status;
         goto out;
     }
     o->n_params = tk_model_n_weights(m);
@@ -290,10 +294,10 @@ tk_status tk_plan_epoch(const tk_config *c, const tk_plan_batches *b, const tk_p
 static tk_status tensors_at_peak(const tk_config *c, const int *lengths, int n, const tk_plan_batches *run,
                                  tk_tensor_info *out, int max, int *n_out, tk_err *err) {
     *n_out = 0;
-    tk_plan_result *p = malloc(sizeof *p);
+    tk_plan_result *p = tk_malloc(sizeof *p);
     if (!p) {
-        tk_err_set(err, TK_EINVAL, "plan: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "plan: out of host memory");
+        return TK_ENOMEM;
     }
     tk_status st = plan_impl(c, lengths, n, run, 0, NULL, p, out, max, n_out, err);
     free(p);
@@ -391,10 +395,10 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
     out->capacity = capacity;
     out->context_bytes = context_bytes;
 
-    sim_out *so = calloc(1, sizeof *so);
+    sim_out *so = tk_calloc(1, sizeof *so);
     if (!so) {
-        tk_err_set(err, TK_EINVAL, "plan: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "plan: out of host memory");
+        return TK_ENOMEM;
     }
     so->tensors = tensors;
     so->max_tensors = max_tensors;
@@ -441,7 +445,7 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
 
 char *tk_plan_format(const tk_plan_result *p) {
     size_t cap = 4096;
-    char *s = malloc(cap);
+    char *s = tk_malloc(cap);
     if (!s)
         return NULL;
     char b1[32], b2[32], b3[32];

@@ -6,6 +6,7 @@
  * batch (tk_model_forward_eval), so a prediction's peak is one batch's.
  */
 #include "tk_predict.h"
+#include "tk_host_mem.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -115,25 +116,25 @@ tk_status tk_predict(tk_model *m, const tk_run_data *d, tk_predict_result *r, tk
         int64_t nl = tk_model_n_logits(m, d->dev[i].B, d->dev[i].T);
         maxl = nl > maxl ? nl : maxl;
     }
-    float *logits = malloc((size_t)(maxl > 0 ? maxl : 1) * sizeof *logits);
-    best_span *best = r->qa ? calloc((size_t)(n > 0 ? n : 1), sizeof *best) : NULL;
+    float *logits = tk_malloc((size_t)(maxl > 0 ? maxl : 1) * sizeof *logits);
+    best_span *best = r->qa ? tk_calloc((size_t)(n > 0 ? n : 1), sizeof *best) : NULL;
     if (r->qa) {
-        r->answer = calloc((size_t)(n > 0 ? n : 1), sizeof *r->answer);
-        r->char_start = malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
-        r->char_end = malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
-        r->id = calloc((size_t)(n > 0 ? n : 1), sizeof *r->id);
+        r->answer = tk_calloc((size_t)(n > 0 ? n : 1), sizeof *r->answer);
+        r->char_start = tk_malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+        r->char_end = tk_malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+        r->id = tk_calloc((size_t)(n > 0 ? n : 1), sizeof *r->id);
     } else {
-        r->pred = calloc((size_t)(n > 0 ? n : 1), sizeof(int));
-        r->gold = malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
-        r->probs = calloc((size_t)(n > 0 ? n : 1) * (size_t)(K > 0 ? K : 1), sizeof(float));
-        r->logits = calloc((size_t)(n > 0 ? n : 1) * (size_t)(K > 0 ? K : 1), sizeof(float));
-        r->confusion = calloc((size_t)(K > 0 ? K * K : 1), sizeof(int64_t));
+        r->pred = tk_calloc((size_t)(n > 0 ? n : 1), sizeof(int));
+        r->gold = tk_malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+        r->probs = tk_calloc((size_t)(n > 0 ? n : 1) * (size_t)(K > 0 ? K : 1), sizeof(float));
+        r->logits = tk_calloc((size_t)(n > 0 ? n : 1) * (size_t)(K > 0 ? K : 1), sizeof(float));
+        r->confusion = tk_calloc((size_t)(K > 0 ? K * K : 1), sizeof(int64_t));
     }
     tk_status st = TK_OK;
     if (!logits || (r->qa ? !best || !r->answer || !r->char_start || !r->char_end || !r->id
                           : !r->pred || !r->gold || !r->probs || !r->logits || !r->confusion)) {
-        tk_err_set(err, TK_EINVAL, "predict: out of host memory for %d examples", n);
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "predict: out of host memory for %d examples", n);
+        st = TK_ENOMEM;
         goto out;
     }
     for (int i = 0; r->qa && i < n; i++) best[i].start = -1;
@@ -175,21 +176,21 @@ tk_status tk_predict(tk_model *m, const tk_run_data *d, tk_predict_result *r, tk
             r->char_start[i] = r->char_end[i] = -1;
             if (best[i].start >= 0 && tk_run_data_span(d, best[i].feature, best[i].start, best[i].end, &sp) == 0) {
                 size_t k = (size_t)(sp.byte_end - sp.byte_start);
-                r->answer[i] = malloc(k + 1);
+                r->answer[i] = tk_malloc(k + 1);
                 if (r->answer[i]) {
                     memcpy(r->answer[i], sp.context + sp.byte_start, k);
                     r->answer[i][k] = 0;
                 }
                 r->char_start[i] = sp.char_start;
                 r->char_end[i] = sp.char_end;
-                r->id[i] = sp.id ? strdup(sp.id) : NULL;
+                r->id[i] = sp.id ? tk_strdup(sp.id) : NULL;
                 if (sp.n_gold > 0) {
                     r->n_gold++;
                     em += tk_squad_em(r->answer[i] ? r->answer[i] : "", sp.gold, sp.n_gold);
                     f1 += tk_squad_f1(r->answer[i] ? r->answer[i] : "", sp.gold, sp.n_gold);
                 }
             }
-            if (!r->answer[i]) r->answer[i] = strdup("");
+            if (!r->answer[i]) r->answer[i] = tk_strdup("");
         }
         r->exact_match = r->n_gold ? 100.0 * em / r->n_gold : NAN;
         r->f1 = r->n_gold ? 100.0 * f1 / r->n_gold : NAN;
@@ -232,7 +233,7 @@ static int is_word(int32_t c) {
 typedef struct { int start, len; } span;
 static int32_t *normalise(const char *s, span **toks, int *ntok) {
     size_t n = strlen(s);
-    int32_t *cp = malloc((n + 1) * sizeof *cp);
+    int32_t *cp = tk_malloc((n + 1) * sizeof *cp);
     *toks = NULL;
     *ntok = 0;
     if (!cp) return NULL;
@@ -267,7 +268,7 @@ static int32_t *normalise(const char *s, span **toks, int *ntok) {
             for (int t = i; t < j; t++) cp[t] = ' ';
         i = j;
     }
-    *toks = malloc((size_t)(k + 1) * sizeof **toks);
+    *toks = tk_malloc((size_t)(k + 1) * sizeof **toks);
     if (!*toks) {
         free(cp);
         return NULL;
@@ -301,7 +302,7 @@ static double score_one(const char *pred, const char *gold, int em) {
             for (int i = 0; out && i < np; i++) out = tok_eq(p, pt[i], g, gt[i]);
         } else {
             /* common tokens as multisets (Counter & Counter) */
-            char *used = calloc((size_t)(ng + 1), 1);
+            char *used = tk_calloc((size_t)(ng + 1), 1);
             int common = 0;
             for (int i = 0; used && i < np; i++)
                 for (int j = 0; j < ng; j++)

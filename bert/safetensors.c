@@ -7,6 +7,7 @@
  * a temp file + fsync + rename.
  */
 #include "tk_safetensors.h"
+#include "tk_host_mem.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -174,10 +175,10 @@ tk_st_file *tk_st_parse(const void *buf, size_t len, const char *what, tk_err *e
         tk_err_set(err, TK_EFORMAT, "%s: header JSON: %s (at byte %d)", what, je.text, je.position);
         return NULL;
     }
-    tk_st_file *f = calloc(1, sizeof *f);
+    tk_st_file *f = tk_calloc(1, sizeof *f);
     if (!f || !json_is_object(root)) {
         if (f) tk_err_set(err, TK_EFORMAT, "%s: header is not a JSON object", what);
-        else tk_err_set(err, TK_EINVAL, "%s: out of host memory", what);
+        else tk_err_set(err, TK_ENOMEM, "%s: out of host memory", what);
         json_decref(root);
         free(f);
         return NULL;
@@ -187,11 +188,11 @@ tk_st_file *tk_st_parse(const void *buf, size_t len, const char *what, tk_err *e
     f->data = p + 8 + n;
     f->data_len = len - 8 - (size_t)n;
     size_t cap = json_object_size(root);
-    f->e = calloc(cap ? cap : 1, sizeof *f->e);
+    f->e = tk_calloc(cap ? cap : 1, sizeof *f->e);
     const char *key;
     json_t *v;
     int bad = !f->e;
-    if (bad) tk_err_set(err, TK_EINVAL, "%s: out of host memory", what);
+    if (bad) tk_err_set(err, TK_ENOMEM, "%s: out of host memory", what);
     json_object_foreach(root, key, v) {
         if (bad) break;
         if (strcmp(key, "__metadata__") == 0) {
@@ -215,8 +216,8 @@ tk_st_file *tk_st_parse(const void *buf, size_t len, const char *what, tk_err *e
         }
         tk_st_entry *e = &f->e[f->n];
         if (parse_entry(what, key, v, e, err)) { bad = 1; break; }
-        e->name = strdup(key);
-        if (!e->name) { tk_err_set(err, TK_EINVAL, "%s: out of host memory", what); bad = 1; break; }
+        e->name = tk_strdup(key);
+        if (!e->name) { tk_err_set(err, TK_ENOMEM, "%s: out of host memory", what); bad = 1; break; }
         f->n++;
     }
     json_decref(root);
@@ -305,9 +306,9 @@ tk_st_file *tk_st_open_index(const char *index_path, tk_err *err) {
     }
     /* the shards, each once, in name order (model-00001-of-N first) */
     size_t nmap = json_object_size(map);
-    char **shards = calloc(nmap, sizeof *shards);
-    tk_st_file **fs = calloc(nmap, sizeof *fs);
-    size_t *at = calloc(nmap, sizeof *at);
+    char **shards = tk_calloc(nmap, sizeof *shards);
+    tk_st_file **fs = tk_calloc(nmap, sizeof *fs);
+    size_t *at = tk_calloc(nmap, sizeof *at);
     int ns = 0, ok = shards && fs && at;
     const char *k;
     json_t *v;
@@ -341,10 +342,10 @@ tk_st_file *tk_st_open_index(const char *index_path, tk_err *err) {
             nent += fs[i]->n;
         }
     }
-    tk_st_file *f = ok ? calloc(1, sizeof *f) : NULL;
+    tk_st_file *f = ok ? tk_calloc(1, sizeof *f) : NULL;
     uint8_t *base = MAP_FAILED;
     if (f) {
-        f->e = calloc((size_t)(nent > 0 ? nent : 1), sizeof *f->e);
+        f->e = tk_calloc((size_t)(nent > 0 ? nent : 1), sizeof *f->e);
         base = total ? mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
         if (!f->e || base == MAP_FAILED) {
             tk_err_set(err, TK_EIO, "%s: cannot map %zu bytes of shards", index_path, total);
@@ -376,7 +377,7 @@ tk_st_file *tk_st_open_index(const char *index_path, tk_err *err) {
                 ok = 0;
                 break;
             }
-            e.name = strdup(e.name);
+            e.name = tk_strdup(e.name);
             e.begin += shift;
             e.end += shift;
             if (!e.name) ok = 0;
@@ -441,7 +442,7 @@ struct tk_st_writer {
     json_t *meta;
 };
 
-tk_st_writer *tk_st_writer_new(void) { return calloc(1, sizeof(tk_st_writer)); }
+tk_st_writer *tk_st_writer_new(void) { return tk_calloc(1, sizeof(tk_st_writer)); }
 
 void tk_st_writer_destroy(tk_st_writer **pw) {
     if (!pw || !*pw) return;
@@ -467,20 +468,20 @@ tk_status tk_st_writer_add(tk_st_writer *w, const char *name, tk_st_dtype dt, in
         }
     if (w->n == w->cap) {
         int nc = w->cap ? 2 * w->cap : 64;
-        wentry *ne = realloc(w->e, (size_t)nc * sizeof *ne);
+        wentry *ne = tk_realloc(w->e, (size_t)nc * sizeof *ne);
         if (!ne) {
-            tk_err_set(err, TK_EINVAL, "safetensors writer: out of host memory");
-            return TK_EINVAL;
+            tk_err_set(err, TK_ENOMEM, "safetensors writer: out of host memory");
+            return TK_ENOMEM;
         }
         w->e = ne;
         w->cap = nc;
     }
     wentry *e = &w->e[w->n];
     memset(e, 0, sizeof *e);
-    e->name = strdup(name);
+    e->name = tk_strdup(name);
     if (!e->name) {
-        tk_err_set(err, TK_EINVAL, "safetensors writer: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "safetensors writer: out of host memory");
+        return TK_ENOMEM;
     }
     e->dtype = dt;
     e->ndim = ndim;
@@ -507,13 +508,13 @@ tk_status tk_st_writer_metadata(tk_st_writer *w, const char *key, const char *va
 tk_status tk_write_file_atomic(const char *path, const void *const *parts, const size_t *sizes,
                                int nparts, tk_err *err) {
     size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
-    char *dircopy = strdup(path);
+    char *tmp = tk_malloc(plen + 32);
+    char *dircopy = tk_strdup(path);
     if (!tmp || !dircopy) {
         free(tmp);
         free(dircopy);
-        tk_err_set(err, TK_EIO, "%s: out of host memory", path);
-        return TK_EIO;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
+        return TK_ENOMEM;
     }
     snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -592,7 +593,7 @@ tk_status tk_st_writer_write(tk_st_writer *w, const char *path, tk_err *err) {
     root = NULL;
     if (!js) goto oom;
     size_t jl = strlen(js), padded = (jl + 7) & ~(size_t)7;
-    char *hdr = malloc(8 + padded);
+    char *hdr = tk_malloc(8 + padded);
     if (!hdr) {
         free(js);
         goto oom;
@@ -602,8 +603,8 @@ tk_status tk_st_writer_write(tk_st_writer *w, const char *path, tk_err *err) {
     memset(hdr + 8 + jl, ' ', padded - jl);
     free(js);
     int np = 1 + w->n;
-    const void **parts = malloc((size_t)np * sizeof *parts);
-    size_t *sizes = malloc((size_t)np * sizeof *sizes);
+    const void **parts = tk_malloc((size_t)np * sizeof *parts);
+    size_t *sizes = tk_malloc((size_t)np * sizeof *sizes);
     tk_status st;
     if (!parts || !sizes) {
         free(parts);
@@ -624,8 +625,8 @@ tk_status tk_st_writer_write(tk_st_writer *w, const char *path, tk_err *err) {
     return st;
 oom:
     json_decref(root);
-    tk_err_set(err, TK_EIO, "%s: out of host memory while building the header", path);
-    return TK_EIO;
+    tk_err_set(err, TK_ENOMEM, "%s: out of host memory while building the header", path);
+    return TK_ENOMEM;
 }
 
 tk_st_file *tk_st_parse_owned(void *buf, size_t len, const char *what, tk_err *err) {
@@ -654,10 +655,10 @@ tk_st_file *tk_st_image(const tk_st_part *parts, int n, const char *what, tk_err
     char *h = hdr ? json_dumps(hdr, JSON_COMPACT) : NULL;
     json_decref(hdr);
     size_t hl = h ? strlen(h) : 0, hp = (hl + 7) / 8 * 8;
-    uint8_t *buf = h ? malloc(8 + hp + (size_t)off) : NULL;
+    uint8_t *buf = h ? tk_malloc(8 + hp + (size_t)off) : NULL;
     if (!buf) {
         free(h);
-        tk_err_set(err, TK_EINVAL, "%s: out of host memory for %llu bytes of tensors", what, (unsigned long long)off);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory for %llu bytes of tensors", what, (unsigned long long)off);
         return NULL;
     }
     for (int k = 0; k < 8; k++) buf[k] = (uint8_t)((uint64_t)hp >> (8 * k));

@@ -13,6 +13,7 @@
  * context, so a predicted (start, end) maps back to the exact text.
  */
 #include "tk_data_internal.h"
+#include "tk_host_mem.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -55,7 +56,7 @@ static long utf8_chars(const char *s, size_t len) {
 static char *dup_str(json_t *v) {
     const char *s = json_string_value(v);
     size_t n = json_string_length(v);
-    char *p = malloc(n + 1);
+    char *p = tk_malloc(n + 1);
     if (p) { memcpy(p, s, n); p[n] = 0; }
     return p;
 }
@@ -69,7 +70,7 @@ tk_status tk_squad_parse(const char *buf, size_t len, const char *name, tk_squad
         return TK_EFORMAT;
     }
     tk_status st = TK_OK;
-    tk_squad *sq = calloc(1, sizeof *sq);
+    tk_squad *sq = tk_calloc(1, sizeof *sq);
     json_t *data = json_object_get(root, "data");
     if (!sq) goto oom;
     snprintf(sq->name, sizeof sq->name, "%s", name);
@@ -119,7 +120,7 @@ tk_status tk_squad_parse(const char *buf, size_t len, const char *name, tk_squad
                 }
                 if (sq->n == cap) {
                     cap = cap ? cap * 2 : 256;
-                    tk_squad_example *ne = realloc(sq->ex, sizeof *ne * (size_t)cap);
+                    tk_squad_example *ne = tk_realloc(sq->ex, sizeof *ne * (size_t)cap);
                     if (!ne) goto oom;
                     sq->ex = ne;
                 }
@@ -130,9 +131,9 @@ tk_status tk_squad_parse(const char *buf, size_t len, const char *name, tk_squad
                 e->question = dup_str(q);
                 e->context = dup_str(ctx);
                 size_t na = json_array_size(ans);
-                e->answer_text = calloc(na ? na : 1, sizeof(char *));
-                e->answer_start = malloc(sizeof(int32_t) * (na ? na : 1));
-                e->answer_bstart = malloc(sizeof(int32_t) * (na ? na : 1));
+                e->answer_text = tk_calloc(na ? na : 1, sizeof(char *));
+                e->answer_start = tk_malloc(sizeof(int32_t) * (na ? na : 1));
+                e->answer_bstart = tk_malloc(sizeof(int32_t) * (na ? na : 1));
                 if (!e->id || !e->question || !e->context || !e->answer_text || !e->answer_start || !e->answer_bstart)
                     goto oom;
                 size_t k;
@@ -171,8 +172,8 @@ tk_status tk_squad_parse(const char *buf, size_t len, const char *name, tk_squad
     }
     goto done;
 oom:
-    tk_err_set(err, TK_EOOM, "%s: out of host memory", name);
-    st = TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name);
+    st = TK_ENOMEM;
 done:
     json_decref(root);
     if (st == TK_OK) *out = sq;
@@ -188,7 +189,7 @@ tk_status tk_squad_load(const char *path, tk_squad **out, tk_err *err) {
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    char *buf = n >= 0 ? tk_malloc((size_t)n + 1) : NULL;
     if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
         free(buf);
         fclose(f);
@@ -206,7 +207,7 @@ tk_status tk_features_squad(const tk_tokenizer *t, const tk_squad *sq, int max_l
     *out = NULL;
     tk_features *f = tk_features_alloc(max_len, 1);
     tk_encoding q = {0}, c = {0};
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(max_len > 0 ? max_len : 1) * 4);
+    int32_t *ids = tk_malloc(sizeof(int32_t) * (size_t)(max_len > 0 ? max_len : 1) * 4);
     tk_status st = TK_OK;
     if (!f || !ids) goto oom;
     int32_t *tt = ids + max_len, *bs = ids + 2 * max_len, *be = ids + 3 * max_len;
@@ -261,8 +262,8 @@ tk_status tk_features_squad(const tk_tokenizer *t, const tk_squad *sq, int max_l
     }
     goto done;
 oom:
-    tk_err_set(err, TK_EOOM, "%s: out of host memory while tokenizing", sq->name);
-    st = TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "%s: out of host memory while tokenizing", sq->name);
+    st = TK_ENOMEM;
 done:
     tk_encoding_clear(&q);
     tk_encoding_clear(&c);

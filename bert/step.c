@@ -20,10 +20,11 @@
 #include <string.h>
 
 #include "tk_train.h"
+#include "tk_host_mem.h"
 
 tk_optim_param *tk_train_optim_params(tk_model *m, int *n) {
     int np = tk_model_n_params(m);
-    tk_optim_param *ps = calloc(np > 0 ? (size_t)np : 1, sizeof *ps);
+    tk_optim_param *ps = tk_calloc(np > 0 ? (size_t)np : 1, sizeof *ps);
     if (!ps) {
         *n = 0;
         return NULL;
@@ -67,6 +68,8 @@ void tk_loss_scaler_update(tk_loss_scaler *s, int overflow) {
 
 tk_status tk_trainer_open(tk_trainer *t, const tk_config *c, tk_model *m, int64_t total_steps, tk_err *err) {
     memset(t, 0, sizeof *t);
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     t->c = c;
     t->m = m;
     t->sched = tk_sched_from_config(c, total_steps);
@@ -77,12 +80,10 @@ tk_status tk_trainer_open(tk_trainer *t, const tk_config *c, tk_model *m, int64_
     if (st != TK_OK)
         return st;
     int np = 0;
-    if (!(t->params = tk_train_optim_params(m, &np))) {
-        tk_err_set(err, TK_EINVAL, "train: out of host memory");
-        return TK_EINVAL;
-    }
+    if (!(t->params = tk_train_optim_params(m, &np)))
+        return tk_err_nomem(err, "train: the optimizer's table");
     if (!(t->opt = tk_adamw_new(tk_model_dev(m), c, t->params, np, err)))
-        return err && err->status ? err->status : TK_EINVAL;
+        return err->status; /* the optimizer's own: out of host or device memory, a bad config */
     return TK_OK;
 }
 

@@ -220,8 +220,9 @@ typedef struct tk_padding_report {
 tk_status tk_padding_waste(const int32_t *len, int n, int max_len, int batch_size, int buckets,
                            uint64_t seed, tk_padding_report out[3], tk_err *err);
 
-/* A seeded generator (splitmix64) shared by split, shuffles and the data
- * generators, so results do not depend on the C library. */
+/* A seeded generator (splitmix64, gpu/tk_ops_spec.h's rule) shared by
+ * split, shuffles, the data generators, weight init and the batch order, so
+ * results do not depend on the C library. */
 uint64_t tk_rand_next(uint64_t *state);
 
 #ifdef __cplusplus

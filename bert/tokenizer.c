@@ -11,6 +11,7 @@
  * other code points go through utf8proc (category, NFD, lower-case).
  */
 #include "tk_tokenizer.h"
+#include "tk_host_mem.h"
 #include "tk_safetensors.h" /* tk_write_file_atomic */
 
 #include <errno.h>
@@ -114,20 +115,20 @@ static void set_added_first(tk_tokenizer *t) {
  * text (tokenizer.json may name another than [UNK]). */
 static tk_tokenizer *build(char *arena, int n, const char *name, const char *unk, const tk_tokenizer_opts *opts,
                            tk_err *err) {
-    tk_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) { free(arena); tk_err_set(err, TK_EOOM, "%s: out of host memory", name); return NULL; }
+    tk_tokenizer *t = tk_calloc(1, sizeof *t);
+    if (!t) { free(arena); tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name); return NULL; }
     t->arena = arena;
     t->n = n;
-    t->tok = malloc(sizeof(char *) * (size_t)(n ? n : 1));
-    t->toklen = malloc(sizeof(uint32_t) * (size_t)(n ? n : 1));
+    t->tok = tk_malloc(sizeof(char *) * (size_t)(n ? n : 1));
+    t->toklen = tk_malloc(sizeof(uint32_t) * (size_t)(n ? n : 1));
     uint32_t cap = 16;
     while (cap < (uint32_t)n * 2u + 2u) cap <<= 1;
-    t->whole.slot = calloc(cap, sizeof(uint32_t));
-    t->cont.slot = calloc(cap, sizeof(uint32_t));
+    t->whole.slot = tk_calloc(cap, sizeof(uint32_t));
+    t->cont.slot = tk_calloc(cap, sizeof(uint32_t));
     t->whole.mask = t->cont.mask = cap - 1;
     if (!t->tok || !t->toklen || !t->whole.slot || !t->cont.slot) {
         tk_tokenizer_destroy(&t);
-        tk_err_set(err, TK_EOOM, "%s: out of host memory", name);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name);
         return NULL;
     }
     char *s = arena;
@@ -180,8 +181,8 @@ tk_tokenizer *tk_tokenizer_from_tokens(const char *const *tokens, int n, const c
     if (!name) name = "vocab";
     size_t total = 1;
     for (int i = 0; i < n; i++) total += strlen(tokens[i]) + 1;
-    char *arena = malloc(total);
-    if (!arena) { tk_err_set(err, TK_EOOM, "%s: out of host memory", name); return NULL; }
+    char *arena = tk_malloc(total);
+    if (!arena) { tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name); return NULL; }
     char *s = arena;
     for (int i = 0; i < n; i++) {
         size_t len = strlen(tokens[i]);
@@ -209,19 +210,19 @@ tk_tokenizer *tk_tokenizer_new(const char *path, const tk_tokenizer_opts *opts, 
     FILE *f = fopen(path, "rb");
     if (!f) { tk_err_set(err, TK_EIO, "%s: cannot open vocabulary: %s", path, strerror(errno)); return NULL; }
     size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap + 1);
+    char *buf = tk_malloc(cap + 1);
     while (buf) {
         size_t k = fread(buf + len, 1, cap - len, f);
         len += k;
         if (len < cap) break;
         cap *= 2;
-        char *nb = realloc(buf, cap + 1);
+        char *nb = tk_realloc(buf, cap + 1);
         if (!nb) { free(buf); buf = NULL; break; }
         buf = nb;
     }
     int rd_err = ferror(f);
     fclose(f);
-    if (!buf) { tk_err_set(err, TK_EOOM, "%s: out of host memory", path); return NULL; }
+    if (!buf) { tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path); return NULL; }
     if (rd_err) { free(buf); tk_err_set(err, TK_EIO, "%s: read error", path); return NULL; }
     buf[len] = '\0';
     /* Lines become NUL-separated tokens in place; trailing white space is
@@ -275,7 +276,7 @@ static int enc_reserve(tk_encoding *e, int need) {
     while (cap < need) cap *= 2;
     int32_t **arr[] = {&e->ids, &e->type_ids, &e->seq, &e->start, &e->end, &e->bstart, &e->bend};
     for (size_t k = 0; k < sizeof arr / sizeof arr[0]; k++) {
-        int32_t *p = realloc(*arr[k], sizeof(int32_t) * (size_t)cap);
+        int32_t *p = tk_realloc(*arr[k], sizeof(int32_t) * (size_t)cap);
         if (!p) return -1; /* arrays already grown stay valid; cap is unchanged */
         *arr[k] = p;
     }
@@ -341,7 +342,7 @@ static int word_push(word_buf *w, int32_t c, int32_t cs, int32_t bs, int32_t be)
         int cap = w->cap ? w->cap * 2 : 64;
         int32_t **arr[] = {&w->cpb, &w->cs, &w->ce, &w->bs, &w->be};
         for (int k = 0; k < 5; k++) {
-            int32_t *p = realloc(*arr[k], sizeof(int32_t) * (size_t)cap);
+            int32_t *p = tk_realloc(*arr[k], sizeof(int32_t) * (size_t)cap);
             if (!p) return -1;
             *arr[k] = p;
         }
@@ -349,7 +350,7 @@ static int word_push(word_buf *w, int32_t c, int32_t cs, int32_t bs, int32_t be)
     }
     if (w->blen + 4 > w->bcap) {
         int cap = w->bcap ? w->bcap * 2 : 256;
-        char *p = realloc(w->b, (size_t)cap);
+        char *p = tk_realloc(w->b, (size_t)cap);
         if (!p) return -1;
         w->b = p;
         w->bcap = cap;
@@ -515,8 +516,8 @@ tk_status tk_tokenize_append(const tk_tokenizer *t, const char *text, size_t len
     if (len == (size_t)-1) len = text ? strlen(text) : 0;
     sink s = {.t = t, .enc = out, .seq = seq};
     if (run(&s, text, len, t->lowercase, t->strip_accents, t->split_cjk, t->clean) != 0) {
-        tk_err_set(err, TK_EOOM, "tokenizer: out of host memory");
-        return TK_EOOM;
+        tk_err_set(err, TK_ENOMEM, "tokenizer: out of host memory");
+        return TK_ENOMEM;
     }
     return TK_OK;
 }
@@ -531,7 +532,7 @@ int tk_count_tokens(const tk_tokenizer *t, const char *text, size_t len) {
 tk_status tk_pretokenize(const char *text, size_t len, int lowercase, tk_word_fn fn, void *user) {
     if (len == (size_t)-1) len = text ? strlen(text) : 0;
     sink s = {.fn = fn, .user = user};
-    return run(&s, text, len, lowercase != 0, lowercase != 0, 1, 1) == 0 ? TK_OK : TK_EOOM;
+    return run(&s, text, len, lowercase != 0, lowercase != 0, 1, 1) == 0 ? TK_OK : TK_ENOMEM; /* run fails only for host memory */
 }
 
 static const char *trunc_name(tk_truncation s) {
@@ -544,13 +545,15 @@ tk_status tk_encode(const tk_tokenizer *t, const char *a, const char *b, int max
     out->n = 0;
     if (enc_reserve(out, 4) != 0) goto oom;
     enc_push(out, t->sp.cls, 0, -1, 0, 0, 0, 0);
-    if (tk_tokenize_append(t, a ? a : "", (size_t)-1, 0, out, err) != TK_OK) return TK_EOOM;
+    tk_status ast = tk_tokenize_append(t, a ? a : "", (size_t)-1, 0, out, err);
+    if (ast != TK_OK) return ast;
     int na = out->n - 1;
     if (enc_reserve(out, out->n + 1) != 0) goto oom;
     enc_push(out, t->sp.sep, 0, -1, 0, 0, 0, 0);
     int nb = 0;
     if (b) {
-        if (tk_tokenize_append(t, b, (size_t)-1, 1, out, err) != TK_OK) return TK_EOOM;
+        tk_status bst = tk_tokenize_append(t, b, (size_t)-1, 1, out, err);
+        if (bst != TK_OK) return bst;
         nb = out->n - na - 2;
         if (enc_reserve(out, out->n + 1) != 0) goto oom;
         enc_push(out, t->sp.sep, 1, -1, 0, 0, 0, 0);
@@ -605,8 +608,8 @@ tk_status tk_encode(const tk_tokenizer *t, const char *a, const char *b, int max
     if (truncated) *truncated = 1;
     return TK_OK;
 oom:
-    tk_err_set(err, TK_EOOM, "tokenizer: out of host memory");
-    return TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "tokenizer: out of host memory");
+    return TK_ENOMEM;
 }
 
 /* ---- tokenizer.json (HF tokenizers' own file) ------------------------------ */
@@ -664,8 +667,8 @@ static tk_tokenizer *from_json(const char *path, const tk_tokenizer_opts *opts, 
     }
     /* tokens in id order; every id 0..n-1 must be someone's */
     int n = (int)json_object_size(vocab);
-    by_id = calloc((size_t)n, sizeof *by_id);
-    if (!by_id) JSON_FAIL(TK_EOOM, "%s: out of host memory", path);
+    by_id = tk_calloc((size_t)n, sizeof *by_id);
+    if (!by_id) JSON_FAIL(TK_ENOMEM, "%s: out of host memory", path);
     size_t total = 1;
     const char *k;
     json_t *v;
@@ -745,8 +748,8 @@ static tk_tokenizer *from_json(const char *path, const tk_tokenizer_opts *opts, 
     if (opts && opts->lowercase >= 0) o.lowercase = opts->lowercase;
     if (opts && opts->strip_accents >= 0) o.strip_accents = opts->strip_accents;
     if (opts && opts->max_word_chars > 0) o.max_word_chars = opts->max_word_chars;
-    arena = malloc(total);
-    if (!arena) JSON_FAIL(TK_EOOM, "%s: out of host memory", path);
+    arena = tk_malloc(total);
+    if (!arena) JSON_FAIL(TK_ENOMEM, "%s: out of host memory", path);
     char *s = arena;
     for (int i = 0; i < n; i++) {
         size_t len = strlen(by_id[i]);
@@ -832,10 +835,10 @@ tk_tokenizer *tk_tokenizer_from_folder(const char *dir, const tk_tokenizer_opts 
 tk_status tk_tokenizer_write_vocab(const tk_tokenizer *t, const char *path, tk_err *err) {
     size_t total = 0;
     for (int i = 0; i < t->n; i++) total += t->toklen[i] + 1;
-    char *buf = malloc(total ? total : 1);
+    char *buf = tk_malloc(total ? total : 1);
     if (!buf) {
-        tk_err_set(err, TK_EOOM, "%s: out of host memory", path);
-        return TK_EOOM;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
+        return TK_ENOMEM;
     }
     char *s = buf;
     for (int i = 0; i < t->n; i++) {
@@ -901,8 +904,8 @@ tk_status tk_tokenizer_write_json(const tk_tokenizer *t, const char *path, tk_er
     char *s = json_dumps(root, JSON_INDENT(2));
     json_decref(root);
     if (!s) {
-        tk_err_set(err, TK_EOOM, "%s: out of host memory", path);
-        return TK_EOOM;
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
+        return TK_ENOMEM;
     }
     const void *parts[2] = {s, "\n"};
     size_t sizes[2] = {strlen(s), 1};

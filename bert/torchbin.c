@@ -31,6 +31,7 @@
 
 #include "tk_config.h" /* TK_PATH_MAX */
 #include "tk_pickle.h"
+#include "tk_host_mem.h"
 #include "tk_safetensors.h"
 #include "tk_torchbin.h"
 
@@ -89,9 +90,9 @@ static zent *zip_entries(const blob *b, int *n, tk_err *err) {
         cd = rd(b->base + z + 48, 8);
     }
     if (cd >= b->len || count > (b->len - cd) / 46) goto bad;
-    zent *e = calloc((size_t)count + 1, sizeof *e);
+    zent *e = tk_calloc((size_t)count + 1, sizeof *e);
     if (!e) {
-        tk_err_set(err, TK_EINVAL, "%s: out of host memory", b->path);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", b->path);
         return NULL;
     }
     uint64_t p = cd;
@@ -260,12 +261,12 @@ static tk_st_file *image_of(const tk_pval *root, const storage *st, int nst, con
         tk_err_set(err, TK_EFORMAT, "%s: not a state dict (the pickle's top level is no dict of tensors)", path);
         return NULL;
     }
-    tk_st_part *parts = calloc(n + 1, sizeof *parts);
-    view *views = calloc(n + 1, sizeof *views);
+    tk_st_part *parts = tk_calloc(n + 1, sizeof *parts);
+    view *views = tk_calloc(n + 1, sizeof *views);
     int np = 0;
     tk_st_file *f = NULL;
     if (!parts || !views) {
-        tk_err_set(err, TK_EINVAL, "%s: out of host memory", path);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
@@ -301,8 +302,8 @@ static tk_st_file *load_zip(const blob *b, tk_err *err) {
     const zent *pkl = NULL;
     for (int i = 0; i < n; i++)
         if (e[i].name_len >= 9 && !memcmp(e[i].name + e[i].name_len - 9, "/data.pkl", 9)) pkl = &e[i];
-    storage *st = calloc((size_t)n + 1, sizeof *st);
-    char *keys = calloc((size_t)n + 1, 64);
+    storage *st = tk_calloc((size_t)n + 1, sizeof *st);
+    char *keys = tk_calloc((size_t)n + 1, 64);
     int nst = 0;
     tk_st_file *f = NULL;
     if (!pkl || !st || !keys) {
@@ -371,9 +372,9 @@ static tk_st_file *load_legacy(const blob *b, tk_err *err) {
     }
     /* each storage: element count (8 bytes) and its bytes; the element size
      * comes from the storage class the state dict names for that key */
-    st = calloc(kl->n + 1, sizeof *st);
+    st = tk_calloc(kl->n + 1, sizeof *st);
     if (!st) {
-        tk_err_set(err, TK_EINVAL, "%s: out of host memory", b->path);
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", b->path);
         goto out;
     }
     const tk_pval *r = tk_pickle_root(root);
@@ -483,8 +484,8 @@ static tk_st_file *open_sharded(const char *dir, const char *index, tk_err *err)
     }
     /* the distinct shard files, in order of first mention */
     size_t nmap = json_object_size(map);
-    const char **names = calloc(nmap + 1, sizeof *names);
-    tk_st_file **shards = calloc(nmap + 1, sizeof *shards);
+    const char **names = tk_calloc(nmap + 1, sizeof *names);
+    tk_st_file **shards = tk_calloc(nmap + 1, sizeof *shards);
     int ns = 0, total = 0;
     tk_st_file *f = NULL;
     tk_st_part *parts = NULL;
@@ -507,7 +508,7 @@ static tk_st_file *open_sharded(const char *dir, const char *index, tk_err *err)
         if (!(shards[i] = open_one(p, err))) goto out;
         total += tk_st_count(shards[i]);
     }
-    if (!(parts = calloc((size_t)total + 1, sizeof *parts))) goto oom;
+    if (!(parts = tk_calloc((size_t)total + 1, sizeof *parts))) goto oom;
     int np = 0;
     for (int i = 0; i < ns; i++)
         for (int j = 0; j < tk_st_count(shards[i]); j++) {
@@ -523,7 +524,7 @@ static tk_st_file *open_sharded(const char *dir, const char *index, tk_err *err)
     f = tk_st_image(parts, np, index, err);
     goto out;
 oom:
-    tk_err_set(err, TK_EINVAL, "%s: out of host memory", index);
+    tk_err_set(err, TK_ENOMEM, "%s: out of host memory", index);
 out:
     for (int i = 0; shards && i < ns; i++) tk_st_close(&shards[i]);
     free(shards);

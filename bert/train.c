@@ -40,7 +40,9 @@
 #include <time.h>
 
 #include "tk_checkpoint.h"
+#include "tk_host_mem.h"
 #include "tk_train.h"
+#include "tk_ops_spec.h" /* splitmix64 for the batch order */
 
 static double now_s(void) {
     struct timespec ts;
@@ -55,20 +57,12 @@ void tk_train_result_clear(tk_train_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* splitmix64, so the batch order does not depend on the C library */
-static uint64_t mix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 void tk_train_epoch_order(int *order, int n, uint64_t seed, int epoch) {
     for (int i = 0; i < n; i++)
         order[i] = i;
     uint64_t s = seed * 1000003ull + (uint64_t)epoch;
     for (int i = n - 1; i > 0; i--) {
-        int j = (int)(mix64(&s) % (uint64_t)(i + 1));
+        int j = (int)(tk_spec_splitmix64(&s) % (uint64_t)(i + 1));
         int t = order[i];
         order[i] = order[j];
         order[j] = t;
@@ -158,19 +152,19 @@ static tk_status evaluate(tk_model *m, const tk_batch *dev, int n_dev, tk_epoch_
     eval_acc e;
     memset(&e, 0, sizeof e);
     e.num_labels = span ? 2 : mo->num_labels;
-    e.tp = calloc((size_t)e.num_labels * 3, sizeof(int64_t));
+    e.tp = tk_calloc((size_t)e.num_labels * 3, sizeof(int64_t));
     int64_t maxl = 0;
     for (int i = 0; i < n_dev; i++) {
         int64_t nl = tk_model_n_logits(m, dev[i].B, dev[i].T);
         if (nl > maxl)
             maxl = nl;
     }
-    float *logits = malloc((size_t)(maxl > 0 ? maxl : 1) * sizeof(float));
+    float *logits = tk_malloc((size_t)(maxl > 0 ? maxl : 1) * sizeof(float));
     if (!e.tp || !logits) {
         free(e.tp);
         free(logits);
-        tk_err_set(err, TK_EINVAL, "eval: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "eval: out of host memory");
+        return TK_ENOMEM;
     }
     e.fp = e.tp + e.num_labels;
     e.fn = e.fp + e.num_labels;
@@ -366,11 +360,11 @@ static tk_status run_begin(run *R, tk_err *err) {
     R->vocab = R->cb && R->cb->vocab_file ? R->cb->vocab_file : c->vocab;
     /* the result reports the scaler whatever happens */
     tk_loss_scaler_init(&R->t.scaler, c->precision);
-    R->order = malloc((size_t)R->n_train * sizeof *R->order);
-    R->r->history = calloc((size_t)R->epochs, sizeof *R->r->history);
+    R->order = tk_malloc((size_t)R->n_train * sizeof *R->order);
+    R->r->history = tk_calloc((size_t)R->epochs, sizeof *R->r->history);
     if (!R->order || !R->r->history) {
-        tk_err_set(err, TK_EINVAL, "train: out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "train: out of host memory");
+        return TK_ENOMEM;
     }
     return TK_OK;
 }
@@ -606,6 +600,8 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
                        const tk_batch *dev, int n_dev, const tk_train_callbacks *cb,
                        tk_train_result *r, tk_err *err) {
     memset(r, 0, sizeof *r);
+    tk_err local = { 0 };
+    if (!err) err = &local; /* callees' failures are read from it, never guessed */
     run R = { .c = c, .m = m, .train = train, .n_train = n_train, .dev = dev, .n_dev = n_dev, .cb = cb, .r = r };
     tk_status st = run_begin(&R, err);
     if (st == TK_OK)
@@ -625,6 +621,8 @@ tk_status tk_train_run(const tk_config *c, tk_model *m, const tk_batch *train, i
 
 tk_status tk_train_measure(const tk_config *c0, tk_dev_kind kind, int timed_steps, tk_measure *out, tk_err *err) {
     memset(out, 0, sizeof *out);
+    tk_err local = { 0 };
+    if (!err) err = &local;
     tk_config c = *c0;
     c.attention = tk_config_attention(c0, TK_DEV_META, NULL); /* as the plan of c0 has it */
     c.device = kind == TK_DEV_CUDA ? TK_DEVICE_CUDA : TK_DEVICE_CPU;
@@ -639,19 +637,19 @@ tk_status tk_train_measure(const tk_config *c0, tk_dev_kind kind, int timed_step
     tk_dev_opts dopts = {.kind = kind, .threads = c.threads};
     tk_dev *d = tk_dev_new(&dopts, err);
     tk_model *m = d ? tk_model_new(d, &mo, err) : NULL;
-    tk_status st = m ? tk_model_init_random(m, 3, err) : (err->status ? err->status : TK_EDEVICE);
+    tk_status st = m ? tk_model_init_random(m, 3, err) : err->status;
     int rows = c.head == TK_HEAD_FLATTEN_DENSE ? (c.towers > 0 ? c.towers : 1) : 1;
     int B = c.batch_size, T = c.max_len, EB = c.eval_batch_size > 0 ? c.eval_batch_size : B;
     int k = c.accumulate > 1 ? c.accumulate : 1;
     int nsteps = timed_steps > 0 ? timed_steps : 0;
     size_t nb = (size_t)(B > EB ? B : EB) * rows * T;
-    int32_t *ids = malloc(nb * 4), *types = calloc(nb, 4), *mask = malloc(nb * 4);
-    int32_t *lab = calloc((size_t)(B > EB ? B : EB), 4);
+    int32_t *ids = tk_malloc(nb * 4), *types = tk_calloc(nb, 4), *mask = tk_malloc(nb * 4);
+    int32_t *lab = tk_calloc((size_t)(B > EB ? B : EB), 4);
     int nbatch = 2 * k > nsteps * k ? 2 * k : nsteps * k;
-    tk_batch *train = calloc((size_t)nbatch, sizeof *train);
+    tk_batch *train = tk_calloc((size_t)nbatch, sizeof *train);
     if (st == TK_OK && (!ids || !types || !mask || !lab || !train)) {
-        tk_err_set(err, TK_EINVAL, "out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "out of host memory");
+        st = TK_ENOMEM;
     }
     if (st == TK_OK) {
         tk_dev_info info;

@@ -21,6 +21,7 @@
  * (written to a temp name, then renamed).
  */
 #include "tk_tokenizer.h"
+#include "tk_host_mem.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -49,7 +50,7 @@ static uint32_t fnv(const char *s, size_t n) {
 
 static int grow_slots(uint32_t **slot, uint32_t *mask, int n, uint32_t (*hash_of)(void *, int), void *ctx) {
     uint32_t cap = (*mask + 1) * 2;
-    uint32_t *ns = calloc(cap, sizeof(uint32_t));
+    uint32_t *ns = tk_calloc(cap, sizeof(uint32_t));
     if (!ns) return -1;
     for (int i = 0; i < n; i++) {
         uint32_t j = hash_of(ctx, i) & (cap - 1);
@@ -76,16 +77,16 @@ static void on_word(const char *w, size_t nb, void *user) {
     }
     if (m->n == m->cap) {
         int cap = m->cap ? m->cap * 2 : 1024;
-        char **k = realloc(m->key, sizeof(char *) * (size_t)cap);
+        char **k = tk_realloc(m->key, sizeof(char *) * (size_t)cap);
         if (k) m->key = k;
-        int *kl = realloc(m->klen, sizeof(int) * (size_t)cap);
+        int *kl = tk_realloc(m->klen, sizeof(int) * (size_t)cap);
         if (kl) m->klen = kl;
-        double *c = realloc(m->cnt, sizeof(double) * (size_t)cap);
+        double *c = tk_realloc(m->cnt, sizeof(double) * (size_t)cap);
         if (c) m->cnt = c;
         if (!k || !kl || !c) { m->oom = 1; return; }
         m->cap = cap;
     }
-    char *s = malloc(nb + 1);
+    char *s = tk_malloc(nb + 1);
     if (!s) { m->oom = 1; return; }
     memcpy(s, w, nb);
     s[nb] = 0;
@@ -105,12 +106,12 @@ static int sym_get(symtab *t, const char *s, int len) {
     }
     if (t->n == t->cap) {
         int cap = t->cap ? t->cap * 2 : 256;
-        sym *v = realloc(t->v, sizeof(sym) * (size_t)cap);
+        sym *v = tk_realloc(t->v, sizeof(sym) * (size_t)cap);
         if (!v) return -1;
         t->v = v;
         t->cap = cap;
     }
-    char *c = malloc((size_t)len + 1);
+    char *c = tk_malloc((size_t)len + 1);
     if (!c) return -1;
     memcpy(c, s, (size_t)len);
     c[len] = 0;
@@ -140,8 +141,8 @@ static int pm_add(pairmap *p, uint64_t k, double w) {
     p->n++;
     if ((uint32_t)p->n * 2 > p->mask) {
         uint32_t cap = (p->mask + 1) * 2;
-        uint64_t *nk = malloc(sizeof(uint64_t) * cap);
-        double *nc = malloc(sizeof(double) * cap);
+        uint64_t *nk = tk_malloc(sizeof(uint64_t) * cap);
+        double *nc = tk_malloc(sizeof(double) * cap);
         if (!nk || !nc) { free(nk); free(nc); return -1; }
         memset(nk, 0xff, sizeof(uint64_t) * cap);
         for (uint32_t i = 0; i <= p->mask; i++) {
@@ -187,17 +188,17 @@ tk_status tk_vocab_build(const char *const *texts, int n, int vocab_size, int lo
 
     if (n <= 0) { tk_err_set(err, TK_EINVAL, "vocab: no texts to learn from"); return TK_EINVAL; }
     wm.mask = 1023;
-    wm.slot = calloc(1024, sizeof(uint32_t));
+    wm.slot = tk_calloc(1024, sizeof(uint32_t));
     syms.mask = 1023;
-    syms.slot = calloc(1024, sizeof(uint32_t));
+    syms.slot = tk_calloc(1024, sizeof(uint32_t));
     if (!wm.slot || !syms.slot) goto oom;
     for (int i = 0; i < n && !wm.oom; i++)
         if (texts[i] && tk_pretokenize(texts[i], (size_t)-1, lowercase, on_word, &wm) != TK_OK) wm.oom = 1;
     if (wm.oom) goto oom;
     if (wm.n == 0) { tk_err_set(err, TK_EINVAL, "vocab: the texts hold no words"); st = TK_EINVAL; goto done; }
 
-    words = calloc((size_t)wm.n, sizeof(wordrec));
-    order = malloc(sizeof(int) * (size_t)(vocab_size > 0 ? vocab_size : 1) * 2 + 64);
+    words = tk_calloc((size_t)wm.n, sizeof(wordrec));
+    order = tk_malloc(sizeof(int) * (size_t)(vocab_size > 0 ? vocab_size : 1) * 2 + 64);
     if (!words || !order) goto oom;
     /* Alphabet in order of first appearance; words as symbol sequences. */
     for (int i = 0; i < wm.n; i++) {
@@ -206,7 +207,7 @@ tk_status tk_vocab_build(const char *const *texts, int n, int vocab_size, int lo
         for (int k = 0; k < len; k++) nc += ((uint8_t)w[k] & 0xC0) != 0x80;
         if (nc > 100) continue;
         wordrec *r = &words[nwords];
-        r->s = malloc(sizeof(int32_t) * (size_t)nc);
+        r->s = tk_malloc(sizeof(int32_t) * (size_t)nc);
         if (!r->s) goto oom;
         r->w = wm.cnt[i];
         nwords++;
@@ -238,13 +239,13 @@ tk_status tk_vocab_build(const char *const *texts, int n, int vocab_size, int lo
         st = TK_EINVAL;
         goto done;
     }
-    order = realloc(order, sizeof(int) * (size_t)vocab_size);
+    order = tk_realloc(order, sizeof(int) * (size_t)vocab_size);
     if (!order) goto oom;
     for (int i = 0; i < syms.n; i++) order[norder++] = i;
 
     pm.mask = 4095;
-    pm.key = malloc(sizeof(uint64_t) * 4096);
-    pm.cnt = malloc(sizeof(double) * 4096);
+    pm.key = tk_malloc(sizeof(uint64_t) * 4096);
+    pm.cnt = tk_malloc(sizeof(double) * 4096);
     if (!pm.key || !pm.cnt) goto oom;
     int *used = NULL;
     while (norder + nspec < vocab_size) {
@@ -260,7 +261,7 @@ tk_status tk_vocab_build(const char *const *texts, int n, int vocab_size, int lo
             }
         }
         free(cands);
-        cands = malloc(sizeof(cand) * (size_t)(pm.n ? pm.n : 1));
+        cands = tk_malloc(sizeof(cand) * (size_t)(pm.n ? pm.n : 1));
         if (!cands) goto oom;
         int nc = 0;
         for (uint32_t j = 0; j <= pm.mask; j++) {
@@ -272,18 +273,18 @@ tk_status tk_vocab_build(const char *const *texts, int n, int vocab_size, int lo
         qsort(cands, (size_t)nc, sizeof(cand), cand_cmp);
         int room = vocab_size - nspec - norder;
         int batch = 1 + room / 32;
-        used = calloc((size_t)syms.n, sizeof(int));
+        used = tk_calloc((size_t)syms.n, sizeof(int));
         if (!used) goto oom;
         int merged = 0;
         /* new symbol per chosen pair; then rewrite the words */
-        int *ma = malloc(sizeof(int) * (size_t)batch * 3);
+        int *ma = tk_malloc(sizeof(int) * (size_t)batch * 3);
         if (!ma) { free(used); goto oom; }
         for (int c = 0; c < nc && merged < batch; c++) {
             int a = cands[c].a, b = cands[c].b;
             if (used[a] || used[b]) continue;
             const sym *sa = &syms.v[a], *sb = &syms.v[b];
             int bl = sb->len - 2; /* b is always a continuation */
-            char *buf = malloc((size_t)(sa->len + bl) + 1);
+            char *buf = tk_malloc((size_t)(sa->len + bl) + 1);
             if (!buf) { free(ma); free(used); goto oom; }
             memcpy(buf, sa->s, (size_t)sa->len);
             memcpy(buf + sa->len, syms.v[b].s + 2, (size_t)bl);
@@ -326,8 +327,8 @@ tk_status tk_vocab_build(const char *const *texts, int n, int vocab_size, int lo
     tmp[0] = 0;
     goto done;
 oom:
-    tk_err_set(err, TK_EOOM, "vocab: out of host memory");
-    st = TK_EOOM;
+    tk_err_set(err, TK_ENOMEM, "vocab: out of host memory");
+    st = TK_ENOMEM;
 done:
     if (f) fclose(f);
     if (tmp[0]) remove(tmp);

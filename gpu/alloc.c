@@ -40,6 +40,7 @@
 #include <jansson.h>
 
 #include "tk_gpu.h"
+#include "tk_host_mem.h"
 
 #define KMIN_BLOCK   ((size_t)512)
 #define KSMALL_SIZE  ((size_t)1 << 20)   /* largest small-pool request */
@@ -122,6 +123,7 @@ struct tk_alloc {
     const char *phase;         /* tk_alloc_set_phase; borrowed literal */
     uint64_t fail_countdown;   /* chaos: segment requests until one fails */
     int fail_this_call;        /* chaos: the failing malloc call fails its retry too */
+    int host_failed;           /* segment_new: the host (not the device) ran out */
 };
 
 /* One store in the ring; nothing else runs when history is off. */
@@ -221,7 +223,7 @@ static size_t hash_addr(uintptr_t k, size_t mask) {
 
 static int tab_grow(tk_alloc *a) {
     size_t ncap = a->tab_cap ? a->tab_cap * 2 : 1024;
-    slot *nt = calloc(ncap, sizeof *nt);
+    slot *nt = tk_calloc(ncap, sizeof *nt);
     if (!nt) return -1;
     for (size_t i = 0; i < a->tab_cap; i++) {
         if (!a->tab[i].b) continue;
@@ -277,7 +279,7 @@ size_t tk_alloc_block_size(const tk_alloc *a, const void *ptr) {
 static blk *blk_get(tk_alloc *a) {
     blk *b = a->spare;
     if (b) a->spare = b->next;
-    else if (!(b = malloc(sizeof *b))) return NULL;
+    else if (!(b = tk_malloc(sizeof *b))) return NULL;
     memset(b, 0, sizeof *b);
     return b;
 }
@@ -296,13 +298,13 @@ static int owners_reserve(tk_alloc *a, int n) {
     int ncap = a->owners_cap ? a->owners_cap * 2 : 64;
     while (ncap < n) ncap *= 2;
     size_t oc = (size_t)a->owners_cap, nc = (size_t)ncap;
-    char **names = realloc(a->owner_names, nc * sizeof *names);
+    char **names = tk_realloc(a->owner_names, nc * sizeof *names);
     if (!names) return -1;
     a->owner_names = names;
     size_t *arr[5] = {a->owner_live, a->at_peak, a->owner_total, a->owner_peak, NULL};
     size_t widths[4] = {TK_CAT_COUNT, TK_CAT_COUNT, 1, 1};
     for (int i = 0; i < 4; i++) {
-        size_t *p = realloc(arr[i], nc * widths[i] * sizeof *p);
+        size_t *p = tk_realloc(arr[i], nc * widths[i] * sizeof *p);
         if (!p) return -1; /* arrays already grown stay valid: caps only move below */
         memset(p + oc * widths[i], 0, (nc - oc) * widths[i] * sizeof *p);
         switch (i) {
@@ -326,7 +328,7 @@ static uint64_t name_hash(const char *s) {
  * hundreds of plans per %txadvise), so the lookup is a hash probe. */
 static int owner_index_grow(tk_alloc *a) {
     size_t ncap = a->owner_index_cap ? a->owner_index_cap * 2 : 256;
-    int *ni = calloc(ncap, sizeof *ni);
+    int *ni = tk_calloc(ncap, sizeof *ni);
     if (!ni) return -1;
     for (int id = 0; id < a->n_owners; id++) {
         size_t j = name_hash(a->owner_names[id]) & (ncap - 1);
@@ -347,7 +349,7 @@ int tk_alloc_owner_id(tk_alloc *a, const char *name) {
     for (; a->owner_index[j]; j = (j + 1) & mask)
         if (strcmp(a->owner_names[a->owner_index[j] - 1], name) == 0) return a->owner_index[j] - 1;
     if (owners_reserve(a, a->n_owners + 1) != 0) return -1;
-    char *copy = strdup(name);
+    char *copy = tk_strdup(name);
     if (!copy) return -1;
     a->owner_names[a->n_owners] = copy;
     a->owner_index[j] = a->n_owners + 1;
@@ -410,9 +412,14 @@ static seg *segment_new(tk_alloc *a, size_t bytes, int pool) {
     }
     if (a->capacity && (a->reserved > a->capacity || bytes > a->capacity - a->reserved))
         return NULL;
-    seg *s = calloc(1, sizeof *s);
+    seg *s = tk_calloc(1, sizeof *s);
     blk *b = blk_get(a);
-    if (!s || !b) { free(s); if (b) blk_put(a, b); return NULL; }
+    if (!s || !b) {
+        free(s);
+        if (b) blk_put(a, b);
+        a->host_failed = 1;
+        return NULL;
+    }
     void *p = NULL;
     if (a->dev.seg_alloc(a->dev.ctx, bytes, &p) != 0 || !p) {
         free(s);
@@ -472,7 +479,7 @@ void tk_alloc_empty_cache(tk_alloc *a) {
 
 tk_alloc *tk_alloc_new(tk_devmem dev, size_t capacity) {
     if (!dev.seg_alloc || !dev.seg_free) return NULL;
-    tk_alloc *a = calloc(1, sizeof *a);
+    tk_alloc *a = tk_calloc(1, sizeof *a);
     if (!a) return NULL;
     a->dev = dev;
     a->capacity = capacity;
@@ -516,12 +523,6 @@ static size_t largest_free(const tk_alloc *a) {
     return s > l ? s : l;
 }
 
-static int cmp_top(const void *x, const void *y) {
-    const size_t *a = x, *b = y; /* pairs (bytes, owner): bytes descending, owner ascending */
-    if (a[0] != b[0]) return a[0] < b[0] ? 1 : -1;
-    return a[1] < b[1] ? -1 : a[1] > b[1];
-}
-
 static void fill_oom(tk_alloc *a, tk_oom *o, size_t bytes, size_t rounded, tk_tag tag) {
     memset(o, 0, sizeof *o);
     o->requested = bytes;
@@ -535,17 +536,25 @@ static void fill_oom(tk_alloc *a, tk_oom *o, size_t bytes, size_t rounded, tk_ta
     o->largest_free_block = largest_free(a);
     o->fragmentation = a->reserved - a->allocated >= rounded && o->largest_free_block < rounded;
     memcpy(o->by_cat, a->by_cat, sizeof o->by_cat);
-    size_t n = 0, *pairs = malloc((size_t)a->n_owners * 2 * sizeof *pairs);
-    if (!pairs) return; /* the record stays valid, only without its top list */
-    for (int i = 0; i < a->n_owners; i++)
-        if (a->owner_total[i]) { pairs[2 * n] = a->owner_total[i]; pairs[2 * n + 1] = (size_t)i; n++; }
-    qsort(pairs, n, 2 * sizeof *pairs, cmp_top);
-    for (size_t i = 0; i < n && i < TK_OOM_TOP; i++) {
-        snprintf(o->top[i].owner, sizeof o->top[i].owner, "%s", a->owner_names[pairs[2 * i + 1]]);
-        o->top[i].bytes = pairs[2 * i];
-        o->n_top++;
+    /* The TK_OOM_TOP largest owners (bytes descending, owner id ascending),
+     * by insertion into a fixed array: the record of a device OOM needs no
+     * host memory, so it is whole even when the host is short too. */
+    int top[TK_OOM_TOP], nt = 0;
+    for (int i = 0; i < a->n_owners; i++) {
+        size_t b = a->owner_total[i];
+        if (!b || (nt == TK_OOM_TOP && b <= a->owner_total[top[nt - 1]])) continue;
+        int pos = nt < TK_OOM_TOP ? nt++ : nt - 1;
+        while (pos > 0 && a->owner_total[top[pos - 1]] < b) {
+            top[pos] = top[pos - 1];
+            pos--;
+        }
+        top[pos] = i;
     }
-    free(pairs);
+    for (int i = 0; i < nt; i++) {
+        snprintf(o->top[i].owner, sizeof o->top[i].owner, "%s", a->owner_names[top[i]]);
+        o->top[i].bytes = a->owner_total[top[i]];
+    }
+    o->n_top = nt;
 }
 
 static void account(tk_alloc *a, const blk *b, int sign) {
@@ -577,11 +586,22 @@ tk_status tk_alloc_malloc(tk_alloc *a, size_t bytes, tk_tag tag, void **ptr, tk_
     if (!a || !ptr) return TK_EINVAL;
     if (bytes == 0) return TK_OK;
     if ((unsigned)tag.cat >= TK_CAT_COUNT || tag.owner >= a->n_owners) return TK_EINVAL;
-    if (tag.owner < 0 && (tag.owner = tk_alloc_owner_id(a, NULL)) < 0) return TK_EOOM;
+    if (tag.owner < 0 && (tag.owner = tk_alloc_owner_id(a, NULL)) < 0) return TK_ENOMEM;
     size_t rounded = bytes > SIZE_MAX - KROUND_LARGE ? bytes : round_size(bytes);
     if (bytes > SIZE_MAX - KROUND_LARGE) goto oom; /* no device has that much */
     int pool = rounded <= KSMALL_SIZE ? POOL_SMALL : POOL_LARGE;
-    if (a->tab_n + 1 > a->tab_cap / 2 && tab_grow(a) != 0) goto oom;
+    /* The host side first: the address table's room and two spare block
+     * structs (a new segment's and a split's), so that past this point only
+     * the device can refuse, and a host failure is TK_ENOMEM, never a
+     * device OOM nor a silently unsplit block. */
+    if (a->tab_n + 1 > a->tab_cap / 2 && tab_grow(a) != 0) return TK_ENOMEM;
+    if (!a->spare || !a->spare->next) {
+        blk *x = blk_get(a), *y = x ? blk_get(a) : NULL;
+        if (x) blk_put(a, x);
+        if (y) blk_put(a, y);
+        if (!y) return TK_ENOMEM;
+    }
+    a->host_failed = 0;
 
     blk *b = treap_lower_bound(a->pool_root[pool], rounded);
     if (b) {
@@ -589,20 +609,22 @@ tk_status tk_alloc_malloc(tk_alloc *a, size_t bytes, tk_tag tag, void **ptr, tk_
     } else {
         size_t segbytes = segment_size(rounded);
         seg *s = segment_new(a, segbytes, pool);
+        if (!s && a->host_failed) return TK_ENOMEM;
         if (!s) {
             release_cached(a);
             a->n_retries++;
             s = segment_new(a, segbytes, pool);
         }
         a->fail_this_call = 0;
+        if (!s && a->host_failed) return TK_ENOMEM;
         if (!s) goto oom;
         b = s->first;
     }
 
     size_t rest = b->size - rounded;
     if (pool == POOL_SMALL ? rest >= KMIN_BLOCK : rest > KSMALL_SIZE) {
-        blk *r = blk_get(a);
-        if (r) { /* without a spare struct the whole block is handed out: still correct */
+        blk *r = blk_get(a); /* a spare, reserved above */
+        if (r) {
             r->s = b->s;
             r->off = b->off + rounded;
             r->size = rest;
@@ -722,7 +744,7 @@ int tk_alloc_record_history(tk_alloc *a, size_t max_events) {
     a->hist_cap = 0;
     a->hist_seq = 0;
     if (!max_events) return 0;
-    a->hist = calloc(max_events, sizeof *a->hist);
+    a->hist = tk_calloc(max_events, sizeof *a->hist);
     if (!a->hist) return -1;
     a->hist_cap = max_events;
     return 0;

@@ -19,7 +19,7 @@
  *    (B,NH,T,T) probabilities at that offset.
  *  - Deterministic: every sum runs in a fixed order within one thread.
  *  - Scratch is malloc'd per thread (about 10*T*HS + 3*T floats); if the
- *    host has none the op returns TK_EDEVICE and its outputs are undefined.
+ *    host has none the op returns TK_ENOMEM and its outputs are undefined.
  *
  * Speed: a task keeps K (and in backward V) transposed, so a row's T scores
  * are HS axpys over the keys, and every inner loop (scores, exp, dropout,
@@ -34,33 +34,17 @@
 #include <string.h>
 
 #include "tk_backend_impl.h"
+#include "tk_host_mem.h"
 #include "tk_ops_spec.h"
 #include "tk_cpu_vec.h"
 
+/* A tensor's run as f32 and back (tk_cpu_vec.h: F16C where the CPU has it). */
 static void load(float *dst, const tk_tensor *t, int64_t off, int64_t n) {
-    const void *src = t->data;
-    switch (t->dtype) {
-    case TK_F16:
-        for (int64_t i = 0; i < n; i++) dst[i] = tk_f16_to_f32(((const uint16_t *)src)[off + i]);
-        break;
-    case TK_BF16:
-        for (int64_t i = 0; i < n; i++) dst[i] = tk_bf16_to_f32(((const uint16_t *)src)[off + i]);
-        break;
-    default: memcpy(dst, (const float *)src + off, (size_t)n * sizeof(float)); break;
-    }
+    tk_cpu_to_f32(dst, t->data, t->dtype, off, n);
 }
 
 static void store(tk_tensor *t, int64_t off, const float *src, int64_t n) {
-    void *dst = t->data;
-    switch (t->dtype) {
-    case TK_F16:
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[off + i] = tk_f32_to_f16(src[i]);
-        break;
-    case TK_BF16:
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[off + i] = tk_f32_to_bf16(src[i]);
-        break;
-    default: memcpy((float *)dst + off, src, (size_t)n * sizeof(float)); break;
-    }
+    tk_cpu_from_f32(t->data, t->dtype, off, src, n);
 }
 
 /* dst (n x m) = src (m x n) transposed */
@@ -156,7 +140,7 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
     int failed = 0;
 #pragma omp parallel num_threads(tk_cpu_ctx_threads(ctx)) if (BH > 1 && BH * T * TH > 65536)
     {
-        float *buf = malloc(((size_t)5 * TH + (size_t)2 * T) * sizeof(float));
+        float *buf = tk_malloc(((size_t)5 * TH + (size_t)2 * T) * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -192,7 +176,7 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
@@ -209,7 +193,7 @@ tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tenso
     int failed = 0;
 #pragma omp parallel num_threads(tk_cpu_ctx_threads(ctx)) if (BH > 1 && BH * T * TH > 65536)
     {
-        float *buf = malloc(((size_t)10 * TH + (size_t)3 * T) * sizeof(float));
+        float *buf = tk_malloc(((size_t)10 * TH + (size_t)3 * T) * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -255,5 +239,5 @@ tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tenso
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }

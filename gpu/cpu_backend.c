@@ -13,8 +13,9 @@
  *  - Dropout and the 8-bit AdamW codes follow tk_ops_spec.h bit for bit.
  *  - Nothing aborts. Host scratch (f32 copies of 16-bit GEMM operands, per
  *    thread row buffers) is malloc'd outside the tagged allocator because it
- *    is not device memory; a failed scratch malloc returns TK_EDEVICE (not
- *    TK_EOOM, which promises a tk_oom record from the tagged allocator).
+ *    is not device memory; a failed scratch malloc returns TK_ENOMEM, out of
+ *    host memory (not TK_EOOM, which promises a tk_oom record from the
+ *    tagged allocator).
  * Arguments are validated by the tk_op_* wrappers; the ops here only return
  * TK_EINVAL for what only the data can reveal (an id or label out of range).
  *
@@ -38,6 +39,7 @@
 #pragma GCC optimize("no-trapping-math", "no-math-errno")
 
 #include "tk_backend_impl.h"
+#include "tk_host_mem.h"
 #include "tk_ops_spec.h"
 #include "tk_cpu_vec.h"
 
@@ -60,7 +62,7 @@ typedef struct cpu_ctx {
 } cpu_ctx;
 
 void *tk_cpu_ctx_new(const tk_dev_opts *opts) {
-    cpu_ctx *c = calloc(1, sizeof *c);
+    cpu_ctx *c = tk_calloc(1, sizeof *c);
     if (!c) return NULL;
     c->head.threads = (opts && opts->threads > 0) ? opts->threads : omp_get_num_procs();
     if (c->head.threads < 1) c->head.threads = 1;
@@ -119,114 +121,12 @@ static void cpu_info(void *ctx, tk_dev_info *out) {
 }
 
 /* ---- dtype conversion ----------------------------------------------------
- * Local inline converters (round to nearest even) so the hot loops inline
- * them; they agree bit for bit with tk_f32_to_f16 etc. in dtype.c. */
-
-static inline float h2f(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, x;
-    if (e == 0) {
-        float v = (float)m * (1.0f / 16777216.0f); /* subnormal: m * 2^-24, exact */
-        memcpy(&x, &v, 4);
-        x |= sign;
-    } else if (e == 31) {
-        x = sign | 0x7f800000u | (m << 13);
-    } else {
-        x = sign | ((e + 112) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-static inline uint16_t f2h(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* >= 65520 rounds to inf */
-    if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal */
-        uint32_t e = ax >> 23;
-        if (e < 102) return (uint16_t)sign;
-        uint32_t m = (ax & 0x7fffff) | 0x800000, sh = 126 - e;
-        uint32_t h = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
-        if (rem > half || (rem == half && (h & 1))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = (ax - 0x38000000u) >> 13, rem = ax & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
-    return (uint16_t)(sign | h);
-}
-
-static inline float bf2f(uint16_t h) {
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-static inline uint16_t f2bf(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
-}
-
-/* f16 <-> f32 with the F16C instructions (vcvtph2ps / vcvtps2ph, round to
- * nearest even like f2h above; the tests compare both with _Float16) where
- * the CPU has them: 16-bit activations convert at memory speed instead of
- * through the bit-twiddling loops. */
-#if defined(__x86_64__)
-typedef _Float16 tk_h16 __attribute__((may_alias));
-__attribute__((target("avx2,f16c")))
-static void h2f_f16c(float *restrict dst, const uint16_t *restrict src, int64_t n) {
-    const tk_h16 *h = (const tk_h16 *)src;
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) dst[i] = (float)h[i];
-}
-__attribute__((target("avx2,f16c")))
-static void f2h_f16c(uint16_t *restrict dst, const float *restrict src, int64_t n) {
-    tk_h16 *h = (tk_h16 *)dst;
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) h[i] = (_Float16)src[i];
-}
-static inline int have_f16c(void) {
-    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
-}
-#else
-static void h2f_f16c(float *dst, const uint16_t *src, int64_t n) { (void)dst; (void)src; (void)n; }
-static void f2h_f16c(uint16_t *dst, const float *src, int64_t n) { (void)dst; (void)src; (void)n; }
-static inline int have_f16c(void) { return 0; }
-#endif
-
-/* dst[0..n) = src[off..off+n) as f32 */
-static void to_f32(float *restrict dst, const void *src, tk_dtype dt, int64_t off, int64_t n) {
-    if (dt == TK_F32) {
-        memcpy(dst, (const float *)src + off, (size_t)n * 4);
-    } else if (dt == TK_F16) {
-        const uint16_t *s = (const uint16_t *)src + off;
-        if (have_f16c()) h2f_f16c(dst, s, n);
-        else
-            for (int64_t i = 0; i < n; i++) dst[i] = h2f(s[i]);
-    } else {
-        const uint16_t *s = (const uint16_t *)src + off;
-        for (int64_t i = 0; i < n; i++) dst[i] = bf2f(s[i]);
-    }
-}
-
-/* dst[off..off+n) = src[0..n) converted to dt */
-static void from_f32(void *dst, tk_dtype dt, int64_t off, const float *restrict src, int64_t n) {
-    if (dt == TK_F32) {
-        memcpy((float *)dst + off, src, (size_t)n * 4);
-    } else if (dt == TK_F16) {
-        uint16_t *d = (uint16_t *)dst + off;
-        if (have_f16c()) f2h_f16c(d, src, n);
-        else
-            for (int64_t i = 0; i < n; i++) d[i] = f2h(src[i]);
-    } else {
-        uint16_t *d = (uint16_t *)dst + off;
-        for (int64_t i = 0; i < n; i++) d[i] = f2bf(src[i]);
-    }
-}
+ * The element converters are tk_ops_spec.h's (static inline, so the hot
+ * loops inline them); short names for this file. */
+#define h2f tk_spec_f16_to_f32
+#define f2h tk_spec_f32_to_f16
+#define bf2f tk_spec_bf16_to_f32
+#define f2bf tk_spec_f32_to_bf16
 
 static inline float ld1(const tk_tensor *t, int64_t i) {
     switch (t->dtype) {
@@ -248,7 +148,7 @@ static inline void st1(tk_tensor *t, int64_t i, float v) {
  * `buf` filled by conversion. */
 static inline const float *ld_chunk(float *buf, const tk_tensor *t, int64_t off, int64_t n) {
     if (t->dtype == TK_F32) return (const float *)t->data + off;
-    to_f32(buf, t->data, t->dtype, off, n);
+    tk_cpu_to_f32(buf, t->data, t->dtype, off, n);
     return buf;
 }
 /* Where to write a chunk: the tensor itself when f32, else `buf`, which
@@ -257,7 +157,7 @@ static inline float *st_chunk(float *buf, tk_tensor *t, int64_t off) {
     return t->dtype == TK_F32 ? (float *)t->data + off : buf;
 }
 static inline void st_commit(tk_tensor *t, int64_t off, int64_t n, const float *buf) {
-    if (t->dtype != TK_F32) from_f32(t->data, t->dtype, off, buf, n);
+    if (t->dtype != TK_F32) tk_cpu_from_f32(t->data, t->dtype, off, buf, n);
 }
 
 /* Elementwise ops walk CH-element chunks; small tensors stay on one thread
@@ -336,13 +236,13 @@ static int gemm_scratch(cpu_ctx *c, size_t n) {
 static void par_to_f32(cpu_ctx *c, float *dst, const tk_tensor *t, int64_t off, int64_t n) {
 #pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++)
-        to_f32(dst + ci * CH, t->data, t->dtype, off + ci * CH, CHUNK_LEN(n, ci));
+        tk_cpu_to_f32(dst + ci * CH, t->data, t->dtype, off + ci * CH, CHUNK_LEN(n, ci));
 }
 
 static void par_from_f32(cpu_ctx *c, tk_tensor *t, int64_t off, const float *src, int64_t n) {
 #pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++)
-        from_f32(t->data, t->dtype, off + ci * CH, src + ci * CH, CHUNK_LEN(n, ci));
+        tk_cpu_from_f32(t->data, t->dtype, off + ci * CH, src + ci * CH, CHUNK_LEN(n, ci));
 }
 
 /* C (M x N, row-major, ldc = N) = alpha op(A) op(B) + beta C on nt OpenMP
@@ -386,7 +286,7 @@ static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_
     if (M <= 0 || N <= 0 || batch <= 0) return TK_OK;
     int a32 = A->dtype == TK_F32, b32 = B->dtype == TK_F32, c32 = C->dtype == TK_F32;
     size_t need = (a32 ? 0 : (size_t)(M * K)) + (b32 ? 0 : (size_t)(K * N)) + (c32 ? 0 : (size_t)(M * N));
-    if (need && gemm_scratch(c, need)) return TK_EDEVICE;
+    if (need && gemm_scratch(c, need)) return TK_ENOMEM;
     float *sa = c->gemm_scratch, *sb = sa + (a32 ? 0 : M * K), *sc = sb + (b32 ? 0 : K * N);
     int lda = (int)(transA ? M : K), ldb = (int)(transB ? K : N);
     if (a32 && b32 && c32 && K > 0 && batch >= c->head.threads && c->head.threads > 1 && !bias) {
@@ -423,9 +323,9 @@ static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_
             float *bb = NULL;
             const float *bv = bias->data;
             if (bias->dtype != TK_F32) {
-                bb = malloc((size_t)N * sizeof(float));
-                if (!bb) return TK_EDEVICE;
-                to_f32(bb, bias->data, bias->dtype, 0, N);
+                bb = tk_malloc((size_t)N * sizeof(float));
+                if (!bb) return TK_ENOMEM;
+                tk_cpu_to_f32(bb, bias->data, bias->dtype, 0, N);
                 bv = bb;
             }
 #pragma omp parallel for num_threads(c->head.threads) schedule(static) if (M * N > PAR_MIN)
@@ -450,13 +350,13 @@ static inline void copy_row(void *dst, tk_dtype ddt, int64_t doff, const void *s
         size_t es = ddt == TK_F32 ? 4 : 2;
         memmove((char *)dst + doff * es, (const char *)src + soff * es, (size_t)C * es);
     } else if (ddt == TK_F32) {
-        to_f32((float *)dst + doff, src, sdt, soff, C);
+        tk_cpu_to_f32((float *)dst + doff, src, sdt, soff, C);
     } else {
         float buf[CH];
         for (int64_t j = 0; j < C; j += CH) {
             int64_t len = C - j < CH ? C - j : CH;
-            to_f32(buf, src, sdt, soff + j, len);
-            from_f32(dst, ddt, doff + j, buf, len);
+            tk_cpu_to_f32(buf, src, sdt, soff + j, len);
+            tk_cpu_from_f32(dst, ddt, doff + j, buf, len);
         }
     }
 }
@@ -589,7 +489,7 @@ static tk_status cpu_axpby(void *ctx, tk_tensor *y, float alpha, const tk_tensor
 #pragma omp simd
             for (int64_t i = 0; i < len; i++) yv[i] = alpha * xv[i];
         } else {
-            if (y->dtype != TK_F32) to_f32(by, y->data, y->dtype, off, len);
+            if (y->dtype != TK_F32) tk_cpu_to_f32(by, y->data, y->dtype, off, len);
 #pragma omp simd
             for (int64_t i = 0; i < len; i++) yv[i] = alpha * xv[i] + beta * yv[i];
         }
@@ -691,7 +591,7 @@ static tk_status cpu_dropout_fwd(void *ctx, tk_tensor *out, tk_tensor *mask, con
                                  int64_t n, float p, uint64_t seed, uint64_t offset) {
     cpu_ctx *c = ctx;
     uint64_t key = tk_dropout_key(seed);
-    float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    float scale = tk_dropout_scale(p);
     uint8_t *mk = mask ? mask->data : NULL;
 #pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN / 4)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
@@ -731,7 +631,7 @@ static tk_status cpu_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, t
     float *mu = mean ? mean->data : NULL, *rs = rstd ? rstd->data : NULL;
 #pragma omp parallel num_threads(c->head.threads) if (N * C > PAR_MIN)
     {
-        float *buf = malloc((size_t)C * 4 * sizeof(float));
+        float *buf = tk_malloc((size_t)C * 4 * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -765,7 +665,7 @@ static tk_status cpu_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, t
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 /* din = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * w;
@@ -777,15 +677,15 @@ static tk_status cpu_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_
                                    int64_t N, int64_t C, int accumulate) {
     cpu_ctx *c = ctx;
     int nt = (N * C > PAR_MIN) ? c->head.threads : 1;
-    float *part = calloc((size_t)nt * 2 * C, sizeof(float));
-    if (!part) return TK_EDEVICE;
+    float *part = tk_calloc((size_t)nt * 2 * C, sizeof(float));
+    if (!part) return TK_ENOMEM;
     int failed = 0;
     const float *mu = mean->data, *rs = rstd->data;
 #pragma omp parallel num_threads(nt)
     {
         int tid = omp_get_thread_num();
         float *pdw = part + (size_t)tid * 2 * C, *pdb = pdw + C;
-        float *buf = malloc((size_t)C * 5 * sizeof(float));
+        float *buf = tk_malloc((size_t)C * 5 * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -810,7 +710,7 @@ static tk_status cpu_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_
             sd /= (float)C;
             sdn /= (float)C;
             float *o = st_chunk(bo, din, r * C);
-            if (accumulate && din->dtype != TK_F32) to_f32(bo, din->data, din->dtype, r * C, C);
+            if (accumulate && din->dtype != TK_F32) tk_cpu_to_f32(bo, din->data, din->dtype, r * C, C);
             if (accumulate) {
 #pragma omp simd
                 for (int64_t j = 0; j < C; j++) o[j] += (d[j] * wv[j] - sd - nrm[j] * sdn) * rsv;
@@ -834,11 +734,10 @@ static tk_status cpu_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_
         }
     }
     free(part);
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 /* HF BERT's extended attention mask: (1 - mask) * finfo(float32).min. */
-#define MASK_BIAS (-3.4028234663852886e38f)
 
 static tk_status cpu_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, const tk_tensor *mask,
                                  int64_t B, int64_t NH, int64_t T, float scale) {
@@ -849,7 +748,7 @@ static tk_status cpu_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in,
 #pragma omp parallel num_threads(c->head.threads) if (rows * T > PAR_MIN / 4)
     {
         int need = in->dtype != TK_F32 || out->dtype != TK_F32;
-        float *buf = need ? malloc((size_t)T * 2 * sizeof(float)) : NULL;
+        float *buf = need ? tk_malloc((size_t)T * 2 * sizeof(float)) : NULL;
         if (need && !buf) {
 #pragma omp atomic write
             failed = 1;
@@ -865,7 +764,7 @@ static tk_status cpu_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in,
             if (mrow) {
 #pragma omp simd reduction(max : mx)
                 for (int64_t j = 0; j < T; j++) {
-                    float z = scale * x[j] + (mrow[j] == 0 ? MASK_BIAS : 0.0f);
+                    float z = scale * x[j] + (mrow[j] == 0 ? TK_MASK_BIAS : 0.0f);
                     o[j] = z;
                     mx = z > mx ? z : mx;
                 }
@@ -889,7 +788,7 @@ static tk_status cpu_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in,
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 static tk_status cpu_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
@@ -899,7 +798,7 @@ static tk_status cpu_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out
 #pragma omp parallel num_threads(c->head.threads) if (rows * T > PAR_MIN / 4)
     {
         int need = din->dtype != TK_F32 || out->dtype != TK_F32 || dout->dtype != TK_F32;
-        float *buf = need ? malloc((size_t)T * 3 * sizeof(float)) : NULL;
+        float *buf = need ? tk_malloc((size_t)T * 3 * sizeof(float)) : NULL;
         if (need && !buf) {
 #pragma omp atomic write
             failed = 1;
@@ -919,7 +818,7 @@ static tk_status cpu_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 /* One row: p = softmax(x) written to o (may be NULL), returns log-sum-exp.
@@ -951,7 +850,7 @@ static tk_status cpu_xent_fwd(void *ctx, tk_tensor *losses, tk_tensor *probs, co
     int failed = 0;
 #pragma omp parallel num_threads(c->head.threads) if (N * V > PAR_MIN / 4)
     {
-        float *buf = malloc((size_t)V * 2 * sizeof(float));
+        float *buf = tk_malloc((size_t)V * 2 * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -967,7 +866,7 @@ static tk_status cpu_xent_fwd(void *ctx, tk_tensor *losses, tk_tensor *probs, co
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 static tk_status cpu_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *logits,
@@ -979,7 +878,7 @@ static tk_status cpu_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *lo
     int failed = 0;
 #pragma omp parallel num_threads(c->head.threads) if (N * V > PAR_MIN / 4)
     {
-        float *buf = malloc((size_t)V * 2 * sizeof(float));
+        float *buf = tk_malloc((size_t)V * 2 * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -1000,7 +899,7 @@ static tk_status cpu_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *lo
         }
         free(buf);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 /* ---- reductions ----------------------------------------------------------- */
@@ -1015,7 +914,7 @@ static tk_status cpu_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, 
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t blk = 0; blk < nblk; blk++) {
         int64_t c0 = blk * cw, c1 = c0 + cw < C ? c0 + cw : C, w = c1 - c0;
-        float *acc = calloc((size_t)w, sizeof(float));
+        float *acc = tk_calloc((size_t)w, sizeof(float));
         if (!acc) {
 #pragma omp atomic write
             failed = 1;
@@ -1035,7 +934,7 @@ static tk_status cpu_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, 
         for (int64_t j = 0; j < w; j++) st1(db, c0 + j, ld1(db, c0 + j) + acc[j]);
         free(acc);
     }
-    return failed ? TK_EDEVICE : TK_OK;
+    return failed ? TK_ENOMEM : TK_OK;
 }
 
 #define SUMSQ_MAXT 256
@@ -1069,50 +968,23 @@ static tk_status cpu_sumsq(void *ctx, tk_tensor *out, const tk_tensor *x, int64_
 }
 
 /* ---- optimizers -------------------------------------------------------------
- * Follows torch.optim.AdamW (foreach=False): p *= 1 - lr*wd; m = b1 m + (1-b1) g;
- * v = b2 v + (1-b2) g^2; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). */
-
-typedef struct {
-    float decay, b1, b2, omb1, omb2, step_size, inv_sqrt_bc2, eps, gs;
-} adam_k;
-
-static adam_k adam_consts(const tk_adamw_hp *hp) {
-    adam_k k;
-    double t = (double)(hp->step > 0 ? hp->step : 1);
-    double bc1 = 1.0 - pow((double)hp->beta1, t), bc2 = 1.0 - pow((double)hp->beta2, t);
-    k.decay = 1.0f - hp->lr * hp->weight_decay;
-    k.b1 = hp->beta1;
-    k.b2 = hp->beta2;
-    k.omb1 = 1.0f - hp->beta1;
-    k.omb2 = 1.0f - hp->beta2;
-    k.step_size = (float)(hp->lr / bc1);
-    k.inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
-    k.eps = hp->eps;
-    k.gs = hp->grad_scale;
-    return k;
-}
+ * torch.optim.AdamW (foreach=False): the update is tk_ops_spec.h's
+ * tk_adamw_update, the one the cuda kernels run. */
 
 /* No AVX clones here: the update is memory-bound (no measurable gain), and
  * without FMA contraction it stays bit-identical on every x86-64 machine and
- * to gpu/cuda/cuda_shared.h's host build (tests/gpu_cuda_host checks that). */
+ * to the cuda kernels' host build (tests/gpu_cuda_host checks that). */
 static void k_adamw(float *restrict p, float *restrict m, float *restrict v, const float *restrict g,
-                    int64_t n, const adam_k *kp) {
-    const adam_k k = *kp;
+                    int64_t n, const tk_adamw_coef *kp) {
+    const tk_adamw_coef k = *kp;
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-        float gi = g[i] * k.gs;
-        float mi = k.b1 * m[i] + k.omb1 * gi;
-        float vi = k.b2 * v[i] + k.omb2 * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * k.decay - k.step_size * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
-    }
+    for (int64_t i = 0; i < n; i++) tk_adamw_update(&p[i], &m[i], &v[i], g[i] * k.grad_scale, &k);
 }
 
 static tk_status cpu_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
                            int64_t n, const tk_adamw_hp *hp) {
     cpu_ctx *c = ctx;
-    adam_k k = adam_consts(hp);
+    tk_adamw_coef k = tk_adamw_coef_of(hp);
     float *p = param->data, *mm = m->data, *vv = v->data;
 #pragma omp parallel for num_threads(c->head.threads) schedule(static) if (n > PAR_MIN / 4)
     for (int64_t ci = 0; ci < NCHUNK(n); ci++) {
@@ -1130,7 +1002,7 @@ static tk_status cpu_adamw8(void *ctx, tk_tensor *param, const tk_tensor *grad,
                             tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
                             int64_t n, const tk_adamw_hp *hp) {
     cpu_ctx *c = ctx;
-    adam_k k = adam_consts(hp);
+    tk_adamw_coef k = tk_adamw_coef_of(hp);
     float *p = param->data, *ms = mscale->data, *vs = vscale->data;
     int8_t *mq = m->data;
     uint8_t *vq = v->data;
@@ -1142,16 +1014,13 @@ static tk_status cpu_adamw8(void *ctx, tk_tensor *param, const tk_tensor *grad,
         const float *g = ld_chunk(bg, grad, off, len);
         float msc = ms[bi], vsc = vs[bi], mmax = 0.0f, vmax = 0.0f;
         for (int64_t i = 0; i < len; i++) {
-            float gi = g[i] * k.gs;
-            float mi = k.b1 * tk_q8_decode_m(mq[off + i], msc) + k.omb1 * gi;
-            float vi = k.b2 * tk_q8_decode_v(vq[off + i], vsc) + k.omb2 * gi * gi;
+            float mi = tk_q8_decode_m(mq[off + i], msc), vi = tk_q8_decode_v(vq[off + i], vsc);
+            tk_adamw_update(&p[off + i], &mi, &vi, g[i] * k.grad_scale, &k);
             bm[i] = mi;
             bv[i] = vi;
             float am = fabsf(mi);
             mmax = am > mmax ? am : mmax;
             vmax = vi > vmax ? vi : vmax;
-            float pi = p[off + i] * k.decay;
-            p[off + i] = pi - k.step_size * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
         }
         for (int64_t i = 0; i < len; i++) {
             mq[off + i] = tk_q8_encode_m(bm[i], mmax);
@@ -1165,44 +1034,10 @@ static tk_status cpu_adamw8(void *ctx, tk_tensor *param, const tk_tensor *grad,
 
 /* ---- the table -------------------------------------------------------------- */
 
-static const tk_backend cpu_backend = {
-    .name = "cpu",
-    .seg_alloc = cpu_seg_alloc,
-    .seg_free = cpu_seg_free,
-    .write = cpu_copy,
-    .read = cpu_copy,
-    .sync = cpu_sync,
-    .info = cpu_info,
-    .destroy = cpu_destroy,
-    .gemm = cpu_gemm,
-    .embed_fwd = cpu_embed_fwd,
-    .embed_bwd = cpu_embed_bwd,
-    .add = cpu_add,
-    .axpby = cpu_axpby,
-    .fill = cpu_fill,
-    .cast = cpu_cast,
-    .layernorm_fwd = cpu_layernorm_fwd,
-    .layernorm_bwd = cpu_layernorm_bwd,
-    .gelu_fwd = cpu_gelu_fwd,
-    .gelu_bwd = cpu_gelu_bwd,
-    .tanh_fwd = cpu_tanh_fwd,
-    .tanh_bwd = cpu_tanh_bwd,
-    .softmax_fwd = cpu_softmax_fwd,
-    .softmax_bwd = cpu_softmax_bwd,
-    .dropout_fwd = cpu_dropout_fwd,
-    .dropout_bwd = cpu_dropout_bwd,
-    .xent_fwd = cpu_xent_fwd,
-    .xent_bwd = cpu_xent_bwd,
-    .bias_grad = cpu_bias_grad,
-    .split_heads = cpu_split_heads,
-    .merge_heads = cpu_merge_heads,
-    .gather_rows = cpu_gather_rows,
-    .scatter_add_rows = cpu_scatter_add_rows,
-    .sumsq = cpu_sumsq,
-    .adamw = cpu_adamw,
-    .adamw8 = cpu_adamw8,
-    .attention_fwd = tk_cpu_attention_fwd,
-    .attention_bwd = tk_cpu_attention_bwd,
-};
+#define cpu_write cpu_copy /* host memory: the same copy both ways */
+#define cpu_read cpu_copy
+#define CPU_OP(op) .op = cpu_##op,
+TK_BACKEND_TABLE(cpu_backend, "cpu", CPU_OP, CPU_OP, tk_cpu_attention_fwd, tk_cpu_attention_bwd);
+#undef CPU_OP
 
 const tk_backend *tk_backend_cpu(void) { return &cpu_backend; }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "tk_backend_impl.h"
+#include "tk_host_mem.h"
 #include "cuda/tk_cuda.h"
 #include "dev_internal.h"
 
@@ -67,7 +68,7 @@ const tk_backend *tk_backend_meta(void) { return &meta_backend; }
 
 void *tk_meta_ctx_new(const tk_dev_opts *opts) {
     (void)opts;
-    meta_ctx *c = calloc(1, sizeof *c);
+    meta_ctx *c = tk_calloc(1, sizeof *c);
     if (c) c->next = META_BASE;
     return c;
 }
@@ -147,8 +148,8 @@ static tk_dev *dev_finish(tk_dev *d, const tk_dev_opts *opts, tk_err *err);
 tk_dev *tk_dev_new(const tk_dev_opts *opts, tk_err *err) {
     tk_dev_opts def = {0};
     if (!opts) opts = &def;
-    tk_dev *d = calloc(1, sizeof *d);
-    if (!d) { tk_err_set(err, TK_EOOM, "out of host memory opening a device"); return NULL; }
+    tk_dev *d = tk_calloc(1, sizeof *d);
+    if (!d) { tk_err_set(err, TK_ENOMEM, "out of host memory opening a device"); return NULL; }
     d->kind = opts->kind;
     d->opts = *opts;
     switch (opts->kind) {
@@ -174,10 +175,10 @@ tk_dev *tk_dev_new(const tk_dev_opts *opts, tk_err *err) {
 tk_dev *tk_dev_new_backend(const tk_dev_opts *opts, const tk_backend *be, void *ctx, tk_err *err) {
     tk_dev_opts def = {0};
     if (!opts) opts = &def;
-    tk_dev *d = calloc(1, sizeof *d);
+    tk_dev *d = tk_calloc(1, sizeof *d);
     if (!d) {
         if (be && ctx && be->destroy) be->destroy(ctx);
-        tk_err_set(err, TK_EOOM, "out of host memory opening a device");
+        tk_err_set(err, TK_ENOMEM, "out of host memory opening a device");
         return NULL;
     }
     d->kind = opts->kind;
@@ -190,7 +191,7 @@ tk_dev *tk_dev_new_backend(const tk_dev_opts *opts, const tk_backend *be, void *
 /* The allocator over the backend's segments; takes d (destroyed on failure). */
 static tk_dev *dev_finish(tk_dev *d, const tk_dev_opts *opts, tk_err *err) {
     if (!d->be || !d->ctx) {
-        tk_err_set(err, TK_EOOM, "could not create the %s backend (out of host memory)",
+        tk_err_set(err, TK_ENOMEM, "could not create the %s backend (out of host memory)",
                    d->be ? d->be->name : "device");
         tk_dev_destroy(&d);
         return NULL;
@@ -206,7 +207,7 @@ static tk_dev *dev_finish(tk_dev *d, const tk_dev_opts *opts, tk_err *err) {
     tk_devmem mem = {d->be->seg_alloc, d->be->seg_free, d->ctx};
     d->alloc = tk_alloc_new(mem, cap);
     if (!d->alloc) {
-        tk_err_set(err, TK_EOOM, "out of host memory creating the allocator");
+        tk_err_set(err, TK_ENOMEM, "out of host memory creating the allocator");
         tk_dev_destroy(&d);
         return NULL;
     }

@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "tk_gpu.h"
+#include "tk_ops_spec.h"
 
 void tk_err_set(tk_err *err, tk_status st, const char *fmt, ...) {
     if (!err) return;
@@ -19,6 +20,12 @@ void tk_err_set(tk_err *err, tk_status st, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
+}
+
+tk_status tk_err_nomem(tk_err *err, const char *what) {
+    if (what && *what) tk_err_set(err, TK_ENOMEM, "%s: out of host memory", what);
+    else tk_err_set(err, TK_ENOMEM, "out of host memory");
+    return TK_ENOMEM;
 }
 
 const char *tk_status_name(tk_status st) {
@@ -30,6 +37,7 @@ const char *tk_status_name(tk_status st) {
     case TK_ECANCEL: return "cancelled";
     case TK_EDEVICE: return "device error";
     case TK_EFORMAT: return "malformed input";
+    case TK_ENOMEM: return "out of host memory";
     }
     return "unknown status";
 }
@@ -74,53 +82,8 @@ const char *tk_cat_name(tk_cat c) {
     return (unsigned)c < TK_CAT_COUNT ? names[c] : "?";
 }
 
-static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-/* fp32 -> fp16 with round to nearest even, including the subnormal range. */
-uint16_t tk_f32_to_f16(float f) {
-    uint32_t x = f32_bits(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t absx = x & 0x7fffffffu;
-    if (absx >= 0x7f800000u) /* inf or NaN: keep NaN quiet and non-zero */
-        return sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0);
-    if (absx >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
-        return sign | 0x7c00u;
-    if (absx < 0x38800000u) { /* below 2^-14: fp16 subnormal or zero */
-        if (absx < 0x33000000u) return sign; /* below half the smallest subnormal */
-        uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
-        int shift = 113 - (int)(absx >> 23) + 13; /* 126 - exp + 13 - 14 + 1 */
-        uint32_t half = mant >> shift;
-        uint32_t rem = mant & ((1u << shift) - 1);
-        uint32_t mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1))) half++;
-        return sign | (uint16_t)half;
-    }
-    uint32_t h = ((absx >> 13) - (112u << 10)); /* rebias exponent 127 -> 15 */
-    uint32_t rem = absx & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* carry may bump the exponent */
-    return sign | (uint16_t)h;
-}
-
-float tk_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (mant << 13));
-    if (exp == 0) {
-        if (mant == 0) return bits_f32(sign);
-        /* subnormal: value = mant * 2^-24, exact in fp32 */
-        float v = (float)mant * (1.0f / 16777216.0f);
-        return sign ? -v : v;
-    }
-    return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-uint16_t tk_f32_to_bf16(float f) {
-    uint32_t x = f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
-    uint32_t lsb = (x >> 16) & 1u;
-    x += 0x7fffu + lsb;
-    return (uint16_t)(x >> 16);
-}
-
-float tk_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+/* The rules are tk_ops_spec.h's, shared with both backends' kernels. */
+uint16_t tk_f32_to_f16(float f) { return tk_spec_f32_to_f16(f); }
+float tk_f16_to_f32(uint16_t h) { return tk_spec_f16_to_f32(h); }
+uint16_t tk_f32_to_bf16(float f) { return tk_spec_f32_to_bf16(f); }
+float tk_bf16_to_f32(uint16_t h) { return tk_spec_bf16_to_f32(h); }

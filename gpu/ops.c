@@ -105,12 +105,14 @@ static void charge(tk_dev *d, double flops, double bytes) {
 #define DISPATCH(fn, ...) return d->be->fn ? d->be->fn(d->ctx, __VA_ARGS__) : TK_OK
 
 tk_status tk_op_gemm(tk_dev *d, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
-                     const tk_tensor *bias, int transA, int transB,
-                     int64_t M, int64_t N, int64_t K, int64_t batch,
-                     int64_t strideA, int64_t strideB, int64_t strideC,
-                     float alpha, float beta) {
+                     const tk_tensor *bias, const tk_gemm *g) {
     const char *op = "gemm";
     DEV_OK();
+    if (!g) return fail(d, op, "no tk_gemm shape");
+    const int transA = g->trans_a, transB = g->trans_b;
+    const int64_t M = g->m, N = g->n, K = g->k, batch = g->batch;
+    const int64_t strideA = g->stride_a, strideB = g->stride_b, strideC = g->stride_c;
+    const float alpha = g->alpha, beta = g->beta;
     TRY(sizes(d, op, 7, LL(M), LL(N), LL(K), LL(batch), LL(strideA), LL(strideB), LL(strideC)));
     int64_t last = batch > 0 ? batch - 1 : 0;
     int64_t nb = batch > 0 ? 1 : 0;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "dev_internal.h"
+#include "tk_host_mem.h"
 
 int64_t tk_tensor_numel(const tk_tensor *t) {
     if (!t) return 0;
@@ -91,8 +92,8 @@ tk_status tk_tensor_alloc(tk_dev *d, tk_tensor *t, tk_dtype dt, int ndim, const 
     int id = tk_alloc_owner_id(d->alloc, who);
     if (id < 0) {
         memset(t, 0, sizeof *t);
-        tk_err_set(err, TK_EOOM, "out of host memory naming owner %s", who);
-        return TK_EOOM;
+        tk_err_set(err, TK_ENOMEM, "out of host memory naming owner %s", who);
+        return TK_ENOMEM;
     }
     t->tag.cat = cat;
     t->tag.owner = id;
@@ -111,6 +112,7 @@ tk_status tk_tensor_alloc(tk_dev *d, tk_tensor *t, tk_dtype dt, int ndim, const 
             describe(dt, shape, ndim, d->last_oom.tensor, sizeof d->last_oom.tensor);
             oom_message(d, &d->last_oom, err);
         }
+        else if (st == TK_ENOMEM) tk_err_nomem(err, who);
         else tk_err_set(err, st, "tensor for %s: allocator refused the tag", who);
         memset(t, 0, sizeof *t);
         return st;
@@ -136,7 +138,7 @@ static int grow_list(tk_live_tensor **v, int *cap, int need) {
     if (need <= *cap) return 0;
     int nc = *cap ? *cap : 256;
     while (nc < need) nc *= 2;
-    tk_live_tensor *n = realloc(*v, (size_t)nc * sizeof *n);
+    tk_live_tensor *n = tk_realloc(*v, (size_t)nc * sizeof *n);
     if (!n) return -1;
     *v = n;
     *cap = nc;
@@ -195,7 +197,7 @@ int tk_dev_tensors_at_peak(const tk_dev *d, tk_tensor_info *out, int max) {
     if (!d || !d->track || !out || max <= 0) return 0;
     const tk_live_tensor *v = d->peak_armed ? d->live : d->snap;
     int n = d->peak_armed ? d->n_live : d->n_snap;
-    tk_tensor_info *all = malloc((size_t)(n > 0 ? n : 1) * sizeof *all);
+    tk_tensor_info *all = tk_malloc((size_t)(n > 0 ? n : 1) * sizeof *all);
     if (!all) return 0;
     for (int i = 0; i < n; i++) {
         const char *name = tk_alloc_owner_name(d->alloc, v[i].owner);
@@ -273,8 +275,8 @@ tk_status tk_tensor_read_f32(tk_dev *d, const tk_tensor *t, float *host, tk_err 
     tk_status st = copy_check(d, t, host, "tk_tensor_read_f32", err);
     if (st != TK_OK || !d->be->read) return st;
     int64_t n = tk_tensor_numel(t);
-    uint16_t *tmp = malloc((size_t)n * 2 + 1);
-    if (!tmp) { tk_err_set(err, TK_EOOM, "tk_tensor_read_f32: out of host memory"); return TK_EOOM; }
+    uint16_t *tmp = tk_malloc((size_t)n * 2 + 1);
+    if (!tmp) { tk_err_set(err, TK_ENOMEM, "tk_tensor_read_f32: out of host memory"); return TK_ENOMEM; }
     st = tk_tensor_read(d, t, tmp, err);
     for (int64_t i = 0; st == TK_OK && i < n; i++)
         host[i] = t->dtype == TK_F16 ? tk_f16_to_f32(tmp[i]) : tk_bf16_to_f32(tmp[i]);
@@ -292,8 +294,8 @@ tk_status tk_tensor_write_f32(tk_dev *d, tk_tensor *t, const float *host, tk_err
     tk_status st = copy_check(d, t, host, "tk_tensor_write_f32", err);
     if (st != TK_OK || !d->be->write) return st;
     int64_t n = tk_tensor_numel(t);
-    uint16_t *tmp = malloc((size_t)n * 2 + 1);
-    if (!tmp) { tk_err_set(err, TK_EOOM, "tk_tensor_write_f32: out of host memory"); return TK_EOOM; }
+    uint16_t *tmp = tk_malloc((size_t)n * 2 + 1);
+    if (!tmp) { tk_err_set(err, TK_ENOMEM, "tk_tensor_write_f32: out of host memory"); return TK_ENOMEM; }
     for (int64_t i = 0; i < n; i++)
         tmp[i] = t->dtype == TK_F16 ? tk_f32_to_f16(host[i]) : tk_f32_to_bf16(host[i]);
     st = tk_tensor_write(d, t, tmp, err);

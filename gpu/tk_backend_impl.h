@@ -97,6 +97,31 @@ typedef struct tk_backend {
                                float scale, float p, uint64_t seed, uint64_t offset);
 } tk_backend;
 
+/* The table's entries as lists, one X(name) each, so that a backend fills
+ * its table from them (`#define K(op) .op = cpu_##op,`) and adding an op is
+ * a line here, a field above and a function per backend. The device half
+ * (memory, copies, GEMM) is named with each backend's private prefix, the
+ * kernels with its public one; attention is named in each table by hand. */
+#define TK_BACKEND_DEVICE(X) \
+    X(seg_alloc) X(seg_free) X(write) X(read) X(sync) X(info) X(destroy) X(gemm)
+#define TK_BACKEND_KERNELS(X) \
+    X(embed_fwd) X(embed_bwd) X(add) X(axpby) X(fill) X(cast) \
+    X(layernorm_fwd) X(layernorm_bwd) X(gelu_fwd) X(gelu_bwd) X(tanh_fwd) \
+    X(tanh_bwd) X(softmax_fwd) X(softmax_bwd) X(dropout_fwd) \
+    X(dropout_bwd) X(xent_fwd) X(xent_bwd) X(bias_grad) X(split_heads) \
+    X(merge_heads) X(gather_rows) X(scatter_add_rows) X(sumsq) X(adamw) \
+    X(adamw8)
+
+/* A compute backend's whole table: DEVICE(op) and KERNEL(op) name the
+ * functions for TK_BACKEND_DEVICE's and TK_BACKEND_KERNELS' entries. */
+#define TK_BACKEND_TABLE(var, name_str, DEVICE, KERNEL, attn_fwd, attn_bwd) \
+    static const tk_backend var = {                                   \
+        .name = name_str,                                             \
+        TK_BACKEND_DEVICE(DEVICE) TK_BACKEND_KERNELS(KERNEL)          \
+        .attention_fwd = attn_fwd,                                    \
+        .attention_bwd = attn_bwd,                                    \
+    }
+
 /* The host backend (OpenBLAS + OpenMP). ctx from tk_cpu_ctx_new. */
 const tk_backend *tk_backend_cpu(void);
 void *tk_cpu_ctx_new(const tk_dev_opts *opts);

@@ -10,6 +10,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "tk_gpu.h"
+#include "tk_ops_spec.h"
+
 /* ---- vectorisable math ---------------------------------------------------------
  * glibc's expf/erff are scalar calls that stop the compiler from vectorising
  * a loop; these are branch-free (selects only) so `omp simd` loops vectorise.
@@ -54,5 +57,66 @@ static inline float v_exp(float x) {
 #else
 #define TK_VEC_CLONES
 #endif
+
+/* ---- float tensors as f32 ------------------------------------------------------
+ * Float tensors may be f32, f16 or bf16; kernels load a run as f32, work, and
+ * store it back in the tensor's dtype (tk_ops_spec.h's rounding). */
+
+/* f16 <-> f32 with the F16C instructions (vcvtph2ps / vcvtps2ph, round to
+ * nearest even like tk_spec_f32_to_f16; the tests compare both with _Float16) where
+ * the CPU has them: 16-bit activations convert at memory speed instead of
+ * through the bit-twiddling loops. */
+#if defined(__x86_64__)
+typedef _Float16 tk_h16 __attribute__((may_alias));
+__attribute__((target("avx2,f16c")))
+static inline void h2f_f16c(float *restrict dst, const uint16_t *restrict src, int64_t n) {
+    const tk_h16 *h = (const tk_h16 *)src;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dst[i] = (float)h[i];
+}
+__attribute__((target("avx2,f16c")))
+static inline void f2h_f16c(uint16_t *restrict dst, const float *restrict src, int64_t n) {
+    tk_h16 *h = (tk_h16 *)dst;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) h[i] = (_Float16)src[i];
+}
+static inline int have_f16c(void) {
+    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+}
+#else
+static inline void h2f_f16c(float *dst, const uint16_t *src, int64_t n) { (void)dst; (void)src; (void)n; }
+static inline void f2h_f16c(uint16_t *dst, const float *src, int64_t n) { (void)dst; (void)src; (void)n; }
+static inline int have_f16c(void) { return 0; }
+#endif
+
+/* dst[0..n) = src[off..off+n) as f32 */
+static inline void tk_cpu_to_f32(float *restrict dst, const void *src, tk_dtype dt, int64_t off, int64_t n) {
+    if (dt == TK_F32) {
+        memcpy(dst, (const float *)src + off, (size_t)n * 4);
+    } else if (dt == TK_F16) {
+        const uint16_t *s = (const uint16_t *)src + off;
+        if (have_f16c()) h2f_f16c(dst, s, n);
+        else
+            for (int64_t i = 0; i < n; i++) dst[i] = tk_spec_f16_to_f32(s[i]);
+    } else {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = tk_spec_bf16_to_f32(s[i]);
+    }
+}
+
+/* dst[off..off+n) = src[0..n) converted to dt */
+static inline void tk_cpu_from_f32(void *dst, tk_dtype dt, int64_t off, const float *restrict src, int64_t n) {
+    if (dt == TK_F32) {
+        memcpy((float *)dst + off, src, (size_t)n * 4);
+    } else if (dt == TK_F16) {
+        uint16_t *d = (uint16_t *)dst + off;
+        if (have_f16c()) f2h_f16c(d, src, n);
+        else
+            for (int64_t i = 0; i < n; i++) d[i] = tk_spec_f32_to_f16(src[i]);
+    } else {
+        uint16_t *d = (uint16_t *)dst + off;
+        for (int64_t i = 0; i < n; i++) d[i] = tk_spec_f32_to_bf16(src[i]);
+    }
+}
 
 #endif

@@ -31,12 +31,14 @@ extern "C" {
 
 typedef enum {
     TK_OK = 0,
-    TK_EOOM = -1,     /* the allocator could not satisfy a request (see tk_oom) */
+    TK_EOOM = -1,     /* the device allocator could not satisfy a request; only ever
+                         returned with its tk_oom record (tk_dev_last_oom) */
     TK_EINVAL = -2,   /* bad argument or input; the tk_err says which */
     TK_EIO = -3,      /* a file could not be read or written */
     TK_ECANCEL = -4,  /* a cancel flag was honoured */
     TK_EDEVICE = -5,  /* the device (driver, CUDA, cuBLAS) reported an error */
-    TK_EFORMAT = -6   /* malformed input data (file, line and field in tk_err) */
+    TK_EFORMAT = -6,  /* malformed input data (file, line and field in tk_err) */
+    TK_ENOMEM = -7    /* a host allocation (malloc, jansson, ...) failed: "out of host memory" */
 } tk_status;
 
 /* An error a user can act on. Functions take an optional tk_err * (may be
@@ -48,6 +50,10 @@ typedef struct tk_err {
 
 void tk_err_set(tk_err *err, tk_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* A failed host allocation: fills err with "<what>: out of host memory"
+ * (what may be NULL) and returns TK_ENOMEM, so a caller writes
+ * `return tk_err_nomem(err, "plan");`. */
+tk_status tk_err_nomem(tk_err *err, const char *what);
 const char *tk_status_name(tk_status st);
 
 /* ---- dtypes ------------------------------------------------------------ */
@@ -142,7 +148,9 @@ int tk_alloc_owner_id(tk_alloc *a, const char *name);
 const char *tk_alloc_owner_name(const tk_alloc *a, int id); /* borrowed */
 
 /* Allocates `bytes` with `tag`. On success *ptr is the block's device address.
- * On failure returns TK_EOOM, fills *oom if given, and allocates nothing.
+ * On failure allocates nothing and returns TK_EOOM (the device could not
+ * serve it: fills *oom if given) or TK_ENOMEM (the host could not hold the
+ * allocator's own bookkeeping; no record).
  * bytes == 0 gives *ptr = NULL and TK_OK. */
 tk_status tk_alloc_malloc(tk_alloc *a, size_t bytes, tk_tag tag, void **ptr, tk_oom *oom);
 /* Frees a block from tk_alloc_malloc. NULL is a no-op. */
@@ -408,15 +416,24 @@ tk_status tk_tensor_write_f32(tk_dev *d, tk_tensor *t, const float *host, tk_err
  * counters, on every backend; on meta it does nothing else. Sizes in element
  * counts. "accumulates" means the output is added to, not overwritten. */
 
+/* The shape and scaling of a (batched) GEMM, every field named where it is
+ * used: `&(tk_gemm){ .m = rows, .n = O, .k = I, .trans_b = 1, .batch = 1,
+ * .alpha = 1.0f }`. Fields left out are 0 (no transpose, no stride, beta 0:
+ * C is overwritten); batch and alpha have no default worth having, so write
+ * them. */
+typedef struct tk_gemm {
+    int64_t m, n, k;                      /* op(A) is m×k, op(B) k×n, C m×n */
+    int trans_a, trans_b;                 /* A is stored K×M / B is stored N×K */
+    int64_t batch;                        /* matrices (0: none) */
+    int64_t stride_a, stride_b, stride_c; /* elements between consecutive batch matrices */
+    float alpha, beta;                    /* C = alpha op(A) op(B) + beta C */
+} tk_gemm;
+
 /* C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b] (+ bias[n] on every row if
- * bias != NULL), for b < batch. op(A) is M×K (A is K×M if transA), op(B) is
- * K×N (B is N×K if transB); C is M×N. Strides are in elements between
- * consecutive batch matrices. bias is f32 or C's dtype. */
+ * bias != NULL), for b < g->batch, with g's shape (tk_gemm). bias is f32 or
+ * C's dtype. */
 tk_status tk_op_gemm(tk_dev *d, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
-                     const tk_tensor *bias, int transA, int transB,
-                     int64_t M, int64_t N, int64_t K, int64_t batch,
-                     int64_t strideA, int64_t strideB, int64_t strideC,
-                     float alpha, float beta);
+                     const tk_tensor *bias, const tk_gemm *g);
 
 /* out[i,:] = table[ids[i],:], ids i32 of n rows, C columns. */
 tk_status tk_op_embed_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,

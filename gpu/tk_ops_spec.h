@@ -1,5 +1,12 @@
 /* tk_ops_spec.h — bit-exact definitions every backend must share.
  *
+ * The one copy of each numeric rule: the cpu backend (gpu/cpu_backend.c,
+ * gpu/cpu_attention.c), the cuda kernels (gpu/cuda/), dtype.c's public
+ * converters and bert/'s generators all include this file, so a rule changes
+ * in one place. It holds: splitmix64 (dropout and every seeded generator),
+ * dropout's mask and scale, the 8-bit AdamW codes, the AdamW update, the
+ * attention mask's bias and fp16/bf16 <-> fp32 conversion.
+ *
  * Two ops promise the same result on every backend: dropout (the same
  * (seed, offset) gives the same mask, so recompute and the cpu/cuda parity
  * tests reproduce it) and the 8-bit AdamW state codes (a checkpointed or
@@ -35,6 +42,9 @@
 #define TK_OPS_SPEC_H
 
 #include <stdint.h>
+#include <string.h>
+
+#include "tk_gpu.h"
 
 #ifdef __CUDACC__
 #include <math.h>
@@ -85,6 +95,13 @@ TK_SPEC_FN uint64_t tk_spec_mix64(uint64_t z) {
     return z;
 }
 
+/* splitmix64 as a stream: advance the state by the golden gamma, mix. Every
+ * seeded generator (weight init, batch order, splits and shuffles) draws from
+ * it, so a seed gives the same numbers on every machine and C library. */
+TK_SPEC_FN uint64_t tk_spec_splitmix64(uint64_t *state) {
+    return tk_spec_mix64(*state += TK_DROPOUT_GOLDEN);
+}
+
 /* The per-call key; compute once per op. */
 TK_SPEC_FN uint64_t tk_dropout_key(uint64_t seed) {
     return tk_spec_mix64(seed ^ TK_DROPOUT_SEED_SALT);
@@ -99,6 +116,19 @@ TK_SPEC_FN float tk_dropout_u(uint64_t key, uint64_t idx) {
 TK_SPEC_FN int tk_dropout_keep(uint64_t key, uint64_t idx, float p) {
     return tk_dropout_u(key, idx) >= p;
 }
+
+/* Kept values are scaled by one IEEE division; p <= 0 keeps everything
+ * unscaled, p >= 1 drops everything. */
+TK_SPEC_FN float tk_dropout_scale(float p) {
+    return p <= 0.0f ? 1.0f : (p < 1.0f ? 1.0f / (1.0f - p) : 0.0f);
+}
+
+/* ---- attention mask ---- */
+
+/* Added to the scores of masked keys before softmax: -FLT_MAX, so a masked
+ * key's probability is exactly 0 (exp underflows) while an all-masked row
+ * stays finite (uniform), as HF's finfo.min additive mask. */
+#define TK_MASK_BIAS (-3.4028234663852886e38f)
 
 /* ---- q8 state codes ---- */
 
@@ -134,5 +164,91 @@ TK_SPEC_FN float tk_q8_decode_v(uint8_t q, float scale) {
     float t2 = TK_SPEC_MUL(t, t);
     return TK_SPEC_MUL(scale, TK_SPEC_MUL(t2, t2));
 }
+
+/* ---- AdamW ---- */
+
+/* torch.optim.AdamW (foreach=False), in one operation order so that, with
+ * FMA contraction off (gcc's default for separate statements here, nvcc
+ * -fmad=false), f32 results agree bit for bit on every backend:
+ *   g *= grad_scale; p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ *   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). */
+typedef struct tk_adamw_coef {
+    float decay, b1, b2, omb1, omb2, step_size, inv_sqrt_bc2, eps, grad_scale;
+} tk_adamw_coef;
+
+TK_SPEC_FN tk_adamw_coef tk_adamw_coef_of(const tk_adamw_hp *hp) {
+    tk_adamw_coef k;
+    double t = (double)(hp->step > 0 ? hp->step : 1);
+    double bc1 = 1.0 - pow((double)hp->beta1, t), bc2 = 1.0 - pow((double)hp->beta2, t);
+    k.decay = 1.0f - hp->lr * hp->weight_decay;
+    k.b1 = hp->beta1;
+    k.b2 = hp->beta2;
+    k.omb1 = 1.0f - hp->beta1;
+    k.omb2 = 1.0f - hp->beta2;
+    k.step_size = (float)(hp->lr / bc1);
+    k.inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    k.eps = hp->eps;
+    k.grad_scale = hp->grad_scale;
+    return k;
+}
+
+/* One element. g is the gradient already multiplied by grad_scale; m and v
+ * in: the previous moments (decoded, for 8-bit); out: the new ones. */
+TK_SPEC_FN void tk_adamw_update(float *p, float *m, float *v, float g, const tk_adamw_coef *k) {
+    float mi = k->b1 * *m + k->omb1 * g;
+    float vi = k->b2 * *v + k->omb2 * g * g;
+    *m = mi; /* p, m and v are distinct elements */
+    *v = vi;
+    *p = *p * k->decay - k->step_size * mi / (sqrtf(vi) * k->inv_sqrt_bc2 + k->eps);
+}
+
+/* ---- fp16 / bf16 <-> fp32 ---- */
+
+/* Round to nearest even, subnormals included; NaN stays a quiet NaN with its
+ * top payload bits (as F16C's vcvtps2ph and CUDA's __float2half_rn), and
+ * infinities stay infinite. */
+TK_SPEC_FN uint32_t tk_spec_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+TK_SPEC_FN float tk_spec_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+TK_SPEC_FN uint16_t tk_spec_f32_to_f16(float f) {
+    uint32_t x = tk_spec_f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) /* inf or NaN: keep NaN quiet and non-zero */
+        return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0));
+    if (absx >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (absx < 0x38800000u) { /* below 2^-14: fp16 subnormal or zero */
+        if (absx < 0x33000000u) return sign; /* below half the smallest subnormal */
+        uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
+        int shift = 113 - (int)(absx >> 23) + 13; /* 126 - exp + 13 - 14 + 1 */
+        uint32_t half = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1);
+        uint32_t mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t h = ((absx >> 13) - (112u << 10)); /* rebias exponent 127 -> 15 */
+    uint32_t rem = absx & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* carry may bump the exponent */
+    return (uint16_t)(sign | h);
+}
+
+TK_SPEC_FN float tk_spec_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (exp == 0x1f) return tk_spec_bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0) /* zero or subnormal: mant * 2^-24, exact in fp32 */
+        return tk_spec_bits_f32(sign | tk_spec_f32_bits((float)mant * (1.0f / 16777216.0f)));
+    return tk_spec_bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+TK_SPEC_FN uint16_t tk_spec_f32_to_bf16(float f) {
+    uint32_t x = tk_spec_f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+TK_SPEC_FN float tk_spec_bf16_to_f32(uint16_t h) { return tk_spec_bits_f32((uint32_t)h << 16); }
 
 #endif

@@ -8,6 +8,7 @@
  * truncated document.
  */
 #include "tk_render.h"
+#include "tk_host_mem.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -24,7 +25,7 @@ static int sb_reserve(tk_sb *b, size_t extra) {
     if (b->len + extra + 1 <= b->cap) return 0;
     size_t ncap = b->cap ? b->cap : 256;
     while (ncap < b->len + extra + 1) ncap *= 2;
-    char *np = realloc(b->p, ncap);
+    char *np = tk_realloc(b->p, ncap);
     if (!np) { b->oom = 1; return -1; }
     b->p = np;
     b->cap = ncap;
@@ -69,7 +70,7 @@ void tk_sb_add_html(tk_sb *b, const char *s) {
 char *tk_sb_take(tk_sb *b) {
     char *p = b->p;
     if (b->oom) { free(p); p = NULL; }
-    else if (!p) { p = malloc(1); if (p) p[0] = 0; }
+    else if (!p) { p = tk_malloc(1); if (p) p[0] = 0; }
     b->p = NULL;
     b->len = b->cap = 0;
     b->oom = 0;
@@ -94,18 +95,18 @@ struct tk_rtable {
 static char *dupstr(const char *s) {
     s = s ? s : "";
     size_t n = strlen(s) + 1;
-    char *p = malloc(n);
+    char *p = tk_malloc(n);
     if (p) memcpy(p, s, n);
     return p;
 }
 
 tk_rtable *tk_rtable_new(const char *title, int ncols, const char *const *headers) {
-    tk_rtable *t = calloc(1, sizeof *t);
+    tk_rtable *t = tk_calloc(1, sizeof *t);
     if (!t) return NULL;
     t->ncols = ncols;
     t->title = dupstr(title);
-    t->headers = calloc((size_t)ncols, sizeof *t->headers);
-    t->right = calloc((size_t)ncols, sizeof *t->right);
+    t->headers = tk_calloc((size_t)ncols, sizeof *t->headers);
+    t->right = tk_calloc((size_t)ncols, sizeof *t->right);
     if (!t->title || !t->headers || !t->right) { tk_rtable_destroy(&t); return NULL; }
     for (int i = 0; i < ncols; i++) {
         const char *h = headers[i] ? headers[i] : "";
@@ -131,7 +132,7 @@ void tk_rtable_destroy(tk_rtable **pt) {
 int tk_rtable_row(tk_rtable *t, const char *const *cells) {
     if (t->nrows == t->cap) {
         int ncap = t->cap ? t->cap * 2 : 16;
-        char **nc = realloc(t->cells, (size_t)ncap * (size_t)t->ncols * sizeof *nc);
+        char **nc = tk_realloc(t->cells, (size_t)ncap * (size_t)t->ncols * sizeof *nc);
         if (!nc) return -1;
         t->cells = nc;
         t->cap = ncap;
@@ -192,7 +193,7 @@ static void pad_cell(tk_sb *b, const char *s, int width, int right) {
 
 char *tk_rtable_text(const tk_rtable *t) {
     tk_sb b = {0};
-    int *w = calloc((size_t)t->ncols, sizeof *w);
+    int *w = tk_calloc((size_t)t->ncols, sizeof *w);
     if (!w) return NULL;
     for (int c = 0; c < t->ncols; c++) {
         w[c] = text_width(t->headers[c]);
@@ -478,14 +479,15 @@ json_t *tk_bundle_new(const char *text) {
     return json_pack("{s:s}", "text/plain", text ? text : "");
 }
 
-void tk_bundle_take(json_t *bundle, const char *mime, char *s) {
-    if (!s) return;
-    json_object_set_new(bundle, mime, json_string(s));
+int tk_bundle_take(json_t *bundle, const char *mime, char *s) {
+    if (!s) return -1;
+    int rc = json_object_set_new(bundle, mime, json_string(s));
     free(s);
+    return rc;
 }
 
-void tk_bundle_take_json(json_t *bundle, const char *mime, json_t *j) {
-    if (j) json_object_set_new(bundle, mime, j);
+int tk_bundle_take_json(json_t *bundle, const char *mime, json_t *j) {
+    return j ? json_object_set_new(bundle, mime, j) : -1;
 }
 
 json_t *tk_bundle_for_notebook(json_t *bundle, const char *what) {

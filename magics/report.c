@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "tk_render.h"
+#include "tk_host_mem.h"
 #include "tk_session.h"
 #include "tk_pipeline.h"
 #include "tk_predict.h"
@@ -28,7 +29,7 @@ int tk_txargs_split(const char *s, char ***argv, int *argc) {
     char **v = NULL;
     int n = 0, cap = 0;
     size_t len = strlen(s);
-    char *word = malloc(len + 1);
+    char *word = tk_malloc(len + 1);
     if (!word) return -1;
     const char *p = s;
     for (;;) {
@@ -46,15 +47,15 @@ int tk_txargs_split(const char *s, char ***argv, int *argc) {
         word[w] = 0;
         if (n + 1 >= cap) {
             cap = cap ? cap * 2 : 8;
-            char **nv = realloc(v, (size_t)cap * sizeof *nv);
+            char **nv = tk_realloc(v, (size_t)cap * sizeof *nv);
             if (!nv) goto fail;
             v = nv;
         }
-        if (!(v[n] = strdup(word))) goto fail;
+        if (!(v[n] = tk_strdup(word))) goto fail;
         n++;
     }
     free(word);
-    if (!v && !(v = calloc(1, sizeof *v))) return -1;
+    if (!v && !(v = tk_calloc(1, sizeof *v))) return -1;
     v[n] = NULL;
     *argv = v;
     *argc = n;
@@ -509,14 +510,14 @@ json_t *tk_report_predict(const tk_predict_report *r, int rows) {
     int K = p->num_labels;
     if (!p->qa && p->n_gold && K > 0) {
         /* the confusion matrix: rows are the gold labels */
-        const char **hdr = calloc((size_t)K + 1, sizeof *hdr);
-        char **names = calloc((size_t)K + 1, sizeof *names);
+        const char **hdr = tk_calloc((size_t)K + 1, sizeof *hdr);
+        char **names = tk_calloc((size_t)K + 1, sizeof *names);
         json_t *cm = json_array();
         for (int k = 0; hdr && names && k <= K; k++) {
             if (k == 0) hdr[0] = "gold \\ predicted";
             else {
                 const char *nm = r->labels ? r->labels[k - 1] : "?";
-                if ((names[k] = malloc(strlen(nm) + 2))) snprintf(names[k], strlen(nm) + 2, ">%s", nm);
+                if ((names[k] = tk_malloc(strlen(nm) + 2))) snprintf(names[k], strlen(nm) + 2, ">%s", nm);
                 hdr[k] = names[k] ? names[k] : ">?";
             }
         }
@@ -712,7 +713,7 @@ json_t *tk_report_mem(tk_dev *d, const char *by, int top) {
 
     /* owners (or layers): live bytes now and peak */
     int no = tk_alloc_n_owners(a);
-    mem_row *rows = calloc((size_t)(no > 0 ? no : 1), sizeof *rows);
+    mem_row *rows = tk_calloc((size_t)(no > 0 ? no : 1), sizeof *rows);
     int nr = 0;
     for (int id = 0; rows && id < no; id++) {
         char name[128];

@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE /* vasprintf */
 #include "tk_session.h"
+#include "tk_host_mem.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -47,7 +48,7 @@ struct tk_session {
     tk_holder holder;          /* the host's report; survives a reset */
 };
 
-tk_session *tk_session_new(void) { return calloc(1, sizeof(tk_session)); }
+tk_session *tk_session_new(void) { return tk_calloc(1, sizeof(tk_session)); }
 
 void tk_session_destroy(tk_session **ps) {
     if (!ps || !*ps) return;
@@ -159,7 +160,7 @@ tk_dev *tk_session_device(tk_session *s, const tk_config *c, char *note, tk_err 
         d = open_dev(want, cap, c->threads, &e);
     }
     if (!d) {
-        tk_err_set(err, e.status ? e.status : TK_EDEVICE, "device: %s", e.msg);
+        tk_err_set(err, e.status, "device: %s", e.msg);
         return NULL;
     }
     /* the allocator's recent history, for %txmem --save FILE.pickle (a
@@ -207,7 +208,7 @@ const int *tk_session_lengths(const tk_session *s, int *n) {
 }
 
 void tk_session_set_lengths(tk_session *s, const int *len, int n) {
-    int *copy = n > 0 ? malloc((size_t)n * sizeof *copy) : NULL;
+    int *copy = n > 0 ? tk_malloc((size_t)n * sizeof *copy) : NULL;
     if (n > 0 && !copy) return; /* keep the old ones rather than none */
     if (n > 0) memcpy(copy, len, (size_t)n * sizeof *copy);
     free(s->lengths);
@@ -223,7 +224,7 @@ const tk_mem_sample *tk_session_timeline(const tk_session *s, int *n) {
 static void timeline_add(tk_session *s, int64_t step, size_t alloc, size_t reserved, size_t peak) {
     if (s->ntl == s->captl) {
         int ncap = s->captl ? s->captl * 2 : 256;
-        tk_mem_sample *n = realloc(s->tl, (size_t)ncap * sizeof *n);
+        tk_mem_sample *n = tk_realloc(s->tl, (size_t)ncap * sizeof *n);
         if (!n) return; /* a shorter timeline, not a failed run */
         s->tl = n;
         s->captl = ncap;
@@ -417,12 +418,14 @@ static tk_status prepare_run(const tk_config *cc, tk_dev *d, const tk_run_hooks 
  * weights; says where its weights came from. On an OOM r keeps the record. */
 static tk_status build_model(tk_dev *d, const tk_config *cc, const char *asked, const tk_run_data *data,
                              const tk_run_hooks *h, tk_run_report *r, tk_model **out, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_load_report lr = {0};
     int random_init = 0;
     snprintf(r->oom_phase, sizeof r->oom_phase, "model");
     tk_model *m = *out = tk_model_from_config(d, cc, &lr, &random_init, err);
     if (!m) {
-        tk_status rc = err && err->status ? err->status : TK_EOOM;
+        tk_status rc = err->status;
         if (rc == TK_EOOM && tk_dev_last_oom(d)) {
             r->have_oom = 1;
             r->oom = *tk_dev_last_oom(d);
@@ -533,10 +536,12 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
                            tk_run_report *r, tk_err *err) {
     memset(r, 0, sizeof *r);
     r->end = TK_RUN_FAILED;
+    tk_err local = { 0 };
+    if (!err) err = &local; /* callees' failures are read from it, never guessed */
     tk_config cc = *c;
     tk_session_set_config(s, c);
     tk_dev *d = tk_session_device(s, &cc, r->device_note, err);
-    if (!d) return TK_EDEVICE;
+    if (!d) return err->status;
     if (r->device_note[0]) note(h, "%s", r->device_note);
     tk_alloc_stats st;
     tk_alloc_stats_get(tk_dev_alloc(d), &st);
@@ -643,6 +648,8 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
 
 tk_status tk_session_predict(tk_session *s, const tk_config *c0, tk_predict_report *r, tk_err *err) {
     memset(r, 0, sizeof *r);
+    tk_err local = { 0 };
+    if (!err) err = &local;
     tk_config c = *c0;
     snprintf(r->model, sizeof r->model, "%s", c.model);
     int head = -1;
@@ -664,7 +671,7 @@ tk_status tk_session_predict(tk_session *s, const tk_config *c0, tk_predict_repo
     tk_dev *d = tk_session_device(s, &c, NULL, err);
     if (!d) {
         tk_predict_report_clear(r);
-        return TK_EDEVICE;
+        return err->status;
     }
     tk_run_data data;
     if ((rc = tk_run_data_load_eval(&c, (const char *const *)r->labels, r->n_labels, &data, err)) != TK_OK) {
@@ -686,12 +693,12 @@ tk_status tk_session_predict(tk_session *s, const tk_config *c0, tk_predict_repo
     }
     tk_model *m = tk_model_from_config(d, &c, NULL, NULL, err);
     if (!m) {
-        rc = err && err->status ? err->status : TK_EOOM;
+        rc = err->status;
         goto out;
     }
-    if (!(r->res = calloc(1, sizeof *r->res))) {
-        tk_err_set(err, TK_EINVAL, "predict: out of host memory");
-        rc = TK_EINVAL;
+    if (!(r->res = tk_calloc(1, sizeof *r->res))) {
+        tk_err_set(err, TK_ENOMEM, "predict: out of host memory");
+        rc = TK_ENOMEM;
     } else {
         rc = tk_predict(m, &data, r->res, err);
     }

@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE /* pipe2, environ, strsignal */
 #include "tk_magics.h"
+#include "tk_host_mem.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -73,7 +74,7 @@ typedef struct pending {
 /* Sends buf[0..n) as text, keeping an incomplete trailing sequence unless
  * flush_all (EOF), where it becomes U+FFFD like any other invalid byte. */
 static void emit(tk_magic_ctx *c, pending *p, int flush_all) {
-    char *txt = malloc(p->n * 3 + 1);
+    char *txt = tk_malloc(p->n * 3 + 1);
     if (!txt) { p->n = 0; return; }
     size_t i = 0, o = 0;
     while (i < p->n) {
@@ -154,7 +155,7 @@ static int run_child(tk_magic_ctx *c, char *const argv[], const char *what) {
         close(errp[0]);
         return tk_magic_error(c, "OSError", "%s: cannot start %s: %s", what, argv[0], strerror(se));
     }
-    pending *ps = calloc(2, sizeof *ps);
+    pending *ps = tk_calloc(2, sizeof *ps);
     if (!ps) {
         kill(-pid, SIGKILL);
         waitpid(pid, NULL, 0);
@@ -235,8 +236,8 @@ static int run_sh(tk_magic_ctx *c) { return run_script(c, "/bin/sh"); }
 /* The argument with one pair of surrounding quotes removed (new string). */
 static char *unquote(const char *a) {
     size_t n = strlen(a);
-    if (n >= 2 && (a[0] == '"' || a[0] == '\'') && a[n - 1] == a[0]) return strndup(a + 1, n - 2);
-    return strdup(a);
+    if (n >= 2 && (a[0] == '"' || a[0] == '\'') && a[n - 1] == a[0]) return tk_strndup(a + 1, n - 2);
+    return tk_strdup(a);
 }
 
 static int run_cd(tk_magic_ctx *c) {
@@ -245,14 +246,14 @@ static int run_cd(tk_magic_ctx *c) {
     const char *home = getenv("HOME");
     char *target = NULL;
     int rc = 0;
-    if (!*arg) target = strdup(home && *home ? home : "/");
+    if (!*arg) target = tk_strdup(home && *home ? home : "/");
     else if (!strcmp(arg, "-")) {
         const char *old = getenv("OLDPWD");
         if (!old) { free(arg); return tk_magic_error(c, "UsageError", "%%cd -: no previous directory yet"); }
-        target = strdup(old);
+        target = tk_strdup(old);
     } else if (arg[0] == '~' && (arg[1] == 0 || arg[1] == '/') && home) {
         if (asprintf(&target, "%s%s", home, arg + 1) < 0) target = NULL;
-    } else target = strdup(arg);
+    } else target = tk_strdup(arg);
     char before[PATH_MAX];
     if (!getcwd(before, sizeof before)) before[0] = 0;
     if (!target) rc = tk_magic_error(c, "MemoryError", "out of memory in %%cd");
@@ -293,7 +294,7 @@ static int run_env(tk_magic_ctx *c) {
     if (!*a) {
         size_t n = 0;
         while (environ[n]) n++;
-        char **v = malloc((n ? n : 1) * sizeof *v);
+        char **v = tk_malloc((n ? n : 1) * sizeof *v);
         if (!v) return tk_magic_error(c, "MemoryError", "out of memory listing the environment");
         memcpy(v, environ, n * sizeof *v);
         qsort(v, n, sizeof *v, cmp_str);

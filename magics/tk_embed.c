@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include "tk_embed.h"
+#include "tk_host_mem.h"
 #include "tk_magics.h"
 #include "tk_session.h"
 
@@ -78,7 +79,7 @@ static const tk_out_ops SINK_OPS = {o_stream, o_display, o_result, o_clear, o_er
 const char *tk_embed_version(void) { return TK_KERNEL_VERSION; }
 
 tk_embed *tk_embed_new(void) {
-    tk_embed *e = calloc(1, sizeof *e);
+    tk_embed *e = tk_calloc(1, sizeof *e);
     if (!e) return NULL;
     if (!(e->magics = tk_magics_new())) { free(e); return NULL; }
     e->interp = tk_magics_interp(e->magics);

@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE /* asprintf, vasprintf */
 #include "tk_magics.h"
+#include "tk_host_mem.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -32,7 +33,7 @@ struct tk_magics {
 
 /* An empty registry; tk_magics_new (tk_magics_modules.c) fills it with the
  * listed modules, so the registry never calls up into the modules. */
-tk_magics *tk_magics_new_empty(void) { return calloc(1, sizeof(tk_magics)); }
+tk_magics *tk_magics_new_empty(void) { return tk_calloc(1, sizeof(tk_magics)); }
 
 void tk_magics_destroy(tk_magics **pm) {
     if (!pm || !*pm) return;
@@ -64,7 +65,7 @@ int tk_magics_add_table(tk_magics *m, const tk_magic_def *defs, size_t n) {
         }
         if (m->n == m->cap) {
             size_t cap = m->cap ? m->cap * 2 : 32;
-            const tk_magic_def **d = realloc(m->defs, cap * sizeof *d);
+            const tk_magic_def **d = tk_realloc(m->defs, cap * sizeof *d);
             if (!d) return -1;
             m->defs = d;
             m->cap = cap;
@@ -210,7 +211,7 @@ static int blank_or_comment(const char *s, const char *e) {
 static char *trimmed_dup(const char *s, const char *e) {
     while (s < e && isspace((unsigned char)*s)) s++;
     while (e > s && isspace((unsigned char)e[-1])) e--;
-    return strndup(s, (size_t)(e - s));
+    return tk_strndup(s, (size_t)(e - s));
 }
 
 /* If [s, e) is a help request (?name, name?, %name?, ??name) returns the
@@ -298,7 +299,7 @@ static int m_execute(void *self, const char *code, const tk_exec_opts *opts, tk_
         int is_cell = p + 1 < e && p[1] == '%';
         const char *n0 = p + (is_cell ? 2 : 1), *n1 = n0;
         while (n1 < e && is_name_char((unsigned char)*n1)) n1++;
-        char *name = strndup(n0, (size_t)(n1 - n0));
+        char *name = tk_strndup(n0, (size_t)(n1 - n0));
         char *args = trimmed_dup(n1, e);
         int rc = 0;
         const tk_magic_def *d = name ? tk_magics_find(m, name) : NULL;
@@ -376,7 +377,7 @@ static int m_inspect(void *self, const char *code, size_t cursor, int detail, js
     while (b > 0 && (is_name_char((unsigned char)code[b - 1]) || code[b - 1] == '%')) b--;
     while (e < len && is_name_char((unsigned char)code[e])) e++;
     while (b < e && code[b] == '%') b++;
-    char *word = strndup(code + b, e - b);
+    char *word = tk_strndup(code + b, e - b);
     if (!word) return 0;
     int found = 0;
     const tk_magic_def *d = *word ? tk_magics_find(m, word) : NULL;

@@ -3,6 +3,7 @@
  * kind of output a magic can send (stream, display_data with and without a
  * display_id, update_display_data, execute_result, clear_output, error). */
 #include "tk_magics.h"
+#include "tk_host_mem.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -11,7 +12,7 @@
 static int run_lsmagic(tk_magic_ctx *c) {
     size_t n = tk_magics_count(c->magics);
     size_t cap = 256 + n * 256;
-    char *txt = malloc(cap), *html = malloc(cap * 2);
+    char *txt = tk_malloc(cap), *html = tk_malloc(cap * 2);
     if (!txt || !html) { free(txt); free(html); return tk_magic_error(c, "MemoryError", "out of memory listing magics"); }
     size_t t = 0, h = 0;
     t += (size_t)snprintf(txt + t, cap - t, "Available magics:\n");

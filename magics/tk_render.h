@@ -68,10 +68,12 @@ char *tk_text_progress(double frac, int width, const char *label);
 /* {"text/plain": text}. New reference. */
 json_t *tk_bundle_new(const char *text);
 /* Sets bundle[mime] = s (a string); takes ownership of s (free()d), which may
- * be NULL (then nothing is set). */
-void tk_bundle_take(json_t *bundle, const char *mime, char *s);
-/* Sets bundle[mime] = j; takes the reference (NULL: nothing set). */
-void tk_bundle_take_json(json_t *bundle, const char *mime, json_t *j);
+ * be NULL (then nothing is set). 0, or -1 when nothing was set (s NULL, or
+ * out of host memory): a caller that needs the part checks it. */
+int tk_bundle_take(json_t *bundle, const char *mime, char *s);
+/* Sets bundle[mime] = j; takes the reference (NULL: nothing set). 0 or -1,
+ * as tk_bundle_take. */
+int tk_bundle_take_json(json_t *bundle, const char *mime, json_t *j);
 
 /* Report builders put their machine-readable part under "application/json"
  * (what `txk --json` and `%... --json` print). A notebook must not get it

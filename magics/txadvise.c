@@ -20,6 +20,7 @@
 
 #include "tk_data.h"
 #include "tk_advisor.h"
+#include "tk_host_mem.h"
 #include "tk_magics.h"
 #include "tk_oom_message.h"
 #include "tk_render.h"
@@ -100,6 +101,11 @@ static json_t *advice_bundle(const tk_advice *a, int top) {
  * user changes. New string. */
 static char *yaml_change(const tk_config *base, const tk_config *cand) {
     char *yb = tk_config_to_yaml(base), *yc = tk_config_to_yaml(cand);
+    if (!yb || !yc) { /* out of host memory: NULL, never a shorter answer */
+        free(yb);
+        free(yc);
+        return NULL;
+    }
     tk_sb sb = {0};
     for (char *line = yc; line && *line;) {
         char *nl = strchr(line, '\n');
@@ -133,13 +139,13 @@ static int lengths_p99(const int32_t *lengths, int n) {
 tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,
                                 int n_lengths, json_t **bundle, tk_err *err) {
     *bundle = NULL;
-    tk_oom_message *msg = malloc(sizeof *msg);
+    tk_oom_message *msg = tk_malloc(sizeof *msg);
     tk_advice *a = NULL;
     char *adv_text = NULL;
     tk_status st = TK_OK;
     if (!msg) {
-        tk_err_set(err, TK_EOOM, "out of host memory reading the message");
-        return TK_EOOM;
+        tk_err_set(err, TK_ENOMEM, "out of host memory reading the message");
+        return TK_ENOMEM;
     }
     if (tk_oom_message_parse(text, len, msg) != 0) {
         free(msg);
@@ -167,18 +173,20 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
             on.capacity = 0;
             if ((st = tk_config_set(&on, "gpu", msg->card->name, err)) != TK_OK) goto done;
         }
-        a = malloc(sizeof *a);
+        a = tk_malloc(sizeof *a);
         tk_advise_input in = {.config = &on, .lengths = lengths, .n_lengths = n_lengths, .margin_frac = 0.05};
         if (!a || (st = tk_advise(&in, a, err)) != TK_OK) {
-            if (!a) tk_err_set(err, st = TK_EOOM, "out of host memory advising");
+            if (!a) tk_err_set(err, st = TK_ENOMEM, "out of host memory advising");
             goto done;
         }
         adv_text = tk_advice_format(a, 5);
+        if (!adv_text) goto nomem;
         int au = tk_advice_auto(a);
         if (msg->n_fixes == TK_OOMMSG_MAX_FIXES) msg->n_fixes--;
         for (int i = 0; i < a->n_cand; i++) {
             if (i != au && !(au < 0 && i == 0)) continue;
             char *code = yaml_change(&on, &a->cand[i].config);
+            if (!code) goto nomem;
             /* the planned fix of the user's own config goes first */
             memmove(&msg->fixes[1], &msg->fixes[0], (size_t)msg->n_fixes * sizeof msg->fixes[0]);
             msg->n_fixes++;
@@ -187,20 +195,22 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
             snprintf(x->text, sizeof x->text, "your config's fix, as txkernel's trainer plans it on %s: %s (peak %s%s)",
                      msg->card ? msg->card->name : "this card", a->cand[i].label,
                      tk_format_bytes(a->cand[i].peak, b1, sizeof b1), a->cand[i].fits_margin ? ", fits with margin" : "");
-            snprintf(x->code, sizeof x->code, "%s", code ? code : "");
+            snprintf(x->code, sizeof x->code, "%s", code);
             free(code);
         }
     } else {
         tk_oom_message_diagnose(msg, NULL, 0, NULL);
     }
+    /* Every part or none: a part that could not be built is an error, not a
+     * shorter report. */
     char *txt = tk_oom_message_format(msg);
+    json_t *jv = tk_oom_message_to_json(msg);
     tk_sb sb = {0};
     tk_sb_add(&sb, txt ? txt : "");
     if (adv_text)
         tk_sb_addf(&sb, "The config planned on %s by txkernel's trainer (its own plan, not your PyTorch run's figures):\n%s",
                    msg->card ? msg->card->name : "this card", adv_text);
-    *bundle = tk_bundle_new(sb.p ? sb.p : "");
-    tk_sb_clear(&sb);
+    char *plain = tk_sb_take(&sb);
     tk_sb_add(&sb, "<pre>");
     tk_sb_add_html(&sb, txt ? txt : "");
     if (adv_text) {
@@ -211,11 +221,22 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         tk_sb_add_html(&sb, adv_text);
     }
     tk_sb_add(&sb, "</pre>");
-    tk_bundle_take(*bundle, "text/html", tk_sb_take(&sb));
+    char *html = tk_sb_take(&sb);
+    int bad = !txt || !jv || !plain || !html || !(*bundle = tk_bundle_new(plain));
     free(txt);
-    char *js = tk_oom_message_json(msg);
-    tk_bundle_take_json(*bundle, "application/json", js ? json_loads(js, 0, NULL) : NULL);
-    free(js);
+    free(plain);
+    if (bad) {
+        free(html);
+        json_decref(jv);
+        goto nomem;
+    }
+    if (tk_bundle_take(*bundle, "text/html", html) || tk_bundle_take_json(*bundle, "application/json", jv))
+        goto nomem;
+    goto done;
+nomem:
+    json_decref(*bundle);
+    *bundle = NULL;
+    st = tk_err_nomem(err, "the OOM message's report");
 done:
     free(adv_text);
     free(a);
@@ -313,12 +334,12 @@ static int run_txadvise(tk_magic_ctx *m) {
     in.held_in_process = tk_session_held_in_process(s);
     int nt = 0;
     const tk_mem_sample *tl = tk_session_timeline(s, &nt);
-    size_t *steps = nt > 0 ? malloc((size_t)nt * sizeof *steps) : NULL;
+    size_t *steps = nt > 0 ? tk_malloc((size_t)nt * sizeof *steps) : NULL;
     for (int i = 0; steps && i < nt; i++) steps[i] = tl[i].allocated;
     in.step_allocated = steps;
     in.n_steps = steps ? nt : 0;
 
-    tk_advice *a = malloc(sizeof *a);
+    tk_advice *a = tk_malloc(sizeof *a);
     if (!a) {
         free(steps);
         return tk_magic_error(m, "MemoryError", "out of host memory");

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "tk_data.h"
+#include "tk_host_mem.h"
 #include "tk_magics.h"
 #include "tk_pipeline.h"
 #include "tk_render.h"
@@ -68,8 +69,8 @@ tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **le
         tk_rtable_rowf(tw, "%s\t%d\t%d\t%lld\t%lld\t%.1f", names[k], pr[k].num_batches, pr[k].max_T,
                        (long long)pr[k].real_tokens, (long long)pr[k].padded_tokens, 100 * pr[k].waste);
     if (!tp || !tt || !tw) {
-        tk_err_set(err, TK_EINVAL, "out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "out of host memory");
+        st = TK_ENOMEM;
         goto out;
     }
     char labels[TK_LEN_HIST_BINS][32];
@@ -132,7 +133,7 @@ tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **le
                                   "padding", pj, "vocabulary", vnote));
     *bundle = out;
     if (lengths_out) {
-        int *copy = malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof *copy);
+        int *copy = tk_malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof *copy);
         if (copy)
             for (int i = 0; i < nrows; i++) copy[i] = len[i] < max_len ? len[i] : max_len;
         *lengths_out = copy;
@@ -148,18 +149,20 @@ out:
 
 tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, int lowercase,
                              const char *out_path, int *n_texts, int *n_tokens, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_table *t = NULL;
     tk_status st = tk_table_read(path, &t, err);
     if (st != TK_OK) return st;
     const char *col = text_col && *text_col ? text_col : "text";
     int ci = tk_table_col(t, col);
-    const char **texts = ci >= 0 ? malloc((size_t)(t->nrows > 0 ? t->nrows : 1) * sizeof *texts) : NULL;
+    const char **texts = ci >= 0 ? tk_malloc((size_t)(t->nrows > 0 ? t->nrows : 1) * sizeof *texts) : NULL;
     if (ci < 0) {
         tk_err_set(err, TK_EINVAL, "%s: no column '%s' (use --text COL)", t->name, col);
         st = TK_EINVAL;
     } else if (!texts) {
-        tk_err_set(err, TK_EINVAL, "out of host memory");
-        st = TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "out of host memory");
+        st = TK_ENOMEM;
     } else {
         for (int i = 0; i < t->nrows; i++) texts[i] = t->cells[(size_t)i * t->ncols + ci];
         st = tk_vocab_build(texts, t->nrows, size, lowercase, 0, out_path, err);
@@ -168,7 +171,7 @@ tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, i
         tk_tokenizer *tok = tk_tokenizer_new(out_path, NULL, err);
         *n_texts = t->nrows;
         *n_tokens = tok ? tk_tokenizer_vocab_size(tok) : 0;
-        if (!tok) st = err && err->status ? err->status : TK_EIO;
+        if (!tok) st = err->status;
         tk_tokenizer_destroy(&tok);
     }
     free(texts);

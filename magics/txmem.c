@@ -11,14 +11,15 @@
 #include <string.h>
 
 #include "tk_magics.h"
+#include "tk_host_mem.h"
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_snapshot.h"
 #include "tk_txmagics.h"
 
 static json_t *timeline_bundle(const tk_mem_sample *tl, int n) {
-    double *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
-    double *y = malloc((size_t)(n > 0 ? n : 1) * 3 * sizeof *y);
+    double *x = tk_malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
+    double *y = tk_malloc((size_t)(n > 0 ? n : 1) * 3 * sizeof *y);
     json_t *b = NULL;
     if (x && y) {
         for (int i = 0; i < n; i++) {
@@ -69,7 +70,7 @@ static char *snapshot_chart(const tk_snapshot *s) {
         return tk_svg_bars("Live at the end, by owner (the snapshot has no trace to chart)", "MiB", n, labels, mib);
     }
     int n = s->n_points < SNAP_CHART_POINTS ? s->n_points : SNAP_CHART_POINTS;
-    double *x = calloc((size_t)n, sizeof *x), *y = calloc((size_t)n * 2, sizeof *y);
+    double *x = tk_calloc((size_t)n, sizeof *x), *y = tk_calloc((size_t)n * 2, sizeof *y);
     char *svg = NULL;
     if (x && y) {
         for (int k = 0; k < n; k++) {

@@ -72,6 +72,8 @@ static json_t *bars_bundle(const tk_rtable *t, char *text, const char *title, co
 }
 
 tk_status tk_max_batch_report(const tk_config *c0, json_t **bundle, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     tk_config c = *c0;
     size_t cap = tk_session_capacity_of(&c);
     *bundle = NULL;
@@ -88,8 +90,8 @@ tk_status tk_max_batch_report(const tk_config *c0, json_t **bundle, tk_err *err)
     const char *h[] = {">max_len", ">largest batch", ">peak reserved", ">margin"};
     tk_rtable *t = tk_rtable_new(title, 4, h);
     if (!t) {
-        tk_err_set(err, TK_EINVAL, "out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "out of host memory");
+        return TK_ENOMEM;
     }
     const char *labels[5];
     char lb[5][16];
@@ -101,7 +103,7 @@ tk_status tk_max_batch_report(const tk_config *c0, json_t **bundle, tk_err *err)
         int b = largest_batch(c, seqs[i], cap, 4096, &peak, err);
         if (b < 0) {
             tk_rtable_destroy(&t);
-            return err->status ? err->status : TK_EINVAL;
+            return err->status;
         }
         char pb[32], mb[32];
         tk_rtable_rowf(t, "%d\t%d\t%s\t%s", seqs[i], b, b ? tk_format_bytes(peak, pb, sizeof pb) : "-",
@@ -143,6 +145,8 @@ static const sweep_row SWEEP[] = {
 
 
 tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_err *err) {
+    tk_err local_err = { 0 };
+    if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
     *bundle = NULL;
     size_t cap = tk_session_capacity_of(c0);
     char title[320], b[8][32];
@@ -160,8 +164,8 @@ tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_
     tk_rtable *t = tk_rtable_new(title, measure ? (on_cuda ? 15 : 13) : 9, h);
     double base_ms = 0;
     if (!t) {
-        tk_err_set(err, TK_EINVAL, "out of host memory");
-        return TK_EINVAL;
+        tk_err_set(err, TK_ENOMEM, "out of host memory");
+        return TK_ENOMEM;
     }
     int n = (int)(sizeof SWEEP / sizeof SWEEP[0]);
     const char *labels[sizeof SWEEP / sizeof SWEEP[0]];
@@ -240,7 +244,7 @@ tk_status tk_sweep_report(const tk_config *c0, int measure, json_t **bundle, tk_
 fail:
     json_decref(rows);
     tk_rtable_destroy(&t);
-    return err->status ? err->status : TK_EINVAL;
+    return err->status;
 }
 
 tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bundle, tk_err *err) {

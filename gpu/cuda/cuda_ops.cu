@@ -289,8 +289,8 @@ __global__ void k_layernorm_bwd_wb(void *dw, int dtw, void *db, int dtb, const v
     if (db) st(db, dtb, c, ld(db, dtb, c) + sb);
 }
 
-/* HF BERT's extended attention mask: (1 - mask) * finfo(float32).min. */
-#define MASK_BIAS (-3.4028234663852886e38f)
+/* HF BERT's extended attention mask: (1 - mask) * finfo(float32).min, as
+ * TK_MASK_BIAS (tk_ops_spec.h). */
 
 /* Rows (B, NH, T, T): row r belongs to batch r / (NH*T); key j is masked
  * where mask[b, j] == 0. */
@@ -302,7 +302,7 @@ __global__ void k_softmax_fwd(void *out, int dto, const void *in, int dti, const
     const int64_t base = row * T;
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < T; j += THREADS) {
-        float x = scale * ld(in, dti, base + j) + ((mask && mask[b * T + j] == 0) ? MASK_BIAS : 0.0f);
+        float x = scale * ld(in, dti, base + j) + ((mask && mask[b * T + j] == 0) ? TK_MASK_BIAS : 0.0f);
         mx = fmaxf(mx, x);
     }
     mx = block_max(mx, sh);
@@ -312,13 +312,13 @@ __global__ void k_softmax_fwd(void *out, int dto, const void *in, int dti, const
     }
     float s = 0.0f;
     for (int64_t j = threadIdx.x; j < T; j += THREADS) {
-        float x = scale * ld(in, dti, base + j) + ((mask && mask[b * T + j] == 0) ? MASK_BIAS : 0.0f);
+        float x = scale * ld(in, dti, base + j) + ((mask && mask[b * T + j] == 0) ? TK_MASK_BIAS : 0.0f);
         s += expf(x - mx);
     }
     s = block_sum(s, sh);
     float inv = 1.0f / s;
     for (int64_t j = threadIdx.x; j < T; j += THREADS) {
-        float x = scale * ld(in, dti, base + j) + ((mask && mask[b * T + j] == 0) ? MASK_BIAS : 0.0f);
+        float x = scale * ld(in, dti, base + j) + ((mask && mask[b * T + j] == 0) ? TK_MASK_BIAS : 0.0f);
         st(out, dto, base + j, expf(x - mx) * inv);
     }
 }

@@ -209,45 +209,11 @@ static tk_status cu_gemm(void *vctx, tk_tensor *C, const tk_tensor *A, const tk_
 
 /* ---- the table ------------------------------------------------------------ */
 
-static const tk_backend cuda_backend = {
-    .name = "cuda",
-    .seg_alloc = cu_seg_alloc,
-    .seg_free = cu_seg_free,
-    .write = cu_write,
-    .read = cu_read,
-    .sync = cu_sync,
-    .info = cu_info,
-    .destroy = cu_destroy,
-    .gemm = cu_gemm,
-    .embed_fwd = tk_cuda_embed_fwd,
-    .embed_bwd = tk_cuda_embed_bwd,
-    .add = tk_cuda_add,
-    .axpby = tk_cuda_axpby,
-    .fill = tk_cuda_fill,
-    .cast = tk_cuda_cast,
-    .layernorm_fwd = tk_cuda_layernorm_fwd,
-    .layernorm_bwd = tk_cuda_layernorm_bwd,
-    .gelu_fwd = tk_cuda_gelu_fwd,
-    .gelu_bwd = tk_cuda_gelu_bwd,
-    .tanh_fwd = tk_cuda_tanh_fwd,
-    .tanh_bwd = tk_cuda_tanh_bwd,
-    .softmax_fwd = tk_cuda_softmax_fwd,
-    .softmax_bwd = tk_cuda_softmax_bwd,
-    .dropout_fwd = tk_cuda_dropout_fwd,
-    .dropout_bwd = tk_cuda_dropout_bwd,
-    .xent_fwd = tk_cuda_xent_fwd,
-    .xent_bwd = tk_cuda_xent_bwd,
-    .bias_grad = tk_cuda_bias_grad,
-    .split_heads = tk_cuda_split_heads,
-    .merge_heads = tk_cuda_merge_heads,
-    .gather_rows = tk_cuda_gather_rows,
-    .scatter_add_rows = tk_cuda_scatter_add_rows,
-    .sumsq = tk_cuda_sumsq,
-    .adamw = tk_cuda_adamw,
-    .adamw8 = tk_cuda_adamw8,
-    .attention_fwd = tk_cuda_attention_fwd,
-    .attention_bwd = tk_cuda_attention_bwd,
-};
+#define CUDA_DEVICE(op) .op = cu_##op,
+#define CUDA_KERNEL(op) .op = tk_cuda_##op,
+TK_BACKEND_TABLE(cuda_backend, "cuda", CUDA_DEVICE, CUDA_KERNEL, tk_cuda_attention_fwd, tk_cuda_attention_bwd);
+#undef CUDA_DEVICE
+#undef CUDA_KERNEL
 
 /* Everything after the context exists; on failure the caller destroys c. */
 static tk_status open_device(tk_cuda_ctx *c, tk_err *err) {
@@ -284,7 +250,7 @@ tk_status tk_cuda_plugin_open(const tk_dev_opts *opts, const tk_backend **be, vo
         return tk_cuda_fail(err, TK_EINVAL, "cuda_device %d does not exist (this machine has %d)",
                             dev, n);
     tk_cuda_ctx *c = calloc(1, sizeof *c);
-    if (!c) return tk_cuda_fail(err, TK_EOOM, "out of host memory opening the cuda device");
+    if (!c) return tk_cuda_fail(err, TK_ENOMEM, "out of host memory opening the cuda device");
     c->device = dev;
     pthread_mutex_init(&c->lock, NULL);
     /* CUPTI before the context: allocations made while creating cuBLAS and

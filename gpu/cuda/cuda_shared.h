@@ -1,6 +1,7 @@
-/* cuda_shared.h — per-element rules the cuda kernels share with the cpu
- * backend (gpu/cpu_backend.c): the AdamW update and the dropout scale. The
- * dropout generator and the 8-bit state codes come from gpu/tk_ops_spec.h.
+/* cuda_shared.h — index arithmetic the cuda kernels share with their host
+ * tests: the column-major GEMM arguments and the head/bias index maps. The
+ * numeric rules both backends follow (AdamW, dropout, q8 codes, the mask
+ * bias, fp16/bf16) are gpu/tk_ops_spec.h's, included here.
  * Written so that nvcc (device and host) and a plain C compiler both take it,
  * so a host test can check these functions against the cpu backend without
  * a GPU.
@@ -18,51 +19,6 @@
 #else
 #define TK_HD static inline
 #endif
-
-/* ---- dropout -------------------------------------------------------------- */
-
-/* The generator and the q8 codes are tk_ops_spec.h's. Kept values are scaled
- * by one IEEE division; p <= 0 keeps everything unscaled, as the cpu backend. */
-TK_HD float tk_dropout_scale(float p) {
-    return p <= 0.0f ? 1.0f : (p < 1.0f ? 1.0f / (1.0f - p) : 0.0f);
-}
-
-/* ---- AdamW ------------------------------------------------------------------- */
-
-/* torch.optim.AdamW (foreach=False), in the cpu backend's exact operation
- * order so that, with FMA contraction off (nvcc -fmad=false), f32 results
- * agree bit for bit:
- *   p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
- *   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). */
-typedef struct tk_adamw_coef {
-    float decay, b1, b2, omb1, omb2, step_size, inv_sqrt_bc2, eps, grad_scale;
-} tk_adamw_coef;
-
-TK_HD tk_adamw_coef tk_adamw_coef_of(const tk_adamw_hp *hp) {
-    tk_adamw_coef k;
-    double t = (double)(hp->step > 0 ? hp->step : 1);
-    double bc1 = 1.0 - pow((double)hp->beta1, t), bc2 = 1.0 - pow((double)hp->beta2, t);
-    k.decay = 1.0f - hp->lr * hp->weight_decay;
-    k.b1 = hp->beta1;
-    k.b2 = hp->beta2;
-    k.omb1 = 1.0f - hp->beta1;
-    k.omb2 = 1.0f - hp->beta2;
-    k.step_size = (float)(hp->lr / bc1);
-    k.inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
-    k.eps = hp->eps;
-    k.grad_scale = hp->grad_scale;
-    return k;
-}
-
-/* m and v in: the previous moments (decoded, for 8-bit); out: the new ones. */
-TK_HD void tk_adamw_update(float *p, float *m, float *v, float g, const tk_adamw_coef *k) {
-    float mi = k->b1 * *m + k->omb1 * g;
-    float vi = k->b2 * *v + k->omb2 * g * g;
-    float pi = *p * k->decay;
-    *p = pi - k->step_size * mi / (sqrtf(vi) * k->inv_sqrt_bc2 + k->eps);
-    *m = mi;
-    *v = vi;
-}
 
 /* ---- GEMM layout ------------------------------------------------------------- */
 

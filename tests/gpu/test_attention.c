@@ -101,17 +101,17 @@ static grads standard(tk_dev *d, const inputs *in, float scale, float p, uint64_
     alloc(d, &dk, TK_F32, N, NULL);
     alloc(d, &dv, TK_F32, N, NULL);
     const int64_t BH = B * NH, TH = T * HS, TT = T * T;
-    TK_CHECK(tk_op_gemm(d, &S, &q, &k, NULL, 0, 1, T, T, HS, BH, TH, TH, TT, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &S, &q, &k, NULL, &(tk_gemm){ .m = T, .n = T, .k = HS, .trans_b = 1, .batch = BH, .stride_a = TH, .stride_b = TH, .stride_c = TT, .alpha = 1.0f }) == TK_OK);
     TK_CHECK(tk_op_softmax_fwd(d, &P, &S, &m, B, NH, T, scale) == TK_OK);
     TK_CHECK(tk_op_dropout_fwd(d, &Pd, NULL, &P, NP, p, seed, off) == TK_OK);
-    TK_CHECK(tk_op_gemm(d, &o, &Pd, &v, NULL, 0, 0, T, HS, T, BH, TT, TH, TH, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &o, &Pd, &v, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .batch = BH, .stride_a = TT, .stride_b = TH, .stride_c = TH, .alpha = 1.0f }) == TK_OK);
     /* dPd = dout v^T; dv = Pd^T dout; dP = dropout_bwd(dPd); dS = softmax_bwd */
-    TK_CHECK(tk_op_gemm(d, &dPd, &go, &v, NULL, 0, 1, T, T, HS, BH, TH, TH, TT, 1.0f, 0.0f) == TK_OK);
-    TK_CHECK(tk_op_gemm(d, &dv, &Pd, &go, NULL, 1, 0, T, HS, T, BH, TT, TH, TH, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &dPd, &go, &v, NULL, &(tk_gemm){ .m = T, .n = T, .k = HS, .trans_b = 1, .batch = BH, .stride_a = TH, .stride_b = TH, .stride_c = TT, .alpha = 1.0f }) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &dv, &Pd, &go, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = BH, .stride_a = TT, .stride_b = TH, .stride_c = TH, .alpha = 1.0f }) == TK_OK);
     TK_CHECK(tk_op_dropout_bwd(d, &dP, &dPd, NP, p, seed, off) == TK_OK);
     TK_CHECK(tk_op_softmax_bwd(d, &dS, &P, &dP, BH * T, T, scale) == TK_OK);
-    TK_CHECK(tk_op_gemm(d, &dq, &dS, &k, NULL, 0, 0, T, HS, T, BH, TT, TH, TH, 1.0f, 0.0f) == TK_OK);
-    TK_CHECK(tk_op_gemm(d, &dk, &dS, &q, NULL, 1, 0, T, HS, T, BH, TT, TH, TH, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &dq, &dS, &k, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .batch = BH, .stride_a = TT, .stride_b = TH, .stride_c = TH, .alpha = 1.0f }) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &dk, &dS, &q, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = BH, .stride_a = TT, .stride_b = TH, .stride_c = TH, .alpha = 1.0f }) == TK_OK);
     grads g = { readf(d, &o), readf(d, &dq), readf(d, &dk), readf(d, &dv) };
     tk_tensor *all[] = { &q, &k, &v, &S, &P, &Pd, &o, &go, &dPd, &dP, &dS, &dq, &dk, &dv, &m };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)

@@ -922,7 +922,7 @@ static void test_device_chain(void) {
     TK_CHECK(tk_tensor_write_f32(d, &lw, hlw, &err) == TK_OK);
     TK_CHECK(tk_tensor_write_f32(d, &lb, hlb, &err) == TK_OK);
     TK_CHECK(tk_tensor_write(d, &lab, hl, &err) == TK_OK);
-    TK_CHECK(tk_op_gemm(d, &h, &x, &w, &bias, 0, 0, N, C, K, 1, 0, 0, 0, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &h, &x, &w, &bias, &(tk_gemm){ .m = N, .n = C, .k = K, .batch = 1, .alpha = 1.0f }) == TK_OK);
     TK_CHECK(tk_op_gelu_fwd(d, &g, &h, N * C) == TK_OK);
     TK_CHECK(tk_op_layernorm_fwd(d, &y, &mean, &rstd, &g, &lw, &lb, N, C, 1e-12f) == TK_OK);
     TK_CHECK(tk_op_xent_fwd(d, &loss, NULL, &y, &lab, N, C) == TK_OK);

@@ -106,20 +106,20 @@ static void test_cost_and_checks(void) {
     TK_CHECK(tk_tensor_alloc(d, &bias, TK_F32, 1, sbias, TK_CAT_PARAM, "b", &err) == TK_OK);
     TK_CHECK(tk_tensor_alloc(d, &ids, TK_I32, 1, si, TK_CAT_INPUT, "ids", &err) == TK_OK);
     tk_cost c;
-    TK_CHECK(tk_op_gemm(d, &C, &A, &B, NULL, 0, 0, 64, 16, 32, 1, 0, 0, 0, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &C, &A, &B, NULL, &(tk_gemm){ .m = 64, .n = 16, .k = 32, .batch = 1, .alpha = 1.0f }) == TK_OK);
     tk_dev_cost_get(d, &c);
     TK_CHECK_NEAR(c.flops, 2.0 * 64 * 16 * 32, 0);
     TK_CHECK_NEAR(c.bytes, 64 * 32 * 2 + 32 * 16 * 2 + 64 * 16 * 4, 0);
     TK_CHECK_EQ_INT(c.n_ops, 1);
     tk_dev_cost_reset(d);
     /* with a bias and beta != 0: C is read and written, the bias read */
-    TK_CHECK(tk_op_gemm(d, &C, &A, &B, &bias, 0, 0, 64, 16, 32, 1, 0, 0, 0, 1.0f, 1.0f) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &C, &A, &B, &bias, &(tk_gemm){ .m = 64, .n = 16, .k = 32, .batch = 1, .alpha = 1.0f, .beta = 1.0f }) == TK_OK);
     tk_dev_cost_get(d, &c);
     TK_CHECK_NEAR(c.flops, 2.0 * 64 * 16 * 32 + 64 * 16, 0);
     TK_CHECK_NEAR(c.bytes, 64 * 32 * 2 + 32 * 16 * 2 + 2 * 64 * 16 * 4 + 16 * 4, 0);
     tk_dev_cost_reset(d);
     /* batched: 4 matrices of 16x8 @ 8x16 inside A (2048 elements) */
-    TK_CHECK(tk_op_gemm(d, &C, &A, &B, NULL, 0, 0, 16, 16, 8, 4, 128, 0, 256, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_gemm(d, &C, &A, &B, NULL, &(tk_gemm){ .m = 16, .n = 16, .k = 8, .batch = 4, .stride_a = 128, .stride_c = 256, .alpha = 1.0f }) == TK_OK);
     tk_dev_cost_get(d, &c);
     TK_CHECK_NEAR(c.flops, 2.0 * 16 * 16 * 8 * 4, 0);
     TK_CHECK(tk_op_add(d, &C, &C, &C, 1024) == TK_OK);
@@ -127,7 +127,7 @@ static void test_cost_and_checks(void) {
     tk_dev_cost_reset(d);
 
     /* bad arguments: EINVAL, a message saying what, and no cost */
-    TK_CHECK(tk_op_gemm(d, &C, &A, &B, NULL, 0, 0, 64, 16, 33, 1, 0, 0, 0, 1.0f, 0.0f) == TK_EINVAL);
+    TK_CHECK(tk_op_gemm(d, &C, &A, &B, NULL, &(tk_gemm){ .m = 64, .n = 16, .k = 33, .batch = 1, .alpha = 1.0f }) == TK_EINVAL);
     TK_CHECK(tk_dev_last_err(d) != NULL);
     if (tk_dev_last_err(d))
         TK_CHECK_MSG(strstr(tk_dev_last_err(d)->msg, "gemm: A (a) has 2048 elements, the sizes given need 2112"),
@@ -140,7 +140,7 @@ static void test_cost_and_checks(void) {
     TK_CHECK(tk_op_dropout_fwd(d, &C, NULL, &C, 10, 1.0f, 1, 0) == TK_EINVAL);
     tk_adamw_hp hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 0};
     TK_CHECK(tk_op_adamw(d, &C, &C, &C, &C, 10, &hp) == TK_EINVAL);
-    TK_CHECK(tk_op_gemm(NULL, &C, &A, &B, NULL, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0) == TK_EINVAL);
+    TK_CHECK(tk_op_gemm(NULL, &C, &A, &B, NULL, &(tk_gemm){ .m = 1, .n = 1, .k = 1, .batch = 1, .alpha = 1 }) == TK_EINVAL);
     TK_CHECK(tk_op_layernorm_fwd(d, &C, NULL, NULL, &C, &bias, NULL, 64, 16, 1e-12f) == TK_EINVAL);
     TK_CHECK_MSG(strstr(tk_dev_last_err(d)->msg, "layernorm_fwd: b is missing") != NULL, "%s", tk_dev_last_err(d)->msg);
     tk_tensor empty = {0};
@@ -217,23 +217,23 @@ static int mlp_step(tk_dev *d, int B, int H, int steps) {
         TRY(tk_tensor_alloc(d, &x, TK_F32, 2, sx, TK_CAT_INPUT, "input", &err));
         TRY(tk_op_fill(d, &x, 0.5f, tk_tensor_numel(&x)));
         TRY(tk_tensor_alloc(d, &h, TK_F32, 2, s4, TK_CAT_ACT, "layer.0.dense", &err));
-        TRY(tk_op_gemm(d, &h, &x, &w1, NULL, 0, 0, B, 4 * H, H, 1, 0, 0, 0, 1, 0));
+        TRY(tk_op_gemm(d, &h, &x, &w1, NULL, &(tk_gemm){ .m = B, .n = 4 * H, .k = H, .batch = 1, .alpha = 1 }));
         TRY(tk_tensor_alloc(d, &a, TK_F32, 2, s4, TK_CAT_ACT, "layer.0.gelu", &err));
         TRY(tk_op_gelu_fwd(d, &a, &h, tk_tensor_numel(&h)));
         TRY(tk_tensor_alloc(d, &y, TK_F32, 2, sx, TK_CAT_ACT, "layer.1.dense", &err));
-        TRY(tk_op_gemm(d, &y, &a, &w2, NULL, 0, 0, B, H, 4 * H, 1, 0, 0, 0, 1, 0));
+        TRY(tk_op_gemm(d, &y, &a, &w2, NULL, &(tk_gemm){ .m = B, .n = H, .k = 4 * H, .batch = 1, .alpha = 1 }));
         TRY(tk_tensor_alloc(d, &dy, TK_F32, 2, sx, TK_CAT_TEMP, "layer.1.dense", &err));
         TRY(tk_op_axpby(d, &dy, 1.0f, &y, 0.0f, tk_tensor_numel(&y)));
-        TRY(tk_op_gemm(d, &g2, &a, &dy, NULL, 1, 0, 4 * H, H, B, 1, 0, 0, 0, 1, 1));
+        TRY(tk_op_gemm(d, &g2, &a, &dy, NULL, &(tk_gemm){ .m = 4 * H, .n = H, .k = B, .trans_a = 1, .batch = 1, .alpha = 1, .beta = 1 }));
         TRY(tk_tensor_alloc(d, &da, TK_F32, 2, s4, TK_CAT_TEMP, "layer.1.dense", &err));
-        TRY(tk_op_gemm(d, &da, &dy, &w2, NULL, 0, 1, B, 4 * H, H, 1, 0, 0, 0, 1, 0));
+        TRY(tk_op_gemm(d, &da, &dy, &w2, NULL, &(tk_gemm){ .m = B, .n = 4 * H, .k = H, .trans_b = 1, .batch = 1, .alpha = 1 }));
         tk_tensor_free(d, &dy);
         tk_tensor_free(d, &y);
         tk_tensor_free(d, &a);
         TRY(tk_tensor_alloc(d, &dh, TK_F32, 2, s4, TK_CAT_TEMP, "layer.0.gelu", &err));
         TRY(tk_op_gelu_bwd(d, &dh, &h, &da, tk_tensor_numel(&h)));
         tk_tensor_free(d, &da);
-        TRY(tk_op_gemm(d, &g1, &x, &dh, NULL, 1, 0, H, 4 * H, B, 1, 0, 0, 0, 1, 1));
+        TRY(tk_op_gemm(d, &g1, &x, &dh, NULL, &(tk_gemm){ .m = H, .n = 4 * H, .k = B, .trans_a = 1, .batch = 1, .alpha = 1, .beta = 1 }));
         tk_tensor_free(d, &dh);
         tk_tensor_free(d, &h);
         TRY(tk_tensor_alloc(d, &tmp, TK_F32, 1, (int64_t[]){1}, TK_CAT_TEMP, "grad_norm", &err));

@@ -114,7 +114,7 @@ static void test_cupti_reconciles(void) {
     TK_CHECK(tk_tensor_alloc(g_gpu, &C, TK_F32, 1, shape, TK_CAT_ACT, "test.C", &err) == TK_OK);
     TK_CHECK(tk_op_fill(g_gpu, &A, 0.5f, M * M) == TK_OK);
     TK_CHECK(tk_op_fill(g_gpu, &B, 0.25f, M * M) == TK_OK);
-    TK_CHECK(tk_op_gemm(g_gpu, &C, &A, &B, NULL, 0, 1, M, M, M, 1, 0, 0, 0, 1.0f, 0.0f) == TK_OK);
+    TK_CHECK(tk_op_gemm(g_gpu, &C, &A, &B, NULL, &(tk_gemm){ .m = M, .n = M, .k = M, .trans_b = 1, .batch = 1, .alpha = 1.0f }) == TK_OK);
     tk_cuda_mem_totals t;
     TK_CHECK(get(ctx, &t, &err) == TK_OK);
     TK_CHECK_MSG(t.cupti_active, "CUPTI inactive: %s (is another profiler attached?)", t.cupti_error);

@@ -35,11 +35,11 @@ static void test_gemm(void) {
                 char what[96];
                 snprintf(what, sizeof what, "gemm %s->%s transA=%d transB=%d", tk_dtype_name(dt),
                          tk_dtype_name(ct), ta, tb);
-                BOTH(tk_op_gemm(D, T(C), T(A), T(B), NULL, ta, tb, M, N, K, batch, sA, sB, sC, 1.0f, 0.0f));
+                BOTH(tk_op_gemm(D, T(C), T(A), T(B), NULL, &(tk_gemm){ .m = M, .n = N, .k = K, .trans_a = ta, .trans_b = tb, .batch = batch, .stride_a = sA, .stride_b = sB, .stride_c = sC, .alpha = 1.0f }));
                 pair_cmp(&C, tol, what);
                 snprintf(what, sizeof what, "gemm+bias %s->%s transA=%d transB=%d alpha/beta",
                          tk_dtype_name(dt), tk_dtype_name(ct), ta, tb);
-                BOTH(tk_op_gemm(D, T(C), T(A), T(B), T(bias), ta, tb, M, N, K, batch, sA, sB, sC, 0.5f, 0.25f));
+                BOTH(tk_op_gemm(D, T(C), T(A), T(B), T(bias), &(tk_gemm){ .m = M, .n = N, .k = K, .trans_a = ta, .trans_b = tb, .batch = batch, .stride_a = sA, .stride_b = sB, .stride_c = sC, .alpha = 0.5f, .beta = 0.25f }));
                 pair_cmp(&C, tol * 2, what);
                 pair_free(&A); pair_free(&B); pair_free(&C); pair_free(&bias);
             }

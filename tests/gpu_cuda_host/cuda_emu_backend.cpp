@@ -89,32 +89,9 @@ tk_backend make_table() {
     b.info = emu_info;
     b.destroy = emu_destroy;
     b.gemm = emu_gemm;
-    b.embed_fwd = tk_cuda_embed_fwd;
-    b.embed_bwd = tk_cuda_embed_bwd;
-    b.add = tk_cuda_add;
-    b.axpby = tk_cuda_axpby;
-    b.fill = tk_cuda_fill;
-    b.cast = tk_cuda_cast;
-    b.layernorm_fwd = tk_cuda_layernorm_fwd;
-    b.layernorm_bwd = tk_cuda_layernorm_bwd;
-    b.gelu_fwd = tk_cuda_gelu_fwd;
-    b.gelu_bwd = tk_cuda_gelu_bwd;
-    b.tanh_fwd = tk_cuda_tanh_fwd;
-    b.tanh_bwd = tk_cuda_tanh_bwd;
-    b.softmax_fwd = tk_cuda_softmax_fwd;
-    b.softmax_bwd = tk_cuda_softmax_bwd;
-    b.dropout_fwd = tk_cuda_dropout_fwd;
-    b.dropout_bwd = tk_cuda_dropout_bwd;
-    b.xent_fwd = tk_cuda_xent_fwd;
-    b.xent_bwd = tk_cuda_xent_bwd;
-    b.bias_grad = tk_cuda_bias_grad;
-    b.split_heads = tk_cuda_split_heads;
-    b.merge_heads = tk_cuda_merge_heads;
-    b.gather_rows = tk_cuda_gather_rows;
-    b.scatter_add_rows = tk_cuda_scatter_add_rows;
-    b.sumsq = tk_cuda_sumsq;
-    b.adamw = tk_cuda_adamw;
-    b.adamw8 = tk_cuda_adamw8;
+#define EMU_KERNEL(op) b.op = tk_cuda_##op;
+    TK_BACKEND_KERNELS(EMU_KERNEL)
+#undef EMU_KERNEL
     b.attention_fwd = tk_cuda_attention_fwd;
     b.attention_bwd = tk_cuda_attention_bwd;
     return b;
@@ -127,7 +104,7 @@ const tk_backend emu_backend = make_table();
 extern "C" tk_dev *tk_cuda_emu_open(tk_err *err) {
     emu_ctx *c = new (std::nothrow) emu_ctx();
     if (!c) {
-        tk_err_set(err, TK_EOOM, "out of host memory for the emulated cuda device");
+        tk_err_set(err, TK_ENOMEM, "out of host memory for the emulated cuda device");
         return NULL;
     }
     tk_dev_opts cpu_opts = {};

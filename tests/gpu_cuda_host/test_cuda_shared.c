@@ -112,7 +112,7 @@ static void test_gemm_colmajor_layout(void) {
         for (int i = 0; i < K * N; i++) B[i] = frand();
         for (int i = 0; i < M * N; i++) Ccm[i] = Cref[i] = frand();
         tk_tensor tA = upload(d, A, M * K), tB = upload(d, B, K * N), tC = upload(d, Cref, M * N);
-        TK_CHECK(tk_op_gemm(d, &tC, &tA, &tB, NULL, ta, tb, M, N, K, 1, 0, 0, 0, 0.5f, 0.25f) == TK_OK);
+        TK_CHECK(tk_op_gemm(d, &tC, &tA, &tB, NULL, &(tk_gemm){ .m = M, .n = N, .k = K, .trans_a = ta, .trans_b = tb, .batch = 1, .alpha = 0.5f, .beta = 0.25f }) == TK_OK);
         TK_CHECK(tk_tensor_read(d, &tC, Cref, &err) == TK_OK);
         tk_gemm_cm g = tk_gemm_colmajor(ta, tb, M, N, K);
         cblas_sgemm(CblasColMajor, g.trans_first ? CblasTrans : CblasNoTrans,

@@ -577,26 +577,6 @@ void tk_config_defaults(tk_config *c) {
     c->save_error_stop = 1; /* a run never ends "ok" without its results */
 }
 
-/* ---- the attention default ------------------------------------------------ */
-
-tk_attention tk_config_attention(const tk_config *c, tk_dev_kind on, const char **why) {
-    if (c->attention != TK_ATTN_AUTO) {
-        if (why) *why = "set in the config";
-        return c->attention;
-    }
-    /* On a GPU the T x T probabilities are most of the activations at long
-     * sequences (bert-base-cased, 512 tokens: about 380 MiB saved per example
-     * with them, 226 MiB without; PyTorch 2's SDPA keeps about 333). */
-    if (on == TK_DEV_CUDA || c->device == TK_DEVICE_CUDA || c->gpu[0]) {
-        if (why) *why = "default on cuda";
-        return TK_ATTN_FUSED;
-    }
-    /* The cpu: standard attention's BLAS GEMMs beat the fused kernel's rows
-     * (measured at 128 and 512 tokens, bench/RESULTS.md). */
-    if (why) *why = "default on the cpu";
-    return TK_ATTN_STANDARD;
-}
-
 const char *tk_attention_name(tk_attention a) {
     return a >= TK_ATTN_STANDARD && a <= TK_ATTN_AUTO ? attn_names[a] : "?";
 }

@@ -1,0 +1,25 @@
+/* device_defaults.c — the config defaults that depend on the device a run
+ * gets: today attention: auto (fused on cuda and for a gpu: card, standard on
+ * the cpu). One rule in one place: the planner, the model options, the
+ * session and the advisor's fixes all ask it, so a plan and its run agree.
+ * Kept apart from config.c (which reads config.json through hf.c) so hf.c
+ * can ask it without a circle between the two files. */
+#include "tk_config.h"
+
+tk_attention tk_config_attention(const tk_config *c, tk_dev_kind on, const char **why) {
+    if (c->attention != TK_ATTN_AUTO) {
+        if (why) *why = "set in the config";
+        return c->attention;
+    }
+    /* On a GPU the T x T probabilities are most of the activations at long
+     * sequences (bert-base-cased, 512 tokens: about 380 MiB saved per example
+     * with them, 226 MiB without; PyTorch 2's SDPA keeps about 333). */
+    if (on == TK_DEV_CUDA || c->device == TK_DEVICE_CUDA || c->gpu[0]) {
+        if (why) *why = "default on cuda";
+        return TK_ATTN_FUSED;
+    }
+    /* The cpu: standard attention's BLAS GEMMs beat the fused kernel's rows
+     * (measured at 128 and 512 tokens, bench/RESULTS.md). */
+    if (why) *why = "default on the cpu";
+    return TK_ATTN_STANDARD;
+}

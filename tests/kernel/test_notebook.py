@@ -40,7 +40,16 @@ def test_notebook_runs_with_nbclient():
 
 
 def test_jupyter_console_answers():
-    r = subprocess.run([sys.executable, "-m", "jupyter", "console", "--kernel", "txkernel", "--simple-prompt"],
-                       input="%echo hello from console\n%txversion\n", capture_output=True, text=True, timeout=60)
+    # jupyter console 6.4 with piped stdin sometimes shows its first prompt
+    # and then nothing until the timeout (1 run in 6 here, 2026-11-25; the
+    # cause is not found yet, and the next console is answered at once): one
+    # more try with a fresh console and kernel; a kernel that never answers
+    # still fails both
+    cmd = [sys.executable, "-m", "jupyter", "console", "--kernel", "txkernel", "--simple-prompt"]
+    feed = "%echo hello from console\n%txversion\n"
+    try:
+        r = subprocess.run(cmd, input=feed, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        r = subprocess.run(cmd, input=feed, capture_output=True, text=True, timeout=60)
     assert "hello from console" in r.stdout, r.stdout + r.stderr
     assert "txkernel 0.1.0 (Jupyter protocol 5.3)" in r.stdout

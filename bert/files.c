@@ -7,6 +7,7 @@
 
 #include "tk_files.h"
 #include "tk_host_mem.h"
+#include "tk_safetensors.h"
 
 /* One component: made, or already a folder. A file in the way reports
  * ENOTDIR, which says more than mkdir's EEXIST. */
@@ -54,4 +55,17 @@ tk_status tk_mkdirs(const char *path, tk_err *err) {
     }
     free(p);
     return rc ? TK_EIO : TK_OK;
+}
+
+tk_status tk_write_json_atomic(const char *path, const json_t *j, size_t flags, tk_err *err) {
+    char *s = json_dumps(j, flags);
+    if (!s) {
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
+        return TK_ENOMEM;
+    }
+    const void *parts[2] = {s, "\n"};
+    size_t sizes[2] = {strlen(s), 1};
+    tk_status st = tk_write_file_atomic(path, parts, sizes, 2, err);
+    free(s);
+    return st;
 }

@@ -6,6 +6,7 @@
  * position_embedding_type) loads here and one written here loads there.
  * Errors name the file and the key.
  */
+#include "tk_files.h"
 #include "tk_model.h"
 #include "tk_host_mem.h"
 #include "tk_safetensors.h"
@@ -263,16 +264,8 @@ tk_status tk_bert_dims_write_config_json(const char *path, const tk_bert_dims *d
         json_object_set_new(o, "id2label", id2label);
         json_object_set_new(o, "label2id", label2id);
     }
-    char *s = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
+    tk_status st = tk_write_json_atomic(path, o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9), err);
     json_decref(o);
-    if (!s) {
-        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
-        return TK_ENOMEM;
-    }
-    const void *parts[2] = {s, "\n"};
-    size_t sizes[2] = {strlen(s), 1};
-    tk_status st = tk_write_file_atomic(path, parts, sizes, 2, err);
-    free(s);
     return st;
 }
 

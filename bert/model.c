@@ -357,17 +357,8 @@ static tk_status save_tokenizer(const tk_model *m, const char *dir, tk_err *err)
     const char *names[2] = {"special_tokens_map.json", "tokenizer_config.json"};
     json_t *docs[2] = {map, tc};
     for (int i = 0; i < 2 && st == TK_OK; i++) {
-        char *s = json_dumps(docs[i], JSON_INDENT(2) | JSON_SORT_KEYS);
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        const void *pp[2] = {s ? s : "", "\n"};
-        size_t ss[2] = {s ? strlen(s) : 0, 1};
-        if (!s) {
-            tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
-            st = TK_ENOMEM;
-        } else {
-            st = tk_write_file_atomic(path, pp, ss, 2, err);
-        }
-        free(s);
+        st = tk_write_json_atomic(path, docs[i], JSON_INDENT(2) | JSON_SORT_KEYS, err);
     }
     json_decref(map);
     json_decref(tc);

@@ -11,6 +11,7 @@
  * other code points go through utf8proc (category, NFD, lower-case).
  */
 #include "tk_tokenizer.h"
+#include "tk_files.h"
 #include "tk_host_mem.h"
 #include "tk_safetensors.h" /* tk_write_file_atomic */
 
@@ -901,16 +902,8 @@ tk_status tk_tokenizer_write_json(const tk_tokenizer *t, const char *path, tk_er
                         json_pack("{s:s, s:s, s:s, s:i, s:o}", "type", "WordPiece", "unk_token", t->tok[t->sp.unk],
                                   "continuing_subword_prefix", "##", "max_input_chars_per_word", t->max_word_chars,
                                   "vocab", vocab));
-    char *s = json_dumps(root, JSON_INDENT(2));
+    tk_status st = tk_write_json_atomic(path, root, JSON_INDENT(2), err);
     json_decref(root);
-    if (!s) {
-        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", path);
-        return TK_ENOMEM;
-    }
-    const void *parts[2] = {s, "\n"};
-    size_t sizes[2] = {strlen(s), 1};
-    tk_status st = tk_write_file_atomic(path, parts, sizes, 2, err);
-    free(s);
     return st;
 }
 

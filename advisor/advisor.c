@@ -67,6 +67,7 @@ typedef struct {
     int cause[TK_FIX_MAX_KINDS]; /* 1: this kind removes a diagnosed cause */
     double base_tps;
     int nomem;                 /* a plan ran out of host memory: the advice fails with TK_ENOMEM */
+    int p50, p99, len_max;     /* the corpus' token lengths (nearest rank), taken once; 0 without lengths */
 } adv_ctx;
 
 static void add_diag(tk_advice *a, tk_diag_kind k, const char *title, const char *evidence) {
@@ -202,9 +203,7 @@ static void diag_padding(adv_ctx *x) {
     char t[160], e[768];
     if (!in->lengths || in->n_lengths <= 0)
         return;
-    int p50 = tk_adv_quantile(in->lengths, in->n_lengths, 0.50);
-    int p99 = tk_adv_quantile(in->lengths, in->n_lengths, 0.99);
-    int mx = tk_adv_quantile(in->lengths, in->n_lengths, 1.0);
+    int p50 = x->p50, p99 = x->p99, mx = x->len_max;
     if (c->batching == TK_BATCH_FIXED && c->max_len >= 2 * tk_adv_round_up8(p99)) {
         double real = 0;
         for (int i = 0; i < in->n_lengths; i++)
@@ -231,9 +230,7 @@ static void diag_data_spike(adv_ctx *x) {
     char t[160], e[768];
     if (!in->lengths || in->n_lengths <= 0)
         return;
-    int p50 = tk_adv_quantile(in->lengths, in->n_lengths, 0.50);
-    int p99 = tk_adv_quantile(in->lengths, in->n_lengths, 0.99);
-    int mx = tk_adv_quantile(in->lengths, in->n_lengths, 1.0);
+    int p50 = x->p50, p99 = x->p99, mx = x->len_max;
     if (c->batching != TK_BATCH_FIXED && mx > 2 * p99 && mx > 2 * p50) {
         int cap = mx < c->max_len ? mx : c->max_len;
         /* a dynamic batch of B random examples pads to the longest of B:
@@ -484,6 +481,11 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
         out->n_planned++;
     }
     adv_ctx x = { .in = in, .out = out };
+    if (in->lengths && in->n_lengths > 0) {
+        x.p50 = tk_adv_quantile(in->lengths, in->n_lengths, 0.50);
+        x.p99 = tk_adv_quantile(in->lengths, in->n_lengths, 0.99);
+        x.len_max = tk_adv_quantile(in->lengths, in->n_lengths, 1.0);
+    }
     out->capacity = out->base.capacity;
     if (in->oom && !out->capacity)
         out->capacity = in->oom->capacity;

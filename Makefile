@@ -73,14 +73,19 @@ install: $(BINS)
 	install -m 755 $(BUILD)/txkernel $(BUILD)/txk $(DESTDIR)$(PREFIX)/bin/
 	$(MAKE) --no-print-directory kernelspec-install
 
+# the build runs one compile per core: CI starts from a clean clone, and three
+# builds of every source (release, ASan, -fPIC) plus the cuda fatbin are
+# minutes one at a time on 2 cores
+NPROC    := $(shell nproc 2>/dev/null || echo 1)
+
 test: deps
-	$(MAKE) --no-print-directory all
+	$(MAKE) --no-print-directory -j$(NPROC) all
 	$(MAKE) --no-print-directory install
 	$(MAKE) --no-print-directory companion-install
 	$(PY) tests/run_all.py
 
 demo: deps
-	$(MAKE) --no-print-directory all
+	$(MAKE) --no-print-directory -j$(NPROC) all
 	$(MAKE) --no-print-directory install
 	$(PY) demo_notebooks/run_demo.py
 

@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Runs every test of txkernel and prints one closing line: N passed, N failed.
 
-Suites, in order:
+Suites:
   1. each C unit test binary under build/tests/ (ASan+UBSan builds); each prints
      its own "N passed, N failed" line, which is read here;
   2. extra commands a module registers in tests/suites/*.sh (one suite each; the
      last line of its output must be "N passed, N failed");
-  3. the python tests (tests/**/test_*.py) under pytest, counted from its JUnit XML;
+     (1 and 2 run two at a time, the longest first)
+  3. then the python tests (tests/**/test_*.py) under pytest, in two processes
+     side by side (kernel-driving files / the rest), counted from their JUnit XML;
      the interop tests (marked peer) run once per peer row (tests/peers.py,
      tests/conftest.py), whose versions are printed first.
 A suite that crashes or prints no closing line counts as one failure.
 """
-import glob, os, re, subprocess, sys, time
+import concurrent.futures, glob, os, re, subprocess, sys, threading, time
 import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +28,7 @@ env.setdefault("OMP_WAIT_POLICY", "passive")
 env["PATH"] = os.path.join(ROOT, ".venv", "bin") + os.pathsep + env.get("PATH", "")
 
 total_p = total_f = 0
+lock = threading.Lock()
 failed_suites = []
 
 def count(name, out, rc):
@@ -45,6 +48,8 @@ def count(name, out, rc):
     return last
 
 def run(name, cmd, timeout):
+    """Runs one suite; returns what to print (the caller prints it whole, so
+    two suites running side by side never interleave their lines)."""
     t0 = time.time()
     try:
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -54,37 +59,47 @@ def run(name, cmd, timeout):
         out = (e.stdout or b"").decode("utf-8", "replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         rc = -9
         out += f"\n(timed out after {timeout}s)\n"
-    p, f = count(name, out, rc)
-    print(f"{name}: {p} passed, {f} failed ({time.time()-t0:.1f}s)")
-    if f:
-        print("\n".join("    " + l for l in out.splitlines()[-60:]))
-    sys.stdout.flush()
+    with lock:
+        p, f = count(name, out, rc)
+        print(f"{name}: {p} passed, {f} failed ({time.time()-t0:.1f}s)")
+        if f:
+            print("\n".join("    " + l for l in out.splitlines()[-60:]))
+        sys.stdout.flush()
 
 only = sys.argv[1:]  # optional name filters
 def wanted(name):
     return not only or any(o in name for o in only)
 
-for b in sorted(glob.glob("build/tests/**/test_*", recursive=True)):
-    if os.access(b, os.X_OK) and not b.endswith((".d", ".o")) and wanted(b):
-        run(b, [b], 600)
+# The C binaries and the suites run two at a time (os.cpu_count() at most):
+# each is one process, mostly one thread, and the fuzz suites run for a fixed
+# time whatever the load, so on CI's 2 cores the pairs take about half the
+# wall time of one after another. The suites go first: the fuzzers are the
+# longest single items.
+jobs = [(s, ["bash", s], 900) for s in sorted(glob.glob("tests/suites/*.sh")) if wanted(s)]
+jobs += [(b, [b], 600) for b in sorted(glob.glob("build/tests/**/test_*", recursive=True))
+         if os.access(b, os.X_OK) and not b.endswith((".d", ".o")) and wanted(b)]
+# the longest first (seconds measured 2026-11-26), so the two lanes end together
+LONG = {"test_cuda_emu_model": 76, "test_plan_epoch": 64, "kernel_fuzz": 63, "test_train_precision": 50,
+        "colab_setup": 49, "test_train_finetune": 34, "snapshot_fuzz": 32, "oom_message_fuzz": 31,
+        "test_txadvise": 25, "test_plan_vs_cpu": 18}
+jobs.sort(key=lambda j: -LONG.get(os.path.basename(j[0]).rsplit(".", 1)[0], 0))
+t_c = time.time()
+with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+    for fut in [pool.submit(run, *j) for j in jobs]:
+        fut.result()
+if jobs:
+    print(f"C tests and suites: {time.time() - t_c:.1f}s wall")
 
-for s in sorted(glob.glob("tests/suites/*.sh")):
-    if wanted(s):
-        run(s, ["bash", s], 900)
+KERNEL_SIDE = ("tests/browser/", "tests/companion/", "tests/kernel/", "tests/magics/test_demo_notebooks.py")
 
-pyfiles = sorted(glob.glob("tests/**/test_*.py", recursive=True))
-pyfiles = [p for p in pyfiles if wanted(p)]
-if pyfiles:
-    # the peer rows' versions (tests/peers.py): the tests marked peer run on each
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    import peers
-    for label, python in peers.peer_rows():
-        print(f"peers {label}: {peers.versions(python)}")
-    os.makedirs("build", exist_ok=True)
-    xml = "build/pytest.xml"
+
+def run_pytest(name, files):
+    """One pytest process over files, counted from its JUnit XML."""
+    global total_p, total_f
+    xml = f"build/{name.replace('[', '-').rstrip(']')}.xml"
     t0 = time.time()
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        f"--junitxml={xml}", *pyfiles], stdout=subprocess.PIPE,
+                        f"--junitxml={xml}", *files], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
     p = f = 0
     try:
@@ -97,17 +112,40 @@ if pyfiles:
             elif not skipped:
                 p += 1
     except Exception as e:  # pytest died before writing its report
-        print(f"  pytest report unreadable: {e}")
+        print(f"  {name} report unreadable: {e}")
         f += 1
     if r.returncode not in (0, 1, 5) and f == 0:
         f += 1
-    total_p += p
-    total_f += f
-    if f:
-        failed_suites.append("pytest")
-    print(f"pytest: {p} passed, {f} failed ({time.time()-t0:.1f}s)")
-    if f:
-        print("\n".join("    " + l for l in r.stdout.splitlines()[-120:]))
+    with lock:
+        total_p += p
+        total_f += f
+        if f:
+            failed_suites.append(name)
+        print(f"{name}: {p} passed, {f} failed ({time.time()-t0:.1f}s)")
+        if f:
+            print("\n".join("    " + l for l in r.stdout.splitlines()[-120:]))
+        sys.stdout.flush()
+
+
+pyfiles = sorted(glob.glob("tests/**/test_*.py", recursive=True))
+pyfiles = [p for p in pyfiles if wanted(p)]
+if pyfiles:
+    # the peer rows' versions (tests/peers.py): the tests marked peer run on each
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import peers
+    for label, python in peers.peer_rows():
+        print(f"peers {label}: {peers.versions(python)}")
+    os.makedirs("build", exist_ok=True)
+    # Two pytest processes side by side, as the C suites run: the files that
+    # drive kernels, notebooks and the browser (mostly waiting on other
+    # processes) in one, the rest (mostly computing) in the other.
+    shards = {"pytest[kernels]": [f for f in pyfiles if f.startswith(KERNEL_SIDE)],
+              "pytest[engine]": [f for f in pyfiles if not f.startswith(KERNEL_SIDE)]}
+    t_py = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for fut in [pool.submit(run_pytest, name, files) for name, files in shards.items() if files]:
+            fut.result()
+    print(f"pytest: {time.time() - t_py:.1f}s wall")
 
 if failed_suites:
     print("failed suites: " + ", ".join(failed_suites))

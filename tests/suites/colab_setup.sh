@@ -50,7 +50,7 @@ check "binaries and kernelspec under the prefix" \
     test -x "$T/p/bin/txkernel" -a -f "$T/p/share/jupyter/kernels/txkernel/kernel.json"
 check "the companion lives in the prefix's venv" \
     bash -c "'$T/p/venv/bin/python' -c 'import txkernel; assert txkernel.__file__.startswith(\"$T/p/venv/\")'"
-check "prints both ways" bash -c "grep -q '%load_ext txkernel' '$log' && grep -q 'metadata.kernelspec.name' '$log'"
+check "prints both ways, the kernelspec one as not seen to work in Colab" bash -c "grep -q '%load_ext txkernel' '$log' && grep -q 'has not been seen to work' '$log'"
 check "demo 01 under %load_ext equals the installed txkernel; quickstart runs" \
     env TXK_COMPANION_PYTHON="$T/p/venv/bin/python" TXKERNEL_BIN="$T/p/bin/txkernel" \
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/companion/test_load_ext.py -k "installed or demo or quickstart"

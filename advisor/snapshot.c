@@ -53,6 +53,7 @@ static int sv_int(sv v, int64_t *o) {
     if (json_is_integer(v.j)) { *o = json_integer_value(v.j); return 0; }
     return -1;
 }
+static int sv_true(sv v) { return v.p ? v.p->kind == TK_PV_BOOL && v.p->i : json_is_true(v.j); }
 static const char *sv_str(sv v) { return v.p ? tk_pval_str(v.p) : json_string_value(v.j); }
 static const char *sv_kind(sv v) {
     if (v.p) return tk_pval_kind_name(v.p->kind);
@@ -63,11 +64,15 @@ static const char *sv_kind(sv v) {
 
 /* ---- reading ------------------------------------------------------------------------ */
 
+typedef struct module_bytes { char name[48], file[160]; size_t bytes; } module_bytes;
+
 typedef struct ctx {
     tk_snapshot *s;
     const char *name;
     tk_err *err;
     int owners_cap, sizes_cap;
+    module_bytes modules[8];
+    int n_modules;
 } ctx;
 
 static int bad(ctx *c, const char *where, const char *what) {
@@ -104,17 +109,19 @@ static int ends_with(const char *s, const char *t) {
     return n >= m && !strcmp(s + n - m, t);
 }
 
-/* C++ frames (the allocator's own, "??", .cpp) say nothing about Python. */
-static int is_cxx_frame(const char *f) {
-    return !*f || !strcmp(f, "??") || ends_with(f, ".cpp") || ends_with(f, ".h") || ends_with(f, ".cc") ||
-           ends_with(f, ".cu") || ends_with(f, ".so") || strstr(f, ".so.") || f[0] == '<';
-}
 static int is_notebook_frame(const char *f) {
     return (strstr(f, "/ipykernel_") && ends_with(f, ".py")) || strstr(f, "<ipython-input-") != NULL;
 }
+/* A Python frame is a .py file or a notebook cell; everything else a
+ * stacks="all" snapshot records (the allocator's C++, ATen's .cpp, CPython's
+ * methodobject.c, "??", "", a thread routine's .o) is native code, never
+ * shown as code. */
+static int is_python_frame(const char *f) {
+    return ends_with(f, ".py") || ends_with(f, ".pyw") || is_notebook_frame(f);
+}
 static int is_library_frame(const char *f) {
     return strstr(f, "/site-packages/") || strstr(f, "/dist-packages/") || strstr(f, "/lib/python") ||
-           strstr(f, "/torch/") || strstr(f, "/transformers/");
+           strstr(f, "/Lib/") || strstr(f, "/torch/") || strstr(f, "/transformers/");
 }
 /* The library path from the package on: "torch/nn/modules/linear.py". */
 static const char *library_tail(const char *f) {
@@ -125,27 +132,71 @@ static const char *library_tail(const char *f) {
     if ((k = strstr(f, "/transformers/"))) return k + 1;
     return basename_of(f);
 }
+/* The library frames worth naming beside the user's line: the module or
+ * optimizer that allocated, not torch's dispatch plumbing. */
+static int is_named_library(const char *tail) {
+    static const char *const P[] = {"torch/nn/modules/", "torch/optim/", "transformers/", "vllm/", "peft/",
+                                    "accelerate/", "bitsandbytes/"};
+    for (size_t i = 0; i < sizeof P / sizeof *P; i++)
+        if (!strncmp(tail, P[i], strlen(P[i]))) return 1;
+    return 0;
+}
 
-/* Who holds a block: the innermost frame of the user's code, with the
- * innermost library module inside it as the kind. */
-static void owner_of(sv frames, char *out, size_t n) {
-    char kind[96] = "";
-    int python = 0;
-    const char *first_py = NULL;
-    int first_line = 0;
+/* A filename with Windows separators read like a POSIX one (C:\a\b.py ->
+ * C:/a/b.py), so one set of rules shortens both. */
+static void posix_path(const char *f, char *out, size_t n) {
+    size_t i = 0;
+    for (; f[i] && i + 1 < n; i++) out[i] = f[i] == '\\' ? '/' : f[i];
+    out[i] = 0;
+}
+
+/* The native frames of a block with no Python frame, named by what they
+ * show: the autograd engine's worker thread runs backward; otherwise the
+ * ATen operator that asked (at::_ops::NAME), else nothing known. */
+static void native_owner(sv frames, char *out, size_t n) {
+    char op[96] = "";
     for (size_t i = 0; sv_is_list(frames) && i < sv_len(frames); i++) {
         sv f = sv_at(frames, i);
         const char *file = sv_str(sv_get(f, "filename"));
         const char *fn = sv_str(sv_get(f, "name"));
+        if ((fn && (strstr(fn, "torch::autograd::Engine") || strstr(fn, "torch::autograd::python::PythonEngine"))) ||
+            (file && !strcmp(file, "engine.cpp"))) {
+            snprintf(out, n, "backward (autograd engine)");
+            return;
+        }
+        if (!op[0] && fn && !strncmp(fn, "at::_ops::", 10)) {
+            const char *e = strstr(fn + 10, "::");
+            snprintf(op, sizeof op, "%.*s", e ? (int)(e - fn - 10) : (int)strlen(fn + 10), fn + 10);
+        }
+    }
+    if (op[0]) snprintf(out, n, "no Python frame (C++: aten::%s)", op);
+    else snprintf(out, n, "no Python frame");
+}
+
+/* Who holds a block: the innermost frame of the user's code, with the
+ * innermost named library frame inside it as the kind; native frames are
+ * skipped, and a block with native frames only is named by them. */
+static void owner_of(sv frames, char *out, size_t n) {
+    char kind[96] = "", first_py[TK_PATH_MAX] = "", file[TK_PATH_MAX];
+    int python = 0;
+    int first_line = 0;
+    for (size_t i = 0; sv_is_list(frames) && i < sv_len(frames); i++) {
+        sv f = sv_at(frames, i);
+        const char *raw = sv_str(sv_get(f, "filename"));
+        const char *fn = sv_str(sv_get(f, "name"));
         int64_t line = 0;
         /* txkernel's own snapshots name the owner and category in the frame */
-        if (file && !strcmp(file, "txkernel") && fn) {
+        if (raw && !strcmp(raw, "txkernel") && fn) {
             snprintf(out, n, "%s", fn);
             return;
         }
-        if (!file || is_cxx_frame(file)) continue;
+        if (!raw || !is_python_frame(raw)) continue;
+        posix_path(raw, file, sizeof file);
         sv_int(sv_get(f, "line"), &line);
-        if (!python) { first_py = file; first_line = (int)line; }
+        if (!python) {
+            snprintf(first_py, sizeof first_py, "%s", file);
+            first_line = (int)line;
+        }
         python = 1;
         if (is_notebook_frame(file)) {
             snprintf(out, n, "cell, line %lld%s%s", (long long)line, *kind ? " · " : "", kind);
@@ -153,25 +204,81 @@ static void owner_of(sv frames, char *out, size_t n) {
         }
         if (is_library_frame(file)) {
             const char *t = library_tail(file);
-            if (!*kind && (!strncmp(t, "torch/nn/modules/", 17) || !strncmp(t, "transformers/", 13)))
-                snprintf(kind, sizeof kind, "%s", t);
+            if (!*kind && is_named_library(t)) snprintf(kind, sizeof kind, "%.95s", t);
             continue;
         }
-        snprintf(out, n, "%s, line %lld (%s)%s%s", basename_of(file), (long long)line, fn ? fn : "?",
+        snprintf(out, n, "%.80s, line %lld (%.60s)%s%s", basename_of(file), (long long)line, fn ? fn : "?",
                  *kind ? " · " : "", kind);
         return;
     }
     if (*kind) snprintf(out, n, "library: %s", kind);
     else if (python) snprintf(out, n, "library: %s, line %d", library_tail(first_py), first_line);
-    else snprintf(out, n, "no Python frame");
+    else native_owner(frames, out, n);
 }
 
-static int add_owner(ctx *c, const char *owner, size_t bytes) {
+/* The model module a block's Python frames pass through, as the library
+ * names its files: transformers/models/NAME/modeling_NAME.py,
+ * vllm/model_executor/models/NAME.py. 1 with name and file set. */
+static int model_module_of(sv frames, char *name, size_t nn, char *file, size_t nf) {
+    char path[TK_PATH_MAX];
+    for (size_t i = 0; sv_is_list(frames) && i < sv_len(frames); i++) {
+        const char *raw = sv_str(sv_get(sv_at(frames, i), "filename"));
+        if (!raw || !ends_with(raw, ".py")) continue;
+        posix_path(raw, path, sizeof path);
+        const char *k = strstr(path, "transformers/models/"), *e;
+        if (k && (e = strchr(k + 20, '/')) && strstr(e, "/modeling_")) {
+            snprintf(name, nn, "%.*s", (int)(e - k - 20), k + 20);
+            snprintf(file, nf, "%s", k);
+            return 1;
+        }
+        if ((k = strstr(path, "vllm/model_executor/models/"))) {
+            const char *b = k + 27;
+            if (!strchr(b, '/')) {
+                snprintf(name, nn, "%.*s", (int)(strlen(b) - 3), b);
+                snprintf(file, nf, "%s", k);
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* A block an inference engine preallocated as its KV-cache pool: vLLM's
+ * cache engine (v0) or its model runner's initialize_kv_cache (v1). */
+static int is_engine_pool(sv frames) {
+    char path[TK_PATH_MAX];
+    for (size_t i = 0; sv_is_list(frames) && i < sv_len(frames); i++) {
+        sv f = sv_at(frames, i);
+        const char *raw = sv_str(sv_get(f, "filename")), *fn = sv_str(sv_get(f, "name"));
+        if (!raw || !ends_with(raw, ".py")) continue;
+        posix_path(raw, path, sizeof path);
+        if (strstr(path, "vllm/") && (strstr(path, "/cache_engine.py") || (fn && strstr(fn, "kv_cache")))) return 1;
+    }
+    return 0;
+}
+
+static tk_snap_device *device_row(tk_snapshot *s, int64_t device) {
+    for (int i = 0; i < s->n_device_rows; i++)
+        if (s->devices[i].device == device) return &s->devices[i];
+    if (s->n_device_rows == TK_SNAP_MAX_DEVICES) return NULL;
+    int i = s->n_device_rows++;
+    while (i > 0 && s->devices[i - 1].device > device) {
+        s->devices[i] = s->devices[i - 1];
+        i--;
+    }
+    memset(&s->devices[i], 0, sizeof s->devices[i]);
+    s->devices[i].device = (int)device;
+    return &s->devices[i];
+}
+
+static int add_owner(ctx *c, const char *owner, size_t bytes, int64_t addr, int pool) {
     tk_snapshot *s = c->s;
     for (int i = 0; i < s->n_owners; i++)
         if (!strcmp(s->owners[i].owner, owner)) {
             s->owners[i].bytes += bytes;
+            if (pool) s->owners[i].pool_bytes += bytes;
             s->owners[i].blocks++;
+            if (bytes > s->owners[i].largest) s->owners[i].largest = bytes, s->owners[i].largest_addr = addr;
             return 0;
         }
     if (s->n_owners == c->owners_cap) {
@@ -185,6 +292,10 @@ static int add_owner(ctx *c, const char *owner, size_t bytes) {
     snprintf(o->owner, sizeof o->owner, "%s", owner);
     o->bytes = bytes;
     o->blocks = 1;
+    o->phase[0] = 0;
+    o->largest = bytes;
+    o->largest_addr = addr;
+    o->pool_bytes = pool ? bytes : 0;
     return 0;
 }
 
@@ -217,14 +328,19 @@ static int read_segment(ctx *c, sv seg, size_t si, int64_t *devices_seen) {
     char where[96];
     snprintf(where, sizeof where, "segments[%zu]", si);
     if (!sv_is_dict(seg)) return bad(c, where, "expected a dict (a segment)");
-    int64_t total = 0, stream = 0, device = 0;
+    int64_t total = 0, stream = 0, device = 0, addr = 0;
     if (field_size(c, seg, "total_size", where, 0, &total) || field_size(c, seg, "device", where, 1, &device))
         return -1;
+    sv_int(sv_get(seg, "address"), &addr);
+    if (sv_true(sv_get(seg, "is_expandable"))) s->expandable_on = 1;
+    tk_snap_device *dv = device_row(s, device);
     sv st = sv_get(seg, "stream");
     if (sv_ok(st) && sv_int(st, &stream)) return bad(c, where, "'stream' is not an integer");
     if (device >= 0 && device < 64) *devices_seen |= (int64_t)(UINT64_C(1) << device);
     const char *type = sv_str(sv_get(seg, "segment_type"));
+    int small = type && !strcmp(type, "small");
     tk_snap_pool *p = pool_of(s, type ? type : "?", stream);
+    if (dv) dv->segments++, dv->reserved += (size_t)total;
     p->segments++;
     p->reserved += (size_t)total;
     s->reserved += (size_t)total;
@@ -237,8 +353,9 @@ static int read_segment(ctx *c, sv seg, size_t si, int64_t *devices_seen) {
         char bw[128];
         snprintf(bw, sizeof bw, "%s.blocks[%zu]", where, bi);
         if (!sv_is_dict(b)) return bad(c, bw, "expected a dict (a block)");
-        int64_t size = 0, req = 0;
+        int64_t size = 0, req = 0, baddr = addr;
         if (field_size(c, b, "size", bw, 0, &size) || field_size(c, b, "requested_size", bw, 1, &req)) return -1;
+        sv_int(sv_get(b, "address"), &baddr);
         const char *state = sv_str(sv_get(b, "state"));
         if (!state) return bad(c, bw, "'state' missing or not a string");
         s->n_blocks++;
@@ -253,16 +370,35 @@ static int read_segment(ctx *c, sv seg, size_t si, int64_t *devices_seen) {
             /* PyTorch 2.0 kept frames in the block's history, newest last. */
             if (!sv_ok(frames) && sv_is_list(hist) && sv_len(hist))
                 frames = sv_get(sv_at(hist, sv_len(hist) - 1), "frames");
-            char owner[192];
+            char owner[192], mname[48], mfile[160];
             owner_of(frames, owner, sizeof owner);
-            if (add_owner(c, owner, (size_t)size)) return -1;
+            int pool = is_engine_pool(frames);
+            if (add_owner(c, owner, (size_t)size, baddr, pool)) return -1;
             if (add_live_size(c, (size_t)(req > 0 ? req : size))) return -1;
+            if (dv) dv->allocated += (size_t)size;
+            if (pool) s->vllm_pool_bytes += (size_t)size, s->vllm_pool_blocks++;
+            if (model_module_of(frames, mname, sizeof mname, mfile, sizeof mfile)) {
+                int k = 0;
+                while (k < c->n_modules && strcmp(c->modules[k].name, mname)) k++;
+                if (k == c->n_modules && k < (int)(sizeof c->modules / sizeof *c->modules)) {
+                    snprintf(c->modules[k].name, sizeof c->modules[k].name, "%s", mname);
+                    snprintf(c->modules[k].file, sizeof c->modules[k].file, "%s", mfile);
+                    c->n_modules++;
+                }
+                if (k < c->n_modules) c->modules[k].bytes += (size_t)size;
+            }
         } else if (!strcmp(state, "inactive")) {
             s->free_in_cache += (size_t)size;
             p->free += (size_t)size;
             s->n_free_blocks++;
             if ((size_t)size > s->largest_free_block) s->largest_free_block = (size_t)size;
             if ((size_t)size > p->largest_free) p->largest_free = (size_t)size;
+            if (dv) {
+                if ((size_t)size > dv->largest_free_block) dv->largest_free_block = (size_t)size;
+                size_t *fr = small ? &dv->free_small : &dv->free_large, *lg = small ? &dv->largest_small : &dv->largest_large;
+                *fr += (size_t)size;
+                if ((size_t)size > *lg) *lg = (size_t)size;
+            }
         } else {
             s->pending_free += (size_t)size;
             active += (size_t)size;
@@ -310,8 +446,10 @@ static int read_trace(ctx *c, sv traces) {
                 int64_t fr = 0;
                 if (field_size(c, e, "device_free", w, 1, &fr)) return -1;
                 s->has_oom = 1;
+                s->oom_device = (int)d;
                 s->oom_size = (size_t)size;
                 s->oom_device_free = (size_t)fr;
+                s->oom_time_us = tus;
             }
             if (!counted) continue;
             tk_snap_point *pt = &s->points[s->n_points++];
@@ -326,7 +464,10 @@ static int read_trace(ctx *c, sv traces) {
         int64_t av = a0 + (int64_t)s->points[i].allocated, rv = r0 + (int64_t)s->points[i].reserved;
         s->points[i].allocated = (size_t)(av < 0 ? 0 : av);
         s->points[i].reserved = (size_t)(rv < 0 ? 0 : rv);
-        if (s->points[i].allocated > s->trace_peak_allocated) s->trace_peak_allocated = s->points[i].allocated;
+        if (s->points[i].allocated > s->trace_peak_allocated) {
+            s->trace_peak_allocated = s->points[i].allocated;
+            s->peak_time_us = s->points[i].time_us;
+        }
     }
     if (s->allocated > s->trace_peak_allocated) s->trace_peak_allocated = s->allocated;
     return 0;
@@ -353,6 +494,27 @@ static live_ent *live_slot(live_ent *t, size_t mask, int64_t addr) {
     size_t h = (size_t)(((uint64_t)addr * UINT64_C(0x9E3779B97F4A7C15)) >> 17) & mask;
     while (t[h].used && t[h].addr != addr) h = (h + 1) & mask;
     return &t[h];
+}
+
+/* The user's outermost frame (a line of their code that is not a library's)
+ * as one number: file and line hashed. 0 when the stack has none. */
+static int outer_user_line(sv frames, uint64_t *key) {
+    int found = 0;
+    for (size_t i = 0; sv_is_list(frames) && i < sv_len(frames); i++) {
+        sv f = sv_at(frames, i);
+        const char *raw = sv_str(sv_get(f, "filename"));
+        char path[TK_PATH_MAX];
+        int64_t line = 0;
+        if (!raw || !is_python_frame(raw)) continue;
+        posix_path(raw, path, sizeof path);
+        if (is_library_frame(path) && !is_notebook_frame(path)) continue;
+        sv_int(sv_get(f, "line"), &line);
+        uint64_t h = UINT64_C(1469598103934665603);
+        for (const char *p = path; *p; p++) h = (h ^ (unsigned char)*p) * UINT64_C(1099511628211);
+        *key = h ^ (uint64_t)line * UINT64_C(0x9E3779B97F4A7C15);
+        found = 1;
+    }
+    return found;
 }
 
 static int cmp_ent_event(const void *a, const void *b) {
@@ -423,13 +585,27 @@ static int find_leak(ctx *c, sv traces) {
     while (cap < 2 * (size_t)sv_len(t) + 2) cap <<= 1;
     tab = tk_calloc(cap, sizeof *tab);
     if (!tab) goto oom;
-    int pt = -1, it = 0, nsurv = 0;
+    int pt = -1, it = 0, nsurv = 0, rounds = -1, nlines = 0;
+    uint64_t lines[64];
     for (size_t i = 0; i < sv_len(t); i++) {
         sv e = sv_at(t, i);
         const char *a = sv_str(sv_get(e, "action"));
         int64_t addr = 0, size = 0;
         if (!a) continue;
         int is_alloc = !strcmp(a, "alloc"), is_free = !strcmp(a, "free_completed");
+        uint64_t key;
+        if (is_alloc && outer_user_line(sv_get(e, "frames"), &key)) {
+            if (rounds < 0) rounds = 0;
+            if (!nlines || lines[nlines - 1] != key) {
+                int k = 0;
+                while (k < nlines && lines[k] != key) k++;
+                if (k < nlines) {
+                    rounds++;          /* back to a line this round already ran: the loop's next round */
+                    nlines = 0;
+                }
+                if (nlines < 64) lines[nlines++] = key;
+            }
+        }
         if (is_alloc || is_free || !strncmp(a, "segment_", 8)) pt++;
         while (it < np && peak[it] < pt) it++;
         if ((!is_alloc && !is_free) || sv_int(sv_get(e, "addr"), &addr)) continue;
@@ -467,7 +643,30 @@ static int find_leak(ctx *c, sv traces) {
     for (int j = 0; j < nown; j++)
         if (own[j].iterations >= 3 && (!best || own[j].bytes > best->bytes)) best = &own[j];
     int kept = best && best->iterations >= 4 && best->iterations * 2 >= np && best->bytes >= ((size_t)1 << 20);
-    if (steady || kept) {
+    /* A repeating loop shows in the user's outermost frame going back to a
+     * line it left (the loop's body starting again); one step runs its
+     * lines once (forward, backward, optimizer step), however many layers
+     * pile activations up inside the forward. Without a Python frame in
+     * the trace, a loop's iteration is one that gives back at least half of
+     * what it took before the next (its trough halfway down from its peak);
+     * rises that keep most of what they took are one step growing. */
+    int loop;
+    if (rounds >= 0)
+        loop = rounds >= 3;
+    else {
+        int returns = 0;
+        for (int k = 0; k < nt && k < np; k++) {
+            size_t prev = k ? trough[k - 1] : s->points[0].allocated, top = s->points[peak[k]].allocated;
+            if (top > prev && trough[k] <= prev + (top - prev) / 2) returns++;
+        }
+        loop = nt >= 4 && returns * 4 >= nt * 3;
+    }
+    if ((steady || kept) && !loop) {
+        s->has_growth = 1;
+        s->growth_rises = np;
+        s->growth_bytes = s->trace_peak_allocated > s->points[0].allocated
+                              ? s->trace_peak_allocated - s->points[0].allocated : 0;
+    } else if (steady || kept) {
         s->has_leak = 1;
         s->leak_total = steady ? total : best->bytes;
         s->leak_per_iteration = steady ? total / (size_t)pairs : best->bytes / (size_t)best->iterations;
@@ -520,7 +719,8 @@ static int has_diag(const tk_snapshot *s, const char *id) {
 
 static void fixes_fragmentation(tk_snapshot *s) {
     char a[32], b[32];
-    tk_snap_fix *f = fix(s, "expandable_segments", (int64_t)(s->free_in_cache - s->largest_free_block));
+    /* what allocator_settings (or the segments) show is on is not advised again */
+    tk_snap_fix *f = s->expandable_on ? NULL : fix(s, "expandable_segments", (int64_t)(s->free_in_cache - s->largest_free_block));
     if (f) {
         snprintf(f->text, sizeof f->text,
                  "Let the allocator grow segments instead of stranding free blocks: %s of free cache is in blocks "
@@ -539,12 +739,32 @@ static void fixes_fragmentation(tk_snapshot *s) {
     }
 }
 
+/* An inference engine's KV-cache pool, preallocated at its start to a
+ * fraction of the card: the setting is that fraction. */
+static void fixes_engine_pool(tk_snapshot *s) {
+    char a[32], b[32];
+    tk_snap_fix *f = fix(s, "memory_fraction", -1);
+    if (!f) return;
+    snprintf(f->text, sizeof f->text,
+             "vLLM preallocated its KV-cache pool at start-up: %s in %d blocks, %.0f%% of what is allocated (%s). "
+             "It takes gpu_memory_utilization of the card whatever the requests need; lower it to leave room for the "
+             "rest of the process (each 0.1 less frees a tenth of the card).",
+             fmtb(s->vllm_pool_bytes, a), s->vllm_pool_blocks, 100.0 * (double)s->vllm_pool_bytes / (double)s->allocated,
+             fmtb(s->allocated, b));
+    snprintf(f->code, sizeof f->code,
+             "llm = LLM(model=name, gpu_memory_utilization=0.5)   # vLLM's default is 0.9\n"
+             "# verl: actor_rollout_ref.rollout.gpu_memory_utilization=0.5");
+}
+
 static void fixes_capacity(tk_snapshot *s) {
     char a[32];
     tk_snap_fix *f;
     const tk_snap_owner *user = NULL;
+    /* del is for tensors the user's code keeps: not a pool an engine
+     * preallocated, nor what only native code or a library holds */
     for (int i = 0; i < s->n_owners && !user; i++)
-        if (strncmp(s->owners[i].owner, "no Python frame", 15) && strncmp(s->owners[i].owner, "library:", 8))
+        if (strncmp(s->owners[i].owner, "no Python frame", 15) && strncmp(s->owners[i].owner, "library:", 8) &&
+            strncmp(s->owners[i].owner, "backward (", 10) && s->owners[i].pool_bytes < s->owners[i].bytes / 2)
             user = &s->owners[i];
     if (user && (f = fix(s, "del", (int64_t)user->bytes))) {
         snprintf(f->text, sizeof f->text,
@@ -636,6 +856,26 @@ static void diagnose(tk_snapshot *s) {
     tk_snap_diag *g;
     size_t need = s->has_oom ? s->oom_size : 0;
     if (s->has_leak) diagnose_leak(s);
+    if (s->has_growth && (g = diag(s, "growth")))
+        snprintf(g->text, sizeof g->text,
+                 "growth, not a leak: allocated rises by %s inside one step (%d rises that keep most of what they "
+                 "took: activations kept layer by layer for backward, the optimizer state created at its first "
+                 "step); no repeating loop leaves bytes behind in this trace.",
+                 fmtb(s->growth_bytes, a), s->growth_rises);
+    if (s->vllm_pool_bytes && s->vllm_pool_bytes >= s->allocated / 2 && (g = diag(s, "engine_pool"))) {
+        snprintf(g->text, sizeof g->text,
+                 "engine_pool: an inference engine's KV-cache pool (vLLM's cache engine, allocated at its __init__) "
+                 "holds %s of the %s allocated.",
+                 fmtb(s->vllm_pool_bytes, a), fmtb(s->allocated, b));
+        fixes_engine_pool(s);
+    }
+    /* At an OOM, the figures that matter are the failing device's. */
+    const tk_snap_device *od = NULL;
+    for (int i = 0; s->has_oom && s->n_device_rows > 1 && i < s->n_device_rows; i++)
+        if (s->devices[i].device == s->oom_device) od = &s->devices[i];
+    char on[48] = "";
+    if (od) snprintf(on, sizeof on, " on device %d (of %d)", od->device, s->n_device_rows);
+    size_t reserved = od ? od->reserved : s->reserved, allocated = od ? od->allocated : s->allocated;
     /* Fragmentation: enough is free in the cache, in pieces too small. With
      * an OOM that is "free >= request > largest block" in the request's pool
      * (PyTorch serves requests of up to 1 MiB from the small pool only);
@@ -643,11 +883,16 @@ static void diagnose(tk_snapshot *s) {
      * reserved and scattered (no block holds half of it). */
     const char *pool = need <= ((size_t)1 << 20) ? "small" : "large";
     size_t pool_free = 0, pool_largest = 0;
-    for (int i = 0; i < s->n_pools; i++)
+    for (int i = 0; !od && i < s->n_pools; i++)
         if (!strcmp(s->pools[i].pool, pool)) {
             pool_free += s->pools[i].free;
             if (s->pools[i].largest_free > pool_largest) pool_largest = s->pools[i].largest_free;
         }
+    if (od) {
+        int small = !strcmp(pool, "small");
+        pool_free = small ? od->free_small : od->free_large;
+        pool_largest = small ? od->largest_small : od->largest_large;
+    }
     int frag = s->has_oom ? (pool_free >= need && pool_largest < need)
                           : (s->free_in_cache >= s->reserved / 4 && s->free_in_cache >= ((size_t)1 << 20) &&
                              s->largest_free_block < s->free_in_cache / 2);
@@ -659,20 +904,23 @@ static void diagnose(tk_snapshot *s) {
                          : (s->reserved && s->allocated >= s->reserved / 10 * 9 &&
                             (!s->capacity || s->reserved >= s->capacity / 10 * 9));
     if (frag && (g = diag(s, "fragmentation"))) {
-        snprintf(g->text, sizeof g->text,
+        int m = snprintf(g->text, sizeof g->text,
                  "fragmentation: %s of the %s PyTorch reserved is free, in %d blocks, but the largest is %s%s%s.",
                  fmtb(s->free_in_cache, a), fmtb(s->reserved, b), s->n_free_blocks, fmtb(s->largest_free_block, c),
                  need ? " and the failed request was " : "", need ? fmtb(need, d) : "");
+        if (s->expandable_on && m > 0 && (size_t)m < sizeof g->text)
+            snprintf(g->text + m, sizeof g->text - (size_t)m,
+                     " Expandable segments are already on (allocator_settings), so that setting is not advised.");
     }
     if (cap && (g = diag(s, "capacity"))) {
         if (s->has_oom) {
             char e[32], f[32];
             snprintf(g->text, sizeof g->text,
-                     "capacity: tried to allocate %s; no free block of the %s pool fits it (%s free there, largest "
+                     "capacity: tried to allocate %s%s; no free block of the %s pool fits it (%s free there, largest "
                      "%s) and the device has only %s free for a new segment; live tensors hold %s of the %s "
-                     "reserved.",
-                     fmtb(need, a), pool, fmtb(pool_free, b), fmtb(pool_largest, c), fmtb(s->oom_device_free, d),
-                     fmtb(s->allocated, e), fmtb(s->reserved, f));
+                     "reserved%s.",
+                     fmtb(need, a), on, pool, fmtb(pool_free, b), fmtb(pool_largest, c), fmtb(s->oom_device_free, d),
+                     fmtb(allocated, e), fmtb(reserved, f), od ? " there" : "");
         } else
             snprintf(g->text, sizeof g->text,
                      "capacity: live tensors fill %s: %s of %s is allocated, the cache holds only %s free "
@@ -683,9 +931,9 @@ static void diagnose(tk_snapshot *s) {
     }
     /* Headroom: with the card's size known, what neither PyTorch holds nor
      * the device reports free is held by someone else. */
-    if (s->has_oom && s->capacity && s->reserved + s->oom_device_free < s->capacity / 100 * 90 &&
+    if (s->has_oom && s->capacity && reserved + s->oom_device_free < s->capacity / 100 * 90 &&
         (g = diag(s, "headroom"))) {
-        size_t other = s->capacity - s->reserved - s->oom_device_free;
+        size_t other = s->capacity - reserved - s->oom_device_free;
         snprintf(g->text, sizeof g->text,
                  "headroom: %s of the %s device is held outside this process's cache (another process, an earlier "
                  "run, or the CUDA context).",
@@ -708,6 +956,165 @@ static void diagnose(tk_snapshot *s) {
     }
 }
 
+/* ---- phases: what ran at a moment of the trace ------------------------------------------- */
+
+/* An annotation's name as a phase: "Optimizer.step#AdamW.step" ->
+ * "Optimizer.step (AdamW)", "enumerate(DataLoader)#..." -> "DataLoader",
+ * anything else (a user's record_function) as it is. */
+static void phase_name(const char *name, char *out, size_t n) {
+    const char *h = strchr(name, '#');
+    if (!strncmp(name, "enumerate(DataLoader)", 21)) snprintf(out, n, "DataLoader");
+    else if (!strncmp(name, "Optimizer.", 10) && h) {
+        const char *k = strchr(h + 1, '.');
+        snprintf(out, n, "%.*s (%.*s)", (int)(h - name), name, k ? (int)(k - h - 1) : (int)strlen(h + 1), h + 1);
+    } else
+        snprintf(out, n, "%.*s", h ? (int)(h - name) : (int)strlen(name), name);
+}
+
+/* The innermost external_annotations range open at time t on device d
+ * (the annotations are in time order: a START opens, its END closes). 1
+ * with out set. */
+static int phase_from_annotations(sv ann, int device, int64_t t, char *out, size_t n) {
+    enum { DEPTH = 16 };
+    const char *open[DEPTH];
+    int depth = 0;
+    if (t < 0 || !sv_is_list(ann)) return 0;
+    for (size_t i = 0; i < sv_len(ann); i++) {
+        sv a = sv_at(ann, i);
+        int64_t tus = -1, dev = device;
+        const char *name = sv_str(sv_get(a, "name")), *stage = sv_str(sv_get(a, "stage"));
+        if (!name || !stage || sv_int(sv_get(a, "time_us"), &tus)) continue;
+        sv_int(sv_get(a, "device"), &dev);
+        if (dev != device) continue;
+        if (tus > t) break;
+        if (!strcmp(stage, "START")) {
+            if (depth < DEPTH) open[depth++] = name;
+        } else if (!strcmp(stage, "END")) {
+            for (int k = depth - 1; k >= 0; k--)
+                if (!strcmp(open[k], name)) {
+                    memmove(&open[k], &open[k + 1], (size_t)(depth - k - 1) * sizeof *open);
+                    depth--;
+                    break;
+                }
+        }
+    }
+    if (!depth) return 0;
+    phase_name(open[depth - 1], out, n);
+    return 1;
+}
+
+/* The phase an allocation's own frames show: the autograd engine or
+ * torch.autograd -> backward; torch/optim -> Optimizer.step; the
+ * DataLoader; a module's forward (the innermost forward frame). */
+static int phase_from_frames(sv frames, char *out, size_t n) {
+    char path[TK_PATH_MAX], fwd[160] = "";
+    for (size_t i = 0; sv_is_list(frames) && i < sv_len(frames); i++) {
+        sv f = sv_at(frames, i);
+        const char *raw = sv_str(sv_get(f, "filename")), *fn = sv_str(sv_get(f, "name"));
+        if (fn && (strstr(fn, "torch::autograd::Engine") || strstr(fn, "torch::autograd::python::PythonEngine"))) {
+            snprintf(out, n, "backward");
+            return 1;
+        }
+        if (!raw || !is_python_frame(raw)) continue;
+        posix_path(raw, path, sizeof path);
+        if (strstr(path, "/torch/autograd/")) {
+            snprintf(out, n, "backward");
+            return 1;
+        }
+        if (strstr(path, "/torch/optim/")) {
+            snprintf(out, n, "Optimizer.step");
+            return 1;
+        }
+        if (strstr(path, "/torch/utils/data/")) {
+            snprintf(out, n, "DataLoader");
+            return 1;
+        }
+        if (!fwd[0] && fn && !strcmp(fn, "forward") && !strstr(path, "/torch/nn/modules/module.py")) {
+            int64_t line = 0;
+            sv_int(sv_get(f, "line"), &line);
+            snprintf(fwd, sizeof fwd, "forward (%.100s, line %lld)", basename_of(path), (long long)line);
+        }
+    }
+    if (!fwd[0]) return 0;
+    snprintf(out, n, "%s", fwd);
+    return 1;
+}
+
+static void phase_at(sv ann, int device, int64_t t, sv frames, char *out, size_t n) {
+    if (!phase_from_annotations(ann, device, t, out, n) && !phase_from_frames(frames, out, n)) out[0] = 0;
+}
+
+/* The trace event of a global index (devices' traces one after another). */
+static sv trace_event(sv traces, int64_t ev, int *device) {
+    for (size_t d = 0; sv_is_list(traces) && d < sv_len(traces); d++) {
+        sv t = sv_at(traces, d);
+        if (ev < (int64_t)sv_len(t)) {
+            *device = (int)d;
+            return sv_at(t, (size_t)ev);
+        }
+        ev -= (int64_t)sv_len(t);
+    }
+    return SV_NONE;
+}
+
+/* The phase at the peak, at the OOM, and for each owner at the allocation
+ * of its largest live block (the trace's last alloc at that address). */
+static int find_phases(ctx *c, sv traces, sv ann) {
+    tk_snapshot *s = c->s;
+    int dev = 0;
+    int64_t peak_ev = -1;
+    size_t best = 0;
+    for (int i = 0; i < s->n_points; i++)
+        if (s->points[i].allocated > best) best = s->points[i].allocated, peak_ev = s->points[i].event;
+    if (peak_ev >= 0) {
+        sv e = trace_event(traces, peak_ev, &dev);
+        phase_at(ann, dev, s->peak_time_us, sv_get(e, "frames"), s->phase_at_peak, sizeof s->phase_at_peak);
+    }
+    if (s->has_oom) {
+        sv t = sv_at(traces, (size_t)s->oom_device), oom = SV_NONE;
+        for (size_t i = sv_len(t); i-- > 0;) {
+            const char *a = sv_str(sv_get(sv_at(t, i), "action"));
+            if (a && !strcmp(a, "oom")) {
+                oom = sv_at(t, i);
+                break;
+            }
+        }
+        phase_at(ann, s->oom_device, s->oom_time_us, sv_get(oom, "frames"), s->phase_at_oom, sizeof s->phase_at_oom);
+    }
+    if (!s->has_annotations || !s->n_owners) return 0;
+    /* the last alloc of each address, in a table sized for the trace */
+    size_t n = 0;
+    for (size_t d = 0; d < sv_len(traces); d++) n += sv_len(sv_at(traces, d));
+    size_t cap = 16;
+    while (cap < 2 * n + 2) cap <<= 1;
+    struct slot { int64_t addr; int device; size_t event; int used; } *tab = tk_calloc(cap, sizeof *tab);
+    if (!tab) return bad_nomem(c, "device_traces");
+    for (size_t d = 0; d < sv_len(traces); d++) {
+        sv t = sv_at(traces, d);
+        for (size_t i = 0; i < sv_len(t); i++) {
+            sv e = sv_at(t, i);
+            const char *a = sv_str(sv_get(e, "action"));
+            int64_t addr;
+            if (!a || strcmp(a, "alloc") || sv_int(sv_get(e, "addr"), &addr)) continue;
+            size_t h = (size_t)(((uint64_t)addr * UINT64_C(0x9E3779B97F4A7C15)) >> 17) & (cap - 1);
+            while (tab[h].used && tab[h].addr != addr) h = (h + 1) & (cap - 1);
+            tab[h] = (struct slot){addr, (int)d, i, 1};
+        }
+    }
+    for (int k = 0; k < s->n_owners; k++) {
+        int64_t addr = s->owners[k].largest_addr;
+        size_t h = (size_t)(((uint64_t)addr * UINT64_C(0x9E3779B97F4A7C15)) >> 17) & (cap - 1);
+        while (tab[h].used && tab[h].addr != addr) h = (h + 1) & (cap - 1);
+        if (!tab[h].used) continue;
+        sv e = sv_at(sv_at(traces, (size_t)tab[h].device), tab[h].event);
+        int64_t tus = -1;
+        sv_int(sv_get(e, "time_us"), &tus);
+        phase_at(ann, tab[h].device, tus, sv_get(e, "frames"), s->owners[k].phase, sizeof s->owners[k].phase);
+    }
+    free(tab);
+    return 0;
+}
+
 /* ---- entry points --------------------------------------------------------------------- */
 
 static int read_tree(ctx *c, sv root) {
@@ -725,11 +1132,23 @@ static int read_tree(ctx *c, sv root) {
         return bad(c, "top level", m);
     }
     int64_t devices = 0;
+    s->oom_time_us = s->peak_time_us = -1;
     for (size_t i = 0; i < sv_len(segs); i++)
         if (read_segment(c, sv_at(segs, i), i, &devices)) return -1;
     for (int d = 0; d < 64; d++) s->n_devices += (int)((devices >> d) & 1);
-    if (sv_is_dict(root) && read_trace(c, sv_get(root, "device_traces"))) return -1;
-    if (sv_is_dict(root) && find_leak(c, sv_get(root, "device_traces"))) return -1;
+    for (int k = 0; k < c->n_modules; k++)
+        if (c->modules[k].bytes > s->model_module_bytes) {
+            s->model_module_bytes = c->modules[k].bytes;
+            snprintf(s->model_module, sizeof s->model_module, "%s", c->modules[k].name);
+            snprintf(s->model_module_file, sizeof s->model_module_file, "%s", c->modules[k].file);
+        }
+    if (sv_is_dict(root)) {
+        sv traces = sv_get(root, "device_traces"), ann = sv_get(root, "external_annotations");
+        if (sv_true(sv_get(sv_get(root, "allocator_settings"), "expandable_segments"))) s->expandable_on = 1;
+        s->has_annotations = sv_is_list(ann) && sv_len(ann) > 0;
+        if (read_trace(c, traces) || find_leak(c, traces)) return -1;
+        if (sv_is_list(traces) && find_phases(c, traces, ann)) return -1;
+    }
     if (s->n_owners) qsort(s->owners, (size_t)s->n_owners, sizeof *s->owners, cmp_owner);
     diagnose(s);
     return 0;
@@ -743,7 +1162,7 @@ tk_snapshot *tk_snap_read_buf(const uint8_t *buf, size_t len, const char *name, 
     }
     snprintf(s->path, sizeof s->path, "%s", name);
     s->capacity = capacity;
-    ctx c = {s, name, err, 0, 0};
+    ctx c = {.s = s, .name = name, .err = err};
     size_t i = 0;
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t')) i++;
     int rc;
@@ -833,6 +1252,17 @@ int tk_snap_capacity(const char *gpu, const char *size, size_t *out, tk_err *err
  * hidden / 64 and said to be assumed. */
 void tk_snap_model_line(const tk_snap_model *md, char *buf, size_t n) {
     char a[32];
+    if (!md->recognised) {
+        if (md->hidden)
+            snprintf(buf, n, "%s (not a BERT: not planned), hidden %d, %d layers, intermediate %d, vocab %d; %s weights, "
+                             "%s of parameter-shaped blocks",
+                     md->family, md->hidden, md->layers, md->intermediate, md->vocab,
+                     md->mixed ? "fp32 and 16-bit" : md->elem == 2 ? "16-bit (fp16/bf16)" : "fp32",
+                     tk_format_bytes(md->param_bytes, a, sizeof a));
+        else
+            snprintf(buf, n, "%s (not recognised)", md->family[0] ? md->family : "unknown");
+        return;
+    }
     snprintf(buf, n, "BERT%s%s%s, hidden %d, %d layers, %d heads%s, intermediate %d, vocab %d, %d positions; "
                      "%s weights, %d cop%s of each parameter (%s)",
              md->preset[0] ? " = " : "", md->preset,
@@ -856,11 +1286,24 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
     fprintf(f, "  free in the cache %s in %d blocks, largest free block %s (%zu B)\n", fmtb(s->free_in_cache, a),
             s->n_free_blocks, fmtb(s->largest_free_block, b), s->largest_free_block);
     if (s->capacity) fprintf(f, "  device capacity %s\n", fmtb(s->capacity, a));
-    if (s->has_oom)
-        fprintf(f, "  out of memory: tried to allocate %s with %s free on the device\n", fmtb(s->oom_size, a),
-                fmtb(s->oom_device_free, b));
+    if (s->n_device_rows > 1) {
+        fprintf(f, "  %d devices:\n", s->n_device_rows);
+        for (int i = 0; i < s->n_device_rows; i++)
+            fprintf(f, "    device %d: reserved %s, allocated %s, largest free block %s%s\n", s->devices[i].device,
+                    fmtb(s->devices[i].reserved, a), fmtb(s->devices[i].allocated, b),
+                    fmtb(s->devices[i].largest_free_block, c),
+                    s->has_oom && s->devices[i].device == s->oom_device ? "  <- the OOM" : "");
+    }
+    if (s->has_oom) {
+        char on[32] = "";
+        if (s->n_device_rows > 1) snprintf(on, sizeof on, " on device %d", s->oom_device);
+        fprintf(f, "  out of memory%s: tried to allocate %s with %s free on the device%s%s\n", on, fmtb(s->oom_size, a),
+                fmtb(s->oom_device_free, b), s->phase_at_oom[0] ? ", during " : "", s->phase_at_oom);
+    }
+    if (s->expandable_on) fprintf(f, "  expandable segments: on\n");
     if (s->n_points)
-        fprintf(f, "  trace: %d events, allocated peaks at %s\n", s->n_trace, fmtb(s->trace_peak_allocated, a));
+        fprintf(f, "  trace: %d events, allocated peaks at %s%s%s\n", s->n_trace, fmtb(s->trace_peak_allocated, a),
+                s->phase_at_peak[0] ? ", during " : "", s->phase_at_peak);
     fprintf(f, "\nSegments by pool and stream:\n  %-6s %-8s %8s %12s %12s %12s %12s\n", "pool", "stream", "segments",
             "reserved", "allocated", "free", "largest free");
     for (int i = 0; i < s->n_pools; i++) {
@@ -869,22 +1312,35 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
                 fmtb(p->reserved, a), fmtb(p->allocated, b), fmtb(p->free, c), fmtb(p->largest_free, d));
     }
     fprintf(f, "\nLive at the end, by owner (innermost frame of your code):\n");
-    for (int i = 0; i < s->n_owners && i < top; i++)
-        fprintf(f, "  %12s %5d blocks  %s\n", fmtb(s->owners[i].bytes, a), s->owners[i].blocks, s->owners[i].owner);
+    if (s->has_annotations) fprintf(f, "  %12s %12s  %-28s %s\n", "bytes", "blocks", "phase", "owner");
+    for (int i = 0; i < s->n_owners && i < top; i++) {
+        if (s->has_annotations)
+            fprintf(f, "  %12s %5d blocks  %-28s %s\n", fmtb(s->owners[i].bytes, a), s->owners[i].blocks,
+                    s->owners[i].phase[0] ? s->owners[i].phase : "-", s->owners[i].owner);
+        else
+            fprintf(f, "  %12s %5d blocks  %s\n", fmtb(s->owners[i].bytes, a), s->owners[i].blocks, s->owners[i].owner);
+    }
     if (s->n_owners > top) fprintf(f, "  ... %d more owners\n", s->n_owners - top);
     const tk_snap_model *md = &s->model;
+    if (!md->recognised && md->family[0]) {
+        char line[512];
+        tk_snap_model_line(md, line, sizeof line);
+        fprintf(f, "\nModel: %s\n  why: %s\n", line, md->why);
+    }
     if (md->recognised) {
         char line[512];
         tk_snap_model_line(md, line, sizeof line);
-        fprintf(f, "\nModel (from %s): %s\n", md->from, line);
+        fprintf(f, "\nModel (from %s): %s\n  why: %s\n", md->from, line, md->why);
         if (md->batch)
             fprintf(f, "  batch %d x sequence %d (from %s)\n", md->batch, md->seq, md->shape_from);
         else
             fprintf(f, "  batch and sequence length unknown: give --batch N --seq N to plan the fixes\n");
         if (md->planned)
-            fprintf(f, "  planned as it ran: peak %s%s%s (%s) -> %s\n", fmtb(md->plan_peak, a),
+            fprintf(f, "  planned as it ran (engine %s): peak %s%s%s (%s) -> %s; %s\n", md->engine, fmtb(md->plan_peak, a),
                     md->plan_capacity ? " of " : "", md->plan_capacity ? fmtb(md->plan_capacity, b) : "",
-                    md->capacity_from, md->plan_fits ? "fits" : "does not fit");
+                    md->capacity_from, md->plan_fits ? "fits" : "does not fit", md->plan_note);
+        else if (md->plan_withheld)
+            fprintf(f, "  plan as it ran (engine %s) %s\n", md->engine, md->plan_note);
     }
     if (s->data.have)
         fprintf(f, "\nData %s: %d examples, token lengths p50 %d, p95 %d, p99 %d, max %d (%s)\n", s->data.file,
@@ -935,14 +1391,31 @@ json_t *tk_snap_json(const tk_snapshot *s, int top) {
                                                (json_int_t)p->free, "largest_free", (json_int_t)p->largest_free));
     }
     json_object_set_new(o, "segments", pools);
+    json_t *devs = json_array();
+    for (int i = 0; i < s->n_device_rows; i++)
+        json_array_append_new(devs, json_pack("{s:i, s:I, s:I, s:I}", "device", s->devices[i].device, "reserved",
+                                              (json_int_t)s->devices[i].reserved, "allocated",
+                                              (json_int_t)s->devices[i].allocated, "largest_free_block",
+                                              (json_int_t)s->devices[i].largest_free_block));
+    json_object_set_new(o, "devices", devs);
+    json_object_set_new(o, "expandable_segments", json_boolean(s->expandable_on));
     json_t *t = json_array();
-    for (int i = 0; i < s->n_owners && i < top; i++)
-        json_array_append_new(t, json_pack("{s:s, s:I, s:i}", "owner", s->owners[i].owner, "bytes",
-                                           (json_int_t)s->owners[i].bytes, "blocks", s->owners[i].blocks));
+    for (int i = 0; i < s->n_owners && i < top; i++) {
+        json_t *r = json_pack("{s:s, s:I, s:i}", "owner", s->owners[i].owner, "bytes", (json_int_t)s->owners[i].bytes,
+                              "blocks", s->owners[i].blocks);
+        if (s->has_annotations)
+            json_object_set_new(r, "phase", s->owners[i].phase[0] ? json_string(s->owners[i].phase) : json_null());
+        json_array_append_new(t, r);
+    }
     json_object_set_new(o, "top", t);
-    json_object_set_new(o, "oom", s->has_oom ? json_pack("{s:I, s:I}", "size", (json_int_t)s->oom_size, "device_free",
-                                                         (json_int_t)s->oom_device_free)
+    json_object_set_new(o, "oom", s->has_oom ? json_pack("{s:I, s:I, s:i, s:o}", "size", (json_int_t)s->oom_size,
+                                                         "device_free", (json_int_t)s->oom_device_free, "device",
+                                                         s->oom_device, "phase",
+                                                         s->phase_at_oom[0] ? json_string(s->phase_at_oom) : json_null())
                                              : json_null());
+    json_object_set_new(o, "phase_at_peak", s->phase_at_peak[0] ? json_string(s->phase_at_peak) : json_null());
+    json_object_set_new(o, "growth", json_pack("{s:b, s:I, s:i}", "found", s->has_growth, "bytes",
+                                               (json_int_t)s->growth_bytes, "rises", s->growth_rises));
     json_object_set_new(o, "timeline", json_pack("{s:i, s:i, s:I}", "events", s->n_trace, "points", s->n_points,
                                                  "peak_allocated", (json_int_t)s->trace_peak_allocated));
     json_t *dg = json_array();
@@ -968,6 +1441,20 @@ json_t *tk_snap_json(const tk_snapshot *s, int top) {
                                   (json_int_t)s->leak_owner_bytes, "owner_iterations", s->leak_owner_iterations));
     const tk_snap_model *md = &s->model;
     json_t *mj = json_null();
+    if (!md->recognised && md->family[0]) {
+        mj = json_pack("{s:s, s:s, s:b}", "family", md->family, "why", md->why, "planned", 0);
+        if (md->hidden) {
+            json_object_set_new(mj, "hidden", json_integer(md->hidden));
+            json_object_set_new(mj, "layers", json_integer(md->layers));
+            json_object_set_new(mj, "intermediate", json_integer(md->intermediate));
+            json_object_set_new(mj, "vocab", json_integer(md->vocab));
+            json_object_set_new(mj, "max_position", md->max_position ? json_integer(md->max_position) : json_null());
+            json_object_set_new(mj, "dtype", json_string(md->mixed ? "mixed (fp32 and 16-bit copies)"
+                                                         : md->elem == 2 ? "fp16/bf16" : "fp32"));
+            json_object_set_new(mj, "copies", json_integer(md->copies));
+            json_object_set_new(mj, "param_bytes", json_integer((json_int_t)md->param_bytes));
+        }
+    }
     if (md->recognised) {
         mj = json_pack("{s:s, s:o, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:I}", "recognised_from", md->from, "preset",
                        md->preset[0] ? json_string(md->preset) : json_null(), "hidden", md->hidden, "layers",
@@ -978,12 +1465,18 @@ json_t *tk_snap_json(const tk_snapshot *s, int top) {
         json_object_set_new(mj, "batch", md->batch ? json_integer(md->batch) : json_null());
         json_object_set_new(mj, "seq", md->seq ? json_integer(md->seq) : json_null());
         json_object_set_new(mj, "shape_from", md->shape_from[0] ? json_string(md->shape_from) : json_null());
+        json_object_set_new(mj, "family", json_string(md->family));
+        json_object_set_new(mj, "why", json_string(md->why));
+        json_object_set_new(mj, "planned", json_boolean(md->planned));
         if (md->planned)
-            json_object_set_new(mj, "plan", json_pack("{s:I, s:o, s:b, s:s}", "peak", (json_int_t)md->plan_peak,
+            json_object_set_new(mj, "plan", json_pack("{s:I, s:o, s:b, s:s, s:s, s:s}", "peak", (json_int_t)md->plan_peak,
                                                       "capacity",
                                                       md->plan_capacity ? json_integer((json_int_t)md->plan_capacity)
                                                                         : json_null(),
-                                                      "fits", md->plan_fits, "capacity_from", md->capacity_from));
+                                                      "fits", md->plan_fits, "capacity_from", md->capacity_from,
+                                                      "engine", md->engine, "agreement", md->plan_note));
+        else if (md->plan_withheld)
+            json_object_set_new(mj, "plan_withheld", json_pack("{s:s, s:s}", "engine", md->engine, "reason", md->plan_note));
     }
     json_object_set_new(o, "model", mj);
     const tk_snap_data *dt = &s->data;

@@ -19,10 +19,12 @@
 
 #include "tk_pickle.h"
 
-/* Snapshots of long runs reach hundreds of MB; the tree costs about 64
- * bytes per opcode, so the cap follows the file, within reason. */
-#define SNAP_MAX_FILE ((size_t)1 << 30)
-#define SNAP_TREE_CAP ((size_t)4 << 30)
+/* Snapshots of long runs reach gigabytes, nearly all of it the trace: a
+ * pickle's events are streamed into compact records (about 50 bytes each),
+ * so only the segments and the values the memo shares stay as a tree,
+ * capped here. JSON is parsed whole, so its file is capped. */
+#define SNAP_MAX_JSON ((size_t)1 << 30)
+#define SNAP_TREE_CAP ((size_t)768 << 20)
 
 /* ---- one view over a pickle value or a JSON value ----------------------------------- */
 
@@ -73,7 +75,30 @@ typedef struct ctx {
     int owners_cap, sizes_cap;
     module_bytes modules[8];
     int n_modules;
+    /* the trace, one record per event, in file order (read as it streams) */
+    struct snap_ev *ev;
+    size_t n_ev, ev_cap;
+    const void *lists[64];       /* the device lists seen, in order (their identity) */
+    size_t list_items[64];
+    int n_lists;
+    char **strs;                 /* interned owners and phases */
+    int n_strs, strs_cap;
+    int32_t *str_tab;            /* open addressing: index into strs + 1, 0 empty */
+    size_t str_tab_cap;
+    int oom_list;                /* the list of the last oom event, -1 none */
 } ctx;
+
+enum { EV_OTHER, EV_ALLOC, EV_FREE, EV_SEG_ALLOC, EV_SEG_FREE, EV_OOM };
+
+/* One trace event as the analyses need it: no frames, only what was read
+ * from them (an interned owner and phase, the user's outermost line). */
+typedef struct snap_ev {
+    int64_t addr, size, time_us;
+    int32_t owner, phase; /* interned strings, -1 none */
+    uint64_t uline;       /* the user's outermost line, hashed; 0 none */
+    uint8_t list;         /* index into ctx.lists */
+    uint8_t action;
+} snap_ev;
 
 static int bad(ctx *c, const char *where, const char *what) {
     tk_err_set(c->err, TK_EFORMAT, "%s: %s: %s", c->name, where, what);
@@ -408,56 +433,151 @@ static int read_segment(ctx *c, sv seg, size_t si, int64_t *devices_seen) {
     return 0;
 }
 
-static int read_trace(ctx *c, sv traces) {
+/* ---- the trace, one event at a time ------------------------------------------------------ */
+
+static int phase_from_frames(sv frames, char *out, size_t n);
+static int outer_user_line(sv frames, uint64_t *key);
+
+/* The index of str in the interned strings (added when new), -1 when host
+ * memory runs out. */
+static int intern(ctx *c, const char *str) {
+    uint64_t h = UINT64_C(1469598103934665603);
+    for (const char *p = str; *p; p++) h = (h ^ (unsigned char)*p) * UINT64_C(1099511628211);
+    if ((size_t)c->n_strs * 2 + 2 > c->str_tab_cap) {
+        size_t cap = c->str_tab_cap ? c->str_tab_cap * 2 : 256;
+        int32_t *t = tk_calloc(cap, sizeof *t);
+        if (!t) return -1;
+        for (int i = 0; i < c->n_strs; i++) {
+            uint64_t g = UINT64_C(1469598103934665603);
+            for (const char *p = c->strs[i]; *p; p++) g = (g ^ (unsigned char)*p) * UINT64_C(1099511628211);
+            size_t k = (size_t)g & (cap - 1);
+            while (t[k]) k = (k + 1) & (cap - 1);
+            t[k] = i + 1;
+        }
+        free(c->str_tab);
+        c->str_tab = t;
+        c->str_tab_cap = cap;
+    }
+    size_t k = (size_t)h & (c->str_tab_cap - 1);
+    while (c->str_tab[k]) {
+        if (!strcmp(c->strs[c->str_tab[k] - 1], str)) return c->str_tab[k] - 1;
+        k = (k + 1) & (c->str_tab_cap - 1);
+    }
+    if (c->n_strs == c->strs_cap) {
+        int cap = c->strs_cap ? c->strs_cap * 2 : 64;
+        char **v = tk_realloc(c->strs, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        c->strs = v;
+        c->strs_cap = cap;
+    }
+    if (!(c->strs[c->n_strs] = tk_strdup(str))) return -1;
+    c->str_tab[k] = ++c->n_strs;
+    return c->n_strs - 1;
+}
+
+static const char *interned(const ctx *c, int32_t i) { return i >= 0 && i < c->n_strs ? c->strs[i] : ""; }
+
+/* One event of the device list `list` (its identity: the lists are put in
+ * order by the caller later): checked, and kept as a record. */
+static int ingest_event(ctx *c, sv e, const void *list) {
     tk_snapshot *s = c->s;
+    int li = 0;
+    while (li < c->n_lists && c->lists[li] != list) li++;
+    if (li == c->n_lists) {
+        if (li == 64) return bad(c, "device_traces", "more than 64 devices' traces");
+        c->lists[c->n_lists++] = list;
+    }
+    char w[96];
+    snprintf(w, sizeof w, "device_traces[%d][%zu]", li, c->list_items[li]++);
+    if (!sv_is_dict(e)) return bad(c, w, "expected a dict (a trace event)");
+    const char *a = sv_str(sv_get(e, "action"));
+    if (!a) return bad(c, w, "'action' missing or not a string");
+    snap_ev r = {.owner = -1, .phase = -1, .time_us = -1, .list = (uint8_t)li};
+    if (field_size(c, e, "size", w, 1, &r.size)) return -1;
+    sv_int(sv_get(e, "time_us"), &r.time_us);
+    sv_int(sv_get(e, "addr"), &r.addr);
+    r.action = !strcmp(a, "alloc")                                         ? EV_ALLOC
+               : !strcmp(a, "free_completed")                              ? EV_FREE
+               : !strcmp(a, "segment_alloc") || !strcmp(a, "segment_map")  ? EV_SEG_ALLOC
+               : !strcmp(a, "segment_free") || !strcmp(a, "segment_unmap") ? EV_SEG_FREE
+               : !strcmp(a, "oom")                                         ? EV_OOM
+                                                                           : EV_OTHER;
+    sv frames = sv_get(e, "frames");
+    char buf[192];
+    if (r.action == EV_ALLOC) {
+        owner_of(frames, buf, sizeof buf);
+        if ((r.owner = intern(c, buf)) < 0) return bad_nomem(c, "device_traces");
+        if (outer_user_line(frames, &r.uline) && !r.uline) r.uline = 1;
+    }
+    if (r.action != EV_OTHER && phase_from_frames(frames, buf, 64) && (r.phase = intern(c, buf)) < 0)
+        return bad_nomem(c, "device_traces");
+    if (r.action == EV_OOM) {
+        int64_t fr = 0;
+        if (field_size(c, e, "device_free", w, 1, &fr)) return -1;
+        s->has_oom = 1;
+        c->oom_list = li;
+        s->oom_size = (size_t)r.size;
+        s->oom_device_free = (size_t)fr;
+        s->oom_time_us = r.time_us;
+    }
+    if (c->n_ev == c->ev_cap) {
+        size_t cap = c->ev_cap ? c->ev_cap * 2 : 1024;
+        snap_ev *v = tk_realloc(c->ev, cap * sizeof *v);
+        if (!v) return bad_nomem(c, "device_traces");
+        c->ev = v;
+        c->ev_cap = cap;
+    }
+    c->ev[c->n_ev++] = r;
+    s->n_trace++;
+    return 0;
+}
+
+/* The streaming reader's callback: each trace event as it is read. */
+static int on_event(void *cx, const tk_pval *list, const tk_pval *item, tk_err *err) {
+    (void)err;
+    return ingest_event(cx, (sv){item, NULL}, list);
+}
+
+/* After the file: the lists in device order (their places in
+ * device_traces), the OOM's device, and the memory over time from the
+ * records. JSON's events are read here (the pickle's were streamed). */
+static int build_trace(ctx *c, sv traces, int streamed) {
+    tk_snapshot *s = c->s;
+    int dev_of[64];
     if (!sv_ok(traces)) return 0;
     if (!sv_is_list(traces)) return bad(c, "device_traces", "expected a list (one per device)");
-    size_t n = 0;
     for (size_t d = 0; d < sv_len(traces); d++) {
         sv t = sv_at(traces, d);
         if (!sv_is_list(t)) return bad(c, "device_traces", "each device's trace must be a list");
-        n += sv_len(t);
+        for (size_t i = 0; !streamed && i < sv_len(t); i++)
+            if (ingest_event(c, sv_at(t, i), t.p ? (const void *)t.p : (const void *)t.j)) return -1;
     }
-    s->points = tk_calloc(n ? n : 1, sizeof *s->points);
+    for (int li = 0; li < c->n_lists; li++) {
+        dev_of[li] = li;
+        for (size_t d = 0; d < sv_len(traces); d++) {
+            sv t = sv_at(traces, d);
+            if ((t.p ? (const void *)t.p : (const void *)t.j) == c->lists[li]) dev_of[li] = (int)d;
+        }
+    }
+    if (s->has_oom) s->oom_device = dev_of[c->oom_list];
+    for (size_t i = 0; i < c->n_ev; i++) c->ev[i].list = (uint8_t)dev_of[c->ev[i].list];
+    s->points = tk_calloc(c->n_ev ? c->n_ev : 1, sizeof *s->points);
     if (!s->points) return bad_nomem(c, "device_traces");
     /* Deltas first; the trace may start after the first allocation, so the
      * curve is anchored at the end, where the snapshot's figures are known. */
-    int64_t alloc = 0, res = 0, ev = 0;
-    for (size_t d = 0; d < sv_len(traces); d++) {
-        sv t = sv_at(traces, d);
-        for (size_t i = 0; i < sv_len(t); i++, ev++) {
-            sv e = sv_at(t, i);
-            char w[96];
-            snprintf(w, sizeof w, "device_traces[%zu][%zu]", d, i);
-            if (!sv_is_dict(e)) return bad(c, w, "expected a dict (a trace event)");
-            const char *a = sv_str(sv_get(e, "action"));
-            int64_t size = 0, tus = -1;
-            if (!a) return bad(c, w, "'action' missing or not a string");
-            if (field_size(c, e, "size", w, 1, &size)) return -1;
-            sv_int(sv_get(e, "time_us"), &tus);
-            s->n_trace++;
-            int counted = 1;
-            if (!strcmp(a, "alloc")) alloc += size;
-            else if (!strcmp(a, "free_completed")) alloc -= size;
-            else if (!strcmp(a, "segment_alloc") || !strcmp(a, "segment_map")) res += size;
-            else if (!strcmp(a, "segment_free") || !strcmp(a, "segment_unmap")) res -= size;
-            else counted = 0;
-            if (!strcmp(a, "oom")) {
-                int64_t fr = 0;
-                if (field_size(c, e, "device_free", w, 1, &fr)) return -1;
-                s->has_oom = 1;
-                s->oom_device = (int)d;
-                s->oom_size = (size_t)size;
-                s->oom_device_free = (size_t)fr;
-                s->oom_time_us = tus;
-            }
-            if (!counted) continue;
-            tk_snap_point *pt = &s->points[s->n_points++];
-            pt->event = ev;
-            pt->time_us = tus;
-            pt->allocated = (size_t)alloc; /* relative for now */
-            pt->reserved = (size_t)res;
-        }
+    int64_t alloc = 0, res = 0;
+    for (size_t i = 0; i < c->n_ev; i++) {
+        const snap_ev *r = &c->ev[i];
+        if (r->action == EV_ALLOC) alloc += r->size;
+        else if (r->action == EV_FREE) alloc -= r->size;
+        else if (r->action == EV_SEG_ALLOC) res += r->size;
+        else if (r->action == EV_SEG_FREE) res -= r->size;
+        else continue;
+        tk_snap_point *pt = &s->points[s->n_points++];
+        pt->event = (int64_t)i;
+        pt->time_us = r->time_us;
+        pt->allocated = (size_t)alloc; /* relative for now */
+        pt->reserved = (size_t)res;
     }
     int64_t a0 = (int64_t)s->allocated - alloc, r0 = (int64_t)s->reserved - res;
     for (int i = 0; i < s->n_points; i++) {
@@ -535,17 +655,10 @@ typedef struct leak_owner {
  * 1 MiB and 1% of the peak in all), or blocks still live at the end that
  * one frame allocated in at least four iterations, half of them or more.
  * Only a trace of one device is read this way. */
-static int find_leak(ctx *c, sv traces) {
+static int find_leak(ctx *c) {
     tk_snapshot *s = c->s;
-    if (s->n_points < 8 || !sv_is_list(traces)) return 0;
-    sv t = SV_NONE;
-    int nonempty = 0;
-    for (size_t d = 0; d < sv_len(traces); d++)
-        if (sv_len(sv_at(traces, d))) {
-            t = sv_at(traces, d);
-            nonempty++;
-        }
-    if (nonempty != 1) return 0;
+    /* the lists with events: one device's trace only */
+    if (s->n_points < 8 || c->n_lists != 1) return 0;
     int n = s->n_points, np = 0, nt = 0, rc = -1;
     size_t drop = 0, runmax = 0;
     for (int i = 0; i < n; i++) {
@@ -582,19 +695,17 @@ static int find_leak(ctx *c, sv traces) {
     /* the blocks the trace allocated and never freed, with the iteration
      * (peaks before them) each was allocated in */
     size_t cap = 16;
-    while (cap < 2 * (size_t)sv_len(t) + 2) cap <<= 1;
+    while (cap < 2 * c->n_ev + 2) cap <<= 1;
     tab = tk_calloc(cap, sizeof *tab);
     if (!tab) goto oom;
     int pt = -1, it = 0, nsurv = 0, rounds = -1, nlines = 0;
     uint64_t lines[64];
-    for (size_t i = 0; i < sv_len(t); i++) {
-        sv e = sv_at(t, i);
-        const char *a = sv_str(sv_get(e, "action"));
-        int64_t addr = 0, size = 0;
-        if (!a) continue;
-        int is_alloc = !strcmp(a, "alloc"), is_free = !strcmp(a, "free_completed");
-        uint64_t key;
-        if (is_alloc && outer_user_line(sv_get(e, "frames"), &key)) {
+    for (size_t i = 0; i < c->n_ev; i++) {
+        const snap_ev *e = &c->ev[i];
+        int64_t addr = e->addr, size = e->size;
+        int is_alloc = e->action == EV_ALLOC, is_free = e->action == EV_FREE;
+        uint64_t key = e->uline;
+        if (is_alloc && key) {
             if (rounds < 0) rounds = 0;
             if (!nlines || lines[nlines - 1] != key) {
                 int k = 0;
@@ -606,14 +717,13 @@ static int find_leak(ctx *c, sv traces) {
                 if (nlines < 64) lines[nlines++] = key;
             }
         }
-        if (is_alloc || is_free || !strncmp(a, "segment_", 8)) pt++;
+        if (e->action != EV_OTHER && e->action != EV_OOM) pt++;
         while (it < np && peak[it] < pt) it++;
-        if ((!is_alloc && !is_free) || sv_int(sv_get(e, "addr"), &addr)) continue;
+        if (!is_alloc && !is_free) continue;
         live_ent *l = live_slot(tab, cap - 1, addr);
-        if (is_alloc) {
-            sv_int(sv_get(e, "size"), &size);
+        if (is_alloc)
             *l = (live_ent){addr, (int)i, it, (size_t)(size > 0 ? size : 0), 1, 0};
-        } else if (l->used)
+        else if (l->used)
             l->freed = 1;
     }
     for (size_t h = 0; h < cap; h++) nsurv += tab[h].used && !tab[h].freed && tab[h].iteration >= 1;
@@ -626,8 +736,7 @@ static int find_leak(ctx *c, sv traces) {
     qsort(surv, (size_t)nsurv, sizeof *surv, cmp_ent_event);
     int nown = 0;
     for (int k = 0; k < nsurv; k++) {
-        char o[192];
-        owner_of(sv_get(sv_at(t, (size_t)surv[k]->event), "frames"), o, sizeof o);
+        const char *o = interned(c, c->ev[surv[k]->event].owner);
         int j = 0;
         while (j < nown && strcmp(own[j].owner, o)) j++;
         if (j == nown) {
@@ -1036,80 +1145,53 @@ static int phase_from_frames(sv frames, char *out, size_t n) {
         }
     }
     if (!fwd[0]) return 0;
-    snprintf(out, n, "%s", fwd);
+    snprintf(out, n, "%.63s", fwd);
     return 1;
 }
 
-static void phase_at(sv ann, int device, int64_t t, sv frames, char *out, size_t n) {
-    if (!phase_from_annotations(ann, device, t, out, n) && !phase_from_frames(frames, out, n)) out[0] = 0;
-}
-
-/* The trace event of a global index (devices' traces one after another). */
-static sv trace_event(sv traces, int64_t ev, int *device) {
-    for (size_t d = 0; sv_is_list(traces) && d < sv_len(traces); d++) {
-        sv t = sv_at(traces, d);
-        if (ev < (int64_t)sv_len(t)) {
-            *device = (int)d;
-            return sv_at(t, (size_t)ev);
-        }
-        ev -= (int64_t)sv_len(t);
-    }
-    return SV_NONE;
+/* The phase at time t on a device: the annotations' innermost open range,
+ * else what the event's own frames showed (phase, interned; -1 none). */
+static void phase_at(const ctx *c, sv ann, int device, int64_t t, int32_t phase, char *out, size_t n) {
+    if (!phase_from_annotations(ann, device, t, out, n)) snprintf(out, n, "%s", interned(c, phase));
 }
 
 /* The phase at the peak, at the OOM, and for each owner at the allocation
  * of its largest live block (the trace's last alloc at that address). */
-static int find_phases(ctx *c, sv traces, sv ann) {
+static int find_phases(ctx *c, sv ann) {
     tk_snapshot *s = c->s;
-    int dev = 0;
-    int64_t peak_ev = -1;
     size_t best = 0;
+    int64_t peak_ev = -1;
     for (int i = 0; i < s->n_points; i++)
         if (s->points[i].allocated > best) best = s->points[i].allocated, peak_ev = s->points[i].event;
     if (peak_ev >= 0) {
-        sv e = trace_event(traces, peak_ev, &dev);
-        phase_at(ann, dev, s->peak_time_us, sv_get(e, "frames"), s->phase_at_peak, sizeof s->phase_at_peak);
+        const snap_ev *e = &c->ev[peak_ev];
+        phase_at(c, ann, e->list, s->peak_time_us, e->phase, s->phase_at_peak, sizeof s->phase_at_peak);
     }
-    if (s->has_oom) {
-        sv t = sv_at(traces, (size_t)s->oom_device), oom = SV_NONE;
-        for (size_t i = sv_len(t); i-- > 0;) {
-            const char *a = sv_str(sv_get(sv_at(t, i), "action"));
-            if (a && !strcmp(a, "oom")) {
-                oom = sv_at(t, i);
-                break;
-            }
+    for (size_t i = c->n_ev; s->has_oom && i-- > 0;)
+        if (c->ev[i].action == EV_OOM) {
+            phase_at(c, ann, s->oom_device, s->oom_time_us, c->ev[i].phase, s->phase_at_oom, sizeof s->phase_at_oom);
+            break;
         }
-        phase_at(ann, s->oom_device, s->oom_time_us, sv_get(oom, "frames"), s->phase_at_oom, sizeof s->phase_at_oom);
-    }
     if (!s->has_annotations || !s->n_owners) return 0;
     /* the last alloc of each address, in a table sized for the trace */
-    size_t n = 0;
-    for (size_t d = 0; d < sv_len(traces); d++) n += sv_len(sv_at(traces, d));
     size_t cap = 16;
-    while (cap < 2 * n + 2) cap <<= 1;
-    struct slot { int64_t addr; int device; size_t event; int used; } *tab = tk_calloc(cap, sizeof *tab);
+    while (cap < 2 * c->n_ev + 2) cap <<= 1;
+    struct slot { int64_t addr; size_t event; int used; } *tab = tk_calloc(cap, sizeof *tab);
     if (!tab) return bad_nomem(c, "device_traces");
-    for (size_t d = 0; d < sv_len(traces); d++) {
-        sv t = sv_at(traces, d);
-        for (size_t i = 0; i < sv_len(t); i++) {
-            sv e = sv_at(t, i);
-            const char *a = sv_str(sv_get(e, "action"));
-            int64_t addr;
-            if (!a || strcmp(a, "alloc") || sv_int(sv_get(e, "addr"), &addr)) continue;
-            size_t h = (size_t)(((uint64_t)addr * UINT64_C(0x9E3779B97F4A7C15)) >> 17) & (cap - 1);
-            while (tab[h].used && tab[h].addr != addr) h = (h + 1) & (cap - 1);
-            tab[h] = (struct slot){addr, (int)d, i, 1};
-        }
+    for (size_t i = 0; i < c->n_ev; i++) {
+        if (c->ev[i].action != EV_ALLOC) continue;
+        int64_t addr = c->ev[i].addr;
+        size_t h = (size_t)(((uint64_t)addr * UINT64_C(0x9E3779B97F4A7C15)) >> 17) & (cap - 1);
+        while (tab[h].used && tab[h].addr != addr) h = (h + 1) & (cap - 1);
+        tab[h] = (struct slot){addr, i, 1};
     }
     for (int k = 0; k < s->n_owners; k++) {
         int64_t addr = s->owners[k].largest_addr;
         size_t h = (size_t)(((uint64_t)addr * UINT64_C(0x9E3779B97F4A7C15)) >> 17) & (cap - 1);
         while (tab[h].used && tab[h].addr != addr) h = (h + 1) & (cap - 1);
         if (!tab[h].used) continue;
-        sv e = sv_at(sv_at(traces, (size_t)tab[h].device), tab[h].event);
-        int64_t tus = -1;
-        sv_int(sv_get(e, "time_us"), &tus);
-        phase_at(ann, tab[h].device, tus, sv_get(e, "frames"), s->owners[k].phase, sizeof s->owners[k].phase);
+        const snap_ev *e = &c->ev[tab[h].event];
+        phase_at(c, ann, e->list, e->time_us, e->phase, s->owners[k].phase, sizeof s->owners[k].phase);
     }
     free(tab);
     return 0;
@@ -1117,7 +1199,9 @@ static int find_phases(ctx *c, sv traces, sv ann) {
 
 /* ---- entry points --------------------------------------------------------------------- */
 
-static int read_tree(ctx *c, sv root) {
+/* The snapshot's tree (a pickle's trace events already streamed through
+ * on_event when streamed is 1). */
+static int read_tree(ctx *c, sv root, int streamed) {
     tk_snapshot *s = c->s;
     sv segs = root;
     if (sv_is_dict(root)) {
@@ -1132,7 +1216,6 @@ static int read_tree(ctx *c, sv root) {
         return bad(c, "top level", m);
     }
     int64_t devices = 0;
-    s->oom_time_us = s->peak_time_us = -1;
     for (size_t i = 0; i < sv_len(segs); i++)
         if (read_segment(c, sv_at(segs, i), i, &devices)) return -1;
     for (int d = 0; d < 64; d++) s->n_devices += (int)((devices >> d) & 1);
@@ -1146,15 +1229,21 @@ static int read_tree(ctx *c, sv root) {
         sv traces = sv_get(root, "device_traces"), ann = sv_get(root, "external_annotations");
         if (sv_true(sv_get(sv_get(root, "allocator_settings"), "expandable_segments"))) s->expandable_on = 1;
         s->has_annotations = sv_is_list(ann) && sv_len(ann) > 0;
-        if (read_trace(c, traces) || find_leak(c, traces)) return -1;
-        if (sv_is_list(traces) && find_phases(c, traces, ann)) return -1;
+        if (build_trace(c, traces, streamed) || find_leak(c) || find_phases(c, ann)) return -1;
     }
     if (s->n_owners) qsort(s->owners, (size_t)s->n_owners, sizeof *s->owners, cmp_owner);
     diagnose(s);
     return 0;
 }
 
-tk_snapshot *tk_snap_read_buf(const uint8_t *buf, size_t len, const char *name, size_t capacity, tk_err *err) {
+static void ctx_clear(ctx *c) {
+    for (int i = 0; i < c->n_strs; i++) free(c->strs[i]);
+    free(c->strs);
+    free(c->str_tab);
+    free(c->ev);
+}
+
+static tk_snapshot *snap_new(const char *name, size_t capacity, tk_err *err) {
     tk_snapshot *s = tk_calloc(1, sizeof *s);
     if (!s) {
         tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name);
@@ -1162,31 +1251,50 @@ tk_snapshot *tk_snap_read_buf(const uint8_t *buf, size_t len, const char *name, 
     }
     snprintf(s->path, sizeof s->path, "%s", name);
     s->capacity = capacity;
+    s->oom_time_us = s->peak_time_us = -1;
+    return s;
+}
+
+/* A pickle, from memory (buf) or from the file at path: its trace events
+ * streamed into records as they are read, the rest as a tree. */
+static int read_pickle(ctx *c, const uint8_t *buf, size_t len, const char *path) {
+    tk_pickle_opts o = {.name = c->name, .max_bytes = SNAP_TREE_CAP, .stream_key = "action", .on_item = on_event,
+                        .item_ctx = c};
+    tk_pickle *p = path ? tk_pickle_load_file(path, &o, c->err) : tk_pickle_load(buf, len, &o, c->err);
+    int rc = p ? read_tree(c, (sv){tk_pickle_root(p), NULL}, 1) : -1;
+    tk_pickle_destroy(&p);
+    return rc;
+}
+
+static int read_json(ctx *c, const uint8_t *buf, size_t len) {
+    json_error_t je;
+    json_t *j = json_loadb((const char *)buf, len, 0, &je);
+    if (!j) {
+        tk_err_set(c->err, TK_EFORMAT, "%s: line %d: not valid JSON: %s", c->name, je.line, je.text);
+        return -1;
+    }
+    c->s->form = "json";
+    int rc = read_tree(c, (sv){NULL, j}, 0);
+    json_decref(j);
+    return rc;
+}
+
+static int not_a_snapshot(ctx *c) {
+    tk_err_set(c->err, TK_EFORMAT,
+               "%s: not a PyTorch memory snapshot (neither a pickle of protocol 2 or newer nor JSON)", c->name);
+    return -1;
+}
+
+tk_snapshot *tk_snap_read_buf(const uint8_t *buf, size_t len, const char *name, size_t capacity, tk_err *err) {
+    tk_snapshot *s = snap_new(name, capacity, err);
+    if (!s) return NULL;
     ctx c = {.s = s, .name = name, .err = err};
     size_t i = 0;
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t')) i++;
-    int rc;
-    if (i < len && (buf[i] == '{' || buf[i] == '[')) {
-        json_error_t je;
-        json_t *j = json_loadb((const char *)buf, len, 0, &je);
-        if (!j) {
-            tk_err_set(err, TK_EFORMAT, "%s: line %d: not valid JSON: %s", name, je.line, je.text);
-            tk_snap_destroy(&s);
-            return NULL;
-        }
-        s->form = "json";
-        rc = read_tree(&c, (sv){NULL, j});
-        json_decref(j);
-    } else if (len && buf[0] == 0x80) {
-        tk_pickle_opts o = {.name = name, .max_bytes = SNAP_TREE_CAP};
-        tk_pickle *p = tk_pickle_load(buf, len, &o, err);
-        rc = p ? read_tree(&c, (sv){tk_pickle_root(p), NULL}) : -1;
-        tk_pickle_destroy(&p);
-    } else {
-        tk_err_set(err, TK_EFORMAT, "%s: not a PyTorch memory snapshot (neither a pickle of protocol 2 or newer nor JSON)",
-                   name);
-        rc = -1;
-    }
+    int rc = i < len && (buf[i] == '{' || buf[i] == '[') ? read_json(&c, buf, len)
+             : len && buf[0] == 0x80                       ? read_pickle(&c, buf, len, NULL)
+                                                           : not_a_snapshot(&c);
+    ctx_clear(&c);
     if (rc) tk_snap_destroy(&s);
     return s;
 }
@@ -1199,15 +1307,31 @@ tk_snapshot *tk_snap_read(const char *path, size_t capacity, tk_err *err) {
         if (f) fclose(f);
         return NULL;
     }
-    if ((size_t)st.st_size > SNAP_MAX_FILE) {
-        tk_err_set(err, TK_EFORMAT, "%s: %lld bytes, larger than the 1 GiB this reader takes", path,
-                   (long long)st.st_size);
+    uint8_t head[64];
+    size_t nh = fread(head, 1, sizeof head, f), i = 0;
+    while (i < nh && (head[i] == ' ' || head[i] == '\n' || head[i] == '\r' || head[i] == '\t')) i++;
+    if (nh && head[0] == 0x80) {
+        /* a pickle of any size: mapped, its events streamed */
+        fclose(f);
+        tk_snapshot *s = snap_new(path, capacity, err);
+        if (!s) return NULL;
+        ctx c = {.s = s, .name = path, .err = err};
+        int rc = read_pickle(&c, NULL, 0, path);
+        ctx_clear(&c);
+        if (rc) tk_snap_destroy(&s);
+        return s;
+    }
+    /* JSON is parsed whole: it stays within the 1 GiB this reader takes in memory */
+    if ((size_t)st.st_size > SNAP_MAX_JSON) {
+        tk_err_set(err, TK_EFORMAT, "%s: %lld bytes of JSON, larger than the 1 GiB this reader takes as JSON "
+                                    "(a pickle of any size is read as it streams)",
+                   path, (long long)st.st_size);
         fclose(f);
         return NULL;
     }
     size_t n = (size_t)st.st_size;
     uint8_t *buf = tk_malloc(n ? n : 1);
-    if (!buf || fread(buf, 1, n, f) != n) {
+    if (!buf || fseek(f, 0, SEEK_SET) || fread(buf, 1, n, f) != n) {
         tk_err_set(err, TK_EIO, "%s: could not read the file", path);
         free(buf);
         fclose(f);

@@ -175,11 +175,24 @@ static void posix_path(const char *f, char *out, size_t n) {
     out[i] = 0;
 }
 
+#define BEFORE_HISTORY "no frames (allocated before the history was recorded)"
+
+/* Owners that name no code of the user's: native code only, no frames, a library. */
+static int names_no_code(const char *owner) {
+    return !strncmp(owner, "no Python frame", 15) || !strcmp(owner, BEFORE_HISTORY) || !strncmp(owner, "library:", 8) ||
+           !strncmp(owner, "backward (", 10);
+}
+
 /* The native frames of a block with no Python frame, named by what they
  * show: the autograd engine's worker thread runs backward; otherwise the
  * ATen operator that asked (at::_ops::NAME), else nothing known. */
 static void native_owner(sv frames, char *out, size_t n) {
     char op[96] = "";
+    if (!sv_is_list(frames) || !sv_len(frames)) {
+        /* PyTorch records frames only while the history is on */
+        snprintf(out, n, "%s", BEFORE_HISTORY);
+        return;
+    }
     for (size_t i = 0; sv_is_list(frames) && i < sv_len(frames); i++) {
         sv f = sv_at(frames, i);
         const char *file = sv_str(sv_get(f, "filename"));
@@ -872,8 +885,7 @@ static void fixes_capacity(tk_snapshot *s) {
     /* del is for tensors the user's code keeps: not a pool an engine
      * preallocated, nor what only native code or a library holds */
     for (int i = 0; i < s->n_owners && !user; i++)
-        if (strncmp(s->owners[i].owner, "no Python frame", 15) && strncmp(s->owners[i].owner, "library:", 8) &&
-            strncmp(s->owners[i].owner, "backward (", 10) && s->owners[i].pool_bytes < s->owners[i].bytes / 2)
+        if (!names_no_code(s->owners[i].owner) && s->owners[i].pool_bytes < s->owners[i].bytes / 2)
             user = &s->owners[i];
     if (user && (f = fix(s, "del", (int64_t)user->bytes))) {
         snprintf(f->text, sizeof f->text,
@@ -919,7 +931,8 @@ static void diagnose_leak(tk_snapshot *s) {
     char a[32], b[32], c[32];
     tk_snap_diag *g = diag(s, "leak");
     tk_snap_fix *f;
-    const char *who = s->leak_owner[0] && strcmp(s->leak_owner, "no Python frame") ? s->leak_owner : NULL;
+    const char *who = s->leak_owner[0] && strncmp(s->leak_owner, "no Python frame", 15) &&
+                              strcmp(s->leak_owner, BEFORE_HISTORY) ? s->leak_owner : NULL;
     int per_iter_blocks = s->leak_owner_iterations ? s->leak_owner_blocks / s->leak_owner_iterations : 0;
     if (!g) return;
     int m = snprintf(g->text, sizeof g->text,
@@ -1048,7 +1061,8 @@ static void diagnose(tk_snapshot *s) {
                  "run, or the CUDA context).",
                  fmtb(other, a), fmtb(s->capacity, b));
     }
-    if (s->n_owners && s->allocated && strcmp(s->owners[0].owner, "no Python frame") &&
+    if (s->n_owners && s->allocated && strncmp(s->owners[0].owner, "no Python frame", 15) &&
+        strcmp(s->owners[0].owner, BEFORE_HISTORY) &&
         s->owners[0].bytes >= s->allocated / 5 * 2 && s->n_owners > 1 && (g = diag(s, "dominant_layer"))) {
         snprintf(g->text, sizeof g->text, "dominant_layer: %s holds %s, %.0f%% of what is allocated.",
                  s->owners[0].owner, fmtb(s->owners[0].bytes, a), 100.0 * (double)s->owners[0].bytes / (double)s->allocated);

@@ -70,9 +70,11 @@ def test_figures_exact_and_owners_are_python_frames(name):
     assert owners and not [o for o in owners if NATIVE.search(o)], owners
     # Windows paths shortened like POSIX ones
     assert not [o for o in owners if "\\" in o or "C:" in o], owners
-    # the largest owner is a frame of Python code (or the autograd engine's backward)
-    assert re.match(r"(cell, line \d+|[\w.-]+\.py, line \d+ \(|library: |backward \(autograd engine\))", owners[0]) \
-        or name == "gpt_lm_step.pickle", owners
+    # every owner is a frame of Python code, the autograd engine's backward, or blocks allocated
+    # before the history was recorded (gpt_lm_step's weights: PyTorch kept no frames for them)
+    for o in owners:
+        assert re.match(r"(cell, line \d+|[\w.-]+\.py, line \d+ \(|library: |backward \(autograd engine\)$|"
+                        r"no frames \(allocated before the history was recorded\)$)", o), (name, owners)
 
 
 @pytest.mark.parametrize("name,family", [("llm_oom.pickle", "opt"), ("opt_zeroth_order.pickle", "opt"),

@@ -477,7 +477,10 @@ static void weight_fixes(tk_snapshot *s) {
     char a[32], b[32], c[32];
     int at_capacity = 0;
     for (int i = 0; i < s->n_diag; i++) at_capacity |= !strcmp(s->diag[i].id, "capacity");
-    if (!at_capacity || !w || !s->allocated || w < s->allocated / 2 || !strcmp(m->family, "unknown")) return;
+    /* "most of the card": the capacity given, else what the process had */
+    size_t held = s->capacity ? s->capacity : s->has_oom ? s->reserved + s->oom_device_free : s->reserved;
+    if (!at_capacity || !w || !s->allocated || w < s->allocated / 2 || w < held / 2 || !strcmp(m->family, "unknown"))
+        return;
     /* what the run held, and a quarter more for what the snapshot cannot
      * show (the rest of a model still loading, the next step's activations) */
     need = s->allocated + (s->has_oom ? s->oom_size : 0);
@@ -496,8 +499,8 @@ static void weight_fixes(tk_snapshot *s) {
         f->saves = (int64_t)(w1 - w1 * 4 / 8 / (size_t)elem);
         snprintf(f->text, sizeof f->text,
                  "The parameter-shaped blocks of the %s model (%s) are %.0f%% of what is allocated (%s): "
-                 "load the weights in 4 bits (8 bits: about half of 16-bit) and one copy takes about %s, "
-                 "freeing %s.",
+                 "loaded in 4 bits, one copy of the weights takes about %s, freeing %s (8 bits frees half "
+                 "as much from 16-bit weights).",
                  fam, m->copies > 1 ? "weights, gradients and optimizer states" : "its weights", 100.0 * (double)w / (double)s->allocated, tk_format_bytes(s->allocated, a, sizeof a),
                  tk_format_bytes(w1 / 2 / (size_t)elem, b, sizeof b), tk_format_bytes((size_t)f->saves, c, sizeof c));
         snprintf(f->code, sizeof f->code,

@@ -7,17 +7,17 @@ device 1, an OOM trace with a BERT whose plan would fit a large card, one
 training step whose activations rise layer by layer (growth, no leak) and a
 loop that keeps its losses (a leak), BERT-large's MLM logits beside its word
 embeddings, and a real file re-pickled with protocol 5."""
-import json, os, pickle, subprocess, sys
+import os, pickle, sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-TXK = os.environ.get("TXK_BIN") or os.path.join(ROOT, "build", "txk")
 REAL = os.path.join(ROOT, "..", "shared", "pytorch_snapshots")
 MiB = 1 << 20
 sys.path.insert(0, HERE)
-import test_snapshot_bert as tsb  # noqa: E402  (BERT parameter shapes)
+import test_snapshot_bert as tsb  # noqa: E402  (BERT parameter shapes, txk mem)
+import test_snapshot_leak as tsl  # noqa: E402  (a loop's trace as PyTorch records it)
 
 LINEAR = "/usr/lib/python3/dist-packages/torch/nn/modules/linear.py"
 TRAIN = "/home/u/proj/train.py"
@@ -68,14 +68,10 @@ def write(tmp_path, obj, name="snap.pickle", proto=4):
 
 
 def mem(path, *extra):
-    r = subprocess.run([TXK, "mem", "--snapshot", path, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+    return tsb.mem(path, *extra).stdout
 
 
-def mem_json(path, *extra):
-    return json.loads(mem(path, "--json", *extra))
+mem_json = tsb.mem_json
 
 
 def test_stacks_all_python_owner_windows_paths_and_autograd_thread(tmp_path):
@@ -93,29 +89,17 @@ def test_stacks_all_python_owner_windows_paths_and_autograd_thread(tmp_path):
         assert native not in out, (native, out)
 
 
-class Trace:
-    """Allocations, each its own segment; the trace as PyTorch records it."""
+class Trace(tsl.Loop):
+    """test_snapshot_leak's Loop (each tensor its own segment, the trace as
+    PyTorch records it) on a device of its own."""
 
     def __init__(self, device=0):
-        self.ev, self.live, self.addr, self.t, self.device = [], {}, (1 << 40) * (device + 1), 0, device
+        super().__init__()
+        self.addr, self.device = (1 << 40) * (device + 1), device
 
     def add(self, action, addr, size, frames, **kw):
-        self.t += 10
-        self.ev.append(dict({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": self.t,
-                             "frames": frames}, **kw))
-
-    def alloc(self, size, frames):
-        a = self.addr
-        self.addr += size
-        self.add("segment_alloc", a, size, [])
-        self.add("alloc", a, size, frames)
-        self.live[a] = (size, frames)
-        return a
-
-    def free(self, a):
-        size, frames = self.live.pop(a)
-        self.add("free_requested", a, size, frames)
-        self.add("free_completed", a, size, frames)
+        self.ev(action, addr, size, frames)
+        self.trace[-1].update(kw)
 
     def segments(self, expandable=False):
         return [seg(a, [blk(s, frames=fr)], self.device, expandable) for a, (s, fr) in sorted(self.live.items())]
@@ -134,7 +118,7 @@ def test_phase_at_peak_from_annotations_and_phase_column(tmp_path):
     ann.append({"name": "Optimizer.step#AdamW.step", "stage": "START", "device": 0, "time_us": tr.t + 1})
     state = [tr.alloc(16 * MiB, py(33)) for _ in range(2)]  # AdamW's state: the peak, inside the step
     ann.append(dict(ann[-1], stage="END", time_us=tr.t + 1))
-    snap = {"segments": tr.segments(), "device_traces": [tr.ev], "external_annotations": ann,
+    snap = {"segments": tr.segments(), "device_traces": [tr.trace], "external_annotations": ann,
             "allocator_settings": {"expandable_segments": False}}
     path = write(tmp_path, snap)
     j = mem_json(path)
@@ -179,7 +163,7 @@ def test_three_devices_oom_on_device_1(tmp_path):
         if d == 1:
             tr.add("oom", 0, 2 << 30, py(21), device_free=100 * MiB)
         segs += tr.segments()
-        traces.append(tr.ev)
+        traces.append(tr.trace)
     path = write(tmp_path, {"segments": segs, "device_traces": traces})
     j = mem_json(path)
     assert j["reserved"] == j["allocated"] == 14 << 30  # the whole file's, as before
@@ -220,7 +204,7 @@ def test_one_step_with_rising_activations_is_growth_not_a_leak(tmp_path):
     for layer in range(24):
         tr.alloc(6 * MiB, step_frames(40, 21))
         tr.free(tr.alloc(4 * MiB, step_frames(41, 21)))
-    j = mem_json(write(tmp_path, {"segments": tr.segments(), "device_traces": [tr.ev]}))
+    j = mem_json(write(tmp_path, {"segments": tr.segments(), "device_traces": [tr.trace]}))
     assert j["leak"]["found"] is False and "leak" not in [d["id"] for d in j["diagnoses"]], j["diagnoses"]
     assert j["growth"]["found"] is True and j["diagnoses"][0]["id"] == "growth", j["diagnoses"]
     assert "leak" not in [x["id"] for x in j["fixes"]], j["fixes"]
@@ -237,7 +221,7 @@ def test_loop_keeping_its_losses_is_a_leak(tmp_path):
         tr.alloc(2 * MiB, [f(TRAIN, 22, "main")])
         for a in acts:
             tr.free(a)
-    j = mem_json(write(tmp_path, {"segments": tr.segments(), "device_traces": [tr.ev]}))
+    j = mem_json(write(tmp_path, {"segments": tr.segments(), "device_traces": [tr.trace]}))
     assert j["leak"]["found"] is True and j["diagnoses"][0]["id"] == "leak", j["diagnoses"]
     assert j["leak"]["owner"] == "train.py, line 22 (main)" and j["leak"]["per_iteration"] == 2 * MiB, j["leak"]
     assert j["growth"]["found"] is False

@@ -16,13 +16,15 @@ Figures are pickle.load sums; owners are Python frames (no C, C++ or
 CPython file shown as code); the decoders are not called BERT and nothing is
 planned for them; the first fix where weights or an engine's pool fill the
 card is not `del`."""
-import json, os, pickle, re, subprocess
+import os, pickle, re, sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-TXK = os.environ.get("TXK_BIN") or os.path.join(ROOT, "build", "txk")
+sys.path.insert(0, HERE)
+import test_snapshot_bert as tsb  # noqa: E402  (txk mem)
+
 REAL = os.path.join(ROOT, "..", "shared", "pytorch_snapshots")
 FILES = ["llm_oom.pickle", "llm_inference.pickle", "gpt_lm_step.pickle", "opt_zeroth_order.pickle",
          "rl_vllm_rollout.pickle"]
@@ -38,14 +40,10 @@ def real(name):
 
 
 def mem(path, *extra):
-    r = subprocess.run([TXK, "mem", "--snapshot", path, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+    return tsb.mem(path, *extra).stdout
 
 
-def mem_json(path, *extra):
-    return json.loads(mem(path, "--json", *extra))
+mem_json = tsb.mem_json
 
 
 def python_sums(snap):

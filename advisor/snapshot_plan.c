@@ -115,7 +115,10 @@ static size_t read_shapes(sizes z, int elem, shapes *out) {
             size_t x = z.v[k];
             int c = count_of(z, x);
             k += c;
-            if (x % row || x / row < 1000 || x / row > 1000000 || c > 12) continue;
+            /* rows of H or I are the layers' own weights */
+            if (x % row || x / row < 1000 || x / row > 1000000 || c > 12 || x / row == (size_t)I ||
+                x / row == (size_t)H)
+                continue;
             cand[nc++] = (int)(x / row);
         }
         int V = 0, c_v = 0, skipped = 0;

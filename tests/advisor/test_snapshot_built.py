@@ -254,3 +254,37 @@ def test_protocol_5_gives_the_same_figures(tmp_path):
     for k in ("reserved", "allocated", "requested", "largest_free_block", "top", "devices", "timeline", "model",
               "diagnoses", "phase_at_peak"):
         assert a[k] == b[k], k
+
+
+def decoder_blocks(H, L, I, V, gated, positions=0, frames=CXX_HEAD, elem=2, kv=None):
+    """One copy of a decoder's weights: embeddings (and an untied head),
+    q/k/v/o (k and v kv x H with grouped heads), the MLP (gate/up/down, or
+    fc1/fc2), learned positions when given."""
+    sizes = [V * H, V * H] + ([positions * H] if positions else [])
+    for _ in range(L):
+        sizes += [H * H, (kv or H) * H, (kv or H) * H, H * H] + [H * I] * (3 if gated else 2) + [H, H]
+    return [seg(i << 30, [blk(n * elem, frames=frames)]) for i, n in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("name,blocks,family", [
+    ("llama", dict(H=512, L=4, I=1376, V=32000, gated=True), "llama"),
+    ("mistral", dict(H=512, L=4, I=1792, V=32768, gated=True, kv=128), "mistral"),
+    ("qwen", dict(H=512, L=4, I=1376, V=151936, gated=True), "qwen"),
+    ("gpt2", dict(H=256, L=6, I=1024, V=50257, gated=False, positions=1024), "gpt2"),
+    ("opt", dict(H=256, L=6, I=1024, V=50272, gated=False, positions=2050), "opt"),
+    ("other", dict(H=512, L=4, I=1376, V=12000, gated=True), "decoder"),
+    ("qwen-frames", dict(H=512, L=4, I=1376, V=12000, gated=True,
+                         frames=CXX_HEAD + [f("/venv/lib/python3.12/site-packages/transformers/models/qwen3/"
+                                              "modeling_qwen3.py", 216, "forward")] + py(12)), "qwen"),
+])
+def test_decoders_named_with_their_evidence(tmp_path, name, blocks, family):
+    j = mem_json(write(tmp_path, {"segments": decoder_blocks(**blocks), "device_traces": [[]]}))
+    m = j["model"]
+    assert m["family"] == family and m["planned"] is False and "plan" not in m, (name, m)
+    assert m["why"] and ("modeling_qwen3.py" in m["why"]) == (name == "qwen-frames"), m["why"]
+
+
+def test_nothing_parameter_shaped_is_unknown_with_why(tmp_path):
+    s = seg(0, [blk(3 * MiB + 512 * i, frames=py(5)) for i in range(5)])
+    m = mem_json(write(tmp_path, {"segments": [s], "device_traces": [[]]}))["model"]
+    assert m["family"] == "unknown" and "no set of parameter-shaped blocks" in m["why"], m

@@ -12,7 +12,8 @@
  * Figures are exact sums over the file: reserved = segments' total_size;
  * allocated = sizes of 'active_allocated' blocks (memory_allocated());
  * requested = their requested_size; largest_free_block = the largest
- * 'inactive' block.
+ * 'inactive' block; the same per device in devices[]. A pickle's trace is
+ * streamed (its events kept as records), so the file's size is not a limit.
  *
  * Ownership: tk_snap_read returns a new tk_snapshot (tk_snap_destroy);
  * every pointer inside is owned by it.
@@ -209,8 +210,11 @@ void tk_snap_model_line(const tk_snap_model *md, char *buf, size_t n);
 /* Text report (new string, free()). */
 char *tk_snap_text(const tk_snapshot *s, int top);
 /* JSON object: reserved, allocated, requested, largest_free_block, segments
- * (by pool/stream), top [{owner, bytes, blocks}], oom, timeline, diagnoses
- * [{id, text}], fixes [{id, text, code, saves}] (new reference). */
+ * (by pool/stream), devices [{device, reserved, allocated,
+ * largest_free_block}], top [{owner, bytes, blocks, phase when the file has
+ * annotations}], oom {size, device_free, device, phase}, phase_at_peak,
+ * timeline, growth, leak, model {family, why, ...}, diagnoses [{id, text}],
+ * fixes [{id, text, code, saves}] (new reference). */
 json_t *tk_snap_json(const tk_snapshot *s, int top);
 
 /* Writes the allocator's state as a PyTorch snapshot (the dict form, pickle

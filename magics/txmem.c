@@ -335,12 +335,16 @@ static const tk_magic_def TXMEM[] = {
      "--snapshot FILE reads a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's\n"
      "pickle, or its JSON form; nothing in it is executed) and shows reserved, allocated,\n"
      "requested, the largest free block, segments by pool and stream, who holds the live\n"
-     "memory (innermost frame of your code: \"cell, line N\"), the memory over the trace,\n"
-     "the OOM event, the diagnosis (a leak: memory kept from iteration to iteration) and\n"
-     "fixes as PyTorch code. --gpu/--capacity give the card's size to judge it against.\n"
-     "A BERT is recognised from the live blocks' sizes (or --model NAME|DIR) and each fix\n"
-     "planned at the batch x seq the activations show (or --batch/--seq); --data FILE\n"
-     "gives the token lengths and the max_length fix."},
+     "memory (innermost frame of your code: \"cell, line N\"; C++ frames are never shown as\n"
+     "code), each device when there are several, the memory over the trace, what ran at\n"
+     "the peak and at the OOM (external_annotations, else the frames), the diagnosis (a\n"
+     "leak: memory kept from one loop iteration to the next; growth inside one step is\n"
+     "not one) and fixes as PyTorch code. --gpu/--capacity give the card's size to judge\n"
+     "it against. The model is named with its evidence (bert, llama, qwen, mistral, gpt2,\n"
+     "opt, decoder or unknown); only a BERT (from its blocks' sizes, or --model NAME|DIR)\n"
+     "is planned, at the batch x seq the activations show (or --batch/--seq), and its plan\n"
+     "shown only when it agrees with the file; --data FILE gives the token lengths and\n"
+     "the max_length fix."},
 };
 
 int tk_magics_register_txmem(tk_magics *m) { return tk_magics_add_table(m, TXMEM, 1); }

@@ -246,7 +246,8 @@ int snap_find_leak(snap_ctx *c) {
     while (cap < 2 * c->n_ev + 2) cap <<= 1;
     tab = tk_calloc(cap, sizeof *tab);
     if (!tab) goto oom;
-    int pt = -1, it = 0, nsurv = 0, rounds = -1, nlines = 0;
+    int pt = -1, it = 0, nsurv = 0, rounds = -1, nlines = 0, several = 0;
+    uint64_t first_line = 0;
     uint64_t lines[64];
     for (size_t i = 0; i < c->n_ev; i++) {
         const snap_ev *e = &c->ev[i];
@@ -255,6 +256,11 @@ int snap_find_leak(snap_ctx *c) {
         uint64_t key = e->uline;
         if (is_alloc && key) {
             if (rounds < 0) rounds = 0;
+            /* the lines inside the iterations (after the first peak): one line there tells nothing */
+            if (it >= 1) {
+                if (!first_line) first_line = key;
+                several |= key != first_line;
+            }
             if (!nlines || lines[nlines - 1] != key) {
                 int k = 0;
                 while (k < nlines && lines[k] != key) k++;
@@ -304,11 +310,13 @@ int snap_find_leak(snap_ctx *c) {
      * line it left (the loop's body starting again); one step runs its
      * lines once (forward, backward, optimizer step), however many layers
      * pile activations up inside the forward. Without a Python frame in
-     * the trace, a loop's iteration is one that gives back at least half of
-     * what it took before the next (its trough halfway down from its peak);
-     * rises that keep most of what they took are one step growing. */
+     * the trace, or when all of the iterations' come from one line (a
+     * one-line loop body looks like one step there), a loop's iteration is one that gives back at
+     * least half of what it took before the next (its trough halfway down
+     * from its peak); rises that keep most of what they took are one step
+     * growing. */
     int loop;
-    if (rounds >= 0)
+    if (rounds >= 0 && several)
         loop = rounds >= 3;
     else {
         int returns = 0;

@@ -288,3 +288,20 @@ def test_nothing_parameter_shaped_is_unknown_with_why(tmp_path):
     s = seg(0, [blk(3 * MiB + 512 * i, frames=py(5)) for i in range(5)])
     m = mem_json(write(tmp_path, {"segments": [s], "device_traces": [[]]}))["model"]
     assert m["family"] == "unknown" and "no set of parameter-shaped blocks" in m["why"], m
+
+
+def test_one_line_loop_body_keeping_its_losses_is_a_leak(tmp_path):
+    """`for b in loader: losses.append(model(b).loss)`: every allocation
+    comes from line 21, so the lines cannot show the rounds; each round
+    gives back most of what it took, which a step's growth does not."""
+    tr = Trace()
+    for _ in range(4):
+        tr.alloc(10 * MiB, step_frames(8, 20))
+    for it in range(10):
+        acts = [tr.alloc(6 * MiB, step_frames(40, 21)) for _ in range(4)]
+        tr.alloc(2 * MiB, step_frames(44, 21))
+        for a in acts:
+            tr.free(a)
+    j = mem_json(write(tmp_path, {"segments": tr.segments(), "device_traces": [tr.trace]}))
+    assert j["leak"]["found"] is True and j["growth"]["found"] is False, (j["leak"], j["growth"])
+    assert j["leak"]["per_iteration"] == 2 * MiB, j["leak"]

@@ -631,10 +631,11 @@ static var cross_entropy(sim *s, var logits, size_t rows, size_t classes) {
 }
 
 /* The head and the loss; returns the loss divided by `accumulate`. */
-static var head_loss(sim *s, cast_cache *cc, var seq_out, const params *p) {
+static var head_loss(sim *s, cast_cache *cc, var seq_out, var emb_out, const params *p) {
     size_t B = (size_t)s->B, T = (size_t)s->T, H = (size_t)s->H;
     var loss;
     if (s->qa) {
+        vdrop(s, emb_out); /* BertModel.forward has returned */
         var lg = linear(s, cc, seq_out, p->head_w, p->head_b, B * T, H, 2, 0);
         /* split into start/end, each squeezed and made contiguous (copies);
          * SplitBackward stacks their gradients */
@@ -676,6 +677,7 @@ static var head_loss(sim *s, cast_cache *cc, var seq_out, const params *p) {
         }
         var th = unary(s, pl, 1);
         vdrop(s, pl);
+        vdrop(s, emb_out); /* BertModel.forward returns after the pooler */
         var d = dropout(s, th, s->p_drop, s->act);
         vdrop(s, th);
         var lg = linear(s, cc, d, p->head_w, p->head_b, B, H, (size_t)s->labels, 0);
@@ -805,6 +807,9 @@ static var forward(sim *s, const params *p, cast_cache *cc) {
     s->cat = TK_CAT_ACT;
     s->owner = tk_alloc_owner_id(s->a, "bert.embeddings");
     var x = embeddings(s, p);
+    /* BertModel.forward's embedding_output lives until it returns */
+    var emb_out = x;
+    tref(s, emb_out.t);
     for (int l = 0; l < s->L && s->st == TK_OK; l++) {
         char name[64];
         snprintf(name, sizeof name, "bert.encoder.layer.%d", l);
@@ -828,7 +833,7 @@ static var forward(sim *s, const params *p, cast_cache *cc) {
         x = y;
     }
     s->owner = tk_alloc_owner_id(s->a, s->qa ? "qa_outputs" : "classifier");
-    var loss = head_loss(s, cc, x, p);
+    var loss = head_loss(s, cc, x, emb_out, p);
     vdrop(s, x);
     /* leaving autocast clears the cast cache */
     for (int i = 0; i < cc->n; i++) tdrop(s, cc->t[i]);
@@ -969,6 +974,12 @@ static tk_status check_config(const tk_config *c, int cuda, tk_err *err) {
     return TK_OK;
 }
 
+static void dbg_hook(void *ud, int is_alloc, size_t bytes, tk_tag tag) { /* DEBUG */
+    tk_alloc_stats st;
+    tk_alloc_stats_get(ud, &st);
+    fprintf(stderr, "%c%zu %zu %s %d\n", is_alloc ? '+' : '-', bytes, st.allocated, tk_alloc_owner_name(ud, tag.owner), tag.cat);
+}
+
 tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *err) {
     memset(out, 0, sizeof *out);
     tk_config c = *c0;
@@ -1029,6 +1040,7 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     uintptr_t next_addr = 1 << 20;
     tk_devmem dm = {fake_seg_alloc, fake_seg_free, &next_addr};
     s.a = tk_alloc_new(dm, 0);
+    if (getenv("TK_TP_TRACE")) tk_alloc_set_event_hook(s.a, dbg_hook, s.a); /* DEBUG */
     params p;
     memset(&p, 0, sizeof p);
     p.l = tk_calloc((size_t)s.L, sizeof *p.l);

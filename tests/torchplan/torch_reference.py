@@ -24,7 +24,9 @@ torch.optim.AdamW as torch picks it for CPU tensors (its single-tensor
 loop). bf16 runs the forward under torch.autocast("cpu", torch.bfloat16).
 
 Prints one JSON object (--events FILE also writes the replayed events, one
-line each: step, +/-bytes rounded, live total, the op that asked).
+line each: step, +/-bytes rounded, live total, the op that asked). With
+--rows FILE (a JSON list of argument lists) it runs each row in this one
+process (torch is imported once) and prints one JSON object per row.
 Run with the python of the row under test: .venv-t2/bin/python or
 .venv/bin/python (torch 1.13 + transformers 4.40: eager attention only).
 """
@@ -181,10 +183,16 @@ def replay(events, a):
 
 
 def main(argv):
-    a = parse_args(argv)
-    r, tv, xv = run(a)
-    r.update(torch=tv, transformers=xv)
-    print(json.dumps(r))
+    if argv[:1] == ["--rows"]:
+        with open(argv[1]) as f:
+            rows = json.load(f)
+    else:
+        rows = [argv]
+    for row in rows:
+        a = parse_args(row)
+        r, tv, xv = run(a)
+        r.update(torch=tv, transformers=xv)
+        print(json.dumps(r), flush=True)
 
 
 if __name__ == "__main__":

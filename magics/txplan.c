@@ -19,6 +19,7 @@
 #include "tk_oom_message.h"
 #include "tk_pipeline.h"
 #include "tk_plan.h"
+#include "tk_torchplan.h"
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_train.h"
@@ -388,6 +389,20 @@ static int run_txplan(tk_magic_ctx *m) {
     tk_txargs_free(argv, argc);
     if (rc) return rc;
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
+    if (c.engine == TK_ENGINE_PYTORCH) {
+        /* the user's PyTorch step: the same plan and report as `txk plan` */
+        if (gpus[0] || max_batch || sweep || epoch)
+            return tk_magic_error(m, "UsageError", "--gpus, --max-batch, --sweep and --epoch plan txkernel's own engine; "
+                                                   "engine: pytorch plans one step");
+        tk_torchplan_result r;
+        if (tk_torchplan(&c, &r, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
+        json_t *tb = tk_report_torchplan(&r);
+        if (!tb) return tk_magic_error(m, "MemoryError", "out of host memory");
+        tk_session_set_config(s, &c);
+        tk_txemit(m, tb, json_only);
+        json_decref(tb);
+        return 0;
+    }
     /* a config with a train_file plans the run's model and corpus */
     tk_run_data data;
     if (tk_session_load_data(s, &c, &data, &err) != TK_OK) return tk_magic_error(m, "DataError", "%s", err.msg);

@@ -900,7 +900,11 @@ static void optimizer_step(sim *s, int first) {
     }
 }
 
+/* optimizer.zero_grad() as the version's default does it: torch 2 sets the
+ * gradients to None (freed); torch 1.13 fills them with zeros in place, so
+ * they stay allocated through the next forward. */
 static void zero_grad(sim *s) {
+    if (s->torch113) return;
     for (int i = 0; i < s->np; i++) {
         tdrop(s, s->pr[i].grad);
         s->pr[i].grad = -1;
@@ -945,6 +949,17 @@ static void train_step(sim *s, const params *p, cast_cache *cc, int first) {
 
 /* ---- the plan ---------------------------------------------------------------------------- */
 
+/* The CUDA context PyTorch itself takes on a card (its kernels, cuBLAS and
+ * cuDNN loaded), where it was measured; else the profile's estimate. */
+static size_t pytorch_context(const tk_gpu_profile *prof) {
+    if (!prof) return 0;
+    /* HF's "Model training anatomy" (transformers docs, model_memory_anatomy):
+     * nvidia-smi showed 1343 MiB on its V100 after torch.ones((1, 1)).to("cuda"),
+     * which includes that tensor's 2 MiB segment */
+    if (!strcmp(prof->name, "v100-16")) return (size_t)(1343 - 2) << 20;
+    return prof->context_overhead;
+}
+
 static tk_status check_config(const tk_config *c, int cuda, tk_err *err) {
     if (c->head == TK_HEAD_FLATTEN_DENSE || c->towers > 1) {
         tk_err_set(err, TK_EINVAL, "head: flatten_dense is txkernel's own head; engine: pytorch plans transformers' "
@@ -972,12 +987,6 @@ static tk_status check_config(const tk_config *c, int cuda, tk_err *err) {
         return TK_EINVAL;
     }
     return TK_OK;
-}
-
-static void dbg_hook(void *ud, int is_alloc, size_t bytes, tk_tag tag) { /* DEBUG */
-    tk_alloc_stats st;
-    tk_alloc_stats_get(ud, &st);
-    fprintf(stderr, "%c%zu %zu %s %d\n", is_alloc ? '+' : '-', bytes, st.allocated, tk_alloc_owner_name(ud, tag.owner), tag.cat);
 }
 
 tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *err) {
@@ -1040,7 +1049,6 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     uintptr_t next_addr = 1 << 20;
     tk_devmem dm = {fake_seg_alloc, fake_seg_free, &next_addr};
     s.a = tk_alloc_new(dm, 0);
-    if (getenv("TK_TP_TRACE")) tk_alloc_set_event_hook(s.a, dbg_hook, s.a); /* DEBUG */
     params p;
     memset(&p, 0, sizeof p);
     p.l = tk_calloc((size_t)s.L, sizeof *p.l);
@@ -1094,7 +1102,7 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
         out->n_params += (int64_t)(s.pr[i].bytes / 4);
         if (s.pr[i].trainable) out->n_trainable += (int64_t)(s.pr[i].bytes / 4);
     }
-    out->context_bytes = prof ? prof->context_overhead : 0;
+    out->context_bytes = pytorch_context(prof);
     out->capacity = prof ? prof->capacity : c.capacity;
     out->device_used = out->peak_reserved + out->context_bytes;
     out->fits = !out->capacity || out->peak_reserved <= out->capacity;

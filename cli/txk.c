@@ -179,7 +179,8 @@ static int cmd_plan(int argc, char **argv) {
     const char *gpu = flag_value(argv, argc, "--gpu"), *gpus = flag_value(argv, argc, "--gpus");
     if (gpus) {
         json_t *gb = NULL;
-        if (tk_gpus_report(&c, gpus, &gb, &err) != TK_OK) {
+        if ((c.engine == TK_ENGINE_PYTORCH ? tk_torchplan_gpus_report(&c, gpus, &gb, &err)
+                                           : tk_gpus_report(&c, gpus, &gb, &err)) != TK_OK) {
             fprintf(stderr, "txk: %s\n", err.msg);
             return EXIT_ERR;
         }

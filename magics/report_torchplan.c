@@ -54,3 +54,53 @@ json_t *tk_report_torchplan(const tk_torchplan_result *r) {
     free(h);
     return bundle;
 }
+
+tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, json_t **out, tk_err *err) {
+    *out = NULL;
+    const tk_gpu_profile *cards[16];
+    int n = tk_gpu_platform_cards(platform, cards, 16);
+    if (n < 0) {
+        tk_err_set(err, TK_EINVAL, "--gpus %s: expected %s", platform, tk_gpu_platform_names());
+        return TK_EINVAL;
+    }
+    static const char *const h[] = {"card", ">capacity", ">device used", ">peak allocated", ">peak reserved", "attention",
+                                    "fits"};
+    tk_rtable *t = tk_rtable_new("", 7, h);
+    json_t *rows = json_array();
+    const char *tv = "", *xv = "";
+    tk_status st = t && rows ? TK_OK : tk_err_nomem(err, "--gpus report");
+    for (int i = 0; i < n && st == TK_OK; i++) {
+        tk_config one = *c;
+        tk_torchplan_result r;
+        if ((st = tk_config_set(&one, "gpu", cards[i]->name, err)) != TK_OK) break;
+        one.capacity = 0;
+        if ((st = tk_torchplan(&one, &r, err)) != TK_OK) break;
+        tv = r.torch_version, xv = r.transformers_version;
+        char a[32], b[32], d[32], e[32];
+        tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s", cards[i]->name, tk_format_bytes(r.capacity, a, sizeof a),
+                       tk_format_bytes(r.device_used, b, sizeof b), tk_format_bytes(r.peak_allocated, d, sizeof d),
+                       tk_format_bytes(r.peak_reserved, e, sizeof e), r.attention, r.fits ? "yes" : "NO");
+        json_t *row = tk_torchplan_json(&r);
+        if (!row || json_array_append_new(rows, row)) st = tk_err_nomem(err, "--gpus report");
+    }
+    char *text = NULL, *html = NULL;
+    if (st == TK_OK) {
+        tk_sb sb = {0};
+        char *tt = tk_rtable_text(t);
+        tk_sb_addf(&sb, "engine: pytorch — the step as torch %s + transformers %s run it, on each %s card "
+                        "(device used = peak reserved + PyTorch's CUDA context; fits: within the card's capacity):\n%s",
+                   tv, xv, platform, tt ? tt : "");
+        free(tt);
+        text = tk_sb_take(&sb);
+        html = tk_rtable_html(t);
+        *out = text && html ? json_pack("{s:s, s:s, s:{s:s, s:s, s:O}}", "text/plain", text, "text/html", html,
+                                        "application/json", "engine", "pytorch", "platform", platform, "cards", rows)
+                            : NULL;
+        if (!*out) st = tk_err_nomem(err, "--gpus report");
+    }
+    free(text);
+    free(html);
+    json_decref(rows);
+    tk_rtable_destroy(&t);
+    return st;
+}

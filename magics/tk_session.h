@@ -226,6 +226,9 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes);
  * the versions it follows. New reference; NULL when out of host memory. */
 struct tk_torchplan_result;
 json_t *tk_report_torchplan(const struct tk_torchplan_result *r);
+/* engine: pytorch on each card of a platform (colab, kaggle, colab-2020,
+ * all): device used, peaks, attention kernel, fits. *out: a new bundle. */
+tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, json_t **out, tk_err *err);
 /* Appends the in-process holder's line (tk_holder_line) and its JSON
  * ("in_process") to a bundle: when it holds device memory, or with `always`
  * whatever the host reported; nothing when the host reported nothing. */

@@ -391,9 +391,17 @@ static int run_txplan(tk_magic_ctx *m) {
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
     if (c.engine == TK_ENGINE_PYTORCH) {
         /* the user's PyTorch step: the same plan and report as `txk plan` */
-        if (gpus[0] || max_batch || sweep || epoch)
-            return tk_magic_error(m, "UsageError", "--gpus, --max-batch, --sweep and --epoch plan txkernel's own engine; "
-                                                   "engine: pytorch plans one step");
+        if (max_batch || sweep || epoch)
+            return tk_magic_error(m, "UsageError", "--max-batch, --sweep and --epoch plan txkernel's own engine; "
+                                                   "engine: pytorch plans one step (or --gpus)");
+        if (gpus[0]) {
+            json_t *gb = NULL;
+            if (tk_torchplan_gpus_report(&c, gpus, &gb, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
+            tk_session_set_config(s, &c);
+            tk_txemit(m, gb, json_only);
+            json_decref(gb);
+            return 0;
+        }
         tk_torchplan_result r;
         if (tk_torchplan(&c, &r, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
         json_t *tb = tk_report_torchplan(&r);

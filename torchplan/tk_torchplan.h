@@ -58,7 +58,7 @@ typedef struct tk_torchplan_result {
     size_t context_bytes;          /* cuda: the card's CUDA context (outside the allocator) */
     size_t device_used;            /* peak_reserved + context: what nvidia-smi shows */
     size_t capacity;               /* the card's (0: none) */
-    int fits;                      /* device_used <= capacity + context (or no capacity) */
+    int fits;                      /* device_used <= capacity (or no capacity) */
     size_t param_bytes, grad_bytes, optim_bytes;
     size_t by_cat_at_peak[TK_CAT_COUNT];
     int64_t n_params, n_trainable;

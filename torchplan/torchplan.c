@@ -104,15 +104,20 @@ static int fail_oom(sim *s) {
     return -1;
 }
 
+/* Room for one more element in a growable array *arr of *cap elements
+ * (n in use); 0, or -1 with s->st set when the host is out of memory. */
+static int grow(sim *s, void **arr, int *cap, int n, size_t elem) {
+    if (n < *cap) return 0;
+    int c = *cap ? 2 * *cap : 256;
+    void *a = tk_realloc(*arr, (size_t)c * elem);
+    if (!a) return fail_oom(s);
+    *arr = a, *cap = c;
+    return 0;
+}
+
 /* A new tensor of `bytes` with one reference (the Python name that gets it). */
 static int tnew(sim *s, size_t bytes) {
-    if (s->st != TK_OK) return -1;
-    if (s->nt == s->tcap) {
-        int cap = s->tcap ? 2 * s->tcap : 1024;
-        tensor *t = tk_realloc(s->t, (size_t)cap * sizeof *t);
-        if (!t) return fail_oom(s);
-        s->t = t, s->tcap = cap;
-    }
+    if (s->st != TK_OK || grow(s, (void **)&s->t, &s->tcap, s->nt, sizeof *s->t)) return -1;
     tensor *t = &s->t[s->nt];
     t->bytes = bytes, t->refs = 1, t->p = NULL;
     tk_tag tag = {s->cat, s->owner};
@@ -144,12 +149,7 @@ static void ttmp(sim *s, size_t bytes) {
 static int nnew(sim *s) {
     if (s->st != TK_OK) return -1;
     if (s->recompute) return s->cursor++;
-    if (s->nn == s->ncap) {
-        int cap = s->ncap ? 2 * s->ncap : 1024;
-        node *n = tk_realloc(s->n, (size_t)cap * sizeof *n);
-        if (!n) return fail_oom(s);
-        s->n = n, s->ncap = cap;
-    }
+    if (grow(s, (void **)&s->n, &s->ncap, s->nn, sizeof *s->n)) return -1;
     node *n = &s->n[s->nn];
     memset(n, 0, sizeof *n);
     n->gbuf = -1;
@@ -191,13 +191,7 @@ static void nedge(sim *s, int n, int to_node, int to_param, size_t bytes, int pa
 /* ---- parameters ------------------------------------------------------------------ */
 
 static int pnew(sim *s, const char *name, size_t numel, int trainable) {
-    if (s->st != TK_OK) return -1;
-    if (s->np == s->pcap) {
-        int cap = s->pcap ? 2 * s->pcap : 256;
-        param *p = tk_realloc(s->pr, (size_t)cap * sizeof *p);
-        if (!p) return fail_oom(s);
-        s->pr = p, s->pcap = cap;
-    }
+    if (s->st != TK_OK || grow(s, (void **)&s->pr, &s->pcap, s->np, sizeof *s->pr)) return -1;
     param *p = &s->pr[s->np];
     memset(p, 0, sizeof *p);
     p->name = name;
@@ -546,29 +540,32 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
     return ctx;
 }
 
+/* BertSelfOutput / BertOutput: LayerNorm(dropout(dense(x)) + residual),
+ * dense from `in` features to H. */
+static var dense_dropout_add_norm(sim *s, cast_cache *cc, var x, var residual, int pw, int pb, int lnw, int lnb,
+                                  size_t in) {
+    size_t rows = (size_t)s->B * s->T;
+    var o = linear(s, cc, x, pw, pb, rows, in, (size_t)s->H, 0);
+    var d = dropout(s, o, s->p_drop, s->act);
+    vdrop(s, o);
+    var h = add(s, d, residual);
+    var out = layer_norm(s, h, lnw, lnb, rows);
+    vdrop(s, h);
+    vdrop(s, d);
+    return out;
+}
+
 /* One BertLayer: returns its output (B, T, H) fp32. */
 static var bert_layer(sim *s, cast_cache *cc, var x, const params *p, int l) {
     size_t rows = (size_t)s->B * s->T, H = (size_t)s->H, I = (size_t)s->I;
     var ctx = attention(s, cc, x, p, l);
-    var ao = linear(s, cc, ctx, p->l[l].ao_w, p->l[l].ao_b, rows, H, H, 0);
+    var a = dense_dropout_add_norm(s, cc, ctx, x, p->l[l].ao_w, p->l[l].ao_b, p->l[l].aln_w, p->l[l].aln_b, H);
     vdrop(s, ctx);
-    var d = dropout(s, ao, s->p_drop, s->act);
-    vdrop(s, ao);
-    var h = add(s, d, x);
-    var a = layer_norm(s, h, p->l[l].aln_w, p->l[l].aln_b, rows);
-    vdrop(s, h);
-    vdrop(s, d);
     var i = linear(s, cc, a, p->l[l].i_w, p->l[l].i_b, rows, H, I, 0);
     var g = unary(s, i, 0);
     vdrop(s, i);
-    var o = linear(s, cc, g, p->l[l].o_w, p->l[l].o_b, rows, I, H, 0);
+    var out = dense_dropout_add_norm(s, cc, g, a, p->l[l].o_w, p->l[l].o_b, p->l[l].oln_w, p->l[l].oln_b, I);
     vdrop(s, g);
-    var d2 = dropout(s, o, s->p_drop, s->act);
-    vdrop(s, o);
-    var h2 = add(s, d2, a);
-    var out = layer_norm(s, h2, p->l[l].oln_w, p->l[l].oln_b, rows);
-    vdrop(s, h2);
-    vdrop(s, d2);
     vdrop(s, a);
     return out;
 }
@@ -1105,7 +1102,7 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     out->context_bytes = pytorch_context(prof);
     out->capacity = prof ? prof->capacity : c.capacity;
     out->device_used = out->peak_reserved + out->context_bytes;
-    out->fits = !out->capacity || out->peak_reserved <= out->capacity;
+    out->fits = !out->capacity || out->device_used <= out->capacity;
 done:
     st = s.st;
     if (st == TK_ENOMEM) tk_err_nomem(err, "engine pytorch plan");

@@ -66,13 +66,11 @@ typedef struct {
 } node;
 
 typedef struct {
-    const char *name;
     size_t bytes;
     int trainable;
     void *p;
     int owner;
     int grad;                     /* tensor id or -1 */
-    void *m1, *m2, *step;         /* AdamW state */
 } param;
 
 typedef struct sim {
@@ -102,6 +100,16 @@ typedef struct sim {
 static int fail_oom(sim *s) {
     if (s->st == TK_OK) s->st = TK_ENOMEM;
     return -1;
+}
+
+/* Allocations from now on belong to `name` (an HF module name). */
+static void set_owner(sim *s, const char *name) {
+    int id = s->a ? tk_alloc_owner_id(s->a, name) : -1;
+    if (id < 0) {
+        fail_oom(s);
+        id = 0;
+    }
+    s->owner = id;
 }
 
 /* Room for one more element in a growable array *arr of *cap elements
@@ -190,11 +198,10 @@ static void nedge(sim *s, int n, int to_node, int to_param, size_t bytes, int pa
 
 /* ---- parameters ------------------------------------------------------------------ */
 
-static int pnew(sim *s, const char *name, size_t numel, int trainable) {
+static int pnew(sim *s, size_t numel, int trainable) {
     if (s->st != TK_OK || grow(s, (void **)&s->pr, &s->pcap, s->np, sizeof *s->pr)) return -1;
     param *p = &s->pr[s->np];
     memset(p, 0, sizeof *p);
-    p->name = name;
     p->bytes = numel * 4;
     p->trainable = trainable;
     p->grad = -1;
@@ -210,12 +217,10 @@ typedef struct params {
 } params;
 
 static int param_alloc(sim *s, const char *module, int trainable, size_t numel) {
-    s->owner = tk_alloc_owner_id(s->a, module);
-    if (s->owner < 0) return fail_oom(s);
+    set_owner(s, module);
     s->cat = TK_CAT_PARAM;
-    int i = pnew(s, module, numel, trainable);
+    int i = pnew(s, numel, trainable);
     if (i < 0) return -1;
-    s->owner = tk_alloc_owner_id(s->a, module);
     tk_tag tag = {TK_CAT_PARAM, s->owner};
     s->pr[i].owner = s->owner;
     if ((s->st = tk_alloc_malloc(s->a, s->pr[i].bytes, tag, &s->pr[i].p, NULL)) != TK_OK) return -1;
@@ -231,7 +236,7 @@ static void make_params(sim *s, params *p, int freeze_emb) {
     p->eln_w = param_alloc(s, "bert.embeddings.LayerNorm", t, H);
     p->eln_b = param_alloc(s, "bert.embeddings.LayerNorm", t, H);
     /* the two non-persistent buffers: position_ids and token_type_ids, int64 [1, max_position] */
-    s->owner = tk_alloc_owner_id(s->a, "bert.embeddings");
+    set_owner(s, "bert.embeddings");
     s->cat = TK_CAT_PARAM;
     tnew(s, (size_t)s->P * 8);
     tnew(s, (size_t)s->P * 8);
@@ -280,14 +285,14 @@ static void vdrop(sim *s, var v) { tdrop(s, v.t); }
 
 /* The autocast cast cache: weight and bias copies made once per forward,
  * dropped when the autocast region ends. */
-typedef struct { int t[4096]; int n; } cast_cache;
+typedef struct { int *t; int n, cap; } cast_cache;
 
 /* A 16-bit copy of a parameter under autocast (ToCopyBackward0 to the param). */
 static var cast_param(sim *s, cast_cache *cc, int pi, size_t numel) {
     int t = tnew(s, numel * 2);
     int n = nnew(s);
     nedge(s, n, -1, pi, s->pr[pi].bytes, 0, 0);
-    if (cc->n < (int)(sizeof cc->t / sizeof cc->t[0])) {
+    if (t >= 0 && !grow(s, (void **)&cc->t, &cc->cap, cc->n, sizeof *cc->t)) {
         cc->t[cc->n++] = t;
         tref(s, t);
     }
@@ -802,7 +807,7 @@ static void backward(sim *s, var loss, int first, cast_cache *cc) {
 
 static var forward(sim *s, const params *p, cast_cache *cc) {
     s->cat = TK_CAT_ACT;
-    s->owner = tk_alloc_owner_id(s->a, "bert.embeddings");
+    set_owner(s, "bert.embeddings");
     var x = embeddings(s, p);
     /* BertModel.forward's embedding_output lives until it returns */
     var emb_out = x;
@@ -810,7 +815,7 @@ static var forward(sim *s, const params *p, cast_cache *cc) {
     for (int l = 0; l < s->L && s->st == TK_OK; l++) {
         char name[64];
         snprintf(name, sizeof name, "bert.encoder.layer.%d", l);
-        s->owner = tk_alloc_owner_id(s->a, name);
+        set_owner(s, name);
         var y;
         if (s->ckpt) {
             s->layer_first[l] = s->nn;
@@ -829,7 +834,7 @@ static var forward(sim *s, const params *p, cast_cache *cc) {
         vdrop(s, x);
         x = y;
     }
-    s->owner = tk_alloc_owner_id(s->a, s->qa ? "qa_outputs" : "classifier");
+    set_owner(s, s->qa ? "qa_outputs" : "classifier");
     var loss = head_loss(s, cc, x, emb_out, p);
     vdrop(s, x);
     /* leaving autocast clears the cast cache */
@@ -844,24 +849,22 @@ static void optimizer_step(sim *s, int first) {
         param *p = &s->pr[i];
         if (!p->trainable || p->grad < 0) continue;
         s->owner = p->owner;
-        tk_tag tag = {TK_CAT_OPTIM, p->owner};
         size_t numel = p->bytes / 4;
-        if (!s->cuda) tk_alloc_malloc(s->a, 4, tag, &p->step, NULL); /* state['step'] = torch.tensor(0.) */
+        if (!s->cuda) tnew(s, 4); /* state['step'] = torch.tensor(0.), on the CPU */
         if (s->adam8 && numel >= 4096) {
             /* bitsandbytes: uint8 state1/state2 and fp32 absmax per 256-block */
             size_t blocks = (numel + 255) / 256;
-            tk_alloc_malloc(s->a, numel, tag, &p->m1, NULL);
-            tk_alloc_malloc(s->a, numel, tag, &p->m2, NULL);
-            void *a1, *a2;
-            tk_alloc_malloc(s->a, blocks * 4, tag, &a1, NULL);
-            tk_alloc_malloc(s->a, blocks * 4, tag, &a2, NULL);
+            tnew(s, numel);
+            tnew(s, numel);
+            tnew(s, blocks * 4);
+            tnew(s, blocks * 4);
         } else {
-            tk_alloc_malloc(s->a, p->bytes, tag, &p->m1, NULL);
-            tk_alloc_malloc(s->a, p->bytes, tag, &p->m2, NULL);
+            tnew(s, p->bytes);
+            tnew(s, p->bytes);
         }
     }
     if (first && s->adam8) { /* the shared quantisation maps */
-        s->owner = tk_alloc_owner_id(s->a, "optimizer");
+        set_owner(s, "optimizer");
         tnew(s, 256 * 4);
         tnew(s, 256 * 4);
     }
@@ -914,7 +917,7 @@ static void train_step(sim *s, const params *p, cast_cache *cc, int first) {
     for (int m = 0; m < s->acc && s->st == TK_OK; m++) {
         size_t bt = (size_t)s->B * s->T;
         s->cat = TK_CAT_INPUT;
-        s->owner = tk_alloc_owner_id(s->a, "inputs");
+        set_owner(s, "inputs");
         int in[5], nin = 0;
         in[nin++] = tnew(s, bt * 8);               /* input_ids */
         in[nin++] = tnew(s, bt * 8);               /* token_type_ids */
@@ -1066,13 +1069,13 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
          * getCUDABlasWorkspace) at the first GEMM and stays: 4096 KiB x 2 +
          * 16 KiB x 8 by default before Hopper, 4096 KiB x 8 + 16 KiB x 8 on it */
         s.cat = TK_CAT_WORKSPACE;
-        s.owner = tk_alloc_owner_id(s.a, "cublas");
+        set_owner(&s, "cublas");
         out->workspace_bytes = (cc_major >= 9 ? (size_t)4096 * 1024 * 8 : (size_t)4096 * 1024 * 2) + 16 * 1024 * 8;
         tnew(&s, out->workspace_bytes);
     }
     if (s.fp16) { /* GradScaler's scale and growth tracker */
         s.cat = TK_CAT_OPTIM;
-        s.owner = tk_alloc_owner_id(s.a, "GradScaler");
+        set_owner(&s, "GradScaler");
         tnew(&s, 4);
         tnew(&s, 4);
     }
@@ -1108,7 +1111,7 @@ done:
     if (st == TK_ENOMEM) tk_err_nomem(err, "engine pytorch plan");
     else if (st != TK_OK) tk_err_set(err, st, "engine pytorch plan: the simulated allocator failed (%s)", tk_status_name(st));
     tk_alloc_destroy(&s.a);
-    free(s.t), free(s.n), free(s.pr), free(p.l), free(cc);
+    free(s.t), free(s.n), free(s.pr), free(p.l), free(cc ? cc->t : NULL), free(cc);
     free(s.layer_first), free(s.layer_input), free(s.layer_in_node), free(s.layer_rng);
     return st;
 }

@@ -491,7 +491,11 @@ static const tk_magic_def TXPLAN[] = {
      "and CUPTI's device peak is set against the plan plus the plugin's own buffers.\n"
      "--gpus colab|kaggle|colab-2020|all: the config planned on each card the platform hands out\n"
      "(its capacity, as `gpu: CARD` gives): fits, margin, predicted step time, and one\n"
-     "sentence saying on which cards it fits."},
+     "sentence saying on which cards it fits.\n"
+     "engine: pytorch in the config plans the user's transformers BERT step as PyTorch runs\n"
+     "it instead (torchplan/): peak allocated, first step, reserved, device used (alone or\n"
+     "with --gpus); in the companion, %txplan --torch-model NAME / --trainer NAME reads a\n"
+     "live model or Trainer [--batch B --seq T --gpu P --precision P --optimizer O --show-config]."},
 };
 
 int tk_magics_register_txplan(tk_magics *m) { return tk_magics_add_table(m, TXPLAN, 1); }

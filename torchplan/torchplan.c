@@ -49,10 +49,9 @@ typedef struct { void *p; size_t bytes; int refs; } tensor;
 #define NSAVED 8
 #define NEDGE 3
 /* Where one input's gradient goes: a node's gradient buffer, a parameter's
- * .grad, or nowhere (-1, -1). copy: the gradient is copied on the way (a
- * view that cannot alias it: reshape of a transposed gradient). pass: the
- * node hands its incoming gradient on as is (add, clone). */
-typedef struct { int node, param; size_t bytes; unsigned pass : 1, copy : 1; } edge;
+ * .grad, or nowhere (-1, -1); `bytes` are allocated for it, unless `pass`:
+ * the node hands its incoming gradient on as is (add, clone, a view). */
+typedef struct { int node, param; size_t bytes; int pass; } edge;
 
 typedef struct {
     int saved[NSAVED], nsaved;
@@ -188,12 +187,12 @@ static void nsave(sim *s, int n, int id) {
     x->saved[x->nsaved++] = id;
     tref(s, id);
 }
-static void nedge(sim *s, int n, int to_node, int to_param, size_t bytes, int pass, int copy) {
+static void nedge(sim *s, int n, int to_node, int to_param, size_t bytes, int pass) {
     if (n < 0 || s->recompute) return;
     node *x = &s->n[n];
     if (x->ne == NEDGE || (to_node < 0 && to_param < 0)) return;
     if (to_param >= 0 && !s->pr[to_param].trainable) return;
-    x->e[x->ne++] = (edge){to_node, to_param, bytes, (unsigned)pass, (unsigned)copy};
+    x->e[x->ne++] = (edge){to_node, to_param, bytes, pass};
 }
 
 /* ---- parameters ------------------------------------------------------------------ */
@@ -291,7 +290,7 @@ typedef struct { int *t; int n, cap; } cast_cache;
 static var cast_param(sim *s, cast_cache *cc, int pi, size_t numel) {
     int t = tnew(s, numel * 2);
     int n = nnew(s);
-    nedge(s, n, -1, pi, s->pr[pi].bytes, 0, 0);
+    nedge(s, n, -1, pi, s->pr[pi].bytes, 0);
     if (t >= 0 && !grow(s, (void **)&cc->t, &cc->cap, cc->n, sizeof *cc->t)) {
         cc->t[cc->n++] = t;
         tref(s, t);
@@ -302,14 +301,14 @@ static var cast_param(sim *s, cast_cache *cc, int pi, size_t numel) {
 static var cast_act(sim *s, var x) {
     int t = tnew(s, tbytes(s, x) / 2);
     int n = x.node >= 0 ? nnew(s) : -1;
-    nedge(s, n, x.node, -1, tbytes(s, x), 0, 0);
+    nedge(s, n, x.node, -1, tbytes(s, x), 0);
     return (var){t, n};
 }
 
 /* nn.Linear over (rows, in) -> (rows, out), as at::linear runs a 3-D input:
  * addmm(bias, x.view(rows, in), weight.t()). Saves x (and the weight);
  * backward: grad_in = grad.mm(W), grad_W = grad.t().mm(x), grad_b = sum. */
-static var linear(sim *s, cast_cache *cc, var x, int pw, int pb, size_t rows, size_t in, size_t out, int keep_x) {
+static var linear(sim *s, cast_cache *cc, var x, int pw, int pb, size_t rows, size_t in, size_t out) {
     var w = {-1, -1}, b = {-1, -1}, xin = x;
     if (s->bf16 || s->fp16) {
         b = cast_param(s, cc, pb, out);
@@ -323,18 +322,17 @@ static var linear(sim *s, cast_cache *cc, var x, int pw, int pb, size_t rows, si
     int n = nnew(s);
     nsave(s, n, xin.t);
     if (w.t >= 0) nsave(s, n, w.t);
-    nedge(s, n, xin.node, -1, tbytes(s, xin), 0, 0);
+    nedge(s, n, xin.node, -1, tbytes(s, xin), 0);
     if (w.t >= 0) {
-        nedge(s, n, w.node, -1, in * out * 2, 0, 0);
-        nedge(s, n, b.node, -1, out * 2, 0, 0);
+        nedge(s, n, w.node, -1, in * out * 2, 0);
+        nedge(s, n, b.node, -1, out * 2, 0);
     } else {
-        nedge(s, n, -1, pw, in * out * 4, 0, 0);
-        nedge(s, n, -1, pb, out * 4, 0, 0);
+        nedge(s, n, -1, pw, in * out * 4, 0);
+        nedge(s, n, -1, pb, out * 4, 0);
     }
     vdrop(s, xin);
     vdrop(s, w);
     vdrop(s, b);
-    (void)keep_x;
     return (var){y, n};
 }
 
@@ -359,7 +357,7 @@ static var dropout(sim *s, var x, float p, size_t esz) {
     }
     int n = nnew(s);
     nsave(s, n, keep);
-    nedge(s, n, x.node, -1, bytes, 0, 0);
+    nedge(s, n, x.node, -1, bytes, 0);
     tdrop(s, keep);
     return (var){y, n};
 }
@@ -371,14 +369,14 @@ static var add(sim *s, var a, var b) {
     if (tbytes(s, a) * 2 == tbytes(s, b)) {
         ap.t = tnew(s, tbytes(s, b));
         ap.node = a.node >= 0 ? nnew(s) : -1;
-        nedge(s, ap.node, a.node, -1, tbytes(s, a), 0, 0);
+        nedge(s, ap.node, a.node, -1, tbytes(s, a), 0);
     } else {
         tref(s, a.t);
     }
     int y = tnew(s, tbytes(s, b));
     int n = nnew(s);
-    nedge(s, n, ap.node, -1, tbytes(s, b), 1, 0);
-    nedge(s, n, b.node, -1, tbytes(s, b), 1, 0);
+    nedge(s, n, ap.node, -1, tbytes(s, b), 1);
+    nedge(s, n, b.node, -1, tbytes(s, b), 1);
     vdrop(s, ap);
     return (var){y, n};
 }
@@ -390,7 +388,7 @@ static var layer_norm(sim *s, var x, int pw, int pb, size_t rows) {
     if (tbytes(s, x) == rows * (size_t)s->H * 2) {  /* a 16-bit input is normed in fp32 */
         xin.t = tnew(s, rows * (size_t)s->H * 4);
         xin.node = x.node >= 0 ? nnew(s) : -1;
-        nedge(s, xin.node, x.node, -1, tbytes(s, x), 0, 0);
+        nedge(s, xin.node, x.node, -1, tbytes(s, x), 0);
     } else {
         tref(s, x.t);
     }
@@ -400,9 +398,9 @@ static var layer_norm(sim *s, var x, int pw, int pb, size_t rows) {
     nsave(s, n, xin.t);
     nsave(s, n, mean);
     nsave(s, n, rstd);
-    nedge(s, n, xin.node, -1, tbytes(s, xin), 0, 0);
-    nedge(s, n, -1, pw, (size_t)s->H * 4, 0, 0);
-    nedge(s, n, -1, pb, (size_t)s->H * 4, 0, 0);
+    nedge(s, n, xin.node, -1, tbytes(s, xin), 0);
+    nedge(s, n, -1, pw, (size_t)s->H * 4, 0);
+    nedge(s, n, -1, pb, (size_t)s->H * 4, 0);
     tdrop(s, mean);
     tdrop(s, rstd);
     vdrop(s, xin);
@@ -415,7 +413,7 @@ static var unary(sim *s, var x, int save_output) {
     int y = tnew(s, tbytes(s, x));
     int n = nnew(s);
     nsave(s, n, save_output ? y : x.t);
-    nedge(s, n, x.node, -1, tbytes(s, x), 0, 0);
+    nedge(s, n, x.node, -1, tbytes(s, x), 0);
     return (var){y, n};
 }
 
@@ -425,7 +423,7 @@ static var unary(sim *s, var x, int save_output) {
  * (pass) or one that must copy it (reshape of a transposed gradient). */
 static var view_node(sim *s, var x, int copy) {
     int n = x.node >= 0 ? nnew(s) : -1;
-    nedge(s, n, x.node, -1, tbytes(s, x), !copy, 0);
+    nedge(s, n, x.node, -1, tbytes(s, x), !copy);
     tref(s, x.t);
     return (var){x.t, n};
 }
@@ -435,7 +433,7 @@ static var view_node(sim *s, var x, int copy) {
 static var clone(sim *s, var x) {
     int t = tnew(s, tbytes(s, x));
     int n = x.node >= 0 ? nnew(s) : -1;
-    nedge(s, n, x.node, -1, tbytes(s, x), 1, 0);
+    nedge(s, n, x.node, -1, tbytes(s, x), 1);
     return (var){t, n};
 }
 
@@ -445,8 +443,8 @@ static var bmm(sim *s, var a, var b, size_t out_bytes) {
     int n = nnew(s);
     nsave(s, n, a.t);
     nsave(s, n, b.t);
-    nedge(s, n, a.node, -1, tbytes(s, a), 0, 0);
-    nedge(s, n, b.node, -1, tbytes(s, b), 0, 0);
+    nedge(s, n, a.node, -1, tbytes(s, a), 0);
+    nedge(s, n, b.node, -1, tbytes(s, b), 0);
     return (var){y, n};
 }
 
@@ -455,7 +453,7 @@ static var scale(sim *s, var x) {
     if (!s->cuda) ttmp(s, 4);
     int y = tnew(s, tbytes(s, x));
     int n = nnew(s);
-    nedge(s, n, x.node, -1, tbytes(s, x), 0, 0);
+    nedge(s, n, x.node, -1, tbytes(s, x), 0);
     return (var){y, n};
 }
 
@@ -465,11 +463,11 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
     size_t rows = (size_t)s->B * s->T, H = (size_t)s->H;
     size_t act_bth = rows * H * s->act;
     size_t scores = (size_t)s->B * s->nh * s->T * s->T * s->act;
-    var q = linear(s, cc, x, p->l[l].q_w, p->l[l].q_b, rows, H, H, 0);
+    var q = linear(s, cc, x, p->l[l].q_w, p->l[l].q_b, rows, H, H);
     var qv = view_node(s, q, s->eager || s->sdpa_math);
-    var k = linear(s, cc, x, p->l[l].k_w, p->l[l].k_b, rows, H, H, 0);
+    var k = linear(s, cc, x, p->l[l].k_w, p->l[l].k_b, rows, H, H);
     var kv = view_node(s, k, s->eager || s->sdpa_math);
-    var v = linear(s, cc, x, p->l[l].v_w, p->l[l].v_b, rows, H, H, 0);
+    var v = linear(s, cc, x, p->l[l].v_w, p->l[l].v_b, rows, H, H);
     var vv = view_node(s, v, s->eager || s->sdpa_math);
     var ctx;
     if (!s->eager && !s->sdpa_math) {
@@ -486,9 +484,9 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
         nsave(s, n, out);
         nsave(s, n, lse);
         if (rng >= 0) nsave(s, n, rng);
-        nedge(s, n, qv.node, -1, act_bth, 0, 0);
-        nedge(s, n, kv.node, -1, act_bth, 0, 0);
-        nedge(s, n, vv.node, -1, act_bth, 0, 0);
+        nedge(s, n, qv.node, -1, act_bth, 0);
+        nedge(s, n, kv.node, -1, act_bth, 0);
+        nedge(s, n, vv.node, -1, act_bth, 0);
         /* backward's own buffers: CUDA flash keeps an fp32 dq accumulator
          * and softmax_d; efficient a delta (and an fp32 dq for 16-bit) */
         if (s->cuda) s->n[n].scratch = (s->act == 2 || !s->sdpa_eff ? rows * H * 4 : 0) + (size_t)s->B * s->nh * lse_t * 4;
@@ -519,7 +517,7 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
         if (s->cuda && s->act == 2) { /* CUDA autocast runs softmax in fp32 */
             w32.t = tnew(s, tbytes(s, w) * 2);
             w32.node = nnew(s);
-            nedge(s, w32.node, w.node, -1, tbytes(s, w), 0, 0);
+            nedge(s, w32.node, w.node, -1, tbytes(s, w), 0);
             vdrop(s, w);
         }
         var pr = unary(s, w32, 1);
@@ -550,7 +548,7 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
 static var dense_dropout_add_norm(sim *s, cast_cache *cc, var x, var residual, int pw, int pb, int lnw, int lnb,
                                   size_t in) {
     size_t rows = (size_t)s->B * s->T;
-    var o = linear(s, cc, x, pw, pb, rows, in, (size_t)s->H, 0);
+    var o = linear(s, cc, x, pw, pb, rows, in, (size_t)s->H);
     var d = dropout(s, o, s->p_drop, s->act);
     vdrop(s, o);
     var h = add(s, d, residual);
@@ -566,7 +564,7 @@ static var bert_layer(sim *s, cast_cache *cc, var x, const params *p, int l) {
     var ctx = attention(s, cc, x, p, l);
     var a = dense_dropout_add_norm(s, cc, ctx, x, p->l[l].ao_w, p->l[l].ao_b, p->l[l].aln_w, p->l[l].aln_b, H);
     vdrop(s, ctx);
-    var i = linear(s, cc, a, p->l[l].i_w, p->l[l].i_b, rows, H, I, 0);
+    var i = linear(s, cc, a, p->l[l].i_w, p->l[l].i_b, rows, H, I);
     var g = unary(s, i, 0);
     vdrop(s, i);
     var out = dense_dropout_add_norm(s, cc, g, a, p->l[l].o_w, p->l[l].o_b, p->l[l].oln_w, p->l[l].oln_b, I);
@@ -579,7 +577,7 @@ static var bert_layer(sim *s, cast_cache *cc, var x, const params *p, int l) {
 static var embedding(sim *s, int pi, size_t rows) {
     int y = tnew(s, rows * (size_t)s->H * 4);
     int n = s->pr[pi].trainable ? nnew(s) : -1;
-    nedge(s, n, -1, pi, s->pr[pi].bytes, 0, 0);
+    nedge(s, n, -1, pi, s->pr[pi].bytes, 0);
     return (var){y, n};
 }
 
@@ -590,15 +588,15 @@ static var embeddings(sim *s, const params *p) {
     var e1 = {tnew(s, rows * (size_t)s->H * 4), -1};
     if (we.node >= 0) {
         e1.node = nnew(s);
-        nedge(s, e1.node, we.node, -1, tbytes(s, e1), 1, 0);
-        nedge(s, e1.node, te.node, -1, tbytes(s, e1), 1, 0);
+        nedge(s, e1.node, we.node, -1, tbytes(s, e1), 1);
+        nedge(s, e1.node, te.node, -1, tbytes(s, e1), 1);
     }
     var pe = embedding(s, p->pos, (size_t)s->T);
     var e2 = {tnew(s, rows * (size_t)s->H * 4), -1};
     if (we.node >= 0) {
         e2.node = nnew(s);
-        nedge(s, e2.node, e1.node, -1, tbytes(s, e2), 1, 0);
-        nedge(s, e2.node, pe.node, -1, tbytes(s, pe), 0, 0); /* sum_to the broadcast shape */
+        nedge(s, e2.node, e1.node, -1, tbytes(s, e2), 1);
+        nedge(s, e2.node, pe.node, -1, tbytes(s, pe), 0); /* sum_to the broadcast shape */
     }
     vdrop(s, e1);
     var ln = layer_norm(s, e2, p->eln_w, p->eln_b, rows);
@@ -617,7 +615,7 @@ static var cross_entropy(sim *s, var logits, size_t rows, size_t classes) {
     if (tbytes(s, logits) == rows * classes * 2) {
         x.t = tnew(s, rows * classes * 4);
         x.node = nnew(s);
-        nedge(s, x.node, logits.node, -1, tbytes(s, logits), 0, 0);
+        nedge(s, x.node, logits.node, -1, tbytes(s, logits), 0);
     } else {
         tref(s, x.t);
     }
@@ -626,7 +624,7 @@ static var cross_entropy(sim *s, var logits, size_t rows, size_t classes) {
     int out = tnew(s, 4), tw = tnew(s, 4);
     int n = nnew(s);
     nsave(s, n, tw);
-    nedge(s, n, ls.node, -1, tbytes(s, ls), 0, 0);
+    nedge(s, n, ls.node, -1, tbytes(s, ls), 0);
     tdrop(s, tw);
     vdrop(s, ls);
     return (var){out, n};
@@ -638,32 +636,32 @@ static var head_loss(sim *s, cast_cache *cc, var seq_out, var emb_out, const par
     var loss;
     if (s->qa) {
         vdrop(s, emb_out); /* BertModel.forward has returned */
-        var lg = linear(s, cc, seq_out, p->head_w, p->head_b, B * T, H, 2, 0);
+        var lg = linear(s, cc, seq_out, p->head_w, p->head_b, B * T, H, 2);
         /* split into start/end, each squeezed and made contiguous (copies);
          * SplitBackward stacks their gradients */
         int sn = nnew(s);
-        nedge(s, sn, lg.node, -1, tbytes(s, lg), 0, 0);
+        nedge(s, sn, lg.node, -1, tbytes(s, lg), 0);
         var st = {tnew(s, tbytes(s, lg) / 2), nnew(s)}, en = {tnew(s, tbytes(s, lg) / 2), nnew(s)};
-        nedge(s, st.node, sn, -1, tbytes(s, lg) / 2, 1, 0);
-        nedge(s, en.node, sn, -1, tbytes(s, lg) / 2, 1, 0);
+        nedge(s, st.node, sn, -1, tbytes(s, lg) / 2, 1);
+        nedge(s, en.node, sn, -1, tbytes(s, lg) / 2, 1);
         vdrop(s, lg);
         var l1 = cross_entropy(s, st, B, T), l2 = cross_entropy(s, en, B, T);
         vdrop(s, st), vdrop(s, en);
         int y = tnew(s, 4);
         int n = nnew(s);
-        nedge(s, n, l1.node, -1, 4, 0, 0);
-        nedge(s, n, l2.node, -1, 4, 0, 0);
+        nedge(s, n, l1.node, -1, 4, 0);
+        nedge(s, n, l2.node, -1, 4, 0);
         vdrop(s, l1), vdrop(s, l2);
         loss = (var){y, n};
     } else {
         int sel = nnew(s); /* first token: SelectBackward zero-fills (B, T, H) */
-        nedge(s, sel, seq_out.node, -1, B * T * H * 4, 0, 0);
+        nedge(s, sel, seq_out.node, -1, B * T * H * 4, 0);
         var first = {seq_out.t, sel};
         var pl;
         if (s->act == 2) {
             var c = {tnew(s, B * H * 2), nnew(s)};
-            nedge(s, c.node, sel, -1, B * H * 4, 0, 0);
-            pl = linear(s, cc, c, p->pool_w, p->pool_b, B, H, H, 0);
+            nedge(s, c.node, sel, -1, B * H * 4, 0);
+            pl = linear(s, cc, c, p->pool_w, p->pool_b, B, H, H);
             vdrop(s, c);
         } else {
             /* the pooler keeps the whole sequence output alive through its view */
@@ -671,9 +669,9 @@ static var head_loss(sim *s, cast_cache *cc, var seq_out, var emb_out, const par
             int y = tnew(s, B * H * 4);
             int n = nnew(s);
             nsave(s, n, first.t);
-            nedge(s, n, sel, -1, B * H * 4, 0, 0);
-            nedge(s, n, -1, p->pool_w, H * H * 4, 0, 0);
-            nedge(s, n, -1, p->pool_b, H * 4, 0, 0);
+            nedge(s, n, sel, -1, B * H * 4, 0);
+            nedge(s, n, -1, p->pool_w, H * H * 4, 0);
+            nedge(s, n, -1, p->pool_b, H * 4, 0);
             tdrop(s, first.t);
             pl = (var){y, n};
         }
@@ -682,7 +680,7 @@ static var head_loss(sim *s, cast_cache *cc, var seq_out, var emb_out, const par
         vdrop(s, emb_out); /* BertModel.forward returns after the pooler */
         var d = dropout(s, th, s->p_drop, s->act);
         vdrop(s, th);
-        var lg = linear(s, cc, d, p->head_w, p->head_b, B, H, (size_t)s->labels, 0);
+        var lg = linear(s, cc, d, p->head_w, p->head_b, B, H, (size_t)s->labels);
         vdrop(s, d);
         loss = cross_entropy(s, lg, B, (size_t)s->labels);
         vdrop(s, lg);

@@ -62,6 +62,26 @@ static const char *const batching_names[] = {"fixed", "dynamic", "buckets", NULL
 static const char *const device_names[] = {"auto", "cpu", "cuda", "meta", NULL};
 static const char *const schedule_names[] = {"linear", "constant", NULL};
 static const char *const init_names[] = {"pretrained", "random", NULL};
+static const char *const engine_names[] = {"txkernel", "pytorch", NULL};
+static const char *const attn_impl_names[] = {"sdpa", "eager", NULL};
+static const char *const torch_version_names[] = {"2", "1.13", NULL};
+
+/* attention_dropout: a probability, or `dropout` / -1 for the dropout key's */
+static int set_attention_dropout(tk_config *c, const char *v, char *why, size_t n) {
+    char *end = NULL;
+    if (!strcasecmp(v, "dropout")) { c->attention_dropout = -1.0f; return 0; }
+    float f = strtof(v, &end);
+    if (end == v || *end || !(f == -1.0f || (f >= 0.0f && f < 1.0f))) {
+        snprintf(why, n, "'%s' is not a probability 0 <= p < 1 (or `dropout`: the dropout key's value)", v);
+        return -1;
+    }
+    c->attention_dropout = f;
+    return 0;
+}
+static void get_attention_dropout(const tk_config *c, char *b, size_t n) {
+    if (c->attention_dropout < 0) snprintf(b, n, "dropout");
+    else snprintf(b, n, "%g", (double)c->attention_dropout);
+}
 
 /* ---- value parsers ------------------------------------------------------- */
 
@@ -297,6 +317,10 @@ static const keydef KEYS[] = {
     ENUM("optimizer", "train", optimizer, optim_names, "adamw or adamw8bit (block-wise 8-bit moments)"),
     INT("adamw8_fp32_embeddings", "train", adamw8_fp32_embeddings, 0, 1, "adamw8bit: keep embeddings' state in fp32"),
     ENUM("attention", "train", attention, attn_names, "standard, fused (no LxL probabilities kept for backward) or auto (the default: fused on cuda and for a gpu: card, standard on the cpu)"),
+    ENUM("engine", "train", engine, engine_names, "whose training step is planned: txkernel (its own) or pytorch (a transformers BertFor* step as PyTorch runs it, torchplan/)"),
+    ENUM("attn_implementation", "train", attn_implementation, attn_impl_names, "engine pytorch: transformers' attention, sdpa (the default, as transformers 5) or eager"),
+    SPEC("attention_dropout", "model", set_attention_dropout, get_attention_dropout, "engine pytorch: attention_probs_dropout_prob, 0 <= p < 1, or dropout (the default: the dropout key's value)"),
+    ENUM("torch_version", "train", torch_version, torch_version_names, "engine pytorch: the versions followed, 2 (torch 2.x + transformers 5.x, the default) or 1.13 (torch 1.13 + transformers 4.40, eager only)"),
     ENUM("batching", "train", batching, batching_names, "fixed (pad to max_len), dynamic (pad per batch) or buckets"),
     INT("buckets", "train", buckets, 1, 4096, "batching buckets: number of length buckets"),
     SPEC("empty_cache", "train", set_empty_cache, get_empty_cache, "release cached device memory: never, on_oom or every:N steps"),
@@ -332,6 +356,7 @@ static const struct { const char *alias, *key; } ALIASES[] = {
     {"memory", "capacity"}, {"name", "model"}, {"path", "model"},
     {"save_steps", "save_every"}, {"save_total_limit", "keep_checkpoints"},
     {"resume_from_checkpoint", "resume_from"},
+    {"attention_probs_dropout_prob", "attention_dropout"}, {"hidden_dropout_prob", "dropout"},
 };
 
 static const char *const SECTIONS[] = {"model", "data", "train", "device", NULL};
@@ -570,6 +595,7 @@ void tk_config_defaults(tk_config *c) {
     c->device = TK_DEVICE_CPU;
     c->precision = TK_PREC_FP32;
     c->attention = TK_ATTN_AUTO;
+    c->attention_dropout = -1.0f;
     c->accumulate = 1;
     c->buckets = 8;
     c->log_every = 10;

@@ -32,6 +32,13 @@ typedef enum { TK_BATCH_FIXED = 0, TK_BATCH_DYNAMIC, TK_BATCH_BUCKETS } tk_batch
 typedef enum { TK_EMPTY_NEVER = 0, TK_EMPTY_EVERY, TK_EMPTY_ON_OOM } tk_empty_cache;
 typedef enum { TK_DEVICE_AUTO = 0, TK_DEVICE_CPU, TK_DEVICE_CUDA, TK_DEVICE_META } tk_device_choice;
 typedef enum { TK_INIT_PRETRAINED = 0, TK_INIT_RANDOM } tk_init;
+/* Whose training step a plan describes: txkernel's own, or a transformers
+ * BertFor* step as PyTorch runs it (torchplan/tk_torchplan.h). */
+typedef enum { TK_ENGINE_TXKERNEL = 0, TK_ENGINE_PYTORCH } tk_engine;
+/* engine: pytorch only: transformers' attn_implementation. */
+typedef enum { TK_ATTN_IMPL_SDPA = 0, TK_ATTN_IMPL_EAGER } tk_attn_impl;
+/* engine: pytorch only: the torch + transformers the plan follows. */
+typedef enum { TK_TORCH_2 = 0, TK_TORCH_1_13 } tk_torch_version;
 
 #define TK_PATH_MAX 512
 
@@ -85,6 +92,12 @@ typedef struct tk_config {
     int buckets;               /* length buckets for batching: buckets */
     tk_empty_cache empty_cache;
     int empty_cache_every;     /* with empty_cache: every:N */
+
+    /* engine */
+    tk_engine engine;          /* txkernel (default) | pytorch */
+    tk_attn_impl attn_implementation; /* pytorch: sdpa (default, as transformers 5) | eager */
+    float attention_dropout;   /* pytorch: attention_probs_dropout_prob; < 0 = `dropout` */
+    tk_torch_version torch_version; /* pytorch: 2 (torch 2.x + transformers 5.x) | 1.13 (+ 4.40) */
 
     /* output */
     char output_dir[TK_PATH_MAX]; /* checkpoints; "" = no checkpoints */

@@ -38,6 +38,7 @@
 #include "tk_pipeline.h"
 #include "tk_predict.h"
 #include "tk_plan.h"
+#include "tk_torchplan.h"
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_snapshot.h"
@@ -178,7 +179,8 @@ static int cmd_plan(int argc, char **argv) {
     const char *gpu = flag_value(argv, argc, "--gpu"), *gpus = flag_value(argv, argc, "--gpus");
     if (gpus) {
         json_t *gb = NULL;
-        if (tk_gpus_report(&c, gpus, &gb, &err) != TK_OK) {
+        if ((c.engine == TK_ENGINE_PYTORCH ? tk_torchplan_gpus_report(&c, gpus, &gb, &err)
+                                           : tk_gpus_report(&c, gpus, &gb, &err)) != TK_OK) {
             fprintf(stderr, "txk: %s\n", err.msg);
             return EXIT_ERR;
         }
@@ -192,6 +194,23 @@ static int cmd_plan(int argc, char **argv) {
     }
     int json = has_flag(argv, argc, "--json");
     json_t *b = NULL;
+    if (c.engine == TK_ENGINE_PYTORCH) {
+        static const char *const txkernel_only[] = {"--max-batch", "--sweep", "--measure", "--epoch", "--snapshot", NULL};
+        for (int i = 0; txkernel_only[i]; i++)
+            if (has_flag(argv, argc, txkernel_only[i])) {
+                fprintf(stderr, "txk: %s plans txkernel's own engine; engine: pytorch plans one step (drop %s)\n",
+                        txkernel_only[i], txkernel_only[i]);
+                return EXIT_USAGE;
+            }
+        tk_torchplan_result r;
+        if (tk_torchplan(&c, &r, &err) != TK_OK || !(b = tk_report_torchplan(&r))) {
+            fprintf(stderr, "txk: %s\n", b ? err.msg : err.msg[0] ? err.msg : "out of host memory");
+            return EXIT_ERR;
+        }
+        emit(b, json);
+        json_decref(b);
+        return r.fits ? EXIT_OK : EXIT_PLAN_OOM;
+    }
     if (has_flag(argv, argc, "--max-batch") || has_flag(argv, argc, "--sweep") || has_flag(argv, argc, "--measure")) {
         tk_status st = has_flag(argv, argc, "--sweep") || has_flag(argv, argc, "--measure")
                              ? tk_sweep_report(&c, has_flag(argv, argc, "--measure"), &b, &err) : tk_max_batch_report(&c, &b, &err);

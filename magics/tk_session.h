@@ -222,6 +222,13 @@ tk_status tk_session_predict(tk_session *s, const tk_config *c, tk_predict_repor
 /* The plan: peak vs capacity/free, category breakdown, top owners. `free`
  * is what the device has free (0 = unknown: compare with capacity). */
 json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes);
+/* An engine: pytorch plan (torchplan/tk_torchplan.h), naming the engine and
+ * the versions it follows. New reference; NULL when out of host memory. */
+struct tk_torchplan_result;
+json_t *tk_report_torchplan(const struct tk_torchplan_result *r);
+/* engine: pytorch on each card of a platform (colab, kaggle, colab-2020,
+ * all): device used, peaks, attention kernel, fits. *out: a new bundle. */
+tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, json_t **out, tk_err *err);
 /* Appends the in-process holder's line (tk_holder_line) and its JSON
  * ("in_process") to a bundle: when it holds device memory, or with `always`
  * whatever the host reported; nothing when the host reported nothing. */

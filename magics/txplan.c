@@ -19,6 +19,7 @@
 #include "tk_oom_message.h"
 #include "tk_pipeline.h"
 #include "tk_plan.h"
+#include "tk_torchplan.h"
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_train.h"
@@ -388,6 +389,28 @@ static int run_txplan(tk_magic_ctx *m) {
     tk_txargs_free(argv, argc);
     if (rc) return rc;
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
+    if (c.engine == TK_ENGINE_PYTORCH) {
+        /* the user's PyTorch step: the same plan and report as `txk plan` */
+        if (max_batch || sweep || epoch)
+            return tk_magic_error(m, "UsageError", "--max-batch, --sweep and --epoch plan txkernel's own engine; "
+                                                   "engine: pytorch plans one step (or --gpus)");
+        if (gpus[0]) {
+            json_t *gb = NULL;
+            if (tk_torchplan_gpus_report(&c, gpus, &gb, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
+            tk_session_set_config(s, &c);
+            tk_txemit(m, gb, json_only);
+            json_decref(gb);
+            return 0;
+        }
+        tk_torchplan_result r;
+        if (tk_torchplan(&c, &r, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
+        json_t *tb = tk_report_torchplan(&r);
+        if (!tb) return tk_magic_error(m, "MemoryError", "out of host memory");
+        tk_session_set_config(s, &c);
+        tk_txemit(m, tb, json_only);
+        json_decref(tb);
+        return 0;
+    }
     /* a config with a train_file plans the run's model and corpus */
     tk_run_data data;
     if (tk_session_load_data(s, &c, &data, &err) != TK_OK) return tk_magic_error(m, "DataError", "%s", err.msg);
@@ -468,7 +491,11 @@ static const tk_magic_def TXPLAN[] = {
      "and CUPTI's device peak is set against the plan plus the plugin's own buffers.\n"
      "--gpus colab|kaggle|colab-2020|all: the config planned on each card the platform hands out\n"
      "(its capacity, as `gpu: CARD` gives): fits, margin, predicted step time, and one\n"
-     "sentence saying on which cards it fits."},
+     "sentence saying on which cards it fits.\n"
+     "engine: pytorch in the config plans the user's transformers BERT step as PyTorch runs\n"
+     "it instead (torchplan/): peak allocated, first step, reserved, device used (alone or\n"
+     "with --gpus); in the companion, %txplan --torch-model NAME / --trainer NAME reads a\n"
+     "live model or Trainer [--batch B --seq T --gpu P --precision P --optimizer O --show-config]."},
 };
 
 int tk_magics_register_txplan(tk_magics *m) { return tk_magics_add_table(m, TXPLAN, 1); }

@@ -199,6 +199,20 @@ def _txwatch(ip, line, cell):
             cuda.memory._record_memory_history(enabled=None)
 
 
+def _txplan_torch(ip, line):
+    """%txplan --torch-model NAME / --trainer NAME: the live model (or
+    Trainer) planned with engine: pytorch (python/txkernel/torch_model.py)."""
+    from . import torch_model
+    try:
+        opts = torch_model.parse(line.split())
+        yaml = torch_model.config_yaml(opts, ip.user_ns)
+    except torch_model.PlanArgsError as e:
+        raise _error_class("UsageError")("UsageError", str(e), [])
+    if opts["show"]:
+        print(yaml, end="")
+    return _run("%%txplan" + (" --json" if opts["json"] else "") + "\n" + yaml)
+
+
 def _make_magic(name, kind):
     from IPython.core.magic import no_var_expand
 
@@ -238,6 +252,17 @@ def load_ipython_extension(ip):
         if m["name"] == "txmem":
             from IPython.core.magic import no_var_expand
             fn = no_var_expand(lambda line: _txmem(line))
+        if m["name"] == "txplan":
+            from IPython.core.magic import no_var_expand
+            engine_txplan = fn
+
+            @no_var_expand
+            def txplan(line, cell=None, _engine_txplan=engine_txplan):
+                words = line.split()
+                if cell is None and ("--torch-model" in words or "--trainer" in words):
+                    return _txplan_torch(ip, line)
+                return _engine_txplan(line, cell) if cell is not None else _engine_txplan(line)
+            fn = txplan
         fn.__doc__ = m["help"]
         ip.register_magic_function(fn, magic_kind=kind, magic_name=m["name"])
 

@@ -174,6 +174,10 @@ static const bad_case BAD[] = {
     {"data:\n  train: x.csv\n  txt_col: body\n", 3, "unknown key 'txt_col' (did you mean 'text_col'?)"},
     {"device:\n  gpu: t5\n", 2, "gpu: 't5' is not a known GPU profile"},
     {"freeze_embeddings: maybe\n", 1, "freeze_embeddings: 'maybe' is not an integer"},
+    {"engine: jax\n", 1, "engine: 'jax' is not one of txkernel, pytorch"},
+    {"attn_implementation: flash_attention_2\n", 1, "attn_implementation: 'flash_attention_2' is not one of sdpa, eager"},
+    {"attention_dropout: 1.5\n", 1, "attention_dropout: '1.5' is not a probability 0 <= p < 1 (or `dropout`: the dropout key's value)"},
+    {"torch_version: 2.5\n", 1, "torch_version: '2.5' is not one of 2, 1.13"},
 };
 
 /* attention: auto, the default, is decided by one rule (tk_config_attention):
@@ -287,6 +291,31 @@ static void test_set_and_dotted(void) {
     longv[sizeof longv - 1] = 0;
     TK_CHECK_EQ_INT(tk_config_set(&c, "model", longv, &err), TK_EINVAL);
     TK_CHECK(strstr(err.msg, "model: value is") == err.msg);
+}
+
+/* engine: pytorch's keys (issue 26): defaults, transformers' own spellings,
+ * and attention_dropout following `dropout` until it is set. */
+static void test_engine_keys(void) {
+    tk_config c;
+    tk_err err = {0};
+    tk_config_defaults(&c);
+    TK_CHECK_EQ_INT(c.engine, TK_ENGINE_TXKERNEL);
+    TK_CHECK_EQ_INT(c.attn_implementation, TK_ATTN_IMPL_SDPA);
+    TK_CHECK_EQ_INT(c.torch_version, TK_TORCH_2);
+    TK_CHECK(c.attention_dropout < 0);
+    const char *y = "engine: pytorch\nattn_implementation: eager\nattention_probs_dropout_prob: 0\n"
+                    "hidden_dropout_prob: 0.2\ntorch_version: 1.13\n";
+    TK_CHECK_EQ_INT(tk_config_parse_yaml(&c, y, strlen(y), "cell", &err), TK_OK);
+    TK_CHECK_EQ_INT(c.engine, TK_ENGINE_PYTORCH);
+    TK_CHECK_EQ_INT(c.attn_implementation, TK_ATTN_IMPL_EAGER);
+    TK_CHECK_EQ_INT(c.torch_version, TK_TORCH_1_13);
+    TK_CHECK(c.attention_dropout == 0.0f && c.dropout > 0.19f && c.dropout < 0.21f);
+    char *out = tk_config_to_yaml(&c);
+    TK_CHECK(out && strstr(out, "engine: pytorch\n") && strstr(out, "attention_dropout: 0\n") &&
+             strstr(out, "torch_version: 1.13\n"));
+    free(out);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "attention_dropout", "dropout", &err), TK_OK);
+    TK_CHECK(c.attention_dropout < 0);
 }
 
 static void test_validate(void) {
@@ -403,6 +432,7 @@ int main(void) {
     TK_RUN(test_bad_configs);
     TK_RUN(test_yaml_syntax_error);
     TK_RUN(test_set_and_dotted);
+    TK_RUN(test_engine_keys);
     TK_RUN(test_validate);
     TK_RUN(test_roundtrip);
     TK_RUN(test_diff);

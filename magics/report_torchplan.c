@@ -1,0 +1,106 @@
+/* report_torchplan.c — an `engine: pytorch` plan (torchplan/) as text, HTML
+ * and JSON, for `txk plan` and `%txplan`: it names the engine and the torch
+ * and transformers versions it follows, so a number is never read as
+ * txkernel's own. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tk_render.h"
+#include "tk_session.h"
+#include "tk_torchplan.h"
+
+json_t *tk_report_torchplan(const tk_torchplan_result *r) {
+    char a[32], b[32], c[32], d[32];
+    tk_sb text = {0}, html = {0};
+    tk_sb_addf(&text, "Plan (engine: pytorch — a transformers %s training step as torch %s + transformers %s run it, "
+                      "on %s%s%s): batch %d x seq %d%s\n",
+               r->batch ? "BERT" : "BERT", r->torch_version, r->transformers_version, r->device,
+               r->gpu[0] ? " " : "", r->gpu, r->batch, r->seq, r->accumulate > 1 ? " (accumulated)" : "");
+    if (r->accumulate > 1) tk_sb_addf(&text, "accumulate: %d micro-batches per optimizer step\n", r->accumulate);
+    tk_sb_addf(&text, "attention: %s; optimizer: %s; precision: %s\n", r->attention, r->optimizer, r->precision);
+    tk_sb_addf(&text, "peak allocated %s (steady step: torch.cuda.max_memory_allocated() after a reset before it); "
+                      "first step %s\n", tk_format_bytes(r->peak_allocated, a, sizeof a),
+               tk_format_bytes(r->first_step_peak_allocated, b, sizeof b));
+    tk_sb_addf(&text, "peak reserved %s", tk_format_bytes(r->peak_reserved, a, sizeof a));
+    if (r->workspace_bytes) tk_sb_addf(&text, " (with the cuBLAS workspace, %s)", tk_format_bytes(r->workspace_bytes, b, sizeof b));
+    tk_sb_add(&text, "\n");
+    if (r->on_cuda)
+        tk_sb_addf(&text, "device used %s (reserved + %s CUDA context%s)\n", tk_format_bytes(r->device_used, a, sizeof a),
+                   tk_format_bytes(r->context_bytes, b, sizeof b), r->gpu[0] ? "" : ": unknown without a gpu: card");
+    if (r->capacity)
+        tk_sb_addf(&text, "%s: %s reserved of %s\n", r->fits ? "FITS" : "DOES NOT FIT",
+                   tk_format_bytes(r->peak_reserved, a, sizeof a), tk_format_bytes(r->capacity, b, sizeof b));
+    tk_sb_addf(&text, "Model states: params %s, grads %s, optimizer %s (%lld parameters, %lld trainable)\n",
+               tk_format_bytes(r->param_bytes, a, sizeof a), tk_format_bytes(r->grad_bytes, b, sizeof b),
+               tk_format_bytes(r->optim_bytes, c, sizeof c), (long long)r->n_params, (long long)r->n_trainable);
+    tk_sb_addf(&html, "<div class=\"txk-plan\"><p><b>engine: pytorch</b> (torch %s + transformers %s, %s) — batch %d "
+                      "× seq %d: peak allocated <b>%s</b>, first step %s, reserved %s",
+               r->torch_version, r->transformers_version, r->device, r->batch, r->seq,
+               tk_format_bytes(r->peak_allocated, a, sizeof a), tk_format_bytes(r->first_step_peak_allocated, b, sizeof b),
+               tk_format_bytes(r->peak_reserved, c, sizeof c));
+    if (r->on_cuda) tk_sb_addf(&html, ", device used %s", tk_format_bytes(r->device_used, d, sizeof d));
+    tk_sb_add(&html, "</p><p>attention: ");
+    tk_sb_add_html(&html, r->attention);
+    tk_sb_add(&html, "; optimizer: ");
+    tk_sb_add_html(&html, r->optimizer);
+    tk_sb_add(&html, "; precision: ");
+    tk_sb_add_html(&html, r->precision);
+    tk_sb_add(&html, "</p></div>");
+    json_t *j = tk_torchplan_json(r);
+    char *t = tk_sb_take(&text), *h = tk_sb_take(&html);
+    json_t *bundle = j && t && h ? json_pack("{s:s, s:s, s:o}", "text/plain", t, "text/html", h, "application/json", j) : NULL;
+    if (!bundle) json_decref(j);
+    free(t);
+    free(h);
+    return bundle;
+}
+
+tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, json_t **out, tk_err *err) {
+    *out = NULL;
+    const tk_gpu_profile *cards[16];
+    int n = tk_gpu_platform_cards(platform, cards, 16);
+    if (n < 0) {
+        tk_err_set(err, TK_EINVAL, "--gpus %s: expected %s", platform, tk_gpu_platform_names());
+        return TK_EINVAL;
+    }
+    static const char *const h[] = {"card", ">capacity", ">device used", ">peak allocated", ">peak reserved", "attention",
+                                    "fits"};
+    tk_rtable *t = tk_rtable_new("", 7, h);
+    json_t *rows = json_array();
+    const char *tv = "", *xv = "";
+    tk_status st = t && rows ? TK_OK : tk_err_nomem(err, "--gpus report");
+    for (int i = 0; i < n && st == TK_OK; i++) {
+        tk_config one = *c;
+        tk_torchplan_result r;
+        if ((st = tk_config_set(&one, "gpu", cards[i]->name, err)) != TK_OK) break;
+        one.capacity = 0;
+        if ((st = tk_torchplan(&one, &r, err)) != TK_OK) break;
+        tv = r.torch_version, xv = r.transformers_version;
+        char a[32], b[32], d[32], e[32];
+        tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s", cards[i]->name, tk_format_bytes(r.capacity, a, sizeof a),
+                       tk_format_bytes(r.device_used, b, sizeof b), tk_format_bytes(r.peak_allocated, d, sizeof d),
+                       tk_format_bytes(r.peak_reserved, e, sizeof e), r.attention, r.fits ? "yes" : "NO");
+        json_t *row = tk_torchplan_json(&r);
+        if (!row || json_array_append_new(rows, row)) st = tk_err_nomem(err, "--gpus report");
+    }
+    char *text = NULL, *html = NULL;
+    if (st == TK_OK) {
+        tk_sb sb = {0};
+        char *tt = tk_rtable_text(t);
+        tk_sb_addf(&sb, "engine: pytorch — the step as torch %s + transformers %s run it, on each %s card "
+                        "(device used = peak reserved + PyTorch's CUDA context; fits: within the card's capacity):\n%s",
+                   tv, xv, platform, tt ? tt : "");
+        free(tt);
+        text = tk_sb_take(&sb);
+        html = tk_rtable_html(t);
+        *out = text && html ? json_pack("{s:s, s:s, s:{s:s, s:s, s:O}}", "text/plain", text, "text/html", html,
+                                        "application/json", "engine", "pytorch", "platform", platform, "cards", rows)
+                            : NULL;
+        if (!*out) st = tk_err_nomem(err, "--gpus report");
+    }
+    free(text);
+    free(html);
+    json_decref(rows);
+    tk_rtable_destroy(&t);
+    return st;
+}

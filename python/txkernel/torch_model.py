@@ -1,0 +1,134 @@
+"""%txplan --torch-model NAME / --trainer NAME: the user's live transformers
+model (or Trainer) as an `engine: pytorch` config.
+
+Reads the model's config (shape, dropouts, attention implementation, labels),
+its head class, dtype, gradient-checkpointing flag and which parameters
+require grad, and for a Trainer its TrainingArguments (per-device batch,
+accumulation, fp16/bf16, gradient checkpointing, optim). Nothing is allocated
+and no GPU is needed: the engine plans the step (torchplan/). The YAML this
+builds is printed by `--show-config`, and `txk plan` of that YAML gives the
+same plan byte for byte."""
+
+HEADS = {"BertForSequenceClassification": "task: classify\nhead: pooled",
+         "BertForQuestionAnswering": "task: qa\nhead: span"}
+OPTIMS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "adamw_torch": "adamw", "adamw_torch_fused": "adamw",
+          "adamw_hf": "adamw", "adamw_bnb_8bit": "adamw8bit", "adamw_8bit": "adamw8bit"}
+
+
+class PlanArgsError(ValueError):
+    """A flag or a model this path cannot plan; the message says which."""
+
+
+def parse(words):
+    """--torch-model NAME | --trainer NAME, --batch, --seq, --gpu, --precision,
+    --optimizer, --json, --show-config -> dict."""
+    out = {"json": False, "show": False}
+    valued = {"--torch-model": "model", "--trainer": "trainer", "--batch": "batch", "--seq": "seq", "--gpu": "gpu",
+              "--precision": "precision", "--optimizer": "optimizer"}
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w in valued:
+            if i + 1 >= len(words):
+                raise PlanArgsError(f"{w} needs a value")
+            out[valued[w]] = words[i + 1]
+            i += 2
+        elif w == "--json":
+            out["json"] = True
+            i += 1
+        elif w == "--show-config":
+            out["show"] = True
+            i += 1
+        else:
+            raise PlanArgsError(f"%txplan --torch-model: unexpected '{w}' (usage: %txplan --torch-model NAME | "
+                                "--trainer NAME [--batch B] [--seq T] [--gpu PROFILE] [--precision fp32|fp16|bf16] "
+                                "[--optimizer adamw|adamw8bit] [--json] [--show-config])")
+    if ("model" in out) == ("trainer" in out):
+        raise PlanArgsError("give one of --torch-model NAME or --trainer NAME (a variable of this notebook)")
+    for k in ("batch", "seq"):
+        if k in out and (not out[k].isdigit() or int(out[k]) < 1):
+            raise PlanArgsError(f"--{k} {out[k]}: expected a positive integer")
+    if out.get("precision") not in (None, "fp32", "fp16", "bf16"):
+        raise PlanArgsError(f"--precision {out['precision']}: expected fp32, fp16 or bf16")
+    if out.get("optimizer") not in (None, "adamw", "adamw8bit"):
+        raise PlanArgsError(f"--optimizer {out['optimizer']}: expected adamw or adamw8bit")
+    return out
+
+
+def _model_yaml(model, torch):
+    cls = type(model).__name__
+    if cls not in HEADS:
+        raise PlanArgsError(f"{cls}: engine: pytorch plans BertForSequenceClassification and "
+                            "BertForQuestionAnswering")
+    cfg = model.config
+    if getattr(cfg, "model_type", "") != "bert":
+        raise PlanArgsError(f"model_type {getattr(cfg, 'model_type', '?')!r}: engine: pytorch plans BERT")
+    attn = getattr(cfg, "_attn_implementation", None) or "eager"
+    if attn not in ("eager", "sdpa"):
+        raise PlanArgsError(f"attn_implementation {attn!r}: engine: pytorch plans eager and sdpa")
+    params = list(model.named_parameters())
+    dtypes = {p.dtype for _, p in params}
+    if dtypes != {torch.float32}:
+        raise PlanArgsError(f"the model's weights are {sorted(str(d) for d in dtypes)}: engine: pytorch plans fp32 "
+                            "weights (with autocast for fp16/bf16: --precision)")
+    frozen = [n for n, p in params if not p.requires_grad]
+    emb = [n for n, _ in params if n.startswith("bert.embeddings.")]
+    if frozen and sorted(frozen) != sorted(emb):
+        raise PlanArgsError(f"{len(frozen)} frozen parameters beyond the embeddings (first: {frozen[0]}): engine: "
+                            "pytorch models frozen embeddings only")
+    lines = ["engine: pytorch", "model: bert-base-cased", "init: random",
+             f"hidden: {cfg.hidden_size}", f"layers: {cfg.num_hidden_layers}", f"heads: {cfg.num_attention_heads}",
+             f"intermediate: {cfg.intermediate_size}", f"vocab_size: {cfg.vocab_size}",
+             f"max_position: {cfg.max_position_embeddings}", f"type_vocab: {cfg.type_vocab_size}",
+             f"num_labels: {getattr(cfg, 'num_labels', 2)}", HEADS[cls],
+             f"dropout: {cfg.hidden_dropout_prob}", f"attention_dropout: {cfg.attention_probs_dropout_prob}",
+             f"attn_implementation: {attn}",
+             f"torch_version: {'1.13' if torch.__version__.startswith('1.') else '2'}",
+             f"recompute: {'layers' if getattr(model, 'is_gradient_checkpointing', False) else 'none'}"]
+    if frozen:
+        lines.append("freeze: embeddings")
+    return lines
+
+
+def config_yaml(opts, user_ns):
+    """The engine: pytorch YAML for the parsed flags and the named variable."""
+    import torch
+    name = opts.get("model") or opts.get("trainer")
+    if name not in user_ns:
+        raise PlanArgsError(f"{name}: no such variable in this notebook")
+    obj = user_ns[name]
+    batch, acc, precision, optim, ckpt = 8, 1, "fp32", "adamw", False
+    if "trainer" in opts:
+        args, model = getattr(obj, "args", None), getattr(obj, "model", None)
+        if args is None or model is None:
+            raise PlanArgsError(f"{name} is a {type(obj).__name__}, not a transformers Trainer")
+        batch = args.per_device_train_batch_size
+        acc = args.gradient_accumulation_steps
+        precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
+        ckpt = bool(args.gradient_checkpointing)
+        optim_name = str(getattr(args.optim, "value", args.optim))
+        if optim_name not in OPTIMS:
+            raise PlanArgsError(f"optim {optim_name!r}: engine: pytorch plans {', '.join(sorted(OPTIMS))}")
+        optim = OPTIMS[optim_name]
+    else:
+        model = obj
+        if not hasattr(model, "config") or not hasattr(model, "named_parameters"):
+            raise PlanArgsError(f"{name} is a {type(obj).__name__}, not a transformers model")
+    lines = _model_yaml(model, torch)
+    if ckpt:
+        lines = [ln for ln in lines if not ln.startswith("recompute:")] + ["recompute: layers"]
+    batch = int(opts.get("batch", batch))
+    seq = int(opts.get("seq", min(512, model.config.max_position_embeddings)))
+    lines += [f"batch_size: {batch}", f"max_len: {seq}", f"accumulate: {acc}",
+              f"precision: {opts.get('precision', precision)}", f"optimizer: {opts.get('optimizer', optim)}"]
+    gpu = opts.get("gpu")
+    if gpu:
+        lines.append(f"gpu: {gpu}")
+    elif torch.cuda.is_available():
+        # the card torch sees: its capacity as torch reports it (its context
+        # is then not known: name a profile with --gpu for that)
+        lines += ["device: cuda", f"capacity: {torch.cuda.get_device_properties(0).total_memory}"]
+    else:
+        raise PlanArgsError("torch sees no GPU here: name the card to plan for with --gpu PROFILE "
+                            "(t4, l4, a100-40, a100-80, h100-80, v100-16, ...)")
+    return "\n".join(lines) + "\n"

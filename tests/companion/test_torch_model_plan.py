@@ -1,0 +1,86 @@
+"""%txplan --torch-model / --trainer in the companion (issue 26): a live
+transformers model built in IPython is planned with engine: pytorch and the
+plan equals `txk plan` of the same config byte for byte.
+
+Runs in-process (IPython's InteractiveShell, this row's torch and
+transformers) against this worktree's build: python/ on sys.path and
+$TXK_ENGINE_LIB = build/libtxk.so, so nothing is pip-installed. No GPU is
+needed: --gpu t4 names the card."""
+import os, subprocess, sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
+TXK = os.path.join(BUILD, "txk")
+LIB = os.path.join(BUILD, "libtxk.so")
+
+
+@pytest.fixture(scope="module")
+def shell():
+    assert os.path.exists(LIB), f"{LIB} is missing: make build/libtxk.so"
+    os.environ.setdefault("TXK_ENGINE_LIB", LIB)
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from IPython.testing.globalipapp import get_ipython
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "txkernel")
+    ip.run_cell("import torch\nfrom transformers import BertConfig, BertForSequenceClassification\n"
+                "torch.manual_seed(0)\n"
+                "model = BertForSequenceClassification(BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, "
+                "num_attention_heads=2, intermediate_size=256, num_labels=3))\n", silent=True)
+    return ip
+
+
+def txplan(ip, line):
+    """The plan's bundle (the engine displays it) and what was printed."""
+    from IPython.utils.capture import capture_output
+    with capture_output() as cap:
+        r = ip.run_line_magic("txplan", line)
+    bundles = [o.data for o in cap.outputs] + ([r._repr_mimebundle_()[0]] if r is not None else [])
+    plans = [b for b in bundles if "engine: pytorch" in b.get("text/plain", "")]
+    assert len(plans) == 1, bundles
+    return plans[0], cap.stdout
+
+
+def test_torch_model_equals_txk_plan(shell, tmp_path):
+    bundle, yaml = txplan(shell, "--torch-model model --batch 4 --seq 128 --gpu t4 --show-config")
+    assert "engine: pytorch" in yaml and "num_labels: 3" in yaml and "gpu: t4" in yaml, yaml
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml)
+    cli = subprocess.run([TXK, "plan", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert bundle["text/plain"] == cli.stdout
+    assert "engine: pytorch" in bundle["text/plain"] and "batch 4 x seq 128" in bundle["text/plain"]
+
+
+def test_checkpointing_and_frozen_embeddings_are_read(shell):
+    shell.run_cell("model.gradient_checkpointing_enable()\n"
+                   "for p in model.bert.embeddings.parameters(): p.requires_grad_(False)\n", silent=True)
+    try:
+        _, yaml = txplan(shell, "--torch-model model --batch 2 --seq 64 --gpu t4 --show-config")
+        assert "recompute: layers" in yaml and "freeze: embeddings" in yaml, yaml
+    finally:
+        shell.run_cell("model.gradient_checkpointing_disable()\n"
+                       "for p in model.parameters(): p.requires_grad_(True)\n", silent=True)
+
+
+def test_bad_name_is_an_error(shell):
+    with pytest.raises(Exception, match="no_such_model: no such variable"):
+        shell.run_line_magic("txplan", "--torch-model no_such_model --gpu t4")
+
+
+def test_trainer_arguments_are_read(shell, tmp_path):
+    """--trainer reads trainer.model and trainer.args. transformers' Trainer
+    and TrainingArguments need accelerate, which neither test row installs,
+    so a stand-in with TrainingArguments' attribute names carries them."""
+    shell.run_cell("from types import SimpleNamespace\n"
+                   "trainer = SimpleNamespace(model=model, args=SimpleNamespace(per_device_train_batch_size=2, "
+                   "gradient_accumulation_steps=4, fp16=True, bf16=False, gradient_checkpointing=True, "
+                   "optim='adamw_bnb_8bit'))\n", silent=True)
+    bundle, yaml = txplan(shell, "--trainer trainer --seq 64 --gpu t4 --show-config")
+    for line in ("batch_size: 2", "accumulate: 4", "precision: fp16", "recompute: layers", "optimizer: adamw8bit"):
+        assert line in yaml, yaml
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml)
+    cli = subprocess.run([TXK, "plan", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0 and bundle["text/plain"] == cli.stdout, cli.stderr

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""PyTorch's own figure for a transformers BERT training step (issue 26).
+
+Runs two real training steps of BertForSequenceClassification or
+BertForQuestionAnswering (random weights from a BertConfig: nothing is
+downloaded) on the CPU under torch.profiler.profile(profile_memory=True),
+reads the allocator's memory events back from the profiler's trace, rounds
+each allocation up to 512 B as the CUDA caching allocator rounds its
+requests, and replays them:
+
+  first_step_peak_allocated  the highest live total during step 1 (the
+                             optimizer's state is created there);
+  peak_allocated             the highest live total during step 2, i.e. what
+                             torch.cuda.max_memory_allocated() would report
+                             with the peak statistics reset just before it
+                             (the weights, AdamW's moments and step 1's
+                             gradients are live when it starts).
+
+The loop is the plain PyTorch one: each step zero_grad(set_to_none=True),
+a fresh batch (input_ids, token_type_ids, attention_mask, labels; made as a
+data loader's collate makes them), `accumulate` forward/backward passes
+(loss / accumulate), optimizer.step(). No gradient clipping. AdamW is
+torch.optim.AdamW as torch picks it for CPU tensors (its single-tensor
+loop). bf16 runs the forward under torch.autocast("cpu", torch.bfloat16).
+
+Prints one JSON object (--events FILE also writes the replayed events, one
+line each: step, +/-bytes rounded, live total, the op that asked). With
+--rows FILE (a JSON list of argument lists) it runs each row in this one
+process (torch is imported once) and prints one JSON object per row.
+Run with the python of the row under test: .venv-t2/bin/python or
+.venv/bin/python (torch 1.13 + transformers 4.40: eager attention only).
+"""
+import argparse, bisect, json, os, sys, tempfile
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--hidden", type=int, required=True)
+    p.add_argument("--heads", type=int, required=True)
+    p.add_argument("--intermediate", type=int, required=True)
+    p.add_argument("--vocab", type=int, default=30522)
+    p.add_argument("--max-position", type=int, default=512)
+    p.add_argument("--type-vocab", type=int, default=2)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--task", choices=("classify", "qa"), default="classify")
+    p.add_argument("--labels", type=int, default=2)
+    p.add_argument("--attn", choices=("eager", "sdpa"), default="sdpa")
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--attention-dropout", type=float, default=None, help="default: --dropout")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--checkpointing", action="store_true")
+    p.add_argument("--accumulate", type=int, default=1)
+    p.add_argument("--freeze-embeddings", action="store_true")
+    p.add_argument("--events", help="write the replayed events here")
+    return p.parse_args(argv)
+
+
+ROUND = 512
+
+
+def rounded(n):
+    return (n + ROUND - 1) // ROUND * ROUND
+
+
+# Allocations of these sizes mark the step boundaries in the event stream:
+# odd byte counts no BERT tensor has, freed at once.
+MARKS = (77_777, 77_779, 77_781)
+
+
+def run(a):
+    import torch
+    import transformers
+    from transformers import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    torch.set_num_threads(int(os.environ.get("TXK_TORCH_THREADS", "2")))
+    attn_drop = a.dropout if a.attention_dropout is None else a.attention_dropout
+    kw = dict(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+              intermediate_size=a.intermediate, max_position_embeddings=a.max_position, type_vocab_size=a.type_vocab,
+              hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=attn_drop, num_labels=a.labels)
+    major = int(transformers.__version__.split(".")[0])
+    if a.attn == "sdpa" and (major < 4 or transformers.__version__.startswith("4.40")):
+        raise SystemExit(f"transformers {transformers.__version__} runs BERT with eager attention only")
+    cfg = BertConfig(**kw)
+    cfg._attn_implementation = a.attn
+    cls = BertForQuestionAnswering if a.task == "qa" else BertForSequenceClassification
+
+    def mark(i):
+        del_me = torch.empty(MARKS[i], dtype=torch.uint8)
+        del del_me
+
+    trace = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
+    trace.close()
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                    record_shapes=False) as prof:
+            model = cls(cfg)
+            model.train()
+            if a.checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if a.freeze_embeddings:
+                for p in model.bert.embeddings.parameters():
+                    p.requires_grad_(False)
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5, weight_decay=0.01)
+            for step in range(2):
+                mark(step)
+                opt.zero_grad(set_to_none=True)
+                for _ in range(a.accumulate):
+                    B, T = a.batch, a.seq
+                    batch = {"input_ids": torch.randint(0, a.vocab, (B, T)),
+                             "token_type_ids": torch.zeros(B, T, dtype=torch.long),
+                             "attention_mask": torch.ones(B, T, dtype=torch.long)}
+                    if a.task == "qa":
+                        batch["start_positions"] = torch.randint(0, T, (B,))
+                        batch["end_positions"] = torch.randint(0, T, (B,))
+                    else:
+                        batch["labels"] = torch.randint(0, a.labels, (B,))
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                        out = model(**batch)
+                    loss = out.loss / a.accumulate
+                    del out
+                    loss.backward()
+                    del loss, batch
+                opt.step()
+            mark(2)
+        prof.export_chrome_trace(trace.name)
+        with open(trace.name) as f:
+            events = json.load(f)
+        if isinstance(events, dict):  # torch 1.13 writes the bare list
+            events = events["traceEvents"]
+    finally:
+        os.unlink(trace.name)
+    return replay(events, a), torch.__version__, transformers.__version__
+
+
+def replay(events, a):
+    mem = [e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+    ops = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
+                 if e.get("ph") == "X" and a.events)
+    starts = [o[0] for o in ops]
+
+    def op_at(e):  # the innermost op running when e happened (only for --events)
+        if not a.events:
+            return ""
+        i = bisect.bisect_right(starts, e["ts"]) - 1
+        for j in range(i, max(i - 400, -1), -1):
+            if ops[j][1] >= e["ts"]:
+                return ops[j][2]
+        return "?"
+
+    live, cur, step = {}, 0, -1
+    peaks = [0, 0]
+    lines = []
+    for e in mem:  # the trace keeps the allocator's order
+        args = e["args"]
+        addr, nbytes = args["Addr"], args["Bytes"]
+        if nbytes > 0:
+            if nbytes in MARKS:
+                step = MARKS.index(nbytes)
+                if step < 2:
+                    peaks[step] = cur
+                continue
+            live[addr] = rounded(nbytes)
+            cur += live[addr]
+            if 0 <= step < 2:
+                peaks[step] = max(peaks[step], cur)
+            lines.append((step, live[addr], cur, op_at(e)))
+        else:
+            if -nbytes in MARKS or addr not in live:
+                continue
+            freed = live.pop(addr)
+            cur -= freed
+            lines.append((step, -freed, cur, op_at(e)))
+    if step != 2:
+        raise SystemExit("the step marks were not all found in the profiler's trace")
+    if a.events:
+        with open(a.events, "w") as f:
+            for s, b, c, op in lines:
+                f.write(f"{s} {b:+d} {c} {op}\n")
+    return {"first_step_peak_allocated": peaks[0], "peak_allocated": peaks[1], "n_events": len(lines)}
+
+
+def main(argv):
+    if argv[:1] == ["--rows"]:
+        with open(argv[1]) as f:
+            rows = json.load(f)
+    else:
+        rows = [argv]
+    for row in rows:
+        a = parse_args(row)
+        r, tv, xv = run(a)
+        r.update(torch=tv, transformers=xv)
+        print(json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,84 @@
+/* tk_torchplan.h — how PyTorch would allocate this: a transformers BERT
+ * training step planned in PyTorch's own terms (`engine: pytorch`).
+ *
+ * txkernel's planner (bert/tk_plan.h) runs txkernel's own step. This module
+ * plans the step a user's PyTorch + transformers run makes for the same
+ * config: a BertForSequenceClassification (task: classify) or
+ * BertForQuestionAnswering (task: qa) training step, tensor by tensor, as
+ * PyTorch's autograd keeps and frees them (what each op saves for backward,
+ * what it allocates for a moment, the order backward frees them in), through
+ * txkernel's caching allocator with PyTorch's rounding, pools and splitting.
+ *
+ * The loop planned is the plain PyTorch one: zero_grad(set_to_none=True), a
+ * fresh batch (input_ids, token_type_ids, attention_mask all ones, labels),
+ * `accumulate` forward/backward passes, optimizer.step(); no gradient
+ * clipping. Two steps are planned: the first (AdamW's state is created) and a
+ * steady one, whose peak is what torch.cuda.max_memory_allocated() reports
+ * with the peak statistics reset just before it.
+ *
+ * Versions followed: torch 2.x with transformers 5.x (checked against
+ * torch 2.15 + transformers 5.24 on the CPU, tests/torchplan/), or, with
+ * `torch_version: 1.13`, torch 1.13 + transformers 4.40, which run BERT's
+ * attention eagerly only.
+ *
+ * What is checked and what is not: device: cpu is held against PyTorch's
+ * own allocator events on the CPU (tests/torchplan/test_torchplan_grid.py).
+ * device: cuda (or a gpu: card) follows PyTorch's CUDA kernels as their
+ * sources describe them (a 1-byte dropout mask, SDPA's flash or efficient
+ * kernel, foreach AdamW, the cuBLAS workspace from the caching allocator);
+ * those choices are checked only where a GPU run was recorded
+ * (bench/RESULTS.md).
+ */
+#ifndef TK_TORCHPLAN_H
+#define TK_TORCHPLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+#include "tk_gpu.h"
+#include "tk_config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tk_torchplan_result {
+    int batch, seq, accumulate;
+    int on_cuda;                   /* 1: the step as it runs on a CUDA device */
+    const char *device;            /* "cpu" | "cuda" */
+    const char *torch_version;     /* "2.x" | "1.13" */
+    const char *transformers_version; /* "5.x" | "4.40" */
+    const char *attention;         /* "eager", "sdpa (cpu flash)", "sdpa (math)", "sdpa (flash)", "sdpa (efficient)" */
+    const char *optimizer;         /* "AdamW (single-tensor)", "AdamW (foreach)", "AdamW8bit (bitsandbytes)" */
+    const char *precision;         /* "fp32", "bf16 autocast", "fp16 autocast + GradScaler" */
+    size_t peak_allocated;         /* the steady step's */
+    size_t first_step_peak_allocated;
+    size_t peak_reserved;          /* over both steps (the cache keeps step 1's segments) */
+    size_t workspace_bytes;        /* cuda: the cuBLAS workspace, inside the allocator */
+    size_t context_bytes;          /* cuda: the card's CUDA context (outside the allocator) */
+    size_t device_used;            /* peak_reserved + context: what nvidia-smi shows */
+    size_t capacity;               /* the card's (0: none) */
+    int fits;                      /* device_used <= capacity (or no capacity) */
+    size_t param_bytes, grad_bytes, optim_bytes;
+    size_t by_cat_at_peak[TK_CAT_COUNT];
+    int64_t n_params, n_trainable;
+    char gpu[32];                  /* the card planned for ("" none) */
+} tk_torchplan_result;
+
+/* Plans config `c` (engine: pytorch is implied; its model is resolved from
+ * the preset or folder as txkernel's planner does) at batch_size x max_len.
+ * Errors (TK_EINVAL) name the key: a head or option this engine does not
+ * model (flatten_dense, freeze_layers, recompute: attention, fp16 on the
+ * cpu). The plan runs against no capacity: an over-large step is planned
+ * whole, and fits says whether it would fit. */
+tk_status tk_torchplan(const tk_config *c, tk_torchplan_result *out, tk_err *err);
+
+/* The plan as data (new reference; NULL when out of host memory): engine,
+ * versions, peak_allocated, first_step_peak_allocated, peak_reserved,
+ * device_used and the choices made. */
+json_t *tk_torchplan_json(const tk_torchplan_result *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

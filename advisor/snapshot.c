@@ -1,6 +1,7 @@
 /* snapshot.c — reads a PyTorch memory snapshot (pickle or JSON), sums its
- * figures, groups live blocks by owner, replays the trace, and diagnoses it
- * (see tk_snapshot.h).
+ * figures (the whole file's and each device's), groups live blocks by owner,
+ * hands the trace to snapshot_trace.c and the frames to snapshot_frames.c,
+ * diagnoses it, and writes the text and JSON (see tk_snapshot.h).
  *
  * Guarantees: the pickle is read by tk_pickle with no global allowed, so
  * nothing in the file runs; a file of the wrong shape is a one-line error
@@ -8,7 +9,7 @@
  * estimates. The pickle and JSON forms are walked by the same code through
  * a two-backend view (sv), so both give the same numbers.
  */
-#include "tk_snapshot.h"
+#include "snapshot_internal.h"
 #include "tk_host_mem.h"
 
 #include <errno.h>
@@ -17,167 +18,43 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "tk_pickle.h"
-
-/* Snapshots of long runs reach hundreds of MB; the tree costs about 64
- * bytes per opcode, so the cap follows the file, within reason. */
-#define SNAP_MAX_FILE ((size_t)1 << 30)
-#define SNAP_TREE_CAP ((size_t)4 << 30)
-
-/* ---- one view over a pickle value or a JSON value ----------------------------------- */
-
-typedef struct sv { const tk_pval *p; json_t *j; } sv;
-
-static const sv SV_NONE = {NULL, NULL};
-static int sv_ok(sv v) { return v.p || v.j; }
-
-static sv sv_get(sv d, const char *k) {
-    sv r = SV_NONE;
-    if (d.p) r.p = tk_pval_get(d.p, k);
-    else if (d.j && json_is_object(d.j)) r.j = json_object_get(d.j, k);
-    return r;
-}
-static int sv_is_dict(sv v) { return v.p ? v.p->kind == TK_PV_DICT : json_is_object(v.j); }
-static int sv_is_list(sv v) {
-    return v.p ? (v.p->kind == TK_PV_LIST || v.p->kind == TK_PV_TUPLE) : json_is_array(v.j);
-}
-static size_t sv_len(sv v) { return v.p ? v.p->n : json_array_size(v.j); }
-static sv sv_at(sv v, size_t i) {
-    sv r = SV_NONE;
-    if (v.p) r.p = i < v.p->n ? v.p->items[i] : NULL;
-    else r.j = json_array_get(v.j, i);
-    return r;
-}
-static int sv_int(sv v, int64_t *o) {
-    if (v.p) return tk_pval_int(v.p, o);
-    if (json_is_integer(v.j)) { *o = json_integer_value(v.j); return 0; }
-    return -1;
-}
-static const char *sv_str(sv v) { return v.p ? tk_pval_str(v.p) : json_string_value(v.j); }
-static const char *sv_kind(sv v) {
-    if (v.p) return tk_pval_kind_name(v.p->kind);
-    if (!v.j) return "nothing";
-    static const char *const N[] = {"object", "array", "string", "integer", "real", "true", "false", "null"};
-    return N[json_typeof(v.j)];
-}
+/* Snapshots of long runs reach gigabytes, nearly all of it the trace: a
+ * pickle's events are streamed into compact records (about 50 bytes each),
+ * so only the segments and the values the memo shares stay as a tree,
+ * capped here. JSON is parsed whole, so its file is capped. */
+#define SNAP_MAX_JSON ((size_t)1 << 30)
+#define SNAP_TREE_CAP ((size_t)768 << 20)
 
 /* ---- reading ------------------------------------------------------------------------ */
 
-typedef struct ctx {
-    tk_snapshot *s;
-    const char *name;
-    tk_err *err;
-    int owners_cap, sizes_cap;
-} ctx;
-
-static int bad(ctx *c, const char *where, const char *what) {
-    tk_err_set(c->err, TK_EFORMAT, "%s: %s: %s", c->name, where, what);
-    return -1;
-}
-
-/* A host allocation failed while reading `where`: TK_ENOMEM. -1. */
-static int bad_nomem(ctx *c, const char *where) {
-    tk_err_set(c->err, TK_ENOMEM, "%s: %s: out of host memory", c->name, where);
-    return -1;
-}
-
-/* A non-negative integer field; missing_ok keeps *o when absent. */
-static int field_size(ctx *c, sv d, const char *key, const char *where, int missing_ok, int64_t *o) {
-    sv v = sv_get(d, key);
-    char w[160], m[96];
-    snprintf(w, sizeof w, "%s.%s", where, key);
-    if (!sv_ok(v)) return missing_ok ? 0 : bad(c, w, "missing");
-    if (sv_int(v, o) || *o < 0) {
-        snprintf(m, sizeof m, "expected a non-negative integer, found %s", sv_kind(v));
-        return bad(c, w, m);
+static tk_snap_device *device_row(tk_snapshot *s, int64_t device) {
+    for (int i = 0; i < s->n_device_rows; i++)
+        if (s->devices[i].device == device) return &s->devices[i];
+    if (s->n_device_rows == TK_SNAP_MAX_DEVICES) return NULL;
+    int i = s->n_device_rows++;
+    while (i > 0 && s->devices[i - 1].device > device) {
+        s->devices[i] = s->devices[i - 1];
+        i--;
     }
-    return 0;
+    memset(&s->devices[i], 0, sizeof s->devices[i]);
+    s->devices[i].device = (int)device;
+    return &s->devices[i];
 }
 
-static const char *basename_of(const char *p) {
-    const char *b = strrchr(p, '/');
-    return b ? b + 1 : p;
-}
-
-static int ends_with(const char *s, const char *t) {
-    size_t n = strlen(s), m = strlen(t);
-    return n >= m && !strcmp(s + n - m, t);
-}
-
-/* C++ frames (the allocator's own, "??", .cpp) say nothing about Python. */
-static int is_cxx_frame(const char *f) {
-    return !*f || !strcmp(f, "??") || ends_with(f, ".cpp") || ends_with(f, ".h") || ends_with(f, ".cc") ||
-           ends_with(f, ".cu") || ends_with(f, ".so") || strstr(f, ".so.") || f[0] == '<';
-}
-static int is_notebook_frame(const char *f) {
-    return (strstr(f, "/ipykernel_") && ends_with(f, ".py")) || strstr(f, "<ipython-input-") != NULL;
-}
-static int is_library_frame(const char *f) {
-    return strstr(f, "/site-packages/") || strstr(f, "/dist-packages/") || strstr(f, "/lib/python") ||
-           strstr(f, "/torch/") || strstr(f, "/transformers/");
-}
-/* The library path from the package on: "torch/nn/modules/linear.py". */
-static const char *library_tail(const char *f) {
-    const char *k;
-    if ((k = strstr(f, "/site-packages/"))) return k + 15;
-    if ((k = strstr(f, "/dist-packages/"))) return k + 15;
-    if ((k = strstr(f, "/torch/"))) return k + 1;
-    if ((k = strstr(f, "/transformers/"))) return k + 1;
-    return basename_of(f);
-}
-
-/* Who holds a block: the innermost frame of the user's code, with the
- * innermost library module inside it as the kind. */
-static void owner_of(sv frames, char *out, size_t n) {
-    char kind[96] = "";
-    int python = 0;
-    const char *first_py = NULL;
-    int first_line = 0;
-    for (size_t i = 0; sv_is_list(frames) && i < sv_len(frames); i++) {
-        sv f = sv_at(frames, i);
-        const char *file = sv_str(sv_get(f, "filename"));
-        const char *fn = sv_str(sv_get(f, "name"));
-        int64_t line = 0;
-        /* txkernel's own snapshots name the owner and category in the frame */
-        if (file && !strcmp(file, "txkernel") && fn) {
-            snprintf(out, n, "%s", fn);
-            return;
-        }
-        if (!file || is_cxx_frame(file)) continue;
-        sv_int(sv_get(f, "line"), &line);
-        if (!python) { first_py = file; first_line = (int)line; }
-        python = 1;
-        if (is_notebook_frame(file)) {
-            snprintf(out, n, "cell, line %lld%s%s", (long long)line, *kind ? " · " : "", kind);
-            return;
-        }
-        if (is_library_frame(file)) {
-            const char *t = library_tail(file);
-            if (!*kind && (!strncmp(t, "torch/nn/modules/", 17) || !strncmp(t, "transformers/", 13)))
-                snprintf(kind, sizeof kind, "%s", t);
-            continue;
-        }
-        snprintf(out, n, "%s, line %lld (%s)%s%s", basename_of(file), (long long)line, fn ? fn : "?",
-                 *kind ? " · " : "", kind);
-        return;
-    }
-    if (*kind) snprintf(out, n, "library: %s", kind);
-    else if (python) snprintf(out, n, "library: %s, line %d", library_tail(first_py), first_line);
-    else snprintf(out, n, "no Python frame");
-}
-
-static int add_owner(ctx *c, const char *owner, size_t bytes) {
+static int add_owner(snap_ctx *c, const char *owner, size_t bytes, int64_t addr, int pool) {
     tk_snapshot *s = c->s;
     for (int i = 0; i < s->n_owners; i++)
         if (!strcmp(s->owners[i].owner, owner)) {
             s->owners[i].bytes += bytes;
+            if (pool) s->owners[i].pool_bytes += bytes;
             s->owners[i].blocks++;
+            if (bytes > s->owners[i].largest) s->owners[i].largest = bytes, s->owners[i].largest_addr = addr;
             return 0;
         }
     if (s->n_owners == c->owners_cap) {
         int cap = c->owners_cap ? c->owners_cap * 2 : 16;
         tk_snap_owner *o = tk_realloc(s->owners, (size_t)cap * sizeof *o);
-        if (!o) return bad_nomem(c, "owners");
+        if (!o) return snap_bad_nomem(c, "owners");
         s->owners = o;
         c->owners_cap = cap;
     }
@@ -185,15 +62,19 @@ static int add_owner(ctx *c, const char *owner, size_t bytes) {
     snprintf(o->owner, sizeof o->owner, "%s", owner);
     o->bytes = bytes;
     o->blocks = 1;
+    o->phase[0] = 0;
+    o->largest = bytes;
+    o->largest_addr = addr;
+    o->pool_bytes = pool ? bytes : 0;
     return 0;
 }
 
-static int add_live_size(ctx *c, size_t size) {
+static int add_live_size(snap_ctx *c, size_t size) {
     tk_snapshot *s = c->s;
     if (s->n_live_sizes == c->sizes_cap) {
         int cap = c->sizes_cap ? c->sizes_cap * 2 : 256;
         size_t *v = tk_realloc(s->live_sizes, (size_t)cap * sizeof *v);
-        if (!v) return bad_nomem(c, "blocks");
+        if (!v) return snap_bad_nomem(c, "blocks");
         s->live_sizes = v;
         c->sizes_cap = cap;
     }
@@ -212,35 +93,41 @@ static tk_snap_pool *pool_of(tk_snapshot *s, const char *type, int64_t stream) {
     return p;
 }
 
-static int read_segment(ctx *c, sv seg, size_t si, int64_t *devices_seen) {
+static int read_segment(snap_ctx *c, sv seg, size_t si, int64_t *devices_seen) {
     tk_snapshot *s = c->s;
     char where[96];
     snprintf(where, sizeof where, "segments[%zu]", si);
-    if (!sv_is_dict(seg)) return bad(c, where, "expected a dict (a segment)");
-    int64_t total = 0, stream = 0, device = 0;
-    if (field_size(c, seg, "total_size", where, 0, &total) || field_size(c, seg, "device", where, 1, &device))
+    if (!sv_is_dict(seg)) return snap_bad(c, where, "expected a dict (a segment)");
+    int64_t total = 0, stream = 0, device = 0, addr = 0;
+    if (snap_field_size(c, seg, "total_size", where, 0, &total) || snap_field_size(c, seg, "device", where, 1, &device))
         return -1;
+    sv_int(sv_get(seg, "address"), &addr);
+    if (sv_true(sv_get(seg, "is_expandable"))) s->expandable_on = 1;
+    tk_snap_device *dv = device_row(s, device);
     sv st = sv_get(seg, "stream");
-    if (sv_ok(st) && sv_int(st, &stream)) return bad(c, where, "'stream' is not an integer");
+    if (sv_ok(st) && sv_int(st, &stream)) return snap_bad(c, where, "'stream' is not an integer");
     if (device >= 0 && device < 64) *devices_seen |= (int64_t)(UINT64_C(1) << device);
     const char *type = sv_str(sv_get(seg, "segment_type"));
+    int small = type && !strcmp(type, "small");
     tk_snap_pool *p = pool_of(s, type ? type : "?", stream);
+    if (dv) dv->segments++, dv->reserved += (size_t)total;
     p->segments++;
     p->reserved += (size_t)total;
     s->reserved += (size_t)total;
     s->n_segments++;
     sv blocks = sv_get(seg, "blocks");
-    if (!sv_is_list(blocks)) return bad(c, where, "'blocks' missing or not a list");
+    if (!sv_is_list(blocks)) return snap_bad(c, where, "'blocks' missing or not a list");
     size_t active = 0;
     for (size_t bi = 0; bi < sv_len(blocks); bi++) {
         sv b = sv_at(blocks, bi);
         char bw[128];
         snprintf(bw, sizeof bw, "%s.blocks[%zu]", where, bi);
-        if (!sv_is_dict(b)) return bad(c, bw, "expected a dict (a block)");
-        int64_t size = 0, req = 0;
-        if (field_size(c, b, "size", bw, 0, &size) || field_size(c, b, "requested_size", bw, 1, &req)) return -1;
+        if (!sv_is_dict(b)) return snap_bad(c, bw, "expected a dict (a block)");
+        int64_t size = 0, req = 0, baddr = addr;
+        if (snap_field_size(c, b, "size", bw, 0, &size) || snap_field_size(c, b, "requested_size", bw, 1, &req)) return -1;
+        sv_int(sv_get(b, "address"), &baddr);
         const char *state = sv_str(sv_get(b, "state"));
-        if (!state) return bad(c, bw, "'state' missing or not a string");
+        if (!state) return snap_bad(c, bw, "'state' missing or not a string");
         s->n_blocks++;
         if (!strcmp(state, "active_allocated")) {
             s->allocated += (size_t)size;
@@ -253,16 +140,35 @@ static int read_segment(ctx *c, sv seg, size_t si, int64_t *devices_seen) {
             /* PyTorch 2.0 kept frames in the block's history, newest last. */
             if (!sv_ok(frames) && sv_is_list(hist) && sv_len(hist))
                 frames = sv_get(sv_at(hist, sv_len(hist) - 1), "frames");
-            char owner[192];
-            owner_of(frames, owner, sizeof owner);
-            if (add_owner(c, owner, (size_t)size)) return -1;
+            char owner[192], mname[48], mfile[160];
+            snap_owner_of(frames, owner, sizeof owner);
+            int pool = snap_is_engine_pool(frames);
+            if (add_owner(c, owner, (size_t)size, baddr, pool)) return -1;
             if (add_live_size(c, (size_t)(req > 0 ? req : size))) return -1;
+            if (dv) dv->allocated += (size_t)size;
+            if (pool) s->vllm_pool_bytes += (size_t)size, s->vllm_pool_blocks++;
+            if (snap_model_module_of(frames, mname, sizeof mname, mfile, sizeof mfile)) {
+                int k = 0;
+                while (k < c->n_modules && strcmp(c->modules[k].name, mname)) k++;
+                if (k == c->n_modules && k < (int)(sizeof c->modules / sizeof *c->modules)) {
+                    snprintf(c->modules[k].name, sizeof c->modules[k].name, "%s", mname);
+                    snprintf(c->modules[k].file, sizeof c->modules[k].file, "%s", mfile);
+                    c->n_modules++;
+                }
+                if (k < c->n_modules) c->modules[k].bytes += (size_t)size;
+            }
         } else if (!strcmp(state, "inactive")) {
             s->free_in_cache += (size_t)size;
             p->free += (size_t)size;
             s->n_free_blocks++;
             if ((size_t)size > s->largest_free_block) s->largest_free_block = (size_t)size;
             if ((size_t)size > p->largest_free) p->largest_free = (size_t)size;
+            if (dv) {
+                if ((size_t)size > dv->largest_free_block) dv->largest_free_block = (size_t)size;
+                size_t *fr = small ? &dv->free_small : &dv->free_large, *lg = small ? &dv->largest_small : &dv->largest_large;
+                *fr += (size_t)size;
+                if ((size_t)size > *lg) *lg = (size_t)size;
+            }
         } else {
             s->pending_free += (size_t)size;
             active += (size_t)size;
@@ -272,223 +178,10 @@ static int read_segment(ctx *c, sv seg, size_t si, int64_t *devices_seen) {
     return 0;
 }
 
-static int read_trace(ctx *c, sv traces) {
-    tk_snapshot *s = c->s;
-    if (!sv_ok(traces)) return 0;
-    if (!sv_is_list(traces)) return bad(c, "device_traces", "expected a list (one per device)");
-    size_t n = 0;
-    for (size_t d = 0; d < sv_len(traces); d++) {
-        sv t = sv_at(traces, d);
-        if (!sv_is_list(t)) return bad(c, "device_traces", "each device's trace must be a list");
-        n += sv_len(t);
-    }
-    s->points = tk_calloc(n ? n : 1, sizeof *s->points);
-    if (!s->points) return bad_nomem(c, "device_traces");
-    /* Deltas first; the trace may start after the first allocation, so the
-     * curve is anchored at the end, where the snapshot's figures are known. */
-    int64_t alloc = 0, res = 0, ev = 0;
-    for (size_t d = 0; d < sv_len(traces); d++) {
-        sv t = sv_at(traces, d);
-        for (size_t i = 0; i < sv_len(t); i++, ev++) {
-            sv e = sv_at(t, i);
-            char w[96];
-            snprintf(w, sizeof w, "device_traces[%zu][%zu]", d, i);
-            if (!sv_is_dict(e)) return bad(c, w, "expected a dict (a trace event)");
-            const char *a = sv_str(sv_get(e, "action"));
-            int64_t size = 0, tus = -1;
-            if (!a) return bad(c, w, "'action' missing or not a string");
-            if (field_size(c, e, "size", w, 1, &size)) return -1;
-            sv_int(sv_get(e, "time_us"), &tus);
-            s->n_trace++;
-            int counted = 1;
-            if (!strcmp(a, "alloc")) alloc += size;
-            else if (!strcmp(a, "free_completed")) alloc -= size;
-            else if (!strcmp(a, "segment_alloc") || !strcmp(a, "segment_map")) res += size;
-            else if (!strcmp(a, "segment_free") || !strcmp(a, "segment_unmap")) res -= size;
-            else counted = 0;
-            if (!strcmp(a, "oom")) {
-                int64_t fr = 0;
-                if (field_size(c, e, "device_free", w, 1, &fr)) return -1;
-                s->has_oom = 1;
-                s->oom_size = (size_t)size;
-                s->oom_device_free = (size_t)fr;
-            }
-            if (!counted) continue;
-            tk_snap_point *pt = &s->points[s->n_points++];
-            pt->event = ev;
-            pt->time_us = tus;
-            pt->allocated = (size_t)alloc; /* relative for now */
-            pt->reserved = (size_t)res;
-        }
-    }
-    int64_t a0 = (int64_t)s->allocated - alloc, r0 = (int64_t)s->reserved - res;
-    for (int i = 0; i < s->n_points; i++) {
-        int64_t av = a0 + (int64_t)s->points[i].allocated, rv = r0 + (int64_t)s->points[i].reserved;
-        s->points[i].allocated = (size_t)(av < 0 ? 0 : av);
-        s->points[i].reserved = (size_t)(rv < 0 ? 0 : rv);
-        if (s->points[i].allocated > s->trace_peak_allocated) s->trace_peak_allocated = s->points[i].allocated;
-    }
-    if (s->allocated > s->trace_peak_allocated) s->trace_peak_allocated = s->allocated;
-    return 0;
-}
-
 static int cmp_owner(const void *a, const void *b) {
     const tk_snap_owner *x = a, *y = b;
     if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
     return strcmp(x->owner, y->owner);
-}
-
-/* ---- the leak --------------------------------------------------------------------------- */
-
-/* Blocks the trace allocated, by address: an open-addressing table with no
- * deletion (a free marks its entry), enough for one pass over the trace. */
-typedef struct live_ent {
-    int64_t addr;
-    int event, iteration;
-    size_t size;
-    unsigned char used, freed;
-} live_ent;
-
-static live_ent *live_slot(live_ent *t, size_t mask, int64_t addr) {
-    size_t h = (size_t)(((uint64_t)addr * UINT64_C(0x9E3779B97F4A7C15)) >> 17) & mask;
-    while (t[h].used && t[h].addr != addr) h = (h + 1) & mask;
-    return &t[h];
-}
-
-static int cmp_ent_event(const void *a, const void *b) {
-    const live_ent *x = *(live_ent *const *)a, *y = *(live_ent *const *)b;
-    return (x->event > y->event) - (x->event < y->event);
-}
-
-typedef struct leak_owner {
-    char owner[192];
-    size_t bytes;
-    int blocks, iterations, last_iteration;
-} leak_owner;
-
-/* Iterations are the trace's peaks of allocated: a zigzag over the curve
- * with a reversal of a third of its largest fall, so a leak's rising
- * baseline does not hide the iterations. A leak is either the troughs
- * between peaks rising in at least three of four iterations (by at least
- * 1 MiB and 1% of the peak in all), or blocks still live at the end that
- * one frame allocated in at least four iterations, half of them or more.
- * Only a trace of one device is read this way. */
-static int find_leak(ctx *c, sv traces) {
-    tk_snapshot *s = c->s;
-    if (s->n_points < 8 || !sv_is_list(traces)) return 0;
-    sv t = SV_NONE;
-    int nonempty = 0;
-    for (size_t d = 0; d < sv_len(traces); d++)
-        if (sv_len(sv_at(traces, d))) {
-            t = sv_at(traces, d);
-            nonempty++;
-        }
-    if (nonempty != 1) return 0;
-    int n = s->n_points, np = 0, nt = 0, rc = -1;
-    size_t drop = 0, runmax = 0;
-    for (int i = 0; i < n; i++) {
-        size_t v = s->points[i].allocated;
-        if (v > runmax) runmax = v;
-        if (runmax - v > drop) drop = runmax - v;
-    }
-    if (!drop) return 0;
-    size_t thr = drop / 3;
-    int *peak = tk_malloc((size_t)n * sizeof *peak);
-    size_t *trough = tk_malloc((size_t)n * sizeof *trough);
-    live_ent *tab = NULL, **surv = NULL;
-    leak_owner *own = NULL;
-    if (!peak || !trough) goto oom;
-    int rising = 1, hi_i = 0;
-    size_t hi = s->points[0].allocated, lo = hi;
-    for (int i = 0; i < n; i++) {
-        size_t v = s->points[i].allocated;
-        if (rising) {
-            if (v >= hi) hi = v, hi_i = i;
-            else if (hi - v > thr) peak[np++] = hi_i, rising = 0, lo = v;
-        } else {
-            if (v <= lo) lo = v;
-            else if (v - lo > thr) trough[nt++] = lo, rising = 1, hi = v, hi_i = i;
-        }
-    }
-    s->leak_iterations = np;
-    int first = nt >= 5 ? 1 : 0, pairs = nt - 1 - first, rises = 0;
-    for (int k = first + 1; k < nt; k++) rises += trough[k] > trough[k - 1];
-    size_t total = nt >= 4 && trough[nt - 1] > trough[first] ? trough[nt - 1] - trough[first] : 0;
-    int steady = nt >= 4 && rises * 4 >= pairs * 3 && total >= ((size_t)1 << 20) &&
-                 total >= s->trace_peak_allocated / 100;
-
-    /* the blocks the trace allocated and never freed, with the iteration
-     * (peaks before them) each was allocated in */
-    size_t cap = 16;
-    while (cap < 2 * (size_t)sv_len(t) + 2) cap <<= 1;
-    tab = tk_calloc(cap, sizeof *tab);
-    if (!tab) goto oom;
-    int pt = -1, it = 0, nsurv = 0;
-    for (size_t i = 0; i < sv_len(t); i++) {
-        sv e = sv_at(t, i);
-        const char *a = sv_str(sv_get(e, "action"));
-        int64_t addr = 0, size = 0;
-        if (!a) continue;
-        int is_alloc = !strcmp(a, "alloc"), is_free = !strcmp(a, "free_completed");
-        if (is_alloc || is_free || !strncmp(a, "segment_", 8)) pt++;
-        while (it < np && peak[it] < pt) it++;
-        if ((!is_alloc && !is_free) || sv_int(sv_get(e, "addr"), &addr)) continue;
-        live_ent *l = live_slot(tab, cap - 1, addr);
-        if (is_alloc) {
-            sv_int(sv_get(e, "size"), &size);
-            *l = (live_ent){addr, (int)i, it, (size_t)(size > 0 ? size : 0), 1, 0};
-        } else if (l->used)
-            l->freed = 1;
-    }
-    for (size_t h = 0; h < cap; h++) nsurv += tab[h].used && !tab[h].freed && tab[h].iteration >= 1;
-    surv = tk_malloc((size_t)(nsurv ? nsurv : 1) * sizeof *surv);
-    own = tk_calloc(64, sizeof *own);
-    if (!surv || !own) goto oom;
-    nsurv = 0;
-    for (size_t h = 0; h < cap; h++)
-        if (tab[h].used && !tab[h].freed && tab[h].iteration >= 1) surv[nsurv++] = &tab[h];
-    qsort(surv, (size_t)nsurv, sizeof *surv, cmp_ent_event);
-    int nown = 0;
-    for (int k = 0; k < nsurv; k++) {
-        char o[192];
-        owner_of(sv_get(sv_at(t, (size_t)surv[k]->event), "frames"), o, sizeof o);
-        int j = 0;
-        while (j < nown && strcmp(own[j].owner, o)) j++;
-        if (j == nown) {
-            if (nown == 64) continue;
-            snprintf(own[nown].owner, sizeof own[nown].owner, "%s", o);
-            own[nown++].last_iteration = -1;
-        }
-        own[j].bytes += surv[k]->size;
-        own[j].blocks++;
-        if (surv[k]->iteration != own[j].last_iteration) own[j].iterations++, own[j].last_iteration = surv[k]->iteration;
-    }
-    const leak_owner *best = NULL;
-    for (int j = 0; j < nown; j++)
-        if (own[j].iterations >= 3 && (!best || own[j].bytes > best->bytes)) best = &own[j];
-    int kept = best && best->iterations >= 4 && best->iterations * 2 >= np && best->bytes >= ((size_t)1 << 20);
-    if (steady || kept) {
-        s->has_leak = 1;
-        s->leak_total = steady ? total : best->bytes;
-        s->leak_per_iteration = steady ? total / (size_t)pairs : best->bytes / (size_t)best->iterations;
-    }
-    if (best) {
-        snprintf(s->leak_owner, sizeof s->leak_owner, "%s", best->owner);
-        s->leak_owner_bytes = best->bytes;
-        s->leak_owner_iterations = best->iterations;
-        s->leak_owner_blocks = best->blocks;
-    }
-    rc = 0;
-    goto out;
-oom:
-    bad_nomem(c, "device_traces");
-out:
-    free(peak);
-    free(trough);
-    free(tab);
-    free(surv);
-    free(own);
-    return rc;
 }
 
 /* ---- diagnoses and fixes -------------------------------------------------------------- */
@@ -520,7 +213,8 @@ static int has_diag(const tk_snapshot *s, const char *id) {
 
 static void fixes_fragmentation(tk_snapshot *s) {
     char a[32], b[32];
-    tk_snap_fix *f = fix(s, "expandable_segments", (int64_t)(s->free_in_cache - s->largest_free_block));
+    /* what allocator_settings (or the segments) show is on is not advised again */
+    tk_snap_fix *f = s->expandable_on ? NULL : fix(s, "expandable_segments", (int64_t)(s->free_in_cache - s->largest_free_block));
     if (f) {
         snprintf(f->text, sizeof f->text,
                  "Let the allocator grow segments instead of stranding free blocks: %s of free cache is in blocks "
@@ -539,12 +233,31 @@ static void fixes_fragmentation(tk_snapshot *s) {
     }
 }
 
+/* An inference engine's KV-cache pool, preallocated at its start to a
+ * fraction of the card: the setting is that fraction. */
+static void fixes_engine_pool(tk_snapshot *s) {
+    char a[32], b[32];
+    tk_snap_fix *f = fix(s, "memory_fraction", -1);
+    if (!f) return;
+    snprintf(f->text, sizeof f->text,
+             "vLLM preallocated its KV-cache pool at start-up: %s in %d blocks, %.0f%% of what is allocated (%s). "
+             "It takes gpu_memory_utilization of the card whatever the requests need; lower it to leave room for the "
+             "rest of the process (each 0.1 less frees a tenth of the card).",
+             fmtb(s->vllm_pool_bytes, a), s->vllm_pool_blocks, 100.0 * (double)s->vllm_pool_bytes / (double)s->allocated,
+             fmtb(s->allocated, b));
+    snprintf(f->code, sizeof f->code,
+             "llm = LLM(model=name, gpu_memory_utilization=0.5)   # vLLM's default is 0.9\n"
+             "# verl: actor_rollout_ref.rollout.gpu_memory_utilization=0.5");
+}
+
 static void fixes_capacity(tk_snapshot *s) {
     char a[32];
     tk_snap_fix *f;
     const tk_snap_owner *user = NULL;
+    /* del is for tensors the user's code keeps: not a pool an engine
+     * preallocated, nor what only native code or a library holds */
     for (int i = 0; i < s->n_owners && !user; i++)
-        if (strncmp(s->owners[i].owner, "no Python frame", 15) && strncmp(s->owners[i].owner, "library:", 8))
+        if (!snap_names_no_code(s->owners[i].owner) && s->owners[i].pool_bytes < s->owners[i].bytes / 2)
             user = &s->owners[i];
     if (user && (f = fix(s, "del", (int64_t)user->bytes))) {
         snprintf(f->text, sizeof f->text,
@@ -590,7 +303,8 @@ static void diagnose_leak(tk_snapshot *s) {
     char a[32], b[32], c[32];
     tk_snap_diag *g = diag(s, "leak");
     tk_snap_fix *f;
-    const char *who = s->leak_owner[0] && strcmp(s->leak_owner, "no Python frame") ? s->leak_owner : NULL;
+    const char *who = s->leak_owner[0] && strncmp(s->leak_owner, "no Python frame", 15) &&
+                              strcmp(s->leak_owner, SNAP_BEFORE_HISTORY) ? s->leak_owner : NULL;
     int per_iter_blocks = s->leak_owner_iterations ? s->leak_owner_blocks / s->leak_owner_iterations : 0;
     if (!g) return;
     int m = snprintf(g->text, sizeof g->text,
@@ -636,6 +350,26 @@ static void diagnose(tk_snapshot *s) {
     tk_snap_diag *g;
     size_t need = s->has_oom ? s->oom_size : 0;
     if (s->has_leak) diagnose_leak(s);
+    if (s->has_growth && (g = diag(s, "growth")))
+        snprintf(g->text, sizeof g->text,
+                 "growth, not a leak: allocated rises by %s inside one step (%d rises that keep most of what they "
+                 "took: activations kept layer by layer for backward, the optimizer state created at its first "
+                 "step); no repeating loop leaves bytes behind in this trace.",
+                 fmtb(s->growth_bytes, a), s->growth_rises);
+    if (s->vllm_pool_bytes && s->vllm_pool_bytes >= s->allocated / 2 && (g = diag(s, "engine_pool"))) {
+        snprintf(g->text, sizeof g->text,
+                 "engine_pool: an inference engine's KV-cache pool (vLLM's cache engine, allocated at its __init__) "
+                 "holds %s of the %s allocated.",
+                 fmtb(s->vllm_pool_bytes, a), fmtb(s->allocated, b));
+        fixes_engine_pool(s);
+    }
+    /* At an OOM, the figures that matter are the failing device's. */
+    const tk_snap_device *od = NULL;
+    for (int i = 0; s->has_oom && s->n_device_rows > 1 && i < s->n_device_rows; i++)
+        if (s->devices[i].device == s->oom_device) od = &s->devices[i];
+    char on[48] = "";
+    if (od) snprintf(on, sizeof on, " on device %d (of %d)", od->device, s->n_device_rows);
+    size_t reserved = od ? od->reserved : s->reserved, allocated = od ? od->allocated : s->allocated;
     /* Fragmentation: enough is free in the cache, in pieces too small. With
      * an OOM that is "free >= request > largest block" in the request's pool
      * (PyTorch serves requests of up to 1 MiB from the small pool only);
@@ -643,11 +377,16 @@ static void diagnose(tk_snapshot *s) {
      * reserved and scattered (no block holds half of it). */
     const char *pool = need <= ((size_t)1 << 20) ? "small" : "large";
     size_t pool_free = 0, pool_largest = 0;
-    for (int i = 0; i < s->n_pools; i++)
+    for (int i = 0; !od && i < s->n_pools; i++)
         if (!strcmp(s->pools[i].pool, pool)) {
             pool_free += s->pools[i].free;
             if (s->pools[i].largest_free > pool_largest) pool_largest = s->pools[i].largest_free;
         }
+    if (od) {
+        int small = !strcmp(pool, "small");
+        pool_free = small ? od->free_small : od->free_large;
+        pool_largest = small ? od->largest_small : od->largest_large;
+    }
     int frag = s->has_oom ? (pool_free >= need && pool_largest < need)
                           : (s->free_in_cache >= s->reserved / 4 && s->free_in_cache >= ((size_t)1 << 20) &&
                              s->largest_free_block < s->free_in_cache / 2);
@@ -659,20 +398,23 @@ static void diagnose(tk_snapshot *s) {
                          : (s->reserved && s->allocated >= s->reserved / 10 * 9 &&
                             (!s->capacity || s->reserved >= s->capacity / 10 * 9));
     if (frag && (g = diag(s, "fragmentation"))) {
-        snprintf(g->text, sizeof g->text,
+        int m = snprintf(g->text, sizeof g->text,
                  "fragmentation: %s of the %s PyTorch reserved is free, in %d blocks, but the largest is %s%s%s.",
                  fmtb(s->free_in_cache, a), fmtb(s->reserved, b), s->n_free_blocks, fmtb(s->largest_free_block, c),
                  need ? " and the failed request was " : "", need ? fmtb(need, d) : "");
+        if (s->expandable_on && m > 0 && (size_t)m < sizeof g->text)
+            snprintf(g->text + m, sizeof g->text - (size_t)m,
+                     " Expandable segments are already on (allocator_settings), so that setting is not advised.");
     }
     if (cap && (g = diag(s, "capacity"))) {
         if (s->has_oom) {
             char e[32], f[32];
             snprintf(g->text, sizeof g->text,
-                     "capacity: tried to allocate %s; no free block of the %s pool fits it (%s free there, largest "
+                     "capacity: tried to allocate %s%s; no free block of the %s pool fits it (%s free there, largest "
                      "%s) and the device has only %s free for a new segment; live tensors hold %s of the %s "
-                     "reserved.",
-                     fmtb(need, a), pool, fmtb(pool_free, b), fmtb(pool_largest, c), fmtb(s->oom_device_free, d),
-                     fmtb(s->allocated, e), fmtb(s->reserved, f));
+                     "reserved%s.",
+                     fmtb(need, a), on, pool, fmtb(pool_free, b), fmtb(pool_largest, c), fmtb(s->oom_device_free, d),
+                     fmtb(allocated, e), fmtb(reserved, f), od ? " there" : "");
         } else
             snprintf(g->text, sizeof g->text,
                      "capacity: live tensors fill %s: %s of %s is allocated, the cache holds only %s free "
@@ -683,15 +425,16 @@ static void diagnose(tk_snapshot *s) {
     }
     /* Headroom: with the card's size known, what neither PyTorch holds nor
      * the device reports free is held by someone else. */
-    if (s->has_oom && s->capacity && s->reserved + s->oom_device_free < s->capacity / 100 * 90 &&
+    if (s->has_oom && s->capacity && reserved + s->oom_device_free < s->capacity / 100 * 90 &&
         (g = diag(s, "headroom"))) {
-        size_t other = s->capacity - s->reserved - s->oom_device_free;
+        size_t other = s->capacity - reserved - s->oom_device_free;
         snprintf(g->text, sizeof g->text,
                  "headroom: %s of the %s device is held outside this process's cache (another process, an earlier "
                  "run, or the CUDA context).",
                  fmtb(other, a), fmtb(s->capacity, b));
     }
-    if (s->n_owners && s->allocated && strcmp(s->owners[0].owner, "no Python frame") &&
+    if (s->n_owners && s->allocated && strncmp(s->owners[0].owner, "no Python frame", 15) &&
+        strcmp(s->owners[0].owner, SNAP_BEFORE_HISTORY) &&
         s->owners[0].bytes >= s->allocated / 5 * 2 && s->n_owners > 1 && (g = diag(s, "dominant_layer"))) {
         snprintf(g->text, sizeof g->text, "dominant_layer: %s holds %s, %.0f%% of what is allocated.",
                  s->owners[0].owner, fmtb(s->owners[0].bytes, a), 100.0 * (double)s->owners[0].bytes / (double)s->allocated);
@@ -710,32 +453,51 @@ static void diagnose(tk_snapshot *s) {
 
 /* ---- entry points --------------------------------------------------------------------- */
 
-static int read_tree(ctx *c, sv root) {
+/* The snapshot's tree (a pickle's trace events already streamed through
+ * snap_on_event when streamed is 1). */
+static int read_tree(snap_ctx *c, sv root, int streamed) {
     tk_snapshot *s = c->s;
     sv segs = root;
     if (sv_is_dict(root)) {
         s->form = s->form ? s->form : "pickle (dict)";
         segs = sv_get(root, "segments");
-        if (!sv_is_list(segs)) return bad(c, "segments", "missing or not a list: not a PyTorch memory snapshot");
+        if (!sv_is_list(segs)) return snap_bad(c, "segments", "missing or not a list: not a PyTorch memory snapshot");
     } else if (sv_is_list(root)) {
         s->form = s->form ? s->form : "pickle (list of segments)";
     } else {
         char m[128];
         snprintf(m, sizeof m, "expected a dict with 'segments' or a list of segments, found %s", sv_kind(root));
-        return bad(c, "top level", m);
+        return snap_bad(c, "top level", m);
     }
     int64_t devices = 0;
     for (size_t i = 0; i < sv_len(segs); i++)
         if (read_segment(c, sv_at(segs, i), i, &devices)) return -1;
     for (int d = 0; d < 64; d++) s->n_devices += (int)((devices >> d) & 1);
-    if (sv_is_dict(root) && read_trace(c, sv_get(root, "device_traces"))) return -1;
-    if (sv_is_dict(root) && find_leak(c, sv_get(root, "device_traces"))) return -1;
+    for (int k = 0; k < c->n_modules; k++)
+        if (c->modules[k].bytes > s->model_module_bytes) {
+            s->model_module_bytes = c->modules[k].bytes;
+            snprintf(s->model_module, sizeof s->model_module, "%s", c->modules[k].name);
+            snprintf(s->model_module_file, sizeof s->model_module_file, "%s", c->modules[k].file);
+        }
+    if (sv_is_dict(root)) {
+        sv traces = sv_get(root, "device_traces"), ann = sv_get(root, "external_annotations");
+        if (sv_true(sv_get(sv_get(root, "allocator_settings"), "expandable_segments"))) s->expandable_on = 1;
+        s->has_annotations = sv_is_list(ann) && sv_len(ann) > 0;
+        if (snap_build_trace(c, traces, streamed) || snap_find_leak(c) || snap_find_phases(c, ann)) return -1;
+    }
     if (s->n_owners) qsort(s->owners, (size_t)s->n_owners, sizeof *s->owners, cmp_owner);
     diagnose(s);
     return 0;
 }
 
-tk_snapshot *tk_snap_read_buf(const uint8_t *buf, size_t len, const char *name, size_t capacity, tk_err *err) {
+static void ctx_clear(snap_ctx *c) {
+    for (int i = 0; i < c->n_strs; i++) free(c->strs[i]);
+    free(c->strs);
+    free(c->str_tab);
+    free(c->ev);
+}
+
+static tk_snapshot *snap_new(const char *name, size_t capacity, tk_err *err) {
     tk_snapshot *s = tk_calloc(1, sizeof *s);
     if (!s) {
         tk_err_set(err, TK_ENOMEM, "%s: out of host memory", name);
@@ -743,31 +505,50 @@ tk_snapshot *tk_snap_read_buf(const uint8_t *buf, size_t len, const char *name, 
     }
     snprintf(s->path, sizeof s->path, "%s", name);
     s->capacity = capacity;
-    ctx c = {s, name, err, 0, 0};
+    s->oom_time_us = s->peak_time_us = -1;
+    return s;
+}
+
+/* A pickle, from memory (buf) or from the file at path: its trace events
+ * streamed into records as they are read, the rest as a tree. */
+static int read_pickle(snap_ctx *c, const uint8_t *buf, size_t len, const char *path) {
+    tk_pickle_opts o = {.name = c->name, .max_bytes = SNAP_TREE_CAP, .stream_key = "action", .on_item = snap_on_event,
+                        .item_ctx = c};
+    tk_pickle *p = path ? tk_pickle_load_file(path, &o, c->err) : tk_pickle_load(buf, len, &o, c->err);
+    int rc = p ? read_tree(c, (sv){tk_pickle_root(p), NULL}, 1) : -1;
+    tk_pickle_destroy(&p);
+    return rc;
+}
+
+static int read_json(snap_ctx *c, const uint8_t *buf, size_t len) {
+    json_error_t je;
+    json_t *j = json_loadb((const char *)buf, len, 0, &je);
+    if (!j) {
+        tk_err_set(c->err, TK_EFORMAT, "%s: line %d: not valid JSON: %s", c->name, je.line, je.text);
+        return -1;
+    }
+    c->s->form = "json";
+    int rc = read_tree(c, (sv){NULL, j}, 0);
+    json_decref(j);
+    return rc;
+}
+
+static int not_a_snapshot(snap_ctx *c) {
+    tk_err_set(c->err, TK_EFORMAT,
+               "%s: not a PyTorch memory snapshot (neither a pickle of protocol 2 or newer nor JSON)", c->name);
+    return -1;
+}
+
+tk_snapshot *tk_snap_read_buf(const uint8_t *buf, size_t len, const char *name, size_t capacity, tk_err *err) {
+    tk_snapshot *s = snap_new(name, capacity, err);
+    if (!s) return NULL;
+    snap_ctx c = {.s = s, .name = name, .err = err};
     size_t i = 0;
     while (i < len && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t')) i++;
-    int rc;
-    if (i < len && (buf[i] == '{' || buf[i] == '[')) {
-        json_error_t je;
-        json_t *j = json_loadb((const char *)buf, len, 0, &je);
-        if (!j) {
-            tk_err_set(err, TK_EFORMAT, "%s: line %d: not valid JSON: %s", name, je.line, je.text);
-            tk_snap_destroy(&s);
-            return NULL;
-        }
-        s->form = "json";
-        rc = read_tree(&c, (sv){NULL, j});
-        json_decref(j);
-    } else if (len && buf[0] == 0x80) {
-        tk_pickle_opts o = {.name = name, .max_bytes = SNAP_TREE_CAP};
-        tk_pickle *p = tk_pickle_load(buf, len, &o, err);
-        rc = p ? read_tree(&c, (sv){tk_pickle_root(p), NULL}) : -1;
-        tk_pickle_destroy(&p);
-    } else {
-        tk_err_set(err, TK_EFORMAT, "%s: not a PyTorch memory snapshot (neither a pickle of protocol 2 or newer nor JSON)",
-                   name);
-        rc = -1;
-    }
+    int rc = i < len && (buf[i] == '{' || buf[i] == '[') ? read_json(&c, buf, len)
+             : len && buf[0] == 0x80                       ? read_pickle(&c, buf, len, NULL)
+                                                           : not_a_snapshot(&c);
+    ctx_clear(&c);
     if (rc) tk_snap_destroy(&s);
     return s;
 }
@@ -780,15 +561,31 @@ tk_snapshot *tk_snap_read(const char *path, size_t capacity, tk_err *err) {
         if (f) fclose(f);
         return NULL;
     }
-    if ((size_t)st.st_size > SNAP_MAX_FILE) {
-        tk_err_set(err, TK_EFORMAT, "%s: %lld bytes, larger than the 1 GiB this reader takes", path,
-                   (long long)st.st_size);
+    uint8_t head[64];
+    size_t nh = fread(head, 1, sizeof head, f), i = 0;
+    while (i < nh && (head[i] == ' ' || head[i] == '\n' || head[i] == '\r' || head[i] == '\t')) i++;
+    if (nh && head[0] == 0x80) {
+        /* a pickle of any size: mapped, its events streamed */
+        fclose(f);
+        tk_snapshot *s = snap_new(path, capacity, err);
+        if (!s) return NULL;
+        snap_ctx c = {.s = s, .name = path, .err = err};
+        int rc = read_pickle(&c, NULL, 0, path);
+        ctx_clear(&c);
+        if (rc) tk_snap_destroy(&s);
+        return s;
+    }
+    /* JSON is parsed whole: it stays within the 1 GiB this reader takes in memory */
+    if ((size_t)st.st_size > SNAP_MAX_JSON) {
+        tk_err_set(err, TK_EFORMAT, "%s: %lld bytes of JSON, larger than the 1 GiB this reader takes as JSON "
+                                    "(a pickle of any size is read as it streams)",
+                   path, (long long)st.st_size);
         fclose(f);
         return NULL;
     }
     size_t n = (size_t)st.st_size;
     uint8_t *buf = tk_malloc(n ? n : 1);
-    if (!buf || fread(buf, 1, n, f) != n) {
+    if (!buf || fseek(f, 0, SEEK_SET) || fread(buf, 1, n, f) != n) {
         tk_err_set(err, TK_EIO, "%s: could not read the file", path);
         free(buf);
         fclose(f);
@@ -833,6 +630,17 @@ int tk_snap_capacity(const char *gpu, const char *size, size_t *out, tk_err *err
  * hidden / 64 and said to be assumed. */
 void tk_snap_model_line(const tk_snap_model *md, char *buf, size_t n) {
     char a[32];
+    if (!md->recognised) {
+        if (md->hidden)
+            snprintf(buf, n, "%s (not a BERT: not planned), hidden %d, %d layers, intermediate %d, vocab %d; %s weights, "
+                             "%s of parameter-shaped blocks",
+                     md->family, md->hidden, md->layers, md->intermediate, md->vocab,
+                     md->mixed ? "fp32 and 16-bit" : md->elem == 2 ? "16-bit (fp16/bf16)" : "fp32",
+                     tk_format_bytes(md->param_bytes, a, sizeof a));
+        else
+            snprintf(buf, n, "%s (not recognised)", md->family[0] ? md->family : "unknown");
+        return;
+    }
     snprintf(buf, n, "BERT%s%s%s, hidden %d, %d layers, %d heads%s, intermediate %d, vocab %d, %d positions; "
                      "%s weights, %d cop%s of each parameter (%s)",
              md->preset[0] ? " = " : "", md->preset,
@@ -856,11 +664,24 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
     fprintf(f, "  free in the cache %s in %d blocks, largest free block %s (%zu B)\n", fmtb(s->free_in_cache, a),
             s->n_free_blocks, fmtb(s->largest_free_block, b), s->largest_free_block);
     if (s->capacity) fprintf(f, "  device capacity %s\n", fmtb(s->capacity, a));
-    if (s->has_oom)
-        fprintf(f, "  out of memory: tried to allocate %s with %s free on the device\n", fmtb(s->oom_size, a),
-                fmtb(s->oom_device_free, b));
+    if (s->n_device_rows > 1) {
+        fprintf(f, "  %d devices:\n", s->n_device_rows);
+        for (int i = 0; i < s->n_device_rows; i++)
+            fprintf(f, "    device %d: reserved %s, allocated %s, largest free block %s%s\n", s->devices[i].device,
+                    fmtb(s->devices[i].reserved, a), fmtb(s->devices[i].allocated, b),
+                    fmtb(s->devices[i].largest_free_block, c),
+                    s->has_oom && s->devices[i].device == s->oom_device ? "  <- the OOM" : "");
+    }
+    if (s->has_oom) {
+        char on[32] = "";
+        if (s->n_device_rows > 1) snprintf(on, sizeof on, " on device %d", s->oom_device);
+        fprintf(f, "  out of memory%s: tried to allocate %s with %s free on the device%s%s\n", on, fmtb(s->oom_size, a),
+                fmtb(s->oom_device_free, b), s->phase_at_oom[0] ? ", during " : "", s->phase_at_oom);
+    }
+    if (s->expandable_on) fprintf(f, "  expandable segments: on\n");
     if (s->n_points)
-        fprintf(f, "  trace: %d events, allocated peaks at %s\n", s->n_trace, fmtb(s->trace_peak_allocated, a));
+        fprintf(f, "  trace: %d events, allocated peaks at %s%s%s\n", s->n_trace, fmtb(s->trace_peak_allocated, a),
+                s->phase_at_peak[0] ? ", during " : "", s->phase_at_peak);
     fprintf(f, "\nSegments by pool and stream:\n  %-6s %-8s %8s %12s %12s %12s %12s\n", "pool", "stream", "segments",
             "reserved", "allocated", "free", "largest free");
     for (int i = 0; i < s->n_pools; i++) {
@@ -869,22 +690,35 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
                 fmtb(p->reserved, a), fmtb(p->allocated, b), fmtb(p->free, c), fmtb(p->largest_free, d));
     }
     fprintf(f, "\nLive at the end, by owner (innermost frame of your code):\n");
-    for (int i = 0; i < s->n_owners && i < top; i++)
-        fprintf(f, "  %12s %5d blocks  %s\n", fmtb(s->owners[i].bytes, a), s->owners[i].blocks, s->owners[i].owner);
+    if (s->has_annotations) fprintf(f, "  %12s %12s  %-28s %s\n", "bytes", "blocks", "phase", "owner");
+    for (int i = 0; i < s->n_owners && i < top; i++) {
+        if (s->has_annotations)
+            fprintf(f, "  %12s %5d blocks  %-28s %s\n", fmtb(s->owners[i].bytes, a), s->owners[i].blocks,
+                    s->owners[i].phase[0] ? s->owners[i].phase : "-", s->owners[i].owner);
+        else
+            fprintf(f, "  %12s %5d blocks  %s\n", fmtb(s->owners[i].bytes, a), s->owners[i].blocks, s->owners[i].owner);
+    }
     if (s->n_owners > top) fprintf(f, "  ... %d more owners\n", s->n_owners - top);
     const tk_snap_model *md = &s->model;
+    if (!md->recognised && md->family[0]) {
+        char line[512];
+        tk_snap_model_line(md, line, sizeof line);
+        fprintf(f, "\nModel: %s\n  why: %s\n", line, md->why);
+    }
     if (md->recognised) {
         char line[512];
         tk_snap_model_line(md, line, sizeof line);
-        fprintf(f, "\nModel (from %s): %s\n", md->from, line);
+        fprintf(f, "\nModel (from %s): %s\n  why: %s\n", md->from, line, md->why);
         if (md->batch)
             fprintf(f, "  batch %d x sequence %d (from %s)\n", md->batch, md->seq, md->shape_from);
         else
             fprintf(f, "  batch and sequence length unknown: give --batch N --seq N to plan the fixes\n");
         if (md->planned)
-            fprintf(f, "  planned as it ran: peak %s%s%s (%s) -> %s\n", fmtb(md->plan_peak, a),
+            fprintf(f, "  planned as it ran (engine %s): peak %s%s%s (%s) -> %s; %s\n", md->engine, fmtb(md->plan_peak, a),
                     md->plan_capacity ? " of " : "", md->plan_capacity ? fmtb(md->plan_capacity, b) : "",
-                    md->capacity_from, md->plan_fits ? "fits" : "does not fit");
+                    md->capacity_from, md->plan_fits ? "fits" : "does not fit", md->plan_note);
+        else if (md->plan_withheld)
+            fprintf(f, "  plan as it ran (engine %s) %s\n", md->engine, md->plan_note);
     }
     if (s->data.have)
         fprintf(f, "\nData %s: %d examples, token lengths p50 %d, p95 %d, p99 %d, max %d (%s)\n", s->data.file,
@@ -935,14 +769,31 @@ json_t *tk_snap_json(const tk_snapshot *s, int top) {
                                                (json_int_t)p->free, "largest_free", (json_int_t)p->largest_free));
     }
     json_object_set_new(o, "segments", pools);
+    json_t *devs = json_array();
+    for (int i = 0; i < s->n_device_rows; i++)
+        json_array_append_new(devs, json_pack("{s:i, s:I, s:I, s:I}", "device", s->devices[i].device, "reserved",
+                                              (json_int_t)s->devices[i].reserved, "allocated",
+                                              (json_int_t)s->devices[i].allocated, "largest_free_block",
+                                              (json_int_t)s->devices[i].largest_free_block));
+    json_object_set_new(o, "devices", devs);
+    json_object_set_new(o, "expandable_segments", json_boolean(s->expandable_on));
     json_t *t = json_array();
-    for (int i = 0; i < s->n_owners && i < top; i++)
-        json_array_append_new(t, json_pack("{s:s, s:I, s:i}", "owner", s->owners[i].owner, "bytes",
-                                           (json_int_t)s->owners[i].bytes, "blocks", s->owners[i].blocks));
+    for (int i = 0; i < s->n_owners && i < top; i++) {
+        json_t *r = json_pack("{s:s, s:I, s:i}", "owner", s->owners[i].owner, "bytes", (json_int_t)s->owners[i].bytes,
+                              "blocks", s->owners[i].blocks);
+        if (s->has_annotations)
+            json_object_set_new(r, "phase", s->owners[i].phase[0] ? json_string(s->owners[i].phase) : json_null());
+        json_array_append_new(t, r);
+    }
     json_object_set_new(o, "top", t);
-    json_object_set_new(o, "oom", s->has_oom ? json_pack("{s:I, s:I}", "size", (json_int_t)s->oom_size, "device_free",
-                                                         (json_int_t)s->oom_device_free)
+    json_object_set_new(o, "oom", s->has_oom ? json_pack("{s:I, s:I, s:i, s:o}", "size", (json_int_t)s->oom_size,
+                                                         "device_free", (json_int_t)s->oom_device_free, "device",
+                                                         s->oom_device, "phase",
+                                                         s->phase_at_oom[0] ? json_string(s->phase_at_oom) : json_null())
                                              : json_null());
+    json_object_set_new(o, "phase_at_peak", s->phase_at_peak[0] ? json_string(s->phase_at_peak) : json_null());
+    json_object_set_new(o, "growth", json_pack("{s:b, s:I, s:i}", "found", s->has_growth, "bytes",
+                                               (json_int_t)s->growth_bytes, "rises", s->growth_rises));
     json_object_set_new(o, "timeline", json_pack("{s:i, s:i, s:I}", "events", s->n_trace, "points", s->n_points,
                                                  "peak_allocated", (json_int_t)s->trace_peak_allocated));
     json_t *dg = json_array();
@@ -968,6 +819,20 @@ json_t *tk_snap_json(const tk_snapshot *s, int top) {
                                   (json_int_t)s->leak_owner_bytes, "owner_iterations", s->leak_owner_iterations));
     const tk_snap_model *md = &s->model;
     json_t *mj = json_null();
+    if (!md->recognised && md->family[0]) {
+        mj = json_pack("{s:s, s:s, s:b}", "family", md->family, "why", md->why, "planned", 0);
+        if (md->hidden) {
+            json_object_set_new(mj, "hidden", json_integer(md->hidden));
+            json_object_set_new(mj, "layers", json_integer(md->layers));
+            json_object_set_new(mj, "intermediate", json_integer(md->intermediate));
+            json_object_set_new(mj, "vocab", json_integer(md->vocab));
+            json_object_set_new(mj, "max_position", md->max_position ? json_integer(md->max_position) : json_null());
+            json_object_set_new(mj, "dtype", json_string(md->mixed ? "mixed (fp32 and 16-bit copies)"
+                                                         : md->elem == 2 ? "fp16/bf16" : "fp32"));
+            json_object_set_new(mj, "copies", json_integer(md->copies));
+            json_object_set_new(mj, "param_bytes", json_integer((json_int_t)md->param_bytes));
+        }
+    }
     if (md->recognised) {
         mj = json_pack("{s:s, s:o, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:I}", "recognised_from", md->from, "preset",
                        md->preset[0] ? json_string(md->preset) : json_null(), "hidden", md->hidden, "layers",
@@ -978,12 +843,18 @@ json_t *tk_snap_json(const tk_snapshot *s, int top) {
         json_object_set_new(mj, "batch", md->batch ? json_integer(md->batch) : json_null());
         json_object_set_new(mj, "seq", md->seq ? json_integer(md->seq) : json_null());
         json_object_set_new(mj, "shape_from", md->shape_from[0] ? json_string(md->shape_from) : json_null());
+        json_object_set_new(mj, "family", json_string(md->family));
+        json_object_set_new(mj, "why", json_string(md->why));
+        json_object_set_new(mj, "planned", json_boolean(md->planned));
         if (md->planned)
-            json_object_set_new(mj, "plan", json_pack("{s:I, s:o, s:b, s:s}", "peak", (json_int_t)md->plan_peak,
+            json_object_set_new(mj, "plan", json_pack("{s:I, s:o, s:b, s:s, s:s, s:s}", "peak", (json_int_t)md->plan_peak,
                                                       "capacity",
                                                       md->plan_capacity ? json_integer((json_int_t)md->plan_capacity)
                                                                         : json_null(),
-                                                      "fits", md->plan_fits, "capacity_from", md->capacity_from));
+                                                      "fits", md->plan_fits, "capacity_from", md->capacity_from,
+                                                      "engine", md->engine, "agreement", md->plan_note));
+        else if (md->plan_withheld)
+            json_object_set_new(mj, "plan_withheld", json_pack("{s:s, s:s}", "engine", md->engine, "reason", md->plan_note));
     }
     json_object_set_new(o, "model", mj);
     const tk_snap_data *dt = &s->data;

@@ -1,13 +1,17 @@
-/* snapshot_plan.c — a PyTorch snapshot's model recognised as a BERT from
- * the sizes of its live blocks (or named by --model), the batch shape its
- * activation blocks imply, the user's data file through the pipeline's
- * tokenizer, and the snapshot's fixes planned on the planner (bert/plan.c).
+/* snapshot_plan.c — a PyTorch snapshot's model named with its evidence (a
+ * BERT-family encoder, a decoder LM of a named family, or not recognised),
+ * the batch shape its activation blocks imply, the user's data file through
+ * the pipeline's tokenizer, fixes for weights that fill the card, and the
+ * snapshot's fixes planned on the planner (bert/plan.c).
  *
- * Guarantees: recognition uses block sizes only (never frame names, so
- * txkernel's own snapshots are recognised the way anyone's are); a size that
- * matches no BERT leaves the model unrecognised, which is not an error; a
- * bad --model, --data or shape is one line naming it. Every planned figure
- * comes from tk_plan on the meta device.
+ * Guarantees: a BERT is recognised from block sizes only (its word,
+ * position and token-type embeddings beside its layers' weights; the vocab
+ * never from a logits-shaped block); frames that pass through a model
+ * module (transformers/models/NAME, vllm/model_executor/models/NAME) name a
+ * family but never make a BERT. Only a BERT is planned, in one place
+ * (plan_as_it_ran), and its plan is shown only when it agrees with the
+ * file; a bad --model, --data or shape is one line naming it. Every planned
+ * figure comes from tk_plan on the meta device.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,8 +53,6 @@ static int isqrt_exact(size_t q) {
     return r * r == q ? (int)r : -1;
 }
 
-static int imin(int a, int b) { return a < b ? a : b; }
-
 /* Bytes of one copy of a BERT's parameters with a pooler and a 2-class head
  * (the head is too small to see). */
 static size_t bert_params(const tk_snap_model *m) {
@@ -60,15 +62,35 @@ static size_t bert_params(const tk_snap_model *m) {
             H * H + H) * (size_t)m->elem;
 }
 
-/* A BERT in parameters of elem bytes: a hidden size H whose H x H weights
- * come at least 4 to a layer, the H x I weights 2 to a layer, the H-sized
- * vectors 9 to a layer, and word embeddings V x H (V in 1000..1000000, the
- * largest such block that comes at most 4 times): the number of those is
- * the copies (weights, gradients, AdamW's two states). Each count can only
- * be inflated by an activation that happens to have the same size, so the
- * layers are the smallest count's. Returns the recognised bytes (0: none). */
-static size_t recognise_elem(sizes z, int elem, tk_snap_model *out) {
+/* What the parameter-shaped blocks of one hidden size show: the evidence a
+ * family is named from. */
+typedef struct shapes {
+    tk_snap_model m;      /* hidden, layers, intermediate, vocab, max_position, elem, copies, param_bytes */
+    int gated;            /* three H x I weights a layer (gate/up/down), no learned positions */
+    int positions;        /* a P x H block beside the word embeddings: P, or 0 */
+    int token_types;      /* a 2 x H block (BERT's token-type embeddings) */
+    int c_hh, c_hi, c_v;  /* counts of H x H, H x I and V x H blocks */
+    int logits_rows;      /* a V x H-divisible block skipped as logits-shaped (batch x seq x vocab), or 0 */
+} shapes;
+
+/* A block of X elements is logits-shaped (batch*seq x vocab) when another
+ * candidate vocabulary V divides it with a quotient other than H, and V's
+ * rows are fewer: the real word embeddings are the smaller table. */
+static int logits_shaped(size_t X, const int *cand, int nc, int H) {
+    for (int k = 0; k < nc; k++) {
+        size_t V = (size_t)cand[k];
+        if (V < X / (size_t)H && X % V == 0 && X / V != (size_t)H && X / V >= 2) return 1;
+    }
+    return 0;
+}
+
+/* The parameter blocks of elem-byte elements around the hidden size whose
+ * H x H weights come most: returns the parameter bytes recognised (0:
+ * none). Each count can only be inflated by an activation of the same size,
+ * so the layers are the smallest count's. */
+static size_t read_shapes(sizes z, int elem, shapes *out) {
     size_t best = 0;
+    int best_rank = -1;
     for (int i = 0; i < z.n;) {
         size_t S = z.v[i];
         int c_hh = count_of(z, S);
@@ -77,45 +99,156 @@ static size_t recognise_elem(sizes z, int elem, tk_snap_model *out) {
         int H = isqrt_exact(S / (size_t)elem);
         if (H < 16 || H % 16 || H > 16384) continue;
         size_t row = (size_t)H * (size_t)elem;
-        /* the word embeddings: the largest V x H block seen 1..4 times */
-        int V = 0, copies = 0;
-        for (int k = z.n - 1; k >= 0 && !V; k--) {
-            size_t x = z.v[k];
-            if (x % row || x / row < 1000 || x / row > 1000000) continue;
-            int c = count_of(z, x);
-            if (c >= 1 && c <= 4) V = (int)(x / row), copies = c;
-        }
-        if (!V) continue;
         /* the intermediate size: the I in (H, 8H] whose H x I blocks come most often */
         int I = 0, c_hi = 0;
-        for (int cand = H + 16; cand <= 8 * H; cand += 16) {
-            int c = count_of(z, (size_t)cand * row);
-            if (c > c_hi || (c == c_hi && c && cand == 4 * H)) I = cand, c_hi = c;
+        for (int cand_i = H + 16; cand_i <= 8 * H; cand_i += 16) {
+            int c = count_of(z, (size_t)cand_i * row);
+            if (c > c_hi || (c == c_hi && c && cand_i == 4 * H)) I = cand_i, c_hi = c;
         }
         if (!I) continue;
-        int c_h = count_of(z, row);
-        int L = imin(c_hi / (2 * copies), imin(c_hh / (4 * copies), (c_h - 2 * copies) / (9 * copies)));
-        if (L < 1) continue;
-        /* position embeddings P x H (512 unless another power of two shows):
-         * a P equal to H or I shares its size with those weights, whose
-         * blocks are counted first */
-        int P = 0;
-        for (int p = 512, k = 0; k < 9 && !P; p = k < 3 ? 64 << k : 1024 << (k - 3), k++) {
-            int taken = (p == I ? 2 * L * copies : 0) + (p == H ? (4 * L + 1) * copies : 0);
-            if (count_of(z, (size_t)p * row) >= copies + taken) P = p;
+        /* the word embeddings: the largest V x H block seen 1..12 times
+         * (weights, gradients, AdamW's two states, an untied LM head), with
+         * activation-shaped blocks aside: logits (batch*seq x vocab) and a
+         * batch*seq x I block beside a batch*seq x H one */
+        int cand[256], nc = 0;
+        for (int k = 0; k < z.n && nc < 256;) {
+            size_t x = z.v[k];
+            int c = count_of(z, x);
+            k += c;
+            /* rows of H or I are the layers' own weights */
+            if (x % row || x / row < 1000 || x / row > 1000000 || c > 12 || x / row == (size_t)I ||
+                x / row == (size_t)H)
+                continue;
+            cand[nc++] = (int)(x / row);
         }
-        if (!P) P = 512;
-        tk_snap_model m = {0};
-        m.hidden = H, m.layers = L, m.intermediate = I, m.vocab = V, m.max_position = P, m.elem = elem;
-        m.copies = copies;
-        m.heads = H >= 64 ? H / 64 : 1;
-        m.param_bytes = bert_params(&m) * (size_t)copies;
-        if (m.param_bytes > best) {
-            best = m.param_bytes;
-            *out = m;
+        int V = 0, c_v = 0, skipped = 0;
+        for (int k = nc - 1; k >= 0 && !V; k--) {
+            size_t X = (size_t)cand[k] * (size_t)H;
+            if (logits_shaped(X, cand, nc, H)) {
+                skipped = cand[k];
+                continue;
+            }
+            if (X % (size_t)I == 0 && count_of(z, X / (size_t)I * row)) continue;
+            V = cand[k];
+            c_v = count_of(z, (size_t)V * row);
+        }
+        if (!V) continue;
+        /* learned positions: P x H with P a power of two (BERT 512, GPT-2
+         * 1024) or two more (OPT's offset: 2050); a P equal to H or I
+         * shares its size with those weights, so it needs more than they take */
+        int copies = c_v <= 4 ? c_v : c_v / 2;
+        if (copies > 4) copies = 4;
+        /* An embedding table comes once a copy (twice with a head of its
+         * shape); a size seen more often is something else's. */
+        int P = 0, L2 = c_hi / (2 * copies);
+        for (int k = 0; k < 17 && !P; k++) {
+            /* 512 first (BERT's), then 64..16384, then each of those plus two */
+            int e = k < 9 ? k : k - 8, base = e == 0 ? 512 : e <= 3 ? 32 << e : 512 << (e - 3);
+            int p = base + (k < 9 ? 0 : 2);
+            int taken = (p == I ? 2 * L2 * copies : 0) + (p == H ? (4 * L2 + 1) * copies : 0);
+            int c = count_of(z, (size_t)p * row) - taken;
+            if (p != V && c > 0 && c <= 2 * copies) P = p;
+        }
+        int c_2h = count_of(z, 2 * row);
+        int types = c_2h > 0 && c_2h <= 2 * copies;
+        /* gate/up/down: 3 H x I weights to 4 H x H (q, k, v, o) or, with
+         * grouped k/v heads, to 2 */
+        int gated = !P && c_hi * 4 >= c_hh * 3 && c_hi * 2 <= c_hh * 3;
+        int L = c_hi / ((gated ? 3 : 2) * copies);
+        if (L < 1) continue;
+        if (types && P && !gated) {
+            /* a BERT layer: 4 H x H weights, 2 H x I, 9 H-sized vectors */
+            int c_h = count_of(z, row), Lb = c_hh / (4 * copies), Lv = (c_h - 2 * copies) / (9 * copies);
+            if (Lb < L) L = Lb;
+            if (Lv < L) L = Lv;
+            if (L < 1) types = 0, L = c_hi / (2 * copies); /* not a BERT's layers: no BERT evidence */
+        }
+        shapes sh = {0};
+        tk_snap_model *m = &sh.m;
+        m->hidden = H, m->layers = L, m->intermediate = I, m->vocab = V, m->max_position = P, m->elem = elem;
+        m->copies = copies;
+        m->heads = H >= 64 ? H / 64 : 1;
+        sh.gated = gated, sh.positions = P, sh.token_types = types, sh.c_hh = c_hh, sh.c_hi = c_hi, sh.c_v = c_v;
+        sh.logits_rows = skipped;
+        if (types && P && !gated) {
+            m->param_bytes = bert_params(m) * (size_t)copies;
+        } else {
+            /* the blocks of parameter shape as they are, all copies */
+            m->param_bytes = (size_t)c_hh * S + (size_t)c_hi * (size_t)I * row + (size_t)c_v * (size_t)V * row +
+                             (P ? (size_t)count_of(z, (size_t)P * row) * (size_t)P * row : 0);
+        }
+        /* the fullest evidence first (a BERT's three embeddings, then a
+         * decoder's positions or gated MLP), then the most bytes */
+        int rank = types && P && !gated ? 2 : P || gated ? 1 : 0;
+        if (rank > best_rank || (rank == best_rank && m->param_bytes > best)) {
+            best = m->param_bytes;
+            best_rank = rank;
+            *out = sh;
         }
     }
     return best;
+}
+
+/* The family a model module's name says ("llama", "qwen2", "opt", ...), or NULL. */
+static const char *family_of_module(const char *name) {
+    static const struct { const char *prefix, *family; } T[] = {
+        {"bert", "bert"}, {"llama", "llama"}, {"qwen", "qwen"}, {"mistral", "mistral"}, {"mixtral", "mistral"},
+        {"gpt2", "gpt2"}, {"opt", "opt"}};
+    for (size_t i = 0; i < sizeof T / sizeof *T; i++)
+        if (!strncmp(name, T[i].prefix, strlen(T[i].prefix)) &&
+            (strlen(name) == strlen(T[i].prefix) || strcmp(T[i].prefix, "opt") != 0))
+            return T[i].family;
+    return NULL;
+}
+
+/* The family the shapes show, with why (sh may be NULL: no parameter set). */
+static const char *family_of_shapes(const shapes *sh, char *why, size_t n) {
+    if (!sh) {
+        snprintf(why, n, "no set of parameter-shaped blocks (H x H weights several to a layer, V x H word "
+                         "embeddings) among the live blocks");
+        return "unknown";
+    }
+    const tk_snap_model *m = &sh->m;
+    int V = m->vocab;
+    int m_len = snprintf(why, n, "hidden %d: %d blocks of H x H, %d of H x %d, word embeddings %d x H%s",
+                         m->hidden, sh->c_hh, sh->c_hi, m->intermediate, V,
+                         sh->logits_rows ? " (a logits-shaped block skipped)" : "");
+    char *w = why + (m_len > 0 && (size_t)m_len < n ? m_len : 0);
+    size_t left = n - (size_t)(w - why);
+    if (sh->token_types && sh->positions && !sh->gated) {
+        snprintf(w, left, ", position embeddings %d x H, token-type embeddings 2 x H, 2 H x I weights a layer: "
+                          "a BERT-family encoder", sh->positions);
+        return "bert";
+    }
+    if (sh->positions) {
+        int q = sh->positions - 2;
+        if (q >= 1024 && (q & (q - 1)) == 0) {
+            snprintf(w, left, ", learned positions %d x H (2 more than a power of two: OPT's offset), no "
+                              "token-type embeddings: an OPT decoder", sh->positions);
+            return "opt";
+        }
+        if (V == 50257) {
+            snprintf(w, left, ", learned positions %d x H, vocab 50257, no token-type embeddings: GPT-2",
+                     sh->positions);
+            return "gpt2";
+        }
+        snprintf(w, left, ", learned positions %d x H, no token-type embeddings: a decoder LM of no named family",
+                 sh->positions);
+        return "decoder";
+    }
+    if (sh->gated) {
+        const char *f = "decoder";
+        if (V == 151646 || V == 151669 || V == 151936 || V == 152064) f = "qwen";
+        else if (V == 32000 || V == 128256) f = "llama";
+        else if (V == 32768 || V == 131072) f = "mistral";
+        snprintf(w, left, ", 3 H x I weights a layer (gate/up/down MLP), no position embeddings: %s%s",
+                 !strcmp(f, "decoder") ? "a decoder LM; its vocab names no family" : f,
+                 !strcmp(f, "decoder") ? "" : "'s vocab");
+        return f;
+    }
+    snprintf(w, left, "; no position or token-type embeddings and 2 H x I weights a layer: not a BERT (no "
+                      "embeddings beside the words), no gated MLP of a Llama-style decoder");
+    return "unknown";
 }
 
 /* The preset with these dimensions, if any (heads follow it). */
@@ -218,14 +351,22 @@ static tk_snap_fix *find_fix(tk_snapshot *s, const char *id) {
     return NULL;
 }
 
-static tk_snap_fix *add_fix(tk_snapshot *s, const char *id) {
-    if (s->n_fixes == TK_SNAP_MAX_FIXES) return NULL;
-    tk_snap_fix *f = &s->fixes[s->n_fixes++];
+/* A new fix at position pos (later ones move down; past the table's size
+ * the last one is dropped). */
+static tk_snap_fix *insert_fix(tk_snapshot *s, const char *id, int pos) {
+    if (find_fix(s, id)) return NULL;
+    if (s->n_fixes == TK_SNAP_MAX_FIXES) s->n_fixes--;
+    if (pos > s->n_fixes) pos = s->n_fixes;
+    memmove(&s->fixes[pos + 1], &s->fixes[pos], (size_t)(s->n_fixes - pos) * sizeof *s->fixes);
+    s->n_fixes++;
+    tk_snap_fix *f = &s->fixes[pos];
     memset(f, 0, sizeof *f);
     snprintf(f->id, sizeof f->id, "%s", id);
     f->saves = -1;
     return f;
 }
+
+static tk_snap_fix *add_fix(tk_snapshot *s, const char *id) { return insert_fix(s, id, s->n_fixes); }
 
 /* --model as a local name: a path or a preset as it is; a hub id becomes
  * its snapshot folder in the HF cache, with config.json and the tokenizer
@@ -282,6 +423,139 @@ static int read_data(tk_snapshot *s, const tk_snap_opts *o, const char *model, t
     return 0;
 }
 
+/* The one place the run "as it ran" is planned (the engine named in
+ * m->engine), and checked against the file: with a trace, the planned peak
+ * allocated within 15 % of the trace's peak (alloc and free_completed
+ * replayed); a trace with an oom event ran out before its own peak, so there
+ * the plan must not fit and must reach at least 85 % of the trace's peak
+ * plus the failed request; without a trace, at least the allocated bytes.
+ * A plan that disagrees is withheld (m->planned 0, m->plan_withheld 1) with
+ * the reason in m->plan_note. -1 only when the planner fails. */
+static int plan_as_it_ran(tk_snapshot *s, const tk_config *c, tk_plan_result *p, tk_err *err) {
+    tk_snap_model *m = &s->model;
+    char a[32], b[32];
+    snprintf(m->engine, sizeof m->engine, "txkernel");
+    if (plan_one(c, NULL, p, err) != TK_OK) return -1;
+    m->plan_peak = p->peak_reserved;
+    m->plan_capacity = p->capacity;
+    m->plan_fits = p->fits;
+    size_t planned = p->peak_allocated, target;
+    const char *against;
+    int agree;
+    if (s->has_oom) {
+        target = s->trace_peak_allocated + s->oom_size;
+        against = "the trace's peak plus the failed request";
+        agree = !p->fits && (double)planned >= 0.85 * (double)target;
+    } else if (s->n_points) {
+        target = s->trace_peak_allocated;
+        against = "the trace's peak";
+        agree = (double)planned >= 0.85 * (double)target && (double)planned <= 1.15 * (double)target;
+    } else {
+        target = s->allocated;
+        against = "what the file has allocated";
+        agree = planned >= target;
+    }
+    if (agree) {
+        m->planned = 1;
+        snprintf(m->plan_note, sizeof m->plan_note, "planned peak allocated %s against %s, %s",
+                 tk_format_bytes(planned, a, sizeof a), against, tk_format_bytes(target, b, sizeof b));
+    } else {
+        m->plan_withheld = 1;
+        snprintf(m->plan_note, sizeof m->plan_note,
+                 "withheld: the %s plan's peak allocated %s disagrees with %s, %s%s", m->engine,
+                 tk_format_bytes(planned, a, sizeof a), against, tk_format_bytes(target, b, sizeof b),
+                 s->has_oom && p->fits ? " (the file ran out of memory; the plan fits)"
+                 : s->has_oom           ? " (it should be at least 85 % of it)"
+                 : s->n_points          ? " (more than 15 % apart)"
+                                        : " (below it)");
+    }
+    return 0;
+}
+
+/* Weights that fill the device: fixes that shrink or move the weights, put
+ * first; freeing a tensor the run still needs (del) is not one of them. */
+static void weight_fixes(tk_snapshot *s) {
+    const tk_snap_model *m = &s->model;
+    size_t w = m->param_bytes, w1 = m->copies ? w / (size_t)m->copies : w, need;
+    char a[32], b[32], c[32];
+    int at_capacity = 0;
+    for (int i = 0; i < s->n_diag; i++) at_capacity |= !strcmp(s->diag[i].id, "capacity");
+    /* "most of the card": the capacity given, else what the process had */
+    size_t held = s->capacity ? s->capacity : s->has_oom ? s->reserved + s->oom_device_free : s->reserved;
+    if (!at_capacity || !w || !s->allocated || w < s->allocated / 2 || w < held / 2 || !strcmp(m->family, "unknown"))
+        return;
+    /* what the run held, and a quarter more for what the snapshot cannot
+     * show (the rest of a model still loading, the next step's activations) */
+    need = s->allocated + (s->has_oom ? s->oom_size : 0);
+    size_t want = need + need / 4;
+    int elem = m->elem ? m->elem : 2, pos = find_fix(s, "leak") ? 1 : 0; /* a leak stays the first fix */
+    tk_snap_fix *del = find_fix(s, "del");
+    if (del) {
+        int k = (int)(del - s->fixes);
+        memmove(&s->fixes[k], &s->fixes[k + 1], (size_t)(s->n_fixes - k - 1) * sizeof *s->fixes);
+        s->n_fixes--;
+    }
+    tk_snap_fix *f;
+    const char *fam = m->family[0] ? m->family : "the model";
+    if ((f = insert_fix(s, "quantize", pos))) {
+        pos++;
+        f->saves = (int64_t)(w1 - w1 * 4 / 8 / (size_t)elem);
+        snprintf(f->text, sizeof f->text,
+                 "The parameter-shaped blocks of the %s model (%s) are %.0f%% of what is allocated (%s): "
+                 "loaded in 4 bits, one copy of the weights takes about %s, freeing %s (8 bits frees half "
+                 "as much from 16-bit weights).",
+                 fam, m->copies > 1 ? "weights, gradients and optimizer states" : "its weights", 100.0 * (double)w / (double)s->allocated, tk_format_bytes(s->allocated, a, sizeof a),
+                 tk_format_bytes(w1 / 2 / (size_t)elem, b, sizeof b), tk_format_bytes((size_t)f->saves, c, sizeof c));
+        snprintf(f->code, sizeof f->code,
+                 "from transformers import AutoModelForCausalLM, BitsAndBytesConfig\n"
+                 "model = AutoModelForCausalLM.from_pretrained(name, device_map=\"auto\",\n"
+                 "    quantization_config=BitsAndBytesConfig(load_in_4bit=True))  # or load_in_8bit=True");
+    }
+    if (m->copies >= 2 && (f = insert_fix(s, "lora", pos))) {
+        pos++;
+        f->saves = (int64_t)(w - w1);
+        snprintf(f->text, sizeof f->text,
+                 "Train low-rank adapters instead of every weight: the %d copies of each parameter (weights, "
+                 "gradients, optimizer states) become one frozen copy plus small adapters, freeing about %s.",
+                 m->copies, tk_format_bytes(w - w1, a, sizeof a));
+        snprintf(f->code, sizeof f->code,
+                 "from peft import LoraConfig, get_peft_model\n"
+                 "model = get_peft_model(model, LoraConfig(r=8, target_modules=\"all-linear\"))");
+    }
+    if ((f = insert_fix(s, "offload", pos))) {
+        pos++;
+        snprintf(f->text, sizeof f->text,
+                 "Keep only the layers in use on the GPU and the rest in CPU memory (slower: each step copies "
+                 "them over).");
+        snprintf(f->code, sizeof f->code,
+                 "model = AutoModelForCausalLM.from_pretrained(name, device_map=\"auto\",\n"
+                 "    max_memory={0: \"%zuGiB\", \"cpu\": \"64GiB\"})",
+                 s->capacity ? s->capacity * 9 / 10 >> 30 : (size_t)8);
+    }
+    if ((f = insert_fix(s, "smaller_model", pos))) {
+        pos++;
+        snprintf(f->text, sizeof f->text,
+                 "A smaller model of the same family: the weights scale with hidden^2 x layers (here hidden %d, "
+                 "%d layers seen).",
+                 m->hidden, m->layers);
+        snprintf(f->code, sizeof f->code, "model = AutoModelForCausalLM.from_pretrained(smaller_name)");
+    }
+    /* the smallest card whose usable memory holds what the run needed */
+    const tk_gpu_profile *card = NULL;
+    for (int i = 0; tk_gpu_profile_at(i); i++) {
+        const tk_gpu_profile *g = tk_gpu_profile_at(i);
+        if (tk_gpu_profile_budget(g) >= want && (!card || g->capacity < card->capacity)) card = g;
+    }
+    if (card && (!s->capacity || card->capacity > s->capacity) && (f = insert_fix(s, "gpu", pos))) {
+        snprintf(f->text, sizeof f->text,
+                 "A card that holds it: the run held %s when it stopped (needing more); the %s has %s, %s of it "
+                 "usable after the CUDA context, a quarter more than that.",
+                 tk_format_bytes(need, a, sizeof a), card->long_name, tk_format_bytes(card->capacity, b, sizeof b),
+                 tk_format_bytes(tk_gpu_profile_budget(card), c, sizeof c));
+        snprintf(f->code, sizeof f->code, "# run on a %s (%s)", card->long_name, tk_format_bytes(card->capacity, a, sizeof a));
+    }
+}
+
 int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     tk_snap_model *m = &s->model;
     if (o->batch < 0 || o->seq < 0 || (!o->batch) != (!o->seq)) {
@@ -296,13 +570,32 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     memcpy(v, s->live_sizes, (size_t)s->n_live_sizes * sizeof *v);
     qsort(v, (size_t)s->n_live_sizes, sizeof *v, cmp_size);
     sizes z = {v, s->n_live_sizes};
-    tk_snap_model m4 = {0}, m2 = {0};
-    size_t b4 = recognise_elem(z, 4, &m4), b2 = recognise_elem(z, 2, &m2);
+    shapes s4 = {0}, s2 = {0};
+    size_t b4 = read_shapes(z, 4, &s4), b2 = read_shapes(z, 2, &s2);
+    const shapes *seen = b4 || b2 ? (b4 >= b2 ? &s4 : &s2) : NULL;
+    int mixed = b4 && b2 && s4.m.hidden == s2.m.hidden;
     char model[TK_PATH_MAX] = "";
     if (o->model && *o->model && local_model(o->model, model, sizeof model, err)) {
         free(v);
         return -1;
     }
+    /* the family: the model module the frames pass through, else the shapes */
+    char why_shapes[384];
+    const char *fam_shapes = family_of_shapes(seen, why_shapes, sizeof why_shapes);
+    const char *fam_frames = s->model_module[0] ? family_of_module(s->model_module) : NULL;
+    memset(m, 0, sizeof *m);
+    if (seen) *m = seen->m;
+    m->mixed = mixed;
+    if (fam_frames) {
+        snprintf(m->family, sizeof m->family, "%s", fam_frames);
+        snprintf(m->why, sizeof m->why, "the live blocks' frames pass through %.100s; shapes: %.220s",
+                 s->model_module_file, why_shapes);
+    } else {
+        snprintf(m->family, sizeof m->family, "%s", fam_shapes);
+        snprintf(m->why, sizeof m->why, "%s", why_shapes);
+    }
+    /* only a BERT is planned: its own shapes make it one */
+    int bert_shapes = !strcmp(fam_shapes, "bert") && (!fam_frames || !strcmp(fam_frames, "bert"));
     if (model[0]) {
         tk_bert_dims d;
         if (tk_bert_dims_resolve(model, &d, NULL, err) != TK_OK) {
@@ -314,26 +607,35 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
             free(v);
             return -1;
         }
-        const tk_snap_model *seen = b4 >= b2 ? &m4 : &m2;
-        memset(m, 0, sizeof *m);
-        m->hidden = d.hidden, m->layers = d.layers, m->heads = d.heads, m->intermediate = d.intermediate;
-        m->vocab = d.vocab_size, m->max_position = d.max_position;
-        /* the sizes still tell the dtype and copies when they show this model */
-        int same = (b4 || b2) && seen->hidden == d.hidden;
-        m->elem = same ? seen->elem : 4;
-        m->copies = same ? seen->copies : 0;
-        m->mixed = same && b4 && b2 && m4.hidden == m2.hidden;
-        m->param_bytes = same ? seen->param_bytes : 0;
-        snprintf(m->from, sizeof m->from, "--model %s", o->model);
-        m->recognised = 1;
-        match_preset(m);
-    } else if (b4 || b2) {
-        *m = b4 >= b2 ? m4 : m2;
-        m->mixed = b4 && b2 && m4.hidden == m2.hidden;
+        /* --model names a BERT; the blocks must not show another family */
+        if (strcmp(m->family, "bert") && strcmp(m->family, "unknown")) {
+            size_t k = strlen(m->why);
+            snprintf(m->why + k, sizeof m->why - k, "; --model %.60s is a BERT, which the blocks do not show: not planned",
+                     o->model);
+        } else {
+            int same = seen && bert_shapes && seen->m.hidden == d.hidden;
+            memset(m, 0, sizeof *m);
+            m->hidden = d.hidden, m->layers = d.layers, m->heads = d.heads, m->intermediate = d.intermediate;
+            m->vocab = d.vocab_size, m->max_position = d.max_position;
+            /* the sizes still tell the dtype and copies when they show this model */
+            m->elem = same ? seen->m.elem : 4;
+            m->copies = same ? seen->m.copies : 0;
+            m->mixed = same && mixed;
+            m->param_bytes = same ? seen->m.param_bytes : 0;
+            snprintf(m->from, sizeof m->from, "--model %s", o->model);
+            snprintf(m->family, sizeof m->family, "bert");
+            snprintf(m->why, sizeof m->why, "--model %.100s; %s", o->model,
+                     same ? "the live blocks show its shapes" : bert_shapes ? "the live blocks show a BERT of another size"
+                                                                           : "the live blocks show no BERT's shapes");
+            m->recognised = 1;
+            match_preset(m);
+        }
+    } else if (bert_shapes) {
         snprintf(m->from, sizeof m->from, "the live blocks' sizes");
         m->recognised = 1;
         match_preset(m);
-    }
+    } else if (seen)
+        snprintf(m->from, sizeof m->from, "the live blocks' sizes");
     if (m->recognised) infer_shape(z, m);
     free(v);
     if (o->batch) {
@@ -355,6 +657,7 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
                  "collator = DataCollatorWithPadding(tokenizer)   # or tokenizer(..., padding=\"longest\") per batch",
                  s->data.max_length);
     }
+    weight_fixes(s);
     if (!m->recognised || !m->batch) return 0;
 
     /* the setting as it ran, then each fix, on the planner */
@@ -382,11 +685,11 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     } else
         snprintf(m->capacity_from, sizeof m->capacity_from, "no capacity known: --gpu or --capacity");
     tk_plan_result p;
-    if (plan_one(&c, NULL, &p, err) != TK_OK) return -1;
-    m->planned = 1;
-    m->plan_peak = p.peak_reserved;
-    m->plan_capacity = p.capacity;
-    m->plan_fits = p.fits;
+    if (plan_as_it_ran(s, &c, &p, err)) return -1;
+    if (!m->planned) {
+        memset(err, 0, sizeof *err);
+        return 0;
+    }
     size_t current = p.peak_reserved;
     tk_snap_fix *f;
     if ((f = find_fix(s, "precision")) && c.precision == TK_PREC_FP32 && plan_one(&c, "precision=bf16", &p, err) == TK_OK)

@@ -12,7 +12,8 @@
  * Figures are exact sums over the file: reserved = segments' total_size;
  * allocated = sizes of 'active_allocated' blocks (memory_allocated());
  * requested = their requested_size; largest_free_block = the largest
- * 'inactive' block.
+ * 'inactive' block; the same per device in devices[]. A pickle's trace is
+ * streamed (its events kept as records), so the file's size is not a limit.
  *
  * Ownership: tk_snap_read returns a new tk_snapshot (tk_snap_destroy);
  * every pointer inside is owned by it.
@@ -38,10 +39,23 @@ typedef struct tk_snap_pool {
 } tk_snap_pool;
 
 typedef struct tk_snap_owner {
-    char owner[192];      /* "cell, line 12", "train.py, line 40 (step) · linear", "no Python frame" */
+    char owner[192];      /* "cell, line 12", "train.py, line 40 (step) · linear", "backward (autograd engine)",
+                             "no Python frame" */
     size_t bytes;         /* live (active_allocated) bytes */
     int blocks;
+    char phase[64];       /* what ran when its largest block was allocated (annotations, trace order), or "" */
+    int64_t largest_addr; /* that block's address (the phase is looked up by it) */
+    size_t largest;
+    size_t pool_bytes;    /* of its bytes, those of an inference engine's preallocated pool */
 } tk_snap_owner;
+
+/* One device's share of the figures (a snapshot holds every device's segments). */
+typedef struct tk_snap_device {
+    int device;
+    int segments;
+    size_t reserved, allocated, largest_free_block;
+    size_t free_small, largest_small, free_large, largest_large; /* by pool: what an OOM on it could use */
+} tk_snap_device;
 
 typedef struct tk_snap_point {
     int64_t event;        /* index of the trace event */
@@ -68,7 +82,9 @@ typedef struct tk_snap_fix {
 /* A BERT recognised from the live blocks' sizes (or named by --model), and
  * the batch shape the activations imply. */
 typedef struct tk_snap_model {
-    int recognised;       /* 0: no BERT-shaped parameter set among the live blocks */
+    int recognised;       /* 1: a BERT-family encoder (the only family planned), from its blocks or --model */
+    char family[16];      /* "bert", "llama", "qwen", "mistral", "gpt2", "opt", "decoder", "unknown" */
+    char why[384];        /* the evidence for the family, or what is missing */
     char from[TK_PATH_MAX + 16];  /* "block sizes", or "--model NAME" */
     char preset[48];      /* the preset with these dimensions, or "" */
     int hidden, layers, heads, intermediate, vocab, max_position;
@@ -78,7 +94,10 @@ typedef struct tk_snap_model {
     size_t param_bytes;   /* the recognised parameter-shaped blocks, all copies */
     int batch, seq;       /* the shape planned; 0 when unknown */
     char shape_from[96];  /* "activation blocks", "--batch/--seq", "" */
-    int planned;          /* the current setting was planned */
+    int planned;          /* the current setting was planned and agrees with the file (shown) */
+    int plan_withheld;    /* planned, but it disagrees with the file: not shown as the run's plan */
+    char plan_note[320];  /* why it was withheld, or what it was checked against */
+    char engine[16];      /* the planner that made it: "txkernel" */
     size_t plan_peak, plan_capacity; /* its planned peak; the capacity planned against (0: none known) */
     int plan_fits;
     char capacity_from[96];
@@ -94,6 +113,7 @@ typedef struct tk_snap_data {
 } tk_snap_data;
 
 #define TK_SNAP_MAX_POOLS 32
+#define TK_SNAP_MAX_DEVICES 16
 #define TK_SNAP_MAX_DIAG 6
 #define TK_SNAP_MAX_FIXES 10
 
@@ -109,8 +129,16 @@ typedef struct tk_snapshot {
     tk_snap_pool pools[TK_SNAP_MAX_POOLS];
     int n_owners;
     tk_snap_owner *owners;       /* sorted by bytes, largest first */
+    int n_device_rows;
+    tk_snap_device devices[TK_SNAP_MAX_DEVICES]; /* by device index, ascending */
     int has_oom;
+    int oom_device;              /* the device whose trace holds the oom event */
     size_t oom_size, oom_device_free;
+    int64_t oom_time_us;         /* -1: none */
+    int expandable_on;           /* allocator_settings.expandable_segments, or an is_expandable segment */
+    int has_annotations;         /* external_annotations with at least one range */
+    char phase_at_peak[64], phase_at_oom[64]; /* "" when nothing says */
+    int64_t peak_time_us;        /* time_us of the trace's allocated peak, -1 when none */
     int n_trace;                 /* trace events read */
     int n_points;
     tk_snap_point *points;       /* memory over time, one per alloc/free/segment event */
@@ -124,6 +152,9 @@ typedef struct tk_snapshot {
      * trace) rising steadily */
     int leak_iterations;         /* iterations the trace shows (troughs); 0 without a trace */
     int has_leak;
+    int has_growth;              /* allocated rose inside one step (not a loop's iterations) */
+    size_t growth_bytes;         /* first trough to the highest, over the step */
+    int growth_rises;
     size_t leak_per_iteration, leak_total; /* growth per iteration; first to last trough */
     char leak_owner[192];        /* who allocated the blocks still live across iterations, or "" */
     size_t leak_owner_bytes;
@@ -132,6 +163,13 @@ typedef struct tk_snapshot {
      * recognition of a BERT works from them */
     size_t *live_sizes;
     int n_live_sizes;
+    /* the model module the live blocks' frames pass through most, by bytes
+     * ("llama" from transformers/models/llama/modeling_llama.py), or "" */
+    char model_module[48];
+    char model_module_file[160];
+    size_t model_module_bytes;
+    size_t vllm_pool_bytes;      /* live blocks an inference engine preallocated (vLLM's KV cache) */
+    int vllm_pool_blocks;
     tk_snap_model model;
     tk_snap_data data;
 } tk_snapshot;
@@ -172,8 +210,11 @@ void tk_snap_model_line(const tk_snap_model *md, char *buf, size_t n);
 /* Text report (new string, free()). */
 char *tk_snap_text(const tk_snapshot *s, int top);
 /* JSON object: reserved, allocated, requested, largest_free_block, segments
- * (by pool/stream), top [{owner, bytes, blocks}], oom, timeline, diagnoses
- * [{id, text}], fixes [{id, text, code, saves}] (new reference). */
+ * (by pool/stream), devices [{device, reserved, allocated,
+ * largest_free_block}], top [{owner, bytes, blocks, phase when the file has
+ * annotations}], oom {size, device_free, device, phase}, phase_at_peak,
+ * timeline, growth, leak, model {family, why, ...}, diagnoses [{id, text}],
+ * fixes [{id, text, code, saves}] (new reference). */
 json_t *tk_snap_json(const tk_snapshot *s, int top);
 
 /* Writes the allocator's state as a PyTorch snapshot (the dict form, pickle

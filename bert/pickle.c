@@ -4,21 +4,37 @@
  * value nodes: no opcode looks anything up or calls anything. Every length
  * is checked against the bytes left before it is used, every node is
  * charged against the memory cap, and every node sits on one list so
- * destroy frees shared and cyclic trees in one pass.
+ * destroy frees shared and cyclic trees in one pass. Streaming (on_item)
+ * frees each handed-over item's nodes at once, except those the memo keeps.
  */
 #include "tk_pickle.h"
 #include "tk_host_mem.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Streamed records free and remake millions of small strings and item
+ * arrays: buffers of up to 16 << (POOL_CLASSES - 1) bytes are kept by size
+ * class and reused (each is still one tk_malloc block, freed by destroy). */
+#define POOL_CLASSES 6
+
+/* Pages read are given back to the kernel in steps of this many bytes. */
+#define RELEASE_STEP ((size_t)64 << 20)
 
 struct tk_pickle {
     size_t read;      /* bytes read, STOP included */
     tk_pval *nodes;   /* every node, newest first */
     tk_pval *root;
     size_t used;      /* bytes charged against max_bytes */
+    tk_pval *spare;   /* streaming: freed nodes, reused before new ones are allocated */
+    void *spare_buf[POOL_CLASSES]; /* streaming: freed strings and item arrays by size class */
 };
 
 typedef struct rd {
@@ -37,6 +53,16 @@ typedef struct rd {
     size_t memo_n;    /* slots */
     size_t memo_count; /* slots set: MEMOIZE's next index, as len(memo) in Python */
     tk_err *err;
+    /* streaming: the memo indices the file fetches (a bitmap from the first
+     * pass), and those entries in a hash table of index -> node */
+    uint8_t *fetched;
+    size_t fetched_bits;
+    uint8_t *set_bits;     /* streaming: memo indices set so far (memo_count counts them) */
+    size_t set_n;
+    struct kept { size_t idx; tk_pval *v; } *kt;
+    size_t kt_cap;
+    int release;           /* buf is a file mapping: give read pages back */
+    size_t released;
 } rd;
 
 static const struct { uint8_t op; const char *name; } OPNAMES[] = {
@@ -75,6 +101,37 @@ static int fail_nomem(rd *r) {
     return -1;
 }
 
+static int pool_class(size_t n) {
+    for (int c = 0; c < POOL_CLASSES; c++)
+        if (n <= (size_t)16 << c) return c;
+    return -1;
+}
+
+/* A buffer of at least n bytes: a spare of its class, else a new block of
+ * the class's size (or of n past the largest class). */
+static void *buf_get(rd *r, size_t n) {
+    int c = pool_class(n);
+    if (c < 0) return tk_malloc(n);
+    void *b = r->p->spare_buf[c];
+    if (b) {
+        memcpy(&r->p->spare_buf[c], b, sizeof(void *));
+        return b;
+    }
+    return tk_malloc((size_t)16 << c);
+}
+
+/* Gives back a buffer buf_get made for n bytes. */
+static void buf_put(rd *r, void *b, size_t n) {
+    int c = pool_class(n);
+    if (!b) return;
+    if (c < 0) {
+        free(b);
+        return;
+    }
+    memcpy(b, &r->p->spare_buf[c], sizeof(void *));
+    r->p->spare_buf[c] = b;
+}
+
 static int charge(rd *r, size_t n) {
     if (n > r->max_bytes || r->p->used > r->max_bytes - n) return fail(r, "the values would exceed the reader's memory cap");
     r->p->used += n;
@@ -83,15 +140,40 @@ static int charge(rd *r, size_t n) {
 
 static tk_pval *node(rd *r, tk_pval_kind k) {
     if (charge(r, sizeof(tk_pval))) return NULL;
-    tk_pval *v = tk_calloc(1, sizeof *v);
-    if (!v) {
+    tk_pval *v = r->p->spare;
+    if (v) {
+        r->p->spare = v->next_node;
+        memset(v, 0, sizeof *v);
+    } else if (!(v = tk_calloc(1, sizeof *v))) {
         fail_nomem(r);
         return NULL;
     }
     v->kind = k;
     v->next_node = r->p->nodes;
+    if (r->p->nodes) r->p->nodes->prev_node = v;
     r->p->nodes = v;
     return v;
+}
+
+/* Frees a streamed item's nodes: not those the memo keeps (nor, through
+ * them, their children), and not past a depth no real record reaches (a
+ * deeper tree is left to destroy). */
+static void free_item(rd *r, tk_pval *v, int depth) {
+    if (!v || v->kept || depth > 32) return;
+    v->kept = 1; /* visited: a node reached twice is freed once */
+    for (size_t i = 0; i < v->n && v->kind != TK_PV_STR && v->kind != TK_PV_BYTES && v->kind != TK_PV_GLOBAL; i++)
+        free_item(r, v->items[i], depth + 1);
+    if (v->prev_node) v->prev_node->next_node = v->next_node;
+    else r->p->nodes = v->next_node;
+    if (v->next_node) v->next_node->prev_node = v->prev_node;
+    size_t bytes = sizeof *v + v->cap * sizeof(tk_pval *) +
+                   (v->kind == TK_PV_STR || v->kind == TK_PV_BYTES || v->kind == TK_PV_GLOBAL ? v->n + 1 : 0);
+    r->p->used -= bytes < r->p->used ? bytes : r->p->used;
+    buf_put(r, v->items, v->cap * sizeof(tk_pval *));
+    if (v->kind == TK_PV_STR || v->kind == TK_PV_BYTES) buf_put(r, (char *)v->s, v->n + 1);
+    else free((char *)v->s);
+    v->next_node = r->p->spare; /* millions of records: reuse the node rather than free it */
+    r->p->spare = v;
 }
 
 /* Appends x to v's items, growing by doubling (charged). */
@@ -99,8 +181,10 @@ static int add_item(rd *r, tk_pval *v, tk_pval *x) {
     if (v->n == v->cap) {
         size_t cap = v->cap ? v->cap * 2 : 4;
         if (charge(r, (cap - v->cap) * sizeof(tk_pval *))) return -1;
-        tk_pval **it = tk_realloc(v->items, cap * sizeof *it);
+        tk_pval **it = buf_get(r, cap * sizeof *it);
         if (!it) return fail_nomem(r);
+        if (v->n) memcpy(it, v->items, v->n * sizeof *it);
+        buf_put(r, v->items, v->cap * sizeof *it);
         v->items = it;
         v->cap = cap;
     }
@@ -162,7 +246,7 @@ static int pop_mark(rd *r, size_t *from) {
 static int str_node(rd *r, tk_pval_kind k, size_t n) {
     if (need(r, n) || charge(r, n + 1)) return -1;
     tk_pval *v = node(r, k);
-    char *s = v ? tk_malloc(n + 1) : NULL;
+    char *s = v ? buf_get(r, n + 1) : NULL;
     if (v && !s) return fail_nomem(r);
     if (!v) return -1;
     memcpy(s, r->buf + r->pos, n);
@@ -205,7 +289,41 @@ static int global_node(rd *r, const char *module, size_t mn, const char *name, s
     return push(r, v);
 }
 
+static int bit(const uint8_t *b, size_t n, size_t i) { return i < n && (b[i >> 3] >> (i & 7)) & 1; }
+
+static struct kept *kept_slot(rd *r, size_t idx) {
+    size_t h = (idx * (size_t)0x9E3779B97F4A7C15ull) & (r->kt_cap - 1);
+    while (r->kt[h].v && r->kt[h].idx != idx) h = (h + 1) & (r->kt_cap - 1);
+    return &r->kt[h];
+}
+
+/* Streaming memo: only an index the file fetches is stored (its node kept
+ * for good); MEMOIZE's index still counts every index set, as Python does. */
+static int memo_put_streamed(rd *r, size_t idx) {
+    tk_pval *v = top(r);
+    if (!v) return -1;
+    if (idx >= r->len) return fail(r, "memo index larger than the file");
+    if (idx >= r->set_n * 8) {
+        size_t n = r->set_n ? r->set_n * 2 : 1024;
+        while (n * 8 <= idx) n *= 2;
+        uint8_t *b = tk_realloc(r->set_bits, n);
+        if (!b) return fail_nomem(r);
+        memset(b + r->set_n, 0, n - r->set_n);
+        r->set_bits = b;
+        r->set_n = n;
+    }
+    if (!bit(r->set_bits, r->set_n * 8, idx)) r->memo_count++;
+    r->set_bits[idx >> 3] |= (uint8_t)(1u << (idx & 7));
+    if (!bit(r->fetched, r->fetched_bits, idx)) return 0;
+    struct kept *k = kept_slot(r, idx);
+    k->idx = idx;
+    k->v = v;
+    v->kept = 1;
+    return 0;
+}
+
 static int memo_put(rd *r, size_t idx) {
+    if (r->opts && r->opts->on_item) return memo_put_streamed(r, idx);
     tk_pval *v = top(r);
     if (!v) return -1;
     /* Each memo entry needs at least one opcode byte, so an index past the
@@ -228,8 +346,89 @@ static int memo_put(rd *r, size_t idx) {
 }
 
 static int memo_get(rd *r, size_t idx) {
+    if (r->opts && r->opts->on_item) {
+        struct kept *k = r->kt_cap ? kept_slot(r, idx) : NULL;
+        if (!k || !k->v) return fail(r, "memo index not set");
+        return push(r, k->v);
+    }
     if (idx >= r->memo_n || !r->memo[idx]) return fail(r, "memo index not set");
     return push(r, r->memo[idx]);
+}
+
+/* Streaming: an appended dict holding the stream key goes to on_item and
+ * is freed; 1 when it was, 0 when it is an ordinary item, -1 on error. */
+static int streamed(rd *r, tk_pval *list, tk_pval *item) {
+    const tk_pickle_opts *o = r->opts;
+    if (!o || !o->on_item || item->kind != TK_PV_DICT || !tk_pval_get(item, o->stream_key)) return 0;
+    if (o->on_item(o->item_ctx, list, item, r->err)) return -1;
+    free_item(r, item, 0); /* a no-op when the memo keeps it */
+    return 1;
+}
+
+/* First pass: which memo indices BINGET / LONG_BINGET fetch. Stops quietly
+ * at anything it cannot step over; the second pass reports it. */
+static int memo_scan(rd *r) {
+    size_t pos = 0, n = 0;
+    const uint8_t *b = r->buf;
+    for (;;) {
+        if (pos >= r->len) break;
+        uint8_t op = b[pos++];
+        size_t left = r->len - pos, arg = 0, idx = (size_t)-1;
+        switch (op) {
+        case 0x80: case 'K': case 'q': arg = 1; break;
+        case 'M': arg = 2; break;
+        case 'J': case 'r': arg = 4; break;
+        case 0x95: case 'G': arg = 8; break;
+        case 'h': if (left >= 1) idx = b[pos]; arg = 1; break;
+        case 'j': if (left >= 4) idx = (size_t)le(b + pos, 4); arg = 4; break;
+        case 0x8c: case 'C': case 0x8a: if (left >= 1) arg = 1 + (size_t)b[pos]; else arg = 1; break;
+        case 'X': case 'B': if (left >= 4) arg = 4 + (size_t)le(b + pos, 4); else arg = 4; break;
+        case 0x8d: case 0x8e: {
+            uint64_t m = left >= 8 ? le(b + pos, 8) : 0;
+            if (m > left) goto out;
+            arg = 8 + (size_t)m;
+            break;
+        }
+        case 'c': {
+            const uint8_t *nl1 = memchr(b + pos, '\n', left);
+            const uint8_t *nl2 = nl1 ? memchr(nl1 + 1, '\n', (size_t)(b + r->len - nl1 - 1)) : NULL;
+            if (!nl2) goto out;
+            arg = (size_t)(nl2 + 1 - (b + pos));
+            break;
+        }
+        case '.': goto out;
+        case '}': case ']': case ')': case '(': case 's': case 'u': case 'a': case 'e': case 'N': case 0x88:
+        case 0x89: case 't': case 0x85: case 0x86: case 0x87: case 0x94: case '0': case '1': case '2': case 0x93:
+        case 'R': case 'b': case 'Q': break;
+        default: goto out;
+        }
+        if (arg > left) goto out;
+        pos += arg;
+        if (idx != (size_t)-1 && idx < r->len) {
+            if (idx >= r->fetched_bits) {
+                size_t nb = r->fetched_bits ? r->fetched_bits * 2 : 8192;
+                while (nb <= idx) nb *= 2;
+                uint8_t *f = tk_realloc(r->fetched, nb / 8);
+                if (!f) return fail_nomem(r);
+                memset(f + r->fetched_bits / 8, 0, (nb - r->fetched_bits) / 8);
+                r->fetched = f;
+                r->fetched_bits = nb;
+            }
+            if (!bit(r->fetched, r->fetched_bits, idx)) n++;
+            r->fetched[idx >> 3] |= (uint8_t)(1u << (idx & 7));
+        }
+        if (r->release && pos - r->released >= RELEASE_STEP) {
+            size_t upto = pos & ~(RELEASE_STEP - 1);
+            madvise((void *)(b + r->released), upto - r->released, MADV_DONTNEED);
+            r->released = upto;
+        }
+    }
+out:;
+    size_t cap = 16;
+    while (cap < 2 * n + 2) cap <<= 1;
+    if (n && !(r->kt = tk_calloc(cap, sizeof *r->kt))) return fail_nomem(r);
+    if (n) r->kt_cap = cap;
+    return 0;
 }
 
 /* A container that SETITEM(S) may fill: a dict, or a REDUCE result (items
@@ -314,14 +513,17 @@ static int step(rd *r, int *done) {
         if (r->sp < floor_sp(r) + 2) return fail(r, "APPEND needs a list and a value");
         c = r->stack[r->sp - 2];
         if (!is_sequence(c)) return fail(r, "APPEND to something that is not a list");
-        if (add_item(r, c, r->stack[r->sp - 1])) return -1;
+        int st = streamed(r, c, r->stack[r->sp - 1]);
+        if (st < 0 || (!st && add_item(r, c, r->stack[r->sp - 1]))) return -1;
         r->sp--;
         return 0;
     case 'e':
         if (pop_mark(r, &from)) return -1;
         if (from <= floor_sp(r) || !is_sequence(r->stack[from - 1])) return fail(r, "APPENDS without a list below the MARK");
-        for (size_t i = from; i < r->sp; i++)
-            if (add_item(r, r->stack[from - 1], r->stack[i])) return -1;
+        for (size_t i = from; i < r->sp; i++) {
+            int st = streamed(r, r->stack[from - 1], r->stack[i]);
+            if (st < 0 || (!st && add_item(r, r->stack[from - 1], r->stack[i]))) return -1;
+        }
         r->sp = from;
         return 0;
     case 0x8c: if (need(r, 1)) return -1; r->pos += 1; return str_node(r, TK_PV_STR, a[0]);
@@ -385,6 +587,7 @@ static int step(rd *r, int *done) {
         return 0;
     case '2':
         v = top(r);
+        if (v) v->kept = 1; /* two references now: never freed as a streamed item's */
         return v ? push(r, v) : -1;
     case 'c': { /* GLOBAL: "module\nname\n" */
         const uint8_t *nl1 = memchr(a, '\n', r->len - r->pos);
@@ -430,8 +633,9 @@ static int step(rd *r, int *done) {
     return fail(r, "opcode not supported by this reader");
 }
 
-tk_pickle *tk_pickle_load(const uint8_t *buf, size_t len, const tk_pickle_opts *opts, tk_err *err) {
+static tk_pickle *load(const uint8_t *buf, size_t len, const tk_pickle_opts *opts, int release, tk_err *err) {
     rd r = {0};
+    r.release = release;
     r.buf = buf;
     r.len = len;
     r.opts = opts;
@@ -444,17 +648,66 @@ tk_pickle *tk_pickle_load(const uint8_t *buf, size_t len, const tk_pickle_opts *
         return NULL;
     }
     int done = 0;
-    while (!done)
+    if (opts && opts->on_item) {
+        if (memo_scan(&r)) done = -1;
+        r.released = 0;
+    }
+    while (!done) {
         if (step(&r, &done)) break;
+        if (r.release && r.pos - r.released >= RELEASE_STEP) {
+            size_t upto = r.op_pos & ~(RELEASE_STEP - 1);
+            if (upto > r.released) {
+                madvise((void *)(r.buf + r.released), upto - r.released, MADV_DONTNEED);
+                r.released = upto;
+            }
+        }
+    }
     free(r.stack);
     free(r.marks);
     free(r.memo);
-    if (!done) tk_pickle_destroy(&r.p);
+    free(r.fetched);
+    free(r.set_bits);
+    free(r.kt);
+    if (done != 1) tk_pickle_destroy(&r.p);
     return r.p;
+}
+
+tk_pickle *tk_pickle_load(const uint8_t *buf, size_t len, const tk_pickle_opts *opts, tk_err *err) {
+    return load(buf, len, opts, 0, err);
+}
+
+tk_pickle *tk_pickle_load_file(const char *path, const tk_pickle_opts *opts, tk_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        tk_err_set(err, TK_EIO, "%s: %s", path, fd < 0 ? strerror(errno) : "not a regular file");
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
+    size_t len = (size_t)st.st_size;
+    void *m = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    close(fd);
+    if (len && m == MAP_FAILED) {
+        tk_err_set(err, TK_EIO, "%s: could not map the file: %s", path, strerror(errno));
+        return NULL;
+    }
+    madvise(m, len, MADV_SEQUENTIAL);
+    tk_pickle *p = load(len ? m : (const uint8_t *)"", len, opts, 1, err);
+    if (len) munmap(m, len);
+    return p;
 }
 
 void tk_pickle_destroy(tk_pickle **pp) {
     if (!pp || !*pp) return;
+    for (tk_pval *v = (*pp)->spare, *next; v; v = next) {
+        next = v->next_node;
+        free(v);
+    }
+    for (int c = 0; c < POOL_CLASSES; c++)
+        for (void *b = (*pp)->spare_buf[c], *next; b; b = next) {
+            memcpy(&next, b, sizeof next);
+            free(b);
+        }
     for (tk_pval *v = (*pp)->nodes, *next; v; v = next) {
         next = v->next_node;
         free(v->items);

@@ -19,10 +19,21 @@
  * allocation. Values may be shared (the memo) and even cyclic (a list that
  * holds itself): consumers walk a known shape, never recurse blindly.
  *
+ * Streaming (opts.on_item): a dict holding the key opts.stream_key that is
+ * appended to a list is handed to on_item as soon as it is complete, then
+ * freed instead of kept (the list does not hold it), so a file of millions
+ * of such records (a memory snapshot's trace events) is read in memory that
+ * follows what is kept, not the file. A first pass over the opcodes finds
+ * which memo entries the file ever fetches; only those are kept (and never
+ * freed), so records may share values through the memo as Python writes
+ * them. tk_pickle_load_file reads a file through a read-only mapping and
+ * gives back the pages it has read, so the file's size does not add to the
+ * resident memory either.
+ *
  * Ownership: tk_pickle_load returns a new tk_pickle (free with
  * tk_pickle_destroy, which frees every value without recursion); values are
- * borrowed from it and live as long as it does. The input is borrowed for
- * the call.
+ * borrowed from it and live as long as it does (an item given to on_item
+ * only for that call). The input is borrowed for the call.
  */
 #ifndef TK_PICKLE_H
 #define TK_PICKLE_H
@@ -61,7 +72,14 @@ struct tk_pval {
     tk_pval **items;    /* containers (a DICT's n items are key, value, key, value, ...) */
     size_t cap;         /* allocated slots of items */
     tk_pval *next_node; /* the reader's list of every node, for freeing */
+    tk_pval *prev_node;
+    int kept;           /* streaming: held by the memo (or DUP), never freed with a streamed item */
 };
+
+/* Called with each streamed item (a dict holding opts.stream_key) and the
+ * list it was appended to; both borrowed for the call. Nonzero stops the
+ * reading with that error (the callback fills err). */
+typedef int (*tk_pickle_item_fn)(void *ctx, const tk_pval *list, const tk_pval *item, tk_err *err);
 
 typedef struct tk_pickle_opts {
     const char *name;                     /* for messages ("snap.pickle"); NULL: "pickle" */
@@ -69,6 +87,9 @@ typedef struct tk_pickle_opts {
                                              "torch.*Storage"); NULL: none */
     int allow_persid;                     /* 1: BINPERSID gives a TK_PV_PERSID node */
     size_t max_bytes;                     /* cap on the tree's memory; 0: 1 GiB */
+    const char *stream_key;               /* with on_item: the key that makes a dict a streamed item */
+    tk_pickle_item_fn on_item;            /* NULL: nothing streamed */
+    void *item_ctx;
 } tk_pickle_opts;
 
 typedef struct tk_pickle tk_pickle;
@@ -78,6 +99,10 @@ typedef struct tk_pickle tk_pickle;
  * when host memory runs out, the message saying which). Bytes after STOP are ignored, as Python's pickle does. */
 tk_pickle *tk_pickle_load(const uint8_t *buf, size_t len, const tk_pickle_opts *opts, tk_err *err);
 void tk_pickle_destroy(tk_pickle **pp);
+/* The same from a file, read through a read-only mapping whose pages are
+ * given back behind the reader. NULL with err (TK_EIO naming the file, or
+ * as tk_pickle_load). */
+tk_pickle *tk_pickle_load_file(const char *path, const tk_pickle_opts *opts, tk_err *err);
 
 const tk_pval *tk_pickle_root(const tk_pickle *p); /* borrowed */
 /* Bytes the pickle took, STOP included: where the next one in a stream of

@@ -102,10 +102,33 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
                    "%d segments, %d blocks.</p>",
                s->form, tk_render_bytes(s->reserved, r), tk_render_bytes(s->allocated, a),
                tk_render_bytes(s->requested, q), tk_render_bytes(s->largest_free_block, l), s->n_segments, s->n_blocks);
-    if (s->has_oom)
-        tk_sb_addf(&h, "<p>Out of memory: tried to allocate <b>%s</b> with %s free on the device.</p>",
-                   tk_render_bytes(s->oom_size, a), tk_render_bytes(s->oom_device_free, r));
+    if (s->has_oom) {
+        tk_sb_addf(&h, "<p>Out of memory");
+        if (s->n_device_rows > 1) tk_sb_addf(&h, " on device %d of %d", s->oom_device, s->n_device_rows);
+        tk_sb_addf(&h, ": tried to allocate <b>%s</b> with %s free on the device", tk_render_bytes(s->oom_size, a),
+                   tk_render_bytes(s->oom_device_free, r));
+        if (s->phase_at_oom[0]) {
+            tk_sb_add(&h, ", during ");
+            tk_sb_add_html(&h, s->phase_at_oom);
+        }
+        tk_sb_add(&h, ".</p>");
+    }
+    if (s->n_points && s->phase_at_peak[0]) {
+        tk_sb_addf(&h, "<p>The trace's peak of allocated memory (%s) came during ",
+                   tk_render_bytes(s->trace_peak_allocated, a));
+        tk_sb_add_html(&h, s->phase_at_peak);
+        tk_sb_add(&h, ".</p>");
+    }
     const tk_snap_model *md = &s->model;
+    if (!md->recognised && md->family[0]) {
+        char line[512];
+        tk_snap_model_line(md, line, sizeof line);
+        tk_sb_add(&h, "<p><b>Model</b>: ");
+        tk_sb_add_html(&h, line);
+        tk_sb_add(&h, ". <i>Why:</i> ");
+        tk_sb_add_html(&h, md->why);
+        tk_sb_add(&h, "</p>");
+    }
     if (md->recognised) {
         tk_sb_add(&h, "<p><b>Model</b> (from ");
         tk_sb_add_html(&h, md->from);
@@ -117,9 +140,17 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
         if (md->batch) tk_sb_addf(&h, " Batch %d &times; sequence %d (from %s).", md->batch, md->seq, md->shape_from);
         else tk_sb_add(&h, " Batch and sequence unknown: give <code>--batch N --seq N</code> to plan the fixes.");
         if (md->planned)
-            tk_sb_addf(&h, " Planned as it ran: peak <b>%s</b>%s%s (%s): %s.", tk_render_bytes(md->plan_peak, a),
-                       md->plan_capacity ? " of " : "", md->plan_capacity ? tk_render_bytes(md->plan_capacity, r) : "",
-                       md->capacity_from, md->plan_fits ? "fits" : "does not fit");
+            tk_sb_addf(&h, " Planned as it ran (engine %s): peak <b>%s</b>%s%s (%s): %s.", md->engine,
+                       tk_render_bytes(md->plan_peak, a), md->plan_capacity ? " of " : "",
+                       md->plan_capacity ? tk_render_bytes(md->plan_capacity, r) : "", md->capacity_from,
+                       md->plan_fits ? "fits" : "does not fit");
+        else if (md->plan_withheld) {
+            tk_sb_addf(&h, " Plan as it ran (engine %s) ", md->engine);
+            tk_sb_add_html(&h, md->plan_note);
+            tk_sb_add(&h, ".");
+        }
+        tk_sb_add(&h, " <i>Why:</i> ");
+        tk_sb_add_html(&h, md->why);
         tk_sb_add(&h, "</p>");
     }
     if (s->data.have) {
@@ -131,11 +162,25 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
     static const char *const dh[] = {"diagnosis"};
     tk_rtable *dt = tk_rtable_new("Diagnosis, the cause first", 1, dh);
     for (int i = 0; dt && i < s->n_diag; i++) tk_rtable_rowf(dt, "%s", s->diag[i].text);
-    static const char *const oh[] = {"owner (innermost frame of your code)", ">live", ">blocks"};
-    tk_rtable *ot = tk_rtable_new("Live at the end", 3, oh);
-    for (int i = 0; ot && i < s->n_owners && i < top; i++)
-        tk_rtable_rowf(ot, "%s\t%s\t%d", s->owners[i].owner, tk_render_bytes(s->owners[i].bytes, a),
-                       s->owners[i].blocks);
+    static const char *const oh[] = {"owner (innermost frame of your code)", ">live", ">blocks", "phase"};
+    tk_rtable *ot = tk_rtable_new("Live at the end", s->has_annotations ? 4 : 3, oh);
+    for (int i = 0; ot && i < s->n_owners && i < top; i++) {
+        if (s->has_annotations)
+            tk_rtable_rowf(ot, "%s\t%s\t%d\t%s", s->owners[i].owner, tk_render_bytes(s->owners[i].bytes, a),
+                           s->owners[i].blocks, s->owners[i].phase[0] ? s->owners[i].phase : "-");
+        else
+            tk_rtable_rowf(ot, "%s\t%s\t%d", s->owners[i].owner, tk_render_bytes(s->owners[i].bytes, a),
+                           s->owners[i].blocks);
+    }
+    static const char *const vh[] = {"device", ">reserved", ">allocated", ">largest free block"};
+    tk_rtable *vt = s->n_device_rows > 1 ? tk_rtable_new("By device", 4, vh) : NULL;
+    for (int i = 0; vt && i < s->n_device_rows; i++) {
+        char f[32];
+        tk_rtable_rowf(vt, "%d%s\t%s\t%s\t%s", s->devices[i].device,
+                       s->has_oom && s->devices[i].device == s->oom_device ? " (the OOM)" : "",
+                       tk_render_bytes(s->devices[i].reserved, r), tk_render_bytes(s->devices[i].allocated, a),
+                       tk_render_bytes(s->devices[i].largest_free_block, f));
+    }
     static const char *const ph[] = {"pool", "stream", ">segments", ">reserved", ">allocated", ">free", ">largest free"};
     tk_rtable *pt = tk_rtable_new("Segments by pool and stream", 7, ph);
     for (int i = 0; pt && i < s->n_pools; i++) {
@@ -145,8 +190,8 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
                        tk_render_bytes(p->reserved, r), tk_render_bytes(p->allocated, a), tk_render_bytes(p->free, f),
                        tk_render_bytes(p->largest_free, g));
     }
-    tk_rtable *tabs[] = {dt, ot, pt};
-    for (int i = 0; i < 3; i++) {
+    tk_rtable *tabs[] = {dt, vt, ot, pt};
+    for (int i = 0; i < 4; i++) {
         char *t = tabs[i] && tk_rtable_nrows(tabs[i]) ? tk_rtable_html(tabs[i]) : NULL;
         if (t) tk_sb_add(&h, t);
         free(t);
@@ -290,12 +335,16 @@ static const tk_magic_def TXMEM[] = {
      "--snapshot FILE reads a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's\n"
      "pickle, or its JSON form; nothing in it is executed) and shows reserved, allocated,\n"
      "requested, the largest free block, segments by pool and stream, who holds the live\n"
-     "memory (innermost frame of your code: \"cell, line N\"), the memory over the trace,\n"
-     "the OOM event, the diagnosis (a leak: memory kept from iteration to iteration) and\n"
-     "fixes as PyTorch code. --gpu/--capacity give the card's size to judge it against.\n"
-     "A BERT is recognised from the live blocks' sizes (or --model NAME|DIR) and each fix\n"
-     "planned at the batch x seq the activations show (or --batch/--seq); --data FILE\n"
-     "gives the token lengths and the max_length fix."},
+     "memory (innermost frame of your code: \"cell, line N\"; C++ frames are never shown as\n"
+     "code), each device when there are several, the memory over the trace, what ran at\n"
+     "the peak and at the OOM (external_annotations, else the frames), the diagnosis (a\n"
+     "leak: memory kept from one loop iteration to the next; growth inside one step is\n"
+     "not one) and fixes as PyTorch code. --gpu/--capacity give the card's size to judge\n"
+     "it against. The model is named with its evidence (bert, llama, qwen, mistral, gpt2,\n"
+     "opt, decoder or unknown); only a BERT (from its blocks' sizes, or --model NAME|DIR)\n"
+     "is planned, at the batch x seq the activations show (or --batch/--seq), and its plan\n"
+     "shown only when it agrees with the file; --data FILE gives the token lengths and\n"
+     "the max_length fix."},
 };
 
 int tk_magics_register_txmem(tk_magics *m) { return tk_magics_add_table(m, TXMEM, 1); }

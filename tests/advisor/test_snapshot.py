@@ -126,7 +126,7 @@ def test_fragmented_cache_is_fragmentation_first_in_every_form():
     assert "capacity" not in [d["id"] for d in full["diagnoses"]]
     assert full["fixes"][0]["id"] == "expandable_segments"
     assert "expandable_segments:True" in full["fixes"][0]["code"]
-    assert full["oom"] == {"size": 40 * MiB, "device_free": 10 * MiB}
+    assert full["oom"] == {"size": 40 * MiB, "device_free": 10 * MiB, "device": 0, "phase": None}
     # owners: the notebook cell that called nn.Linear, two lines of it
     owners = {t["owner"]: t["bytes"] for t in full["top"]}
     assert owners == {f"cell, line 7 · torch/nn/modules/linear.py": 500 * MiB,
@@ -207,4 +207,5 @@ def test_owner_rows_no_python_frame_and_library_only():
     got = summary(path)
     os.unlink(path)
     assert {t["owner"]: t["bytes"] for t in got["top"]} == {
-        "library: torch/nn/modules/linear.py": 8 * MiB, "no Python frame": 6 * MiB}, got["top"]
+        "library: torch/nn/modules/linear.py": 8 * MiB, "no Python frame": 2 * MiB,
+        "no frames (allocated before the history was recorded)": 4 * MiB}, got["top"]

@@ -109,7 +109,7 @@ def test_oom_snapshot_holds_the_state_at_the_oom():
     back = read_back(path)
     for k in ("reserved", "allocated", "largest_free_block"):
         assert back[k] == rec[k], (k, back[k], rec[k])
-    assert back["oom"] == {"size": rec["requested"], "device_free": rec["free"]}
+    assert back["oom"] == {"size": rec["requested"], "device_free": rec["free"], "device": 0, "phase": None}
     assert back["diagnoses"][0]["id"] == "capacity"
     assert back["top"][0]["owner"] == "bert.embeddings.word_embeddings · param"
     os.unlink(path)

@@ -2,7 +2,8 @@
  * cycles, an allow-listed state-dict shape (OrderedDict, _rebuild_tensor_v2,
  * a persistent id naming torch.FloatStorage) recorded but never called,
  * refusals that name the byte and the opcode or global, the memory cap,
- * forged lengths and memo indices, and every truncation of a valid pickle. */
+ * forged lengths and memo indices, every truncation of a valid pickle, and
+ * streamed items (a trace's events) handed over and freed around the memo. */
 #include "tk_pickle.h"
 #include "tk_test.h"
 
@@ -156,6 +157,50 @@ static void test_every_truncation_fails_cleanly(void) {
     }
 }
 
+/* {'segments': [], 'device_traces': [[e1, e2], []]} with e1 and e2 trace
+ * events sharing one memoized frames list, as Python writes it (protocol 4). */
+static const char TRACE[] =
+    "\x80\x04\x95\x80\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94\x8c\rdevice_traces\x94]\x94(]"
+    "\x94(}\x94(\x8c\x06" "action\x94\x8c\x05" "alloc\x94\x8c\x04size\x94K\x01\x8c\x06" "frames\x94]\x94}\x94\x8c\x08"
+    "filename\x94\x8c\x04" "a.py\x94sau}\x94(h\x07\x8c\x04" "free\x94h\tK\x02h\nh\x0bue]\x94" "eu.";
+
+typedef struct seen { int n; const tk_pval *list, *frames[2]; int64_t size[2]; } seen;
+
+static int on_item(void *ctx, const tk_pval *list, const tk_pval *item, tk_err *err) {
+    seen *s = ctx;
+    if (s->n < 2) {
+        s->list = list;
+        s->frames[s->n] = tk_pval_get(item, "frames");
+        tk_pval_int(tk_pval_get(item, "size"), &s->size[s->n]);
+    }
+    s->n++;
+    return 0;
+}
+
+static void test_streamed_items_are_handed_over_and_freed(void) {
+    tk_err e = {0};
+    seen sn = {0};
+    tk_pickle_opts o = {.name = "trace.pickle", .stream_key = "action", .on_item = on_item, .item_ctx = &sn};
+    tk_pickle *p = load(P(TRACE), &o, &e);
+    TK_CHECK_MSG(p != NULL, "%s", e.msg);
+    const tk_pval *tr = tk_pval_get(tk_pickle_root(p), "device_traces");
+    /* both events seen in order; the memo's shared frames list kept for the second */
+    TK_CHECK(sn.n == 2 && sn.size[0] == 1 && sn.size[1] == 2);
+    TK_CHECK(sn.frames[0] && sn.frames[0] == sn.frames[1] && sn.frames[0]->n == 1);
+    /* the lists stay, without the streamed events */
+    TK_CHECK(tr && tr->n == 2 && tr->items[0] == sn.list && tr->items[0]->n == 0 && tr->items[1]->n == 0);
+    tk_pickle_destroy(&p);
+    /* every truncation of it fails cleanly while streaming too (ASan: nothing freed twice or leaked) */
+    for (size_t n = 0; n + 1 < sizeof TRACE - 1; n++) {
+        seen s2 = {0};
+        o.item_ctx = &s2;
+        tk_err e2 = {0};
+        tk_pickle *q = load((const uint8_t *)TRACE, n, &o, &e2);
+        TK_CHECK_MSG(q == NULL && e2.msg[0], "prefix %zu", n);
+        tk_pickle_destroy(&q);
+    }
+}
+
 int main(void) {
     TK_RUN(test_builtin_values);
     TK_RUN(test_memo_shares_and_cycles_free);
@@ -163,5 +208,6 @@ int main(void) {
     TK_RUN(test_refusals_name_byte_and_opcode);
     TK_RUN(test_lengths_and_memo_are_bounded);
     TK_RUN(test_every_truncation_fails_cleanly);
+    TK_RUN(test_streamed_items_are_handed_over_and_freed);
     return tk_test_done();
 }

@@ -248,3 +248,6 @@ def test_04_pytorch_snapshot():
     assert j["reserved"] == sum(s["total_size"] for s in segs)
     assert j["allocated"] == sum(b["size"] for s in segs for b in s["blocks"] if b["state"] == "active_allocated")
     assert j["capacity"] == int(11.5 * 2**30) and j["diagnoses"][0]["id"] == "capacity" and len(j["top"]) <= 3
+    # an OPT-class decoder's weights, not a BERT: nothing planned, the first fix shrinks the weights
+    assert j["model"]["family"] == "opt" and j["model"]["planned"] is False, j["model"]
+    assert j["fixes"][0]["id"] == "quantize" and "del" not in [f["id"] for f in j["fixes"]], j["fixes"]

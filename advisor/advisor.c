@@ -388,7 +388,7 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
         return -1;
     tk_plan_result p;
     tk_err e;
-    tk_status pst = tk_plan(&out->config, (const int *)in->lengths, in->n_lengths, &p, &e);
+    tk_status pst = tk_plan_engine(&out->config, (const int *)in->lengths, in->n_lengths, &p, &e);
     if (pst == TK_ENOMEM) x->nomem = 1; /* not the config's fault: the whole advice fails */
     if (pst != TK_OK)
         return -1;
@@ -475,7 +475,7 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     if (in->plan) {
         out->base = *in->plan;
     } else {
-        tk_status pst = tk_plan(in->config, (const int *)in->lengths, in->n_lengths, &out->base, err);
+        tk_status pst = tk_plan_engine(in->config, (const int *)in->lengths, in->n_lengths, &out->base, err);
         if (pst != TK_OK)
             return pst;
         out->n_planned++;

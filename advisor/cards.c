@@ -30,7 +30,7 @@ tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_length
         tk_config cc = *c;
         cc.capacity = 0; /* the card's own capacity, as `gpu: NAME` alone gives */
         tk_status st = tk_config_set(&cc, "gpu", cards[i]->name, err);
-        if (st == TK_OK) st = tk_plan(&cc, (const int *)lengths, n_lengths, p, err);
+        if (st == TK_OK) st = tk_plan_engine(&cc, (const int *)lengths, n_lengths, p, err);
         if (st != TK_OK) {
             free(p);
             return st;

@@ -652,33 +652,43 @@ static void why_intermittent(tk_oom_message *m, const char *platform, uint64_t h
              fmt(card->capacity - budget, b2, sizeof b2), platform_clause(platform), room, held);
 }
 
-/* With the user's config: txkernel's trainer's plan of it on each card, and
- * the gap between that plan and the PyTorch run the message comes from. */
+/* With the user's config: its plan on each card (by the engine the caller
+ * names, engine: pytorch for a message from PyTorch), and the gap between
+ * that plan and the PyTorch run the message comes from. */
 static void config_on_cards(tk_oom_message *m, const char *platform, const tk_card_fit *cards, int n) {
     char s[400], nm[32] = "", b1[32], b2[32], b3[32];
+    const char *who = m->plan_engine[0] ? m->plan_engine : "txkernel's trainer";
+    int pytorch = strncmp(who, "engine: pytorch", 15) == 0;
     tk_cards_sentence(cards, n, s, sizeof s);
     if (m->card) upper(m->card->name, nm, sizeof nm);
     int near = 0;
     for (int i = 0; i < n; i++) near |= cards[i].fits && cards[i].margin < (int64_t)(cards[i].budget / 20);
     const tk_oommsg_figure *A = ok_fig(m, TK_OOMFIG_ALLOCATED);
-    char gap[700] = "";
+    char gap[900] = "";
+    uint64_t planned = m->plan_allocated ? m->plan_allocated : m->plan_peak;
+    const char *what = m->plan_allocated ? "allocated" : "reserved";
     if (m->have_plan && A && m->card) {
-        if (A->bytes > m->plan_peak + m->plan_peak / 4)
+        if (A->bytes > planned + planned / 4 && pytorch)
+            snprintf(gap, sizeof gap,
+                     " Whose numbers: your PyTorch run had %s allocated when it failed on the %s, where %s plans a "
+                     "peak of %s %s for one training step of this config: %s more. A plan of the step counts its "
+                     "weights, gradients, optimizer state and activations; the message's figure also counts every "
+                     "other tensor your Python process held on the card (an earlier cell's model, optimizer or "
+                     "outputs), which is where to look.",
+                     A->text, nm, who, fmt(planned, b1, sizeof b1), what, fmt(A->bytes - planned, b2, sizeof b2));
+        else if (A->bytes > planned + planned / 4)
             snprintf(gap, sizeof gap,
                      " Whose numbers: your PyTorch run had %s allocated when it failed on the %s (its peak was higher "
-                     "still), where txkernel's trainer plans a peak of %s for this config: %s more. The message's "
-                     "figure counts every tensor your Python process held on the card (an earlier cell's model or "
-                     "optimizer included) and PyTorch's own way of running the step (its attention and optimizer "
-                     "code); txkernel plans its own trainer, and an `engine: pytorch` plan that would model PyTorch's "
-                     "step is not available yet, so the gap cannot be split further here.",
-                     A->text, nm, fmt(m->plan_peak, b1, sizeof b1), fmt(A->bytes - m->plan_peak, b2, sizeof b2));
+                     "still), where %s plans a peak of %s for this config: %s more. The message's figure counts every "
+                     "tensor your Python process held on the card (an earlier cell's model or optimizer included) and "
+                     "PyTorch's own way of running the step (its attention and optimizer code), which txkernel's "
+                     "trainer does not plan: `engine: pytorch` does.",
+                     A->text, nm, who, fmt(planned, b1, sizeof b1), fmt(A->bytes - planned, b2, sizeof b2));
         else
-            snprintf(gap, sizeof gap,
-                     " Whose numbers: your PyTorch run had %s allocated when it failed on the %s; txkernel's trainer "
-                     "plans a peak of %s for this config.",
-                     A->text, nm, fmt(m->plan_peak, b3, sizeof b3));
+            snprintf(gap, sizeof gap, " Whose numbers: your PyTorch run had %s allocated when it failed on the %s; %s "
+                     "plans a peak of %s %s for this config.", A->text, nm, who, fmt(planned, b3, sizeof b3), what);
     }
-    add_diag(m, TK_DIAG_LOTTERY, "card lottery on %s, your config as txkernel's trainer plans it: %s%s%s%s.%s", platform,
+    add_diag(m, TK_DIAG_LOTTERY, "card lottery on %s, your config as %s plans it: %s%s%s%s.%s", platform, who,
              s, nm[0] ? "; this message came from a " : "", nm,
              near ? "; within 5% of a card's budget a run can fit one day and not the next" : "", gap);
 }
@@ -1018,6 +1028,12 @@ json_t *tk_oom_message_to_json(const tk_oom_message *m) {
     for (int i = 0; !bad && m && i < m->n_fixes; i++)
         bad |= json_array_append_new(fixes, json_pack("{s:s, s:s}", "text", m->fixes[i].text, "code", m->fixes[i].code));
     if (!bad) bad |= json_object_set_new(o, "card", m && m->card_text[0] ? json_string(m->card_text) : json_null());
+    /* the plan of the user's config on the message's card, when a config was given */
+    if (!bad && m && m->have_plan)
+        bad |= json_object_set_new(o, "plan", json_pack("{s:s, s:I, s:I}", "engine",
+                                                        m->plan_engine[0] ? m->plan_engine : "txkernel's trainer",
+                                                        "peak_reserved", (json_int_t)m->plan_peak, "peak_allocated",
+                                                        (json_int_t)m->plan_allocated));
     /* set_new takes each array's reference, whatever it returns */
     bad |= o ? json_object_set_new(o, "unreliable", unrel) : (json_decref(unrel), -1);
     bad |= o ? json_object_set_new(o, "diagnoses", diags) : (json_decref(diags), -1);

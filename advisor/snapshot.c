@@ -714,11 +714,13 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
         else
             fprintf(f, "  batch and sequence length unknown: give --batch N --seq N to plan the fixes\n");
         if (md->planned)
-            fprintf(f, "  planned as it ran (engine %s): peak %s%s%s (%s) -> %s; %s\n", md->engine, fmtb(md->plan_peak, a),
+            fprintf(f, "  planned as it ran (engine: %s%s): peak %s%s%s (%s) -> %s; %s\n", md->engine,
+                    strcmp(md->engine, "pytorch") ? "" : ", torch 2.x + transformers 5.x", fmtb(md->plan_peak, a),
                     md->plan_capacity ? " of " : "", md->plan_capacity ? fmtb(md->plan_capacity, b) : "",
                     md->capacity_from, md->plan_fits ? "fits" : "does not fit", md->plan_note);
         else if (md->plan_withheld)
-            fprintf(f, "  plan as it ran (engine %s) %s\n", md->engine, md->plan_note);
+            fprintf(f, "  plan as it ran (engine: %s%s) %s\n", md->engine,
+                    strcmp(md->engine, "pytorch") ? "" : ", torch 2.x + transformers 5.x", md->plan_note);
     }
     if (s->data.have)
         fprintf(f, "\nData %s: %d examples, token lengths p50 %d, p95 %d, p99 %d, max %d (%s)\n", s->data.file,

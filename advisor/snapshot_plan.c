@@ -24,6 +24,7 @@
 #include "tk_model.h"
 #include "tk_pipeline.h"
 #include "tk_plan.h"
+#include "tk_advisor.h"
 #include "tk_snapshot.h"
 
 /* ---- sizes ---------------------------------------------------------------------------- */
@@ -335,7 +336,7 @@ static tk_status plan_one(const tk_config *base, const char *change, tk_plan_res
             if (st != TK_OK) return st;
         }
     }
-    return tk_plan(&c, NULL, 0, p, err);
+    return tk_plan_engine(&c, NULL, 0, p, err);
 }
 
 static void set_plan(tk_snap_fix *f, const char *change, const tk_plan_result *p) {
@@ -434,7 +435,7 @@ static int read_data(tk_snapshot *s, const tk_snap_opts *o, const char *model, t
 static int plan_as_it_ran(tk_snapshot *s, const tk_config *c, tk_plan_result *p, tk_err *err) {
     tk_snap_model *m = &s->model;
     char a[32], b[32];
-    snprintf(m->engine, sizeof m->engine, "txkernel");
+    snprintf(m->engine, sizeof m->engine, "%s", c->engine == TK_ENGINE_PYTORCH ? "pytorch" : "txkernel");
     if (plan_one(c, NULL, p, err) != TK_OK) return -1;
     m->plan_peak = p->peak_reserved;
     m->plan_capacity = p->capacity;
@@ -462,7 +463,7 @@ static int plan_as_it_ran(tk_snapshot *s, const tk_config *c, tk_plan_result *p,
     } else {
         m->plan_withheld = 1;
         snprintf(m->plan_note, sizeof m->plan_note,
-                 "withheld: the %s plan's peak allocated %s disagrees with %s, %s%s", m->engine,
+                 "withheld: that plan's peak allocated %s disagrees with %s, %s%s",
                  tk_format_bytes(planned, a, sizeof a), against, tk_format_bytes(target, b, sizeof b),
                  s->has_oom && p->fits ? " (the file ran out of memory; the plan fits)"
                  : s->has_oom           ? " (it should be at least 85 % of it)"
@@ -669,10 +670,13 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     c.vocab_size = m->vocab, c.max_position = m->max_position;
     c.batch_size = m->batch, c.max_len = m->seq;
     c.precision = m->elem == 2 || m->mixed ? TK_PREC_FP16 : TK_PREC_FP32;
-    /* The shape read from the blocks came from the T x T score blocks the
-     * run kept (eager attention): plan it as it ran, not with the fused
-     * attention txkernel's own default gives a card. */
-    if (strstr(m->shape_from, "activation blocks")) c.attention = TK_ATTN_STANDARD;
+    /* A PyTorch run on a CUDA card, planned as PyTorch runs the step
+     * (engine: pytorch, torchplan/). A shape read from the T x T score
+     * blocks the run kept means eager attention; else transformers 5's
+     * default, SDPA. */
+    c.engine = TK_ENGINE_PYTORCH;
+    c.device = TK_DEVICE_CUDA;
+    if (strstr(m->shape_from, "activation blocks")) c.attn_implementation = TK_ATTN_IMPL_EAGER;
     if (o->gpu && *o->gpu) {
         snprintf(c.gpu, sizeof c.gpu, "%s", o->gpu);
         snprintf(m->capacity_from, sizeof m->capacity_from, "the %s profile, less its CUDA context", o->gpu);

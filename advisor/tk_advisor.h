@@ -193,8 +193,19 @@ int tk_fix_apply(tk_config *c, const tk_fix *f, const int32_t *lengths, int n_le
                  char *reason, size_t reason_n);
 
 /* Diagnoses and ranks fixes. TK_OK even when nothing fits (then the best
- * candidates are those that come closest); errors are bad configs. */
+ * candidates are those that come closest); errors are bad configs. The
+ * config and every candidate are planned by the engine the config names
+ * (tk_plan_engine). */
 tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err);
+
+/* Plans `c` by its engine (engine_plan.c): txkernel's trainer (tk_plan), or
+ * with engine: pytorch the step as PyTorch allocates it (torchplan), its
+ * memory in a tk_plan_result (no owner table) and its costs from txkernel's
+ * plan of the same config. */
+tk_status tk_plan_engine(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err);
+/* Who planned it, for the reader: "txkernel's trainer" or "engine: pytorch
+ * (torch 2.x + transformers 5.x)" (a static string). */
+const char *tk_plan_engine_name(const tk_config *c);
 
 /* The index of the cheapest candidate that fits with margin and keeps the
  * effective batch, or -1. */

@@ -93,11 +93,13 @@ typedef struct tk_oom_message {
     /* the user's own numbers, set by the caller before diagnosing (0: not
      * given): fix code carries them, or named placeholders without them */
     int user_batch, user_accumulate, user_max_len, user_p99;
-    /* txkernel's trainer's plan of the user's config on the message's card,
-     * set by the caller (have_plan 0: none): the diagnosis labels it against
-     * the message's PyTorch figures and names the gap */
+    /* the plan of the user's config on the message's card, set by the caller
+     * (have_plan 0: none): the diagnosis labels it against the message's
+     * PyTorch figures and names the gap */
     int have_plan;
     uint64_t plan_peak;           /* planned peak reserved */
+    uint64_t plan_allocated;      /* planned peak allocated (0: not given) */
+    char plan_engine[64];         /* who planned it (tk_plan_engine_name); "": txkernel's trainer */
     /* derived */
     int have_outside;             /* total - reserved - free, from reliable figures */
     uint64_t outside;

@@ -156,19 +156,44 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         const char *platform = tk_gpu_platform_of(msg->card);
         tk_card_fit cards[16];
         int n = 0;
-        st = tk_plan_cards(c, lengths, n_lengths, platform ? platform : "colab", cards, 16, &n, err);
+        /* The message is PyTorch's: the config is planned as PyTorch runs it
+         * (engine: pytorch), unless it asks for what that engine does not
+         * model (a flatten_dense head, recompute: attention, ...): then by
+         * txkernel's trainer, and the report says which. */
+        tk_config pc = *c;
+        pc.engine = TK_ENGINE_PYTORCH;
+        tk_err pe = {0};
+        st = tk_plan_cards(&pc, lengths, n_lengths, platform ? platform : "colab", cards, 16, &n, &pe);
+        if (st == TK_EINVAL) {
+            pc.engine = TK_ENGINE_TXKERNEL;
+            st = tk_plan_cards(&pc, lengths, n_lengths, platform ? platform : "colab", cards, 16, &n, err);
+        } else if (st != TK_OK && err) {
+            *err = pe;
+        }
         if (st != TK_OK) goto done;
-        /* the user's own numbers for the fix code, and txkernel's plan of
-         * the config on the message's card to set beside PyTorch's figures */
+        snprintf(msg->plan_engine, sizeof msg->plan_engine, "%s", tk_plan_engine_name(&pc));
+        /* the user's own numbers for the fix code, and the plan of the config
+         * on the message's card to set beside PyTorch's figures */
         msg->user_batch = c->batch_size;
         msg->user_accumulate = c->accumulate;
         msg->user_max_len = c->max_len;
         msg->user_p99 = lengths_p99(lengths, n_lengths);
         for (int i = 0; i < n; i++)
             if (cards[i].card == msg->card) msg->have_plan = 1, msg->plan_peak = cards[i].peak;
+        if (msg->have_plan && pc.engine == TK_ENGINE_PYTORCH) {
+            tk_config one = pc;
+            tk_plan_result *pr = tk_malloc(sizeof *pr);
+            one.capacity = 0;
+            if (!pr) goto nomem;
+            if ((st = tk_config_set(&one, "gpu", msg->card->name, err)) == TK_OK &&
+                (st = tk_plan_engine(&one, NULL, 0, pr, err)) == TK_OK)
+                msg->plan_allocated = pr->peak_allocated;
+            free(pr);
+            if (st != TK_OK) goto done;
+        }
         tk_oom_message_diagnose(msg, cards, n, platform ? platform : "colab");
-        /* the config advised on the card the message names */
-        tk_config on = *c;
+        /* the config advised on the card the message names, by the same engine */
+        tk_config on = pc;
         if (msg->card) {
             on.capacity = 0;
             if ((st = tk_config_set(&on, "gpu", msg->card->name, err)) != TK_OK) goto done;
@@ -192,8 +217,8 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
             msg->n_fixes++;
             tk_oommsg_fix *x = &msg->fixes[0];
             char b1[32];
-            snprintf(x->text, sizeof x->text, "your config's fix, as txkernel's trainer plans it on %s: %s (peak %s%s)",
-                     msg->card ? msg->card->name : "this card", a->cand[i].label,
+            snprintf(x->text, sizeof x->text, "your config's fix, as %s plans it on %s: %s (peak %s%s)",
+                     msg->plan_engine, msg->card ? msg->card->name : "this card", a->cand[i].label,
                      tk_format_bytes(a->cand[i].peak, b1, sizeof b1), a->cand[i].fits_margin ? ", fits with margin" : "");
             snprintf(x->code, sizeof x->code, "%s", code);
             free(code);
@@ -207,17 +232,18 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
     json_t *jv = tk_oom_message_to_json(msg);
     tk_sb sb = {0};
     tk_sb_add(&sb, txt ? txt : "");
+    char adv_head[240] = "";
     if (adv_text)
-        tk_sb_addf(&sb, "The config planned on %s by txkernel's trainer (its own plan, not your PyTorch run's figures):\n%s",
-                   msg->card ? msg->card->name : "this card", adv_text);
+        snprintf(adv_head, sizeof adv_head, "The config planned on %s by %s (%s):\n", msg->card ? msg->card->name : "this card",
+                 msg->plan_engine, strncmp(msg->plan_engine, "engine: pytorch", 15) == 0
+                     ? "one training step as PyTorch allocates it, not your run's figures"
+                     : "its own plan, not your PyTorch run's figures");
+    if (adv_text) tk_sb_addf(&sb, "%s%s", adv_head, adv_text);
     char *plain = tk_sb_take(&sb);
     tk_sb_add(&sb, "<pre>");
     tk_sb_add_html(&sb, txt ? txt : "");
     if (adv_text) {
-        char head[160];
-        snprintf(head, sizeof head, "The config planned on %s by txkernel's trainer (its own plan, not your PyTorch run's "
-                 "figures):\n", msg->card ? msg->card->name : "this card");
-        tk_sb_add_html(&sb, head);
+        tk_sb_add_html(&sb, adv_head);
         tk_sb_add_html(&sb, adv_text);
     }
     tk_sb_add(&sb, "</pre>");

@@ -104,7 +104,9 @@ def fix(j, fid):
 
 
 # the snapshot's run kept the T x T scores its shape was read from: planned with standard attention
-BASE_YAML = "model: bert-base-uncased\ninit: random\nnum_labels: 2\ngpu: t4\nattention: standard\n"
+# the snapshot is a PyTorch run's: its plan is engine: pytorch's, eager attention
+# (the file kept the T x T scores)
+BASE_YAML = "model: bert-base-uncased\ninit: random\nnum_labels: 2\ngpu: t4\nengine: pytorch\nattn_implementation: eager\n"
 
 
 def test_bert_base_recognised_shape_inferred_and_fixes_planned():
@@ -118,7 +120,7 @@ def test_bert_base_recognised_shape_inferred_and_fixes_planned():
     # the recognised bytes are the bert.* parameters (the 2-class head is too small to tell), four times
     assert m["param_bytes"] == 4 * 4 * sum(n for name, n in bert_params() if name.startswith("bert.")), m
     assert (m["batch"], m["seq"], m["shape_from"]) == (32, 512, "the activation blocks' sizes"), m
-    # the current setting's plan is the planner's own for that config
+    # the current setting's plan is txk plan's of that config with engine: pytorch
     current = plan_peak(BASE_YAML + "batch_size: 32\nmax_len: 512\n")
     assert m["plan"]["peak"] == current and m["plan"]["fits"] is False, m["plan"]
     assert m["plan"]["capacity_from"].startswith("the t4 profile"), m["plan"]
@@ -160,7 +162,7 @@ def test_16bit_weights_with_model_and_shape_given():
     m = j["model"]
     assert m["recognised_from"] == "--model bert-base-uncased" and m["shape_from"] == "--batch/--seq", m
     assert (m["batch"], m["seq"], m["dtype"]) == (8, 128, "fp16/bf16") and m["family"] == "bert", m
-    assert "plan" not in m and m["plan_withheld"]["engine"] == "txkernel", m
+    assert "plan" not in m and m["plan_withheld"]["engine"] == "pytorch", m
     assert "ran out of memory; the plan fits" in m["plan_withheld"]["reason"], m
     os.unlink(path)
 

@@ -95,7 +95,7 @@ def test_01_seed_oom():
     assert m0["n_alloc"] == 0 and m0["allocated"] == 0 and m0["capacity"] == P4_USABLE
     # the seed's pasted message: why it fits on some runs and not others first, naming the P4, its usable
     # capacity and a card where it fits; 1.6 GiB outside PyTorch's cache; the session's config planned on
-    # each card of the seed's 2020 runtime, labelled as txkernel's trainer's
+    # each card of the seed's 2020 runtime as PyTorch runs its step (engine: pytorch), labelled so
     pm = jdata(pasted)
     assert pm["card"] == "p4" and pm["total"] == 7977901752 and pm["requested"] == 25165824, pm
     ids = [x["id"] for x in pm["diagnoses"]]
@@ -104,8 +104,10 @@ def test_01_seed_oom():
     assert "why it fits on some runs and not others: this run got a P4 (7.43 GiB total, 6.19 GiB usable" in why, why
     assert "so on a T4 it would fit" in why
     assert "1.63 GiB of the card is held outside PyTorch's cache" in text(pasted)
-    assert "your config as txkernel's trainer plans it" in text(pasted) and "not on K80 or P4" in text(pasted)
-    assert "The config planned on p4 by txkernel's trainer" in text(pasted)
+    assert "your config as engine: pytorch (torch 2.x + transformers 5.x) plans it: fits on none of them" \
+        in text(pasted), text(pasted)
+    assert "The config planned on p4 by engine: pytorch (torch 2.x + transformers 5.x)" in text(pasted)
+    assert pm["plan"]["engine"] == "engine: pytorch (torch 2.x + transformers 5.x)", pm.get("plan")
     assert 'torch.amp.GradScaler("cuda")' in text(pasted) and "torch.cuda.amp" not in text(pasted)
     g = jdata(gpus)
     assert [c["card"] for c in g["cards"]] == ["k80", "p4", "t4", "p100", "v100-16"]

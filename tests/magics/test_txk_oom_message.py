@@ -35,8 +35,21 @@ def test_from_error_with_config_plans_on_the_card():
         r = txk("advise", SEED, "--from-error", "-", stdin=f.read())
     assert r.returncode == 0, r.stderr
     out = r.stdout.decode()
-    assert "fits on T4, P100, V100-16; not on K80 or P4" in out
-    assert "The config planned on p4 by txkernel's trainer" in out
+    # the message is PyTorch's: the config (eager attention, as the seed's
+    # transformers ran it) is planned as PyTorch runs the step, on each card
+    assert "your config as engine: pytorch (torch 2.x + transformers 5.x) plans it: fits on none of them" in out
+    assert "The config planned on p4 by engine: pytorch (torch 2.x + transformers 5.x)" in out
+
+
+def test_from_error_plan_is_the_cli_plan_of_the_config():
+    """Issue 26 item 4: the plan --from-error prints is engine: pytorch's,
+    byte for byte the `txk plan ... engine=pytorch` of the same config on the
+    message's card."""
+    args = [SEED, "max_len=160", "batch_size=16"]
+    got = json.loads(txk("advise", *args, "--from-error", MSG, "--json").stdout)["plan"]
+    want = json.loads(txk("plan", *args, "engine=pytorch", "gpu=p4", "--json").stdout)
+    assert got["engine"] == "engine: pytorch (torch 2.x + transformers 5.x)" and want["engine"] == "pytorch"
+    assert (got["peak_allocated"], got["peak_reserved"]) == (want["peak_allocated"], want["peak_reserved"]), (got, want)
 
 
 def test_from_error_answers_why_intermittent_with_only_the_users_numbers():
@@ -57,7 +70,8 @@ def test_from_error_answers_why_intermittent_with_only_the_users_numbers():
     assert "per_device_train_batch_size=8, gradient_accumulation_steps=2" in out
     assert "max_length=160" in out
     assert "your PyTorch run had 5.42 GiB allocated when it failed on the P4" in out
-    assert "txkernel's trainer plans a peak of 3.20 GiB" in out and "`engine: pytorch`" in out
+    assert "engine: pytorch (torch 2.x + transformers 5.x) plans a peak of 3.24 GiB allocated for one training " \
+           "step of this config: 2.18 GiB more" in out and "every other tensor your Python process held" in out, out
     assert "fits on every card (K80, P4, T4, P100, V100-16)" in out
     # --data: the corpus' p99 in the max_length fix (below the config's 512), or, at 160, the config's own
     env = dict(os.environ, HF_HUB_OFFLINE="1")

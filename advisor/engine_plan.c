@@ -27,8 +27,14 @@ tk_status tk_plan_engine(const tk_config *c, const int *lengths, int n, tk_plan_
     /* the costs from txkernel's plan of the same step; its memory is replaced below */
     tk_config tc = *c;
     tc.engine = TK_ENGINE_TXKERNEL;
-    tk_err ignored = {0};
-    if (tk_plan(&tc, NULL, 0, out, &ignored) != TK_OK) memset(out, 0, sizeof *out);
+    tk_err ce = {0};
+    st = tk_plan(&tc, NULL, 0, out, &ce);
+    if (st == TK_ENOMEM) { /* the host's fault, not the config's: the whole plan fails */
+        free(r);
+        if (err) *err = ce;
+        return st;
+    }
+    if (st != TK_OK) memset(out, 0, sizeof *out); /* a config txkernel's trainer refuses: no costs */
     out->batch = r->batch, out->seq = r->seq, out->epoch_steps = 0;
     /* one capacity per card: the budget every plan against the card uses
      * (its total less the context, less 32 MiB of txkernel's plugin buffers,

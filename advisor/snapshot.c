@@ -142,6 +142,10 @@ static int read_segment(snap_ctx *c, sv seg, size_t si, int64_t *devices_seen) {
                 frames = sv_get(sv_at(hist, sv_len(hist) - 1), "frames");
             char owner[192], mname[48], mfile[160];
             snap_owner_of(frames, owner, sizeof owner);
+            if (sv_is_list(frames) && sv_len(frames) &&
+                !strcmp(sv_str(sv_get(sv_at(frames, 0), "filename")) ? sv_str(sv_get(sv_at(frames, 0), "filename")) : "",
+                        "txkernel"))
+                s->by_txkernel = 1;
             int pool = snap_is_engine_pool(frames);
             if (add_owner(c, owner, (size_t)size, baddr, pool)) return -1;
             if (add_live_size(c, (size_t)(req > 0 ? req : size))) return -1;

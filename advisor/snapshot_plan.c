@@ -673,10 +673,15 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     /* A PyTorch run on a CUDA card, planned as PyTorch runs the step
      * (engine: pytorch, torchplan/). A shape read from the T x T score
      * blocks the run kept means eager attention; else transformers 5's
-     * default, SDPA. */
-    c.engine = TK_ENGINE_PYTORCH;
-    c.device = TK_DEVICE_CUDA;
-    if (strstr(m->shape_from, "activation blocks")) c.attn_implementation = TK_ATTN_IMPL_EAGER;
+     * default, SDPA. A file txkernel wrote (txk train/plan --snapshot) is
+     * planned as txkernel ran it, by its own trainer. */
+    if (s->by_txkernel) {
+        if (strstr(m->shape_from, "activation blocks")) c.attention = TK_ATTN_STANDARD;
+    } else {
+        c.engine = TK_ENGINE_PYTORCH;
+        c.device = TK_DEVICE_CUDA;
+        if (strstr(m->shape_from, "activation blocks")) c.attn_implementation = TK_ATTN_IMPL_EAGER;
+    }
     if (o->gpu && *o->gpu) {
         snprintf(c.gpu, sizeof c.gpu, "%s", o->gpu);
         snprintf(m->capacity_from, sizeof m->capacity_from, "the %s profile, less its CUDA context", o->gpu);

@@ -132,6 +132,7 @@ typedef struct tk_snapshot {
     int n_device_rows;
     tk_snap_device devices[TK_SNAP_MAX_DEVICES]; /* by device index, ascending */
     int has_oom;
+    int by_txkernel;             /* the live blocks' frames are txkernel's own (txk train/plan --snapshot) */
     int oom_device;              /* the device whose trace holds the oom event */
     size_t oom_size, oom_device_free;
     int64_t oom_time_us;         /* -1: none */

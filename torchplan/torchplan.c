@@ -489,7 +489,7 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
         nedge(s, n, vv.node, -1, act_bth, 0);
         /* backward's own buffers: CUDA flash keeps an fp32 dq accumulator
          * and softmax_d; efficient a delta (and an fp32 dq for 16-bit) */
-        if (s->cuda) s->n[n].scratch = (s->act == 2 || !s->sdpa_eff ? rows * H * 4 : 0) + (size_t)s->B * s->nh * lse_t * 4;
+        if (s->cuda && n >= 0) s->n[n].scratch = (s->act == 2 || !s->sdpa_eff ? rows * H * 4 : 0) + (size_t)s->B * s->nh * lse_t * 4;
         tdrop(s, lse);
         tdrop(s, rng);
         ctx = (var){out, n};

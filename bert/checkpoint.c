@@ -230,7 +230,7 @@ static json_t *run_settings(const tk_config *c) {
     F(lr); F(weight_decay); F(warmup_ratio); F(max_grad_norm); F(adam_beta1); F(adam_beta2);
     F(adam_eps); I(precision); I(accumulate); I(recompute); I(freeze_embeddings);
     I(freeze_layers); I(optimizer); I(adamw8_fp32_embeddings); I(attention); I(batching);
-    I(buckets);
+    I(buckets); I(world_size); I(zero);
 #undef I
 #undef F
     json_object_set_new(o, "schedule", json_string(c->schedule));

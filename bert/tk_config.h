@@ -71,6 +71,8 @@ typedef struct tk_config {
     size_t capacity;           /* simulated capacity in bytes; 0 = the device's */
     char gpu[32];              /* a GPU profile name ("t4"); sets capacity and costs */
     int threads;               /* cpu threads; 0 = all */
+    int world_size;            /* data-parallel ranks: GPUs in this process on cuda, MPI processes on the cpu */
+    int zero;                  /* 0: all-reduce gradients; 1: shard AdamW's state; 2: shard the gradients too */
 
     /* memory-saving techniques */
     tk_precision precision;

@@ -298,6 +298,9 @@ static int cancelled(const tk_train_callbacks *cb) {
     return cb && cb->cancel && *cb->cancel;
 }
 
+/* Rank 0 writes the run's files; the others train alongside it. */
+static int writer(const tk_trainer *t) { return t->rank == 0; }
+
 /* Everything one run carries from step to step. */
 typedef struct run {
     const tk_config *c;
@@ -309,7 +312,8 @@ typedef struct run {
     const tk_train_callbacks *cb;
     tk_train_result *r;
     tk_trainer t;               /* the optimizer and the step counters */
-    int k, epochs, log_every;
+    int k, epochs, log_every;   /* k: micro-batches per step, all ranks' */
+    int want_cancel;            /* the progress callback asked to stop */
     int64_t total_steps;
     int *order;                 /* the epoch's order of micro-batches */
     double t_start, last_save;
@@ -347,7 +351,8 @@ static tk_status run_begin(run *R, tk_err *err) {
     tk_alloc_stats_get(R->a, &s0);
     R->r->allocated_before = s0.allocated;
     R->t_start = now_s();
-    R->k = c->accumulate > 1 ? c->accumulate : 1;
+    /* one step takes accumulate micro-batches on each of world_size ranks */
+    R->k = (c->accumulate > 1 ? c->accumulate : 1) * (c->world_size > 1 ? c->world_size : 1);
     int64_t steps_per_epoch = (R->n_train + R->k - 1) / R->k;
     R->epochs = c->epochs > 0 ? c->epochs : 1;
     R->total_steps = steps_per_epoch * R->epochs;
@@ -451,6 +456,8 @@ static tk_status save_failed(run *R, const tk_err *e, const char *kept, tk_err *
 
 /* A checkpoint-STEP of where the run stands. */
 static tk_status run_checkpoint(run *R, int epoch, int position, tk_err *err) {
+    if (!writer(&R->t))
+        return TK_OK;
     tk_train_state ss = run_state(R, epoch, position);
     tk_err e = {0};
     char path[TK_PATH_MAX];
@@ -480,17 +487,24 @@ static tk_status run_progress(run *R, float lr, tk_err *err) {
     fill_progress(&p, R->d);
     R->log_loss = 0;
     R->log_rows = 0;
-    return cb->on_progress(cb->ud, &p) ? cancel_error(R, err) : TK_OK;
+    if (cb->on_progress(cb->ud, &p))
+        R->want_cancel = 1; /* every rank stops before the next step (run_step) */
+    return R->t.world > 1 ? TK_OK : R->want_cancel ? cancel_error(R, err) : TK_OK;
 }
 
 /* One optimizer step of the epoch's micro-batches from g0, then what follows
  * a step: the sums, a checkpoint when one is due, progress. */
 static tk_status run_step(run *R, int g0, tk_err *err) {
-    if (cancelled(R->cb))
+    double stop = cancelled(R->cb) || R->want_cancel;
+    /* an interrupt seen by one rank stops them all at the same step */
+    tk_status st;
+    if (R->t.world > 1 && (st = tk_coll_all_reduce_host(R->t.coll, &stop, 1, err)) != TK_OK)
+        return st;
+    if (stop > 0)
         return cancel_error(R, err);
     int g1 = g0 + R->k < R->n_train ? g0 + R->k : R->n_train;
     tk_step_out o;
-    tk_status st = tk_train_step(&R->t, R->train, R->order, g0, g1, &o, err);
+    st = tk_train_step(&R->t, R->train, R->order, g0, g1, &o, err);
     if (st != TK_OK)
         return st;
     R->gnorm = o.grad_norm;
@@ -535,7 +549,7 @@ static tk_status run_eval(run *R, tk_epoch_stats *es, tk_err *err) {
 
 /* The HF model folder in output_dir, after each evaluated epoch. */
 static tk_status run_save(run *R, tk_err *err) {
-    if (!R->c->output_dir[0])
+    if (!R->c->output_dir[0] || !writer(&R->t))
         return TK_OK;
     tk_err e = {0};
     if (tk_model_save_hf(R->m, R->c->output_dir, &e) != TK_OK)

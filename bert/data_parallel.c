@@ -268,3 +268,59 @@ void tk_dp_abandon(tk_trainer *t) {
     for (int i = 0; i < t->dp->np; i++) unswap(t, i);
     tk_dp_micro(t, 0);
 }
+
+/* ---- the consolidated state for checkpoints ----------------------------- */
+
+void tk_dp_free_state(const tk_trainer *t, void **bufs) {
+    if (!bufs) return;
+    for (int i = 0; i < 4 * tk_adamw_n_slots(t->opt); i++) free(bufs[i]);
+    free(bufs);
+}
+
+tk_status tk_dp_gather_state(tk_trainer *t, void ***out, tk_err *err) {
+    *out = NULL;
+    if (!tk_dp_sharded(t) || !tk_adamw_has_state(t->opt)) return TK_OK;
+    tk_dev *d = tk_model_dev(t->m);
+    int n = tk_adamw_n_slots(t->opt);
+    void **bufs = tk_calloc(4 * (size_t)(n > 0 ? n : 1), sizeof *bufs);
+    int64_t *bytes = tk_calloc((size_t)t->world, sizeof *bytes);
+    tk_status st = bufs && bytes ? TK_OK : tk_err_nomem(err, "the checkpoint's optimizer state");
+    for (int i = 0; i < n && st == TK_OK; i++) {
+        tk_adamw_state_view v;
+        tk_adamw_state_at(t->opt, i, &v);
+        tk_tensor *mine[4] = { v.m, v.v, v.mscale, v.vscale };
+        for (int j = 0; j < 4 && st == TK_OK; j++) {
+            tk_adamw_moment mo;
+            tk_adamw_moment_layout(&v, j, &mo);
+            if (!mo.present) continue;
+            size_t es = tk_dtype_size(mo.dtype);
+            if (!(bufs[4 * i + j] = tk_calloc((size_t)(mo.numel > 0 ? mo.numel : 1), es))) {
+                st = tk_err_nomem(err, "the checkpoint's optimizer state");
+                break;
+            }
+            char *whole = bufs[4 * i + j];
+            if (mo.count > 0 && tk_dev_kind_of(d) != TK_DEV_META)
+                st = tk_tensor_read(d, mine[j], whole + (size_t)mo.off * es, err);
+            /* every rank's part of this moment, in bytes, in rank order */
+            tk_adamw_state_view pv = v;
+            for (int r = 0; r < t->world && st == TK_OK; r++) {
+                const dp_param *p = &t->dp->p[i];
+                int64_t lo = 0;
+                for (int q = 0; q < r; q++) lo += p->counts[q];
+                pv.lo = lo;
+                pv.n = p->counts[r];
+                tk_adamw_moment pm;
+                tk_adamw_moment_layout(&pv, j, &pm);
+                bytes[r] = pm.count * (int64_t)es;
+            }
+            if (st == TK_OK) st = tk_coll_all_gather_bytes(t->coll, whole, bytes, err);
+        }
+    }
+    free(bytes);
+    if (st != TK_OK) {
+        tk_dp_free_state(t, bufs);
+        return st;
+    }
+    *out = bufs;
+    return TK_OK;
+}

@@ -241,7 +241,33 @@ int tk_adamw_n_slots(const tk_adamw *o) { return o ? o->n : 0; }
 void tk_adamw_state_at(tk_adamw *o, int i, tk_adamw_state_view *out) {
     tk_adamw_slot *s = &o->slots[i];
     *out = (tk_adamw_state_view){ .name = s->p.name, .q8 = s->q8, .frozen = s->p.frozen,
-                                  .m = &s->m, .v = &s->v, .mscale = &s->mscale, .vscale = &s->vscale };
+                                  .m = &s->m, .v = &s->v, .mscale = &s->mscale, .vscale = &s->vscale,
+                                  .piece = s->p.piece, .lo = s->lo, .n = s->n,
+                                  .numel = tk_tensor_numel(s->p.param), .param = s->p.param };
+}
+
+void tk_adamw_moment_layout(const tk_adamw_state_view *v, int j, tk_adamw_moment *out) {
+    memset(out, 0, sizeof *out);
+    if (v->frozen || (j > 1 && !v->q8))
+        return;
+    out->present = 1;
+    int64_t lo = v->piece ? v->lo : 0, n = v->piece ? v->n : v->numel;
+    if (j < 2) {
+        out->dtype = !v->q8 ? TK_F32 : j == 0 ? TK_I8 : TK_U8;
+        out->ndim = v->param->ndim;
+        memcpy(out->shape, v->param->shape, sizeof out->shape);
+        out->numel = v->numel;
+        out->off = lo;
+        out->count = n;
+        return;
+    }
+    /* pieces start on a TK_Q8_BLOCK boundary (TK_DP_CHUNK is a multiple),
+     * so a piece's scales are whole blocks of the parameter's */
+    out->dtype = TK_F32;
+    out->ndim = 1;
+    out->numel = out->shape[0] = (v->numel + TK_Q8_BLOCK - 1) / TK_Q8_BLOCK;
+    out->off = lo / TK_Q8_BLOCK;
+    out->count = n ? (lo + n + TK_Q8_BLOCK - 1) / TK_Q8_BLOCK - out->off : 0;
 }
 
 int tk_adamw_has_state(const tk_adamw *o) { return o && o->have_state; }

@@ -27,6 +27,12 @@ tk_status tk_dp_reduce(tk_trainer *t, tk_err *err);
 tk_status tk_dp_gather(tk_trainer *t, tk_err *err);
 /* After a failed step: scratch released, the model's gradients put back. */
 void tk_dp_abandon(tk_trainer *t);
+/* ZeRO 1/2: every slot's moments, whole, in host memory, gathered from
+ * every rank (all ranks call it): *out gets 4 x slots buffers for
+ * tk_train_state.optim_full (free with tk_dp_free_state). *out = NULL when
+ * the state is not sharded or not allocated yet. */
+tk_status tk_dp_gather_state(tk_trainer *t, void ***out, tk_err *err);
+void tk_dp_free_state(const tk_trainer *t, void **bufs);
 /* 1 when the optimizer's state is split over the ranks */
 int tk_dp_sharded(const tk_trainer *t);
 /* This rank's piece [lo, hi) of parameter i, and every rank's count (the

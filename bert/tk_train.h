@@ -114,7 +114,24 @@ typedef struct tk_adamw_state_view {
     const char *name;
     int q8, frozen;
     tk_tensor *m, *v, *mscale, *vscale;
+    /* ZeRO 1/2: the tensors hold elements [lo, lo + n) of the parameter's
+     * numel (piece = 1); a checkpoint holds the whole (consolidated) state */
+    int piece;
+    int64_t lo, n, numel;
+    const tk_tensor *param;     /* the parameter (its shape is the state's) */
 } tk_adamw_state_view;
+
+/* Moment j of a slot (0 m, 1 v, 2 m's scales, 3 v's scales; 2 and 3 only
+ * with q8) as a whole-parameter tensor and as this rank's part of it. */
+typedef struct tk_adamw_moment {
+    int present;                /* 0: no such moment (j > 1 without q8, frozen) */
+    tk_dtype dtype;
+    int ndim;
+    int64_t shape[TK_MAX_DIMS]; /* of the whole */
+    int64_t numel;              /* of the whole */
+    int64_t off, count;         /* this rank's elements of it */
+} tk_adamw_moment;
+void tk_adamw_moment_layout(const tk_adamw_state_view *v, int j, tk_adamw_moment *out);
 
 int tk_adamw_n_slots(const tk_adamw *o);
 void tk_adamw_state_at(tk_adamw *o, int i, tk_adamw_state_view *out);

@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "tk_checkpoint.h"
+#include "tk_data_parallel.h"
 #include "tk_host_mem.h"
 #include "tk_train.h"
 #include "tk_ops_spec.h" /* splitmix64 for the batch order */
@@ -456,12 +457,22 @@ static tk_status save_failed(run *R, const tk_err *e, const char *kept, tk_err *
 
 /* A checkpoint-STEP of where the run stands. */
 static tk_status run_checkpoint(run *R, int epoch, int position, tk_err *err) {
-    if (!writer(&R->t))
+    /* sharded AdamW state is saved whole: every rank sends its pieces */
+    void **full = NULL;
+    tk_status st = tk_dp_gather_state(&R->t, &full, err);
+    if (st != TK_OK)
+        return st;
+    if (!writer(&R->t)) {
+        tk_dp_free_state(&R->t, full);
         return TK_OK;
+    }
     tk_train_state ss = run_state(R, epoch, position);
+    ss.optim_full = full;
     tk_err e = {0};
     char path[TK_PATH_MAX];
-    if (tk_ckpt_save(R->c->output_dir, R->m, R->t.opt, R->c, R->vocab, &ss, path, sizeof path, &e) != TK_OK)
+    st = tk_ckpt_save(R->c->output_dir, R->m, R->t.opt, R->c, R->vocab, &ss, path, sizeof path, &e);
+    tk_dp_free_state(&R->t, full);
+    if (st != TK_OK)
         return save_failed(R, &e, "; training goes on (save_error: stop ends the run instead)", err);
     snprintf(R->r->checkpoint, sizeof R->r->checkpoint, "%s", path);
     R->r->saves++;

@@ -40,11 +40,11 @@ static tk_status none_host(void *ctx, double *vals, int n, tk_err *err) {
 static void none_abort(void *ctx, int code) { (void)ctx, (void)code; }
 static void none_close(void *ctx) { (void)ctx; }
 
-static const tk_coll_backend SINGLE = { "single", none_buf, none_counts, none_counts, none_bcast, none_host,
+static const tk_coll_backend SINGLE = { "single", none_buf, none_counts, none_counts, none_counts, none_bcast, none_host,
                                         none_abort, none_close };
 /* A plan's rank: its peers' data are not there, so each reduction leaves
  * this rank's values as they are (the planner only needs the allocations). */
-static const tk_coll_backend META = { "meta", none_buf, none_counts, none_counts, none_bcast, none_host,
+static const tk_coll_backend META = { "meta", none_buf, none_counts, none_counts, none_counts, none_bcast, none_host,
                                       none_abort, none_close };
 
 /* ---- the launcher's environment ------------------------------------------ */
@@ -185,6 +185,16 @@ tk_status tk_coll_all_gather(tk_coll *c, void *buf, const int64_t *counts, tk_er
     tk_status st = c->be->all_gather(c->ctx, buf, counts, err);
     if (st != TK_OK) return failed(c, "all-gather", st, err);
     c->sent += ring(c, (uint64_t)t * 4, 1);
+    return TK_OK;
+}
+
+tk_status tk_coll_all_gather_bytes(tk_coll *c, void *buf, const int64_t *counts, tk_err *err) {
+    int64_t t = c && counts ? total_of(c, counts) : -1;
+    if (t < 0) return bad("all-gather", err);
+    if (t == 0) return TK_OK;
+    tk_status st = c->be->all_gather_bytes(c->ctx, buf, counts, err);
+    if (st != TK_OK) return failed(c, "all-gather", st, err);
+    c->sent += ring(c, (uint64_t)t, 1);
     return TK_OK;
 }
 

@@ -41,7 +41,7 @@ static struct {
     int (*Bcast)(void *, int, mpi_h, int, mpi_h);
     int (*Abort)(mpi_h, int);
     int (*Error_string)(int, char *, int *);
-    mpi_h world, f32, f64, sum;
+    mpi_h world, f32, f64, byte, sum;
     int ready;
     char why[512];
 } M;
@@ -86,6 +86,7 @@ static void load(void) {
     SYM(world, "ompi_mpi_comm_world");
     SYM(f32, "ompi_mpi_float");
     SYM(f64, "ompi_mpi_double");
+    SYM(byte, "ompi_mpi_byte");
     SYM(sum, "ompi_mpi_op_sum");
 #undef SYM
     int inited = 0;
@@ -162,6 +163,16 @@ static tk_status m_all_gather(void *ctx, void *buf, const int64_t *counts, tk_er
     return rc ? mpi_fail("all-gather", rc, err) : TK_OK;
 }
 
+static tk_status m_all_gather_bytes(void *ctx, void *buf, const int64_t *counts, tk_err *err) {
+    int *size_rank = ctx;
+    int64_t off = 0;
+    int *displs = NULL, *ic = int_counts(counts, size_rank[0], size_rank[1], &off, &displs);
+    if (!ic) return too_big("all-gather", err);
+    int rc = M.Allgatherv(MPI_IN_PLACE_, 0, M.byte, buf, ic, displs, M.byte, M.world);
+    free(ic);
+    return rc ? mpi_fail("all-gather", rc, err) : TK_OK;
+}
+
 static tk_status m_broadcast(void *ctx, void *buf, int64_t n, int root, tk_err *err) {
     (void)ctx;
     if (n > INT_MAX) return too_big("broadcast", err);
@@ -183,7 +194,7 @@ static void m_abort(void *ctx, int code) {
 
 static void m_close(void *ctx) { free(ctx); } /* MPI itself stays up until exit */
 
-static const tk_coll_backend MPI_BE = { "mpi", m_all_reduce, m_reduce_scatter, m_all_gather, m_broadcast,
+static const tk_coll_backend MPI_BE = { "mpi", m_all_reduce, m_reduce_scatter, m_all_gather, m_all_gather_bytes, m_broadcast,
                                         m_all_reduce_host, m_abort, m_close };
 
 void *tk_coll_mpi_open(const tk_coll_backend **be, int *rank, int *size, tk_err *err) {

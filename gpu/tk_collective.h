@@ -57,6 +57,9 @@ tk_status tk_coll_reduce_scatter(tk_coll *c, void *buf, const int64_t *counts, t
 /* The same layout; this rank's segment is its input, and afterwards every
  * segment holds its owner's. */
 tk_status tk_coll_all_gather(tk_coll *c, void *buf, const int64_t *counts, tk_err *err);
+/* The same with counts in bytes, for state of any dtype (8-bit moments) in
+ * host or device memory. */
+tk_status tk_coll_all_gather_bytes(tk_coll *c, void *buf, const int64_t *counts, tk_err *err);
 /* n f32 elements of rank root's buf into every rank's. */
 tk_status tk_coll_broadcast(tk_coll *c, void *buf, int64_t n, int root, tk_err *err);
 /* Sums n doubles of host memory across the ranks (loss sums, row counts). */

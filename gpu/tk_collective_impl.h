@@ -14,6 +14,7 @@ typedef struct tk_coll_backend {
     tk_status (*all_reduce)(void *ctx, void *buf, int64_t n, tk_err *err);
     tk_status (*reduce_scatter)(void *ctx, void *buf, const int64_t *counts, tk_err *err);
     tk_status (*all_gather)(void *ctx, void *buf, const int64_t *counts, tk_err *err);
+    tk_status (*all_gather_bytes)(void *ctx, void *buf, const int64_t *counts, tk_err *err);
     tk_status (*broadcast)(void *ctx, void *buf, int64_t n, int root, tk_err *err);
     tk_status (*all_reduce_host)(void *ctx, double *vals, int n, tk_err *err);
     /* ends every rank of the run (a peer that failed must not leave the

@@ -16,9 +16,9 @@
  * gradients that are then added to the earlier ones, stage by stage, the way
  * a reduction adds two ranks' gradients, so world_size 2 equals world_size
  * 1 with accumulate 2 bit for bit (two-term sums commute exactly). Pieces
- * are whole TK_DP_CHUNKs in rank order; a parameter of fewer chunks than
- * ranks goes to the first ranks for even parameter indices and the last for
- * odd ones, so small tensors spread over the ranks. Every scratch buffer goes
+ * are whole TK_DP_CHUNKs in rank order; a parameter's chunks that do not
+ * split evenly go to the first ranks or the last, whichever hold fewer
+ * elements so far, so the ranks' shares stay within a chunk or so. Every scratch buffer goes
  * through the device's allocator (the planner sees it); tk_dp_abandon puts
  * the model back after a failure.
  */
@@ -52,22 +52,26 @@ const int64_t *tk_dp_piece(const tk_trainer *t, int i, int64_t *lo, int64_t *hi)
     return t->dp->p[i].counts;
 }
 
-/* Chunk range of rank r out of nc chunks over w ranks: floor splits for
- * even parameters, ceil splits for odd ones (both in rank order). */
+/* Where rank r's chunks start, of nc over w ranks: rounded down (the
+ * remainder to the last ranks) or up (to the first), in rank order. */
 static int64_t split(int64_t nc, int w, int r, int up) {
     return up ? (nc * r + w - 1) / w : nc * r / w;
 }
 
 static void layout(tk_trainer *t) {
     struct tk_dp *dp = t->dp;
+    int64_t first = 0, last = 0; /* elements given so far to the first and the last rank */
     for (int i = 0; i < dp->np; i++) {
         const tk_param *mp = tk_model_param(t->m, i);
         dp_param *p = &dp->p[i];
         p->counts = dp->counts + (size_t)i * t->world;
         int64_t n = mp->frozen ? 0 : tk_tensor_numel(mp->w);
         int64_t nc = (n + TK_DP_CHUNK - 1) / TK_DP_CHUNK;
+        /* a remainder of chunks goes to the first ranks while they hold no
+         * more than the last, else to the last ones */
+        int up = first <= last;
         for (int r = 0; r < t->world; r++) {
-            int64_t a = split(nc, t->world, r, i & 1) * TK_DP_CHUNK, b = split(nc, t->world, r + 1, i & 1) * TK_DP_CHUNK;
+            int64_t a = split(nc, t->world, r, up) * TK_DP_CHUNK, b = split(nc, t->world, r + 1, up) * TK_DP_CHUNK;
             if (a > n) a = n;
             if (b > n) b = n;
             p->counts[r] = b - a;
@@ -76,6 +80,8 @@ static void layout(tk_trainer *t) {
                 p->hi = b;
             }
         }
+        first += p->counts[0];
+        last += p->counts[t->world - 1];
     }
 }
 

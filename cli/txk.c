@@ -437,7 +437,15 @@ static int cmd_train(int argc, char **argv) {
             fprintf(stderr, "txk: interrupted after step %lld; %s%s\n", (long long)r.steps,
                 r.checkpoint[0] ? "last checkpoint " : "no checkpoint", r.checkpoint);
         rc = EXIT_INT;
-    } else if (rank == 0) {
+    } else if (rank == 0 || who[0]) {
+        /* each rank's measured peak beside its own plan (tk_plan_result.rank) */
+        for (int i = 0; who[0] && i < r.plan.n_ranks; i++)
+            if (r.plan.rank_of[i] == rank)
+                fprintf(stderr, "txk: rank %d: peak %zu B allocated, %zu B reserved; planned for this rank %zu B, %zu B\n",
+                        rank, r.peak_allocated, r.peak_reserved, r.plan.rank[i].peak_allocated,
+                        r.plan.rank[i].peak_reserved);
+    }
+    if (st == TK_OK && r.end != TK_RUN_PLANNED_OOM && r.end != TK_RUN_OOM && r.end != TK_RUN_CANCELLED && rank == 0) {
         json_t *b = tk_report_history(r.history, r.n_history, c.task);
         emit(b, json);
         json_decref(b);

@@ -157,3 +157,51 @@ def test_killed_rank_is_named_and_resume_is_exact(cfg):
     with open(os.path.join(one, f"checkpoint-{last}", "optimizer.safetensors"), "rb") as f1, \
          open(os.path.join(ref, f"checkpoint-{last}", "optimizer.safetensors"), "rb") as f2:
         assert f1.read() == f2.read()
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_each_rank_measured_peak_equals_its_plan(cfg, zero):
+    """Each rank's allocator peak (allocated and reserved) over the run
+    equals the plan the run made of that rank on meta, byte for byte
+    (fixed-shape batches, as the planner's worst case)."""
+    import re
+    d, path = cfg
+    p = run(path, os.path.join(d, f"peak{zero}"), "world_size=2", f"zero={zero}", "batching=fixed")
+    got = {int(m.group(1)): tuple(map(int, m.groups()[1:])) for m in re.finditer(
+        r"rank (\d+): peak (\d+) B allocated, (\d+) B reserved; planned for this rank (\d+) B, (\d+) B", p.stderr)}
+    assert sorted(got) == [0, 1], p.stderr
+    for r, (alloc, res, palloc, pres) in got.items():
+        assert (alloc, res) == (palloc, pres), f"rank {r}: measured {alloc}/{res}, planned {palloc}/{pres}"
+
+
+def plan_json(*kv):
+    import json
+    cfg = os.path.join(tempfile.mkdtemp(prefix="txk-dp-plan-"), "bb.yaml")
+    with open(cfg, "w") as f:
+        f.write("model: bert-base-cased\ninit: random\nmax_len: 512\nbatch_size: 8\nnum_labels: 2\n")
+    p = subprocess.run([TXK, "plan", cfg, *kv, "--json"], cwd=ROOT, env=env(), capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_plan_bert_base_t4_two_ranks_by_zero():
+    """bert-base, 512 tokens, batch 8, fp32 AdamW on gpu: t4, world_size 2,
+    planned per rank: zero 0 - zero 1 is half of AdamW's two moments (4 bytes
+    x parameters: each rank keeps half of the 8), zero 1 - zero 2 is about
+    half the gradients (less one backward stage's full gradients, which ZeRO
+    2 holds while that stage runs). The top level is the largest rank's."""
+    p = [plan_json("gpu=t4", "world_size=2", f"zero={z}") for z in (0, 1, 2)]
+    n = p[0]["n_trainable"]
+    for j in p:
+        assert j["world_size"] == 2 and len(j["ranks"]) == 2
+        assert j["peak_allocated"] == max(r["peak_allocated"] for r in j["ranks"])
+        assert j["peak_reserved"] == max(r["peak_reserved"] for r in j["ranks"])
+        assert j["comm_bytes_per_step"] > 4 * n * 0.9  # the gradients cross once at least
+    for r in range(2):
+        d01 = p[0]["ranks"][r]["peak_allocated"] - p[1]["ranks"][r]["peak_allocated"]
+        d12 = p[1]["ranks"][r]["peak_allocated"] - p[2]["ranks"][r]["peak_allocated"]
+        print(f"rank {r}: zero0 - zero1 = {d01} B = {d01 / (4 * n):.3f} x (4 B x {n} params); "
+              f"zero1 - zero2 = {d12} B = {d12 / (2 * n):.3f} x half the gradients")
+        assert 0.95 <= d01 / (4 * n) <= 1.06
+        assert 0.8 <= d12 / (2 * n) <= 1.0

@@ -179,7 +179,7 @@ static tk_status stage_reduce(void *ud, int p0, int p1, tk_err *err) {
 
 tk_status tk_dp_open(tk_trainer *t, int rank, tk_err *err) {
     const tk_config *c = t->c;
-    t->world = c->world_size > 1 ? c->world_size : 1;
+    t->world = tk_config_world_size(c);
     t->zero = c->zero;
     if (!(t->coll = tk_coll_open(tk_model_dev(t->m), t->world, rank, err)))
         return err->status ? err->status : TK_EINVAL;

@@ -137,7 +137,7 @@ static void cost_div(tk_cost *c, int n) {
 static tk_status sim_steps(const tk_config *c, tk_trainer *t, tk_dev *d, const sim_job *j, const tk_batch *tb,
                            sim_out *o, tk_err *err) {
     /* a step is accumulate micro-batches on each of world_size ranks */
-    int k = (c->accumulate > 1 ? c->accumulate : 1) * (c->world_size > 1 ? c->world_size : 1);
+    int k = (c->accumulate > 1 ? c->accumulate : 1) * tk_config_world_size(c);
     const tk_batch *batches = tb;
     int n = k, steps = 2;
     if (j->train) {
@@ -409,7 +409,7 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
     so->tensors = tensors;
     so->max_tensors = max_tensors;
     /* each rank on its own (its pieces differ); the largest is reported */
-    int W = c->world_size > 1 ? c->world_size : 1;
+    int W = tk_config_world_size(c);
     out->world_size = W;
     out->global_batch = c->batch_size * W * (c->accumulate > 1 ? c->accumulate : 1);
     out->zero = W > 1 ? c->zero : 0;

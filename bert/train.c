@@ -353,7 +353,7 @@ static tk_status run_begin(run *R, tk_err *err) {
     R->r->allocated_before = s0.allocated;
     R->t_start = now_s();
     /* one step takes accumulate micro-batches on each of world_size ranks */
-    R->k = (c->accumulate > 1 ? c->accumulate : 1) * (c->world_size > 1 ? c->world_size : 1);
+    R->k = (c->accumulate > 1 ? c->accumulate : 1) * tk_config_world_size(c);
     int64_t steps_per_epoch = (R->n_train + R->k - 1) / R->k;
     R->epochs = c->epochs > 0 ? c->epochs : 1;
     R->total_steps = steps_per_epoch * R->epochs;

@@ -344,7 +344,8 @@ static int launch_ranks(const tk_config *c, int argc, char **argv) {
     for (int i = 0; i < argc; i++) av[i + 2] = argv[i];
     int pid = 0;
     tk_err err = {0};
-    tk_status st = tk_coll_mpirun(c->world_size, av, &pid, &err);
+    int world = tk_config_world_size(c);
+    tk_status st = tk_coll_mpirun(world, av, &pid, &err);
     free(av);
     if (st != TK_OK) {
         fprintf(stderr, "txk: %s\n", err.msg);
@@ -352,8 +353,7 @@ static int launch_ranks(const tk_config *c, int argc, char **argv) {
     }
     fprintf(stderr, "txk: world_size %d: %d MPI ranks (mpirun), batch_size %d per rank, global batch %d "
                     "(batch_size x world_size x accumulate), zero %d\n",
-            c->world_size, c->world_size, c->batch_size,
-            c->batch_size * c->world_size * (c->accumulate > 1 ? c->accumulate : 1), c->zero);
+            world, world, c->batch_size, c->batch_size * world * (c->accumulate > 1 ? c->accumulate : 1), c->zero);
     /* Ctrl-C reaches the ranks themselves (the terminal's process group);
      * this process only waits for them */
     signal(SIGINT, SIG_IGN);
@@ -362,7 +362,7 @@ static int launch_ranks(const tk_config *c, int argc, char **argv) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return EXIT_OK;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     fprintf(stderr, "txk: the %d-rank run failed (mpirun ended with status %d; its message above names the rank)\n",
-            c->world_size, code);
+            world, code);
     return code == EXIT_OOM || code == EXIT_INT || code == EXIT_PLAN_OOM ? code : EXIT_ERR;
 }
 
@@ -378,7 +378,7 @@ static int cmd_train(int argc, char **argv) {
     tk_config c;
     if ((rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
     int json = has_flag(argv, argc, "--json");
-    if (c.world_size > 1 && c.device != TK_DEVICE_CUDA && tk_coll_env_size() == 1)
+    if (tk_config_world_size(&c) > 1 && c.device != TK_DEVICE_CUDA && tk_coll_env_size() == 1)
         return launch_ranks(&c, argc, argv);
     int rank = tk_coll_env_rank();
     tk_session *s = tk_session_new();
@@ -601,7 +601,7 @@ static int cmd_advise(int argc, char **argv) {
         return EXIT_ERR;
     }
     tk_advise_input in = {.config = &c, .lengths = (const int32_t *)data.lengths, .n_lengths = data.n_lengths,
-                          .margin_frac = margin};
+                          .margin_frac = margin, .platform = flag_value(argv, argc, "--for")};
     tk_advice *a = malloc(sizeof *a);
     if (!a || tk_advise(&in, a, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", a ? err.msg : "out of host memory");

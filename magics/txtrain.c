@@ -281,7 +281,7 @@ int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out
         if (skip_flags && !strncmp(argv[i], "--", 2)) {
             /* flags that take a value (%txplan, %txadvise) */
             if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--gpus") || !strcmp(argv[i], "--file") || !strcmp(argv[i], "--top") ||
-                !strcmp(argv[i], "--margin"))
+                !strcmp(argv[i], "--margin") || !strcmp(argv[i], "--for"))
                 i++;
             continue;
         }

@@ -217,7 +217,11 @@ static int64_t jget_int(const json_t *o, const char *k) {
 /* The settings that decide a run's arithmetic: a checkpoint made under
  * other values is not this run's. output_dir, resume_from, log_every,
  * save_every, keep_checkpoints, save_error, device, threads and the
- * simulated capacity may change between the two. */
+ * simulated capacity may change between the two; so may world_size, zero
+ * and accumulate while a step takes as many micro-batches as before
+ * (accumulate x world_size: the global batch; AdamW's state is saved whole,
+ * each rank takes its piece). Only the same world_size and zero resume bit
+ * for bit. */
 static json_t *run_settings(const tk_config *c) {
     json_t *o = json_object();
     json_object_set_new(o, "model", json_string(c->model));
@@ -228,10 +232,12 @@ static json_t *run_settings(const tk_config *c) {
     I(type_vocab); I(lowercase); F(dropout); I(task); I(head); I(head_units); I(towers);
     I(num_labels); I(max_len); I(doc_stride); I(batch_size); I(epochs); I(max_steps);
     F(lr); F(weight_decay); F(warmup_ratio); F(max_grad_norm); F(adam_beta1); F(adam_beta2);
-    F(adam_eps); I(precision); I(accumulate); I(recompute); I(freeze_embeddings);
+    F(adam_eps); I(precision); I(recompute); I(freeze_embeddings);
     I(freeze_layers); I(optimizer); I(adamw8_fp32_embeddings); I(attention); I(batching);
-    I(buckets); I(world_size); I(zero);
+    I(buckets);
 #undef I
+    json_object_set_new(o, "micro_batches_per_step",
+                        json_integer((c->accumulate > 1 ? c->accumulate : 1) * tk_config_world_size(c)));
 #undef F
     json_object_set_new(o, "schedule", json_string(c->schedule));
     char seed[32];
@@ -684,6 +690,15 @@ static tk_status check_settings(const char *dir, const json_t *j, const tk_confi
             continue;
         char *a = t ? json_dumps(t, JSON_ENCODE_ANY | JSON_REAL_PRECISION(9)) : NULL;
         char *b = json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(9));
+        if (!strcmp(k, "micro_batches_per_step") && t)
+            tk_err_set(err, TK_EINVAL,
+                       "%s was made with %s micro-batches of batch_size %d per step (accumulate x world_size) and "
+                       "this run takes %s: a resume keeps the global batch, so on world_size %d set accumulate so "
+                       "that accumulate x world_size = %s%s", dir, a ? a : "?", c->batch_size, b ? b : "?",
+                       tk_config_world_size(c), a ? a : "?",
+                       json_integer_value(t) % tk_config_world_size(c) ? " (which this world_size does not divide)"
+                                                                       : "");
+        else
         tk_err_set(err, TK_EINVAL,
                    "%s was made by another run: %s is %s there and %s here (an exact resume needs the same "
                    "model, data and training settings)",

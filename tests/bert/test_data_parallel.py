@@ -205,3 +205,26 @@ def test_plan_bert_base_t4_two_ranks_by_zero():
               f"zero1 - zero2 = {d12} B = {d12 / (2 * n):.3f} x half the gradients")
         assert 0.95 <= d01 / (4 * n) <= 1.06
         assert 0.8 <= d12 / (2 * n) <= 1.0
+
+
+def test_resume_on_another_world_size_keeps_the_global_batch(cfg):
+    """A 2-rank zero 1 checkpoint resumes on one process with accumulate 2
+    (the same global batch; the state was saved whole) and ends on the
+    uninterrupted 2-rank run's weights bit for bit; accumulate 1 there is
+    refused, saying what to set."""
+    import shutil
+    d, path = cfg
+    kv = ["zero=1", "save_every=2"]
+    ref = os.path.join(d, "cross_ref")
+    run(path, ref, "world_size=2", *kv)
+    out = os.path.join(d, "cross_one")
+    os.makedirs(out)
+    shutil.copytree(os.path.join(ref, "checkpoint-2"), os.path.join(out, "checkpoint-2"))
+    p = subprocess.run([TXK, "train", path, "output_dir=" + out, "--no-plan", "accumulate=1", *kv,
+                        "resume_from=" + os.path.join(out, "checkpoint-2")], cwd=ROOT, env=env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "accumulate x world_size = 2" in p.stderr, p.stderr
+    r = run(path, out, "accumulate=2", *kv, "resume_from=auto")
+    assert "resumed from" in r.stderr and "step 2 of" in r.stderr, r.stderr
+    assert weights(out) == weights(ref)

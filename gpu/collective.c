@@ -6,9 +6,11 @@
  * backend's status with a message naming the op; the byte counter grows only
  * for ops that succeeded. See tk_collective.h for the layouts.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "tk_backend_impl.h" /* tk_dev_plugin_sym */
 #include "tk_collective_impl.h"
 #include "tk_host_mem.h"
 
@@ -60,6 +62,50 @@ static int env_int(const char *name, int dflt) {
 int tk_coll_env_rank(void) { return env_int("OMPI_COMM_WORLD_RANK", 0); }
 int tk_coll_env_size(void) { return env_int("OMPI_COMM_WORLD_SIZE", 1); }
 
+/* ---- cuda: the in-process group (NCCL in the plugin) ---------------------- */
+
+static struct {
+    pthread_mutex_t lock;
+    void *group;
+    int n;
+    tk_cuda_nccl_group_destroy_fn destroy;
+    tk_cuda_nccl_rank_fn rank;
+} G = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, NULL, NULL };
+static __thread int thread_rank;
+
+void tk_coll_set_thread_rank(int rank) { thread_rank = rank; }
+
+tk_status tk_coll_group_open(tk_dev *d, int n, const int *ordinals, tk_err *err) {
+    tk_cuda_nccl_group_new_fn fnew = (tk_cuda_nccl_group_new_fn)tk_dev_plugin_sym(d, "tk_cuda_nccl_group_new");
+    tk_cuda_nccl_group_destroy_fn fdel = (tk_cuda_nccl_group_destroy_fn)tk_dev_plugin_sym(d, "tk_cuda_nccl_group_destroy");
+    tk_cuda_nccl_rank_fn frank = (tk_cuda_nccl_rank_fn)tk_dev_plugin_sym(d, "tk_cuda_nccl_rank");
+    if (!fnew || !fdel || !frank || n < 1) {
+        tk_err_set(err, TK_EINVAL, "collective: %s", n < 1 ? "a group of no GPU"
+                   : "the device is not cuda, or its plugin has no NCCL backend (an older build)");
+        return TK_EINVAL;
+    }
+    pthread_mutex_lock(&G.lock);
+    tk_status st = TK_OK;
+    if (G.group) {
+        tk_err_set(err, TK_EINVAL, "collective: a group of %d GPUs is already open in this process", G.n);
+        st = TK_EINVAL;
+    } else if ((st = fnew(n, ordinals, &G.group, err)) == TK_OK) {
+        G.n = n;
+        G.destroy = fdel;
+        G.rank = frank;
+    }
+    pthread_mutex_unlock(&G.lock);
+    return st;
+}
+
+void tk_coll_group_close(void) {
+    pthread_mutex_lock(&G.lock);
+    if (G.group) G.destroy(G.group);
+    G.group = NULL;
+    G.n = 0;
+    pthread_mutex_unlock(&G.lock);
+}
+
 /* ---- open and close ------------------------------------------------------- */
 
 tk_coll *tk_coll_open(tk_dev *d, int world_size, int rank, tk_err *err) {
@@ -84,10 +130,23 @@ tk_coll *tk_coll_open(tk_dev *d, int world_size, int rank, tk_err *err) {
         return c;
     }
     if (kind == TK_DEV_CUDA) {
-        tk_err_set(err, TK_EINVAL, "world_size: %d on cuda needs the NCCL backend, which this build of the "
-                   "plugin does not have; use world_size: 1 on cuda, or device: cpu (MPI)", world_size);
-        free(c);
-        return NULL;
+        pthread_mutex_lock(&G.lock);
+        tk_status st = TK_EINVAL;
+        if (G.group && G.n == world_size)
+            st = G.rank(G.group, thread_rank, &c->be, &c->ctx, err);
+        else
+            tk_err_set(err, TK_EINVAL, "world_size: %d on cuda runs %d GPUs in this process, one thread each, in a "
+                       "group their launcher opens (tk_coll_group_open); %s", world_size, world_size,
+                       G.group ? "the group open here is of another size"
+                               : "txk train and %%txtrain do not start such threads yet (make test-gpu's "
+                                 "gpu_data_parallel does); use device: cpu (MPI ranks) or world_size: 1");
+        pthread_mutex_unlock(&G.lock);
+        if (st != TK_OK) {
+            free(c);
+            return NULL;
+        }
+        c->rank = thread_rank;
+        return c;
     }
     int env = tk_coll_env_size();
     if (env != world_size) {

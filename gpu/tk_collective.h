@@ -89,6 +89,16 @@ void tk_coll_reset_bytes(tk_coll *c);
  * when mpirun is not on PATH. */
 tk_status tk_coll_mpirun(int world_size, char *const argv[], int *pid, tk_err *err);
 
+/* cuda: N GPUs in this process, one thread per GPU (NCCL's
+ * ncclCommInitAll). Whoever starts the threads opens the group once for the
+ * GPUs' ordinals (d: any cuda device of this process, to reach the plugin);
+ * each thread then calls tk_coll_set_thread_rank(r) before opening its
+ * trainer, whose tk_coll_open takes communicator r. libnccl.so.2 is loaded
+ * here, on first use. One group per process at a time. */
+tk_status tk_coll_group_open(tk_dev *d, int n, const int *ordinals, tk_err *err);
+void tk_coll_group_close(void);
+void tk_coll_set_thread_rank(int rank);
+
 /* This process's rank and size as the launcher set them (mpirun's
  * OMPI_COMM_WORLD_RANK / _SIZE), without opening anything: rank 0 and size 1
  * outside a launcher. */

@@ -27,6 +27,13 @@ typedef struct tk_coll_backend {
  * per process, and fills rank and size. NULL with err on failure. */
 void *tk_coll_mpi_open(const tk_coll_backend **be, int *rank, int *size, tk_err *err);
 
+/* The cuda plugin's NCCL entry points (gpu/cuda/cuda_nccl.c), found with
+ * tk_dev_plugin_sym. */
+typedef tk_status (*tk_cuda_nccl_group_new_fn)(int n, const int *devs, void **group, tk_err *err);
+typedef void (*tk_cuda_nccl_group_destroy_fn)(void *group);
+typedef tk_status (*tk_cuda_nccl_rank_fn)(void *group, int rank, const tk_coll_backend **be, void **ctx,
+                                          tk_err *err);
+
 /* MPI_Abort on MPI_COMM_WORLD when this process initialised MPI. */
 void tk_coll_mpi_abort_job(int code);
 

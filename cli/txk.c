@@ -354,13 +354,30 @@ static int launch_ranks(const tk_config *c, int argc, char **argv) {
     fprintf(stderr, "txk: world_size %d: %d MPI ranks (mpirun), batch_size %d per rank, global batch %d "
                     "(batch_size x world_size x accumulate), zero %d\n",
             world, world, c->batch_size, c->batch_size * world * (c->accumulate > 1 ? c->accumulate : 1), c->zero);
-    /* Ctrl-C reaches the ranks themselves (the terminal's process group);
-     * this process only waits for them */
-    signal(SIGINT, SIG_IGN);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    /* Ctrl-C (or the kernel's interrupt) reaches this process only: it asks
+     * every rank to stop at the next step through mpirun (SIGUSR1) */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint; /* no SA_RESTART: waitpid returns to forward it */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int status = 0, asked = 0;
+    for (;;) {
+        pid_t w = waitpid(pid, &status, 0);
+        if (w == pid) break;
+        if (w < 0 && errno != EINTR) break;
+        if (atomic_load(&g_cancel) && !asked) {
+            kill(pid, SIGUSR1);
+            asked = 1;
+        }
+    }
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return EXIT_OK;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (asked && code == EXIT_INT) {
+        fprintf(stderr, "txk: interrupted: the %d ranks stopped after the same step (rank 0 said which, above)\n",
+                world);
+        return EXIT_INT;
+    }
     fprintf(stderr, "txk: the %d-rank run failed (mpirun ended with status %d; its message above names the rank)\n",
             world, code);
     return code == EXIT_OOM || code == EXIT_INT || code == EXIT_PLAN_OOM ? code : EXIT_ERR;
@@ -384,6 +401,7 @@ static int cmd_train(int argc, char **argv) {
     tk_session *s = tk_session_new();
     if (!s) return EXIT_ERR;
     signal(SIGINT, on_sigint);
+    if (tk_coll_env_size() > 1) signal(SIGUSR1, on_sigint); /* the launcher's interrupt, through mpirun */
     train_view v = {isatty(2) && rank == 0, 0, rank > 0};
     tk_run_hooks h = {.on_note = train_note, .on_progress = train_progress, .on_download = train_download, .ud = &v,
                       .ignore_plan = has_flag(argv, argc, "--no-plan")};

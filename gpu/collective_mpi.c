@@ -266,6 +266,10 @@ tk_status tk_coll_mpirun(int world_size, char *const argv[], int *pid, tk_err *e
         return TK_EIO;
     }
     if (p == 0) {
+        /* a group of its own: the terminal's Ctrl-C reaches the caller,
+         * which forwards it as SIGUSR1 (mpirun passes that to every rank;
+         * a SIGINT would make mpirun kill them mid-step) */
+        setpgid(0, 0);
         if (geteuid() == 0) {
             setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
             setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);

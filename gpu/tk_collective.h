@@ -82,7 +82,9 @@ void tk_coll_reset_bytes(tk_coll *c);
 
 /* Starts `world_size` copies of the program argv[0] (argv NULL-terminated)
  * as MPI ranks: mpirun -np N --oversubscribe --bind-to none argv... in a
- * child process, its pid in *pid (the caller waits for it). As root,
+ * child process of its own process group, its pid in *pid (the caller waits
+ * for it, and asks the ranks to stop with kill(pid, SIGUSR1): mpirun passes
+ * SIGUSR1 to every rank, where SIGINT would make it kill them). As root,
  * OpenMPI refuses to start unless OMPI_ALLOW_RUN_AS_ROOT=1 and
  * OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 are set: they are set in the child's
  * environment only, never in the caller's. TK_EINVAL says what to install

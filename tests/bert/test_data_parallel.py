@@ -228,3 +228,37 @@ def test_resume_on_another_world_size_keeps_the_global_batch(cfg):
     r = run(path, out, "accumulate=2", *kv, "resume_from=auto")
     assert "resumed from" in r.stderr and "step 2 of" in r.stderr, r.stderr
     assert weights(out) == weights(ref)
+
+
+def test_interrupt_stops_every_rank_at_one_step(cfg):
+    """SIGINT to `txk train` (what Ctrl-C and the kernel send) reaches every
+    rank through mpirun as SIGUSR1; the ranks agree on the step, rank 0
+    says which and where the last checkpoint is, the run exits 130 and
+    nothing of it is left running; the checkpoint then resumes."""
+    import signal, time
+    d, path = cfg
+    out = os.path.join(d, "interrupted")
+    kv = ["world_size=2", "zero=2", "save_every=2", "max_examples=192", "resume_from=auto"]
+    e = env()
+    e["TXK_TEST_SAVE_DELAY_MS"] = "150"
+    p = subprocess.Popen([TXK, "train", path, "output_dir=" + out, "--no-plan", *kv], cwd=ROOT, env=e,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0 = time.time()
+        while not os.path.isdir(os.path.join(out, "checkpoint-2")) and time.time() - t0 < 60 and p.poll() is None:
+            time.sleep(0.02)
+        assert p.poll() is None, "the run ended before the interrupt"
+        os.kill(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 130, err
+        assert "interrupted after step" in err and "the 2 ranks stopped after the same step" in err, err
+        t1 = time.time()
+        while session_pids(p.pid) and time.time() - t1 < 5:
+            time.sleep(0.05)
+        assert session_pids(p.pid) == []
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    r = run(path, out, *kv)
+    assert "resumed from" in r.stderr, r.stderr

@@ -134,46 +134,34 @@ static tk_status stage_before(void *ud, int p0, int p1, tk_err *err) {
     return TK_OK;
 }
 
-/* ZeRO 0/1, a rank's later micro-batch: the stage's fresh gradients added
- * to the earlier ones. */
-static tk_status stage_add(void *ud, int p0, int p1, tk_err *err) {
-    tk_trainer *t = ud;
+/* After a stage: its fresh gradients added to the earlier ones (ZeRO 0/1,
+ * a rank's later micro-batch), or (ZeRO 2, `reduce`) reduce-scattered and
+ * this rank's piece added to its sum; the scratch freed either way. */
+static tk_status stage_take(tk_trainer *t, int p0, int p1, int reduce, tk_err *err) {
     tk_dev *d = tk_model_dev(t->m);
     for (int i = p0; i < p1; i++) {
         const tk_param *mp = tk_model_param(t->m, i);
         dp_param *p = &t->dp->p[i];
         if (mp->frozen || !p->swapped) continue;
-        tk_status st = tk_op_add(d, &p->saved, &p->saved, mp->g, tk_tensor_numel(mp->g));
+        tk_status st = TK_OK;
+        if (!reduce) {
+            st = tk_op_add(d, &p->saved, &p->saved, mp->g, tk_tensor_numel(mp->g));
+        } else if ((st = tk_coll_reduce_scatter(t->coll, mp->g->data, p->counts, err)) == TK_OK && p->hi > p->lo) {
+            tk_tensor v = tk_tensor_view(mp->g, p->lo, p->hi - p->lo);
+            st = tk_op_add(d, &p->piece, &p->piece, &v, p->hi - p->lo);
+        }
         unswap(t, i);
         if (st != TK_OK) {
-            tk_err_set(err, st, "accumulating the gradient of %s failed (%s)", mp->name, tk_status_name(st));
+            if (err && !err->msg[0])
+                tk_err_set(err, st, "%s the gradient of %s failed (%s)", reduce ? "reducing" : "accumulating",
+                           mp->name, tk_status_name(st));
             return st;
         }
     }
     return TK_OK;
 }
-
-/* ZeRO 2: the stage's gradients reduce-scattered, this rank's piece added
- * to its sum, the full gradients freed. */
-static tk_status stage_reduce(void *ud, int p0, int p1, tk_err *err) {
-    tk_trainer *t = ud;
-    tk_dev *d = tk_model_dev(t->m);
-    for (int i = p0; i < p1; i++) {
-        const tk_param *mp = tk_model_param(t->m, i);
-        dp_param *p = &t->dp->p[i];
-        if (mp->frozen || !p->swapped) continue;
-        tk_status st = tk_coll_reduce_scatter(t->coll, mp->g->data, p->counts, err);
-        if (st == TK_OK && p->hi > p->lo) {
-            tk_tensor v = tk_tensor_view(mp->g, p->lo, p->hi - p->lo);
-            st = tk_op_add(d, &p->piece, &p->piece, &v, p->hi - p->lo);
-            if (st != TK_OK)
-                tk_err_set(err, st, "adding the gradient piece of %s failed (%s)", mp->name, tk_status_name(st));
-        }
-        unswap(t, i);
-        if (st != TK_OK) return st;
-    }
-    return TK_OK;
-}
+static tk_status stage_add(void *ud, int p0, int p1, tk_err *err) { return stage_take(ud, p0, p1, 0, err); }
+static tk_status stage_reduce(void *ud, int p0, int p1, tk_err *err) { return stage_take(ud, p0, p1, 1, err); }
 
 /* ---- open, close, the step's parts --------------------------------------- */
 

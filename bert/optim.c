@@ -278,6 +278,19 @@ tk_status tk_adamw_alloc_state(tk_adamw *o, tk_err *err) {
 
 void tk_adamw_set_steps(tk_adamw *o, int64_t steps) { o->step = steps; }
 
+/* The end of both norms: the scratch released, the norm (sqrt of the sum
+ * of squares, rounded once to float as sqrtf would) times |grad_scale|. */
+static tk_status norm_done(tk_adamw *o, tk_status st, double sq, float grad_scale, float *norm, tk_err *err) {
+    tk_tensor_free(o->d, &o->norm);
+    if (st != TK_OK) {
+        if (err && err->msg[0] == '\0')
+            tk_err_set(err, st, "optimizer: gradient norm failed (%s)", tk_status_name(st));
+        return st;
+    }
+    *norm = (float)sqrt(sq) * fabsf(grad_scale);
+    return TK_OK;
+}
+
 /* Global L2 norm of all gradients times grad_scale (meta: 0). */
 static tk_status global_norm(tk_adamw *o, float grad_scale, float *norm, tk_err *err) {
     tk_dev *d = o->d;
@@ -298,14 +311,7 @@ static tk_status global_norm(tk_adamw *o, float grad_scale, float *norm, tk_err 
         st = tk_op_fill(d, &o->norm, 0.0f, 1);
     if (st == TK_OK && tk_dev_kind_of(d) != TK_DEV_META)
         st = tk_tensor_read(d, &o->norm, &sq, err);
-    tk_tensor_free(d, &o->norm);
-    if (st != TK_OK) {
-        if (err && err->msg[0] == '\0')
-            tk_err_set(err, st, "optimizer: gradient norm failed (%s)", tk_status_name(st));
-        return st;
-    }
-    *norm = sqrtf(sq) * fabsf(grad_scale);
-    return TK_OK;
+    return norm_done(o, st, sq, grad_scale, norm, err);
 }
 
 /* The sharded norm: one sum of squares per TK_DP_CHUNK of every trainable
@@ -349,14 +355,7 @@ static tk_status chunked_norm(tk_adamw *o, float grad_scale, float *norm, tk_err
             for (int64_t k = 0; k < nc; k++) sq += (double)h[k];
         free(h);
     }
-    tk_tensor_free(d, &o->norm);
-    if (st != TK_OK) {
-        if (err && err->msg[0] == '\0')
-            tk_err_set(err, st, "optimizer: gradient norm failed (%s)", tk_status_name(st));
-        return st;
-    }
-    *norm = (float)sqrt(sq) * fabsf(grad_scale);
-    return TK_OK;
+    return norm_done(o, st, sq, grad_scale, norm, err);
 }
 
 tk_status tk_adamw_step(tk_adamw *o, float lr, float grad_scale, float *grad_norm, int *skipped,

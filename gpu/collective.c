@@ -238,24 +238,24 @@ tk_status tk_coll_reduce_scatter(tk_coll *c, void *buf, const int64_t *counts, t
     return TK_OK;
 }
 
-tk_status tk_coll_all_gather(tk_coll *c, void *buf, const int64_t *counts, tk_err *err) {
+/* The all-gathers: counts of f32 elements (bytes 4) or of bytes (1). */
+static tk_status gather(tk_coll *c, void *buf, const int64_t *counts, int bytes, tk_err *err) {
     int64_t t = c && counts ? total_of(c, counts) : -1;
     if (t < 0) return bad("all-gather", err);
     if (t == 0) return TK_OK;
-    tk_status st = c->be->all_gather(c->ctx, buf, counts, err);
+    tk_status st = bytes == 1 ? c->be->all_gather_bytes(c->ctx, buf, counts, err)
+                              : c->be->all_gather(c->ctx, buf, counts, err);
     if (st != TK_OK) return failed(c, "all-gather", st, err);
-    c->sent += ring(c, (uint64_t)t * 4, 1);
+    c->sent += ring(c, (uint64_t)t * (uint64_t)bytes, 1);
     return TK_OK;
 }
 
+tk_status tk_coll_all_gather(tk_coll *c, void *buf, const int64_t *counts, tk_err *err) {
+    return gather(c, buf, counts, 4, err);
+}
+
 tk_status tk_coll_all_gather_bytes(tk_coll *c, void *buf, const int64_t *counts, tk_err *err) {
-    int64_t t = c && counts ? total_of(c, counts) : -1;
-    if (t < 0) return bad("all-gather", err);
-    if (t == 0) return TK_OK;
-    tk_status st = c->be->all_gather_bytes(c->ctx, buf, counts, err);
-    if (st != TK_OK) return failed(c, "all-gather", st, err);
-    c->sent += ring(c, (uint64_t)t, 1);
-    return TK_OK;
+    return gather(c, buf, counts, 1, err);
 }
 
 tk_status tk_coll_broadcast(tk_coll *c, void *buf, int64_t n, int root, tk_err *err) {

@@ -153,24 +153,21 @@ static tk_status m_reduce_scatter(void *ctx, void *buf, const int64_t *counts, t
     return TK_OK;
 }
 
-static tk_status m_all_gather(void *ctx, void *buf, const int64_t *counts, tk_err *err) {
+/* in place: this rank's segment is already at its displacement */
+static tk_status gatherv(void *ctx, void *buf, const int64_t *counts, mpi_h type, tk_err *err) {
     int *size_rank = ctx;
     int64_t off = 0;
     int *displs = NULL, *ic = int_counts(counts, size_rank[0], size_rank[1], &off, &displs);
     if (!ic) return too_big("all-gather", err);
-    int rc = M.Allgatherv(MPI_IN_PLACE_, 0, M.f32, buf, ic, displs, M.f32, M.world);
+    int rc = M.Allgatherv(MPI_IN_PLACE_, 0, type, buf, ic, displs, type, M.world);
     free(ic);
     return rc ? mpi_fail("all-gather", rc, err) : TK_OK;
 }
-
+static tk_status m_all_gather(void *ctx, void *buf, const int64_t *counts, tk_err *err) {
+    return gatherv(ctx, buf, counts, M.f32, err);
+}
 static tk_status m_all_gather_bytes(void *ctx, void *buf, const int64_t *counts, tk_err *err) {
-    int *size_rank = ctx;
-    int64_t off = 0;
-    int *displs = NULL, *ic = int_counts(counts, size_rank[0], size_rank[1], &off, &displs);
-    if (!ic) return too_big("all-gather", err);
-    int rc = M.Allgatherv(MPI_IN_PLACE_, 0, M.byte, buf, ic, displs, M.byte, M.world);
-    free(ic);
-    return rc ? mpi_fail("all-gather", rc, err) : TK_OK;
+    return gatherv(ctx, buf, counts, M.byte, err);
 }
 
 static tk_status m_broadcast(void *ctx, void *buf, int64_t n, int root, tk_err *err) {

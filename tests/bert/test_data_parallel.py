@@ -111,42 +111,57 @@ def rank_pid(sid, rank):
     return None
 
 
+def interrupted_run(path, out, kv, ckpt, act):
+    """Starts `txk train` (its own session), waits for checkpoint `ckpt`,
+    calls act(launcher_pid), waits for the run to end (30 s at most) and
+    checks nothing of it is left running: (status, stderr, seconds from
+    act to the end)."""
+    import signal, time
+    e = env()
+    e["TXK_TEST_SAVE_DELAY_MS"] = "150"  # slower saves: what act does lands mid-run
+    p = subprocess.Popen([TXK, "train", path, "output_dir=" + out, "--no-plan", *kv], cwd=ROOT, env=e,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0 = time.time()
+        while not os.path.isdir(os.path.join(out, ckpt)) and time.time() - t0 < 60 and p.poll() is None:
+            time.sleep(0.02)
+        assert p.poll() is None, "the run ended before the interrupt"
+        act(p.pid)
+        t_act = time.time()
+        _, err = p.communicate(timeout=30)
+        took = time.time() - t_act
+        t1 = time.time()
+        while session_pids(p.pid) and time.time() - t1 < 5:
+            time.sleep(0.05)
+        assert session_pids(p.pid) == [], "processes of the run left running"
+        return p.returncode, err, took
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def test_killed_rank_is_named_and_resume_is_exact(cfg):
     """SIGKILL on rank 1 mid-run: the run ends within 30 s with an error
     naming rank 1 and nothing of it left running; `resume_from: auto` then
     ends with the uninterrupted 2-rank run's weights, its zero 1 state
     having been saved whole (consolidated) by rank 0."""
-    import signal, time
+    import signal
     d, path = cfg
     kv = ["world_size=2", "zero=1", "save_every=2", "max_examples=192", "resume_from=auto"]
     ref = os.path.join(d, "kill_ref")
     run(path, ref, *kv)
     out = os.path.join(d, "kill_run")
-    e = env()
-    e["TXK_TEST_SAVE_DELAY_MS"] = "150"  # slower saves: the kill lands mid-run
-    p = subprocess.Popen([TXK, "train", path, "output_dir=" + out, "--no-plan", *kv], cwd=ROOT, env=e,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        t0 = time.time()
-        while not os.path.isdir(os.path.join(out, "checkpoint-4")) and time.time() - t0 < 60 and p.poll() is None:
-            time.sleep(0.02)
-        victim = rank_pid(p.pid, 1)
-        assert victim and p.poll() is None, "the run ended before the kill"
+
+    def kill_rank1(sid):
+        victim = rank_pid(sid, 1)
+        assert victim, "rank 1 not found"
         os.kill(victim, signal.SIGKILL)
-        t_kill = time.time()
-        _, err = p.communicate(timeout=30)
-        took = time.time() - t_kill
-        print(f"rank 1 killed: the run ended {took:.2f} s later, status {p.returncode}")
-        assert p.returncode != 0
-        assert "rank 1" in err, err
-        t1 = time.time()
-        while session_pids(p.pid) and time.time() - t1 < 5:
-            time.sleep(0.05)
-        assert session_pids(p.pid) == [], "processes of the run left running"
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+
+    rc, err, took = interrupted_run(path, out, kv, "checkpoint-4", kill_rank1)
+    print(f"rank 1 killed: the run ended {took:.2f} s later, status {rc}")
+    assert rc != 0
+    assert "rank 1" in err, err
     r = run(path, out, *kv)
     assert "resumed from" in r.stderr, r.stderr
     assert weights(out) == weights(ref)
@@ -235,30 +250,12 @@ def test_interrupt_stops_every_rank_at_one_step(cfg):
     rank through mpirun as SIGUSR1; the ranks agree on the step, rank 0
     says which and where the last checkpoint is, the run exits 130 and
     nothing of it is left running; the checkpoint then resumes."""
-    import signal, time
+    import signal
     d, path = cfg
     out = os.path.join(d, "interrupted")
     kv = ["world_size=2", "zero=2", "save_every=2", "max_examples=192", "resume_from=auto"]
-    e = env()
-    e["TXK_TEST_SAVE_DELAY_MS"] = "150"
-    p = subprocess.Popen([TXK, "train", path, "output_dir=" + out, "--no-plan", *kv], cwd=ROOT, env=e,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        t0 = time.time()
-        while not os.path.isdir(os.path.join(out, "checkpoint-2")) and time.time() - t0 < 60 and p.poll() is None:
-            time.sleep(0.02)
-        assert p.poll() is None, "the run ended before the interrupt"
-        os.kill(p.pid, signal.SIGINT)
-        _, err = p.communicate(timeout=30)
-        assert p.returncode == 130, err
-        assert "interrupted after step" in err and "the 2 ranks stopped after the same step" in err, err
-        t1 = time.time()
-        while session_pids(p.pid) and time.time() - t1 < 5:
-            time.sleep(0.05)
-        assert session_pids(p.pid) == []
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    rc, err, _ = interrupted_run(path, out, kv, "checkpoint-2", lambda pid: os.kill(pid, signal.SIGINT))
+    assert rc == 130, err
+    assert "interrupted after step" in err and "the 2 ranks stopped after the same step" in err, err
     r = run(path, out, *kv)
     assert "resumed from" in r.stderr, r.stderr

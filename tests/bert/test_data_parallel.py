@@ -259,3 +259,23 @@ def test_interrupt_stops_every_rank_at_one_step(cfg):
     assert "interrupted after step" in err and "the 2 ranks stopped after the same step" in err, err
     r = run(path, out, *kv)
     assert "resumed from" in r.stderr, r.stderr
+
+
+def test_oom_on_a_rank_ends_every_rank_with_its_autopsy(cfg):
+    """A rank out of device memory during training (22 MiB against the
+    plan's 24 MiB reserved, --no-plan) prints its autopsy under its rank and
+    ends the run for every rank (MPI_Abort), exit status 4, nothing left
+    running."""
+    import time
+    d, path = cfg
+    p = subprocess.Popen([TXK, "train", path, "output_dir=" + os.path.join(d, "oom"), "--no-plan", "world_size=2",
+                          "zero=1", "capacity=22MiB"], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 4, out + err
+    assert "Out of device memory during training" in out and ("rank 0:" in out or "rank 1:" in out), out
+    assert "MPI_ABORT was invoked on rank" in err, err
+    t1 = time.time()
+    while session_pids(p.pid) and time.time() - t1 < 5:
+        time.sleep(0.05)
+    assert session_pids(p.pid) == []

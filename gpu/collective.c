@@ -151,8 +151,7 @@ tk_coll *tk_coll_open(tk_dev *d, int world_size, int rank, tk_err *err) {
     int env = tk_coll_env_size();
     if (env != world_size) {
         tk_err_set(err, TK_EINVAL, "world_size: %d on the cpu runs as %d MPI processes, %s; `txk train "
-                   "cfg.yaml` starts them with mpirun (%%%%txtrain does not yet: run `!txk train` from the "
-                   "notebook)", world_size, world_size,
+                   "cfg.yaml` and %%%%txtrain start them with mpirun", world_size, world_size,
                    env > 1 ? "but mpirun started a different number here" : "and this process is not one of them");
         free(c);
         return NULL;

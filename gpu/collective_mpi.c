@@ -234,6 +234,10 @@ static int on_path(const char *prog) {
 }
 
 tk_status tk_coll_mpirun(int world_size, char *const argv[], int *pid, tk_err *err) {
+    return tk_coll_mpirun_fd(world_size, argv, -1, pid, err);
+}
+
+tk_status tk_coll_mpirun_fd(int world_size, char *const argv[], int out_fd, int *pid, tk_err *err) {
     if (!on_path("mpirun")) {
         tk_err_set(err, TK_EINVAL, "world_size: %d on the cpu runs %d MPI processes, started by mpirun, which is not "
                    "on PATH: install OpenMPI (Debian/Ubuntu: apt-get install openmpi-bin libopenmpi3), or set "
@@ -267,6 +271,7 @@ tk_status tk_coll_mpirun(int world_size, char *const argv[], int *pid, tk_err *e
          * which forwards it as SIGUSR1 (mpirun passes that to every rank;
          * a SIGINT would make mpirun kill them mid-step) */
         setpgid(0, 0);
+        if (out_fd >= 0 && (dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)) _exit(127);
         if (geteuid() == 0) {
             setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
             setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);

@@ -90,6 +90,8 @@ void tk_coll_reset_bytes(tk_coll *c);
  * environment only, never in the caller's. TK_EINVAL says what to install
  * when mpirun is not on PATH. */
 tk_status tk_coll_mpirun(int world_size, char *const argv[], int *pid, tk_err *err);
+/* The same with mpirun's stdout and stderr on out_fd (-1: inherited). */
+tk_status tk_coll_mpirun_fd(int world_size, char *const argv[], int out_fd, int *pid, tk_err *err);
 
 /* cuda: N GPUs in this process, one thread per GPU (NCCL's
  * ncclCommInitAll). Whoever starts the threads opens the group once for the

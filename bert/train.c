@@ -524,9 +524,14 @@ static tk_status run_step(run *R, int g0, tk_err *err) {
     R->log_loss += o.loss_sum;
     R->log_rows += o.rows;
     const tk_config *c = R->c;
-    if (c->output_dir[0] && !R->every_epoch &&
-        ((c->save_every > 0 && R->t.step % c->save_every == 0) ||
-         (c->save_every_s > 0 && now_s() - R->last_save >= c->save_every_s))) {
+    double due = c->output_dir[0] && !R->every_epoch &&
+                 ((c->save_every > 0 && R->t.step % c->save_every == 0) ||
+                  (c->save_every_s > 0 && now_s() - R->last_save >= c->save_every_s));
+    /* by the clock, the ranks' clocks differ: every rank saves (gathers its
+     * state) when any is due, or none */
+    if (R->t.world > 1 && c->save_every_s > 0 && (st = tk_coll_all_reduce_host(R->t.coll, &due, 1, err)) != TK_OK)
+        return st;
+    if (due > 0) {
         /* the clock restarts after a failed save too: it is retried in
          * save_every_s, not at every step */
         if ((st = run_checkpoint(R, R->ep, g1, err)) != TK_OK)

@@ -28,18 +28,6 @@
 
 static char dir[] = "/tmp/txk-ranks-test-XXXXXX";
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(len > 0 ? (size_t)len : 1);
-    *n = b ? fread(b, 1, (size_t)len, f) : 0;
-    fclose(f);
-    return b;
-}
-
 static void test_two_ranks_equal_one_accumulating(void) {
     char cell[2048], out1[512], out2[512], text[65536];
     int rc;
@@ -60,14 +48,8 @@ static void test_two_ranks_equal_one_accumulating(void) {
     stdout_of(m, text, sizeof text);
     TK_CHECK_MSG(strstr(text, "global batch 16") && strstr(text, "rank 1: peak") && strstr(text, "trained"), "%s", text);
     json_decref(m);
-    char p1[600], p2[600];
-    snprintf(p1, sizeof p1, "%s/model.safetensors", out1);
-    snprintf(p2, sizeof p2, "%s/model.safetensors", out2);
-    size_t n1 = 0, n2 = 0;
-    char *a = slurp(p1, &n1), *b = slurp(p2, &n2);
-    TK_CHECK(a && b && n1 == n2 && n1 > 0 && !memcmp(a, b, n1));
-    free(a);
-    free(b);
+    snprintf(cmd, sizeof cmd, "cmp -s '%s/model.safetensors' '%s/model.safetensors'", out1, out2);
+    TK_CHECK_MSG(system(cmd) == 0, "the 2-rank weights differ from accumulate 2's (or one is missing)");
 }
 
 static const char *watch_dir;

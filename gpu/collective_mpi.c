@@ -11,12 +11,19 @@
  * Guarantees: each op is one MPI collective on MPI_COMM_WORLD (sum in f32
  * or f64); counts over INT_MAX elements are refused (MPI's counts are int).
  * A rank that dies is MPI's to handle: mpirun stops the others and names it.
+ * A rank that hangs (or is stopped) is this file's: each op is MPI's
+ * non-blocking form, tested until done, and a rank that has waited
+ * TXK_COLL_TIMEOUT_S seconds (default 600: longer than a checkpoint save,
+ * when the other ranks wait for rank 0) fails the op with an error saying
+ * so; its caller then ends every rank (tk_coll_abort_job).
  */
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -35,10 +42,12 @@ static struct {
     int (*Finalize)(void);
     int (*Comm_rank)(mpi_h, int *);
     int (*Comm_size)(mpi_h, int *);
-    int (*Allreduce)(const void *, void *, int, mpi_h, mpi_h, mpi_h);
-    int (*Reduce_scatter)(const void *, void *, const int *, mpi_h, mpi_h, mpi_h);
-    int (*Allgatherv)(const void *, int, mpi_h, void *, const int *, const int *, mpi_h, mpi_h);
-    int (*Bcast)(void *, int, mpi_h, int, mpi_h);
+    /* the non-blocking forms (MPI_Request is a pointer in OpenMPI) */
+    int (*Iallreduce)(const void *, void *, int, mpi_h, mpi_h, mpi_h, mpi_h *);
+    int (*Ireduce_scatter)(const void *, void *, const int *, mpi_h, mpi_h, mpi_h, mpi_h *);
+    int (*Iallgatherv)(const void *, int, mpi_h, void *, const int *, const int *, mpi_h, mpi_h, mpi_h *);
+    int (*Ibcast)(void *, int, mpi_h, int, mpi_h, mpi_h *);
+    int (*Test)(mpi_h *, int *, void *);
     int (*Abort)(mpi_h, int);
     int (*Error_string)(int, char *, int *);
     mpi_h world, f32, f64, byte, sum;
@@ -77,10 +86,11 @@ static void load(void) {
     SYM(Finalize, "MPI_Finalize");
     SYM(Comm_rank, "MPI_Comm_rank");
     SYM(Comm_size, "MPI_Comm_size");
-    SYM(Allreduce, "MPI_Allreduce");
-    SYM(Reduce_scatter, "MPI_Reduce_scatter");
-    SYM(Allgatherv, "MPI_Allgatherv");
-    SYM(Bcast, "MPI_Bcast");
+    SYM(Iallreduce, "MPI_Iallreduce");
+    SYM(Ireduce_scatter, "MPI_Ireduce_scatter");
+    SYM(Iallgatherv, "MPI_Iallgatherv");
+    SYM(Ibcast, "MPI_Ibcast");
+    SYM(Test, "MPI_Test");
     SYM(Abort, "MPI_Abort");
     SYM(Error_string, "MPI_Error_string");
     SYM(world, "ompi_mpi_comm_world");
@@ -112,11 +122,46 @@ static tk_status too_big(const char *op, tk_err *err) {
     return TK_EINVAL;
 }
 
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Waits for a started op (rc: what starting it returned): spinning first
+ * (most ops end within microseconds), then sleeping up to 1 ms between
+ * tests, until TXK_COLL_TIMEOUT_S. */
+static tk_status finish(const char *op, int rc, mpi_h *req, tk_err *err) {
+    if (rc) return mpi_fail(op, rc, err);
+    const char *env = getenv("TXK_COLL_TIMEOUT_S");
+    double limit = env && atof(env) > 0 ? atof(env) : 600.0, t0 = mono_s();
+    long nap = 0;
+    for (long i = 0;; i++) {
+        int done = 0;
+        if ((rc = M.Test(req, &done, NULL))) return mpi_fail(op, rc, err);
+        if (done) return TK_OK;
+        if (i < 2000) {
+            sched_yield();
+            continue;
+        }
+        if (mono_s() - t0 > limit) {
+            int rank = -1;
+            M.Comm_rank(M.world, &rank);
+            tk_err_set(err, TK_EIO, "MPI %s: rank %d waited %.0f s for the other ranks: one of them hung or stopped "
+                       "(TXK_COLL_TIMEOUT_S=%g); ending the run", op, rank, mono_s() - t0, limit);
+            return TK_EIO;
+        }
+        nap = nap < 1000000 ? nap + 50000 : nap;
+        struct timespec ts = {0, nap};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static tk_status m_all_reduce(void *ctx, void *buf, int64_t n, tk_err *err) {
     (void)ctx;
     if (n > INT_MAX) return too_big("all-reduce", err);
-    int rc = M.Allreduce(MPI_IN_PLACE_, buf, (int)n, M.f32, M.sum, M.world);
-    return rc ? mpi_fail("all-reduce", rc, err) : TK_OK;
+    mpi_h req = NULL;
+    return finish("all-reduce", M.Iallreduce(MPI_IN_PLACE_, buf, (int)n, M.f32, M.sum, M.world, &req), &req, err);
 }
 
 /* counts as int, and this rank's offset; NULL on a count over INT_MAX */
@@ -145,10 +190,12 @@ static tk_status m_reduce_scatter(void *ctx, void *buf, const int64_t *counts, t
     if (!ic) return too_big("reduce-scatter", err);
     /* In place, MPI leaves this rank's sum at the start of the buffer;
      * it belongs at the rank's own offset. */
-    int rc = M.Reduce_scatter(MPI_IN_PLACE_, buf, ic, M.f32, M.sum, M.world);
+    mpi_h req = NULL;
+    tk_status st = finish("reduce-scatter", M.Ireduce_scatter(MPI_IN_PLACE_, buf, ic, M.f32, M.sum, M.world, &req),
+                          &req, err);
     int mine = ic[size_rank[1]];
     free(ic);
-    if (rc) return mpi_fail("reduce-scatter", rc, err);
+    if (st != TK_OK) return st;
     if (off) memmove((float *)buf + off, buf, (size_t)mine * sizeof(float));
     return TK_OK;
 }
@@ -159,9 +206,11 @@ static tk_status gatherv(void *ctx, void *buf, const int64_t *counts, mpi_h type
     int64_t off = 0;
     int *displs = NULL, *ic = int_counts(counts, size_rank[0], size_rank[1], &off, &displs);
     if (!ic) return too_big("all-gather", err);
-    int rc = M.Allgatherv(MPI_IN_PLACE_, 0, type, buf, ic, displs, type, M.world);
-    free(ic);
-    return rc ? mpi_fail("all-gather", rc, err) : TK_OK;
+    mpi_h req = NULL;
+    tk_status st = finish("all-gather", M.Iallgatherv(MPI_IN_PLACE_, 0, type, buf, ic, displs, type, M.world, &req),
+                          &req, err);
+    free(ic); /* the counts must outlive the op: freed after it */
+    return st;
 }
 static tk_status m_all_gather(void *ctx, void *buf, const int64_t *counts, tk_err *err) {
     return gatherv(ctx, buf, counts, M.f32, err);
@@ -173,14 +222,14 @@ static tk_status m_all_gather_bytes(void *ctx, void *buf, const int64_t *counts,
 static tk_status m_broadcast(void *ctx, void *buf, int64_t n, int root, tk_err *err) {
     (void)ctx;
     if (n > INT_MAX) return too_big("broadcast", err);
-    int rc = M.Bcast(buf, (int)n, M.f32, root, M.world);
-    return rc ? mpi_fail("broadcast", rc, err) : TK_OK;
+    mpi_h req = NULL;
+    return finish("broadcast", M.Ibcast(buf, (int)n, M.f32, root, M.world, &req), &req, err);
 }
 
 static tk_status m_all_reduce_host(void *ctx, double *vals, int n, tk_err *err) {
     (void)ctx;
-    int rc = M.Allreduce(MPI_IN_PLACE_, vals, n, M.f64, M.sum, M.world);
-    return rc ? mpi_fail("all-reduce (host)", rc, err) : TK_OK;
+    mpi_h req = NULL;
+    return finish("all-reduce (host)", M.Iallreduce(MPI_IN_PLACE_, vals, n, M.f64, M.sum, M.world, &req), &req, err);
 }
 
 static void m_abort(void *ctx, int code) {

@@ -18,7 +18,9 @@
  * in (a + b == b + a): a 2-rank step equals a 1-rank step that adds the two
  * micro-batches' gradients the same way (step.c does). Errors are statuses
  * with a message; no op aborts the process itself (MPI's own fault handling
- * ends a run whose peer died: mpirun stops every rank and names the dead one).
+ * ends a run whose peer died: mpirun stops every rank and names the dead one;
+ * an MPI op that waits TXK_COLL_TIMEOUT_S seconds, 600 by default, for a
+ * peer that hung fails saying so, and its caller calls tk_coll_abort).
  *
  * Ownership: buffers are borrowed; a tk_coll is the opener's
  * (tk_coll_close).

@@ -279,3 +279,27 @@ def test_oom_on_a_rank_ends_every_rank_with_its_autopsy(cfg):
     while session_pids(p.pid) and time.time() - t1 < 5:
         time.sleep(0.05)
     assert session_pids(p.pid) == []
+
+
+def test_hung_rank_ends_the_run_in_bounded_time(cfg):
+    """A rank that stops answering (SIGSTOP: hung, not dead, so mpirun sees
+    nothing) makes the others' next collective give up after
+    TXK_COLL_TIMEOUT_S (3 s here; 600 by default) with an error saying
+    which rank waited and why; that rank ends the run (MPI_Abort), the
+    stopped one included, nothing left running."""
+    import signal
+    d, path = cfg
+    old = os.environ.get("TXK_COLL_TIMEOUT_S")
+    os.environ["TXK_COLL_TIMEOUT_S"] = "3"
+    try:
+        rc, err, took = interrupted_run(path, os.path.join(d, "hung"),
+                                        ["world_size=2", "zero=1", "save_every=2", "max_examples=192"],
+                                        "checkpoint-2", lambda sid: os.kill(rank_pid(sid, 1), signal.SIGSTOP))
+    finally:
+        if old is None:
+            del os.environ["TXK_COLL_TIMEOUT_S"]
+        else:
+            os.environ["TXK_COLL_TIMEOUT_S"] = old
+    print(f"rank 1 stopped: the run ended {took:.2f} s later, status {rc}")
+    assert rc != 0 and took < 30
+    assert "rank 0 waited" in err and "hung or stopped" in err, err

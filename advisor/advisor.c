@@ -44,17 +44,19 @@ static char *fmtb(size_t b, char *buf) { return tk_format_bytes(b, buf, 32); }
 
 /* Relative time per training sample of a plan. The roofline step time when a
  * GPU profile is known; otherwise FLOPs plus bytes weighted by a generic
- * 10 FLOP/byte machine balance — only ratios of it are used. */
+ * 10 FLOP/byte machine balance — only ratios of it are used. With several
+ * ranks their steps run side by side, each on its own batch; the time the
+ * collectives take is not in it (not modelled). */
 static double time_per_sample(const tk_config *c, const tk_plan_result *p) {
     double t = p->step_seconds > 0 ? p->step_seconds
                                     : p->train_step.flops + 10.0 * p->train_step.bytes;
     int acc = c->accumulate > 1 ? c->accumulate : 1;
-    double samples = (double)c->batch_size * acc;
+    double samples = (double)c->batch_size * acc * tk_config_world_size(c);
     return samples > 0 ? t / samples : t;
 }
 
 static int effective_batch(const tk_config *c) {
-    return c->batch_size * (c->accumulate > 1 ? c->accumulate : 1);
+    return c->batch_size * (c->accumulate > 1 ? c->accumulate : 1) * tk_config_world_size(c);
 }
 
 /* ---- diagnoses ------------------------------------------------------------ */

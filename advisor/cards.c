@@ -54,7 +54,8 @@ int tk_advice_auto_for(const tk_advice *a, const char *platform, const int32_t *
         const tk_candidate *c = &a->cand[i];
         /* the same rule as auto (keeps the effective batch), on every card */
         const tk_config *cc = &c->config;
-        if (c->action_only || cc->batch_size * (cc->accumulate > 1 ? cc->accumulate : 1) != a->base_effective_batch)
+        if (c->action_only ||
+            cc->batch_size * (cc->accumulate > 1 ? cc->accumulate : 1) * tk_config_world_size(cc) != a->base_effective_batch)
             continue;
         int ok = 1;
         for (int k = 0; k < c->n_fixes; k++) ok &= c->fixes[k].kind != TK_FIX_BATCH;

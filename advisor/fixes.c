@@ -373,6 +373,56 @@ static double batch_risk(const tk_fix *f, const tk_config *fixed, const int32_t 
     snprintf(w, wn, "effective batch changes");
     return 0.10;
 }
+/* data parallel: the config's platform has two of its card (gpu: t4x2, or
+ * --for kaggle with gpu: t4): both ranks, AdamW's state (zero 1) or the
+ * gradients too (zero 2) sharded, the global batch kept by halving the
+ * per-rank batch (or accumulate). */
+static int gpus_on_platform(const tk_advise_input *in) {
+    const tk_config *c = in->config;
+    const tk_gpu_profile *card = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
+    if (!card)
+        return 1;
+    if (card->gpus > 1)
+        return card->gpus;
+    const char *plat = in->platform ? in->platform : tk_gpu_platform_of(card);
+    const tk_gpu_profile *cards[32];
+    int n = plat ? tk_gpu_platform_cards(plat, cards, 32) : 0, best = 1;
+    size_t len = strlen(card->name);
+    for (int i = 0; i < n; i++) /* the same card, several of it: "t4" -> "t4x2" */
+        if (cards[i]->gpus > best && strncmp(cards[i]->name, card->name, len) == 0 && cards[i]->name[len] == 'x')
+            best = cards[i]->gpus;
+    return best;
+}
+static int data_parallel_apply(tk_config *c, const tk_fix *f, const int32_t *len, int nl, char *reason, size_t rn) {
+    int w = f->value, w0 = tk_config_world_size(c);
+    if (w < 2 || f->zero < 0 || f->zero > 2 || (w == w0 && f->zero <= c->zero) || w % w0)
+        return -1;
+    int more = w / w0, acc = c->accumulate > 1 ? c->accumulate : 1;
+    if (acc % more == 0)
+        c->accumulate = acc / more;
+    else if (c->batch_size % more == 0)
+        c->batch_size /= more;
+    else if (more > 1)
+        return -1; /* the global batch could not be kept */
+    snprintf(reason, rn, "world_size %d, zero %d: each GPU holds %s; batch_size %d per rank x accumulate %d x %d "
+             "ranks keeps the global batch %d", w, f->zero,
+             f->zero == 1 ? "1/2 of AdamW's state" : "1/2 of AdamW's state and of the gradients", c->batch_size,
+             c->accumulate > 1 ? c->accumulate : 1, w, c->batch_size * (c->accumulate > 1 ? c->accumulate : 1) * w);
+    c->world_size = w;
+    c->zero = f->zero;
+    return 0;
+}
+static int data_parallel_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
+    int n = 0, g = gpus_on_platform(in);
+    if (g < 2)
+        return 0;
+    for (int z = 1; z <= 2; z++)
+        PROPOSE(((tk_fix){ .kind = TK_FIX_DATA_PARALLEL, .value = g, .zero = z }));
+    return n;
+}
+static void data_parallel_label(const tk_fix *f, const tk_config *fixed, char *o, size_t n) {
+    snprintf(o, n, "world_size %d, zero %d", f->value, f->zero);
+}
 #undef PROPOSE
 
 /* ---- the table --------------------------------------------------------------- */
@@ -409,6 +459,8 @@ static tk_fix_def FIXES[TK_FIX_MAX_KINDS] = {
                             .label = eval_batch_label },
     [TK_FIX_BATCH] = { .name = "batch_size", .apply = batch_apply, .propose = batch_propose,
                        .label = batch_label, .risk = batch_risk },
+    [TK_FIX_DATA_PARALLEL] = { .name = "data_parallel", .apply = data_parallel_apply,
+                               .propose = data_parallel_propose, .label = data_parallel_label, .combinable = 1 },
 };
 static int n_fixes = TK_FIX_COUNT;
 
@@ -448,6 +500,7 @@ const char *tk_fix_param(const tk_fix *f, char *buf, size_t n) {
     switch (f->kind) {
     case TK_FIX_PRECISION: snprintf(buf, n, "%s", f->precision == TK_PREC_BF16 ? "bf16" : "fp16"); break;
     case TK_FIX_PADDING: snprintf(buf, n, "%s", f->batching == TK_BATCH_BUCKETS ? "buckets" : "dynamic"); break;
+    case TK_FIX_DATA_PARALLEL: snprintf(buf, n, "zero%d", f->zero); break;
     case TK_FIX_RELEASE:
         snprintf(buf, n, "%s%s%s", f->release & TK_RELEASE_SESSION ? "session" : "",
                  (f->release & TK_RELEASE_SESSION) && (f->release & TK_RELEASE_IN_PROCESS) ? "+" : "",

@@ -324,6 +324,7 @@ static void name_card(tk_oom_message *m) {
     for (int i = 0; tk_gpu_profile_at(i) && n < 8; i++) {
         const tk_gpu_profile *p = tk_gpu_profile_at(i);
         uint64_t cap = p->capacity;
+        if (p->gpus > 1) continue; /* a message is one GPU's: t4x2 is two t4s */
         if ((t->bytes > cap ? t->bytes - cap : cap - t->bytes) <= tol) hit[n++] = p;
     }
     if (n == 1) {
@@ -385,7 +386,7 @@ static const tk_gpu_profile *card_of_device(const char *dev) {
     int n = 0;
     for (int i = 0; tk_gpu_profile_at(i); i++) {
         const tk_gpu_profile *p = tk_gpu_profile_at(i);
-        if (!names_card(dev, p->name)) continue;
+        if (p->gpus > 1 || !names_card(dev, p->name)) continue;
         if (!hit || strncmp(hit->name, p->name, 4)) n++;
         if (!hit) hit = p;
     }
@@ -588,7 +589,8 @@ static void why_intermittent(tk_oom_message *m, const char *platform, uint64_t h
     int nc = 0, n_pool = 0;
     for (int i = 0; i < np + nt && nc < 32; i++) {
         const tk_gpu_profile *p = i < np ? pool[i] : today[i - np];
-        int dup = p == card;
+        /* a pair of cards gives a one-GPU program no more memory */
+        int dup = p == card || p->gpus > 1;
         for (int k = 0; k < nc && !dup; k++) dup = cands[k] == p;
         if (dup || tk_gpu_profile_budget(p) <= here) continue;
         cands[nc++] = p;

@@ -71,6 +71,7 @@ typedef enum {
     TK_FIX_EMPTY_CACHE,     /* release cached segments between steps */
     TK_FIX_EVAL_BATCH,      /* smaller eval batch */
     TK_FIX_BATCH,           /* smaller batch (changes the effective batch) */
+    TK_FIX_DATA_PARALLEL,   /* world_size 2 with ZeRO 1 or 2 on a platform of two GPUs, same global batch */
     TK_FIX_COUNT            /* built-in kinds; registered ones follow */
 } tk_fix_kind;
 
@@ -92,6 +93,7 @@ typedef struct tk_fix {
     tk_precision precision;   /* TK_FIX_PRECISION: TK_PREC_FP16 or TK_PREC_BF16 */
     tk_batching batching;     /* TK_FIX_PADDING: TK_BATCH_DYNAMIC or TK_BATCH_BUCKETS */
     unsigned release;         /* TK_FIX_RELEASE: TK_RELEASE_SESSION | TK_RELEASE_IN_PROCESS */
+    int zero;                 /* TK_FIX_DATA_PARALLEL: the ZeRO stage (value: world_size) */
 } tk_fix;
 
 struct tk_advise_input;

@@ -217,7 +217,11 @@ static int64_t jget_int(const json_t *o, const char *k) {
 /* The settings that decide a run's arithmetic: a checkpoint made under
  * other values is not this run's. output_dir, resume_from, log_every,
  * save_every, keep_checkpoints, save_error, device, threads and the
- * simulated capacity may change between the two. */
+ * simulated capacity may change between the two; so may world_size, zero
+ * and accumulate while a step takes as many micro-batches as before
+ * (accumulate x world_size: the global batch; AdamW's state is saved whole,
+ * each rank takes its piece). Only the same world_size and zero resume bit
+ * for bit. */
 static json_t *run_settings(const tk_config *c) {
     json_t *o = json_object();
     json_object_set_new(o, "model", json_string(c->model));
@@ -228,10 +232,12 @@ static json_t *run_settings(const tk_config *c) {
     I(type_vocab); I(lowercase); F(dropout); I(task); I(head); I(head_units); I(towers);
     I(num_labels); I(max_len); I(doc_stride); I(batch_size); I(epochs); I(max_steps);
     F(lr); F(weight_decay); F(warmup_ratio); F(max_grad_norm); F(adam_beta1); F(adam_beta2);
-    F(adam_eps); I(precision); I(accumulate); I(recompute); I(freeze_embeddings);
+    F(adam_eps); I(precision); I(recompute); I(freeze_embeddings);
     I(freeze_layers); I(optimizer); I(adamw8_fp32_embeddings); I(attention); I(batching);
     I(buckets);
 #undef I
+    json_object_set_new(o, "micro_batches_per_step",
+                        json_integer((c->accumulate > 1 ? c->accumulate : 1) * tk_config_world_size(c)));
 #undef F
     json_object_set_new(o, "schedule", json_string(c->schedule));
     char seed[32];
@@ -298,7 +304,7 @@ static void moments(const tk_adamw_state_view *v, tk_tensor *t[4]) {
     t[3] = v->q8 ? v->vscale : NULL;
 }
 
-static tk_status save_optimizer(tk_adamw *o, tk_dev *d, const char *path, tk_err *err) {
+static tk_status save_optimizer(tk_adamw *o, tk_dev *d, const char *path, void *const *full, tk_err *err) {
     tk_st_writer *w = tk_st_writer_new();
     int n = tk_adamw_n_slots(o);
     void **bufs = tk_calloc((size_t)(4 * (n > 0 ? n : 1)), sizeof *bufs);
@@ -317,6 +323,14 @@ static tk_status save_optimizer(tk_adamw *o, tk_dev *d, const char *path, tk_err
         tk_tensor *t[4];
         moments(&v, t);
         for (int j = 0; j < 4 && st == TK_OK; j++) {
+            char name[512];
+            snprintf(name, sizeof name, "%s.%s", v.name, MOMENT_SUFFIX[j]);
+            tk_adamw_moment mo;
+            tk_adamw_moment_layout(&v, j, &mo);
+            if (full && mo.present) { /* ZeRO 1/2: the state gathered from every rank */
+                st = tk_st_writer_add(w, name, st_dtype(mo.dtype), mo.ndim, mo.shape, full[4 * i + j], err);
+                continue;
+            }
             if (!t[j] || !t[j]->data)
                 continue;
             size_t nb = tk_tensor_nbytes(t[j]);
@@ -325,8 +339,6 @@ static tk_status save_optimizer(tk_adamw *o, tk_dev *d, const char *path, tk_err
                 st = TK_ENOMEM;
                 break;
             }
-            char name[512];
-            snprintf(name, sizeof name, "%s.%s", v.name, MOMENT_SUFFIX[j]);
             if ((st = tk_tensor_read(d, t[j], bufs[4 * i + j], err)) == TK_OK)
                 st = tk_st_writer_add(w, name, st_dtype(t[j]->dtype), t[j]->ndim, t[j]->shape,
                                       bufs[4 * i + j], err);
@@ -364,17 +376,20 @@ static tk_status load_optimizer(tk_adamw *o, tk_dev *d, const char *path, int64_
             char name[512];
             snprintf(name, sizeof name, "%s.%s", v.name, MOMENT_SUFFIX[j]);
             const tk_st_entry *e = tk_st_find(f, name);
-            if (!e || e->dtype != st_dtype(t[j]->dtype) ||
-                (uint64_t)(e->end - e->begin) != (uint64_t)tk_tensor_nbytes(t[j])) {
+            /* the file holds the whole parameter's state (consolidated);
+             * a ZeRO 1/2 rank takes its piece of it */
+            tk_adamw_moment mo;
+            tk_adamw_moment_layout(&v, j, &mo);
+            size_t es = tk_dtype_size(mo.dtype), whole = (size_t)mo.numel * es;
+            if (!e || e->dtype != st_dtype(mo.dtype) || (uint64_t)(e->end - e->begin) != (uint64_t)whole) {
                 tk_err_set(err, TK_EINVAL, "%s: %s is %s; this run's optimizer (%s) needs %s of %zu bytes",
                            path, name, e ? "of another dtype or size" : "missing",
-                           v.q8 ? "8-bit state" : "32-bit state", tk_st_dtype_name(st_dtype(t[j]->dtype)),
-                           tk_tensor_nbytes(t[j]));
+                           v.q8 ? "8-bit state" : "32-bit state", tk_st_dtype_name(st_dtype(mo.dtype)), whole);
                 st = TK_EINVAL;
                 break;
             }
-            if (tk_dev_kind_of(d) != TK_DEV_META)
-                st = tk_tensor_write(d, t[j], tk_st_data(f, e), err);
+            if (tk_dev_kind_of(d) != TK_DEV_META && mo.count > 0)
+                st = tk_tensor_write(d, t[j], (const char *)tk_st_data(f, e) + (size_t)mo.off * es, err);
         }
     }
     tk_st_close(&f);
@@ -530,7 +545,7 @@ tk_status tk_ckpt_save(const char *out_dir, tk_model *m, tk_adamw *o, const tk_c
     test_delay();
     if (st == TK_OK) {
         snprintf(p, sizeof p, "%s/%s", tmp, OPTIM_FILE);
-        st = save_optimizer(o, tk_model_dev(m), p, err);
+        st = save_optimizer(o, tk_model_dev(m), p, s->optim_full, err);
         test_delay();
     }
     /* the model's card (tk_model_set_card) already wrote the tokenizer files
@@ -675,6 +690,15 @@ static tk_status check_settings(const char *dir, const json_t *j, const tk_confi
             continue;
         char *a = t ? json_dumps(t, JSON_ENCODE_ANY | JSON_REAL_PRECISION(9)) : NULL;
         char *b = json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(9));
+        if (!strcmp(k, "micro_batches_per_step") && t)
+            tk_err_set(err, TK_EINVAL,
+                       "%s was made with %s micro-batches of batch_size %d per step (accumulate x world_size) and "
+                       "this run takes %s: a resume keeps the global batch, so on world_size %d set accumulate so "
+                       "that accumulate x world_size = %s%s", dir, a ? a : "?", c->batch_size, b ? b : "?",
+                       tk_config_world_size(c), a ? a : "?",
+                       json_integer_value(t) % tk_config_world_size(c) ? " (which this world_size does not divide)"
+                                                                       : "");
+        else
         tk_err_set(err, TK_EINVAL,
                    "%s was made by another run: %s is %s there and %s here (an exact resume needs the same "
                    "model, data and training settings)",

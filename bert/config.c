@@ -336,6 +336,8 @@ static const keydef KEYS[] = {
     {"capacity", "device", K_BYTES, OFF(capacity), 0, 0, NULL, NULL, NULL, "simulated device memory (7.43GiB, 800MiB, bytes); 0 = the device's"},
     SPEC("gpu", "device", set_gpu, get_gpu, "a GPU profile (t4, v100-16, a100-40, ...) for capacity and speed estimates"),
     INT("threads", "device", threads, 0, 4096, "cpu threads; 0 = all cores"),
+    INT("world_size", "device", world_size, 1, 1024, "data-parallel ranks: N GPUs in this process on cuda, N MPI processes (mpirun) on the cpu; batch_size is per rank"),
+    INT("zero", "device", zero, 0, 2, "with world_size > 1: 0 all-reduces the gradients, 1 shards AdamW's state over the ranks, 2 shards the gradients too"),
 };
 #define NKEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -597,6 +599,7 @@ void tk_config_defaults(tk_config *c) {
     c->attention = TK_ATTN_AUTO;
     c->attention_dropout = -1.0f;
     c->accumulate = 1;
+    c->world_size = 1;
     c->buckets = 8;
     c->log_every = 10;
     c->keep_checkpoints = 3;

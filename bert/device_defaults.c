@@ -1,10 +1,17 @@
 /* device_defaults.c — the config defaults that depend on the device a run
- * gets: today attention: auto (fused on cuda and for a gpu: card, standard on
- * the cpu). One rule in one place: the planner, the model options, the
+ * gets: attention: auto (fused on cuda and for a gpu: card, standard on
+ * the cpu) and the world_size a multi-GPU profile implies (gpu: t4x2). One rule in one place: the planner, the model options, the
  * session and the advisor's fixes all ask it, so a plan and its run agree.
  * Kept apart from config.c (which reads config.json through hf.c) so hf.c
  * can ask it without a circle between the two files. */
 #include "tk_config.h"
+
+int tk_config_world_size(const tk_config *c) {
+    if (c->world_size > 1)
+        return c->world_size;
+    const tk_gpu_profile *p = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
+    return p && p->gpus > 1 ? p->gpus : 1;
+}
 
 tk_attention tk_config_attention(const tk_config *c, tk_dev_kind on, const char **why) {
     if (c->attention != TK_ATTN_AUTO) {

@@ -86,6 +86,8 @@ struct tk_model {
     char (*own)[NOWN][OWN_MAX]; /* per layer activation owners */
     tk_dtype adt;          /* activation and GEMM-input dtype: f32, f16 or bf16 */
     int grads;             /* gradients allocated */
+    tk_grad_hooks hooks;   /* around each backward stage (tk_model_set_grad_hooks) */
+    int has_hooks, lazy_grads;
     /* the card (tk_model_set_card): written beside the weights */
     char **labels;
     int n_labels;
@@ -392,8 +394,14 @@ int64_t tk_model_n_logits(const tk_model *m, int B, int T) {
     return m->o.head == TK_HEAD_SPAN ? (int64_t)B * T * 2 : (int64_t)B * m->o.num_labels;
 }
 
+void tk_model_set_grad_hooks(tk_model *m, const tk_grad_hooks *h, int lazy) {
+    m->has_hooks = h != NULL;
+    m->lazy_grads = h && lazy;
+    if (h) m->hooks = *h;
+}
+
 tk_status tk_model_alloc_grads(tk_model *m, tk_err *err) {
-    if (m->grads) return TK_OK;
+    if (m->grads || m->lazy_grads) return TK_OK;
     for (int i = 0; i < m->np; i++) {
         pslot *s = &m->ps[i];
         if (s->p.frozen) continue;
@@ -1497,6 +1505,15 @@ static tk_status refresh_copies(step *S) {
     return TK_OK;
 }
 
+/* One backward stage between the hooks (tk_grad_hooks) on parameters [p0, p1). */
+#define STAGE(p0, p1, call)                                                           \
+    do {                                                                              \
+        const tk_grad_hooks *hk_ = m->has_hooks ? &m->hooks : NULL;                   \
+        if (hk_) TRY(hk_->before(hk_->ud, (p0), (p1), S->err));                        \
+        TRY(call);                                                                    \
+        if (hk_) TRY(hk_->after(hk_->ud, (p0), (p1), S->err));                         \
+    } while (0)
+
 static tk_status fwd_bwd(step *S, const tk_batch *b, float grad_scale, float *loss, float *logits) {
     tk_model *m = S->m;
     const int L = m->L;
@@ -1516,7 +1533,8 @@ static tk_status fwd_bwd(step *S, const tk_batch *b, float grad_scale, float *lo
     if (loss) *loss = (float)lo;
     if (logits) TRY(read_logits(S, logits));
     tk_alloc_set_phase(tk_dev_alloc(m->dev), "backward");
-    TRY(head_bwd(S, h, grad_scale));
+    int p_head = m->layer0 + L * LNP;
+    STAGE(p_head, m->np, head_bwd(S, h, grad_scale));
     for (int l = L - 1; l >= 0; l--) {
         if (!layer_backward(m, l)) break;
         tk_tensor *in = l ? &S->la[l - 1].out : &S->s.h0;
@@ -1526,11 +1544,12 @@ static tk_status fwd_bwd(step *S, const tk_batch *b, float grad_scale, float *lo
             fr(S, &S->la[l].out);
             TRY(layer_fwd(S, l, in, 1, 0));
         }
-        TRY(layer_bwd(S, l, in, grads_below(m, l - 1)));
+        STAGE(m->layer0 + l * LNP, m->layer0 + (l + 1) * LNP, layer_bwd(S, l, in, grads_below(m, l - 1)));
     }
-    if (grads_below(m, -1)) TRY(embeddings_bwd(S));
+    if (grads_below(m, -1)) STAGE(0, m->layer0, embeddings_bwd(S));
     return TK_OK;
 }
+#undef STAGE
 
 tk_status tk_model_forward_backward(tk_model *m, const tk_batch *b, uint64_t stepno, float grad_scale,
                                     float *loss, float *logits, tk_err *err) {

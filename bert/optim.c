@@ -24,6 +24,7 @@
 
 typedef struct {
     tk_optim_param p;
+    int64_t lo, n;             /* the elements this optimizer updates: [lo, lo + n) */
     int q8;                    /* 1: 8-bit state */
     tk_tensor m, v;            /* f32, or i8 / u8 when q8 */
     tk_tensor mscale, vscale;  /* q8 only: f32 per TK_Q8_BLOCK */
@@ -36,7 +37,8 @@ struct tk_adamw {
     float beta1, beta2, eps, weight_decay, max_grad_norm;
     int64_t step;
     int have_state;
-    tk_tensor norm;            /* f32 [1] scratch for the global norm (live only inside a step) */
+    tk_tensor norm;            /* f32 scratch for the global norm (live only inside a step) */
+    tk_coll *coll;             /* borrowed: sharded state (tk_adamw_set_coll) */
 };
 
 tk_sched tk_sched_from_config(const tk_config *c, int64_t total_steps) {
@@ -100,6 +102,8 @@ tk_adamw *tk_adamw_new(tk_dev *d, const tk_config *c, const tk_optim_param *para
         if (s->p.frozen)
             continue;
         int64_t numel = tk_tensor_numel(s->p.param);
+        s->lo = s->p.piece ? s->p.lo : 0;
+        s->n = s->p.piece ? s->p.hi - s->p.lo : numel;
         s->q8 = c->optimizer == TK_OPTIM_ADAMW8 && numel >= TK_ADAMW8_MIN_NUMEL &&
                 !(c->adamw8_fp32_embeddings && is_embedding(s->p.name));
     }
@@ -130,10 +134,14 @@ void tk_adamw_destroy(tk_adamw **po) {
 
 int64_t tk_adamw_steps(const tk_adamw *o) { return o ? o->step : 0; }
 
+void tk_adamw_set_coll(tk_adamw *o, tk_coll *coll) {
+    if (o) o->coll = coll;
+}
+
 static size_t slot_bytes(const tk_adamw_slot *s) {
-    if (s->p.frozen)
+    if (s->p.frozen || s->n == 0)
         return 0;
-    size_t n = (size_t)tk_tensor_numel(s->p.param);
+    size_t n = (size_t)s->n;
     if (!s->q8)
         return 2 * n * sizeof(float);
     size_t blocks = (n + TK_Q8_BLOCK - 1) / TK_Q8_BLOCK;
@@ -183,9 +191,11 @@ static tk_status zero_bytes(tk_dev *d, tk_tensor *t, tk_err *err) {
 static tk_status alloc_slot(tk_adamw *o, tk_adamw_slot *s, tk_err *err) {
     tk_dev *d = o->d;
     const char *owner = tk_alloc_owner_name(tk_dev_alloc(d), s->p.param->tag.owner);
-    int ndim = s->p.param->ndim;
-    const int64_t *shape = s->p.param->shape;
-    int64_t n = tk_tensor_numel(s->p.param);
+    /* a piece of a parameter (ZeRO 1/2) is a 1-D run of its elements */
+    int sharded = s->p.piece;
+    int ndim = sharded ? 1 : s->p.param->ndim;
+    const int64_t *shape = sharded ? &s->n : s->p.param->shape;
+    int64_t n = s->n;
     tk_status st;
     if (!s->q8) {
         if ((st = tk_tensor_alloc(d, &s->m, TK_F32, ndim, shape, TK_CAT_OPTIM, owner, err)) != TK_OK)
@@ -214,7 +224,7 @@ static tk_status alloc_slot(tk_adamw *o, tk_adamw_slot *s, tk_err *err) {
 static tk_status alloc_state(tk_adamw *o, tk_err *err) {
     for (int i = 0; i < o->n; i++) {
         tk_adamw_slot *s = &o->slots[i];
-        if (s->p.frozen)
+        if (s->p.frozen || s->n == 0)
             continue;
         tk_status st = alloc_slot(o, s, err);
         if (st != TK_OK) {
@@ -231,7 +241,33 @@ int tk_adamw_n_slots(const tk_adamw *o) { return o ? o->n : 0; }
 void tk_adamw_state_at(tk_adamw *o, int i, tk_adamw_state_view *out) {
     tk_adamw_slot *s = &o->slots[i];
     *out = (tk_adamw_state_view){ .name = s->p.name, .q8 = s->q8, .frozen = s->p.frozen,
-                                  .m = &s->m, .v = &s->v, .mscale = &s->mscale, .vscale = &s->vscale };
+                                  .m = &s->m, .v = &s->v, .mscale = &s->mscale, .vscale = &s->vscale,
+                                  .piece = s->p.piece, .lo = s->lo, .n = s->n,
+                                  .numel = tk_tensor_numel(s->p.param), .param = s->p.param };
+}
+
+void tk_adamw_moment_layout(const tk_adamw_state_view *v, int j, tk_adamw_moment *out) {
+    memset(out, 0, sizeof *out);
+    if (v->frozen || (j > 1 && !v->q8))
+        return;
+    out->present = 1;
+    int64_t lo = v->piece ? v->lo : 0, n = v->piece ? v->n : v->numel;
+    if (j < 2) {
+        out->dtype = !v->q8 ? TK_F32 : j == 0 ? TK_I8 : TK_U8;
+        out->ndim = v->param->ndim;
+        memcpy(out->shape, v->param->shape, sizeof out->shape);
+        out->numel = v->numel;
+        out->off = lo;
+        out->count = n;
+        return;
+    }
+    /* pieces start on a TK_Q8_BLOCK boundary (TK_DP_CHUNK is a multiple),
+     * so a piece's scales are whole blocks of the parameter's */
+    out->dtype = TK_F32;
+    out->ndim = 1;
+    out->numel = out->shape[0] = (v->numel + TK_Q8_BLOCK - 1) / TK_Q8_BLOCK;
+    out->off = lo / TK_Q8_BLOCK;
+    out->count = n ? (lo + n + TK_Q8_BLOCK - 1) / TK_Q8_BLOCK - out->off : 0;
 }
 
 int tk_adamw_has_state(const tk_adamw *o) { return o && o->have_state; }
@@ -241,6 +277,19 @@ tk_status tk_adamw_alloc_state(tk_adamw *o, tk_err *err) {
 }
 
 void tk_adamw_set_steps(tk_adamw *o, int64_t steps) { o->step = steps; }
+
+/* The end of both norms: the scratch released, the norm (sqrt of the sum
+ * of squares, rounded once to float as sqrtf would) times |grad_scale|. */
+static tk_status norm_done(tk_adamw *o, tk_status st, double sq, float grad_scale, float *norm, tk_err *err) {
+    tk_tensor_free(o->d, &o->norm);
+    if (st != TK_OK) {
+        if (err && err->msg[0] == '\0')
+            tk_err_set(err, st, "optimizer: gradient norm failed (%s)", tk_status_name(st));
+        return st;
+    }
+    *norm = (float)sqrt(sq) * fabsf(grad_scale);
+    return TK_OK;
+}
 
 /* Global L2 norm of all gradients times grad_scale (meta: 0). */
 static tk_status global_norm(tk_adamw *o, float grad_scale, float *norm, tk_err *err) {
@@ -262,14 +311,51 @@ static tk_status global_norm(tk_adamw *o, float grad_scale, float *norm, tk_err 
         st = tk_op_fill(d, &o->norm, 0.0f, 1);
     if (st == TK_OK && tk_dev_kind_of(d) != TK_DEV_META)
         st = tk_tensor_read(d, &o->norm, &sq, err);
-    tk_tensor_free(d, &o->norm);
-    if (st != TK_OK) {
-        if (err && err->msg[0] == '\0')
-            tk_err_set(err, st, "optimizer: gradient norm failed (%s)", tk_status_name(st));
-        return st;
+    return norm_done(o, st, sq, grad_scale, norm, err);
+}
+
+/* The sharded norm: one sum of squares per TK_DP_CHUNK of every trainable
+ * parameter (this rank's chunks filled, the others 0), summed over the
+ * ranks, then added up in chunk order on the host: the same sum whatever
+ * the ranks (meta: 0). */
+static tk_status chunked_norm(tk_adamw *o, float grad_scale, float *norm, tk_err *err) {
+    tk_dev *d = o->d;
+    int64_t nc = 0;
+    for (int i = 0; i < o->n; i++)
+        if (!o->slots[i].p.frozen)
+            nc += (tk_tensor_numel(o->slots[i].p.param) + TK_DP_CHUNK - 1) / TK_DP_CHUNK;
+    if (nc == 0) nc = 1;
+    tk_status st = tk_tensor_alloc(d, &o->norm, TK_F32, 1, &nc, TK_CAT_TEMP, "optimizer", err);
+    if (st == TK_OK)
+        st = tk_op_fill(d, &o->norm, 0.0f, nc);
+    int64_t base = 0;
+    for (int i = 0; i < o->n && st == TK_OK; i++) {
+        tk_adamw_slot *s = &o->slots[i];
+        if (s->p.frozen)
+            continue;
+        int64_t total = tk_tensor_numel(s->p.param);
+        for (int64_t e = s->lo; e < s->lo + s->n && st == TK_OK && s->p.grad && s->p.grad->data; e += TK_DP_CHUNK) {
+            int64_t len = s->lo + s->n - e < TK_DP_CHUNK ? s->lo + s->n - e : TK_DP_CHUNK;
+            tk_tensor g = tk_tensor_view(s->p.grad, s->p.grad_is_piece ? e - s->lo : e, len);
+            tk_tensor out = tk_tensor_view(&o->norm, base + e / TK_DP_CHUNK, 1);
+            st = tk_op_sumsq(d, &out, &g, len, 0);
+        }
+        base += (total + TK_DP_CHUNK - 1) / TK_DP_CHUNK;
     }
-    *norm = sqrtf(sq) * fabsf(grad_scale);
-    return TK_OK;
+    if (st == TK_OK)
+        st = tk_coll_all_reduce(o->coll, o->norm.data, nc, err);
+    double sq = 0.0;
+    if (st == TK_OK && tk_dev_kind_of(d) != TK_DEV_META) {
+        float *h = tk_malloc((size_t)nc * sizeof *h);
+        if (!h) {
+            tk_tensor_free(d, &o->norm);
+            return tk_err_nomem(err, "the gradient norm");
+        }
+        if ((st = tk_tensor_read(d, &o->norm, h, err)) == TK_OK)
+            for (int64_t k = 0; k < nc; k++) sq += (double)h[k];
+        free(h);
+    }
+    return norm_done(o, st, sq, grad_scale, norm, err);
 }
 
 tk_status tk_adamw_step(tk_adamw *o, float lr, float grad_scale, float *grad_norm, int *skipped,
@@ -289,7 +375,7 @@ tk_status tk_adamw_step(tk_adamw *o, float lr, float grad_scale, float *grad_nor
         return st;
 
     float norm = 0.0f;
-    if ((st = global_norm(o, grad_scale, &norm, err)) != TK_OK)
+    if ((st = o->coll ? chunked_norm(o, grad_scale, &norm, err) : global_norm(o, grad_scale, &norm, err)) != TK_OK)
         return st;
     if (grad_norm)
         *grad_norm = norm;
@@ -309,16 +395,18 @@ tk_status tk_adamw_step(tk_adamw *o, float lr, float grad_scale, float *grad_nor
     o->step++;
     for (int i = 0; i < o->n; i++) {
         tk_adamw_slot *s = &o->slots[i];
-        if (s->p.frozen || !s->p.grad || !s->p.grad->data)
+        if (s->p.frozen || !s->p.grad || !s->p.grad->data || s->n == 0)
             continue;
         tk_adamw_hp hp = {
             .lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
             .weight_decay = s->p.no_decay ? 0.0f : o->weight_decay,
             .grad_scale = grad_scale * clip, .step = o->step,
         };
-        int64_t n = tk_tensor_numel(s->p.param);
-        st = s->q8 ? tk_op_adamw8(o->d, s->p.param, s->p.grad, &s->m, &s->mscale, &s->v, &s->vscale, n, &hp)
-                   : tk_op_adamw(o->d, s->p.param, s->p.grad, &s->m, &s->v, n, &hp);
+        int64_t n = s->n;
+        tk_tensor pv = tk_tensor_view(s->p.param, s->lo, n);
+        tk_tensor gv = tk_tensor_view(s->p.grad, s->p.grad_is_piece ? 0 : s->lo, n);
+        st = s->q8 ? tk_op_adamw8(o->d, &pv, &gv, &s->m, &s->mscale, &s->v, &s->vscale, n, &hp)
+                   : tk_op_adamw(o->d, &pv, &gv, &s->m, &s->v, n, &hp);
         if (st != TK_OK) {
             tk_err_set(err, st, "optimizer: update of %s failed (%s)", s->p.name ? s->p.name : "?",
                        tk_status_name(st));

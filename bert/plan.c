@@ -80,6 +80,7 @@ typedef struct {
     tk_cost train_cost, eval_cost;
     int64_t n_params, n_trainable;
     int steps;                 /* optimizer steps simulated */
+    uint64_t comm_bytes;       /* the collectives' bytes of one step */
     int n_top;
     struct { char owner[128]; size_t bytes, by_cat[TK_CAT_COUNT]; } top[TK_PLAN_TOP];
     /* asked for by tk_plan_tensors_at_peak: the tensors live at the peak */
@@ -135,7 +136,8 @@ static void cost_div(tk_cost *c, int n) {
 /* The steps of the job through tk_train_step, the run's own step. */
 static tk_status sim_steps(const tk_config *c, tk_trainer *t, tk_dev *d, const sim_job *j, const tk_batch *tb,
                            sim_out *o, tk_err *err) {
-    int k = c->accumulate > 1 ? c->accumulate : 1;
+    /* a step is accumulate micro-batches on each of world_size ranks */
+    int k = (c->accumulate > 1 ? c->accumulate : 1) * tk_config_world_size(c);
     const tk_batch *batches = tb;
     int n = k, steps = 2;
     if (j->train) {
@@ -158,8 +160,11 @@ static tk_status sim_steps(const tk_config *c, tk_trainer *t, tk_dev *d, const s
         int g0 = j->train ? s * k : 0, g1 = g0 + k < n ? g0 + k : n;
         tk_step_out so;
         tk_dev_cost_reset(d);
+        tk_coll_reset_bytes(t->coll);
         snprintf(o->phase, sizeof o->phase, "forward/backward");
         st = tk_train_step(t, batches, order, g0, g1, &so, err);
+        if (tk_coll_bytes_sent(t->coll) > o->comm_bytes)
+            o->comm_bytes = tk_coll_bytes_sent(t->coll);
         if (st == TK_OK)
             o->steps++;
         else if (so.phase)
@@ -194,7 +199,7 @@ static tk_status sim_eval(tk_model *m, tk_dev *d, const sim_job *j, const tk_bat
 }
 
 /* One simulated run under `capacity` (0 = none). */
-static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t capacity, const sim_job *j,
+static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t capacity, const sim_job *j, int rank,
                           const tk_plan_watch *w, sim_out *o, tk_err *err) {
     tk_tensor_info *want = o->tensors;
     int max_want = o->max_tensors;
@@ -237,7 +242,8 @@ static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t ca
     o->n_trainable = tk_model_n_trainable(m);
     if (!j->inference) { /* inference: weights and eval batches only */
         snprintf(o->phase, sizeof o->phase, "gradients");
-        if ((st = tk_trainer_open(&t, c, m, 2, err)) != TK_OK || (st = sim_steps(c, &t, d, j, &tb, o, err)) != TK_OK)
+        if ((st = tk_trainer_open_rank(&t, c, m, 2, rank, err)) != TK_OK ||
+            (st = sim_steps(c, &t, d, j, &tb, o, err)) != TK_OK)
             goto out;
     }
     {
@@ -402,21 +408,60 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
     }
     so->tensors = tensors;
     so->max_tensors = max_tensors;
-    st = simulate(c, &mo, capacity, &job, w, so, err);
-    if (st == TK_EOOM && capacity) {
-        out->oom = 1;
-        out->oom_record = so->oom;
-        snprintf(out->oom_phase, sizeof out->oom_phase, "%s", so->phase);
-        if (err)
-            memset(err, 0, sizeof *err);
-        st = simulate(c, &mo, 0, &job, NULL, so, err);
+    /* each rank on its own (its pieces differ); the largest is reported */
+    int W = tk_config_world_size(c);
+    out->world_size = W;
+    out->global_batch = c->batch_size * W * (c->accumulate > 1 ? c->accumulate : 1);
+    out->zero = W > 1 ? c->zero : 0;
+    out->n_ranks = W < TK_PLAN_MAX_RANKS ? W : TK_PLAN_MAX_RANKS;
+    int best = 0, best_oom = 0;
+    for (int i = 0; i < out->n_ranks; i++) {
+        int rank = W <= TK_PLAN_MAX_RANKS || i < TK_PLAN_MAX_RANKS / 2 ? i : W - (out->n_ranks - i);
+        int oom = 0;
+        st = simulate(c, &mo, capacity, &job, rank, i == 0 ? w : NULL, so, err);
+        if (st == TK_EOOM && capacity) {
+            oom = 1;
+            if (!out->oom) {
+                out->oom_record = so->oom;
+                snprintf(out->oom_phase, sizeof out->oom_phase, "%s", so->phase);
+            }
+            out->oom = 1;
+            if (err)
+                memset(err, 0, sizeof *err);
+            st = simulate(c, &mo, 0, &job, rank, NULL, so, err);
+        }
+        if (st != TK_OK) {
+            free(so);
+            return st;
+        }
+        out->rank_of[i] = rank;
+        out->rank[i].peak_allocated = so->stats.allocated_peak;
+        out->rank[i].peak_reserved = so->stats.reserved_peak;
+        out->rank[i].param_bytes = so->steady[TK_CAT_PARAM];
+        out->rank[i].grad_bytes = so->steady[TK_CAT_GRAD];
+        out->rank[i].optim_bytes = so->steady[TK_CAT_OPTIM];
+        if (i == 0 || so->stats.reserved_peak > out->rank[best].peak_reserved ||
+            (so->stats.reserved_peak == out->rank[best].peak_reserved &&
+             so->stats.allocated_peak > out->rank[best].peak_allocated)) {
+            best = i;
+            best_oom = oom;
+            out->peak_rank = rank;
+            out->comm_bytes = so->comm_bytes;
+        }
     }
-    if (st != TK_OK) {
+    /* the details below are the last simulation's: the largest rank's again
+     * when it was not the last one planned */
+    if (best != out->n_ranks - 1 &&
+        (st = simulate(c, &mo, best_oom ? 0 : capacity, &job, out->peak_rank, NULL, so, err)) != TK_OK) {
         free(so);
         return st;
     }
     out->peak_allocated = so->stats.allocated_peak;
     out->peak_reserved = so->stats.reserved_peak;
+    for (int i = 0; i < out->n_ranks; i++) { /* each the largest of any rank */
+        if (out->rank[i].peak_allocated > out->peak_allocated) out->peak_allocated = out->rank[i].peak_allocated;
+        if (out->rank[i].peak_reserved > out->peak_reserved) out->peak_reserved = out->rank[i].peak_reserved;
+    }
     memcpy(out->by_cat_at_peak, so->stats.by_cat_at_peak, sizeof out->by_cat_at_peak);
     out->n_top = so->n_top;
     for (int i = 0; i < so->n_top; i++) {

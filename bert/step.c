@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tk_data_parallel.h"
 #include "tk_train.h"
 #include "tk_host_mem.h"
 
@@ -66,7 +67,8 @@ void tk_loss_scaler_update(tk_loss_scaler *s, int overflow) {
 
 /* ---- the trainer and its step ------------------------------------------- */
 
-tk_status tk_trainer_open(tk_trainer *t, const tk_config *c, tk_model *m, int64_t total_steps, tk_err *err) {
+tk_status tk_trainer_open_rank(tk_trainer *t, const tk_config *c, tk_model *m, int64_t total_steps, int rank,
+                               tk_err *err) {
     memset(t, 0, sizeof *t);
     tk_err local_err = { 0 };
     if (!err) err = &local_err; /* a callee's failure is read from it, never guessed */
@@ -74,54 +76,89 @@ tk_status tk_trainer_open(tk_trainer *t, const tk_config *c, tk_model *m, int64_
     t->m = m;
     t->sched = tk_sched_from_config(c, total_steps);
     tk_loss_scaler_init(&t->scaler, c->precision);
+    /* the ranks first: ZeRO 2 tells the model to hold no gradients */
+    tk_status st = tk_dp_open(t, rank, err);
+    if (st != TK_OK)
+        return st;
     /* Gradients before optimizer state, as in PyTorch (first backward, then
      * first step); the grad tensors must exist for the optimizer's table. */
-    tk_status st = tk_model_alloc_grads(m, err);
-    if (st != TK_OK)
+    if ((st = tk_model_alloc_grads(m, err)) != TK_OK)
         return st;
     int np = 0;
     if (!(t->params = tk_train_optim_params(m, &np)))
         return tk_err_nomem(err, "train: the optimizer's table");
+    tk_dp_fill_params(t, t->params, np);
     if (!(t->opt = tk_adamw_new(tk_model_dev(m), c, t->params, np, err)))
         return err->status; /* the optimizer's own: out of host or device memory, a bad config */
+    if (tk_dp_sharded(t))
+        tk_adamw_set_coll(t->opt, t->coll);
     return TK_OK;
+}
+
+tk_status tk_trainer_open(tk_trainer *t, const tk_config *c, tk_model *m, int64_t total_steps, tk_err *err) {
+    return tk_trainer_open_rank(t, c, m, total_steps, 0, err);
 }
 
 void tk_trainer_close(tk_trainer *t) {
     if (!t)
         return;
     tk_adamw_destroy(&t->opt);
+    tk_dp_close(t);
     free(t->params);
     t->params = NULL;
 }
 
-/* One attempt: zero, forward+backward over order[g0..g1), AdamW. Micro-batch
- * j's gradient is scaled by B_j / sum(B), so the step equals the one on the
- * concatenated batch. */
+/* One attempt: zero, forward+backward over this rank's micro-batches of
+ * order[g0..g1), the reduction over the ranks, AdamW, the all-gather.
+ * Micro-batch j's gradient is scaled by B_j / sum(B) over the whole group,
+ * so the step equals the one on the concatenated batch. Dropout's stream of
+ * micro-batch j is micro + (j - g0) on whichever rank runs it. */
 static tk_status attempt(tk_trainer *t, const tk_batch *batches, const int *order, int g0, int g1,
                          tk_step_out *o, tk_err *err) {
     o->loss_sum = 0;
     o->rows = 0;
     o->phase = "forward/backward";
     tk_status st = tk_model_zero_grads(t->m, err);
+    if (st == TK_OK)
+        st = tk_dp_begin(t, err);
     if (st != TK_OK)
         return st;
     int64_t total = 0;
     for (int j = g0; j < g1; j++)
         total += batches[order[j]].B;
     float scale = t->scaler.scale;
-    for (int j = g0; j < g1; j++) {
+    uint64_t micro0 = t->micro;
+    t->micro += (uint64_t)(g1 - g0);
+    int nth = 0;
+    for (int j = g0 + t->rank; j < g1; j += t->world, nth++) {
         const tk_batch *b = &batches[order[j]];
         float loss = 0;
-        st = tk_model_forward_backward(t->m, b, t->micro++, scale * ((float)b->B / (float)total), &loss, NULL,
-                                       err);
+        tk_dp_micro(t, nth);
+        st = tk_model_forward_backward(t->m, b, micro0 + (uint64_t)(j - g0), scale * ((float)b->B / (float)total),
+                                       &loss, NULL, err);
         if (st != TK_OK)
             return st;
         o->loss_sum += (double)loss * b->B;
         o->rows += b->B;
     }
+    tk_dp_micro(t, 0);
+    o->phase = "gradient reduction";
+    if ((st = tk_dp_reduce(t, err)) != TK_OK)
+        return st;
     o->phase = "optimizer";
-    return tk_adamw_step(t->opt, o->lr, 1.0f / scale, &o->grad_norm, &o->skipped, err);
+    if ((st = tk_adamw_step(t->opt, o->lr, 1.0f / scale, &o->grad_norm, &o->skipped, err)) != TK_OK)
+        return st;
+    o->phase = "parameter all-gather";
+    if (!o->skipped && (st = tk_dp_gather(t, err)) != TK_OK)
+        return st;
+    if (t->world > 1) {
+        double sums[2] = { o->loss_sum, (double)o->rows };
+        if ((st = tk_coll_all_reduce_host(t->coll, sums, 2, err)) != TK_OK)
+            return st;
+        o->loss_sum = sums[0];
+        o->rows = (int64_t)sums[1];
+    }
+    return TK_OK;
 }
 
 tk_status tk_train_step(tk_trainer *t, const tk_batch *batches, const int *order, int g0, int g1,
@@ -131,6 +168,8 @@ tk_status tk_train_step(tk_trainer *t, const tk_batch *batches, const int *order
     memset(o, 0, sizeof *o);
     o->lr = tk_sched_lr(&t->sched, t->step);
     tk_status st = attempt(t, batches, order, g0, g1, o, err);
+    if (st != TK_OK)
+        tk_dp_abandon(t);
     if (st == TK_EOOM && c->empty_cache == TK_EMPTY_ON_OOM && !t->oom_retried) {
         /* The policy users apply by hand: release the cache, redo the whole
          * step once (its gradients are zeroed again). */
@@ -138,6 +177,8 @@ tk_status tk_train_step(tk_trainer *t, const tk_batch *batches, const int *order
         o->retried = 1;
         tk_alloc_empty_cache(a);
         st = attempt(t, batches, order, g0, g1, o, err);
+        if (st != TK_OK)
+            tk_dp_abandon(t);
     }
     if (st != TK_OK)
         return st;

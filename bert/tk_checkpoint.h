@@ -52,6 +52,10 @@ typedef struct tk_train_state {
     uint64_t data_digest;       /* of the training batches (tk_ckpt_data_digest) */
     int n_history;
     tk_epoch_stats *history;    /* save: borrowed; load: owned */
+    /* save, sharded state (ZeRO 1/2): per optimizer slot i, optim_full[4i+j]
+     * is moment j of the whole parameter in host memory, gathered from
+     * every rank (tk_dp_gather_state); NULL: the optimizer's own tensors */
+    void *const *optim_full;
 } tk_train_state;
 
 void tk_train_state_clear(tk_train_state *s);

@@ -78,6 +78,8 @@ typedef struct tk_config {
     size_t capacity;           /* simulated capacity in bytes; 0 = the device's */
     char gpu[32];              /* a GPU profile name ("t4"); sets capacity and costs */
     int threads;               /* cpu threads; 0 = all */
+    int world_size;            /* data-parallel ranks: GPUs in this process on cuda, MPI processes on the cpu */
+    int zero;                  /* 0: all-reduce gradients; 1: shard AdamW's state; 2: shard the gradients too */
 
     /* memory-saving techniques */
     tk_precision precision;
@@ -126,6 +128,10 @@ void tk_config_defaults(tk_config *c);
  * profile counts as the cpu there. `why` (may be NULL) gets "set in the
  * config", "default on cuda" or "default on the cpu" (static strings). */
 tk_attention tk_config_attention(const tk_config *c, tk_dev_kind on, const char **why);
+/* The ranks a run of `c` has: world_size when set above 1, else the GPUs
+ * of its gpu: profile (t4x2: 2), else 1. The planner, the run and txk's
+ * launcher all ask it. */
+int tk_config_world_size(const tk_config *c);
 /* "standard" | "fused" | "auto" */
 const char *tk_attention_name(tk_attention a);
 

@@ -220,6 +220,25 @@ tk_status tk_model_alloc_grads(tk_model *m, tk_err *err);
 /* Zeroes every allocated gradient. */
 tk_status tk_model_zero_grads(tk_model *m, tk_err *err);
 
+/* Hooks around each backward stage: the head (pooler included), each
+ * encoder layer from the last down, the embeddings. A stage writes the
+ * gradients of parameters [p0, p1) (tk_model_param order) and of no others.
+ * `before` may point those parameters' gradient tensors (tk_param.g) at
+ * zeroed buffers of their shape (or allocate them, when the model holds
+ * none); `after` takes what the stage wrote and puts tk_param.g back as it
+ * wants it. A data-parallel trainer reduces a stage's gradients there, and
+ * gradient accumulation adds a micro-batch's fresh gradients to the ones
+ * before it there, so both add alike (tk_collective.h). */
+typedef struct tk_grad_hooks {
+    tk_status (*before)(void *ud, int p0, int p1, tk_err *err);
+    tk_status (*after)(void *ud, int p0, int p1, tk_err *err);
+    void *ud;
+} tk_grad_hooks;
+/* Installs hooks for the following tk_model_forward_backward calls (NULL:
+ * none). With `lazy` = 1 the model holds no gradients of its own
+ * (tk_model_alloc_grads allocates nothing): the hooks provide each stage's. */
+void tk_model_set_grad_hooks(tk_model *m, const tk_grad_hooks *h, int lazy);
+
 /* ---- steps ------------------------------------------------------------ */
 
 /* One batch, in host memory (borrowed for the duration of the call).

@@ -25,6 +25,10 @@ extern "C" {
 
 #define TK_PLAN_TOP 10
 
+/* ranks planned one by one; a larger world_size plans its first and last
+ * TK_PLAN_MAX_RANKS / 2 (the pieces of the others repeat theirs) */
+#define TK_PLAN_MAX_RANKS 16
+
 typedef struct tk_plan_result {
     int batch, seq;                /* the worst-case shape planned (an epoch plan: its largest batch) */
     int epoch_steps;               /* tk_plan_epoch: the steps planned; 0 for the worst-case plan */
@@ -53,6 +57,17 @@ typedef struct tk_plan_result {
     tk_attention attention;        /* the attention planned (tk_config_attention) */
     char attention_why[32];        /* "default on cuda", "set in the config", ... */
     double plan_ms;                /* how long planning took */
+    /* data parallelism (world_size > 1): each rank is planned on its own
+     * (its pieces of the state, its micro-batches); peak_allocated and
+     * peak_reserved above are the largest of any rank's, the other figures
+     * are those of the rank whose reserved peak is largest (peak_rank) */
+    int world_size, zero;
+    int n_ranks;                   /* ranks planned: min(world_size, TK_PLAN_MAX_RANKS) */
+    int peak_rank;
+    int rank_of[TK_PLAN_MAX_RANKS];/* the rank rank[i] is */
+    int global_batch;              /* batch x world_size x accumulate */
+    struct { size_t peak_allocated, peak_reserved, param_bytes, grad_bytes, optim_bytes; } rank[TK_PLAN_MAX_RANKS];
+    uint64_t comm_bytes;           /* one step's bytes sent by the largest rank (ring algorithms) */
 } tk_plan_result;
 
 /* Plans config `c`. `lengths` (may be NULL) are the corpus' token lengths

@@ -24,6 +24,7 @@
 
 #include <stdint.h>
 #include "tk_gpu.h"
+#include "tk_collective.h"
 #include "tk_config.h"
 #include "tk_model.h"
 
@@ -57,7 +58,19 @@ typedef struct tk_optim_param {
     tk_tensor *grad;   /* gradient (any float dtype); unused when frozen */
     int no_decay;      /* 1: bias and LayerNorm weights (no weight decay) */
     int frozen;        /* 1: never updated, no state allocated */
+    /* ZeRO 1 and 2 (piece = 1): this rank's piece of the parameter,
+     * elements [lo, hi), maybe empty; its state covers only the piece.
+     * grad_is_piece = 1: grad holds the piece's elements only (ZeRO 2). */
+    int piece;
+    int64_t lo, hi;
+    int grad_is_piece;
 } tk_optim_param;
+
+/* Pieces of a parameter are whole chunks of TK_DP_CHUNK elements (a multiple
+ * of TK_Q8_BLOCK, so 8-bit state's blocks never straddle two ranks), and a
+ * sharded gradient norm is the sum of per-chunk sums of squares taken in
+ * chunk order, so it is the same sum whatever the number of ranks. */
+#define TK_DP_CHUNK 65536
 
 typedef struct tk_adamw tk_adamw;
 
@@ -69,6 +82,10 @@ tk_adamw *tk_adamw_new(tk_dev *d, const tk_config *c, const tk_optim_param *para
                        tk_err *err);
 /* Releases the optimizer's state tensors and the optimizer. */
 void tk_adamw_destroy(tk_adamw **po);
+/* Sharded state (ZeRO 1/2, pieces in the parameter table): the gradient
+ * norm is taken per chunk (TK_DP_CHUNK) over this rank's pieces and summed
+ * across the ranks of `coll` (borrowed; must outlive the optimizer). */
+void tk_adamw_set_coll(tk_adamw *o, tk_coll *coll);
 
 /* One optimizer step at learning rate `lr`. Gradients are first multiplied
  * by grad_scale (1/loss-scale for fp16, 1 otherwise), then clipped to
@@ -97,7 +114,24 @@ typedef struct tk_adamw_state_view {
     const char *name;
     int q8, frozen;
     tk_tensor *m, *v, *mscale, *vscale;
+    /* ZeRO 1/2: the tensors hold elements [lo, lo + n) of the parameter's
+     * numel (piece = 1); a checkpoint holds the whole (consolidated) state */
+    int piece;
+    int64_t lo, n, numel;
+    const tk_tensor *param;     /* the parameter (its shape is the state's) */
 } tk_adamw_state_view;
+
+/* Moment j of a slot (0 m, 1 v, 2 m's scales, 3 v's scales; 2 and 3 only
+ * with q8) as a whole-parameter tensor and as this rank's part of it. */
+typedef struct tk_adamw_moment {
+    int present;                /* 0: no such moment (j > 1 without q8, frozen) */
+    tk_dtype dtype;
+    int ndim;
+    int64_t shape[TK_MAX_DIMS]; /* of the whole */
+    int64_t numel;              /* of the whole */
+    int64_t off, count;         /* this rank's elements of it */
+} tk_adamw_moment;
+void tk_adamw_moment_layout(const tk_adamw_state_view *v, int j, tk_adamw_moment *out);
 
 int tk_adamw_n_slots(const tk_adamw *o);
 void tk_adamw_state_at(tk_adamw *o, int i, tk_adamw_state_view *out);
@@ -230,7 +264,10 @@ typedef struct tk_trainer {
     tk_optim_param *params;     /* owned: the optimizer's table */
     tk_sched sched;
     tk_loss_scaler scaler;
-    uint64_t micro;             /* micro-steps so far: seeds dropout */
+    uint64_t micro;             /* micro-steps so far (all ranks'): seeds dropout */
+    tk_coll *coll;              /* owned: the ranks of a data-parallel run (single for one) */
+    struct tk_dp *dp;           /* owned: this rank's pieces, ZeRO 2's gradient pieces (data_parallel.c) */
+    int rank, world, zero;
     int64_t step;               /* loop steps done (fp16 skipped steps included) */
     int oom_retried;            /* empty_cache on_oom spent its one retry */
 } tk_trainer;
@@ -238,8 +275,8 @@ typedef struct tk_trainer {
 /* What one step did. */
 typedef struct tk_step_out {
     float lr;                   /* the rate the step used */
-    double loss_sum;            /* sum over its examples of the loss */
-    int64_t rows;               /* examples in the step */
+    double loss_sum;            /* sum over its examples of the loss (every rank's) */
+    int64_t rows;               /* examples in the step (every rank's) */
     float grad_norm;            /* before clipping (0 on meta) */
     int skipped;                /* fp16: non-finite gradients, no update */
     int retried;                /* 1: the on_oom retry ran in this step */
@@ -248,14 +285,24 @@ typedef struct tk_step_out {
 
 /* Allocates the model's gradients and creates the optimizer (no device
  * state until the first step), the schedule for total_steps and the loss
- * scaler. On failure call tk_trainer_close all the same. */
+ * scaler, and the communicator of c->world_size ranks (tk_collective.h).
+ * On failure call tk_trainer_close all the same. */
 tk_status tk_trainer_open(tk_trainer *t, const tk_config *c, tk_model *m, int64_t total_steps, tk_err *err);
+/* The same for the planner, which plays rank `rank` of c->world_size on
+ * meta (a real run's rank comes from its launcher). */
+tk_status tk_trainer_open_rank(tk_trainer *t, const tk_config *c, tk_model *m, int64_t total_steps, int rank,
+                               tk_err *err);
 /* Releases the optimizer's state and table (the model keeps its gradients). */
 void tk_trainer_close(tk_trainer *t);
 
-/* One optimizer step over the micro-batches batches[order[g0..g1)]: zero
- * the gradients, forward+backward each (micro-batch j weighted by
- * B_j / sum(B), times the loss scale), AdamW at the schedule's rate, then
+/* One optimizer step over the micro-batches batches[order[g0..g1)] of all
+ * ranks: this rank takes those at g0 + rank, g0 + rank + world, ... (with
+ * accumulate k the group holds k x world). Zero the gradients,
+ * forward+backward each (micro-batch j weighted by B_j / sum(B) over the
+ * whole group, times the loss scale; a micro-batch after a rank's first
+ * adds its fresh gradients to the earlier ones, as the reduction adds the
+ * ranks'), reduce across ranks (ZeRO 0 all-reduce, 1 and 2 reduce-scatter),
+ * AdamW at the schedule's rate (on this rank's pieces; then all-gather), then
  * the loss scaler and the empty_cache policy (every:N releases the cache
  * after every Nth step; on_oom releases it and redoes a step that ran out,
  * once per run). The run calls it on its device, the planner on meta.

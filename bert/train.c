@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "tk_checkpoint.h"
+#include "tk_data_parallel.h"
 #include "tk_host_mem.h"
 #include "tk_train.h"
 #include "tk_ops_spec.h" /* splitmix64 for the batch order */
@@ -298,6 +299,9 @@ static int cancelled(const tk_train_callbacks *cb) {
     return cb && cb->cancel && *cb->cancel;
 }
 
+/* Rank 0 writes the run's files; the others train alongside it. */
+static int writer(const tk_trainer *t) { return t->rank == 0; }
+
 /* Everything one run carries from step to step. */
 typedef struct run {
     const tk_config *c;
@@ -309,7 +313,8 @@ typedef struct run {
     const tk_train_callbacks *cb;
     tk_train_result *r;
     tk_trainer t;               /* the optimizer and the step counters */
-    int k, epochs, log_every;
+    int k, epochs, log_every;   /* k: micro-batches per step, all ranks' */
+    int want_cancel;            /* the progress callback asked to stop */
     int64_t total_steps;
     int *order;                 /* the epoch's order of micro-batches */
     double t_start, last_save;
@@ -347,7 +352,8 @@ static tk_status run_begin(run *R, tk_err *err) {
     tk_alloc_stats_get(R->a, &s0);
     R->r->allocated_before = s0.allocated;
     R->t_start = now_s();
-    R->k = c->accumulate > 1 ? c->accumulate : 1;
+    /* one step takes accumulate micro-batches on each of world_size ranks */
+    R->k = (c->accumulate > 1 ? c->accumulate : 1) * tk_config_world_size(c);
     int64_t steps_per_epoch = (R->n_train + R->k - 1) / R->k;
     R->epochs = c->epochs > 0 ? c->epochs : 1;
     R->total_steps = steps_per_epoch * R->epochs;
@@ -451,10 +457,22 @@ static tk_status save_failed(run *R, const tk_err *e, const char *kept, tk_err *
 
 /* A checkpoint-STEP of where the run stands. */
 static tk_status run_checkpoint(run *R, int epoch, int position, tk_err *err) {
+    /* sharded AdamW state is saved whole: every rank sends its pieces */
+    void **full = NULL;
+    tk_status st = tk_dp_gather_state(&R->t, &full, err);
+    if (st != TK_OK)
+        return st;
+    if (!writer(&R->t)) {
+        tk_dp_free_state(&R->t, full);
+        return TK_OK;
+    }
     tk_train_state ss = run_state(R, epoch, position);
+    ss.optim_full = full;
     tk_err e = {0};
     char path[TK_PATH_MAX];
-    if (tk_ckpt_save(R->c->output_dir, R->m, R->t.opt, R->c, R->vocab, &ss, path, sizeof path, &e) != TK_OK)
+    st = tk_ckpt_save(R->c->output_dir, R->m, R->t.opt, R->c, R->vocab, &ss, path, sizeof path, &e);
+    tk_dp_free_state(&R->t, full);
+    if (st != TK_OK)
         return save_failed(R, &e, "; training goes on (save_error: stop ends the run instead)", err);
     snprintf(R->r->checkpoint, sizeof R->r->checkpoint, "%s", path);
     R->r->saves++;
@@ -480,17 +498,24 @@ static tk_status run_progress(run *R, float lr, tk_err *err) {
     fill_progress(&p, R->d);
     R->log_loss = 0;
     R->log_rows = 0;
-    return cb->on_progress(cb->ud, &p) ? cancel_error(R, err) : TK_OK;
+    if (cb->on_progress(cb->ud, &p))
+        R->want_cancel = 1; /* every rank stops before the next step (run_step) */
+    return R->t.world > 1 ? TK_OK : R->want_cancel ? cancel_error(R, err) : TK_OK;
 }
 
 /* One optimizer step of the epoch's micro-batches from g0, then what follows
  * a step: the sums, a checkpoint when one is due, progress. */
 static tk_status run_step(run *R, int g0, tk_err *err) {
-    if (cancelled(R->cb))
+    double stop = cancelled(R->cb) || R->want_cancel;
+    /* an interrupt seen by one rank stops them all at the same step */
+    tk_status st;
+    if (R->t.world > 1 && (st = tk_coll_all_reduce_host(R->t.coll, &stop, 1, err)) != TK_OK)
+        return st;
+    if (stop > 0)
         return cancel_error(R, err);
     int g1 = g0 + R->k < R->n_train ? g0 + R->k : R->n_train;
     tk_step_out o;
-    tk_status st = tk_train_step(&R->t, R->train, R->order, g0, g1, &o, err);
+    st = tk_train_step(&R->t, R->train, R->order, g0, g1, &o, err);
     if (st != TK_OK)
         return st;
     R->gnorm = o.grad_norm;
@@ -499,9 +524,14 @@ static tk_status run_step(run *R, int g0, tk_err *err) {
     R->log_loss += o.loss_sum;
     R->log_rows += o.rows;
     const tk_config *c = R->c;
-    if (c->output_dir[0] && !R->every_epoch &&
-        ((c->save_every > 0 && R->t.step % c->save_every == 0) ||
-         (c->save_every_s > 0 && now_s() - R->last_save >= c->save_every_s))) {
+    double due = c->output_dir[0] && !R->every_epoch &&
+                 ((c->save_every > 0 && R->t.step % c->save_every == 0) ||
+                  (c->save_every_s > 0 && now_s() - R->last_save >= c->save_every_s));
+    /* by the clock, the ranks' clocks differ: every rank saves (gathers its
+     * state) when any is due, or none */
+    if (R->t.world > 1 && c->save_every_s > 0 && (st = tk_coll_all_reduce_host(R->t.coll, &due, 1, err)) != TK_OK)
+        return st;
+    if (due > 0) {
         /* the clock restarts after a failed save too: it is retried in
          * save_every_s, not at every step */
         if ((st = run_checkpoint(R, R->ep, g1, err)) != TK_OK)
@@ -535,7 +565,7 @@ static tk_status run_eval(run *R, tk_epoch_stats *es, tk_err *err) {
 
 /* The HF model folder in output_dir, after each evaluated epoch. */
 static tk_status run_save(run *R, tk_err *err) {
-    if (!R->c->output_dir[0])
+    if (!R->c->output_dir[0] || !writer(&R->t))
         return TK_OK;
     tk_err e = {0};
     if (tk_model_save_hf(R->m, R->c->output_dir, &e) != TK_OK)

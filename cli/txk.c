@@ -27,10 +27,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "tk_advisor.h"
+#include "tk_collective.h"
 #include "tk_config.h"
 #include "tk_hub.h"
 #include "tk_kernel.h"
@@ -276,7 +278,7 @@ static void on_sigint(int sig) {
     atomic_store(&g_cancel, 1);
 }
 
-typedef struct { int tty; double last; } train_view;
+typedef struct { int tty; double last; int quiet; } train_view; /* quiet: a rank other than 0 */
 
 static double now_s(void) {
     struct timespec ts;
@@ -285,14 +287,15 @@ static double now_s(void) {
 }
 
 static void train_note(void *ud, const char *line) {
-    (void)ud;
+    const train_view *v = ud;
+    if (v && v->quiet) return; /* rank 0 says it for the run */
     fprintf(stderr, "%s\n", line);
 }
 
 static int train_progress(void *ud, const struct tk_progress *p) {
     train_view *v = ud;
     double t = now_s();
-    if (p->step == p->total_steps || t - v->last >= (v->tty ? 0.25 : 5.0)) {
+    if (!v->quiet && (p->step == p->total_steps || t - v->last >= (v->tty ? 0.25 : 5.0))) {
         char al[32], pk[32];
         fprintf(stderr, "%sepoch %d/%d step %lld/%lld loss %.4f %.1f samples/s ETA %.0fs mem %s (peak %s)%s",
                 v->tty ? "\r" : "", p->epoch, p->epochs, (long long)p->step, (long long)p->total_steps, p->loss,
@@ -342,6 +345,63 @@ static int train_download(void *ud, const char *file, int64_t done, int64_t tota
     return atomic_load(&g_cancel);
 }
 
+/* world_size N on the cpu: the same command as N MPI ranks under mpirun
+ * (tk_coll_mpirun), this process waiting for them. Their exit status is
+ * the run's; mpirun's own message names a rank that died. */
+static int launch_ranks(const tk_config *c, int argc, char **argv) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        fprintf(stderr, "txk: cannot find my own program to start the ranks: %s\n", strerror(errno));
+        return EXIT_ERR;
+    }
+    exe[n] = 0;
+    char **av = calloc((size_t)argc + 3, sizeof *av);
+    if (!av) return EXIT_ERR;
+    av[0] = exe;
+    av[1] = "train";
+    for (int i = 0; i < argc; i++) av[i + 2] = argv[i];
+    int pid = 0;
+    tk_err err = {0};
+    int world = tk_config_world_size(c);
+    tk_status st = tk_coll_mpirun(world, av, &pid, &err);
+    free(av);
+    if (st != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    fprintf(stderr, "txk: world_size %d: %d MPI ranks (mpirun), batch_size %d per rank, global batch %d "
+                    "(batch_size x world_size x accumulate), zero %d\n",
+            world, world, c->batch_size, c->batch_size * world * (c->accumulate > 1 ? c->accumulate : 1), c->zero);
+    /* Ctrl-C (or the kernel's interrupt) reaches this process only: it asks
+     * every rank to stop at the next step through mpirun (SIGUSR1) */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint; /* no SA_RESTART: waitpid returns to forward it */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int status = 0, asked = 0;
+    for (;;) {
+        pid_t w = waitpid(pid, &status, 0);
+        if (w == pid) break;
+        if (w < 0 && errno != EINTR) break;
+        if (atomic_load(&g_cancel) && !asked) {
+            kill(pid, SIGUSR1);
+            asked = 1;
+        }
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return EXIT_OK;
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (asked && code == EXIT_INT) {
+        fprintf(stderr, "txk: interrupted: the %d ranks stopped after the same step (rank 0 said which, above)\n",
+                world);
+        return EXIT_INT;
+    }
+    fprintf(stderr, "txk: the %d-rank run failed (mpirun ended with status %d; its message above names the rank)\n",
+            world, code);
+    return code == EXIT_OOM || code == EXIT_INT || code == EXIT_PLAN_OOM ? code : EXIT_ERR;
+}
+
 static int cmd_train(int argc, char **argv) {
     if (argc < 1) {
         fprintf(stderr, "usage: txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]\n");
@@ -354,10 +414,14 @@ static int cmd_train(int argc, char **argv) {
     tk_config c;
     if ((rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
     int json = has_flag(argv, argc, "--json");
+    if (tk_config_world_size(&c) > 1 && c.device != TK_DEVICE_CUDA && tk_coll_env_size() == 1)
+        return launch_ranks(&c, argc, argv);
+    int rank = tk_coll_env_rank();
     tk_session *s = tk_session_new();
     if (!s) return EXIT_ERR;
     signal(SIGINT, on_sigint);
-    train_view v = {isatty(2), 0};
+    if (tk_coll_env_size() > 1) signal(SIGUSR1, on_sigint); /* the launcher's interrupt, through mpirun */
+    train_view v = {isatty(2) && rank == 0, 0, rank > 0};
     tk_run_hooks h = {.on_note = train_note, .on_progress = train_progress, .on_download = train_download, .ud = &v,
                       .ignore_plan = has_flag(argv, argc, "--no-plan")};
     tk_run_report r;
@@ -377,14 +441,18 @@ static int cmd_train(int argc, char **argv) {
     tk_status st = tk_session_train(s, &c, &h, &r, &err);
     if (v.tty) fputc('\n', stderr);
     char b1[32], b2[32];
+    /* ranks of a world_size > 1 run: each says its errors with its rank,
+     * rank 0 alone the results */
+    char who[32] = "";
+    if (tk_coll_env_size() > 1) snprintf(who, sizeof who, "rank %d: ", rank);
     if (st != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
+        fprintf(stderr, "txk: %s%s\n", who, err.msg);
         rc = EXIT_ERR;
     } else if (r.end == TK_RUN_PLANNED_OOM) {
         json_t *b = tk_report_plan(&r.plan, r.free_before);
         emit(b, json);
         json_decref(b);
-        fprintf(stderr, "txk: the plan needs %s but %s is free: stopped before allocating anything\n",
+        fprintf(stderr, "txk: %sthe plan needs %s but %s is free: stopped before allocating anything\n", who,
                 tk_format_bytes(r.plan.peak_reserved, b1, sizeof b1), tk_format_bytes(r.free_before, b2, sizeof b2));
         rc = EXIT_PLAN_OOM;
     } else if (r.end == TK_RUN_OOM) {
@@ -396,15 +464,25 @@ static int cmd_train(int argc, char **argv) {
             json_decref(j);
         } else {
             char *t = r.have_oom ? tk_report_oom_text(&r.oom, r.oom_phase) : NULL;
+            if (who[0]) printf("%s\n", who);
             fputs(t ? t : err.msg, stdout);
             free(t);
         }
         rc = EXIT_OOM;
     } else if (r.end == TK_RUN_CANCELLED) {
-        fprintf(stderr, "txk: interrupted after step %lld; %s%s\n", (long long)r.steps,
+        if (rank == 0)
+            fprintf(stderr, "txk: interrupted after step %lld; %s%s\n", (long long)r.steps,
                 r.checkpoint[0] ? "last checkpoint " : "no checkpoint", r.checkpoint);
         rc = EXIT_INT;
-    } else {
+    } else if (rank == 0 || who[0]) {
+        /* each rank's measured peak beside its own plan (tk_plan_result.rank) */
+        for (int i = 0; who[0] && i < r.plan.n_ranks; i++)
+            if (r.plan.rank_of[i] == rank)
+                fprintf(stderr, "txk: rank %d: peak %zu B allocated, %zu B reserved; planned for this rank %zu B, %zu B\n",
+                        rank, r.peak_allocated, r.peak_reserved, r.plan.rank[i].peak_allocated,
+                        r.plan.rank[i].peak_reserved);
+    }
+    if (st == TK_OK && r.end != TK_RUN_PLANNED_OOM && r.end != TK_RUN_OOM && r.end != TK_RUN_CANCELLED && rank == 0) {
         json_t *b = tk_report_history(r.history, r.n_history, c.task);
         emit(b, json);
         json_decref(b);
@@ -422,6 +500,11 @@ static int cmd_train(int argc, char **argv) {
     if (snap && st == TK_OK && r.end != TK_RUN_PLANNED_OOM) {
         int wrc = write_snapshot(s, snap, r.end == TK_RUN_OOM && r.have_oom ? &r.oom : NULL);
         if (wrc && !rc) rc = wrc;
+    }
+    if (who[0] && rc != EXIT_OK && rc != EXIT_INT) {
+        /* the other ranks would wait for this one in their next collective */
+        fflush(NULL);
+        tk_coll_abort_job(rc);
     }
     tk_run_report_clear(&r);
     tk_session_destroy(&s);
@@ -555,7 +638,7 @@ static int cmd_advise(int argc, char **argv) {
         return EXIT_ERR;
     }
     tk_advise_input in = {.config = &c, .lengths = (const int32_t *)data.lengths, .n_lengths = data.n_lengths,
-                          .margin_frac = margin};
+                          .margin_frac = margin, .platform = flag_value(argv, argc, "--for")};
     tk_advice *a = malloc(sizeof *a);
     if (!a || tk_advise(&in, a, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", a ? err.msg : "out of host memory");

@@ -59,8 +59,8 @@
  * Platforms. "colab": the cards Colab hands out in 2026: a T4 on the free
  * tier; L4, A100 (40 and 80 GB), H100 and G4 (RTX PRO 6000) on paid plans
  * (mccormickml.com, "Colab GPUs Features & Pricing", updated 2026-03; FACTS.md).
- * "kaggle": T4 (two of them, planned here as one: two cards as one platform
- * entry belong to multi-GPU planning), the P100 that is being retired (its
+ * "kaggle": T4, and the pair of them Kaggle's "GPU T4 x2" gives (t4x2,
+ * planned as world_size 2 with each card's capacity), the P100 that is being retired (its
  * cu128 torch has no sm_60 kernels: Kaggle/docker-python#1546, 2026-03-20;
  * Kaggle/kaggle-cli#1151, 2026-07-30) and the RTX PRO 6000 (kaggle-cli#1151
  * names it). "colab-2020": the cards the seed's free Colab runtime was drawn
@@ -87,25 +87,29 @@
 static const tk_gpu_profile profiles[] = {
     /* name, long name, capacity, context overhead, fp32, fp16, bf16, bandwidth, cc, capacity's source */
     {"t4", "NVIDIA Tesla T4", GIB(14.75), MB(800), 8.1 * T, 65 * T, 8.1 * T, 320 * G, 7, 5,
-     "a PyTorch OOM message, FoundationVision/GenerateU#10 (2024-05-21)"},
+     "a PyTorch OOM message, FoundationVision/GenerateU#10 (2024-05-21)", 1},
+    /* Kaggle's pair: two T4s in one notebook, planned as world_size 2, each
+     * card's figures the T4's above */
+    {"t4x2", "NVIDIA Tesla T4 x 2", GIB(14.75), MB(800), 8.1 * T, 65 * T, 8.1 * T, 320 * G, 7, 5,
+     "the T4's (per card); two of them in Kaggle's \"GPU T4 x2\" accelerator", 2},
     {"k80", "NVIDIA Tesla K80 (one GK210)", GIB(11.17), MB(1300), 4.37 * T, 4.37 * T, 4.37 * T, 240 * G, 3, 7,
-     "a PyTorch OOM message, shllln/GenerativeGraph#5 (2019-03-21)"},
+     "a PyTorch OOM message, shllln/GenerativeGraph#5 (2019-03-21)", 1},
     {"p4", "NVIDIA Tesla P4", GIB(7.43), MB(1300), 5.5 * T, 5.5 * T, 5.5 * T, 192 * G, 6, 1,
-     "the seed's Colab OOM message (PyTorch 1.x, Python 3.6)"},
+     "the seed's Colab OOM message (PyTorch 1.x, Python 3.6)", 1},
     {"p100", "NVIDIA Tesla P100-PCIE-16GB", GIB(15.90), MB(1300), 9.3 * T, 9.3 * T, 9.3 * T, 732 * G, 6, 0,
-     "a PyTorch OOM message, 2KangHo/vdsr_pytorch#2 (2020-05-10)"},
+     "a PyTorch OOM message, 2KangHo/vdsr_pytorch#2 (2020-05-10)", 1},
     {"v100-16", "NVIDIA Tesla V100-SXM2-16GB", GIB(15.78), MB(1300), 15.7 * T, 125 * T, 15.7 * T, 900 * G, 7, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)"},
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1},
     {"l4", "NVIDIA L4", GIB(22.03), MB(600), 30.3 * T, 121 * T, 121 * T, 300 * G, 8, 9,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)"},
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1},
     {"a100-40", "NVIDIA A100-SXM4-40GB", GIB(39.59), MB(600), 19.5 * T, 312 * T, 312 * T, 1555 * G, 8, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)"},
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1},
     {"a100-80", "NVIDIA A100-SXM4-80GB", GIB(79.15), MB(600), 19.5 * T, 312 * T, 312 * T, 2039 * G, 8, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)"},
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1},
     {"h100-80", "NVIDIA H100 80GB HBM3", GIB(79.19), MB(600), 66.9 * T, 989 * T, 989 * T, 3350 * G, 9, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)"},
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1},
     {"rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", GIB(95.59), MB(600), 125 * T, 500 * T, 500 * T, 1792 * G, 12, 0,
-     "a PyTorch OOM message on the Workstation edition, pytorch/pytorch#182286 (2026-05-04); the Server Edition Colab and Kaggle run not yet seen in a PyTorch message"},
+     "a PyTorch OOM message on the Workstation edition, pytorch/pytorch#182286 (2026-05-04); the Server Edition Colab and Kaggle run not yet seen in a PyTorch message", 1},
 };
 #define N_PROFILES ((int)(sizeof profiles / sizeof profiles[0]))
 
@@ -126,7 +130,7 @@ const tk_gpu_profile *tk_gpu_profile_at(int i) {
 }
 
 static const char *const colab_cards[] = {"t4", "l4", "a100-40", "a100-80", "h100-80", "rtx-pro-6000", NULL};
-static const char *const kaggle_cards[] = {"t4", "p100", "rtx-pro-6000", NULL};
+static const char *const kaggle_cards[] = {"t4", "t4x2", "p100", "rtx-pro-6000", NULL};
 static const char *const colab_2020_cards[] = {"k80", "p4", "t4", "p100", "v100-16", NULL};
 
 static const struct {

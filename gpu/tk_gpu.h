@@ -234,6 +234,7 @@ typedef struct tk_gpu_profile {
     double bandwidth;          /* bytes/s */
     int cc_major, cc_minor;
     const char *source;        /* where `capacity` was read, with its date, or what is not known */
+    int gpus;                  /* cards of this kind in one machine (t4x2: 2); capacity is per card */
 } tk_gpu_profile;
 
 /* The cuda backend's own device buffers, taken once when it opens, outside

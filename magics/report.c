@@ -158,7 +158,7 @@ static void owner_split(const size_t *by, size_t total, char *buf, size_t n) {
 
 json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
     tk_sb text = {0}, html = {0};
-    char a[32], b[32], c[32], d[32];
+    char a[32], b[32], c[32], d[32], e[32];
     size_t limit = free_bytes ? free_bytes : p->capacity;
     int fits = p->fits && (!limit || p->peak_reserved <= limit);
     int64_t margin = limit ? (int64_t)limit - (int64_t)p->peak_reserved : 0;
@@ -198,6 +198,23 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
     }
     tk_sb_addf(&text, "Model states: params %s, grads %s, optimizer %s\n", B(p->param_bytes, a), B(p->grad_bytes, b),
                B(p->optim_bytes, c));
+    if (p->world_size > 1) {
+        /* each rank planned on its own: its pieces of the state, its micro-batches */
+        tk_sb_addf(&text, "Data parallel: world_size %d, zero %d, global batch %d per step; the figures above are "
+                   "rank %d's, the largest\n", p->world_size, p->zero, p->global_batch, p->peak_rank);
+        for (int i = 0; i < p->n_ranks; i++)
+            tk_sb_addf(&text, "  rank %-3d peak %s allocated, %s reserved; its shard: params %s, grads %s, optimizer %s\n",
+                       p->rank_of[i], B(p->rank[i].peak_allocated, a), B(p->rank[i].peak_reserved, b),
+                       B(p->rank[i].param_bytes, c), B(p->rank[i].grad_bytes, d), B(p->rank[i].optim_bytes, e));
+        tk_sb_addf(&text, "  communication: %s sent per rank per step (%s); the collectives run in place on the "
+                   "gradients and weights, with no buffers of their own%s\n", B((size_t)p->comm_bytes, a),
+                   p->zero == 0 ? "all-reduce of the gradients" : p->zero == 1
+                   ? "reduce-scatter of the gradients, all-gather of the weights"
+                   : "reduce-scatter of each backward stage's gradients, all-gather of the weights",
+                   p->zero == 2 ? "; one backward stage's full gradients live at a time" : "");
+        tk_sb_addf(&html, "<p>world_size %d, zero %d: the largest rank (%d) is shown; %s sent per rank per step</p>",
+                   p->world_size, p->zero, p->peak_rank, B((size_t)p->comm_bytes, a));
+    }
     /* which attention was planned, and whether the user or the default chose it */
     tk_sb_addf(&text, "attention: %s (%s)\n", tk_attention_name(p->attention), p->attention_why);
     tk_sb_addf(&html, "<p>attention: <b>%s</b> (%s)</p>", tk_attention_name(p->attention), p->attention_why);
@@ -245,6 +262,22 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
     json_object_set_new(j, "attention", json_string(tk_attention_name(p->attention)));
     json_object_set_new(j, "attention_why", json_string(p->attention_why));
     if (p->epoch_steps) json_object_set_new(j, "epoch_steps", json_integer(p->epoch_steps));
+    json_object_set_new(j, "world_size", json_integer(p->world_size > 1 ? p->world_size : 1));
+    json_object_set_new(j, "zero", json_integer(p->zero));
+    if (p->world_size > 1) {
+        json_t *ranks = json_array();
+        for (int i = 0; i < p->n_ranks; i++)
+            json_array_append_new(ranks, json_pack("{s:i, s:I, s:I, s:I, s:I, s:I}", "rank", p->rank_of[i],
+                                                   "peak_allocated", (json_int_t)p->rank[i].peak_allocated,
+                                                   "peak_reserved", (json_int_t)p->rank[i].peak_reserved,
+                                                   "param_bytes", (json_int_t)p->rank[i].param_bytes,
+                                                   "grad_bytes", (json_int_t)p->rank[i].grad_bytes,
+                                                   "optim_bytes", (json_int_t)p->rank[i].optim_bytes));
+        json_object_set_new(j, "ranks", ranks);
+        json_object_set_new(j, "peak_rank", json_integer(p->peak_rank));
+        json_object_set_new(j, "comm_bytes_per_step", json_integer((json_int_t)p->comm_bytes));
+        json_object_set_new(j, "global_batch", json_integer(p->global_batch));
+    }
     if (p->oom) json_object_set_new(j, "oom_record", tk_report_oom_json(&p->oom_record, p->oom_phase));
     json_t *bundle = tk_bundle_new("");
     char *tx = tk_sb_take(&text);

@@ -43,6 +43,11 @@ int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out
  * ignore_plan: train even when the plan does not fit. The run's report stays
  * in the session (tk_session_last_run). 0, or -1 after reporting an error. */
 int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan);
+/* world_size > 1 on the cpu (txtrain_ranks.c): the config as `txk train`
+ * ranks under mpirun, their output (rank 0's progress) streamed into the
+ * cell, an interrupt forwarded to every rank (SIGUSR1 through mpirun). 0, or
+ * -1 after an error output. */
+int tk_txtrain_ranks(tk_magic_ctx *m, const tk_config *c, int ignore_plan);
 
 /* The corpus report of %txdata / `txk data`: a CSV/TSV/JSONL column (and an
  * optional pair column), or a SQuAD .json file's question + context pairs. */

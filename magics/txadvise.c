@@ -28,7 +28,7 @@
 #include "tk_session.h"
 #include "tk_txmagics.h"
 
-#define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--json]; %%txadvise --from-error + the pasted message"
+#define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--for colab|kaggle|colab-2020] [--json]; %%txadvise --from-error + the pasted message"
 #define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--for colab|kaggle|colab-2020|all] [--run] [--json]"
 
 static json_t *advice_bundle(const tk_advice *a, int top) {
@@ -313,10 +313,19 @@ static int run_txadvise(tk_magic_ctx *m) {
     char **argv = NULL;
     int argc = 0, json_only = 0, top = 12, rc = 0;
     double margin = 0.05;
+    char platform[16] = ""; /* --for: the platform whose cards the advice knows (two T4s on kaggle) */
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
         char *end = NULL;
         if (!strcmp(argv[i], "--json")) json_only = 1;
+        else if (!strcmp(argv[i], "--for")) {
+            const tk_gpu_profile *probe[16];
+            if (i + 1 >= argc || tk_gpu_platform_cards(argv[i + 1], probe, 16) < 0)
+                rc = tk_magic_error(m, "UsageError", "--for needs colab, kaggle, colab-2020 or all\nusage: %s",
+                                    TXADVISE_USAGE);
+            else
+                snprintf(platform, sizeof platform, "%s", argv[++i]);
+        }
         else if (!strcmp(argv[i], "--top") || !strcmp(argv[i], "--margin")) {
             if (i + 1 >= argc) {
                 rc = tk_magic_error(m, "UsageError", "%s needs a value\nusage: %s", argv[i], TXADVISE_USAGE);
@@ -343,7 +352,7 @@ static int run_txadvise(tk_magic_ctx *m) {
     tk_err err = {0};
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
 
-    tk_advise_input in = {.config = &c, .margin_frac = margin};
+    tk_advise_input in = {.config = &c, .margin_frac = margin, .platform = platform[0] ? platform : NULL};
     const tk_run_report *lr = tk_session_last_run(s);
     /* the OOM record counts only for the config that ran out */
     if (lr && lr->end == TK_RUN_OOM && lr->have_oom && last && !m->is_cell && !memcmp(last, &c, sizeof c))

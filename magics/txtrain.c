@@ -149,6 +149,8 @@ static int run_txtrain(tk_magic_ctx *m) {
 }
 
 int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan) {
+    if (tk_config_world_size(cfg) > 1 && cfg->device != TK_DEVICE_CUDA && tk_coll_env_size() == 1)
+        return tk_txtrain_ranks(m, cfg, ignore_plan);
     tk_session *s = m->session;
     tk_config c = *cfg;
     tk_err err = {0};
@@ -281,7 +283,7 @@ int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out
         if (skip_flags && !strncmp(argv[i], "--", 2)) {
             /* flags that take a value (%txplan, %txadvise) */
             if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--gpus") || !strcmp(argv[i], "--file") || !strcmp(argv[i], "--top") ||
-                !strcmp(argv[i], "--margin"))
+                !strcmp(argv[i], "--margin") || !strcmp(argv[i], "--for"))
                 i++;
             continue;
         }

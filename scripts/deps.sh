@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 PKGS="build-essential pkg-config clang libclang-rt-14-dev
 libzmq3-dev libsodium-dev libjansson-dev libyaml-dev libopenblas-dev libutf8proc-dev libcurl4-openssl-dev
+libopenmpi-dev openmpi-bin
 python3 python3-venv python3-pip python3-numpy python3-pytest python3-torch
 python3-jupyter-client python3-ipykernel python3-nbclient python3-nbformat
 python3-nbconvert jupyter-nbconvert jupyter-console python3-jupyter-console

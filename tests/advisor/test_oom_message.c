@@ -359,12 +359,13 @@ static void test_profiles(void) {
     TK_CHECK(tk_gpu_profile_find("t4")->bf16_flops == tk_gpu_profile_find("t4")->fp32_flops);
     /* today's Colab and Kaggle cards, and the seed's 2020 runtime */
     static const char *const colab[] = {"t4", "l4", "a100-40", "a100-80", "h100-80", "rtx-pro-6000"},
-                             *const kaggle[] = {"t4", "p100", "rtx-pro-6000"},
+                             *const kaggle[] = {"t4", "t4x2", "p100", "rtx-pro-6000"},
                              *const colab2020[] = {"k80", "p4", "t4", "p100", "v100-16"};
     TK_CHECK(tk_gpu_platform_cards("colab", cards, 16) == 6);
     for (int i = 0; i < 6; i++) TK_CHECK_STR(cards[i]->name, colab[i]);
-    TK_CHECK(tk_gpu_platform_cards("kaggle", cards, 16) == 3);
-    for (int i = 0; i < 3; i++) TK_CHECK_STR(cards[i]->name, kaggle[i]);
+    TK_CHECK(tk_gpu_platform_cards("kaggle", cards, 16) == 4);
+    for (int i = 0; i < 4; i++) TK_CHECK_STR(cards[i]->name, kaggle[i]);
+    TK_CHECK(tk_gpu_profile_find("t4x2")->gpus == 2 && tk_gpu_profile_find("t4")->gpus == 1);
     TK_CHECK(tk_gpu_platform_cards("colab-2020", cards, 16) == 5);
     for (int i = 0; i < 5; i++) TK_CHECK_STR(cards[i]->name, colab2020[i]);
     TK_CHECK(tk_gpu_platform_cards("elsewhere", cards, 16) == -1);

@@ -53,9 +53,10 @@ static void test_profiles(void) {
         char b[32];
         TK_CHECK_STR(tk_format_bytes(t4->capacity, b, sizeof b), "14.75 GiB");
     }
-    const char *names[] = {"t4", "k80", "p4", "p100", "v100-16", "l4", "a100-40", "a100-80", "h100-80", "rtx-pro-6000"};
-    const char *caps[] = {"14.75 GiB", "11.17 GiB", "7.43 GiB", "15.90 GiB", "15.78 GiB", NULL, "39.59 GiB", "79.15 GiB", NULL,
-                          "95.59 GiB"};
+    const char *names[] = {"t4", "t4x2", "k80", "p4", "p100", "v100-16", "l4", "a100-40", "a100-80", "h100-80",
+                           "rtx-pro-6000"};
+    const char *caps[] = {"14.75 GiB", "14.75 GiB", "11.17 GiB", "7.43 GiB", "15.90 GiB", "15.78 GiB", NULL, "39.59 GiB",
+                          "79.15 GiB", NULL, "95.59 GiB"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const tk_gpu_profile *p = tk_gpu_profile_find(names[i]);
         TK_CHECK_MSG(p != NULL, "%s", names[i]);
@@ -66,10 +67,11 @@ static void test_profiles(void) {
         TK_CHECK(p->fp32_flops > 1e12 && p->fp16_flops >= p->fp32_flops && p->bf16_flops >= p->fp32_flops &&
                  p->bandwidth > 1e11);
         TK_CHECK(p->long_name && p->long_name[0]);
+        TK_CHECK_EQ_INT(p->gpus, strcmp(names[i], "t4x2") ? 1 : 2); /* capacity is per card */
     }
     int n = 0;
     while (tk_gpu_profile_at(n)) n++;
-    TK_CHECK_EQ_INT(n, 10);
+    TK_CHECK_EQ_INT(n, 11);
     TK_CHECK(tk_gpu_profile_at(-1) == NULL);
     TK_CHECK(tk_gpu_profile_find("rtx9090") == NULL);
     TK_CHECK(tk_gpu_profile_find(NULL) == NULL);

@@ -7,6 +7,9 @@
  *    the advice's predicted peak, byte for byte, reserved and allocated;
  *  - the flatten Dense head of the SQuAD seed: the head fix ranks first and
  *    its rerun matches the prediction;
+ *  - two T4s (issue 27): a config that does not fit one T4, advised
+ *    --for kaggle (two T4s), gets world_size 2 with zero 1 and 2; %txfix
+ *    applies zero 1 and the config then plans as fitting on each GPU;
  *  - usage errors name what is wrong and change nothing. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -252,10 +255,60 @@ static void test_usage_errors(void) {
     json_decref(m);
 }
 
+/* bert-large, 512 tokens, batch 16, fp32: 14.42 GiB planned on one T4 (13.97
+ * usable); both T4s with AdamW's state sharded and 8 per rank fit. */
+#define LARGE "model: bert-large-cased\ninit: random\nnum_labels: 2\nmax_len: 512\nbatch_size: 16\ngpu: t4\n"
+
+static void test_two_t4s(void) {
+    int rc;
+    json_t *m = run("%txreset", &rc);
+    json_decref(m);
+    m = run("%%txplan --json\n" LARGE, &rc);
+    TK_CHECK(json_is_false(json_object_get(last_json(m), "fits")));
+    json_decref(m);
+    /* one T4 alone: no data-parallel fix is offered */
+    m = run("%txadvise --json", &rc);
+    json_t *cands = json_object_get(last_json(m), "candidates");
+    size_t i;
+    json_t *cd;
+    json_array_foreach(cands, i, cd) TK_CHECK(!strstr(json_string_value(json_object_get(cd, "label")), "world_size"));
+    json_decref(m);
+    m = run("%txadvise --for kaggle --json", &rc);
+    TK_CHECK_MSG(rc == 0, "%s", evalue(m));
+    cands = json_object_get(last_json(m), "candidates");
+    int z1 = 0, z2 = 0;
+    json_array_foreach(cands, i, cd) {
+        const char *l = json_string_value(json_object_get(cd, "label"));
+        if (!strcmp(l, "world_size 2, zero 1")) z1 = (int)i + 1;
+        if (!strcmp(l, "world_size 2, zero 2")) z2 = (int)i + 1;
+    }
+    TK_CHECK(z1 > 0 && z2 > 0);
+    json_decref(m);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "%%txfix %d --json", z1);
+    m = run(cmd, &rc);
+    TK_CHECK_MSG(rc == 0, "%s", evalue(m));
+    TK_CHECK(json_is_true(json_object_get(last_json(m), "fits_margin")));
+    json_decref(m);
+    const tk_config *c = tk_session_config(tk_magics_session(M));
+    TK_CHECK(c && c->world_size == 2 && c->zero == 1 && c->batch_size == 8 && !strcmp(c->gpu, "t4"));
+    /* the fixed config plans as fitting on each of the two GPUs */
+    m = run("%txplan --json", &rc);
+    json_t *j = last_json(m);
+    TK_CHECK(j && json_is_true(json_object_get(j, "fits")));
+    TK_CHECK_EQ_INT(json_integer_value(json_object_get(j, "world_size")), 2);
+    json_t *ranks = json_object_get(j, "ranks");
+    TK_CHECK_EQ_INT(json_array_size(ranks), 2);
+    json_int_t cap = json_integer_value(json_object_get(j, "capacity"));
+    json_array_foreach(ranks, i, cd) TK_CHECK(json_integer_value(json_object_get(cd, "peak_reserved")) < cap);
+    json_decref(m);
+}
+
 int main(void) {
     M = tk_magics_new();
     I = tk_magics_interp(M);
     TK_RUN(test_usage_errors);
+    TK_RUN(test_two_t4s);
     TK_RUN(test_seed_auto);
     TK_RUN(test_head_fix_measured);
     TK_RUN(test_every_fix_measured);

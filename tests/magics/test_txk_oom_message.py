@@ -115,7 +115,7 @@ def test_gpus_colab_equals_gpu_profile_plans():
             (c["peak_reserved"], c["budget"], c["fits"], c["margin"]), c["card"]
     assert d["sentence"] == "fits on T4, P100, V100-16; not on K80 or P4: which card the runtime gets decides"
     for platform, cards in (("colab", ["t4", "l4", "a100-40", "a100-80", "h100-80", "rtx-pro-6000"]),
-                            ("kaggle", ["t4", "p100", "rtx-pro-6000"])):
+                            ("kaggle", ["t4", "t4x2", "p100", "rtx-pro-6000"])):
         d = json.loads(txk("plan", SEED, "--gpus", platform, "--json").stdout)
         assert [c["card"] for c in d["cards"]] == cards
         assert all(c["source"] for c in d["cards"]), d["cards"]

@@ -27,6 +27,9 @@ tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_length
         return TK_ENOMEM;
     }
     for (int i = 0; i < n && *n_out < max; i++) {
+        /* engine: pytorch plans one GPU's step: a pair (t4x2) would need
+         * DDP's or DeepSpeed's buffers, which it does not model */
+        if (c->engine == TK_ENGINE_PYTORCH && cards[i]->gpus > 1) continue;
         tk_config cc = *c;
         cc.capacity = 0; /* the card's own capacity, as `gpu: NAME` alone gives */
         tk_status st = tk_config_set(&cc, "gpu", cards[i]->name, err);

@@ -17,6 +17,11 @@
 
 tk_status tk_plan_engine(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
     if (c->engine != TK_ENGINE_PYTORCH) return tk_plan(c, lengths, n, out, err);
+    if (c->world_size > 1) { /* so the advisor never offers a data-parallel fix it cannot plan */
+        tk_err_set(err, TK_EINVAL, "world_size: %d: engine: pytorch plans one GPU's step; DeepSpeed/FSDP sharding "
+                                   "of a PyTorch run is not modelled yet", c->world_size);
+        return TK_EINVAL;
+    }
     tk_torchplan_result *r = tk_malloc(sizeof *r);
     if (!r) return tk_err_nomem(err, "an engine: pytorch plan");
     tk_status st = tk_torchplan(c, r, err);

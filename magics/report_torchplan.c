@@ -69,7 +69,12 @@ tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, jso
     json_t *rows = json_array();
     const char *tv = "", *xv = "";
     tk_status st = t && rows ? TK_OK : tk_err_nomem(err, "--gpus report");
+    char skipped[64] = "";
     for (int i = 0; i < n && st == TK_OK; i++) {
+        if (cards[i]->gpus > 1) { /* one GPU's step: a pair needs DDP's or DeepSpeed's buffers, not modelled */
+            snprintf(skipped, sizeof skipped, "%s", cards[i]->name);
+            continue;
+        }
         tk_config one = *c;
         tk_torchplan_result r;
         if ((st = tk_config_set(&one, "gpu", cards[i]->name, err)) != TK_OK) break;
@@ -90,6 +95,9 @@ tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, jso
         tk_sb_addf(&sb, "engine: pytorch — the step as torch %s + transformers %s run it, on each %s card "
                         "(device used = peak reserved + PyTorch's CUDA context; fits: within the card's capacity):\n%s",
                    tv, xv, platform, tt ? tt : "");
+        if (skipped[0])
+            tk_sb_addf(&sb, "%s is not planned: engine: pytorch plans one GPU's step, and a data-parallel PyTorch run "
+                            "(DDP, DeepSpeed ZeRO, FSDP) adds buffers it does not model yet.\n", skipped);
         free(tt);
         text = tk_sb_take(&sb);
         html = tk_rtable_html(t);

@@ -81,7 +81,7 @@ NPROC    := $(shell nproc 2>/dev/null || echo 1)
 test: deps
 	$(MAKE) --no-print-directory -j$(NPROC) all
 	$(MAKE) --no-print-directory install
-	$(MAKE) --no-print-directory companion-install
+	$(MAKE) --no-print-directory -j$(NPROC) companion-install
 	$(PY) tests/run_all.py
 
 demo: deps

@@ -4,7 +4,7 @@
 # our C libraries and no package registry (the `device` machines here).
 #
 #   bash scripts/devkit.sh        builds (make all), then fills .devkit/:
-#     .devkit/build/   libtk_cuda.so, gpu_tests/gpu_*, bench/train_cpu
+#     .devkit/build/   libtk_cuda.so, gpu_tests/gpu_*, bench/train_cpu, txk
 #     .devkit/lib/     the shared libraries those binaries need that are
 #                      neither glibc's nor the compiler's runtime (jansson,
 #                      yaml, utf8proc, OpenBLAS with gfortran and quadmath)
@@ -32,6 +32,9 @@ done
 cp build/libtk_cuda.so "$kit/build/"
 cp build/bench/train_cpu "$kit/build/bench/"
 bins="$bins build/bench/train_cpu"
+# txk plans what tests/gpu_cuda/gpu_torchplan.py compares with torch's own CUDA figures
+cp build/txk "$kit/build/"
+bins="$bins build/txk"
 
 # Every library ldd resolves outside the CUDA toolkit, less the runtime that
 # is everywhere. Copied under its soname (the name the loader asks for).

@@ -19,7 +19,7 @@ kit=${KIT:-.devkit}
 out=${OUT:-bench/out}
 mkdir -p "$out"
 [ -f "$kit/build/bench/train_cpu" ] || { echo "devkit_run: no $kit (run scripts/devkit.sh here first)" >&2; exit 2; }
-chmod +x "$kit"/build/gpu_tests/gpu_* "$kit/build/bench/train_cpu" # in case the copy lost the modes
+chmod +x "$kit"/build/gpu_tests/gpu_* "$kit/build/bench/train_cpu" "$kit/build/txk" # in case the copy lost the modes
 
 # Our libraries first; then wherever CUDA keeps CUPTI and cuBLAS on this image.
 ld="$(pwd)/$kit/lib"

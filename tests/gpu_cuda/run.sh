@@ -41,5 +41,13 @@ echo "gpu_txwatch: $p passed, $f failed"
 if [ "$f" -ne 0 ] || [ "$p" -eq 0 ]; then printf '%s\n' "$out" | tail -n 40 | sed 's/^/    /'; fi
 passed=$((passed + p))
 failed=$((failed + f))
+# engine: pytorch against torch.cuda.max_memory_allocated() of the same step (issue 26)
+out=$(timeout "${GPU_TEST_TIMEOUT:-300}" "$py" tests/gpu_cuda/gpu_torchplan.py "$build" 2>&1)
+line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+if [ -z "$line" ]; then p=0; f=1; else p=${line%% passed*}; f=${line#*passed, }; f=${f%% failed*}; fi
+echo "gpu_torchplan: $p passed, $f failed"
+printf '%s\n' "$out" | grep -v -E '^[0-9]+ passed' | sed 's/^/    /'
+passed=$((passed + p))
+failed=$((failed + f))
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

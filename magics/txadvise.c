@@ -596,6 +596,11 @@ static int train_and_compare(tk_magic_ctx *m, const tk_config *after, size_t pre
                     v1, tk_format_bytes(r->peak_allocated, b3, sizeof b3),
                     tk_format_bytes(r->plan.peak_allocated, b4, sizeof b4), v2,
                     r->plan.peak_reserved == predicted ? "" : " (the advice's plan differed: new corpus lengths)");
+    if (r->peak_reserved > r->plan.peak_reserved)
+        tk_magic_printf(m, "stdout", "Why above: the plan steps the worst-case batch, while the run's batches differ "
+                        "in shape (dynamic padding, the last partial batch, the dev batches), and each shape leaves "
+                        "the cache split differently. %%%%txplan --epoch plans the run's own batches in the run's order, "
+                        "reserved included.\n");
     if (r->have_device_peak) {
         /* on cuda: everything the process had on the device, against the
          * plan plus the plugin's own buffers (cuBLAS workspace, scratch) */

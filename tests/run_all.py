@@ -8,7 +8,8 @@ Suites:
      last line of its output must be "N passed, N failed");
      (1 and 2 run two at a time, the longest first)
   3. then the python tests (tests/**/test_*.py) under pytest, in two processes
-     side by side (kernel-driving files / the rest), counted from their JUnit XML;
+     side by side (kernel-driving files / the rest), then the browser's alone,
+     counted from their JUnit XML;
      the interop tests (marked peer) run once per peer row (tests/peers.py,
      tests/conftest.py), whose versions are printed first.
 A suite that crashes or prints no closing line counts as one failure.
@@ -90,7 +91,8 @@ with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_coun
 if jobs:
     print(f"C tests and suites: {time.time() - t_c:.1f}s wall")
 
-KERNEL_SIDE = ("tests/browser/", "tests/companion/", "tests/kernel/", "tests/magics/test_demo_notebooks.py")
+KERNEL_SIDE = ("tests/companion/", "tests/kernel/", "tests/magics/test_demo_notebooks.py")
+ALONE = ("tests/browser/",)
 
 
 def run_pytest(name, files):
@@ -139,12 +141,18 @@ if pyfiles:
     # Two pytest processes side by side, as the C suites run: the files that
     # drive kernels, notebooks and the browser (mostly waiting on other
     # processes) in one, the rest (mostly computing) in the other.
-    shards = {"pytest[kernels]": [f for f in pyfiles if f.startswith(KERNEL_SIDE)],
-              "pytest[engine]": [f for f in pyfiles if not f.startswith(KERNEL_SIDE)]}
+    # The browser's tests time what a person sees (progress states, the
+    # interrupt button stopping within a step): they run alone, after.
+    alone = [f for f in pyfiles if f.startswith(ALONE)]
+    rest = [f for f in pyfiles if not f.startswith(ALONE)]
+    shards = {"pytest[kernels]": [f for f in rest if f.startswith(KERNEL_SIDE)],
+              "pytest[engine]": [f for f in rest if not f.startswith(KERNEL_SIDE)]}
     t_py = time.time()
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         for fut in [pool.submit(run_pytest, name, files) for name, files in shards.items() if files]:
             fut.result()
+    if alone:
+        run_pytest("pytest[browser]", alone)
     print(f"pytest: {time.time() - t_py:.1f}s wall")
 
 if failed_suites:

@@ -4,11 +4,13 @@
  * PyTorch allocates it (torchplan/tk_torchplan.h).
  *
  * For engine: pytorch the memory figures (peaks, categories at the peak,
- * parameter/gradient/optimizer bytes, fits) are torchplan's; the capacity is
- * card's one budget (tk_gpu_profile_budget), as for every plan against it. The FLOP/byte counts and the predicted step
- * time, which the advisor ranks slowdowns by, come from txkernel's plan of
- * the same config: the same matrix products, counted once. The pytorch engine
- * plans batch_size x max_len; corpus lengths are not used. */
+ * parameter/gradient/optimizer bytes) are torchplan's; the capacity is the
+ * card's one budget (tk_gpu_profile_budget), as for every plan against it.
+ * The FLOP/byte counts and the predicted step time, which the advisor ranks
+ * slowdowns by, come from txkernel's plan of the same config: the same
+ * matrix products, counted once. The pytorch engine plans batch_size x
+ * max_len; corpus lengths are not used. It plans one GPU, so the advisor's
+ * data-parallel candidates are refused (TK_EINVAL) and never offered. */
 #include <string.h>
 
 #include "tk_advisor.h"
@@ -17,11 +19,6 @@
 
 tk_status tk_plan_engine(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
     if (c->engine != TK_ENGINE_PYTORCH) return tk_plan(c, lengths, n, out, err);
-    if (c->world_size > 1) { /* so the advisor never offers a data-parallel fix it cannot plan */
-        tk_err_set(err, TK_EINVAL, "world_size: %d: engine: pytorch plans one GPU's step; DeepSpeed/FSDP sharding "
-                                   "of a PyTorch run is not modelled yet", c->world_size);
-        return TK_EINVAL;
-    }
     tk_torchplan_result *r = tk_malloc(sizeof *r);
     if (!r) return tk_err_nomem(err, "an engine: pytorch plan");
     tk_status st = tk_torchplan(c, r, err);

@@ -964,6 +964,14 @@ static tk_status check_config(const tk_config *c, int cuda, tk_err *err) {
                                    "BertForSequenceClassification (task: classify) and BertForQuestionAnswering (task: qa)");
         return TK_EINVAL;
     }
+    if (tk_config_world_size(c) > 1) {
+        char key[64];
+        if (c->world_size > 1) snprintf(key, sizeof key, "world_size: %d", c->world_size);
+        else snprintf(key, sizeof key, "gpu: %s is %d GPUs", c->gpu, tk_config_world_size(c));
+        tk_err_set(err, TK_EINVAL, "%s: engine: pytorch plans one GPU's step; a data-parallel PyTorch run (DDP, "
+                                   "DeepSpeed ZeRO, FSDP) adds buffers it does not model yet", key);
+        return TK_EINVAL;
+    }
     if (c->freeze_layers > 0) {
         tk_err_set(err, TK_EINVAL, "freeze_layers: engine: pytorch does not model frozen encoder layers yet "
                                    "(freeze: embeddings is modelled)");

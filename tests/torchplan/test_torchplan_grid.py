@@ -135,3 +135,8 @@ def test_options_it_does_not_model_are_errors(tmp_path):
     cfg.write_text(config_yaml(dict(TINY, batch=2, seq=64, attn="eager")) + "head: flatten_dense\n")
     p = subprocess.run([TXK, "plan", str(cfg)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "head: flatten_dense" in p.stderr, p.stderr
+    # one GPU's step: two GPUs (a pair's profile or world_size) are refused by name, never planned as one
+    for extra, key in (("gpu: t4x2\n", "gpu: t4x2 is 2 GPUs"), ("gpu: t4\nworld_size: 2\n", "world_size: 2")):
+        cfg.write_text(config_yaml(dict(TINY, batch=2, seq=64, attn="eager")).replace("device: cpu\n", "") + extra)
+        p = subprocess.run([TXK, "plan", str(cfg)], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1 and key in p.stderr and "plans one GPU's step" in p.stderr, p.stderr

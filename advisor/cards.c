@@ -43,6 +43,7 @@ tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_length
         r->fits = p->fits;
         r->margin = p->margin;
         r->peak = p->peak_reserved;
+        r->peak_allocated = p->peak_allocated;
         r->budget = p->capacity;
         r->step_seconds = p->step_seconds;
     }

@@ -126,6 +126,7 @@ typedef struct tk_card_fit {
     int fits;
     int64_t margin;               /* budget - planned peak */
     size_t peak;                  /* planned peak reserved */
+    size_t peak_allocated;        /* planned peak allocated */
     size_t budget;                /* what the allocator can take on that card */
     double step_seconds;          /* predicted, 0 if unknown */
 } tk_card_fit;

@@ -179,18 +179,11 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         msg->user_max_len = c->max_len;
         msg->user_p99 = lengths_p99(lengths, n_lengths);
         for (int i = 0; i < n; i++)
-            if (cards[i].card == msg->card) msg->have_plan = 1, msg->plan_peak = cards[i].peak;
-        if (msg->have_plan && pc.engine == TK_ENGINE_PYTORCH) {
-            tk_config one = pc;
-            tk_plan_result *pr = tk_malloc(sizeof *pr);
-            one.capacity = 0;
-            if (!pr) goto nomem;
-            if ((st = tk_config_set(&one, "gpu", msg->card->name, err)) == TK_OK &&
-                (st = tk_plan_engine(&one, NULL, 0, pr, err)) == TK_OK)
-                msg->plan_allocated = pr->peak_allocated;
-            free(pr);
-            if (st != TK_OK) goto done;
-        }
+            if (cards[i].card == msg->card) {
+                msg->have_plan = 1, msg->plan_peak = cards[i].peak;
+                /* PyTorch's message counts allocated bytes: set the plan's beside it */
+                if (pc.engine == TK_ENGINE_PYTORCH) msg->plan_allocated = cards[i].peak_allocated;
+            }
         tk_oom_message_diagnose(msg, cards, n, platform ? platform : "colab");
         /* the config advised on the card the message names, by the same engine */
         tk_config on = pc;

@@ -141,11 +141,7 @@ static int read_segment(snap_ctx *c, sv seg, size_t si, int64_t *devices_seen) {
             if (!sv_ok(frames) && sv_is_list(hist) && sv_len(hist))
                 frames = sv_get(sv_at(hist, sv_len(hist) - 1), "frames");
             char owner[192], mname[48], mfile[160];
-            snap_owner_of(frames, owner, sizeof owner);
-            if (sv_is_list(frames) && sv_len(frames) &&
-                !strcmp(sv_str(sv_get(sv_at(frames, 0), "filename")) ? sv_str(sv_get(sv_at(frames, 0), "filename")) : "",
-                        "txkernel"))
-                s->by_txkernel = 1;
+            if (snap_owner_of(frames, owner, sizeof owner)) s->by_txkernel = 1;
             int pool = snap_is_engine_pool(frames);
             if (add_owner(c, owner, (size_t)size, baddr, pool)) return -1;
             if (add_live_size(c, (size_t)(req > 0 ? req : size))) return -1;
@@ -718,13 +714,11 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
         else
             fprintf(f, "  batch and sequence length unknown: give --batch N --seq N to plan the fixes\n");
         if (md->planned)
-            fprintf(f, "  planned as it ran (engine: %s%s): peak %s%s%s (%s) -> %s; %s\n", md->engine,
-                    strcmp(md->engine, "pytorch") ? "" : ", torch 2.x + transformers 5.x", fmtb(md->plan_peak, a),
+            fprintf(f, "  planned as it ran by %s: peak %s%s%s (%s) -> %s; %s\n", md->engine_label, fmtb(md->plan_peak, a),
                     md->plan_capacity ? " of " : "", md->plan_capacity ? fmtb(md->plan_capacity, b) : "",
                     md->capacity_from, md->plan_fits ? "fits" : "does not fit", md->plan_note);
         else if (md->plan_withheld)
-            fprintf(f, "  plan as it ran (engine: %s%s) %s\n", md->engine,
-                    strcmp(md->engine, "pytorch") ? "" : ", torch 2.x + transformers 5.x", md->plan_note);
+            fprintf(f, "  plan as it ran by %s %s\n", md->engine_label, md->plan_note);
     }
     if (s->data.have)
         fprintf(f, "\nData %s: %d examples, token lengths p50 %d, p95 %d, p99 %d, max %d (%s)\n", s->data.file,

@@ -106,7 +106,7 @@ static void native_owner(sv frames, char *out, size_t n) {
 /* Who holds a block: the innermost frame of the user's code, with the
  * innermost named library frame inside it as the kind; native frames are
  * skipped, and a block with native frames only is named by them. */
-void snap_owner_of(sv frames, char *out, size_t n) {
+int snap_owner_of(sv frames, char *out, size_t n) {
     char kind[96] = "", first_py[TK_PATH_MAX] = "", file[TK_PATH_MAX];
     int python = 0;
     int first_line = 0;
@@ -118,7 +118,7 @@ void snap_owner_of(sv frames, char *out, size_t n) {
         /* txkernel's own snapshots name the owner and category in the frame */
         if (raw && !strcmp(raw, "txkernel") && fn) {
             snprintf(out, n, "%s", fn);
-            return;
+            return 1;
         }
         if (!raw || !is_python_frame(raw)) continue;
         posix_path(raw, file, sizeof file);
@@ -130,7 +130,7 @@ void snap_owner_of(sv frames, char *out, size_t n) {
         python = 1;
         if (is_notebook_frame(file)) {
             snprintf(out, n, "cell, line %lld%s%s", (long long)line, *kind ? " · " : "", kind);
-            return;
+            return 0;
         }
         if (is_library_frame(file)) {
             const char *t = library_tail(file);
@@ -139,11 +139,12 @@ void snap_owner_of(sv frames, char *out, size_t n) {
         }
         snprintf(out, n, "%.80s, line %lld (%.60s)%s%s", basename_of(file), (long long)line, fn ? fn : "?",
                  *kind ? " · " : "", kind);
-        return;
+        return 0;
     }
     if (*kind) snprintf(out, n, "library: %s", kind);
     else if (python) snprintf(out, n, "library: %s, line %d", library_tail(first_py), first_line);
     else native_owner(frames, out, n);
+    return 0;
 }
 
 /* The model module a block's Python frames pass through, as the library

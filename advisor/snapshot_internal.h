@@ -121,7 +121,10 @@ static inline int snap_field_size(snap_ctx *c, sv d, const char *key, const char
 }
 
 /* snapshot_frames.c: what a stack of frames (innermost first) shows. */
-void snap_owner_of(sv frames, char *out, size_t n);         /* "train.py, line 40 (step) · torch/nn/modules/linear.py" */
+/* "train.py, line 40 (step) · torch/nn/modules/linear.py"; returns 1 when the
+ * frames are txkernel's own (txk train/plan --snapshot writes one frame,
+ * filename "txkernel"), else 0 */
+int snap_owner_of(sv frames, char *out, size_t n);
 int snap_names_no_code(const char *owner);                   /* 1: native only, no frames, a library, the autograd engine */
 int snap_model_module_of(sv frames, char *name, size_t nn, char *file, size_t nf); /* 1: "llama", its modeling file */
 int snap_is_engine_pool(sv frames);                          /* 1: vLLM's KV-cache pool */

@@ -436,6 +436,7 @@ static int plan_as_it_ran(tk_snapshot *s, const tk_config *c, tk_plan_result *p,
     tk_snap_model *m = &s->model;
     char a[32], b[32];
     snprintf(m->engine, sizeof m->engine, "%s", c->engine == TK_ENGINE_PYTORCH ? "pytorch" : "txkernel");
+    snprintf(m->engine_label, sizeof m->engine_label, "%s", tk_plan_engine_name(c));
     if (plan_one(c, NULL, p, err) != TK_OK) return -1;
     m->plan_peak = p->peak_reserved;
     m->plan_capacity = p->capacity;

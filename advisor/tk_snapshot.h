@@ -97,7 +97,8 @@ typedef struct tk_snap_model {
     int planned;          /* the current setting was planned and agrees with the file (shown) */
     int plan_withheld;    /* planned, but it disagrees with the file: not shown as the run's plan */
     char plan_note[320];  /* why it was withheld, or what it was checked against */
-    char engine[16];      /* the planner that made it: "pytorch" (torch 2.x + transformers 5.x) */
+    char engine[16];      /* the planner that made it, as --json names it: "pytorch" or "txkernel" */
+    char engine_label[64];/* the same for a reader (tk_plan_engine_name): "engine: pytorch (torch 2.x + ...)" */
     size_t plan_peak, plan_capacity; /* its planned peak; the capacity planned against (0: none known) */
     int plan_fits;
     char capacity_from[96];

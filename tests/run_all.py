@@ -32,25 +32,37 @@ total_p = total_f = 0
 lock = threading.Lock()
 failed_suites = []
 
-def count(name, out, rc):
-    global total_p, total_f
+def closing_line(out, rc):
+    """(passed, failed, note) from a suite's output: its last closing line;
+    none, or a non-zero exit with no failure counted, is one failure."""
     last = None
     for line in out.splitlines():
         m = LINE.match(line.strip())
         if m:
             last = (int(m.group(1)), int(m.group(2)))
     if last is None or (rc != 0 and last[1] == 0):
-        last = (last[0] if last else 0, 1)
-        print(f"  [{name}] exited {rc} without a clean closing line")
-    total_p += last[0]
-    total_f += last[1]
-    if last[1]:
-        failed_suites.append(name)
-    return last
+        return (last[0] if last else 0), 1, f"exited {rc} without a clean closing line"
+    return last[0], last[1], ""
+
+def tally(name, p, f, t0, out, note, tail):
+    """Adds one suite's counts and prints its line (with the last `tail`
+    lines of its output when it failed), whole: suites that run side by
+    side never interleave their lines."""
+    global total_p, total_f
+    with lock:
+        if note:
+            print(f"  [{name}] {note}")
+        total_p += p
+        total_f += f
+        if f:
+            failed_suites.append(name)
+        print(f"{name}: {p} passed, {f} failed ({time.time()-t0:.1f}s)")
+        if f:
+            print("\n".join("    " + l for l in out.splitlines()[-tail:]))
+        sys.stdout.flush()
 
 def run(name, cmd, timeout):
-    """Runs one suite; returns what to print (the caller prints it whole, so
-    two suites running side by side never interleave their lines)."""
+    """Runs one suite and tallies it."""
     t0 = time.time()
     try:
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -60,12 +72,8 @@ def run(name, cmd, timeout):
         out = (e.stdout or b"").decode("utf-8", "replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         rc = -9
         out += f"\n(timed out after {timeout}s)\n"
-    with lock:
-        p, f = count(name, out, rc)
-        print(f"{name}: {p} passed, {f} failed ({time.time()-t0:.1f}s)")
-        if f:
-            print("\n".join("    " + l for l in out.splitlines()[-60:]))
-        sys.stdout.flush()
+    p, f, note = closing_line(out, rc)
+    tally(name, p, f, t0, out, note, 60)
 
 only = sys.argv[1:]  # optional name filters
 def wanted(name):
@@ -74,8 +82,7 @@ def wanted(name):
 # The C binaries and the suites run two at a time (os.cpu_count() at most):
 # each is one process, mostly one thread, and the fuzz suites run for a fixed
 # time whatever the load, so on CI's 2 cores the pairs take about half the
-# wall time of one after another. The suites go first: the fuzzers are the
-# longest single items.
+# wall time of one after another.
 jobs = [(s, ["bash", s], 900) for s in sorted(glob.glob("tests/suites/*.sh")) if wanted(s)]
 jobs += [(b, [b], 600) for b in sorted(glob.glob("build/tests/**/test_*", recursive=True))
          if os.access(b, os.X_OK) and not b.endswith((".d", ".o")) and wanted(b)]
@@ -97,13 +104,13 @@ ALONE = ("tests/browser/",)
 
 def run_pytest(name, files):
     """One pytest process over files, counted from its JUnit XML."""
-    global total_p, total_f
     xml = f"build/{name.replace('[', '-').rstrip(']')}.xml"
     t0 = time.time()
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         f"--junitxml={xml}", *files], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
     p = f = 0
+    note = ""
     try:
         root = ET.parse(xml).getroot()
         for tc in root.iter("testcase"):
@@ -114,19 +121,11 @@ def run_pytest(name, files):
             elif not skipped:
                 p += 1
     except Exception as e:  # pytest died before writing its report
-        print(f"  {name} report unreadable: {e}")
+        note = f"report unreadable: {e}"
         f += 1
     if r.returncode not in (0, 1, 5) and f == 0:
         f += 1
-    with lock:
-        total_p += p
-        total_f += f
-        if f:
-            failed_suites.append(name)
-        print(f"{name}: {p} passed, {f} failed ({time.time()-t0:.1f}s)")
-        if f:
-            print("\n".join("    " + l for l in r.stdout.splitlines()[-120:]))
-        sys.stdout.flush()
+    tally(name, p, f, t0, r.stdout, note, 120)
 
 
 pyfiles = sorted(glob.glob("tests/**/test_*.py", recursive=True))

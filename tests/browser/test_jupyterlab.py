@@ -249,20 +249,35 @@ def rendered(cell):
 
 # ---- the tests, in page order ---------------------------------------------------
 
+def bert_snapshot(path):
+    """bert-base-uncased's blocks at 8 x 512 in fp32, no trace (the snapshot
+    tests' builder): a PyTorch BERT the reader plans as it ran."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "advisor"))
+    import test_snapshot_bert as tsb
+    d = tsb.snapshot(B=8)
+    for tr in d.get("device_traces", []):
+        tr.clear()
+    shutil.move(tsb.write(d), path)
+    return path
+
+
 def test_reports_render_as_html_and_svg(lab):
     train = tiny_train(output_dir=os.path.join(lab["root"], "tiny-model"))
+    bert = bert_snapshot(os.path.join(lab["root"], "bert.pickle"))
     write_nb(os.path.join(lab["root"], "render.ipynb"),
              [SEED, "%txadvise --top 4", train, "%txmem --timeline",
               f"%txdata {DATA}/reviews_train.csv --vocab {DATA}/vocab_cased.txt --max-len 512",
               f"%txpredict --input {DATA}/reviews_dev.csv --rows 5",
-              f"%txmem --snapshot {DATA}/pytorch_snapshots/llm_oom.pickle"])
+              f"%txmem --snapshot {DATA}/pytorch_snapshots/llm_oom.pickle",
+              f"%txmem --snapshot {bert} --gpu t4"])
     d = open_nb(lab, "render.ipynb")
     s = run_all_and_settle(d, 120)
     assert all(isinstance(c, int) and c > 0 for c in s["counts"]), s
     c = cells(d)
-    names = ("txplan", "txadvise", "txtrain", "txmem_timeline", "txdata", "txpredict", "txmem_snapshot")
-    plan, advise, trained, mem, data, predicted, snap = (rendered(x) for x in c)
-    for i, (name, r) in enumerate(zip(names, (plan, advise, trained, mem, data, predicted, snap))):
+    names = ("txplan", "txadvise", "txtrain", "txmem_timeline", "txdata", "txpredict", "txmem_snapshot",
+             "txmem_snapshot_bert")
+    plan, advise, trained, mem, data, predicted, snap, snap_bert = (rendered(x) for x in c)
+    for i, (name, r) in enumerate(zip(names, (plan, advise, trained, mem, data, predicted, snap, snap_bert))):
         shot(d, c[i], name)
         assert r["json"] == 0, (name, "a JSON tree is shown")
         assert r["errors"] == 0, (name, r["text"][:300])
@@ -275,6 +290,9 @@ def test_reports_render_as_html_and_svg(lab):
     assert data["svg"] >= 1 and data["tables"] >= 1 and "p99" in data["text"], data
     assert predicted["tables"] >= 1 and "accuracy" in predicted["text"].lower(), predicted
     assert snap["tables"] >= 1 and snap["svg"] >= 1 and "11.03 GiB" in snap["text"], snap
+    # a PyTorch BERT's run planned as it ran, by the PyTorch engine, named in the page
+    assert "Planned as it ran by engine: pytorch (torch 2.x + transformers 5.x): peak 6.36 GiB" in snap_bert["text"], \
+        snap_bert["text"][:1500]
     command(d, "docmanager:save")
     wait(lambda: not d.execute_script("return window.jupyterapp.shell.currentWidget.context.model.dirty"),
          20, "the notebook to be saved")

@@ -38,7 +38,7 @@ typedef enum { TK_ENGINE_TXKERNEL = 0, TK_ENGINE_PYTORCH } tk_engine;
 /* engine: pytorch only: transformers' attn_implementation. */
 typedef enum { TK_ATTN_IMPL_SDPA = 0, TK_ATTN_IMPL_EAGER } tk_attn_impl;
 /* engine: pytorch only: the torch + transformers the plan follows. */
-typedef enum { TK_TORCH_2 = 0, TK_TORCH_1_13 } tk_torch_version;
+typedef enum { TK_TORCH_2 = 0, TK_TORCH_1_13, TK_TORCH_1_10 } tk_torch_version;
 
 #define TK_PATH_MAX 512
 
@@ -99,7 +99,7 @@ typedef struct tk_config {
     tk_engine engine;          /* txkernel (default) | pytorch */
     tk_attn_impl attn_implementation; /* pytorch: sdpa (default, as transformers 5) | eager */
     float attention_dropout;   /* pytorch: attention_probs_dropout_prob; < 0 = `dropout` */
-    tk_torch_version torch_version; /* pytorch: 2 (torch 2.x + transformers 5.x) | 1.13 (+ 4.40) */
+    tk_torch_version torch_version; /* pytorch: 2 (torch 2.x + transformers 5.x) | 1.13 (+ 4.40) | 1.10 (+ 4.15) */
 
     /* output */
     char output_dir[TK_PATH_MAX]; /* checkpoints; "" = no checkpoints */

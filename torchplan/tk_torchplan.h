@@ -19,7 +19,9 @@
  * Versions followed: torch 2.x with transformers 5.x (checked against
  * torch 2.15 + transformers 5.24 on the CPU, tests/torchplan/), or, with
  * `torch_version: 1.13`, torch 1.13 + transformers 4.40, which run BERT's
- * attention eagerly only.
+ * attention eagerly only; or `torch_version: 1.10`, torch 1.10 +
+ * transformers 4.15 (what HF's published V100 figures ran on): 1.13's rules,
+ * softmax keeping its input for backward too, and the Trainer's own AdamW.
  *
  * What is checked and what is not: device: cpu is held against PyTorch's
  * own allocator events on the CPU (tests/torchplan/test_torchplan_grid.py).
@@ -46,8 +48,8 @@ typedef struct tk_torchplan_result {
     int batch, seq, accumulate;
     int on_cuda;                   /* 1: the step as it runs on a CUDA device */
     const char *device;            /* "cpu" | "cuda" */
-    const char *torch_version;     /* "2.x" | "1.13" */
-    const char *transformers_version; /* "5.x" | "4.40" */
+    const char *torch_version;     /* "2.x" | "1.13" | "1.10" */
+    const char *transformers_version; /* "5.x" | "4.40" | "4.15" */
     const char *attention;         /* "eager", "sdpa (cpu flash)", "sdpa (math)", "sdpa (flash)", "sdpa (efficient)" */
     const char *optimizer;         /* "AdamW (single-tensor)", "AdamW (foreach)", "AdamW8bit (bitsandbytes)" */
     const char *precision;         /* "fp32", "bf16 autocast", "fp16 autocast + GradScaler" */

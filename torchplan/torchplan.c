@@ -85,7 +85,7 @@ typedef struct sim {
     tk_cat cat;
     /* the step's shape and choices */
     int B, T, H, nh, I, V, P, TV, L, labels;
-    int qa, cuda, torch113, eager, sdpa_math, sdpa_eff, bf16, fp16, ckpt, adam8, acc;
+    int qa, cuda, torch113, torch110, eager, sdpa_math, sdpa_eff, bf16, fp16, ckpt, adam8, acc;
     float p_drop, p_attn;
     size_t act;                   /* element size of matmul outputs (4, or 2 under autocast) */
     /* checkpointing: recomputation walks the layer's nodes again */
@@ -417,6 +417,15 @@ static var unary(sim *s, var x, int save_output) {
     return (var){y, n};
 }
 
+/* softmax / log_softmax: saves its output; up to torch 1.10 its input too
+ * (the backward's signature took the input until pytorch/pytorch#66018,
+ * first in 1.11; the cause named in pytorch/pytorch#49600). */
+static var softmax(sim *s, var x) {
+    var y = unary(s, x, 1);
+    if (s->torch110 && y.node >= 0) nsave(s, y.node, x.t);
+    return y;
+}
+
 /* ---- the model --------------------------------------------------------------------- */
 
 /* A node whose backward only moves the gradient on: a view that aliases it
@@ -520,7 +529,7 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
             nedge(s, w32.node, w.node, -1, tbytes(s, w), 0);
             vdrop(s, w);
         }
-        var pr = unary(s, w32, 1);
+        var pr = softmax(s, w32);
         vdrop(s, w32);
         var pd = dropout(s, pr, s->p_attn, tbytes(s, pr) == scores ? s->act : 4);
         vdrop(s, pr);
@@ -619,7 +628,7 @@ static var cross_entropy(sim *s, var logits, size_t rows, size_t classes) {
     } else {
         tref(s, x.t);
     }
-    var ls = unary(s, x, 1);
+    var ls = softmax(s, x);
     vdrop(s, x);
     int out = tnew(s, 4), tw = tnew(s, 4);
     int n = nnew(s);
@@ -848,7 +857,7 @@ static void optimizer_step(sim *s, int first) {
         if (!p->trainable || p->grad < 0) continue;
         s->owner = p->owner;
         size_t numel = p->bytes / 4;
-        if (!s->cuda) tnew(s, 4); /* state['step'] = torch.tensor(0.), on the CPU */
+        if (!s->cuda && !s->torch110) tnew(s, 4); /* state['step'] = torch.tensor(0.), on the CPU */
         if (s->adam8 && numel >= 4096) {
             /* bitsandbytes: uint8 state1/state2 and fp32 absmax per 256-block */
             size_t blocks = (numel + 255) / 256;
@@ -886,10 +895,16 @@ static void optimizer_step(sim *s, int first) {
         free(tmp);
         return;
     }
-    /* single-tensor: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) */
+    /* single-tensor: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps);
+     * transformers 4.15's Trainer steps its own AdamW instead, whose
+     * denom = exp_avg_sq.sqrt().add_(eps) is the one temporary */
     for (int i = 0; i < s->np; i++) {
         if (!s->pr[i].trainable || s->pr[i].grad < 0) continue;
         s->owner = s->pr[i].owner;
+        if (s->torch110) {
+            tdrop(s, tnew(s, s->pr[i].bytes));
+            continue;
+        }
         int sq = tnew(s, s->pr[i].bytes);
         if (!s->cuda) ttmp(s, 4);
         int dn = tnew(s, s->pr[i].bytes);
@@ -1011,7 +1026,8 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     s.labels = c.num_labels > 0 ? c.num_labels : 2;
     s.qa = c.task == TK_TASK_QA;
     s.cuda = cuda;
-    s.torch113 = c.torch_version == TK_TORCH_1_13;
+    s.torch113 = c.torch_version != TK_TORCH_2; /* 1.13's rules hold for 1.10 too */
+    s.torch110 = c.torch_version == TK_TORCH_1_10;
     s.eager = s.torch113 || c.attn_implementation == TK_ATTN_IMPL_EAGER;
     s.p_drop = c.dropout;
     s.p_attn = c.attention_dropout < 0 ? c.dropout : c.attention_dropout;
@@ -1031,7 +1047,8 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     int head_dim = s.H / s.nh;
     if (s.eager) {
         out->attention = s.torch113 && c.attn_implementation == TK_ATTN_IMPL_SDPA
-                             ? "eager (transformers 4.40 runs BERT's attention eagerly only)" : "eager";
+                             ? s.torch110 ? "eager (transformers 4.15 runs BERT's attention eagerly only)"
+                                                   : "eager (transformers 4.40 runs BERT's attention eagerly only)" : "eager";
     } else if (!cuda) {
         s.sdpa_math = s.p_attn > 0;
         out->attention = s.sdpa_math ? "sdpa (math: the CPU's flash kernel takes no dropout)" : "sdpa (cpu flash)";
@@ -1044,11 +1061,14 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
         s.sdpa_math = 1;
         out->attention = "sdpa (math)";
     }
-    out->optimizer = s.adam8 ? "AdamW8bit (bitsandbytes)" : cuda && !s.torch113 ? "AdamW (foreach)" : "AdamW (single-tensor)";
+    out->optimizer = s.adam8                ? "AdamW8bit (bitsandbytes)"
+                     : cuda && !s.torch113  ? "AdamW (foreach)"
+                     : s.torch110           ? "AdamW (transformers' own, Trainer's default in 4.15)"
+                                            : "AdamW (single-tensor)";
     out->precision = s.bf16 ? "bf16 autocast" : s.fp16 ? "fp16 autocast + GradScaler" : "fp32";
     out->device = cuda ? "cuda" : "cpu";
-    out->torch_version = s.torch113 ? "1.13" : "2.x";
-    out->transformers_version = s.torch113 ? "4.40" : "5.x";
+    out->torch_version = !s.torch113 ? "2.x" : s.torch110 ? "1.10" : "1.13";
+    out->transformers_version = !s.torch113 ? "5.x" : s.torch110 ? "4.15" : "4.40";
     out->batch = s.B, out->seq = s.T, out->accumulate = s.acc, out->on_cuda = cuda;
     if (prof) snprintf(out->gpu, sizeof out->gpu, "%s", prof->name);
 

@@ -83,11 +83,22 @@ def _model_yaml(model, torch):
              f"num_labels: {getattr(cfg, 'num_labels', 2)}", HEADS[cls],
              f"dropout: {cfg.hidden_dropout_prob}", f"attention_dropout: {cfg.attention_probs_dropout_prob}",
              f"attn_implementation: {attn}",
-             f"torch_version: {'1.13' if torch.__version__.startswith('1.') else '2'}",
+             f"torch_version: {torch_rules(torch.__version__)}",
              f"recompute: {'layers' if getattr(model, 'is_gradient_checkpointing', False) else 'none'}"]
     if frozen:
         lines.append("freeze: embeddings")
     return lines
+
+
+def torch_rules(version):
+    """Which engine: pytorch rules a torch version follows: 2 for 2.x; 1.13
+    for 1.11-1.13; 1.10 for 1.10 and older (softmax kept its input until
+    1.11)."""
+    major, _, rest = version.partition(".")
+    minor = int("".join(ch for ch in rest.split(".")[0] if ch.isdigit()) or 0)
+    if major != "1":
+        return "2"
+    return "1.13" if minor >= 11 else "1.10"
 
 
 def config_yaml(opts, user_ns):

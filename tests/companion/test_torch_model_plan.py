@@ -84,3 +84,12 @@ def test_trainer_arguments_are_read(shell, tmp_path):
     cfg.write_text(yaml)
     cli = subprocess.run([TXK, "plan", str(cfg)], capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0 and bundle["text/plain"] == cli.stdout, cli.stderr
+
+
+def test_torch_version_picks_its_rules():
+    """The notebook's torch picks the rules: 2.x, 1.11-1.13 (softmax keeps its
+    output only), 1.10 and older (softmax keeps its input too)."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from txkernel.torch_model import torch_rules
+    assert [torch_rules(v) for v in ("2.15.0+cu132", "2.0.1", "1.13.0a0", "1.11.0", "1.10.2+cu113", "1.9.0")] == \
+        ["2", "2", "1.13", "1.13", "1.10", "1.10"]

@@ -177,7 +177,7 @@ static const bad_case BAD[] = {
     {"engine: jax\n", 1, "engine: 'jax' is not one of txkernel, pytorch"},
     {"attn_implementation: flash_attention_2\n", 1, "attn_implementation: 'flash_attention_2' is not one of sdpa, eager"},
     {"attention_dropout: 1.5\n", 1, "attention_dropout: '1.5' is not a probability 0 <= p < 1 (or `dropout`: the dropout key's value)"},
-    {"torch_version: 2.5\n", 1, "torch_version: '2.5' is not one of 2, 1.13"},
+    {"torch_version: 2.5\n", 1, "torch_version: '2.5' is not one of 2, 1.13, 1.10"},
 };
 
 /* attention: auto, the default, is decided by one rule (tk_config_attention):
@@ -313,6 +313,9 @@ static void test_engine_keys(void) {
     char *out = tk_config_to_yaml(&c);
     TK_CHECK(out && strstr(out, "engine: pytorch\n") && strstr(out, "attention_dropout: 0\n") &&
              strstr(out, "torch_version: 1.13\n"));
+    const char *y10 = "torch_version: 1.10\n";
+    TK_CHECK_EQ_INT(tk_config_parse_yaml(&c, y10, strlen(y10), "cell", &err), TK_OK);
+    TK_CHECK_EQ_INT(c.torch_version, TK_TORCH_1_10);
     free(out);
     TK_CHECK_EQ_INT(tk_config_set(&c, "attention_dropout", "dropout", &err), TK_OK);
     TK_CHECK(c.attention_dropout < 0);

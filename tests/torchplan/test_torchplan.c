@@ -54,6 +54,11 @@ static void test_kernels_per_device(void) {
     TK_CHECK_STR(r.optimizer, "AdamW (single-tensor)");
     TK_CHECK_STR(r.torch_version, "1.13");
     TK_CHECK_STR(r.transformers_version, "4.40");
+    r = plan("gpu: v100-16\ntorch_version: 1.10\n");
+    TK_CHECK(strstr(r.attention, "eager") == r.attention);
+    TK_CHECK(strstr(r.optimizer, "transformers' own") != NULL);
+    TK_CHECK_STR(r.torch_version, "1.10");
+    TK_CHECK_STR(r.transformers_version, "4.15");
     r = plan("gpu: t4\noptimizer: adamw8bit\n");
     TK_CHECK_STR(r.optimizer, "AdamW8bit (bitsandbytes)");
 }

@@ -22,7 +22,8 @@
  * allocate) were read from PyTorch's allocator events on the CPU
  * (tests/torchplan/torch_reference.py --events) for torch 2.15 +
  * transformers 5.24 and torch 1.13 + transformers 4.40, and from the sources
- * named beside each CUDA choice.
+ * named beside each CUDA choice. TXK_TORCHPLAN_EVENTS=FILE writes the plan's
+ * own events in torch_reference's --events form, to diff the two.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +95,9 @@ typedef struct sim {
     int *layer_first, *layer_input, *layer_in_node, *layer_rng;
     const struct params *prm;
     size_t context;
+    FILE *trace;                  /* $TXK_TORCHPLAN_EVENTS: each allocation and free, as torch_reference --events */
+    size_t live;
+    int step;
 } sim;
 
 static int fail_oom(sim *s) {
@@ -134,12 +138,22 @@ static int tnew(sim *s, size_t bytes) {
         s->st = st;
         return -1;
     }
+    if (s->trace) {
+        size_t r = (bytes + 511) / 512 * 512;
+        s->live += r;
+        fprintf(s->trace, "%d +%zu %zu %s\n", s->step, r, s->live, tk_alloc_owner_name(s->a, s->owner));
+    }
     return s->nt++;
 }
 static void tref(sim *s, int id) { if (id >= 0) s->t[id].refs++; }
 static void tdrop(sim *s, int id) {
     if (id < 0) return;
     if (--s->t[id].refs == 0) {
+        if (s->trace) {
+            size_t r = (s->t[id].bytes + 511) / 512 * 512;
+            s->live -= r;
+            fprintf(s->trace, "%d -%zu %zu\n", s->step, r, s->live);
+        }
         tk_alloc_free(s->a, s->t[id].p);
         s->t[id].p = NULL;
     }
@@ -522,8 +536,21 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
             w = scale(s, sc);
             vdrop(s, sc);
         }
+        if (s->torch113) {
+            /* transformers 4.x adds the extended attention mask, fp32 (the
+             * model's dtype) even when all ones: under autocast the sum is
+             * fp32, and the CPU's mixed-dtype add first copies the 16-bit
+             * scores to fp32 (torch 1.13's allocator events) */
+            size_t sum = tbytes(s, w) / s->act * 4;
+            int tmp = !s->cuda && s->act == 2 ? tnew(s, sum) : -1;
+            var m = {tnew(s, sum), nnew(s)};
+            tdrop(s, tmp);
+            nedge(s, m.node, w.node, -1, tbytes(s, w), s->act == 4);
+            vdrop(s, w);
+            w = m;
+        }
         var w32 = w;
-        if (s->cuda && s->act == 2) { /* CUDA autocast runs softmax in fp32 */
+        if (s->cuda && s->act == 2 && tbytes(s, w) == scores) { /* CUDA autocast runs softmax in fp32 */
             w32.t = tnew(s, tbytes(s, w) * 2);
             w32.node = nnew(s);
             nedge(s, w32.node, w.node, -1, tbytes(s, w), 0);
@@ -1089,6 +1116,13 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     }
     for (int l = 0; l <= s.L; l++) s.layer_input[l] = s.layer_rng[l] = -1;
     s.prm = &p;
+    s.step = -1;
+    const char *trace = getenv("TXK_TORCHPLAN_EVENTS"); /* a developer's diff against torch_reference --events */
+    if (trace && *trace && !(s.trace = fopen(trace, "w"))) {
+        tk_err_set(err, TK_EIO, "TXK_TORCHPLAN_EVENTS: cannot write %s", trace);
+        s.st = TK_EIO;
+        goto done;
+    }
     make_params(&s, &p, c.freeze_embeddings);
     if (cuda) {
         /* the cuBLAS workspace comes from the caching allocator (PyTorch's
@@ -1107,10 +1141,12 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     }
     tk_alloc_stats stats;
     tk_alloc_reset_peak(s.a);
+    s.step = 0;
     train_step(&s, &p, cc, 1);
     tk_alloc_stats_get(s.a, &stats);
     out->first_step_peak_allocated = stats.allocated_peak;
     tk_alloc_reset_peak(s.a);
+    s.step = 1;
     train_step(&s, &p, cc, 0);
     tk_alloc_stats_get(s.a, &stats);
     out->peak_allocated = stats.allocated_peak;
@@ -1134,7 +1170,9 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     out->fits = !out->capacity || out->device_used <= out->capacity;
 done:
     st = s.st;
+    if (s.trace) fclose(s.trace);
     if (st == TK_ENOMEM) tk_err_nomem(err, "engine pytorch plan");
+    else if (st == TK_EIO) { /* err already names the file */ }
     else if (st != TK_OK) tk_err_set(err, st, "engine pytorch plan: the simulated allocator failed (%s)", tk_status_name(st));
     tk_alloc_destroy(&s.a);
     free(s.t), free(s.n), free(s.pr), free(p.l), free(cc ? cc->t : NULL), free(cc);

@@ -16,12 +16,19 @@ requests, and replays them:
                              (the weights, AdamW's moments and step 1's
                              gradients are live when it starts).
 
-The loop is the plain PyTorch one: each step zero_grad(set_to_none=True),
+The loop is the plain PyTorch one: each step zero_grad() as the version's
+default (torch 2.x sets the gradients to None, 1.13 fills them with zeros),
 a fresh batch (input_ids, token_type_ids, attention_mask, labels; made as a
 data loader's collate makes them), `accumulate` forward/backward passes
 (loss / accumulate), optimizer.step(). No gradient clipping. AdamW is
 torch.optim.AdamW as torch picks it for CPU tensors (its single-tensor
 loop). bf16 runs the forward under torch.autocast("cpu", torch.bfloat16).
+
+--shim reads the same events without the profiler, from
+tests/torchplan/alloc_events.c LD_PRELOAD'ed into this Python (it records
+c10's CPU allocator's posix_memalign/free calls): the torch 1.13 row's
+profiler has no kineto and reports no addresses. On torch 2.x both ways give
+the same figures (test_torchplan_torch1.py checks that).
 
 Prints one JSON object (--events FILE also writes the replayed events, one
 line each: step, +/-bytes rounded, live total, the op that asked). With
@@ -54,6 +61,7 @@ def parse_args(argv):
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--freeze-embeddings", action="store_true")
     p.add_argument("--events", help="write the replayed events here")
+    p.add_argument("--shim", action="store_true", help="events from alloc_events.c (LD_PRELOAD), not the profiler")
     return p.parse_args(argv)
 
 
@@ -91,40 +99,45 @@ def run(a):
         del_me = torch.empty(MARKS[i], dtype=torch.uint8)
         del del_me
 
+    def steps():
+        model = cls(cfg)
+        model.train()
+        if a.checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if a.freeze_embeddings:
+            for p in model.bert.embeddings.parameters():
+                p.requires_grad_(False)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5, weight_decay=0.01)
+        for step in range(2):
+            mark(step)
+            opt.zero_grad()  # the version's default: 2.x frees the gradients, 1.13 zero-fills them
+            for _ in range(a.accumulate):
+                B, T = a.batch, a.seq
+                batch = {"input_ids": torch.randint(0, a.vocab, (B, T)),
+                         "token_type_ids": torch.zeros(B, T, dtype=torch.long),
+                         "attention_mask": torch.ones(B, T, dtype=torch.long)}
+                if a.task == "qa":
+                    batch["start_positions"] = torch.randint(0, T, (B,))
+                    batch["end_positions"] = torch.randint(0, T, (B,))
+                else:
+                    batch["labels"] = torch.randint(0, a.labels, (B,))
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                    out = model(**batch)
+                loss = out.loss / a.accumulate
+                del out
+                loss.backward()
+                del loss, batch
+            opt.step()
+        mark(2)
+
+    if a.shim:
+        return replay(shim_events(steps), a), torch.__version__, transformers.__version__
     trace = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
     trace.close()
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
                                     record_shapes=False) as prof:
-            model = cls(cfg)
-            model.train()
-            if a.checkpointing:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if a.freeze_embeddings:
-                for p in model.bert.embeddings.parameters():
-                    p.requires_grad_(False)
-            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5, weight_decay=0.01)
-            for step in range(2):
-                mark(step)
-                opt.zero_grad(set_to_none=True)
-                for _ in range(a.accumulate):
-                    B, T = a.batch, a.seq
-                    batch = {"input_ids": torch.randint(0, a.vocab, (B, T)),
-                             "token_type_ids": torch.zeros(B, T, dtype=torch.long),
-                             "attention_mask": torch.ones(B, T, dtype=torch.long)}
-                    if a.task == "qa":
-                        batch["start_positions"] = torch.randint(0, T, (B,))
-                        batch["end_positions"] = torch.randint(0, T, (B,))
-                    else:
-                        batch["labels"] = torch.randint(0, a.labels, (B,))
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-                        out = model(**batch)
-                    loss = out.loss / a.accumulate
-                    del out
-                    loss.backward()
-                    del loss, batch
-                opt.step()
-            mark(2)
+            steps()
         prof.export_chrome_trace(trace.name)
         with open(trace.name) as f:
             events = json.load(f)
@@ -133,6 +146,30 @@ def run(a):
     finally:
         os.unlink(trace.name)
     return replay(events, a), torch.__version__, transformers.__version__
+
+
+def shim_events(steps):
+    """Run steps() with alloc_events.c recording; its events in the
+    profiler's trace form (the replay reads both alike)."""
+    import ctypes
+
+    class Event(ctypes.Structure):
+        _fields_ = [("addr", ctypes.c_uint64), ("bytes", ctypes.c_int64)]
+
+    lib = ctypes.CDLL(None)
+    try:
+        lib.ae_count.restype = ctypes.c_int64
+        lib.ae_events.restype = ctypes.POINTER(Event)
+    except AttributeError:
+        raise SystemExit("--shim: alloc_events.c is not loaded (LD_PRELOAD=build/tests/torchplan/liballoc_events.so)")
+    lib.ae_reset()
+    steps()
+    n = lib.ae_count()
+    if n > (1 << 24):
+        raise SystemExit(f"--shim: {n} events, more than alloc_events.c keeps")
+    ev = lib.ae_events()
+    return [{"name": "[memory]", "ts": i, "args": {"Addr": ev[i].addr, "Bytes": ev[i].bytes, "Device Type": 0}}
+            for i in range(n)]
 
 
 def replay(events, a):

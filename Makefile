@@ -50,6 +50,13 @@ $(BUILD)/asan/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -c $< -o $@
 
+# The cpu backend never reads errno or the FP exception flags; GCC 12 takes
+# `#pragma GCC optimize("no-math-errno")` for the blends but still keeps
+# sqrtf scalar (sqrtss plus an errno call per element) unless the flag is on
+# the command line: AdamW's loop was scalar.
+$(BUILD)/rel/gpu/cpu_backend.o $(BUILD)/pic/gpu/cpu_backend.o: REL_CFLAGS += -fno-math-errno -fno-trapping-math
+$(BUILD)/asan/gpu/cpu_backend.o: ASAN_CFLAGS += -fno-math-errno -fno-trapping-math
+
 $(LIB_REL): $(REL_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^

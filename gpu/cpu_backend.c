@@ -34,8 +34,9 @@
  */
 /* Floating-point exceptions and errno are never inspected here; without this
  * GCC will not turn the selects of the vector math below into blends (a
- * compare could trap) nor vectorise sqrtf (it could set errno), and those
- * loops would stay scalar. */
+ * compare could trap), and those loops would stay scalar. For sqrtf the
+ * pragma is not enough (GCC 12 kept AdamW's loop scalar under it): the
+ * Makefile compiles this file with -fno-math-errno -fno-trapping-math too. */
 #pragma GCC optimize("no-trapping-math", "no-math-errno")
 
 #include "tk_backend_impl.h"
@@ -985,7 +986,9 @@ static tk_status cpu_sumsq(void *ctx, tk_tensor *out, const tk_tensor *x, int64_
 
 /* No AVX clones here: the update is memory-bound (no measurable gain), and
  * without FMA contraction it stays bit-identical on every x86-64 machine and
- * to the cuda kernels' host build (tests/gpu_cuda_host checks that). */
+ * to the cuda kernels' host build (tests/gpu_cuda_host checks that). It runs
+ * 4 wide (SSE2) now that the file is built with -fno-math-errno: sqrtps and
+ * divps round exactly as sqrtss and divss do, so the bits are the same. */
 static void k_adamw(float *restrict p, float *restrict m, float *restrict v, const float *restrict g,
                     int64_t n, const tk_adamw_coef *kp) {
     const tk_adamw_coef k = *kp;

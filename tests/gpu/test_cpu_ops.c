@@ -533,6 +533,16 @@ static void test_dropout(void) {
     /* backward applies the same mask and scale */
     TK_CHECK(BE->dropout_bwd(CTX, &o2, &x, n, p, 42, 1000) == TK_OK);
     TK_CHECK(memcmp(o.data, o2.data, (size_t)n * 4) == 0);
+    /* the kernel's integer threshold keeps exactly what tk_dropout_keep keeps,
+     * at rates whose p * 2^24 is and is not a whole number, and near 0 and 1 */
+    const float ps[] = {0.5f, 0.3f, 1.0f / 3.0f, 0.9f, 1e-7f, 0.99999994f, 1.0f, 3.0f / 16777216.0f};
+    for (size_t j = 0; j < sizeof ps / sizeof ps[0]; j++) {
+        TK_CHECK(BE->dropout_fwd(CTX, &o2, &m2, &x, n, ps[j], 5, 123) == TK_OK);
+        int64_t off = 0;
+        for (int64_t i = 0; i < n; i++)
+            off += ((uint8_t *)m2.data)[i] != tk_dropout_keep(tk_dropout_key(5), 123 + (uint64_t)i, ps[j]);
+        TK_CHECK_EQ_INT(off, 0);
+    }
     /* p = 0 copies */
     TK_CHECK(BE->dropout_fwd(CTX, &o2, &m2, &x, n, 0.0f, 42, 0) == TK_OK);
     TK_CHECK(memcmp(o2.data, x.data, (size_t)n * 4) == 0);

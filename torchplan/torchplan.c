@@ -86,7 +86,7 @@ typedef struct sim {
     tk_cat cat;
     /* the step's shape and choices */
     int B, T, H, nh, I, V, P, TV, L, labels;
-    int qa, cuda, torch113, torch110, eager, sdpa_math, sdpa_eff, bf16, fp16, ckpt, adam8, acc;
+    int qa, cuda, torch1, torch110, eager, sdpa_math, sdpa_eff, bf16, fp16, ckpt, adam8, acc;
     float p_drop, p_attn;
     size_t act;                   /* element size of matmul outputs (4, or 2 under autocast) */
     /* checkpointing: recomputation walks the layer's nodes again */
@@ -96,7 +96,6 @@ typedef struct sim {
     const struct params *prm;
     size_t context;
     FILE *trace;                  /* $TXK_TORCHPLAN_EVENTS: each allocation and free, as torch_reference --events */
-    size_t live;
     int step;
 } sim;
 
@@ -126,6 +125,17 @@ static int grow(sim *s, void **arr, int *cap, int n, size_t elem) {
     return 0;
 }
 
+/* One line of $TXK_TORCHPLAN_EVENTS, after the allocator has acted: the step,
+ * the signed bytes as the allocator rounds them, the live total (weights
+ * included, as torch_reference's) and, for an allocation, its owner. */
+static void trace(sim *s, int sign, size_t bytes) {
+    tk_alloc_stats st;
+    tk_alloc_stats_get(s->a, &st);
+    fprintf(s->trace, "%d %c%zu %zu", s->step, sign < 0 ? '-' : '+', (bytes + 511) / 512 * 512, st.allocated);
+    if (sign > 0) fprintf(s->trace, " %s", tk_alloc_owner_name(s->a, s->owner));
+    fputc('\n', s->trace);
+}
+
 /* A new tensor of `bytes` with one reference (the Python name that gets it). */
 static int tnew(sim *s, size_t bytes) {
     if (s->st != TK_OK || grow(s, (void **)&s->t, &s->tcap, s->nt, sizeof *s->t)) return -1;
@@ -138,24 +148,16 @@ static int tnew(sim *s, size_t bytes) {
         s->st = st;
         return -1;
     }
-    if (s->trace) {
-        size_t r = (bytes + 511) / 512 * 512;
-        s->live += r;
-        fprintf(s->trace, "%d +%zu %zu %s\n", s->step, r, s->live, tk_alloc_owner_name(s->a, s->owner));
-    }
+    if (s->trace) trace(s, 1, bytes);
     return s->nt++;
 }
 static void tref(sim *s, int id) { if (id >= 0) s->t[id].refs++; }
 static void tdrop(sim *s, int id) {
     if (id < 0) return;
     if (--s->t[id].refs == 0) {
-        if (s->trace) {
-            size_t r = (s->t[id].bytes + 511) / 512 * 512;
-            s->live -= r;
-            fprintf(s->trace, "%d -%zu %zu\n", s->step, r, s->live);
-        }
         tk_alloc_free(s->a, s->t[id].p);
         s->t[id].p = NULL;
+        if (s->trace) trace(s, -1, s->t[id].bytes);
     }
 }
 /* A tensor allocated and freed at once (scratch inside one op). */
@@ -436,7 +438,7 @@ static var unary(sim *s, var x, int save_output) {
  * first in 1.11; the cause named in pytorch/pytorch#49600). */
 static var softmax(sim *s, var x) {
     var y = unary(s, x, 1);
-    if (s->torch110 && y.node >= 0) nsave(s, y.node, x.t);
+    if (s->torch110) nsave(s, y.node, x.t);
     return y;
 }
 
@@ -536,7 +538,7 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
             w = scale(s, sc);
             vdrop(s, sc);
         }
-        if (s->torch113) {
+        if (s->torch1) {
             /* transformers 4.x adds the extended attention mask, fp32 (the
              * model's dtype) even when all ones: under autocast the sum is
              * fp32, and the CPU's mixed-dtype add first copies the 16-bit
@@ -756,7 +758,7 @@ static void send(sim *s, edge e, int g) {
     node *y = &s->n[e.node];
     if (y->gbuf < 0) {
         y->gbuf = g;
-    } else if (!s->torch113 && s->t[y->gbuf].refs == 1) {
+    } else if (!s->torch1 && s->t[y->gbuf].refs == 1) {
         tdrop(s, g); /* torch 2 sums into the buffer in place when no one else holds it */
     } else {
         s->cat = TK_CAT_TEMP;
@@ -904,7 +906,7 @@ static void optimizer_step(sim *s, int first) {
     }
     if (s->adam8) return; /* one fused kernel per tensor, in place */
     s->cat = TK_CAT_TEMP;
-    if (s->cuda && !s->torch113) {
+    if (s->cuda && !s->torch1) {
         /* foreach: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs), divided
          * and added to in place, used by _foreach_addcdiv_, then dropped */
         int *tmp = tk_calloc((size_t)s->np, sizeof *tmp);
@@ -944,7 +946,7 @@ static void optimizer_step(sim *s, int first) {
  * gradients to None (freed); torch 1.13 fills them with zeros in place, so
  * they stay allocated through the next forward. */
 static void zero_grad(sim *s) {
-    if (s->torch113) return;
+    if (s->torch1) return;
     for (int i = 0; i < s->np; i++) {
         tdrop(s, s->pr[i].grad);
         s->pr[i].grad = -1;
@@ -1053,9 +1055,9 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     s.labels = c.num_labels > 0 ? c.num_labels : 2;
     s.qa = c.task == TK_TASK_QA;
     s.cuda = cuda;
-    s.torch113 = c.torch_version != TK_TORCH_2; /* 1.13's rules hold for 1.10 too */
+    s.torch1 = c.torch_version != TK_TORCH_2; /* torch 1.13 and 1.10 share these rules */
     s.torch110 = c.torch_version == TK_TORCH_1_10;
-    s.eager = s.torch113 || c.attn_implementation == TK_ATTN_IMPL_EAGER;
+    s.eager = s.torch1 || c.attn_implementation == TK_ATTN_IMPL_EAGER;
     s.p_drop = c.dropout;
     s.p_attn = c.attention_dropout < 0 ? c.dropout : c.attention_dropout;
     s.bf16 = c.precision == TK_PREC_BF16;
@@ -1073,7 +1075,7 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     int cc_major = prof ? prof->cc_major : 8;
     int head_dim = s.H / s.nh;
     if (s.eager) {
-        out->attention = s.torch113 && c.attn_implementation == TK_ATTN_IMPL_SDPA
+        out->attention = s.torch1 && c.attn_implementation == TK_ATTN_IMPL_SDPA
                              ? s.torch110 ? "eager (transformers 4.15 runs BERT's attention eagerly only)"
                                                    : "eager (transformers 4.40 runs BERT's attention eagerly only)" : "eager";
     } else if (!cuda) {
@@ -1089,13 +1091,13 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
         out->attention = "sdpa (math)";
     }
     out->optimizer = s.adam8                ? "AdamW8bit (bitsandbytes)"
-                     : cuda && !s.torch113  ? "AdamW (foreach)"
+                     : cuda && !s.torch1  ? "AdamW (foreach)"
                      : s.torch110           ? "AdamW (transformers' own, Trainer's default in 4.15)"
                                             : "AdamW (single-tensor)";
     out->precision = s.bf16 ? "bf16 autocast" : s.fp16 ? "fp16 autocast + GradScaler" : "fp32";
     out->device = cuda ? "cuda" : "cpu";
-    out->torch_version = !s.torch113 ? "2.x" : s.torch110 ? "1.10" : "1.13";
-    out->transformers_version = !s.torch113 ? "5.x" : s.torch110 ? "4.15" : "4.40";
+    out->torch_version = !s.torch1 ? "2.x" : s.torch110 ? "1.10" : "1.13";
+    out->transformers_version = !s.torch1 ? "5.x" : s.torch110 ? "4.15" : "4.40";
     out->batch = s.B, out->seq = s.T, out->accumulate = s.acc, out->on_cuda = cuda;
     if (prof) snprintf(out->gpu, sizeof out->gpu, "%s", prof->name);
 
@@ -1117,9 +1119,9 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     for (int l = 0; l <= s.L; l++) s.layer_input[l] = s.layer_rng[l] = -1;
     s.prm = &p;
     s.step = -1;
-    const char *trace = getenv("TXK_TORCHPLAN_EVENTS"); /* a developer's diff against torch_reference --events */
-    if (trace && *trace && !(s.trace = fopen(trace, "w"))) {
-        tk_err_set(err, TK_EIO, "TXK_TORCHPLAN_EVENTS: cannot write %s", trace);
+    const char *events = getenv("TXK_TORCHPLAN_EVENTS"); /* a developer's diff against torch_reference --events */
+    if (events && *events && !(s.trace = fopen(events, "w"))) {
+        tk_err_set(err, TK_EIO, "TXK_TORCHPLAN_EVENTS: cannot write %s", events);
         s.st = TK_EIO;
         goto done;
     }

@@ -589,36 +589,26 @@ static tk_status cpu_tanh_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, c
 /* ---- dropout (tk_ops_spec.h) ------------------------------------------------ */
 
 /* Dropout of n elements whose absolute indices start at idx0, with the bits
- * of tk_ops_spec.h's rule but less arithmetic per element:
- *  - key + idx * GOLDEN for consecutive idx is an induction (base + i * GOLDEN),
- *    which the vectoriser adds instead of multiplying;
- *  - keep = (float)(h >> 40) * 2^-24 >= p compares an exact 24-bit integer
- *    scaled by a power of two with p, so it is (h >> 40) >= ceil(p * 2^24):
- *    integers only, and mix64's last step (z ^= z >> 31) touches bits 0-32
- *    only, so it is left out;
- * `omp simd` then runs the two 64-bit multiplies 4 or 8 lanes wide. The
- * mask, when kept, is written in a second loop: a conditional store in the
- * first would keep it scalar. test_cpu_ops' dropout spec tests hold the
- * bits to tk_dropout_keep. */
-static inline int64_t dropout_top24(uint64_t z) {
-    z ^= z >> 30;
-    z *= 0xBF58476D1CE4E5B9ULL;
-    z ^= z >> 27;
-    z *= 0x94D049BB133111EBULL;
-    return (int64_t)(z >> 40);
+ * of tk_ops_spec.h's rule: keep = (float)(h >> 40) * 2^-24 >= p compares an
+ * exact 24-bit integer scaled by a power of two with p, so it is the integer
+ * compare (h >> 40) >= ceil(p * 2^24), which `omp simd` runs 4 or 8 lanes
+ * wide with the hash (AVX2 builds the 64-bit multiplies from 32-bit ones).
+ * The mask, when kept, is written in a second loop: a conditional store in
+ * the first would keep it scalar. test_cpu_ops holds the bits to
+ * tk_dropout_keep. */
+static inline int64_t top24(uint64_t key, uint64_t idx) { /* < 2^24: a signed compare suffices */
+    return (int64_t)(tk_spec_mix64(key + idx * TK_DROPOUT_GOLDEN) >> 40);
 }
 
 TK_VEC_CLONES
 static void k_dropout(float *o, uint8_t *mk, const float *x, int64_t n, uint64_t key, uint64_t idx0, float p,
                       float scale) { /* o may be x; 0 < p < 1 */
-    const uint64_t base = key + idx0 * TK_DROPOUT_GOLDEN;
-    const int64_t t = (int64_t)ceilf(p * 16777216.0f); /* keep iff top24 >= t; t <= 2^24 keeps none */
+    const int64_t t = (int64_t)ceilf(p * 16777216.0f); /* keep iff h >> 40 >= t; t = 2^24 keeps none */
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++)
-        o[i] = dropout_top24(base + (uint64_t)i * TK_DROPOUT_GOLDEN) >= t ? x[i] * scale : 0.0f;
+    for (int64_t i = 0; i < n; i++) o[i] = top24(key, idx0 + (uint64_t)i) >= t ? x[i] * scale : 0.0f;
     if (mk) {
 #pragma omp simd
-        for (int64_t i = 0; i < n; i++) mk[i] = (uint8_t)(dropout_top24(base + (uint64_t)i * TK_DROPOUT_GOLDEN) >= t);
+        for (int64_t i = 0; i < n; i++) mk[i] = (uint8_t)(top24(key, idx0 + (uint64_t)i) >= t);
     }
 }
 

@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -29,10 +30,10 @@ ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--torch-step-s", type=float, default=None, help="a torch step time to bound the ratio against")
 a = ap.parse_args()
 env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "passive"))
-exe = os.path.join(a.build, "bench", "gemm_cpu")
-lib = os.path.join(a.build, "libtk.a")
-if not os.path.exists(exe) or (os.path.exists(lib) and os.path.getmtime(lib) > os.path.getmtime(exe)):
-    raise SystemExit(f"{exe} is missing or older than {lib}: make {exe}")
+sys.path.insert(0, os.path.dirname(HERE))
+from fresh import require_fresh  # noqa: E402
+
+exe = require_fresh(a.build, "gemm_cpu")
 
 SHAPES = [(2048, 512, 512), (2048, 512, 2048), (2048, 2048, 512)]
 

@@ -105,9 +105,9 @@ if not a.skip_mem:
     os.unlink(cfg.name)
 
 if not a.skip_speed:
-    sys.path.insert(0, os.path.join(ROOT, "bench", "train_cpu"))
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
     from fresh import require_fresh
-    require_fresh(a.build)
+    require_fresh(a.build, "train_cpu")
     rows = [("torch 2", a.torch2), ("torch 1", a.torch1)]
     vs = {name: versions(py) for name, py in rows}
     print(f"\nCPU training step (fwd + bwd + clip + AdamW), batch 16 x 128, {a.threads} threads, {a.steps} steps after "

@@ -28,10 +28,10 @@ ap.add_argument("--techniques", action="store_true")
 a = ap.parse_args()
 env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "passive"))
 here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, here)
+sys.path.insert(0, os.path.dirname(here))
 from fresh import require_fresh  # noqa: E402
 
-require_fresh(a.build)
+require_fresh(a.build, "train_cpu")
 
 
 def one(cmd):

@@ -81,29 +81,43 @@ def reference_args(r):
     return a
 
 
-@pytest.fixture(scope="module")
-def pytorch_figures():
-    """PyTorch's own peaks for every row, from one run of the reference."""
-    assert os.access(T2, os.X_OK), f"{T2} is missing (scripts/deps.sh installs the torch 2.x row)"
+SHIM = os.path.join(os.environ.get("BUILD", os.path.join(ROOT, "build")), "tests", "torchplan",
+                    "liballoc_events.so")
+
+
+def reference(python, rows, shim=False):
+    """torch_reference.py over rows in one process (torch imported once);
+    one dict per row. shim: its events from alloc_events.c, not the profiler."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump([reference_args(r) for r in ROWS.values()], f)
-    t0 = time.time()
+        json.dump([reference_args(r) + (["--shim"] if shim else []) for r in rows], f)
+    env = dict(os.environ, OMP_WAIT_POLICY="passive")
+    if shim:
+        assert os.path.exists(SHIM), f"{SHIM} is missing: make all builds it"
+        env["LD_PRELOAD"] = SHIM
     try:
-        p = subprocess.run([T2, REF, "--rows", f.name], capture_output=True, text=True, timeout=600,
-                           env=dict(os.environ, OMP_WAIT_POLICY="passive"))
+        p = subprocess.run([python, REF, "--rows", f.name], capture_output=True, text=True, timeout=600, env=env)
     finally:
         os.unlink(f.name)
     assert p.returncode == 0, p.stderr[-3000:]
     out = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    assert len(out) == len(ROWS), p.stdout
+    assert len(out) == len(rows), p.stdout
+    return out
+
+
+@pytest.fixture(scope="module")
+def pytorch_figures():
+    """PyTorch's own peaks for every row, from one run of the reference."""
+    assert os.access(T2, os.X_OK), f"{T2} is missing (scripts/deps.sh installs the torch 2.x row)"
+    t0 = time.time()
+    out = reference(T2, list(ROWS.values()))
     print(f"\nreference: {len(ROWS)} rows in {time.time() - t0:.1f} s on torch {out[0]['torch']} + "
           f"transformers {out[0]['transformers']}")
     return dict(zip(ROWS, out))
 
 
-def plan(tmp_path, r):
+def plan(tmp_path, r, extra=""):
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(config_yaml(r))
+    cfg.write_text(config_yaml(r) + extra)
     p = subprocess.run([TXK, "plan", str(cfg), "--json"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
@@ -114,10 +128,15 @@ def test_grid_row(name, pytorch_figures, tmp_path):
     ref = pytorch_figures[name]
     got = plan(tmp_path, ROWS[name])
     assert got["engine"] == "pytorch" and got["device"] == "cpu" and got["torch_version"] == "2.x"
+    check_peaks(name, got, ref)
+
+
+def check_peaks(name, got, ref):
+    """Both steps' peaks within 3 % of torch's, never under by more than 1 %."""
     for key in ("peak_allocated", "first_step_peak_allocated"):
         ratio = got[key] / ref[key]
-        print(f"{name}: {key} planned {got[key]} PyTorch {ref[key]} ratio {ratio:.4f}")
-        assert 0.99 <= ratio <= 1.03, f"{name}: {key} planned {got[key]} B, PyTorch {ref[key]} B (ratio {ratio:.4f})"
+        print(f"{name}: {key} planned {got[key]} torch {ref['torch']} {ref[key]} ratio {ratio:.4f}")
+        assert 0.99 <= ratio <= 1.03, f"{name}: {key} planned {got[key]} B, torch {ref[key]} B (ratio {ratio:.4f})"
 
 
 def test_engine_names_itself_and_versions(tmp_path):

@@ -12,9 +12,9 @@
 json_t *tk_report_torchplan(const tk_torchplan_result *r) {
     char a[32], b[32], c[32], d[32];
     tk_sb text = {0}, html = {0};
-    tk_sb_addf(&text, "Plan (engine: pytorch — a transformers %s training step as torch %s + transformers %s run it, "
+    tk_sb_addf(&text, "Plan (engine: pytorch — a transformers BERT training step as torch %s + transformers %s run it, "
                       "on %s%s%s): batch %d x seq %d%s\n",
-               r->batch ? "BERT" : "BERT", r->torch_version, r->transformers_version, r->device,
+               r->torch_version, r->transformers_version, r->device,
                r->gpu[0] ? " " : "", r->gpu, r->batch, r->seq, r->accumulate > 1 ? " (accumulated)" : "");
     if (r->accumulate > 1) tk_sb_addf(&text, "accumulate: %d micro-batches per optimizer step\n", r->accumulate);
     tk_sb_addf(&text, "attention: %s; optimizer: %s; precision: %s\n", r->attention, r->optimizer, r->precision);

@@ -63,7 +63,5 @@ tk_status tk_plan_engine(const tk_config *c, const int *lengths, int n, tk_plan_
 
 const char *tk_plan_engine_name(const tk_config *c) {
     if (c->engine != TK_ENGINE_PYTORCH) return "txkernel's trainer";
-    return c->torch_version == TK_TORCH_1_13   ? "engine: pytorch (torch 1.13 + transformers 4.40)"
-           : c->torch_version == TK_TORCH_1_10 ? "engine: pytorch (torch 1.10 + transformers 4.15)"
-                                               : "engine: pytorch (torch 2.x + transformers 5.x)";
+    return tk_torchplan_label(c->torch_version);
 }

@@ -80,6 +80,10 @@ tk_status tk_torchplan(const tk_config *c, tk_torchplan_result *out, tk_err *err
  * device_used and the choices made. */
 json_t *tk_torchplan_json(const tk_torchplan_result *r);
 
+/* The versions `torch_version` follows, as a plan names its engine:
+ * "engine: pytorch (torch 2.x + transformers 5.x)" and the like. */
+const char *tk_torchplan_label(tk_torch_version v);
+
 #ifdef __cplusplus
 }
 #endif

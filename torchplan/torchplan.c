@@ -32,6 +32,15 @@
 #include "tk_torchplan.h"
 #include "tk_host_mem.h"
 
+/* What each `torch_version` follows. */
+static const struct { const char *torch, *transformers, *label; } VERSIONS[] = {
+    [TK_TORCH_2] = {"2.x", "5.x", "engine: pytorch (torch 2.x + transformers 5.x)"},
+    [TK_TORCH_1_13] = {"1.13", "4.40", "engine: pytorch (torch 1.13 + transformers 4.40)"},
+    [TK_TORCH_1_10] = {"1.10", "4.15", "engine: pytorch (torch 1.10 + transformers 4.15)"},
+};
+
+const char *tk_torchplan_label(tk_torch_version v) { return VERSIONS[v].label; }
+
 /* ---- the simulated device -------------------------------------------------- */
 
 /* Segments get fake, increasing addresses; nothing is ever dereferenced. */
@@ -1096,8 +1105,8 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
                                             : "AdamW (single-tensor)";
     out->precision = s.bf16 ? "bf16 autocast" : s.fp16 ? "fp16 autocast + GradScaler" : "fp32";
     out->device = cuda ? "cuda" : "cpu";
-    out->torch_version = !s.torch1 ? "2.x" : s.torch110 ? "1.10" : "1.13";
-    out->transformers_version = !s.torch1 ? "5.x" : s.torch110 ? "4.15" : "4.40";
+    out->torch_version = VERSIONS[c.torch_version].torch;
+    out->transformers_version = VERSIONS[c.torch_version].transformers;
     out->batch = s.B, out->seq = s.T, out->accumulate = s.acc, out->on_cuda = cuda;
     if (prof) snprintf(out->gpu, sizeof out->gpu, "%s", prof->name);
 

@@ -177,7 +177,8 @@ static const bad_case BAD[] = {
     {"engine: jax\n", 1, "engine: 'jax' is not one of txkernel, pytorch"},
     {"attn_implementation: flash_attention_2\n", 1, "attn_implementation: 'flash_attention_2' is not one of sdpa, eager"},
     {"attention_dropout: 1.5\n", 1, "attention_dropout: '1.5' is not a probability 0 <= p < 1 (or `dropout`: the dropout key's value)"},
-    {"torch_version: 2.5\n", 1, "torch_version: '2.5' is not one of 2, 1.13, 1.10"},
+    {"torch_version: 2.16\n", 1, "torch_version: '2.16' is not one of 2, 1.13, 1.10, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, "
+                                  "2.6, 2.7, 2.8, 2.9, 2.10, 2.11, 2.12, 2.13, 2.14, 2.15"},
 };
 
 /* attention: auto, the default, is decided by one rule (tk_config_attention):

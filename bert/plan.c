@@ -506,8 +506,9 @@ char *tk_plan_format(const tk_plan_result *p) {
             p->fits ? "fits" : "does NOT fit", p->fits ? "margin" : "short by",
             tk_format_bytes((size_t)(mg < 0 ? -mg : mg), b1, sizeof b1));
         if (p->context_bytes)
-            OUT("(the %s profile's card less %s for the CUDA context, library kernels and the cuBLAS workspace)\n", p->profile,
-                tk_format_bytes(p->context_bytes, b1, sizeof b1));
+            OUT("(the %s profile's card less %s for the CUDA context, library kernels and what the libraries keep "
+                "outside their workspaces; the cuBLAS workspace and kernel scratch are in the plan, category "
+                "workspace)\n", p->profile, tk_format_bytes(p->context_bytes, b1, sizeof b1));
     } else {
         OUT(" (no capacity given)\n");
     }

@@ -204,6 +204,8 @@ static tk_status take_card_buffers(tk_dev *d, tk_err *err) {
         {TK_CUDA_SCRATCH_BYTES, "cuda.scratch"},
     };
     void *ptr[2] = {NULL, NULL};
+    tk_alloc_stats before, after;
+    tk_alloc_stats_get(d->alloc, &before);
     for (int i = 0; i < 2; i++) {
         int owner = tk_alloc_owner_id(d->alloc, buf[i].owner);
         tk_oom oom;
@@ -218,6 +220,9 @@ static tk_status take_card_buffers(tk_dev *d, tk_err *err) {
         }
         if (st != TK_OK) return tk_err_nomem(err, "the card's buffers");
     }
+    tk_alloc_stats_get(d->alloc, &after);
+    d->card_allocated = after.allocated - before.allocated;
+    d->card_reserved = after.reserved - before.reserved;
     tk_cuda_bind_buffers_fn bind = (tk_cuda_bind_buffers_fn)tk_dev_plugin_sym(d, "tk_cuda_bind_buffers");
     return bind ? bind(d->ctx, ptr[0], TK_CUDA_WORKSPACE_BYTES, ptr[1], TK_CUDA_SCRATCH_BYTES, err) : TK_OK;
 }
@@ -290,6 +295,11 @@ void tk_dev_info_get(tk_dev *d, tk_dev_info *out) {
             }
         }
     }
+}
+
+void tk_dev_card_buffers(const tk_dev *d, size_t *allocated, size_t *reserved) {
+    if (allocated) *allocated = d ? d->card_allocated : 0;
+    if (reserved) *reserved = d ? d->card_reserved : 0;
 }
 
 const tk_oom *tk_dev_last_oom(const tk_dev *d) { return d && d->has_oom ? &d->last_oom : NULL; }

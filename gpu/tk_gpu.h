@@ -329,6 +329,11 @@ tk_dev_kind tk_dev_kind_of(const tk_dev *d);
 tk_alloc *tk_dev_alloc(tk_dev *d);              /* borrowed */
 void tk_dev_info_get(tk_dev *d, tk_dev_info *out);
 const tk_oom *tk_dev_last_oom(const tk_dev *d); /* borrowed; NULL if none yet */
+/* The card's buffers a device took as it opened (tk_dev_opts.card_buffers;
+ * 0 and 0 when none): their blocks, and the segments taken for them. A plan
+ * for the card holds both, so what a run has free beside them is the
+ * device's free plus those segments. */
+void tk_dev_card_buffers(const tk_dev *d, size_t *allocated, size_t *reserved);
 /* The last error an op reported (ops take no tk_err: a TK_EINVAL from a
  * tk_op_* call says what was wrong here). Borrowed; NULL if none yet. */
 const tk_err *tk_dev_last_err(const tk_dev *d);

@@ -104,7 +104,11 @@ size_t tk_session_free(const tk_session *s, tk_dev *d) {
     tk_dev_info info;
     tk_dev_info_get(d, &info);
     size_t held = info.simulated ? tk_session_held_in_process(s) : 0;
-    return info.free_bytes > held ? info.free_bytes - held : 0;
+    /* the card's own buffers are in every plan for it: not taken from what a run has */
+    size_t card;
+    tk_dev_card_buffers(d, NULL, &card);
+    size_t free_b = info.free_bytes + card;
+    return free_b > held ? free_b - held : 0;
 }
 
 void tk_session_device_now(tk_session *s, const tk_config *c, size_t *free_now, size_t *held) {
@@ -124,9 +128,13 @@ void tk_session_device_now(tk_session *s, const tk_config *c, size_t *free_now, 
     if (!cuda && cap && info.total != cap) return; /* another simulated device: it would be replaced */
     tk_alloc_stats st;
     tk_alloc_stats_get(tk_dev_alloc(d), &st);
-    *held = st.allocated;
+    size_t card_alloc, card_res;
+    tk_dev_card_buffers(d, &card_alloc, &card_res);
+    *held = st.allocated - card_alloc; /* an earlier run's; the card's buffers are the plan's */
     if (cuda || cap) {
-        *free_now = tk_session_free(s, d) + (st.reserved - st.allocated);
+        /* plus the cache an earlier run left, not the card's segments (their
+         * room is the plan's, counted in tk_session_free) */
+        *free_now = tk_session_free(s, d) + (st.reserved - card_res) - (st.allocated - card_alloc);
         if (!*free_now) *free_now = 1; /* nothing free is not "no limit" */
     }
 }

@@ -42,14 +42,15 @@ if [ -f "$archive" ]; then
         touch "$kit/.unpacked"
     fi
 elif [ ! -f "$kit/.unpacked" ]; then
-    die "no $archive here and no unpacked $kit: run scripts/devkit.sh on the build machine and carry $archive with the tree (device run: carry [\"$archive\"])"
+    die "no $archive here and no unpacked $kit: run scripts/devkit.sh on the build machine" \
+        "and carry $archive with the tree (device run: carry [\"$archive\"])"
 fi
 want="build/libtk_cuda.so build/txk build/bench/train_cpu companion/txkernel/_engine.py companion/txkernel/libtxk.so
       wheels/requirements.txt wheels/PYTHONS"
 for src in tests/gpu_cuda/gpu_*.c; do want="$want build/gpu_tests/$(basename "$src" .c)"; done
 missing=""
 for f in $want; do [ -f "$kit/$f" ] || missing="$missing $f"; done
-pipwhl=$(ls "$kit"/wheels/pip-*.whl 2>/dev/null | head -n 1)
+pipwhl=$(ls -d "$kit"/wheels/pip-*.whl 2>/dev/null | head -n 1)
 [ -n "$pipwhl" ] || missing="$missing wheels/pip-*.whl"
 [ -z "$missing" ] || die "the kit in $kit lacks:$missing (packed from an older tree? run scripts/devkit.sh again)"
 chmod +x "$kit"/build/gpu_tests/gpu_* "$kit/build/bench/train_cpu" "$kit/build/txk" # in case the copy lost the modes

@@ -131,7 +131,7 @@ def test_devkit_run_names_the_missing_gpu(tmp_path):
     assert "no NVIDIA GPU here: nvidia-smi -L lists none (No devices were found)" in out, out
 
 
-@pytest.mark.parametrize("pythons, skips", [("3.0", True), ("{v}", False)])
+@pytest.mark.parametrize("pythons, skips", [("3.0", True), ("{v}", False)], ids=["not-packed-for-it", "packed-for-it"])
 def test_devkit_run_skips_only_without_a_wheel_for_this_python(tmp_path, pythons, skips):
     """The companion step needs no GPU. The kit's pip finds no distribution:
     a skip when the kit was not packed for this Python, a failure when it was

@@ -104,7 +104,8 @@ git diff --quiet HEAD 2>/dev/null || echo " with uncommitted changes" >> "$stage
 skip='^(linux-vdso|ld-linux|libc|libm|libpthread|libdl|librt|libutil|libresolv|libgcc_s|libstdc\+\+|libgomp)\.'
 bins="$tests build/bench/train_cpu build/txk build/libtxk.so"
 for b in $bins; do
-    if ldd "$b" | grep -q 'not found'; then die "$b needs what this machine lacks: $(ldd "$b" | grep 'not found' | tr '\n' ' ')"; fi
+    lacks=$(ldd "$b" | grep 'not found' | tr '\n' ' ' || true)
+    [ -z "$lacks" ] || die "$b needs what this machine lacks: $lacks"
 done
 for b in $bins; do
     ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'

@@ -54,6 +54,8 @@ pipwhl=$(ls -d "$kit"/wheels/pip-*.whl 2>/dev/null | head -n 1)
 [ -n "$pipwhl" ] || missing="$missing wheels/pip-*.whl"
 [ -z "$missing" ] || die "the kit in $kit lacks:$missing (packed from an older tree? run scripts/devkit.sh again)"
 chmod +x "$kit"/build/gpu_tests/gpu_* "$kit/build/bench/train_cpu" "$kit/build/txk" # in case the copy lost the modes
+kit=$(cd "$kit" && pwd) # absolute from here on: the paths below are handed to other processes
+pipwhl=$kit/wheels/$(basename "$pipwhl")
 
 py=${PYTHON:-$(command -v python3)} || die "no python3 on PATH (set PYTHON)"
 mkdir -p "$out"
@@ -71,10 +73,10 @@ for s in $steps; do
 done
 
 # Our libraries first; then wherever CUDA keeps CUPTI and cuBLAS on this image.
-ld="$(pwd)/$kit/lib"
+ld="$kit/lib"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/extras/CUPTI/lib64; do [ -d "$d" ] && ld="$ld:$d"; done
 export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export TXK_CUDA_PLUGIN="$(pwd)/$kit/build/libtk_cuda.so"
+export TXK_CUDA_PLUGIN="$kit/build/libtk_cuda.so"
 export PYTHONUNBUFFERED=1
 
 # The companion's kernel stack into $kit/site for $py (pip --target: the
@@ -85,16 +87,16 @@ companion() {
     local site="$kit/site" pyv log
     pyv=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || { echo "devkit_run: $py does not run"; return 1; }
     export TXK_COMPANION_PYTHON="$py"
-    export TXK_COMPANION_PYTHONPATH="$(pwd)/$site:$(pwd)/$kit/companion"
+    export TXK_COMPANION_PYTHONPATH="$site:$kit/companion"
     [ -f "$site/.installed-$pyv" ] && return 0
     rm -rf "$site"
     if log=$("$py" "$pipwhl/pip" install -q --disable-pip-version-check --no-index --no-compile --only-binary=:all: \
             --find-links "$kit/wheels" --target "$site" -r "$kit/wheels/requirements.txt" 2>&1); then
         touch "$site/.installed-$pyv"
-    elif ! grep -qx "$pyv" "$kit/wheels/PYTHONS" && printf '%s\n' "$log" | grep -qi 'no matching distribution'; then
+    elif ! grep -qx "$pyv" "$kit/wheels/PYTHONS" && grep -qi 'no matching distribution' <<<"$log"; then
         export TXK_COMPANION_SKIP="the kit has no wheels for Python $pyv ($py): it was packed for Python \
 $(tr '\n' ' ' < "$kit/wheels/PYTHONS")(DEVKIT_PYTHONS=$pyv bash scripts/devkit.sh packs them); pip: \
-$(printf '%s\n' "$log" | grep -i -m 1 'no matching distribution')"
+$(grep -i -m 1 'no matching distribution' <<<"$log")"
         echo "devkit_run: $TXK_COMPANION_SKIP"
         return 0
     else

@@ -20,7 +20,9 @@ json_t *tk_report_torchplan(const tk_torchplan_result *r) {
     if (r->accumulate > 1) tk_sb_addf(&text, "accumulate: %d micro-batches per optimizer step\n", r->accumulate);
     if (strncmp(r->seq_from, "max_len (fixed", 14)) tk_sb_addf(&text, "seq %d: %s\n", r->seq, r->seq_from);
     if (r->parallel) {
-        tk_sb_addf(&text, "%d GPUs, %s, batch %d per GPU (%s):\n", r->world_size, r->parallel, r->batch, r->checked);
+        const char *unit = r->on_cuda ? "GPU" : "rank";
+        tk_sb_addf(&text, "%d %ss%s, %s, batch %d per %s (%s):\n", r->world_size, unit, r->on_cuda ? "" : " on the cpu",
+                   r->parallel, r->batch, unit, r->checked);
         for (int i = 0; i < r->n_gpu_rows; i++) {
             const tk_torchplan_gpu *g = &r->gpu_rows[i];
             tk_sb_addf(&text, "  %s: peak allocated %s, first step %s, peak reserved %s", g->who,
@@ -30,7 +32,7 @@ json_t *tk_report_torchplan(const tk_torchplan_result *r) {
             if (r->capacity) tk_sb_addf(&text, ": %s", g->fits ? "fits" : "DOES NOT FIT");
             tk_sb_add(&text, "\n");
         }
-        tk_sb_add(&text, "the figures below are the fullest GPU's\n");
+        tk_sb_addf(&text, "the figures below are the fullest %s's\n", unit);
     }
     tk_sb_addf(&text, "attention: %s; optimizer: %s; precision: %s\n", r->attention, r->optimizer, r->precision);
     tk_sb_addf(&text, "peak allocated %s (steady step: torch.cuda.max_memory_allocated() after a reset before it); "

@@ -64,7 +64,17 @@ static const char *const schedule_names[] = {"linear", "constant", NULL};
 static const char *const init_names[] = {"pretrained", "random", NULL};
 static const char *const engine_names[] = {"txkernel", "pytorch", NULL};
 static const char *const attn_impl_names[] = {"sdpa", "eager", NULL};
-static const char *const torch_version_names[] = {"2", "1.13", "1.10", NULL};
+static const char *const torch_version_names[] = {"2", "1.13", "1.10", "2.0", "2.1", "2.2", "2.3", "2.4", "2.5", "2.6",
+                                                  "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15",
+                                                  NULL};
+_Static_assert(sizeof torch_version_names / sizeof *torch_version_names == TK_TORCH_N_VERSIONS + 1,
+               "one name per tk_torch_version");
+
+int tk_torch_minor(tk_torch_version v) {
+    if (v == TK_TORCH_2) return 11;
+    if (v == TK_TORCH_1_13 || v == TK_TORCH_1_10) return -1;
+    return (int)v - (int)TK_TORCH_2_0;
+}
 static const char *const parallel_names[] = {"dataparallel", "ddp", "zero2", NULL};
 
 /* attention_dropout: a probability, or `dropout` / -1 for the dropout key's */
@@ -321,7 +331,7 @@ static const keydef KEYS[] = {
     ENUM("engine", "train", engine, engine_names, "whose training step is planned: txkernel (its own) or pytorch (a transformers BertFor* step as PyTorch runs it, torchplan/)"),
     ENUM("attn_implementation", "train", attn_implementation, attn_impl_names, "engine pytorch: transformers' attention, sdpa (the default, as transformers 5) or eager"),
     SPEC("attention_dropout", "model", set_attention_dropout, get_attention_dropout, "engine pytorch: attention_probs_dropout_prob, 0 <= p < 1, or dropout (the default: the dropout key's value)"),
-    ENUM("torch_version", "train", torch_version, torch_version_names, "engine pytorch: the versions followed, 2 (torch 2.x + transformers 5.x, the default) or 1.13 (torch 1.13 + transformers 4.40, eager only) or 1.10 (torch 1.10 + transformers 4.15: 1.13's rules, and softmax keeps its input for backward)"),
+    ENUM("torch_version", "train", torch_version, torch_version_names, "engine pytorch: the versions followed, 2 (torch 2.x + transformers 5.x, the default; cuBLAS workspaces as torch 2.11 keeps them) or your torch's minor 2.0 .. 2.15 (where cuBLAS's workspaces live changed across them) or 1.13 (torch 1.13 + transformers 4.40, eager only) or 1.10 (torch 1.10 + transformers 4.15: 1.13's rules, and softmax keeps its input for backward)"),
     ENUM("batching", "train", batching, batching_names, "fixed (pad to max_len), dynamic (pad per batch) or buckets"),
     INT("buckets", "train", buckets, 1, 4096, "batching buckets: number of length buckets"),
     SPEC("empty_cache", "train", set_empty_cache, get_empty_cache, "release cached device memory: never, on_oom or every:N steps"),

@@ -224,7 +224,7 @@ static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t ca
     o->max_tensors = max_want;
     tk_err local = { 0 };
     if (!err) err = &local; /* what failed is always recorded, so its status is read, not guessed */
-    tk_dev_opts dopts = { .kind = TK_DEV_META, .capacity = capacity };
+    tk_dev_opts dopts = { .kind = TK_DEV_META, .capacity = capacity, .card_buffers = tk_config_on_card(c) };
     tk_dev *d = tk_dev_new(&dopts, err);
     if (!d)
         return err->status;
@@ -377,9 +377,9 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
         return TK_EINVAL;
     }
     /* an explicit capacity is the allocator's budget as given; a profile's
-     * card also holds the CUDA context, library kernels and the cuda
-     * backend's own buffers */
-    size_t capacity = c->capacity ? c->capacity : (prof ? tk_gpu_profile_budget(prof) : 0);
+     * card also holds the CUDA context, library kernels and what the
+     * libraries keep outside the buffers they are given */
+    size_t capacity = tk_config_capacity(c);
     size_t context_bytes = !c->capacity && prof ? prof->capacity - capacity : 0;
 
     /* An epoch plan reports the largest batch of the run's own. */

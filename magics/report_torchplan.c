@@ -38,12 +38,26 @@ json_t *tk_report_torchplan(const tk_torchplan_result *r) {
     tk_sb_addf(&text, "peak allocated %s (steady step: torch.cuda.max_memory_allocated() after a reset before it); "
                       "first step %s\n", tk_format_bytes(r->peak_allocated, a, sizeof a),
                tk_format_bytes(r->first_step_peak_allocated, b, sizeof b));
-    tk_sb_addf(&text, "peak reserved %s", tk_format_bytes(r->peak_reserved, a, sizeof a));
-    if (r->workspace_bytes) tk_sb_addf(&text, " (with the cuBLAS workspace, %s)", tk_format_bytes(r->workspace_bytes, b, sizeof b));
-    tk_sb_add(&text, "\n");
-    if (r->on_cuda)
-        tk_sb_addf(&text, "device used %s (reserved + %s CUDA context%s)\n", tk_format_bytes(r->device_used, a, sizeof a),
-                   tk_format_bytes(r->context_bytes, b, sizeof b), r->gpu[0] ? "" : ": unknown without a gpu: card");
+    tk_sb_addf(&text, "peak reserved %s\n", tk_format_bytes(r->peak_reserved, a, sizeof a));
+    if (r->on_cuda) {
+        if (r->n_workspaces || r->lt_workspace_bytes)
+            tk_sb_addf(&text, "cuBLAS workspaces: %d x %s kept in the caching allocator (the forward's thread and "
+                              "autograd's)%s%s%s\n", r->n_workspaces, tk_format_bytes(r->workspace_bytes, b, sizeof b),
+                       r->lt_workspace_bytes ? ", cuBLASLt " : "",
+                       r->lt_workspace_bytes ? tk_format_bytes(r->lt_workspace_bytes, c, sizeof c) : "",
+                       r->lt_workspace_bytes ? " kept beside them" : "");
+        else if (r->outside_bytes)
+            tk_sb_addf(&text, "cuBLAS workspaces: cuBLAS's own pools, %s outside the caching allocator\n",
+                       tk_format_bytes(r->outside_bytes, b, sizeof b));
+        else
+            tk_sb_addf(&text, "cuBLAS workspaces: one %s for each GEMM while it runs, from the caching allocator\n",
+                       tk_format_bytes(r->workspace_bytes, b, sizeof b));
+        tk_sb_addf(&text, "  where this torch keeps them: %s\n", r->workspaces ? r->workspaces : "");
+        tk_sb_addf(&text, "device used %s (reserved + %s CUDA context%s%s%s)\n", tk_format_bytes(r->device_used, a, sizeof a),
+                   tk_format_bytes(r->context_bytes, b, sizeof b), r->gpu[0] ? "" : ": unknown without a gpu: card",
+                   r->outside_bytes ? " + cuBLAS's own pools " : "",
+                   r->outside_bytes ? tk_format_bytes(r->outside_bytes, c, sizeof c) : "");
+    }
     if (r->capacity)
         tk_sb_addf(&text, "%s: %s reserved of %s\n", r->fits ? "FITS" : "DOES NOT FIT",
                    tk_format_bytes(r->peak_reserved, a, sizeof a), tk_format_bytes(r->capacity, b, sizeof b));

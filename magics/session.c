@@ -35,6 +35,7 @@ struct tk_session {
     tk_dev_kind kind;
     size_t capacity;
     int threads;
+    int card_buffers;          /* the device took a card's buffers (tk_config_on_card) */
     int have_config, have_plan, have_oom, have_run;
     tk_run_report last_run;    /* history always NULL: the copy owns nothing */
     tk_config config;
@@ -138,8 +139,8 @@ size_t tk_session_capacity_of(const tk_config *c) {
     return 0;
 }
 
-static tk_dev *open_dev(tk_dev_kind kind, size_t cap, int threads, tk_err *err) {
-    tk_dev_opts o = {.kind = kind, .capacity = cap, .threads = threads};
+static tk_dev *open_dev(tk_dev_kind kind, size_t cap, int threads, int card_buffers, tk_err *err) {
+    tk_dev_opts o = {.kind = kind, .capacity = cap, .threads = threads, .card_buffers = card_buffers};
     return tk_dev_new(&o, err);
 }
 
@@ -147,17 +148,21 @@ tk_dev *tk_session_device(tk_session *s, const tk_config *c, char *note, tk_err 
     size_t cap = tk_session_capacity_of(c);
     tk_dev_kind want = c->device == TK_DEVICE_META ? TK_DEV_META
                      : c->device == TK_DEVICE_CPU  ? TK_DEV_CPU : TK_DEV_CUDA;
+    /* a card's run (or its simulation on the cpu) holds the card's buffers
+     * from the start, as its plan does; cuda takes them whatever */
+    int card = tk_config_on_card(c);
     if (note) note[0] = 0;
     if (s->dev && s->capacity == cap && s->threads == c->threads &&
+        (s->kind == TK_DEV_CUDA || s->card_buffers == card) &&
         (s->kind == want || (c->device == TK_DEVICE_AUTO && s->kind == TK_DEV_CPU)))
         return s->dev;
     tk_dev_destroy(&s->dev);
     tk_err e = {0};
-    tk_dev *d = open_dev(want, cap, c->threads, &e);
+    tk_dev *d = open_dev(want, cap, c->threads, card, &e);
     if (!d && c->device == TK_DEVICE_AUTO) {
         if (note) snprintf(note, 256, "no usable GPU (%.200s); running on the cpu", e.msg);
         want = TK_DEV_CPU;
-        d = open_dev(want, cap, c->threads, &e);
+        d = open_dev(want, cap, c->threads, card, &e);
     }
     if (!d) {
         tk_err_set(err, e.status, "device: %s", e.msg);
@@ -171,6 +176,7 @@ tk_dev *tk_session_device(tk_session *s, const tk_config *c, char *note, tk_err 
     s->kind = want;
     s->capacity = cap;
     s->threads = c->threads;
+    s->card_buffers = card;
     return d;
 }
 
@@ -363,7 +369,10 @@ static tk_status plan_run(tk_session *s, tk_config *cc, tk_dev *d, const tk_run_
      * may have found cuda); the plan and the model then use the same. */
     const char *attn_why = NULL;
     cc->attention = tk_config_attention(cc, tk_dev_kind_of(d), &attn_why);
-    rc = tk_plan(cc, data->lengths, data->n_lengths, &r->plan, err);
+    /* device: auto that found cuda is planned as the card's run it is */
+    tk_config pc = *cc;
+    if (tk_dev_kind_of(d) == TK_DEV_CUDA) pc.device = TK_DEVICE_CUDA;
+    rc = tk_plan(&pc, data->lengths, data->n_lengths, &r->plan, err);
     if (rc != TK_OK) {
         tk_run_data_clear(data);
         return rc;
@@ -683,7 +692,9 @@ tk_status tk_session_predict(tk_session *s, const tk_config *c0, tk_predict_repo
      * attention of the device it got */
     const char *attn_why = NULL;
     c.attention = tk_config_attention(&c, tk_dev_kind_of(d), &attn_why);
-    if ((rc = tk_plan_inference(&c, data.lengths, data.n_lengths, &r->plan, err)) != TK_OK) goto out;
+    tk_config pc = c;
+    if (tk_dev_kind_of(d) == TK_DEV_CUDA) pc.device = TK_DEVICE_CUDA; /* as plan_run: the card's run */
+    if ((rc = tk_plan_inference(&pc, data.lengths, data.n_lengths, &r->plan, err)) != TK_OK) goto out;
     snprintf(r->plan.attention_why, sizeof r->plan.attention_why, "%s", attn_why);
     size_t limit = tk_session_capacity_of(&c);
     r->free_before = tk_session_free(s, d);

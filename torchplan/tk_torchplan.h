@@ -64,6 +64,7 @@ extern "C" {
 typedef struct tk_torchplan_gpu {
     char who[64];                  /* "GPU 0", "GPU 1", "each of the 2 ranks" */
     size_t peak_allocated, first_step_peak_allocated, peak_reserved, device_used;
+    int n_workspaces;              /* cuBLAS workspaces kept on it: its forward thread's and autograd's */
     int fits;
 } tk_torchplan_gpu;
 
@@ -71,7 +72,7 @@ typedef struct tk_torchplan_result {
     int batch, seq, accumulate;
     int on_cuda;                   /* 1: the step as it runs on a CUDA device */
     const char *device;            /* "cpu" | "cuda" */
-    const char *torch_version;     /* "2.x" | "1.13" | "1.10" */
+    const char *torch_version;     /* "2.x" | "2.0" .. "2.15" | "1.13" | "1.10" */
     const char *transformers_version; /* "5.x" | "4.40" | "4.15" */
     const char *attention;         /* "eager", "sdpa (cpu flash)", "sdpa (math)", "sdpa (flash)", "sdpa (efficient)" */
     const char *optimizer;         /* "AdamW (single-tensor)", "AdamW (foreach)", "AdamW (fused)", "AdamW8bit (bitsandbytes)" */
@@ -79,7 +80,13 @@ typedef struct tk_torchplan_result {
     size_t peak_allocated;         /* the steady step's */
     size_t first_step_peak_allocated;
     size_t peak_reserved;          /* over both steps (the cache keeps step 1's segments) */
-    size_t workspace_bytes;        /* cuda: the cuBLAS workspace, inside the allocator */
+    size_t workspace_bytes;        /* cuda: one cuBLAS workspace (W), per handle and stream */
+    int n_workspaces;              /* cuda: the Ws kept at the end of the step (forward's and autograd's
+                                      threads; 0 when the version frees them per GEMM) */
+    size_t lt_workspace_bytes;     /* cuda: cuBLASLt's workspaces kept at the end (0: per call or shared) */
+    size_t outside_bytes;          /* cuda: what cuBLAS holds outside the allocator (torch 1.x's own pools),
+                                      counted in device_used */
+    const char *workspaces;        /* cuda: where this version keeps them, with its source */
     size_t context_bytes;          /* cuda: the card's CUDA context (outside the allocator) */
     size_t device_used;            /* peak_reserved + context: what nvidia-smi shows */
     size_t capacity;               /* the card's (0: none) */
@@ -115,6 +122,30 @@ tk_status tk_torchplan_data(const tk_config *c, const int *lengths, int n, tk_to
  * versions, peak_allocated, first_step_peak_allocated, peak_reserved,
  * device_used and the choices made. */
 json_t *tk_torchplan_json(const tk_torchplan_result *r);
+
+/* Where a torch version keeps cuBLAS's workspace (W, one per handle and
+ * stream: a training step's forward thread and autograd's device thread) and
+ * cuBLASLt's (Lt, used by a Linear with a bias), on a card of compute
+ * capability cc_major.cc_minor (torchplan/blas_rules.c, with its sources). */
+typedef enum {
+    TK_BLAS_W_OUTSIDE = 0, /* cuBLAS's own pool: not in allocated/reserved, only on the card (1.x) */
+    TK_BLAS_W_KEPT,        /* from the caching allocator at the thread's first GEMM, then kept (2.0-2.14) */
+    TK_BLAS_W_PER_OP       /* from the caching allocator around each GEMM, freed after it (2.15) */
+} tk_blas_w_where;
+typedef enum {
+    TK_BLAS_LT_NONE = 0,   /* no cuBLASLt in a Linear (1.10) */
+    TK_BLAS_LT_PER_CALL,   /* lt_bytes allocated and freed around each biased Linear (1.13, 2.0-2.8) */
+    TK_BLAS_LT_KEPT,       /* lt_bytes per thread from its first biased Linear, kept (2.9-2.11, 2.15) */
+    TK_BLAS_LT_SHARED      /* inside W: no block of its own (2.12-2.14) */
+} tk_blas_lt_mode;
+typedef struct tk_torch_blas {
+    tk_blas_w_where where;
+    size_t w_bytes;                /* one W */
+    tk_blas_lt_mode lt;
+    size_t lt_bytes;               /* one Lt workspace */
+    const char *source;            /* the release and the lines or PRs read */
+} tk_torch_blas;
+void tk_torch_blas_rules(tk_torch_version v, int cc_major, int cc_minor, tk_torch_blas *out);
 
 /* The versions `torch_version` follows, as a plan names its engine:
  * "engine: pytorch (torch 2.x + transformers 5.x)" and the like. */

@@ -34,11 +34,15 @@
 #include "tk_plan.h"
 
 /* What each `torch_version` follows. */
-static const struct { const char *torch, *transformers, *label; } VERSIONS[] = {
+#define V2(n) [TK_TORCH_2_0 + n] = {"2." #n, "5.x", "engine: pytorch (torch 2." #n " + transformers 5.x)"}
+static const struct { const char *torch, *transformers, *label; } VERSIONS[TK_TORCH_N_VERSIONS] = {
     [TK_TORCH_2] = {"2.x", "5.x", "engine: pytorch (torch 2.x + transformers 5.x)"},
     [TK_TORCH_1_13] = {"1.13", "4.40", "engine: pytorch (torch 1.13 + transformers 4.40)"},
     [TK_TORCH_1_10] = {"1.10", "4.15", "engine: pytorch (torch 1.10 + transformers 4.15)"},
+    V2(0), V2(1), V2(2), V2(3), V2(4), V2(5), V2(6), V2(7), V2(8), V2(9), V2(10), V2(11), V2(12), V2(13), V2(14),
+    V2(15),
 };
+#undef V2
 
 const char *tk_torchplan_label(tk_torch_version v) { return VERSIONS[v].label; }
 
@@ -70,6 +74,8 @@ typedef struct {
     edge e[NEDGE];
     int ne;
     size_t scratch;               /* allocated and freed inside the backward op */
+    int gemm;                     /* its backward runs cuBLAS GEMMs (a Linear, a bmm) */
+    int64_t bias_rows, bias_out;  /* a Linear's bias: its gradient sums (rows, out) over rows */
     int gbuf;                     /* the gradient arriving here (a tensor, -1 none) */
     int owner;
     int layer;                    /* the checkpointed layer it belongs to, -1 none */
@@ -108,6 +114,13 @@ typedef struct sim {
     int *layer_first, *layer_input, *layer_in_node, *layer_rng;
     const struct params *prm;
     size_t context;
+    /* cuBLAS's and cuBLASLt's workspaces (blas_rules.c): the rules, and
+     * the ones kept, per thread: [0] the forward's, [1] autograd's (its
+     * backward and the recomputed layers) */
+    tk_torch_blas blas;
+    int on_autograd;              /* the thread running now is autograd's */
+    int w[2], lt[2];
+    int sms, threads_per_sm;      /* cuda: the card's, for the reductions' grids */
     FILE *trace;                  /* $TXK_TORCHPLAN_EVENTS: each allocation and free, as torch_reference --events */
     int step;
     /* two or more GPUs (the section "two or more GPUs" below): what this GPU holds */
@@ -194,6 +207,74 @@ static void ttmp(sim *s, size_t bytes) {
     s->cat = TK_CAT_TEMP;
     tdrop(s, tnew(s, bytes));
     s->cat = c;
+}
+
+/* A GEMM on the thread running now (lt: cuBLASLt, a Linear with its bias),
+ * after its output is allocated: the workspaces it takes as this version
+ * keeps them (tk_torch_blas_rules), owners "cublas" and "cublasLt". */
+static void blas_gemm(sim *s, int lt) {
+    if (!s->cuda || (s->blas.where == TK_BLAS_W_OUTSIDE && s->blas.lt != TK_BLAS_LT_PER_CALL)) return;
+    tk_cat cat = s->cat;
+    int owner = s->owner, th = s->on_autograd, w = -1;
+    s->cat = TK_CAT_WORKSPACE;
+    if (s->blas.where != TK_BLAS_W_OUTSIDE && s->w[th] < 0) {
+        set_owner(s, "cublas");
+        w = tnew(s, s->blas.w_bytes);
+        if (s->blas.where == TK_BLAS_W_KEPT) s->w[th] = w, w = -1;
+    }
+    if (lt && (s->blas.lt == TK_BLAS_LT_PER_CALL || (s->blas.lt == TK_BLAS_LT_KEPT && s->lt[th] < 0))) {
+        set_owner(s, "cublasLt");
+        int l = tnew(s, s->blas.lt_bytes);
+        if (s->blas.lt == TK_BLAS_LT_KEPT) s->lt[th] = l;
+        else tdrop(s, l);
+    }
+    tdrop(s, w); /* a per-GEMM workspace goes back when the call returns */
+    s->cat = cat;
+    s->owner = owner;
+}
+
+static int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t pow2_floor(int64_t n) {
+    int64_t p = 1;
+    while (p * 2 <= n) p *= 2;
+    return p;
+}
+
+/* A Linear's bias gradient on CUDA: the sum over the rows of a contiguous
+ * (rows, out) gradient, a reduction off the fastest dimension with a float
+ * accumulator. When PyTorch's setReduceConfig
+ * (aten/src/ATen/native/cuda/Reduce.cuh) splits each output's rows across
+ * thread blocks, gpu_reduce_kernel takes a staging buffer
+ * (global_memory_size) and semaphores (4 B per block column) from the
+ * caching allocator and gives them back after the kernel. The grid follows
+ * the card's SMs and resident threads per SM, so the buffer does too
+ * (bert-tiny's hidden 128 over 2048 rows on an H200: 2 MiB and 4 B, as its
+ * snapshot shows; its intermediate 512: 8 MiB and 16 B). */
+static void bias_sum_scratch(sim *s, int64_t rows, int64_t out) {
+    if (!s->cuda || rows <= 0 || out <= 0) return;
+    int64_t vec = 4; /* get_output_vec_size: 4, halved until the outputs and the row stride divide */
+    while (vec > 1 && out % vec) vec /= 2;
+    int64_t maxt = 512 / vec, dim0 = out / vec, dim1 = rows;
+    int64_t d0 = dim0 < maxt ? pow2_floor(dim0) : maxt, d1 = dim1 < maxt ? pow2_floor(dim1) : maxt;
+    int64_t bw = d0 < 32 ? d0 : 32;
+    int64_t bh = d1 < maxt / bw ? d1 : maxt / bw;
+    bw = d0 < maxt / bh ? d0 : maxt / bh;
+    int64_t step_in = 1, step_out = bw; /* the outputs across a warp's lanes */
+    int split = div_up(rows, step_in) >= (bh * 16 < 256 ? bh * 16 : 256);
+    if (split) step_in *= bh; else step_out *= bh;
+    int64_t target = (int64_t)s->sms * (s->threads_per_sm / (bw * bh)), grid = div_up(out / vec, step_out);
+    int64_t vpt = div_up(rows, step_in);
+    if (!split || vpt < 256 || grid > target) return;
+    int64_t c1 = div_up(target, grid), c2 = div_up(vpt, 16), c3 = div_up(vpt, 256);
+    int64_t ctas = c1 < c2 ? c1 : c2;
+    if (ctas < c3) ctas = c3;
+    if (ctas <= 1) return;
+    tk_cat cat = s->cat;
+    s->cat = TK_CAT_TEMP;
+    int buf = tnew(s, (size_t)(4 * out * ctas * bw * vec)), sem = tnew(s, (size_t)(4 * grid));
+    tdrop(s, sem);
+    tdrop(s, buf);
+    s->cat = cat;
 }
 
 /* A node; in recomputation, the node the same op made in the forward. */
@@ -385,7 +466,9 @@ static var linear(sim *s, cast_cache *cc, var x, int pw, int pb, size_t rows, si
         tref(s, x.t);
     }
     int y = tnew(s, rows * out * s->act);
+    blas_gemm(s, 1);
     int n = nnew(s);
+    if (n >= 0) s->n[n].gemm = 1, s->n[n].bias_rows = (int64_t)rows, s->n[n].bias_out = (int64_t)out;
     nsave(s, n, xin.t);
     if (w.t >= 0) nsave(s, n, w.t);
     else if (!s->bf16 && !s->fp16) psave(s, n, pw); /* addmm keeps weight.t() */
@@ -518,7 +601,9 @@ static var clone(sim *s, var x) {
 /* bmm(a, b) -> out_bytes; saves both; backward: grads of both. */
 static var bmm(sim *s, var a, var b, size_t out_bytes) {
     int y = tnew(s, out_bytes);
+    blas_gemm(s, 0);
     int n = nnew(s);
+    if (n >= 0) s->n[n].gemm = 1;
     nsave(s, n, a.t);
     nsave(s, n, b.t);
     nedge(s, n, a.node, -1, tbytes(s, a), 0);
@@ -799,7 +884,9 @@ static var head_loss(sim *s, cast_cache *cc, var seq_out, var emb_out, const par
             /* the pooler keeps the whole sequence output alive through its view */
             tref(s, first.t);
             int y = tnew(s, B * H * 4);
+            blas_gemm(s, 1);
             int n = nnew(s);
+            if (n >= 0) s->n[n].gemm = 1, s->n[n].bias_rows = (int64_t)B, s->n[n].bias_out = (int64_t)H;
             nsave(s, n, first.t);
             psave(s, n, p->pool_w);
             nedge(s, n, sel, -1, B * H * 4, 0);
@@ -902,6 +989,13 @@ static void run_node(sim *s, int i) {
         outs[k] = tnew(s, x->e[k].bytes);
         x = &s->n[i];
     }
+    if (g >= 0 && x->gemm) blas_gemm(s, 0);
+    x = &s->n[i];
+    /* the bias's gradient, when one was asked for: its edge is the last */
+    if (g >= 0 && x->bias_out && x->ne > 0 && outs[x->ne - 1] >= 0 &&
+        s->t[outs[x->ne - 1]].bytes <= (size_t)x->bias_out * 4)
+        bias_sum_scratch(s, x->bias_rows, x->bias_out);
+    x = &s->n[i];
     if (g >= 0 && x->scratch) ttmp(s, x->scratch);
     for (int k = 0; k < x->nsaved; k++) {
         tdrop(s, x->saved[k]);
@@ -919,6 +1013,7 @@ static void backward(sim *s, var loss, int first, cast_cache *cc) {
         return;
     }
     s->n[loss.node].gbuf = g;
+    s->on_autograd = 1; /* CUDA backward runs on autograd's device thread */
     int done = s->L; /* layers below this one are recomputed */
     for (int i = s->nn - 1; i >= first && s->st == TK_OK; i--) {
         int l = s->n[i].layer;
@@ -935,6 +1030,7 @@ static void backward(sim *s, var loss, int first, cast_cache *cc) {
         }
     }
     s->nn = first;
+    s->on_autograd = 0;
 }
 
 /* ---- the training step ----------------------------------------------------------------- */
@@ -1463,7 +1559,7 @@ static tk_status check_config(const tk_config *c, int cuda, int world, tk_err *e
                                    "partitioned state");
         return TK_EINVAL;
     }
-    if (c->optimizer == TK_OPTIM_ADAMW_FUSED && c->torch_version != TK_TORCH_2) {
+    if (c->optimizer == TK_OPTIM_ADAMW_FUSED && tk_torch_minor(c->torch_version) < 0) {
         tk_err_set(err, TK_EINVAL, "optimizer: adamw_torch_fused is torch.optim.AdamW(fused=True), which torch %s does "
                                    "not have (torch 2.0 added it): use optimizer: adamw", VERSIONS[c->torch_version].torch);
         return TK_EINVAL;
@@ -1494,13 +1590,15 @@ static tk_status check_config(const tk_config *c, int cuda, int world, tk_err *e
 /* One device's two steps as `proto` describes the step, in `role`: its
  * figures. freeze_emb: the embeddings are frozen. */
 typedef struct {
-    size_t peak_allocated, first_step_peak_allocated, peak_reserved, workspace_bytes;
+    size_t peak_allocated, first_step_peak_allocated, peak_reserved;
     size_t param_bytes, grad_bytes, optim_bytes;
+    int n_workspaces;             /* cuBLAS workspaces kept (this device's forward thread's and autograd's) */
+    size_t lt_workspace_bytes, outside_bytes;
     size_t by_cat_at_peak[TK_CAT_COUNT];
     int64_t n_params, n_trainable;
 } gpu_figures;
 
-static tk_status simulate(const sim *proto, int role, int freeze_emb, int cc_major, gpu_figures *f, tk_err *err) {
+static tk_status simulate(const sim *proto, int role, int freeze_emb, gpu_figures *f, tk_err *err) {
     memset(f, 0, sizeof *f);
     sim s = *proto;
     s.role = role;
@@ -1530,6 +1628,11 @@ static tk_status simulate(const sim *proto, int role, int freeze_emb, int cc_maj
         goto done;
     }
     make_params(&s, &p, freeze_emb);
+    /* cuBLAS's workspaces per (handle, stream): this device's forward
+     * thread's (a DataParallel replica's forward runs on a thread of its own,
+     * one per device, whose handle the pool hands back each step) and its
+     * autograd device thread's */
+    s.w[0] = s.w[1] = s.lt[0] = s.lt[1] = -1;
     if (s.st == TK_OK && role != ROLE_ONE) {
         s.held = tk_calloc((size_t)s.np + 1, sizeof *s.held);
         s.chunk_of = tk_calloc((size_t)s.np + 1, sizeof *s.chunk_of);
@@ -1539,15 +1642,6 @@ static tk_status simulate(const sim *proto, int role, int freeze_emb, int cc_maj
     }
     if (role == ROLE_DDP) ddp_init(&s);
     if (role == ROLE_ZERO2) zero2_states(&s);
-    if (s.cuda) {
-        /* the cuBLAS workspace comes from the caching allocator (PyTorch's
-         * getCUDABlasWorkspace) at the first GEMM and stays: 4096 KiB x 2 +
-         * 16 KiB x 8 by default before Hopper, 4096 KiB x 8 + 16 KiB x 8 on it */
-        s.cat = TK_CAT_WORKSPACE;
-        set_owner(&s, "cublas");
-        f->workspace_bytes = (cc_major >= 9 ? (size_t)4096 * 1024 * 8 : (size_t)4096 * 1024 * 2) + 16 * 1024 * 8;
-        tnew(&s, f->workspace_bytes);
-    }
     if (s.fp16 && role != ROLE_DP1 && role != ROLE_ZERO2) { /* GradScaler's scale and growth tracker, on GPU 0 */
         s.cat = TK_CAT_OPTIM;
         set_owner(&s, "GradScaler");
@@ -1579,6 +1673,13 @@ static tk_status simulate(const sim *proto, int role, int freeze_emb, int cc_maj
         f->n_params += (int64_t)(s.pr[i].bytes / 4);
         if (s.pr[i].trainable) f->n_trainable += (int64_t)(s.pr[i].bytes / 4);
     }
+    for (int th = 0; th < 2; th++) {
+        f->n_workspaces += s.w[th] >= 0;
+        if (s.lt[th] >= 0) f->lt_workspace_bytes += s.blas.lt_bytes;
+    }
+    /* torch 1.x: cuBLAS's own pools, one per thread that ran a GEMM, on the
+     * card beside the allocator */
+    if (s.cuda && s.blas.where == TK_BLAS_W_OUTSIDE) f->outside_bytes = 2 * s.blas.w_bytes;
 done:;
     tk_status st = s.st;
     if (s.trace) fclose(s.trace);
@@ -1634,7 +1735,7 @@ tk_status tk_torchplan_data(const tk_config *c0, const int *lengths, int nlen, t
     s.labels = c.num_labels > 0 ? c.num_labels : 2;
     s.qa = c.task == TK_TASK_QA;
     s.cuda = cuda;
-    s.torch1 = c.torch_version != TK_TORCH_2; /* torch 1.13 and 1.10 share these rules */
+    s.torch1 = tk_torch_minor(c.torch_version) < 0; /* torch 1.13 and 1.10 share these rules */
     /* data with an example shorter than the batch: its batches are padded,
      * and transformers 5 then builds an attention mask (an all-ones one it
      * drops; transformers 4 adds its small mask either way) */
@@ -1697,6 +1798,14 @@ tk_status tk_torchplan_data(const tk_config *c0, const int *lengths, int nlen, t
     out->transformers_version = VERSIONS[c.torch_version].transformers;
     out->batch = s.B, out->seq = s.T, out->accumulate = s.acc, out->on_cuda = cuda;
     if (prof) snprintf(out->gpu, sizeof out->gpu, "%s", prof->name);
+    if (cuda) {
+        tk_torch_blas_rules(c.torch_version, cc_major, prof ? prof->cc_minor : 0, &s.blas);
+        /* no card named: an A100's (the sm80 the attention choice assumes too) */
+        s.sms = prof ? prof->sm_count : 108;
+        s.threads_per_sm = prof ? prof->threads_per_sm : 2048;
+        out->workspace_bytes = s.blas.w_bytes;
+        out->workspaces = s.blas.source;
+    }
 
     /* the GPUs planned: one; each DDP rank (all alike); DataParallel's GPU 0
      * and a replica GPU (the others are alike); each ZeRO-2 GPU (alike) */
@@ -1713,7 +1822,7 @@ tk_status tk_torchplan_data(const tk_config *c0, const int *lengths, int nlen, t
     gpu_figures f[2];
     int fullest = 0;
     for (int r = 0; r < 2 && roles[r] >= 0; r++) {
-        if ((st = simulate(&s, roles[r], c.freeze_embeddings, cc_major, &f[r], err)) != TK_OK) return st;
+        if ((st = simulate(&s, roles[r], c.freeze_embeddings, &f[r], err)) != TK_OK) return st;
         if (f[r].peak_reserved > f[fullest].peak_reserved) fullest = r;
         if (world == 1) continue;
         tk_torchplan_gpu *g = &out->gpu_rows[out->n_gpu_rows++];
@@ -1724,18 +1833,21 @@ tk_status tk_torchplan_data(const tk_config *c0, const int *lengths, int nlen, t
         g->peak_allocated = f[r].peak_allocated;
         g->first_step_peak_allocated = f[r].first_step_peak_allocated;
         g->peak_reserved = f[r].peak_reserved;
-        g->device_used = g->peak_reserved + out->context_bytes;
+        g->device_used = g->peak_reserved + out->context_bytes + f[r].outside_bytes;
+        g->n_workspaces = f[r].n_workspaces;
         g->fits = !out->capacity || g->device_used <= out->capacity;
     }
     const gpu_figures *w = &f[fullest];
     out->peak_allocated = w->peak_allocated;
     out->first_step_peak_allocated = w->first_step_peak_allocated;
     out->peak_reserved = w->peak_reserved;
-    out->workspace_bytes = w->workspace_bytes;
+    out->n_workspaces = w->n_workspaces;
+    out->lt_workspace_bytes = w->lt_workspace_bytes;
+    out->outside_bytes = w->outside_bytes;
     memcpy(out->by_cat_at_peak, w->by_cat_at_peak, sizeof out->by_cat_at_peak);
     out->param_bytes = w->param_bytes, out->grad_bytes = w->grad_bytes, out->optim_bytes = w->optim_bytes;
     out->n_params = f[0].n_params, out->n_trainable = f[0].n_trainable;
-    out->device_used = out->peak_reserved + out->context_bytes;
+    out->device_used = out->peak_reserved + out->context_bytes + out->outside_bytes;
     out->fits = !out->capacity || out->device_used <= out->capacity;
     return TK_OK;
 }
@@ -1760,15 +1872,21 @@ json_t *tk_torchplan_json(const tk_torchplan_result *r) {
         json_t *rows = json_array();
         for (int i = 0; rows && i < r->n_gpu_rows; i++) {
             const tk_torchplan_gpu *g = &r->gpu_rows[i];
-            json_array_append_new(rows, json_pack("{s:s, s:I, s:I, s:I, s:I, s:b}", "gpu", g->who, "peak_allocated",
+            json_array_append_new(rows, json_pack("{s:s, s:I, s:I, s:I, s:I, s:i, s:b}", "gpu", g->who, "peak_allocated",
                                                   (json_int_t)g->peak_allocated, "first_step_peak_allocated",
                                                   (json_int_t)g->first_step_peak_allocated, "peak_reserved",
                                                   (json_int_t)g->peak_reserved, "device_used", (json_int_t)g->device_used,
-                                                  "fits", g->fits));
+                                                  "n_workspaces", g->n_workspaces, "fits", g->fits));
         }
         json_object_set_new(j, "parallel", json_string(r->parallel));
         json_object_set_new(j, "checked", json_string(r->checked));
         json_object_set_new(j, "gpus", rows ? rows : json_null());
+    }
+    if (j && r->on_cuda) {
+        json_object_set_new(j, "n_workspaces", json_integer(r->n_workspaces));
+        json_object_set_new(j, "lt_workspace_bytes", json_integer((json_int_t)r->lt_workspace_bytes));
+        json_object_set_new(j, "outside_bytes", json_integer((json_int_t)r->outside_bytes));
+        json_object_set_new(j, "workspaces", json_string(r->workspaces ? r->workspaces : ""));
     }
     return j;
 }

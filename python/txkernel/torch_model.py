@@ -87,6 +87,7 @@ def _model_yaml(model, torch):
              f"dropout: {cfg.hidden_dropout_prob}", f"attention_dropout: {cfg.attention_probs_dropout_prob}",
              f"attn_implementation: {attn}",
              f"torch_version: {torch_rules(torch.__version__)}",
+             *([torch_rules_note(torch.__version__)] if torch_rules_note(torch.__version__) else []),
              f"recompute: {'layers' if getattr(model, 'is_gradient_checkpointing', False) else 'none'}"]
     if frozen:
         lines.append("freeze: embeddings")
@@ -94,14 +95,31 @@ def _model_yaml(model, torch):
 
 
 def torch_rules(version):
-    """Which engine: pytorch rules a torch version follows: 2 for 2.x; 1.13
-    for 1.11-1.13; 1.10 for 1.10 and older (softmax kept its input until
-    1.11)."""
+    """Which engine: pytorch rules a torch version follows: its own 2.x minor
+    (2.0 .. 2.15: where cuBLAS keeps its workspaces changed across them);
+    1.13 for 1.11-1.13; 1.10 for 1.10 and older (softmax kept its input
+    until 1.11). A newer torch than the rules were read for gets 2.15's, and
+    a YAML comment saying so (torch_rules_note)."""
     major, _, rest = version.partition(".")
     minor = int("".join(ch for ch in rest.split(".")[0] if ch.isdigit()) or 0)
-    if major != "1":
-        return "2"
-    return "1.13" if minor >= 11 else "1.10"
+    if major == "1":
+        return "1.13" if minor >= 11 else "1.10"
+    if major != "2" or minor > LAST_MINOR:
+        return f"2.{LAST_MINOR}"
+    return f"2.{minor}"
+
+
+LAST_MINOR = 15  # the newest torch whose cuBLAS workspace rules torchplan/blas_rules.c read
+
+
+def torch_rules_note(version):
+    """A YAML comment line when `version` is newer than the rules read, else ''."""
+    major, _, rest = version.partition(".")
+    minor = int("".join(ch for ch in rest.split(".")[0] if ch.isdigit()) or 0)
+    if major == "2" and minor <= LAST_MINOR or major == "1":
+        return ""
+    return (f"# torch {version} is newer than the releases engine: pytorch was read against (up to 2.{LAST_MINOR}): "
+            f"planned with 2.{LAST_MINOR}'s rules")
 
 
 def config_yaml(opts, user_ns):

@@ -108,9 +108,14 @@ def test_trainer_default_optim_is_fused():
 
 
 def test_torch_version_picks_its_rules():
-    """The notebook's torch picks the rules: 2.x, 1.11-1.13 (softmax keeps its
-    output only), 1.10 and older (softmax keeps its input too)."""
+    """The notebook's torch picks the rules: its own 2.x minor (where cuBLAS
+    keeps its workspaces changed across them), 1.11-1.13 (softmax keeps its
+    output only), 1.10 and older (softmax keeps its input too); a newer torch
+    than the rules were read for gets the newest, said in a comment."""
     sys.path.insert(0, os.path.join(ROOT, "python"))
-    from txkernel.torch_model import torch_rules
-    assert [torch_rules(v) for v in ("2.15.0+cu132", "2.0.1", "1.13.0a0", "1.11.0", "1.10.2+cu113", "1.9.0")] == \
-        ["2", "2", "1.13", "1.13", "1.10", "1.10"]
+    from txkernel.torch_model import torch_rules, torch_rules_note
+    assert [torch_rules(v) for v in ("2.15.0+cu132", "2.11.0+cu130", "2.0.1", "1.13.0a0", "1.11.0", "1.10.2+cu113",
+                                     "1.9.0", "2.16.0")] == \
+        ["2.15", "2.11", "2.0", "1.13", "1.13", "1.10", "1.10", "2.15"]
+    assert torch_rules_note("2.11.0") == "" and torch_rules_note("1.13.1") == ""
+    assert "2.16.0 is newer" in torch_rules_note("2.16.0")

@@ -1241,20 +1241,6 @@ static int group_sizes(const size_t *bytes, int n, const size_t *limits, int nli
     return sum > 0 ? c + 1 : c;
 }
 
-/* Parameters `ids` (n of them) grouped by group_sizes: chunk[i] and the
- * bytes of each chunk (*sums, new array, nc of them); -1 out of host memory. */
-static int group_params(sim *s, const int *ids, int n, const size_t *limits, int nlimits, int before, int *chunk,
-                        size_t **sums) {
-    size_t *b = tk_calloc((size_t)n + 1, sizeof *b);
-    if (!b) return fail_oom(s);
-    for (int i = 0; i < n; i++) b[i] = s->pr[ids[i]].bytes;
-    int nc = group_sizes(b, n, limits, nlimits, before, chunk);
-    memset(b, 0, ((size_t)n + 1) * sizeof *b);
-    for (int i = 0; i < n; i++) b[chunk[i]] += s->pr[ids[i]].bytes;
-    *sums = b;
-    return nc;
-}
-
 /* Every parameter's index in model.parameters() order (trainable: only
  * those that require grad); new array, *n of them. */
 static int *param_ids(sim *s, int trainable, int *n) {
@@ -1269,24 +1255,54 @@ static int *param_ids(sim *s, int trainable, int *n) {
     return ids;
 }
 
+/* Parameters grouped into chunks by group_sizes: ids[i] (n, in order),
+ * chunk[i] of each, and of each of the nc chunks its bytes and tensors. */
+typedef struct {
+    int *ids, *chunk, *count, n, nc;
+    size_t *sums;
+} grouping;
+
+static void grouping_free(grouping *g) {
+    free(g->ids), free(g->chunk), free(g->count), free(g->sums);
+    memset(g, 0, sizeof *g);
+}
+
+/* Groups the parameters `order` (n of them; NULL: all of them in model
+ * order) under `limits` by the C++ rule, or the Python one (`before`).
+ * Returns nc, or -1 out of host memory (g then empty). */
+static int group_params(sim *s, const int *order, int n, const size_t *limits, int nlimits, int before, grouping *g) {
+    memset(g, 0, sizeof *g);
+    g->ids = order ? tk_calloc((size_t)n + 1, sizeof *g->ids) : param_ids(s, 0, &n);
+    g->n = n;
+    g->chunk = tk_calloc((size_t)n + 1, sizeof *g->chunk);
+    g->count = tk_calloc((size_t)n + 1, sizeof *g->count);
+    g->sums = tk_calloc((size_t)n + 1, sizeof *g->sums);
+    if (!g->ids || !g->chunk || !g->count || !g->sums) {
+        grouping_free(g);
+        return fail_oom(s);
+    }
+    if (order) memcpy(g->ids, order, (size_t)n * sizeof *order);
+    for (int i = 0; i < n; i++) g->sums[i] = s->pr[g->ids[i]].bytes;
+    g->nc = group_sizes(g->sums, n, limits, nlimits, before, g->chunk);
+    memset(g->sums, 0, ((size_t)n + 1) * sizeof *g->sums);
+    for (int i = 0; i < n; i++) g->sums[g->chunk[i]] += s->pr[g->ids[i]].bytes, g->count[g->chunk[i]]++;
+    return g->nc;
+}
+
 /* DDP: the reducer's buckets over the trainable parameters `ids` (n, in the
  * order given) under `limits`, one tensor each, kept while DDP lives
  * (reducer.cpp initialize_buckets: bucket.gradients = at::empty(...)); with
  * gradient_as_bucket_view=False (DDP's and accelerate's default, which the
  * Trainer keeps) the gradients are tensors of their own beside them. */
 static void ddp_buckets(sim *s, const int *ids, int n, const size_t *limits, int nlimits) {
-    int *chunk = tk_calloc((size_t)n + 1, sizeof *chunk);
-    size_t *sums = NULL;
-    int nb = chunk ? group_params(s, ids, n, limits, nlimits, 0, chunk, &sums) : fail_oom(s);
-    if (nb >= 0 && !(s->bucket = tk_calloc((size_t)nb + 1, sizeof *s->bucket))) fail_oom(s);
-    if (s->bucket) {
-        s->cat = TK_CAT_GRAD;
-        set_owner(s, "DDP reducer buckets");
-        /* DDP hands the reducer the buckets reversed (the order gradients come) */
-        for (int b = nb - 1; b >= 0; b--) s->bucket[s->nbucket++] = tnew(s, sums[b]);
-    }
-    free(chunk);
-    free(sums);
+    grouping g;
+    if (group_params(s, ids, n, limits, nlimits, 0, &g) < 0) return;
+    if (!(s->bucket = tk_calloc((size_t)g.nc + 1, sizeof *s->bucket))) fail_oom(s);
+    s->cat = TK_CAT_GRAD;
+    set_owner(s, "DDP reducer buckets");
+    /* DDP hands the reducer the buckets reversed (the order gradients come) */
+    for (int b = g.nc - 1; b >= 0 && s->bucket; b--) s->bucket[s->nbucket++] = tnew(s, g.sums[b]);
+    grouping_free(&g);
 }
 
 /* DDP(model) (torch/nn/parallel/distributed.py), before the first step:
@@ -1297,36 +1313,30 @@ static void ddp_buckets(sim *s, const int *ids, int n, const size_t *limits, int
  * over the parameters in reverse; without it, one bucket of all of them
  * until the first backward has shown the order gradients come in. */
 static void ddp_init(sim *s) {
-    int n = 0, *ids = param_ids(s, 0, &n);
-    int *chunk = ids ? tk_calloc((size_t)n + 1, sizeof *chunk) : NULL;
-    size_t *sums = NULL, lim = (size_t)250 << 20;
-    int nc = chunk ? group_params(s, ids, n, &lim, 1, 0, chunk, &sums) : fail_oom(s);
+    grouping g;
+    size_t lim = (size_t)250 << 20;
+    int nc = group_params(s, NULL, 0, &lim, 1, 0, &g);
     s->cat = TK_CAT_TEMP;
     set_owner(s, "DDP broadcast");
     int fly[2] = {-1, -1};
     for (int c = 0; c <= nc && nc >= 0; c++) { /* the parameters' buckets, then the int64 buffers' */
-        int count = 0;
-        for (int i = 0; i < n && c < nc; i++) count += chunk[i] == c;
         tdrop(s, fly[0]);
         fly[0] = fly[1];
-        fly[1] = c < nc ? (count > 1 ? tnew(s, sums[c]) : -1) : tnew(s, (size_t)s->P * 8 * 2);
+        fly[1] = c < nc ? (g.count[c] > 1 ? tnew(s, g.sums[c]) : -1) : tnew(s, (size_t)s->P * 8 * 2);
     }
     tdrop(s, fly[0]);
     tdrop(s, fly[1]);
-    free(chunk);
-    free(sums);
-    free(ids);
+    grouping_free(&g);
+    int nt = 0, *t = param_ids(s, 1, &nt);
+    if (!t) return;
+    s->cat = TK_CAT_GRAD;
+    set_owner(s, "DDP reducer buckets");
     if (s->find_unused) { /* the reducer's per-parameter used map: the CPU's, and the device's copy */
-        int nt = 0, *t = param_ids(s, 1, &nt);
-        free(t);
-        s->cat = TK_CAT_GRAD;
-        set_owner(s, "DDP reducer buckets");
         if (!s->cuda) tnew(s, (size_t)nt * 4);
         tnew(s, (size_t)nt * 4);
     }
-    int nt = 0, *t = param_ids(s, 1, &nt);
     size_t all = SIZE_MAX, lims[2] = {s->first_bucket_cap, s->bucket_cap};
-    if (t) ddp_buckets(s, t, nt, s->find_unused ? lims : &all, s->find_unused ? 2 : 1);
+    ddp_buckets(s, t, nt, s->find_unused ? lims : &all, s->find_unused ? 2 : 1);
     free(t);
 }
 
@@ -1337,10 +1347,9 @@ static void ddp_init(sim *s) {
  * first replica; GPU 1 receives each chunk into one new tensor, which its
  * replica's parameters are views of. */
 static void dp_replicate(sim *s) {
-    int n = 0, *ids = param_ids(s, 0, &n);
-    int *chunk = ids ? tk_calloc((size_t)n + 1, sizeof *chunk) : NULL;
-    size_t *sums = NULL, lim = (size_t)10 << 20;
-    int nc = chunk ? group_params(s, ids, n, &lim, 1, 0, chunk, &sums) : fail_oom(s);
+    grouping g;
+    size_t lim = (size_t)10 << 20;
+    int nc = group_params(s, NULL, 0, &lim, 1, 0, &g);
     set_owner(s, "DataParallel replica");
     if (s->role == ROLE_DP1) {
         free(s->chunk);
@@ -1349,23 +1358,19 @@ static void dp_replicate(sim *s) {
         s->nchunk = 0;
     }
     for (int c = 0; c < nc && s->st == TK_OK; c++) {
-        int count = 0;
-        for (int i = 0; i < n; i++) count += chunk[i] == c;
         if (s->role == ROLE_DP0) {
-            if (count > 1) ttmp(s, sums[c]);
+            if (g.count[c] > 1) ttmp(s, g.sums[c]);
             continue;
         }
         s->cat = TK_CAT_PARAM;
-        s->chunk[s->nchunk++] = tnew(s, sums[c]);
-        for (int i = 0; i < n; i++)
-            if (chunk[i] == c) s->chunk_of[ids[i]] = s->nchunk - 1;
+        s->chunk[s->nchunk++] = tnew(s, g.sums[c]);
+        for (int i = 0; i < g.n; i++)
+            if (g.chunk[i] == c) s->chunk_of[g.ids[i]] = s->nchunk - 1;
     }
     /* the two int64 buffers, one chunk */
     if (s->role == ROLE_DP0) ttmp(s, (size_t)s->P * 8 * 2);
     else s->cat = TK_CAT_PARAM, s->buf_chunk = tnew(s, (size_t)s->P * 8 * 2);
-    free(chunk);
-    free(sums);
-    free(ids);
+    grouping_free(&g);
 }
 
 static void psave(sim *s, int n, int pi) {
@@ -1452,28 +1457,24 @@ static void par_forward_end(sim *s, var *loss) {
  * exist); GPU 0 gets each chunk's sum (NCCL reduce into empty_like), which
  * its parameters' .grad become views of. */
 static void dp_reduce(sim *s) {
-    int n = 0, *ids = param_ids(s, 0, &n);
-    int *chunk = ids ? tk_calloc((size_t)n + 1, sizeof *chunk) : NULL;
-    size_t *sums = NULL, lim = (size_t)10 << 20;
-    int nc = chunk ? group_params(s, ids, n, &lim, 1, 1, chunk, &sums) : fail_oom(s);
+    grouping g;
+    size_t lim = (size_t)10 << 20;
+    int nc = group_params(s, NULL, 0, &lim, 1, 1, &g);
     s->cat = TK_CAT_GRAD;
     set_owner(s, "DataParallel reduce");
-    for (int i = 0; i < n && s->st == TK_OK; i++)
-        if (s->held[ids[i]] < 0) s->held[ids[i]] = tnew(s, s->pr[ids[i]].bytes);
+    for (int i = 0; i < g.n && s->st == TK_OK; i++)
+        if (s->held[g.ids[i]] < 0) s->held[g.ids[i]] = tnew(s, s->pr[g.ids[i]].bytes);
     int prev = -1;
-    for (int c = 0; c < nc && s->st == TK_OK; c++) {
-        int count = 0, first = -1;
-        for (int i = 0; i < n; i++)
-            if (chunk[i] == c) count++, first = first < 0 ? i : first;
+    for (int c = 0, first = 0; c < nc && s->st == TK_OK; first += g.count[c++]) {
         s->cat = TK_CAT_TEMP;
-        int flat = count > 1 ? tnew(s, sums[c]) : -1;
+        int flat = g.count[c] > 1 ? tnew(s, g.sums[c]) : -1;
         tdrop(s, prev);
         prev = flat;
         if (s->role != ROLE_DP0) continue;
         s->cat = TK_CAT_GRAD;
-        int sum = tnew(s, sums[c]);
-        for (int i = first; i < n && chunk[i] == c; i++) {
-            param *p = &s->pr[ids[i]];
+        int sum = tnew(s, g.sums[c]);
+        for (int i = first; i < first + g.count[c]; i++) {
+            param *p = &s->pr[g.ids[i]];
             if (!p->trainable) continue;
             tref(s, sum); /* .grad: a view of the chunk's sum, or added into the .grad it has */
             if (p->grad < 0) p->grad = sum;
@@ -1482,13 +1483,11 @@ static void dp_reduce(sim *s) {
         tdrop(s, sum);
     }
     tdrop(s, prev);
-    for (int i = 0; i < n; i++) {
-        tdrop(s, s->held[ids[i]]);
-        s->held[ids[i]] = -1;
+    for (int i = 0; i < g.n; i++) {
+        tdrop(s, s->held[g.ids[i]]);
+        s->held[g.ids[i]] = -1;
     }
-    free(chunk);
-    free(sums);
-    free(ids);
+    grouping_free(&g);
 }
 
 static void par_backward_end(sim *s) {

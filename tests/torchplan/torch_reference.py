@@ -87,9 +87,12 @@ def rounded(n):
 MARK = 77_777
 
 
-def mark_step(nbytes):
-    """The step an allocation of nbytes marks the start of, or None."""
-    return (nbytes - MARK) // 2 if nbytes >= MARK and (nbytes - MARK) % 2 == 0 and nbytes < MARK + 2 * 4096 else None
+def mark_step(nbytes, n_steps):
+    """The step (0 .. n_steps, n_steps: the end) an allocation of nbytes
+    marks the start of, or None: only those n_steps + 1 sizes, so that a
+    kernel's scratch buffer of some other odd size is never taken for one."""
+    i = (nbytes - MARK) // 2
+    return i if nbytes >= MARK and (nbytes - MARK) % 2 == 0 and i <= n_steps else None
 
 
 def batches(a, torch):
@@ -286,7 +289,7 @@ def replay(events, a, n_steps):
         args = e["args"]
         addr, nbytes = args["Addr"], args["Bytes"]
         if nbytes > 0:
-            m = mark_step(nbytes)
+            m = mark_step(nbytes, n_steps)
             if m is not None:
                 step = m
                 if step < n_steps:
@@ -298,7 +301,7 @@ def replay(events, a, n_steps):
                 peaks[step] = max(peaks[step], cur)
             lines.append((step, live[addr], cur, op_at(e)))
         else:
-            if mark_step(-nbytes) is not None or addr not in live:
+            if mark_step(-nbytes, n_steps) is not None or addr not in live:
                 continue
             freed = live.pop(addr)
             cur -= freed

@@ -257,7 +257,7 @@ static void attention_label(const tk_fix *f, const tk_config *fixed, char *o, si
     snprintf(o, n, "fused attention");
 }
 static int optim8_apply(tk_config *c, const tk_fix *f, const int32_t *len, int nl, char *reason, size_t rn) {
-    if (c->optimizer != TK_OPTIM_ADAMW)
+    if (c->optimizer == TK_OPTIM_ADAMW8)
         return -1;
     c->optimizer = TK_OPTIM_ADAMW8;
     snprintf(reason, rn, "8-bit AdamW: block-quantised moments, about 6 bytes less per parameter");

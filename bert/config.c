@@ -55,7 +55,7 @@ struct keydef {
 static const char *const task_names[] = {"classify", "qa", NULL};
 static const char *const head_names[] = {"pooled", "span", "flatten_dense", NULL};
 static const char *const prec_names[] = {"fp32", "fp16", "bf16", NULL};
-static const char *const optim_names[] = {"adamw", "adamw8bit", NULL};
+static const char *const optim_names[] = {"adamw", "adamw8bit", "adamw_torch_fused", NULL};
 static const char *const save_error_names[] = {"continue", "stop", NULL};
 static const char *const attn_names[] = {"standard", "fused", "auto", NULL};
 static const char *const batching_names[] = {"fixed", "dynamic", "buckets", NULL};
@@ -75,6 +75,7 @@ int tk_torch_minor(tk_torch_version v) {
     if (v == TK_TORCH_1_13 || v == TK_TORCH_1_10) return -1;
     return (int)v - (int)TK_TORCH_2_0;
 }
+static const char *const parallel_names[] = {"dataparallel", "ddp", "zero2", NULL};
 
 /* attention_dropout: a probability, or `dropout` / -1 for the dropout key's */
 static int set_attention_dropout(tk_config *c, const char *v, char *why, size_t n) {
@@ -324,7 +325,7 @@ static const keydef KEYS[] = {
     SPEC("freeze", "train", set_freeze, NULL, "freeze parameters: none, embeddings, layers:N or embeddings,layers:N"),
     INT("freeze_embeddings", "train", freeze_embeddings, 0, 1, "1: embeddings get no gradient and no optimizer state"),
     INT("freeze_layers", "train", freeze_layers, 0, 1000, "the first N encoder layers are frozen"),
-    ENUM("optimizer", "train", optimizer, optim_names, "adamw or adamw8bit (block-wise 8-bit moments)"),
+    ENUM("optimizer", "train", optimizer, optim_names, "adamw, adamw8bit (block-wise 8-bit moments) or adamw_torch_fused (engine pytorch: torch.optim.AdamW(fused=True), transformers 5's Trainer default; txkernel's trainer runs it as adamw)"),
     INT("adamw8_fp32_embeddings", "train", adamw8_fp32_embeddings, 0, 1, "adamw8bit: keep embeddings' state in fp32"),
     ENUM("attention", "train", attention, attn_names, "standard, fused (no LxL probabilities kept for backward) or auto (the default: fused on cuda and for a gpu: card, standard on the cpu)"),
     ENUM("engine", "train", engine, engine_names, "whose training step is planned: txkernel (its own) or pytorch (a transformers BertFor* step as PyTorch runs it, torchplan/)"),
@@ -348,6 +349,8 @@ static const keydef KEYS[] = {
     INT("threads", "device", threads, 0, 4096, "cpu threads; 0 = all cores"),
     INT("world_size", "device", world_size, 1, 1024, "data-parallel ranks: N GPUs in this process on cuda, N MPI processes (mpirun) on the cpu; batch_size is per rank"),
     INT("zero", "device", zero, 0, 2, "with world_size > 1: 0 all-reduces the gradients, 1 shards AdamW's state over the ranks, 2 shards the gradients too"),
+    ENUM("parallel", "device", parallel, parallel_names, "engine pytorch on two or more GPUs (gpu: t4x2 or world_size): dataparallel (the default: torch.nn.DataParallel, what the Trainer does on two GPUs without a launcher), ddp (DistributedDataParallel: torchrun / accelerate launch) or zero2 (DeepSpeed ZeRO stage 2 through the Trainer's deepspeed=)"),
+    INT("bucket_cap_mb", "device", bucket_cap_mb, 0, 1 << 20, "engine pytorch, parallel: ddp: DDP's bucket_cap_mb (TrainingArguments' ddp_bucket_cap_mb); 0 = DDP's default, 25 MiB buckets after a first of 1 MiB"),
 };
 #define NKEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -369,6 +372,7 @@ static const struct { const char *alias, *key; } ALIASES[] = {
     {"save_steps", "save_every"}, {"save_total_limit", "keep_checkpoints"},
     {"resume_from_checkpoint", "resume_from"},
     {"attention_probs_dropout_prob", "attention_dropout"}, {"hidden_dropout_prob", "dropout"},
+    {"ddp_bucket_cap_mb", "bucket_cap_mb"},
 };
 
 static const char *const SECTIONS[] = {"model", "data", "train", "device", NULL};

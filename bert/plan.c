@@ -113,6 +113,22 @@ static void top_owners(tk_alloc *a, sim_out *o) {
     }
 }
 
+int tk_plan_worst_len(const tk_config *c, const int *lengths, int n) {
+    /* fixed padding pads every batch to max_len; dynamic padding and buckets
+     * pad to the longest example of the batch, at worst the corpus' longest
+     * (capped by max_len). flatten_dense needs max_len. */
+    int T = c->max_len;
+    if (lengths && n > 0 && c->batching != TK_BATCH_FIXED && c->head != TK_HEAD_FLATTEN_DENSE) {
+        int mx = 1;
+        for (int i = 0; i < n; i++)
+            if (lengths[i] > mx)
+                mx = lengths[i];
+        if (mx < T)
+            T = mx;
+    }
+    return T;
+}
+
 /* What one simulation runs: the worst-case batch (B x T for two steps of
  * `accumulate` micro-batches, then one eval batch EB x T), or, when `train`
  * is set, the first epoch of the run's own batches in the run's order and
@@ -366,19 +382,8 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
     size_t capacity = tk_config_capacity(c);
     size_t context_bytes = !c->capacity && prof ? prof->capacity - capacity : 0;
 
-    /* Worst-case shape: fixed padding pads every batch to max_len; dynamic
-     * padding and buckets pad to the longest example of the batch, at worst
-     * the corpus' longest (capped by max_len). flatten_dense needs max_len.
-     * An epoch plan reports the largest batch of the run's own. */
-    int T = c->max_len;
-    if (lengths && n > 0 && c->batching != TK_BATCH_FIXED && c->head != TK_HEAD_FLATTEN_DENSE) {
-        int mx = 1;
-        for (int i = 0; i < n; i++)
-            if (lengths[i] > mx)
-                mx = lengths[i];
-        if (mx < T)
-            T = mx;
-    }
+    /* An epoch plan reports the largest batch of the run's own. */
+    int T = tk_plan_worst_len(c, lengths, n);
     int B = c->batch_size;
     int EB = c->eval_batch_size > 0 ? c->eval_batch_size : B;
     sim_job job = { .B = B, .T = T, .EB = EB, .inference = inference };

@@ -25,7 +25,9 @@ typedef enum { TK_TASK_CLASSIFY = 0, TK_TASK_QA } tk_task;
 typedef enum { TK_HEAD_POOLED = 0, TK_HEAD_SPAN, TK_HEAD_FLATTEN_DENSE } tk_head_kind;
 typedef enum { TK_PREC_FP32 = 0, TK_PREC_FP16, TK_PREC_BF16 } tk_precision;
 typedef enum { TK_RECOMPUTE_NONE = 0, TK_RECOMPUTE_LAYERS, TK_RECOMPUTE_ATTENTION } tk_recompute;
-typedef enum { TK_OPTIM_ADAMW = 0, TK_OPTIM_ADAMW8 } tk_optim;
+/* adamw_torch_fused: engine pytorch's torch.optim.AdamW(fused=True) (transformers
+ * 5's TrainingArguments default); txkernel's own trainer runs it as adamw. */
+typedef enum { TK_OPTIM_ADAMW = 0, TK_OPTIM_ADAMW8, TK_OPTIM_ADAMW_FUSED } tk_optim;
 /* TK_ATTN_AUTO (the default) is decided per device by tk_config_attention. */
 typedef enum { TK_ATTN_STANDARD = 0, TK_ATTN_FUSED, TK_ATTN_AUTO } tk_attention;
 typedef enum { TK_BATCH_FIXED = 0, TK_BATCH_DYNAMIC, TK_BATCH_BUCKETS } tk_batching;
@@ -49,6 +51,10 @@ typedef enum { TK_TORCH_2 = 0, TK_TORCH_1_13, TK_TORCH_1_10, TK_TORCH_2_0 } tk_t
 /* The 2.x minor whose rules a version follows: n for 2.n, 11 for "2", -1
  * for 1.13 and 1.10. */
 int tk_torch_minor(tk_torch_version v);
+/* engine: pytorch only, two or more GPUs: how the step is spread over them
+ * (torch.nn.DataParallel, as the Trainer wraps a model on two GPUs without a
+ * launcher; DistributedDataParallel; DeepSpeed ZeRO stage 2). */
+typedef enum { TK_PAR_DATAPARALLEL = 0, TK_PAR_DDP, TK_PAR_ZERO2 } tk_parallel;
 
 #define TK_PATH_MAX 512
 
@@ -110,6 +116,8 @@ typedef struct tk_config {
     tk_attn_impl attn_implementation; /* pytorch: sdpa (default, as transformers 5) | eager */
     float attention_dropout;   /* pytorch: attention_probs_dropout_prob; < 0 = `dropout` */
     tk_torch_version torch_version; /* pytorch: 2 (torch 2.x + transformers 5.x) | 2.0 .. 2.15 | 1.13 (+ 4.40) | 1.10 (+ 4.15) */
+    tk_parallel parallel;      /* pytorch, world size > 1: dataparallel (default) | ddp | zero2 */
+    int bucket_cap_mb;         /* pytorch, parallel: ddp: DDP's bucket_cap_mb; 0 = its default (25, first bucket 1 MiB) */
 
     /* output */
     char output_dir[TK_PATH_MAX]; /* checkpoints; "" = no checkpoints */

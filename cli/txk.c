@@ -204,9 +204,18 @@ static int cmd_plan(int argc, char **argv) {
                         txkernel_only[i], txkernel_only[i]);
                 return EXIT_USAGE;
             }
+        /* with a train_file, the run's corpus gives batching: dynamic /
+         * buckets their longest batch, as txkernel's own plan takes it */
+        tk_session *s = tk_session_new();
+        tk_run_data data;
+        memset(&data, 0, sizeof data);
         tk_torchplan_result r;
-        if (tk_torchplan(&c, &r, &err) != TK_OK || !(b = tk_report_torchplan(&r))) {
-            fprintf(stderr, "txk: %s\n", b ? err.msg : err.msg[0] ? err.msg : "out of host memory");
+        tk_status pst = s ? tk_session_load_data(s, &c, &data, &err) : tk_err_nomem(&err, "txk plan");
+        if (pst == TK_OK) pst = tk_torchplan_data(&c, data.lengths, data.n_lengths, &r, &err);
+        tk_run_data_clear(&data);
+        tk_session_destroy(&s);
+        if (pst != TK_OK || !(b = tk_report_torchplan(&r))) {
+            fprintf(stderr, "txk: %s\n", err.msg[0] ? err.msg : "out of host memory");
             return EXIT_ERR;
         }
         emit(b, json);

@@ -4,6 +4,7 @@
  * txkernel's own. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tk_render.h"
 #include "tk_session.h"
@@ -17,6 +18,22 @@ json_t *tk_report_torchplan(const tk_torchplan_result *r) {
                r->torch_version, r->transformers_version, r->device,
                r->gpu[0] ? " " : "", r->gpu, r->batch, r->seq, r->accumulate > 1 ? " (accumulated)" : "");
     if (r->accumulate > 1) tk_sb_addf(&text, "accumulate: %d micro-batches per optimizer step\n", r->accumulate);
+    if (strncmp(r->seq_from, "max_len (fixed", 14)) tk_sb_addf(&text, "seq %d: %s\n", r->seq, r->seq_from);
+    if (r->parallel) {
+        const char *unit = r->on_cuda ? "GPU" : "rank";
+        tk_sb_addf(&text, "%d %ss%s, %s, batch %d per %s (%s):\n", r->world_size, unit, r->on_cuda ? "" : " on the cpu",
+                   r->parallel, r->batch, unit, r->checked);
+        for (int i = 0; i < r->n_gpu_rows; i++) {
+            const tk_torchplan_gpu *g = &r->gpu_rows[i];
+            tk_sb_addf(&text, "  %s: peak allocated %s, first step %s, peak reserved %s", g->who,
+                       tk_format_bytes(g->peak_allocated, a, sizeof a), tk_format_bytes(g->first_step_peak_allocated, b, sizeof b),
+                       tk_format_bytes(g->peak_reserved, c, sizeof c));
+            if (r->on_cuda) tk_sb_addf(&text, ", device used %s", tk_format_bytes(g->device_used, d, sizeof d));
+            if (r->capacity) tk_sb_addf(&text, ": %s", g->fits ? "fits" : "DOES NOT FIT");
+            tk_sb_add(&text, "\n");
+        }
+        tk_sb_addf(&text, "the figures below are the fullest %s's\n", unit);
+    }
     tk_sb_addf(&text, "attention: %s; optimizer: %s; precision: %s\n", r->attention, r->optimizer, r->precision);
     tk_sb_addf(&text, "peak allocated %s (steady step: torch.cuda.max_memory_allocated() after a reset before it); "
                       "first step %s\n", tk_format_bytes(r->peak_allocated, a, sizeof a),
@@ -59,7 +76,20 @@ json_t *tk_report_torchplan(const tk_torchplan_result *r) {
     tk_sb_add_html(&html, r->optimizer);
     tk_sb_add(&html, "; precision: ");
     tk_sb_add_html(&html, r->precision);
-    tk_sb_add(&html, "</p></div>");
+    tk_sb_add(&html, "</p>");
+    if (r->parallel) {
+        tk_sb_addf(&html, "<p>%d GPUs, %s (", r->world_size, r->parallel);
+        tk_sb_add_html(&html, r->checked);
+        tk_sb_add(&html, "):");
+        for (int i = 0; i < r->n_gpu_rows; i++) {
+            tk_sb_add(&html, i ? "; " : " ");
+            tk_sb_add_html(&html, r->gpu_rows[i].who);
+            tk_sb_addf(&html, " peak allocated %s, reserved %s", tk_format_bytes(r->gpu_rows[i].peak_allocated, a, sizeof a),
+                       tk_format_bytes(r->gpu_rows[i].peak_reserved, b, sizeof b));
+        }
+        tk_sb_add(&html, "</p>");
+    }
+    tk_sb_add(&html, "</div>");
     json_t *j = tk_torchplan_json(r);
     char *t = tk_sb_take(&text), *h = tk_sb_take(&html);
     json_t *bundle = j && t && h ? json_pack("{s:s, s:s, s:o}", "text/plain", t, "text/html", h, "application/json", j) : NULL;
@@ -83,20 +113,24 @@ tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, jso
     json_t *rows = json_array();
     const char *tv = "", *xv = "";
     tk_status st = t && rows ? TK_OK : tk_err_nomem(err, "--gpus report");
-    char skipped[64] = "";
+    tk_sb notes = {0}; /* the pairs: how they are spread and how that is known */
     for (int i = 0; i < n && st == TK_OK; i++) {
-        if (cards[i]->gpus > 1) { /* one GPU's step: a pair needs DDP's or DeepSpeed's buffers, not modelled */
-            snprintf(skipped, sizeof skipped, "%s", cards[i]->name);
-            continue;
-        }
         tk_config one = *c;
         tk_torchplan_result r;
         if ((st = tk_config_set(&one, "gpu", cards[i]->name, err)) != TK_OK) break;
         one.capacity = 0;
         if ((st = tk_torchplan(&one, &r, err)) != TK_OK) break;
         tv = r.torch_version, xv = r.transformers_version;
-        char a[32], b[32], d[32], e[32];
-        tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s", cards[i]->name, tk_format_bytes(r.capacity, a, sizeof a),
+        char a[32], b[32], d[32], e[32], name[64];
+        snprintf(name, sizeof name, "%s%s%s%s", cards[i]->name, r.parallel ? " (" : "", r.parallel ? r.parallel : "",
+                 r.parallel ? ")" : "");
+        int full = 0;
+        for (int k = 1; k < r.n_gpu_rows; k++)
+            if (r.gpu_rows[k].peak_reserved > r.gpu_rows[full].peak_reserved) full = k;
+        if (r.parallel)
+            tk_sb_addf(&notes, "%s: %d GPUs, %s, batch %d per GPU; the row is the fullest GPU's (%s); %s.\n",
+                       cards[i]->name, r.world_size, r.parallel, r.batch, r.gpu_rows[full].who, r.checked);
+        tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s", name, tk_format_bytes(r.capacity, a, sizeof a),
                        tk_format_bytes(r.device_used, b, sizeof b), tk_format_bytes(r.peak_allocated, d, sizeof d),
                        tk_format_bytes(r.peak_reserved, e, sizeof e), r.attention, r.fits ? "yes" : "NO");
         json_t *row = tk_torchplan_json(&r);
@@ -109,9 +143,9 @@ tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, jso
         tk_sb_addf(&sb, "engine: pytorch — the step as torch %s + transformers %s run it, on each %s card "
                         "(device used = peak reserved + PyTorch's CUDA context; fits: within the card's capacity):\n%s",
                    tv, xv, platform, tt ? tt : "");
-        if (skipped[0])
-            tk_sb_addf(&sb, "%s is not planned: engine: pytorch plans one GPU's step, and a data-parallel PyTorch run "
-                            "(DDP, DeepSpeed ZeRO, FSDP) adds buffers it does not model yet.\n", skipped);
+        char *nt = tk_sb_take(&notes);
+        if (nt) tk_sb_add(&sb, nt);
+        free(nt);
         free(tt);
         text = tk_sb_take(&sb);
         html = tk_rtable_html(t);
@@ -122,6 +156,7 @@ tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, jso
     }
     free(text);
     free(html);
+    free(tk_sb_take(&notes));
     json_decref(rows);
     tk_rtable_destroy(&t);
     return st;

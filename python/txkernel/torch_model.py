@@ -11,8 +11,11 @@ same plan byte for byte."""
 
 HEADS = {"BertForSequenceClassification": "task: classify\nhead: pooled",
          "BertForQuestionAnswering": "task: qa\nhead: span"}
-OPTIMS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "adamw_torch": "adamw", "adamw_torch_fused": "adamw",
-          "adamw_hf": "adamw", "adamw_bnb_8bit": "adamw8bit", "adamw_8bit": "adamw8bit"}
+# TrainingArguments.optim -> the config's optimizer (adamw_torch_fused is
+# transformers 5's default with torch >= 2.8: torch.optim.AdamW(fused=True))
+OPTIMS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "adamw_torch": "adamw",
+          "adamw_torch_fused": "adamw_torch_fused", "adamw_hf": "adamw", "adamw_bnb_8bit": "adamw8bit",
+          "adamw_8bit": "adamw8bit"}
 
 
 class PlanArgsError(ValueError):
@@ -42,7 +45,7 @@ def parse(words):
         else:
             raise PlanArgsError(f"%txplan --torch-model: unexpected '{w}' (usage: %txplan --torch-model NAME | "
                                 "--trainer NAME [--batch B] [--seq T] [--gpu PROFILE] [--precision fp32|fp16|bf16] "
-                                "[--optimizer adamw|adamw8bit] [--json] [--show-config])")
+                                "[--optimizer adamw|adamw8bit|adamw_torch_fused] [--json] [--show-config])")
     if ("model" in out) == ("trainer" in out):
         raise PlanArgsError("give one of --torch-model NAME or --trainer NAME (a variable of this notebook)")
     for k in ("batch", "seq"):
@@ -50,8 +53,8 @@ def parse(words):
             raise PlanArgsError(f"--{k} {out[k]}: expected a positive integer")
     if out.get("precision") not in (None, "fp32", "fp16", "bf16"):
         raise PlanArgsError(f"--precision {out['precision']}: expected fp32, fp16 or bf16")
-    if out.get("optimizer") not in (None, "adamw", "adamw8bit"):
-        raise PlanArgsError(f"--optimizer {out['optimizer']}: expected adamw or adamw8bit")
+    if out.get("optimizer") not in (None, "adamw", "adamw8bit", "adamw_torch_fused"):
+        raise PlanArgsError(f"--optimizer {out['optimizer']}: expected adamw, adamw8bit or adamw_torch_fused")
     return out
 
 

@@ -86,6 +86,27 @@ def test_trainer_arguments_are_read(shell, tmp_path):
     assert cli.returncode == 0 and bundle["text/plain"] == cli.stdout, cli.stderr
 
 
+def test_two_gpus_are_planned(shell, tmp_path):
+    """--gpu t4x2: the same C plan per GPU (DataParallel, what the Trainer does
+    on two GPUs without a launcher, labelled not measured), equal to txk plan."""
+    bundle, yaml = txplan(shell, "--torch-model model --batch 4 --seq 64 --gpu t4x2 --show-config")
+    assert "gpu: t4x2" in yaml, yaml
+    text = bundle["text/plain"]
+    assert "2 GPUs, DataParallel" in text and "GPU 0:" in text and "GPU 1:" in text and "not measured" in text, text
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml)
+    cli = subprocess.run([TXK, "plan", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0 and cli.stdout == text, cli.stderr
+
+
+def test_trainer_default_optim_is_fused():
+    """transformers 5's TrainingArguments default (adamw_torch_fused, torch >=
+    2.8) is planned as torch.optim.AdamW(fused=True), not as foreach."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from txkernel.torch_model import OPTIMS
+    assert OPTIMS["adamw_torch_fused"] == "adamw_torch_fused" and OPTIMS["adamw_torch"] == "adamw"
+
+
 def test_torch_version_picks_its_rules():
     """The notebook's torch picks the rules: its own 2.x minor (where cuBLAS
     keeps its workspaces changed across them), 1.11-1.13 (softmax keeps its

@@ -65,6 +65,8 @@ static const char *const init_names[] = {"pretrained", "random", NULL};
 static const char *const engine_names[] = {"txkernel", "pytorch", NULL};
 static const char *const attn_impl_names[] = {"sdpa", "eager", NULL};
 static const char *const torch_version_names[] = {"2", "1.13", "1.10", NULL};
+static const char *const api_names[] = {"auto", "trainer", "loop", "txkernel", NULL};
+static const char *const parallel_names[] = {"dataparallel", "ddp", "zero2", NULL};
 
 /* attention_dropout: a probability, or `dropout` / -1 for the dropout key's */
 static int set_attention_dropout(tk_config *c, const char *v, char *why, size_t n) {
@@ -321,6 +323,7 @@ static const keydef KEYS[] = {
     ENUM("attn_implementation", "train", attn_implementation, attn_impl_names, "engine pytorch: transformers' attention, sdpa (the default, as transformers 5) or eager"),
     SPEC("attention_dropout", "model", set_attention_dropout, get_attention_dropout, "engine pytorch: attention_probs_dropout_prob, 0 <= p < 1, or dropout (the default: the dropout key's value)"),
     ENUM("torch_version", "train", torch_version, torch_version_names, "engine pytorch: the versions followed, 2 (torch 2.x + transformers 5.x, the default) or 1.13 (torch 1.13 + transformers 4.40, eager only) or 1.10 (torch 1.10 + transformers 4.15: 1.13's rules, and softmax keeps its input for backward)"),
+    ENUM("api", "train", api, api_names, "the API advice writes fixes in: trainer (TrainingArguments lines), loop (plain PyTorch), txkernel (this YAML) or auto (the default: a pasted traceback's Trainer.train says trainer; otherwise loop for engine pytorch, txkernel for engine txkernel)"),
     ENUM("batching", "train", batching, batching_names, "fixed (pad to max_len), dynamic (pad per batch) or buckets"),
     INT("buckets", "train", buckets, 1, 4096, "batching buckets: number of length buckets"),
     SPEC("empty_cache", "train", set_empty_cache, get_empty_cache, "release cached device memory: never, on_oom or every:N steps"),
@@ -337,6 +340,7 @@ static const keydef KEYS[] = {
     SPEC("gpu", "device", set_gpu, get_gpu, "a GPU profile (t4, v100-16, a100-40, ...) for capacity and speed estimates"),
     INT("threads", "device", threads, 0, 4096, "cpu threads; 0 = all cores"),
     INT("world_size", "device", world_size, 1, 1024, "data-parallel ranks: N GPUs in this process on cuda, N MPI processes (mpirun) on the cpu; batch_size is per rank"),
+    ENUM("parallel", "device", parallel, parallel_names, "engine pytorch on several GPUs: dataparallel (the default: what the HF Trainer does with two GPUs and no launcher), ddp (torchrun / accelerate launch) or zero2 (DeepSpeed ZeRO-2 through the Trainer's deepspeed=)"),
     INT("zero", "device", zero, 0, 2, "with world_size > 1: 0 all-reduces the gradients, 1 shards AdamW's state over the ranks, 2 shards the gradients too"),
 };
 #define NKEYS (sizeof KEYS / sizeof KEYS[0])

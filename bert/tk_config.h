@@ -39,6 +39,17 @@ typedef enum { TK_ENGINE_TXKERNEL = 0, TK_ENGINE_PYTORCH } tk_engine;
 typedef enum { TK_ATTN_IMPL_SDPA = 0, TK_ATTN_IMPL_EAGER } tk_attn_impl;
 /* engine: pytorch only: the torch + transformers the plan follows. */
 typedef enum { TK_TORCH_2 = 0, TK_TORCH_1_13, TK_TORCH_1_10 } tk_torch_version;
+/* The API the user trains with, which advice writes its fixes in: auto (the
+ * default: a pasted traceback's Trainer.train or the companion's --trainer
+ * say trainer; otherwise loop for engine: pytorch and txkernel for engine:
+ * txkernel, tk_config_api), transformers' Trainer (TrainingArguments lines),
+ * a plain PyTorch loop, or txkernel's own config (YAML). */
+typedef enum { TK_API_AUTO = 0, TK_API_TRAINER, TK_API_LOOP, TK_API_TXKERNEL } tk_api;
+/* engine: pytorch on several GPUs: how PyTorch splits the step. dataparallel
+ * (the default) is what the HF Trainer does when it sees two GPUs without a
+ * launcher; ddp is torchrun / accelerate launch; zero2 is DeepSpeed ZeRO-2
+ * through the Trainer's deepspeed= argument. */
+typedef enum { TK_PARALLEL_DATAPARALLEL = 0, TK_PARALLEL_DDP, TK_PARALLEL_ZERO2 } tk_parallel;
 
 #define TK_PATH_MAX 512
 
@@ -80,6 +91,7 @@ typedef struct tk_config {
     int threads;               /* cpu threads; 0 = all */
     int world_size;            /* data-parallel ranks: GPUs in this process on cuda, MPI processes on the cpu */
     int zero;                  /* 0: all-reduce gradients; 1: shard AdamW's state; 2: shard the gradients too */
+    tk_parallel parallel;      /* engine pytorch on several GPUs: dataparallel (default) | ddp | zero2 */
 
     /* memory-saving techniques */
     tk_precision precision;
@@ -100,6 +112,7 @@ typedef struct tk_config {
     tk_attn_impl attn_implementation; /* pytorch: sdpa (default, as transformers 5) | eager */
     float attention_dropout;   /* pytorch: attention_probs_dropout_prob; < 0 = `dropout` */
     tk_torch_version torch_version; /* pytorch: 2 (torch 2.x + transformers 5.x) | 1.13 (+ 4.40) | 1.10 (+ 4.15) */
+    tk_api api;                /* the API fixes are written in: auto | trainer | loop | txkernel */
 
     /* output */
     char output_dir[TK_PATH_MAX]; /* checkpoints; "" = no checkpoints */

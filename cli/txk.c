@@ -4,7 +4,7 @@
  *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep]
  *            [--epoch] [--snapshot FILE] [--json]
  *   txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]
- *   txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
+ *   txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [--id C] [-o OUT] [--json]
  *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--for colab|kaggle] [--api A]
  *              [--fix N|auto [-o F]] [--json]
  *   txk advise [cfg.yaml [key=value ...] [--data FILE]] --from-error FILE|- [--for colab|kaggle] [--api A] [--json]
@@ -37,6 +37,7 @@
 #include "tk_collective.h"
 #include "tk_config.h"
 #include "tk_config_edit.h"
+#include "tk_data.h"
 #include "tk_hub.h"
 #include "tk_kernel.h"
 #include "tk_magics.h"
@@ -799,26 +800,72 @@ static int is_model_ref(const char *p) {
     return stat(p, &st) != 0 && !yaml && tk_hub_is_repo_id(p);
 }
 
-/* Every prediction to FILE: JSON Lines for *.jsonl, else CSV with a header. */
-static int write_predictions(const char *path, const json_t *preds, int qa, const tk_predict_report *r) {
+/* A CSV field, quoted when it must be. */
+static void csv_field(FILE *f, const char *v) {
+    if (!strpbrk(v, ",\"\n\r")) {
+        fputs(v, f);
+        return;
+    }
+    fputc('"', f);
+    for (const char *c = v; *c; c++) fprintf(f, *c == '"' ? "\"\"" : "%c", *c);
+    fputc('"', f);
+}
+
+/* The input's id column (--id COL, else one named id or ID) for a
+ * classification input: its name into *name and the table (new; NULL when
+ * the input has none). EXIT_USAGE after saying why when --id names no
+ * column; EXIT_ERR when the file cannot be read again. */
+static int id_column(const char *input, const char *want, tk_table **t, int *col) {
+    *t = NULL, *col = -1;
+    tk_err err = {0};
+    if (tk_table_read(input, t, &err) != TK_OK) {
+        if (!want) return 0; /* not a table (SQuAD JSON): its ids are its own */
+        fprintf(stderr, "txk: --id %s: %s\n", want, err.msg);
+        return EXIT_ERR;
+    }
+    *col = want ? tk_table_col(*t, want) : tk_table_col(*t, "id");
+    if (*col < 0 && !want) *col = tk_table_col(*t, "ID");
+    if (*col < 0 && want) {
+        fprintf(stderr, "txk: --id %s: %s has no such column (its columns:", want, input);
+        for (int k = 0; k < (*t)->ncols; k++) fprintf(stderr, " %s", (*t)->cols[k]);
+        fputs(")\n", stderr);
+        tk_table_destroy(t);
+        return EXIT_USAGE;
+    }
+    if (*col < 0) tk_table_destroy(t);
+    return 0;
+}
+
+/* Every prediction to FILE: JSON Lines for *.jsonl, else CSV with a header.
+ * A classification row starts with the input's id column (`ids`, column
+ * `idc`) when it has one, else the row's index. */
+static int write_predictions(const char *path, const json_t *preds, int qa, const tk_predict_report *r,
+                             const tk_table *ids, int idc) {
     FILE *f = fopen(path, "w");
     if (!f) return -1;
     int jsonl = strlen(path) > 6 && !strcmp(path + strlen(path) - 6, ".jsonl");
     size_t i;
     json_t *e;
+    /* one id per prediction, or none */
+    if (ids && (qa || (size_t)ids->nrows != json_array_size(preds))) ids = NULL;
     if (!jsonl) {
-        fputs(qa ? "index,id,answer,start,end" : "index,label,score", f);
+        if (ids) csv_field(f, ids->cols[idc]);
+        fputs(qa ? "index,id,answer,start,end" : ids ? ",label,score" : "index,label,score", f);
         for (int k = 0; !qa && k < r->n_labels; k++) fprintf(f, ",p_%s", r->labels[k]);
         fputs(qa ? "\n" : ",gold\n", f);
     }
     json_array_foreach(preds, i, e) {
         if (jsonl) {
-            char *line = json_dumps(e, JSON_COMPACT | JSON_SORT_KEYS);
+            json_t *row = ids ? json_deep_copy(e) : json_incref((json_t *)e);
+            if (ids && row) json_object_set_new(row, ids->cols[idc], json_string(ids->cells[i * (size_t)ids->ncols + (size_t)idc]));
+            char *line = row ? json_dumps(row, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
             if (line) fprintf(f, "%s\n", line);
             free(line);
+            json_decref(row);
             continue;
         }
-        fprintf(f, "%zu", i);
+        if (ids) csv_field(f, ids->cells[i * (size_t)ids->ncols + (size_t)idc]);
+        else fprintf(f, "%zu", i);
         if (qa) {
             const char *ans = json_string_value(json_object_get(e, "answer"));
             fprintf(f, ",%s,\"", json_string_value(json_object_get(e, "id")) ? json_string_value(json_object_get(e, "id")) : "");
@@ -843,10 +890,10 @@ static int write_predictions(const char *path, const json_t *preds, int qa, cons
 static int cmd_predict(int argc, char **argv) {
     if (argc < 1) {
         fprintf(stderr, "usage: txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text COL] [--pair COL] [--label COL] "
-                        "[-o OUT.csv|OUT.jsonl] [--rows N] [key=value ...] [--json]\n");
+                        "[--id COL] [-o OUT.csv|OUT.jsonl] [--rows N] [key=value ...] [--json]\n");
         return EXIT_USAGE;
     }
-    static const char *const valued[] = {"--input", "--text", "--pair", "--label", "-o", "--rows", NULL};
+    static const char *const valued[] = {"--input", "--text", "--pair", "--label", "--id", "-o", "--rows", NULL};
     static const char *const bare[] = {"--json", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
@@ -913,12 +960,18 @@ static int cmd_predict(int argc, char **argv) {
         json_t *b = tk_report_predict(&r, rows > 0 ? rows : 0);
         emit(b, json);
         json_t *preds = json_object_get(json_object_get(b, "application/json"), "predictions");
-        if (out_path && write_predictions(out_path, preds, r.res && r.res->qa, &r) != 0) {
+        tk_table *ids = NULL;
+        int idc = -1;
+        if (out_path && (rc = id_column(input, flag_value(argv, argc, "--id"), &ids, &idc)) != 0) {
+            /* said */
+        } else if (out_path && write_predictions(out_path, preds, r.res && r.res->qa, &r, ids, idc) != 0) {
             fprintf(stderr, "txk: %s: cannot write the predictions\n", out_path);
             rc = EXIT_ERR;
         } else if (out_path) {
-            fprintf(stderr, "txk: wrote %d predictions to %s\n", r.res ? r.res->n : 0, out_path);
+            fprintf(stderr, "txk: wrote %d predictions to %s%s%s%s\n", r.res ? r.res->n : 0, out_path,
+                    ids ? " (each with its " : "", ids ? ids->cols[idc] : "", ids ? ")" : "");
         }
+        tk_table_destroy(&ids);
         json_decref(b);
     }
     tk_predict_report_clear(&r);
@@ -1090,7 +1143,7 @@ static const txk_cmd CMDS[] = {
     {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--for colab|kaggle] [--api trainer|loop|txkernel] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes, each as code in your API; --fix -o writes your config with the change;\n"
                            "           [cfg.yaml [--data FILE]] --from-error FILE|- [--for colab|kaggle] [--api A]   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it; --data: the corpus whose p99 the max_length fix carries"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
-    {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
+    {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [--id C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels (the run's label column by default); -o rows keyed by the input's id column (id/ID or --id)"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
     {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
     {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory;\n"

@@ -638,6 +638,22 @@ static void format_code(char **s, size_t *len, size_t *cap, const tk_advice *a, 
     free(code);
 }
 
+/* What the given config has on already, which no fix offers again, in
+ * words ("fp16, gradient checkpointing"); "" when nothing. Returns buf. */
+static char *already_on(const tk_config *c, char *buf, size_t n) {
+    size_t w = 0;
+    buf[0] = 0;
+#define ON(cond, words) \
+    if (cond) w += (size_t)snprintf(buf + w, w < n ? n - w : 0, "%s%s", w ? ", " : "", words)
+    ON(c->precision != TK_PREC_FP32, c->precision == TK_PREC_BF16 ? "bf16 mixed precision" : "fp16 mixed precision");
+    ON(c->recompute != TK_RECOMPUTE_NONE, "gradient checkpointing");
+    ON(c->optimizer == TK_OPTIM_ADAMW8, "8-bit AdamW");
+    ON(c->batching != TK_BATCH_FIXED, c->batching == TK_BATCH_BUCKETS ? "length buckets" : "dynamic padding");
+    ON(c->freeze_embeddings, "frozen embeddings");
+#undef ON
+    return buf;
+}
+
 /* The report; `cli`: the config's path when a shell prints it (closing
  * lines name txk's commands), NULL in a notebook (they name the magics). */
 static char *format_advice(const tk_advice *a, int top, const char *cli) {
@@ -664,6 +680,9 @@ static char *format_advice(const tk_advice *a, int top, const char *cli) {
                       a->diag[i].title, a->diag[i].evidence);
     }
     int n = top > 0 && top < a->n_cand ? top : a->n_cand;
+    char on[200];
+    if (*already_on(&a->given, on, sizeof on))
+        sb_printf(&s, &len, &cap, "\nAlready on in your config, so not offered again: %s.\n", on);
     sb_printf(&s, &len, &cap, "\nFixes (%d planned in %.0f ms), best first:\n", a->n_planned, a->ms);
     sb_printf(&s, &len, &cap, "  %-3s %-44s %12s %12s %9s  %s\n", "#", "fix", "peak", "margin",
               "time", "risk");
@@ -708,9 +727,11 @@ char *tk_advice_format_cli(const tk_advice *a, int top, const char *cfg_path) {
 }
 
 char *tk_advice_json(const tk_advice *a) {
-    json_t *o = json_pack("{s:I, s:I, s:I, s:i, s:f, s:i, s:s}", "peak", (json_int_t)a->base.peak_reserved,
+    char on[200];
+    json_t *o = json_pack("{s:I, s:I, s:I, s:i, s:f, s:i, s:s, s:s}", "peak", (json_int_t)a->base.peak_reserved,
                           "available", (json_int_t)a->free_now, "capacity", (json_int_t)a->capacity,
-                          "planned", a->n_planned, "ms", a->ms, "auto", tk_advice_auto(a), "api", tk_api_name(a->api));
+                          "planned", a->n_planned, "ms", a->ms, "auto", tk_advice_auto(a), "api", tk_api_name(a->api),
+                          "already_on", already_on(&a->given, on, sizeof on));
     json_t *diags = json_array(), *cands = json_array();
     if (!o || !diags || !cands) {
         json_decref(o);

@@ -268,11 +268,31 @@ static int api_arg(tk_magic_ctx *m, const char *v, tk_api *out) {
     return 0;
 }
 
+/* --for P and --api A, which %txadvise and %%txadvise --from-error share:
+ * 1 when argv[*i] is one of them (*i moved past its value; *rc the error
+ * shown, if any), else 0. */
+static int platform_api_flag(tk_magic_ctx *m, char **argv, int argc, int *i, char *platform, size_t pn, tk_api *api,
+                             int *rc) {
+    char why[200];
+    if (!strcmp(argv[*i], "--for")) {
+        const char *bad = tk_platform_check(*i + 1 < argc ? argv[*i + 1] : NULL, 0, why, sizeof why);
+        if (bad) *rc = tk_magic_error(m, "UsageError", "%s\nusage: %s", bad, TXADVISE_USAGE);
+        else snprintf(platform, pn, "%s", argv[++*i]);
+        return 1;
+    }
+    if (!strcmp(argv[*i], "--api")) {
+        *rc = api_arg(m, *i + 1 < argc ? argv[*i + 1] : NULL, api);
+        ++*i;
+        return 1;
+    }
+    return 0;
+}
+
 /* %%txadvise --from-error [--for P] [--api A] [--json]: the cell body is the
  * pasted message; the session's last config, when there is one, is planned
  * on its card. */
 static int txadvise_from_error(tk_magic_ctx *m) {
-    char **argv = NULL, why[200];
+    char **argv = NULL;
     int argc = 0, json_only = 0, rc = 0;
     tk_oom_report_opts o = {0};
     char platform[16] = "";
@@ -280,13 +300,7 @@ static int txadvise_from_error(tk_magic_ctx *m) {
     for (int i = 0; i < argc && !rc; i++) {
         if (!strcmp(argv[i], "--from-error")) continue;
         if (!strcmp(argv[i], "--json")) json_only = 1;
-        else if (!strcmp(argv[i], "--for")) {
-            const char *bad = tk_platform_check(i + 1 < argc ? argv[i + 1] : NULL, 0, why, sizeof why);
-            if (bad) rc = tk_magic_error(m, "UsageError", "%s\nusage: %s", bad, TXADVISE_USAGE);
-            else snprintf(platform, sizeof platform, "%s", argv[++i]);
-        } else if (!strcmp(argv[i], "--api")) {
-            rc = api_arg(m, i + 1 < argc ? argv[i + 1] : NULL, &o.api);
-            i++;
+        else if (platform_api_flag(m, argv, argc, &i, platform, sizeof platform, &o.api, &rc)) {
         } else {
             rc = tk_magic_error(m, "UsageError", "%%%%txadvise --from-error: unexpected '%s'\nusage: %s", argv[i],
                                 TXADVISE_USAGE);
@@ -335,19 +349,13 @@ static int run_txadvise(tk_magic_ctx *m) {
     char **argv = NULL;
     int argc = 0, json_only = 0, top = 12, rc = 0;
     double margin = 0.05;
-    char platform[16] = "", why[200]; /* --for: the platform whose cards the advice knows (two T4s on kaggle) */
+    char platform[16] = ""; /* --for: the platform whose cards the advice knows (two T4s on kaggle) */
     tk_api api = TK_API_AUTO;
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
         char *end = NULL;
         if (!strcmp(argv[i], "--json")) json_only = 1;
-        else if (!strcmp(argv[i], "--for")) {
-            const char *bad = tk_platform_check(i + 1 < argc ? argv[i + 1] : NULL, 0, why, sizeof why);
-            if (bad) rc = tk_magic_error(m, "UsageError", "%s\nusage: %s", bad, TXADVISE_USAGE);
-            else snprintf(platform, sizeof platform, "%s", argv[++i]);
-        } else if (!strcmp(argv[i], "--api")) {
-            rc = api_arg(m, i + 1 < argc ? argv[i + 1] : NULL, &api);
-            i++;
+        else if (platform_api_flag(m, argv, argc, &i, platform, sizeof platform, &api, &rc)) {
         }
         else if (!strcmp(argv[i], "--top") || !strcmp(argv[i], "--margin")) {
             if (i + 1 >= argc) {

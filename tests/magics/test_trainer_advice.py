@@ -59,7 +59,7 @@ def test_trainer_config_gets_trainingarguments_lines(peer_row, tmp_path):
     rc, out, err = txk("advise", str(cfg), "--json")
     assert rc == 0, err
     advice = json.loads(out)
-    assert advice["api"] == "trainer"
+    assert advice["api"] == "trainer" and advice["already_on"] == "fp16 mixed precision, gradient checkpointing", advice
     rc, out, err = txk("advise", str(cfg), "--from-error", T4_MSG, "--json")
     assert rc == 0, err
     message = json.loads(out)

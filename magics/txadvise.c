@@ -386,8 +386,11 @@ static int run_txadvise(tk_magic_ctx *m) {
     if (api != TK_API_AUTO) c.api = api; /* --api is the config's key: the session's config keeps it */
     tk_advise_input in = {.config = &c, .margin_frac = margin, .platform = platform[0] ? platform : NULL};
     const tk_run_report *lr = tk_session_last_run(s);
-    /* the OOM record counts only for the config that ran out */
-    if (lr && lr->end == TK_RUN_OOM && lr->have_oom && last && !m->is_cell && !memcmp(last, &c, sizeof c))
+    /* the OOM record counts only for the config that ran out (--api is how
+     * the advice is written, not the run) */
+    tk_config ran = c;
+    if (last) ran.api = last->api;
+    if (lr && lr->end == TK_RUN_OOM && lr->have_oom && last && !m->is_cell && !memcmp(last, &ran, sizeof ran))
         in.oom = &lr->oom;
     /* a config with a train_file is advised on the run's model and corpus */
     tk_run_data data;

@@ -133,3 +133,22 @@ def test_fix_writes_the_users_file_plus_the_change(tmp_path):
         cand = advice["candidates"][n - 1]
         rc, out, err = txk("plan", str(fixed), "--json")
         assert rc == 0 and json.loads(out)["peak_reserved"] == cand["peak"], (err, cand["label"])
+
+
+def test_one_card_one_usable_capacity(tmp_path):
+    """Issue 34: the plan said "of 14.75 GiB" (the T4's total) where advice
+    said "of 13.97 GiB available": both now give the card's one usable
+    capacity (tk_gpu_profile_budget), the plan naming the total beside it."""
+    cfg = tmp_path / "t4.yaml"
+    cfg.write_text("model: bert-base-cased\nengine: pytorch\nmax_len: 128\nbatch_size: 8\ngpu: t4\n")
+    rc, plan, err = txk("plan", str(cfg))
+    assert rc == 0, err
+    rc, advice, err = txk("advise", str(cfg))
+    assert rc == 0, err
+    usable = re.search(r"reserved of (\d+\.\d\d GiB) usable \(the t4's (\d+\.\d\d GiB) total", plan)
+    available = re.search(r"Planned peak [\d.]+ [GM]iB of (\d+\.\d\d GiB) available", advice)
+    assert usable and available and usable.group(1) == available.group(1) == "13.97 GiB", (plan, advice)
+    assert usable.group(2) == "14.75 GiB"
+    rc, out, err = txk("plan", str(cfg), "--json")
+    j = json.loads(out)
+    assert j["usable"] == json.loads(txk("advise", str(cfg), "--json")[1])["capacity"], j

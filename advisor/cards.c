@@ -70,7 +70,8 @@ int tk_advice_auto_for(const tk_advice *a, const char *platform, const int32_t *
         const tk_candidate *c = &a->cand[i];
         /* the same rule as auto (keeps the effective batch), on every card */
         const tk_config *cc = &c->config;
-        if (c->action_only ||
+        /* ... and that txkernel can run (not a plan of several GPUs on cuda) */
+        if (c->action_only || tk_config_plan_only(cc) ||
             cc->batch_size * (cc->accumulate > 1 ? cc->accumulate : 1) * tk_config_world_size(cc) != a->base_effective_batch)
             continue;
         int ok = 1;

@@ -424,6 +424,14 @@ static void test_multi_gpu(void) {
              m->gpu_index == 2 && m->card == tk_gpu_profile_find("a100-40"));
     tk_oom_message_diagnose(m, NULL, 0, NULL);
     TK_CHECK(m->n_diag > 1 && m->diag[1].kind == TK_DIAG_HEADROOM); /* NCCL's buffers are outside PyTorch's cache */
+    /* torch 2.x's spelling of DataParallel's re-raise (a test input: its
+     * first line as torch 2.x's parallel_apply.py words it, the T4 message after) */
+    static const char dp2[] = "torch.OutOfMemoryError: Caught OutOfMemoryError in replica 1 on device 1.\n"
+                              "Original Traceback (most recent call last):\n"
+                              "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 968.00 MiB. GPU 1 has a "
+                              "total capacity of 14.74 GiB of which 542.81 MiB is free.";
+    TK_CHECK(tk_oom_message_parse(dp2, sizeof dp2 - 1, m) == 0 && m->parallel == TK_OOMMSG_DATAPARALLEL &&
+             m->replica == 1 && m->replica_device == 1 && m->gpu_index == 1);
     /* one GPU: none of it */
     TK_CHECK(parse_file("21_t4_colabtools", m) == 0 && m->parallel == TK_OOMMSG_ONE_GPU);
     free(m);

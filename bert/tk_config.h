@@ -55,6 +55,12 @@ int tk_torch_minor(tk_torch_version v);
  * (torch.nn.DataParallel, as the Trainer wraps a model on two GPUs without a
  * launcher; DistributedDataParallel; DeepSpeed ZeRO stage 2). */
 typedef enum { TK_PAR_DATAPARALLEL = 0, TK_PAR_DDP, TK_PAR_ZERO2 } tk_parallel;
+/* The API the user trains with, which advice writes its fixes in: auto (the
+ * default: a pasted traceback's Trainer.train or the companion's --trainer
+ * say trainer; otherwise loop for engine: pytorch and txkernel for engine:
+ * txkernel, tk_config_api), transformers' Trainer (TrainingArguments lines),
+ * a plain PyTorch loop, or txkernel's own config (YAML). */
+typedef enum { TK_API_AUTO = 0, TK_API_TRAINER, TK_API_LOOP, TK_API_TXKERNEL } tk_api;
 
 #define TK_PATH_MAX 512
 
@@ -118,6 +124,7 @@ typedef struct tk_config {
     tk_torch_version torch_version; /* pytorch: 2 (torch 2.x + transformers 5.x) | 2.0 .. 2.15 | 1.13 (+ 4.40) | 1.10 (+ 4.15) */
     tk_parallel parallel;      /* pytorch, world size > 1: dataparallel (default) | ddp | zero2 */
     int bucket_cap_mb;         /* pytorch, parallel: ddp: DDP's bucket_cap_mb; 0 = its default (25, first bucket 1 MiB) */
+    tk_api api;                /* the API fixes are written in: auto | trainer | loop | txkernel */
 
     /* output */
     char output_dir[TK_PATH_MAX]; /* checkpoints; "" = no checkpoints */

@@ -1,7 +1,9 @@
 /* report_torchplan.c — an `engine: pytorch` plan (torchplan/) as text, HTML
  * and JSON, for `txk plan` and `%txplan`: it names the engine and the torch
  * and transformers versions it follows, so a number is never read as
- * txkernel's own. */
+ * txkernel's own. Against a card's profile, fits is the card's one usable
+ * capacity (tk_gpu_profile_budget, the figure advice uses too), said beside
+ * the total it comes from. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,29 @@
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_torchplan.h"
+
+/* The card's one usable capacity for a plan against its profile (0 when
+ * the plan has none: a capacity: given, or no card), and whether the plan
+ * fits in it. */
+static size_t usable(const tk_torchplan_result *r, int *fits) {
+    const tk_gpu_profile *card = r->gpu[0] ? tk_gpu_profile_find(r->gpu) : NULL;
+    size_t b = card && r->capacity == card->capacity ? tk_gpu_profile_budget(card) : 0;
+    *fits = b ? r->peak_reserved <= b : r->fits;
+    return b;
+}
+
+/* The plan's JSON with the usable capacity and the verdict against it. */
+static json_t *plan_json(const tk_torchplan_result *r) {
+    json_t *j = tk_torchplan_json(r);
+    int fits;
+    size_t b = usable(r, &fits);
+    if (j && b && (json_object_set_new(j, "usable", json_integer((json_int_t)b)) ||
+                   json_object_set_new(j, "fits", json_boolean(fits)))) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
 
 json_t *tk_report_torchplan(const tk_torchplan_result *r) {
     char a[32], b[32], c[32], d[32];
@@ -58,7 +83,15 @@ json_t *tk_report_torchplan(const tk_torchplan_result *r) {
                    r->outside_bytes ? " + cuBLAS's own pools " : "",
                    r->outside_bytes ? tk_format_bytes(r->outside_bytes, c, sizeof c) : "");
     }
-    if (r->capacity)
+    int fits;
+    size_t budget = usable(r, &fits);
+    if (budget)
+        tk_sb_addf(&text, "%s: %s reserved of %s usable (the %s's %s total less %s for the CUDA context and library "
+                          "buffers, the profile's default: the capacity advice uses too)\n",
+                   fits ? "FITS" : "DOES NOT FIT", tk_format_bytes(r->peak_reserved, a, sizeof a),
+                   tk_format_bytes(budget, b, sizeof b), r->gpu, tk_format_bytes(r->capacity, c, sizeof c),
+                   tk_format_bytes(r->capacity - budget, d, sizeof d));
+    else if (r->capacity)
         tk_sb_addf(&text, "%s: %s reserved of %s\n", r->fits ? "FITS" : "DOES NOT FIT",
                    tk_format_bytes(r->peak_reserved, a, sizeof a), tk_format_bytes(r->capacity, b, sizeof b));
     tk_sb_addf(&text, "Model states: params %s, grads %s, optimizer %s (%lld parameters, %lld trainable)\n",
@@ -90,7 +123,7 @@ json_t *tk_report_torchplan(const tk_torchplan_result *r) {
         tk_sb_add(&html, "</p>");
     }
     tk_sb_add(&html, "</div>");
-    json_t *j = tk_torchplan_json(r);
+    json_t *j = plan_json(r);
     char *t = tk_sb_take(&text), *h = tk_sb_take(&html);
     json_t *bundle = j && t && h ? json_pack("{s:s, s:s, s:o}", "text/plain", t, "text/html", h, "application/json", j) : NULL;
     if (!bundle) json_decref(j);
@@ -107,21 +140,35 @@ tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, jso
         tk_err_set(err, TK_EINVAL, "--gpus %s: expected %s", platform, tk_gpu_platform_names());
         return TK_EINVAL;
     }
-    static const char *const h[] = {"card", ">capacity", ">device used", ">peak allocated", ">peak reserved", "attention",
-                                    "fits"};
-    tk_rtable *t = tk_rtable_new("", 7, h);
+    static const char *const h[] = {"card", ">capacity", ">usable", ">device used", ">peak allocated", ">peak reserved",
+                                    "attention", "fits"};
+    tk_rtable *t = tk_rtable_new("", 8, h);
     json_t *rows = json_array();
     const char *tv = "", *xv = "";
     tk_status st = t && rows ? TK_OK : tk_err_nomem(err, "--gpus report");
     tk_sb notes = {0}; /* the pairs: how they are spread and how that is known */
+    char skipped[64] = "", skipped_why[sizeof ((tk_err *)0)->msg] = "";
     for (int i = 0; i < n && st == TK_OK; i++) {
         tk_config one = *c;
         tk_torchplan_result r;
         if ((st = tk_config_set(&one, "gpu", cards[i]->name, err)) != TK_OK) break;
         one.capacity = 0;
-        if ((st = tk_torchplan(&one, &r, err)) != TK_OK) break;
+        tk_err pe = {0};
+        st = tk_torchplan(&one, &r, &pe);
+        /* a pair (t4x2) the planner refuses: it plans the split of a step
+         * over GPUs (parallel:) only where it models it */
+        if (st == TK_EINVAL && cards[i]->gpus > 1) {
+            snprintf(skipped, sizeof skipped, "%s", cards[i]->name);
+            snprintf(skipped_why, sizeof skipped_why, "%s", pe.msg);
+            st = TK_OK;
+            continue;
+        }
+        if (st != TK_OK) {
+            if (err) *err = pe;
+            break;
+        }
         tv = r.torch_version, xv = r.transformers_version;
-        char a[32], b[32], d[32], e[32], name[64];
+        char a[32], b[32], d[32], e[32], u[32], name[64];
         snprintf(name, sizeof name, "%s%s%s%s", cards[i]->name, r.parallel ? " (" : "", r.parallel ? r.parallel : "",
                  r.parallel ? ")" : "");
         int full = 0;
@@ -130,10 +177,13 @@ tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, jso
         if (r.parallel)
             tk_sb_addf(&notes, "%s: %d GPUs, %s, batch %d per GPU; the row is the fullest GPU's (%s); %s.\n",
                        cards[i]->name, r.world_size, r.parallel, r.batch, r.gpu_rows[full].who, r.checked);
-        tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s", name, tk_format_bytes(r.capacity, a, sizeof a),
-                       tk_format_bytes(r.device_used, b, sizeof b), tk_format_bytes(r.peak_allocated, d, sizeof d),
-                       tk_format_bytes(r.peak_reserved, e, sizeof e), r.attention, r.fits ? "yes" : "NO");
-        json_t *row = tk_torchplan_json(&r);
+        int fits;
+        size_t budget = usable(&r, &fits);
+        tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", name, tk_format_bytes(r.capacity, a, sizeof a),
+                       budget ? tk_format_bytes(budget, u, sizeof u) : "-", tk_format_bytes(r.device_used, b, sizeof b),
+                       tk_format_bytes(r.peak_allocated, d, sizeof d), tk_format_bytes(r.peak_reserved, e, sizeof e),
+                       r.attention, fits ? "yes" : "NO");
+        json_t *row = plan_json(&r);
         if (!row || json_array_append_new(rows, row)) st = tk_err_nomem(err, "--gpus report");
     }
     char *text = NULL, *html = NULL;
@@ -141,11 +191,14 @@ tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, jso
         tk_sb sb = {0};
         char *tt = tk_rtable_text(t);
         tk_sb_addf(&sb, "engine: pytorch — the step as torch %s + transformers %s run it, on each %s card "
-                        "(device used = peak reserved + PyTorch's CUDA context; fits: within the card's capacity):\n%s",
+                        "(device used = peak reserved + PyTorch's CUDA context; fits: peak reserved within the card's "
+                        "usable capacity, its total less the context and library buffers, as advice counts it):\n%s",
                    tv, xv, platform, tt ? tt : "");
         char *nt = tk_sb_take(&notes);
         if (nt) tk_sb_add(&sb, nt);
         free(nt);
+        if (skipped[0])
+            tk_sb_addf(&sb, "%s is not planned: %s\n", skipped, skipped_why);
         free(tt);
         text = tk_sb_take(&sb);
         html = tk_rtable_html(t);

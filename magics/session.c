@@ -15,6 +15,7 @@
 #include "tk_session.h"
 #include "tk_host_mem.h"
 
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -629,6 +630,31 @@ static int has_file(const char *dir, const char *name) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* The data columns a model folder was trained with: the run's config, kept
+ * in its newest checkpoint's trainer_state.json (the folder itself when it
+ * is a checkpoint); c keeps its own when there is none or it does not
+ * parse (a run of another version). */
+static void trained_columns(const char *folder, tk_config *c) {
+    char dir[TK_PATH_MAX + 64], state[TK_PATH_MAX + 96];
+    int64_t *steps = NULL;
+    if (tk_ckpt_is_checkpoint(folder)) snprintf(dir, sizeof dir, "%s", folder);
+    else if (tk_ckpt_list(folder, &steps) > 0) snprintf(dir, sizeof dir, "%s/checkpoint-%lld", folder, (long long)steps[0]);
+    else dir[0] = 0;
+    free(steps);
+    if (!dir[0]) return;
+    snprintf(state, sizeof state, "%s/trainer_state.json", dir);
+    json_t *j = json_load_file(state, 0, NULL);
+    const char *yaml = json_string_value(json_object_get(j, "config"));
+    tk_config run;
+    tk_config_defaults(&run);
+    if (yaml && tk_config_parse_yaml(&run, yaml, strlen(yaml), state, NULL) == TK_OK) {
+        memcpy(c->text_col, run.text_col, sizeof c->text_col);
+        memcpy(c->text_pair_col, run.text_pair_col, sizeof c->text_pair_col);
+        memcpy(c->label_col, run.label_col, sizeof c->label_col);
+    }
+    json_decref(j);
+}
+
 tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *err) {
     char wfile[TK_PATH_MAX + 64];
     if (folder) {
@@ -641,6 +667,7 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
         }
         int L = tk_hf_model_max_length(c->model);
         if (L > 0) c->max_len = L;
+        trained_columns(c->model, c); /* metrics need no --label when the run's column is in the input */
     } else if (c->output_dir[0] && tk_checkpoint_find(c->output_dir, wfile, sizeof wfile)) {
         snprintf(c->model, sizeof c->model, "%s", c->output_dir);
     }

@@ -255,7 +255,7 @@ tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bund
     tk_status st = tk_plan_cards(c, NULL, 0, platform, cards, 16, &n, err);
     if (st != TK_OK) return st;
     char sentence[400], title[96], b1[32], b2[32], b3[32], b4[40];
-    tk_cards_sentence(cards, n, sentence, sizeof sentence);
+    tk_cards_sentence(cards, n, platform, sentence, sizeof sentence);
     if (!strcmp(platform, "all")) snprintf(title, sizeof title, "The config on every GPU profile");
     else snprintf(title, sizeof title, "The config on each card %s hands out", platform);
     const char *hd[] = {"card", ">capacity", ">budget", ">planned peak", "fits", ">margin", ">step"};

@@ -128,9 +128,9 @@ static void test_gpus(void) {
 
 /* engine: pytorch with one T4 --for kaggle: the pair's three splits are
  * proposed, each applied as the pair's profile and parallel:, the global
- * batch kept. Planned by the engine: pytorch planner where it models a
- * split over GPUs (torchplan/, issue 34's planning half); where it does not
- * yet, it refuses them and they are never offered. */
+ * batch kept. Each is offered where the engine: pytorch planner plans it
+ * (DataParallel and DDP here; ZeRO-2 is refused fp32 weights and so never
+ * offered for this config). */
 static void test_kaggle_pair_moves(void) {
     tk_config c = base_config("trainer", "2");
     c.batch_size = 64;
@@ -152,12 +152,20 @@ static void test_kaggle_pair_moves(void) {
     in.platform = "colab";
     TK_CHECK_EQ_INT(d->propose(TK_FIX_DATA_PARALLEL, &in, f, 8), 0);
     in.platform = "kaggle";
-    tk_config pair = c;
-    TK_CHECK(tk_fix_apply(&pair, &f[TK_PAR_DDP], NULL, 0, (char[256]){0}, 256) == 0);
     tk_plan_result *p = malloc(sizeof *p);
     tk_advice *a = malloc(sizeof *a);
     tk_err e = {0};
-    tk_status planned = tk_plan_engine(&pair, NULL, 0, p, &e);
+    /* the moves the engine: pytorch planner plans (ZeRO-2 needs 16-bit
+     * weights: this fp32 config is refused it, with the reason) */
+    int plannable = 0;
+    for (int i = 0; i < 3 && p; i++) {
+        tk_config pair = c;
+        TK_CHECK(tk_fix_apply(&pair, &f[i], NULL, 0, (char[256]){0}, 256) == 0);
+        tk_status planned = tk_plan_engine(&pair, NULL, 0, p, &e);
+        TK_CHECK_MSG(planned == TK_OK || (i == TK_PAR_ZERO2 && planned == TK_EINVAL), "%d: %s", i, e.msg);
+        plannable += planned == TK_OK;
+    }
+    TK_CHECK(plannable >= 2);
     TK_CHECK(a && tk_advise(&in, a, &e) == TK_OK);
     int offered = 0;
     for (int i = 0; a && i < a->n_cand; i++) {
@@ -169,8 +177,7 @@ static void test_kaggle_pair_moves(void) {
     }
     /* on Kaggle the card is chosen, not drawn: no lottery */
     for (int i = 0; a && i < a->n_diag; i++) TK_CHECK(a->diag[i].kind != TK_DIAG_LOTTERY);
-    if (planned == TK_OK) TK_CHECK_EQ_INT(offered, 3);
-    else TK_CHECK_MSG(planned == TK_EINVAL && !offered && strstr(e.msg, "t4x2"), "%d %s", (int)planned, e.msg);
+    TK_CHECK_EQ_INT(offered, plannable);
     free(p);
     free(a);
 }

@@ -63,7 +63,7 @@ static void test_embed_gather_scatter(void) {
         BOTH(tk_op_embed_fwd(D, T(out), T(idx), T(table), n, C));
         pair_same_bytes(&out, "embed_fwd");
         /* same order of 16-bit roundings on both sides: exact */
-        BOTH(tk_op_embed_bwd(D, T(table), T(idx), T(out), n, C));
+        BOTH(tk_op_embed_bwd(D, T(table), T(idx), T(out), n, C, NULL, NULL));
         pair_same_bytes(&table, "embed_bwd");
         BOTH(tk_op_gather_rows(D, T(out), T(table), T(idx), n, C));
         pair_same_bytes(&out, "gather_rows");
@@ -137,7 +137,7 @@ static void test_layernorm(void) {
         for (int acc = 0; acc < 2; acc++) {
             FRESH(din, dt, N * C);
             BOTH(tk_op_layernorm_bwd(D, T(din), T(dw), T(db), T(dout), T(in), T(w), T(mean), T(rstd),
-                                     N, C, acc));
+                                     N, C, acc, NULL));
             pair_cmp(&din, dt == TK_F32 ? 1e-4 : tol, acc ? "layernorm_bwd din (accumulate)" : "layernorm_bwd din");
             pair_cmp(&dw, 1e-4, "layernorm_bwd dw");
             pair_cmp(&db, 1e-5, "layernorm_bwd db");

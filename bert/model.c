@@ -784,6 +784,7 @@ typedef struct step {
     stens s;
     lacts *la;                /* [L] */
     int nvalid, nvalid2;      /* non-ignored rows of the loss(es) */
+    int32_t *egroups;         /* host: the embedding backward's three row groupings (inputs()) */
 } step;
 
 static void step_cleanup(step *S) {
@@ -796,6 +797,8 @@ static void step_cleanup(step *S) {
     }
     free(S->la);
     S->la = NULL;
+    free(S->egroups);
+    S->egroups = NULL;
 }
 
 #define TRY(x) do { tk_status _st = (x); if (_st != TK_OK) return fail(S, _st, #x, __LINE__); } while (0)
@@ -1214,6 +1217,12 @@ static tk_status embeddings_bwd(step *S) {
     fr(S, &s->emean);
     fr(S, &s->ex);
     /* each table row summed by its own chunks (the groups inputs() built) */
+    tk_tensor *gt[3] = {&s->gword, &s->gpos, &s->gtype};
+    const int64_t ng = tk_embed_groups_numel(N);
+    for (int k = 0; k < 3; k++) {
+        TRY(al(S, gt[k], TK_I32, 1, ng, 0, 0, 0, TK_CAT_INPUT, "inputs"));
+        TRY(tk_tensor_write(S->d, gt[k], S->egroups + k * ng, S->err));
+    }
     TRY(al(S, &s->escr, TK_F32, 1, tk_embed_bwd_scratch_numel(N, H), 0, 0, 0, TK_CAT_TEMP, "bert.embeddings"));
     TRY(tk_op_embed_bwd(S->d, PG(S, m->emb.word), &s->ids, &s->dx, N, H, &s->gword, &s->escr));
     TRY(tk_op_embed_bwd(S->d, PG(S, m->emb.pos), &s->pos, &s->dx, N, H, &s->gpos, &s->escr));
@@ -1313,26 +1322,23 @@ static tk_status inputs(step *S, const tk_batch *b) {
         if (st == TK_OK) st = al(S, &s->ones, S->adt, 1, N, 0, 0, 0, TK_CAT_TEMP, "qa_outputs");
         if (st == TK_OK) st = tk_op_fill(S->d, &s->ones, 1.0f, N);
     }
-    /* The embedding backward's row groups (tk_embed_groups_build), built here
-     * from the host ids while the batch is uploaded anyway, so backward waits
-     * for no copy. */
+    /* The embedding backward's row groups (tk_embed_groups_build) of the
+     * word, position and type ids, built on the host now, uploaded by
+     * embeddings_bwd when most activations are gone (so the step's peak does
+     * not carry them). */
     if (st == TK_OK && S->train && grads_below(m, -1)) {
         const int64_t ng = tk_embed_groups_numel(N);
-        int32_t *gh = tk_malloc((size_t)ng * sizeof *gh);
-        tk_tensor *gt[3] = {&s->gword, &s->gpos, &s->gtype};
         const int64_t rows[3] = {dm->vocab_size, dm->max_position, dm->type_vocab};
-        if (!gh) st = tk_err_nomem(S->err, "model: the embedding groups");
+        S->egroups = tk_malloc((size_t)(3 * ng) * sizeof *S->egroups);
+        if (!S->egroups) st = tk_err_nomem(S->err, "model: the embedding groups");
         for (int k = 0; k < 3 && st == TK_OK; k++) {
             for (int64_t i = 0; i < N; i++)
                 host[i] = k == 0 ? b->input_ids[i] : k == 1 ? (int32_t)(i % S->T)
                         : b->token_type_ids ? b->token_type_ids[i] : 0;
-            int rc = tk_embed_groups_build(gh, host, N, rows[k]);
+            int rc = tk_embed_groups_build(S->egroups + k * ng, host, N, rows[k]);
             if (rc == -2) st = tk_err_nomem(S->err, "model: the embedding groups");
             else if (rc != 0) st = (tk_err_set(S->err, TK_EINVAL, "batch: an id is outside its embedding table"), TK_EINVAL);
-            IN_TENSOR(gt[k], ng);
-            WR(gt[k], gh);
         }
-        free(gh);
     }
 #undef IN_TENSOR
 #undef WR

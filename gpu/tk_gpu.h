@@ -235,7 +235,17 @@ typedef struct tk_gpu_profile {
     int cc_major, cc_minor;
     const char *source;        /* where `capacity` was read, with its date, or what is not known */
     int gpus;                  /* cards of this kind in one machine (t4x2: 2); capacity is per card */
+    double tf32_flops;         /* dense TF32 tensor-core FLOP/s (the fp32 rate where there is no TF32) */
+    const char *peak_source;   /* where the FLOP/s figures were read */
 } tk_gpu_profile;
+
+/* The card's dense peak FLOP/s for a step's precision ("fp32", "tf32",
+ * "fp16", "bf16"): the denominator of MFU; 0 for an unknown precision. */
+double tk_gpu_profile_peak(const tk_gpu_profile *p, const char *precision);
+/* The one-card profile whose long name is the device's own name, compared
+ * case-insensitively without a leading "NVIDIA " ("Tesla T4" -> t4, "NVIDIA
+ * H200" -> h200); NULL for any other card (an H200 NVL is not the SXM). */
+const tk_gpu_profile *tk_gpu_profile_by_device(const char *device_name);
 
 /* The cuda backend's own device buffers, taken once when it opens, outside
  * the allocator: the cuBLAS workspace (32 MiB, NVIDIA's figure for Hopper,

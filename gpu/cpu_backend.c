@@ -584,11 +584,7 @@ static tk_status cpu_fill(void *ctx, tk_tensor *t, float value, int64_t n) {
 }
 
 static tk_status cpu_fill_many(void *ctx, tk_tensor *const *ts, int n, float value) {
-    for (int i = 0; i < n; i++) {
-        tk_status st = cpu_fill(ctx, ts[i], value, tk_tensor_numel(ts[i]));
-        if (st != TK_OK) return st;
-    }
-    return TK_OK;
+    return tk_fill_many_each(ctx, cpu_fill, ts, n, value);
 }
 
 static tk_status cpu_cast(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n) {
@@ -1147,14 +1143,7 @@ static tk_status cpu_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, t
 
 /* The table one parameter at a time: the same bits as tk_op_adamw per item. */
 static tk_status cpu_adamw_many(void *ctx, const tk_adamw_item *items, int n_items, const tk_adamw_hp *hp) {
-    for (int i = 0; i < n_items; i++) {
-        tk_adamw_hp h = *hp;
-        if (items[i].no_decay) h.weight_decay = 0.0f;
-        tk_adamw_item it = items[i];
-        tk_status st = cpu_adamw(ctx, &it.param, &it.grad, &it.m, &it.v, it.n, &h);
-        if (st != TK_OK) return st;
-    }
-    return TK_OK;
+    return tk_adamw_many_each(ctx, cpu_adamw, items, n_items, hp);
 }
 
 /* 8-bit AdamW: per block, decode m and v (tk_ops_spec.h), update in f32 as

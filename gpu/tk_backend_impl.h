@@ -133,6 +133,33 @@ typedef struct tk_backend {
         .attention_bwd = attn_bwd,                                    \
     }
 
+/* The table ops as one call of the single op per tensor: what a backend
+ * without a kernel for a table does (cpu), and a table kernel's reference
+ * path (cuda). Inline: the cuda plugin links nothing from libtk. */
+typedef tk_status (*tk_fill_fn)(void *ctx, tk_tensor *t, float value, int64_t n);
+typedef tk_status (*tk_adamw_fn)(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
+                                 int64_t n, const tk_adamw_hp *hp);
+static inline tk_status tk_fill_many_each(void *ctx, tk_fill_fn fill, tk_tensor *const *ts, int n, float value) {
+    for (int i = 0; i < n; i++) {
+        int64_t e = ts[i]->ndim > 0 ? 1 : 0;
+        for (int k = 0; k < ts[i]->ndim; k++) e *= ts[i]->shape[k];
+        tk_status st = fill(ctx, ts[i], value, e);
+        if (st != TK_OK) return st;
+    }
+    return TK_OK;
+}
+static inline tk_status tk_adamw_many_each(void *ctx, tk_adamw_fn adamw, const tk_adamw_item *items, int n,
+                                           const tk_adamw_hp *hp) {
+    for (int i = 0; i < n; i++) {
+        tk_adamw_hp h = *hp;
+        tk_adamw_item it = items[i];
+        if (it.no_decay) h.weight_decay = 0.0f;
+        tk_status st = adamw(ctx, &it.param, &it.grad, &it.m, &it.v, it.n, &h);
+        if (st != TK_OK) return st;
+    }
+    return TK_OK;
+}
+
 /* The host backend (OpenBLAS + OpenMP). ctx from tk_cpu_ctx_new. */
 const tk_backend *tk_backend_cpu(void);
 void *tk_cpu_ctx_new(const tk_dev_opts *opts);

@@ -218,13 +218,7 @@ tk_status tk_cuda_fill(void *ctx, tk_tensor *t, float value, int64_t n) {
 
 /* One launch per TK_TABLE_MAX tensors (one for BERT-base's 201 gradients). */
 tk_status tk_cuda_fill_many(void *ctx, tk_tensor *const *ts, int n, float value) {
-    if (!FAST()) {
-        for (int i = 0; i < n; i++) {
-            tk_status s = tk_cuda_fill(ctx, ts[i], value, tensor_numel(ts[i]));
-            if (s != TK_OK) return s;
-        }
-        return TK_OK;
-    }
+    if (!FAST()) return tk_fill_many_each(ctx, tk_cuda_fill, ts, n, value);
     fill_table *t = (fill_table *)malloc(sizeof *t);
     if (!t) return TK_ENOMEM;
     for (int i0 = 0; i0 < n; i0 += TK_TABLE_MAX) {

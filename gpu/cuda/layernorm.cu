@@ -78,19 +78,12 @@ __global__ void k_layernorm_bwd_in(void *din, int dtd, const void *dout, int dtg
     }
 }
 
-/* dw[c] += sum_n dout[n,c] * norm[n,c]; db[c] += sum_n dout[n,c]. */
-__global__ void k_layernorm_bwd_wb(void *dw, int dtw, void *db, int dtb, const void *dout, int dtg,
-                                   const void *in, int dti, const float *mean, const float *rstd,
-                                   int64_t N, int64_t C) {
+/* The end of a two-column-sum block (COL_W x COL_H, cuda_common.cuh): each
+ * lane's partials (sw, sb) to shared memory, lane 0 adds them in lane order
+ * and accumulates into dw[c], db[c]. */
+__device__ __forceinline__ void colsum2_finish(float sw, float sb, int64_t c, int64_t C, void *dw, int dtw, void *db,
+                                               int dtb) {
     __shared__ float pw[COL_H][COL_W], pb[COL_H][COL_W];
-    int64_t c = (int64_t)blockIdx.x * COL_W + threadIdx.x;
-    float sw = 0.0f, sb = 0.0f;
-    if (c < C)
-        for (int64_t n = threadIdx.y; n < N; n += COL_H) {
-            float g = ld(dout, dtg, n * C + c);
-            sw += g * ((ld(in, dti, n * C + c) - mean[n]) * rstd[n]);
-            sb += g;
-        }
     pw[threadIdx.y][threadIdx.x] = sw;
     pb[threadIdx.y][threadIdx.x] = sb;
     __syncthreads();
@@ -101,6 +94,21 @@ __global__ void k_layernorm_bwd_wb(void *dw, int dtw, void *db, int dtb, const v
     }
     if (dw) st(dw, dtw, c, ld(dw, dtw, c) + sw);
     if (db) st(db, dtb, c, ld(db, dtb, c) + sb);
+}
+
+/* dw[c] += sum_n dout[n,c] * norm[n,c]; db[c] += sum_n dout[n,c]. */
+__global__ void k_layernorm_bwd_wb(void *dw, int dtw, void *db, int dtb, const void *dout, int dtg,
+                                   const void *in, int dti, const float *mean, const float *rstd,
+                                   int64_t N, int64_t C) {
+    int64_t c = (int64_t)blockIdx.x * COL_W + threadIdx.x;
+    float sw = 0.0f, sb = 0.0f;
+    if (c < C)
+        for (int64_t n = threadIdx.y; n < N; n += COL_H) {
+            float g = ld(dout, dtg, n * C + c);
+            sw += g * ((ld(in, dti, n * C + c) - mean[n]) * rstd[n]);
+            sb += g;
+        }
+    colsum2_finish(sw, sb, c, C, dw, dtw, db, dtb);
 }
 
 /* ---- fast kernels: a warp per row -------------------------------------------- */
@@ -221,7 +229,6 @@ __global__ void k_ln_bwd8(T *din, float *part, const T *dout, const T *in, const
 /* dw[c] += sum over the W groups of part[g][0][c], db likewise from
  * part[g][1][c], in the column-sum layout (fixed order). */
 __global__ void k_ln_bwd_sum(void *dw, int dtw, void *db, int dtb, const float *part, int64_t W, int64_t C) {
-    __shared__ float pw[COL_H][COL_W], pb[COL_H][COL_W];
     int64_t c = (int64_t)blockIdx.x * COL_W + threadIdx.x;
     float sw = 0.0f, sb = 0.0f;
     if (c < C)
@@ -229,16 +236,7 @@ __global__ void k_ln_bwd_sum(void *dw, int dtw, void *db, int dtb, const float *
             sw += part[g * 2 * C + c];
             sb += part[g * 2 * C + C + c];
         }
-    pw[threadIdx.y][threadIdx.x] = sw;
-    pb[threadIdx.y][threadIdx.x] = sb;
-    __syncthreads();
-    if (threadIdx.y != 0 || c >= C) return;
-    for (int y = 1; y < COL_H; y++) {
-        sw += pw[y][threadIdx.x];
-        sb += pb[y][threadIdx.x];
-    }
-    if (dw) st(dw, dtw, c, ld(dw, dtw, c) + sw);
-    if (db) st(db, dtb, c, ld(db, dtb, c) + sb);
+    colsum2_finish(sw, sb, c, C, dw, dtw, db, dtb);
 }
 
 /* ---- launchers --------------------------------------------------------------------- */

@@ -244,11 +244,12 @@ extern "C" tk_status tk_cuda_lt_gemm(tk_cuda_ctx *c, tk_tensor *C, const tk_tens
     tk_gemm_cm cm = tk_gemm_colmajor(g->trans_a, g->trans_b, g->m, g->n, g->k);
     cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     if (g->bgrad) epi = bias ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_BGRADB;
-    if (bias && g->bgrad) { /* no single epilogue does both; the reference path does */
+    const void *bptr = bias ? bias->data : g->bgrad ? g->bgrad_tmp->data : NULL;
+    if ((bias && g->bgrad) || (bptr && !aligned16(bptr))) { /* no single epilogue does both; a vector
+                                                             * cuBLASLt may not take: the reference path */
         *declined = 1;
         return TK_OK;
     }
-    const void *bptr = bias ? bias->data : g->bgrad ? g->bgrad_tmp->data : NULL;
     lt_key key;
     memset(&key, 0, sizeof key);
     key.m = g->m; key.n = g->n; key.k = g->k; key.ta = g->trans_a; key.tb = g->trans_b;
@@ -309,8 +310,20 @@ extern "C" tk_status tk_cuda_lt_gemm(tk_cuda_ctx *c, tk_tensor *C, const tk_tens
         *declined = 1;
         goto out;
     }
-    LT_TRY(cublasLtMatmul(c->lt, op, &alpha, B->data, la, A->data, lb, &beta, C->data, lc, C->data, lc,
-                          &hit->algo, c->workspace, ws, 0));
+    {
+        cublasStatus_t ms = cublasLtMatmul(c->lt, op, &alpha, B->data, la, A->data, lb, &beta, C->data, lc, C->data,
+                                           lc, &hit->algo, c->workspace, ws, 0);
+        if (ms == CUBLAS_STATUS_NOT_SUPPORTED || ms == CUBLAS_STATUS_INVALID_VALUE) {
+            /* an algorithm the heuristic offered that refuses these pointers
+             * (the bias's alignment is not in the preference): not again */
+            hit->found = 0;
+            *declined = 1;
+        } else if (ms != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "txkernel cuda: %s:%d: cublasLtMatmul(M=%lld N=%lld K=%lld) failed: %s\n", __FILE__,
+                    __LINE__, (long long)g->m, (long long)g->n, (long long)g->k, tk_cublas_status_str(ms));
+            st = TK_EDEVICE;
+        }
+    }
 out:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (lc) cublasLtMatrixLayoutDestroy(lc);

@@ -225,16 +225,7 @@ tk_status tk_cuda_sumsq_many(void *ctx, tk_tensor *out, const tk_tensor *const *
 }
 
 tk_status tk_cuda_adamw_many(void *ctx, const tk_adamw_item *items, int n_items, const tk_adamw_hp *hp) {
-    if (!FAST()) {
-        for (int i = 0; i < n_items; i++) {
-            tk_adamw_hp h = *hp;
-            if (items[i].no_decay) h.weight_decay = 0.0f;
-            tk_adamw_item it = items[i];
-            tk_status s = tk_cuda_adamw(ctx, &it.param, &it.grad, &it.m, &it.v, it.n, &h);
-            if (s != TK_OK) return s;
-        }
-        return TK_OK;
-    }
+    if (!FAST()) return tk_adamw_many_each(ctx, tk_cuda_adamw, items, n_items, hp);
     tk_adamw_coef k = tk_adamw_coef_of(hp);
     adamw_table *t = (adamw_table *)malloc(sizeof *t);
     if (!t) return TK_ENOMEM;

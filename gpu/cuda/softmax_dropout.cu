@@ -112,6 +112,18 @@ __global__ void k_softmax_drop_fwd8(T *P, T *PD, const T *in, const int32_t *mas
     }
 }
 
+/* Eight of a row's P and dP from column c: dP regenerated from dPD through
+ * the dropout mask (nothing stored), rounded as tk_op_dropout_bwd's output. */
+template <typename T>
+__device__ __forceinline__ void probs_grads8(float *y, float *d, const T *P, const T *dPD, int64_t base, int c, float p,
+                                             float pscale, uint64_t key, uint64_t offset) {
+    ld8(P + base + c, y);
+    ld8(dPD + base + c, d);
+    if (p > 0.0f)
+        for (int j = 0; j < 8; j++)
+            d[j] = tk_dropout_keep(key, offset + (uint64_t)(base + c + j), p) ? stored<T>(d[j] * pscale) : 0.0f;
+}
+
 template <typename T>
 __global__ void k_softmax_drop_bwd8(T *din, const T *P, const T *dPD, int64_t rows, int T_, float scale, float p,
                                     float pscale, uint64_t key, uint64_t offset) {
@@ -122,24 +134,14 @@ __global__ void k_softmax_drop_bwd8(T *din, const T *P, const T *dPD, int64_t ro
     float s = 0.0f;
     for (int c = lane * 8; c < T_; c += WARP * 8) {
         float y[8], d[8];
-        ld8(P + base + c, y);
-        ld8(dPD + base + c, d);
-        for (int j = 0; j < 8; j++) {
-            if (p > 0.0f)
-                d[j] = tk_dropout_keep(key, offset + (uint64_t)(base + c + j), p) ? stored<T>(d[j] * pscale) : 0.0f;
-            s += d[j] * y[j];
-        }
+        probs_grads8(y, d, P, dPD, base, c, p, pscale, key, offset);
+        for (int j = 0; j < 8; j++) s += d[j] * y[j];
     }
     s = warp_sum(s);
     for (int c = lane * 8; c < T_; c += WARP * 8) {
         float y[8], d[8];
-        ld8(P + base + c, y);
-        ld8(dPD + base + c, d);
-        for (int j = 0; j < 8; j++) {
-            if (p > 0.0f)
-                d[j] = tk_dropout_keep(key, offset + (uint64_t)(base + c + j), p) ? stored<T>(d[j] * pscale) : 0.0f;
-            d[j] = scale * y[j] * (d[j] - s);
-        }
+        probs_grads8(y, d, P, dPD, base, c, p, pscale, key, offset);
+        for (int j = 0; j < 8; j++) d[j] = scale * y[j] * (d[j] - s);
         st8(din + base + c, d);
     }
 }

@@ -453,8 +453,9 @@ static void test_fused_ops(void) {
  * Each op runs three times on the cuda device from the same values: fast
  * kernels with dtype dt, reference kernels with dt, reference kernels with
  * every float tensor in f32. gpu_model's 16-bit rule, per output tensor on
- * its scale: |fast - ref| <= 3 |ref16 - ref32| + 1e-3 (for f32, ref16 is
- * ref32 and the bound is 1e-3 of the scale). */
+ * its scale: |fast - ref| <= 3 |ref16 - ref32| + 1e-3; in f32, where ref16
+ * is ref32, gpu_model's fp32 bound instead: 1e-4 of the scale (the sums run
+ * in other orders, nothing else may differ). */
 
 enum { K_FLT, K_F32, K_I32 };   /* follows dt / always f32 / fixed ints */
 /* values uniform in [-scale, scale), or [0, -scale) when scale < 0 (AdamW's v) */
@@ -521,7 +522,8 @@ static void fast_vs_ref(const char *what, fr_op op, const void *arg, const fr_sp
             if (sp[i].out) {
                 float *fa = fr_read(&set[0][i], sp[i].n), *rf = fr_read(&set[1][i], sp[i].n);
                 float *r32 = fr_read(&set[2][i], sp[i].n);
-                double e = fr_err(fa, rf, sp[i].n), e16 = fr_err(rf, r32, sp[i].n), bound = 3 * e16 + 1e-3;
+                double e = fr_err(fa, rf, sp[i].n), e16 = fr_err(rf, r32, sp[i].n);
+                double bound = dt == TK_F32 ? 1e-4 : 3 * e16 + 1e-3;
                 TK_CHECK_MSG(e <= bound, "%s %s output %d: fast differs from the reference by %.3g of its scale; "
                              "16-bit rounding alone moves it %.3g, bound %.3g", what, tk_dtype_name(dt), i, e, e16,
                              bound);
@@ -546,7 +548,7 @@ static tk_status op_res_ln(tk_dev *d, tk_tensor **t, const void *a) {
 /* t: din, dw, db, dout, in, w, mean, rstd, scratch */
 static tk_status op_ln_bwd(tk_dev *d, tk_tensor **t, const void *a) {
     const fr_shape *s = a;
-    return tk_op_layernorm_bwd(d, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], s->N, s->C, 1, t[8]);
+    return tk_op_layernorm_bwd(d, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], s->N, s->C, 0, t[8]);
 }
 /* t: P (in: the scores), PD, mask */
 static tk_status op_sm_drop_fwd(tk_dev *d, tk_tensor **t, const void *a) {

@@ -430,7 +430,10 @@ tk_status tk_model_zero_grads(tk_model *m, tk_err *err) {
         if (m->ps[i].g.ndim) gs[n++] = &m->ps[i].g; /* not frozen, and allocated */
     tk_status st = tk_op_fill_many(m->dev, gs, n, 0.0f);
     free(gs);
-    if (st != TK_OK) tk_err_set(err, st, "model: cannot zero the gradients (%s)", tk_dev_last_err(m->dev)->msg);
+    if (st != TK_OK) {
+        const tk_err *why = tk_dev_last_err(m->dev);
+        tk_err_set(err, st, "model: cannot zero the gradients (%s)", why ? why->msg : tk_status_name(st));
+    }
     return st;
 }
 

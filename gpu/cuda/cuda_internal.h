@@ -32,6 +32,7 @@ extern "C" {
 
 typedef struct tk_cuda_ctx {
     int device;
+    int cc_major, cc_minor;      /* the card's compute capability (attention.cu picks its kernel by it) */
     cublasHandle_t blas;
     void *workspace;             /* cuBLAS workspace (TK_CUDA_WORKSPACE_BYTES) */
     double *red;                 /* TK_CUDA_RED_BLOCKS partial sums */
@@ -148,15 +149,14 @@ tk_status tk_cuda_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_t
 tk_status tk_cuda_adamw8(void *ctx, tk_tensor *param, const tk_tensor *grad,
                          tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
                          int64_t n, const tk_adamw_hp *hp);
+/* attention.cu: fused attention (tk_attn_kernel.h picks the kernel). */
 tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
                                 const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
-                                int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,
-                                uint64_t seed, uint64_t offset);
+                                const tk_attn *a);
 tk_status tk_cuda_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
                                 const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
                                 const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
-                                const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, int64_t HS,
-                                float scale, float p, uint64_t seed, uint64_t offset);
+                                const tk_tensor *mask, const tk_attn *a);
 /* C[b, m, :] = beta * C[b, m, :] + bias (the first half of a biased gemm). */
 tk_status tk_cuda_bias_rows(void *ctx, tk_tensor *C, const tk_tensor *bias, int64_t M, int64_t N,
                             int64_t batch, int64_t strideC, float beta);

@@ -1,20 +1,26 @@
-/* cuda_emu_backend.cpp — a "cuda" device whose ops are gpu/cuda/cuda_ops.cu
- * itself, compiled for the host and run on threads by cuda_emu.h.
+/* cuda_emu_backend.cpp — a "cuda" device whose ops are gpu/cuda/'s kernel
+ * files themselves (cuda_ops.cu, attention.cu), compiled for the host and
+ * run on fibers by cuda_emu.h.
  *
  * Memory is host memory. GEMM is the plugin's cu_gemm with cuBLAS swapped
  * for the cpu backend's GEMM (cuBLAS is not ours to emulate): the same
  * refusals (tk_cuda_gemm_refusal: one dtype for A and B, ...) and the bias
  * added first by the plugin's own k_bias_rows. Every other op, fused
  * attention included, is the plugin's wrapper and kernel with its launch
- * shape. tk_cuda_emu_open() gives the device; tests/gpu_cuda/gpu_ops.c and
+ * shape. The device says it is compute capability 8.0, so fused attention
+ * picks the sm80 tensor-core kernel for f16/bf16 (TXK_ATTN_KERNEL=sm75 or
+ * reference pick the others, as on a card). tk_cuda_emu_open() gives the device; tests/gpu_cuda/gpu_ops.c and
  * gpu_model.c built with -DTK_CUDA_EMU compare it with the cpu backend
  * during `make test`.
  */
 #include <new>
 #include "cuda_emu.h"
 #include "../../gpu/cuda/cuda_ops.cu"
+#include "../../gpu/cuda/attention.cu"
 
 namespace {
+
+enum { TK_EMU_CC_MAJOR = 8, TK_EMU_CC_MINOR = 0 };
 
 struct emu_ctx {
     tk_cuda_ctx cu;   /* first: the wrappers cast ctx to tk_cuda_ctx */
@@ -47,6 +53,8 @@ void emu_info(void *, tk_dev_info *out) {
     memset(out, 0, sizeof *out);
     out->kind = TK_DEV_CUDA;
     snprintf(out->name, sizeof out->name, "cuda kernels emulated on host threads");
+    out->cc_major = TK_EMU_CC_MAJOR;
+    out->cc_minor = TK_EMU_CC_MINOR;
     out->total = out->free_bytes = (size_t)1 << 30;
 }
 
@@ -110,6 +118,8 @@ extern "C" tk_dev *tk_cuda_emu_open(tk_err *err) {
     tk_dev_opts cpu_opts = {};
     cpu_opts.kind = TK_DEV_CPU;
     c->cpu = tk_cpu_ctx_new(&cpu_opts);
+    c->cu.cc_major = TK_EMU_CC_MAJOR;
+    c->cu.cc_minor = TK_EMU_CC_MINOR;
     c->cu.flags = &c->flags;
     c->cu.red = c->red;
     tk_dev_opts opts = {};

@@ -27,6 +27,7 @@
 #define TK_ATTN_KERNEL_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include "tk_gpu.h"
 
@@ -76,6 +77,29 @@ static inline tk_attn_kernel tk_attn_kernel_pick(int cc_major, int cc_minor, tk_
         w = "tensor cores, mma.sync m16n8k16 (sm80+)";
     }
     if (why) *why = w;
+    return k;
+}
+
+/* One line saying which kernel runs fused attention on such a card and why:
+ * "tensor cores, mma.sync m16n8k16 (sm80+); head size 64, bf16" or "the
+ * reference kernel (fp32 cores): f32 tensors (...)". ask as above, with
+ * TK_ATTN_ASK_BAD saying that the value is refused. Returns k. */
+static inline tk_attn_kernel tk_attn_kernel_line(char *buf, size_t n, int cc_major, int cc_minor, tk_dtype dt,
+                                                 int64_t HS, int ask) {
+    const char *why;
+    if (ask == TK_ATTN_ASK_BAD) {
+        snprintf(buf, n, "none: %s has a value it does not take (%s), so fused attention refuses to run",
+                 TK_ATTN_KERNEL_ENV, TK_ATTN_KERNEL_VALUES);
+        return TK_ATTN_KERNEL_REFERENCE;
+    }
+    tk_attn_kernel k = tk_attn_kernel_pick(cc_major, cc_minor, dt, HS, ask, &why);
+    if (k == TK_ATTN_KERNEL_REFERENCE)
+        snprintf(buf, n, "the reference kernel (fp32 cores): %s", why);
+    else if (HS)
+        snprintf(buf, n, "%s; head size %lld, %s", why, (long long)HS, tk_dtype_name(dt));
+    else
+        snprintf(buf, n, "%s for %s and head sizes 16, 32, 64; the reference kernel (fp32 cores) for others",
+                 why, tk_dtype_name(dt));
     return k;
 }
 

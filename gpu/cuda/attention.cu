@@ -11,7 +11,8 @@
  *    card (tests/gpu_cuda/gpu_ops.c).
  *
  * The tensor-core kernels. A block is 4 warps; a warp owns 16 rows of a
- * 64-row tile and keeps them in registers as mma fragments:
+ * 64-row tile, whose accumulators (scores, output, gradients) live in its
+ * registers as mma fragments:
  *   forward  block (sequence*head, 64 query rows); per tile of 64 keys: S =
  *            Q K^T, the running row max m and sum l (base 2: scores are
  *            scaled by scale*log2(e)), P = 2^(S - m), O = O*2^(m_old - m) +
@@ -199,20 +200,25 @@ template <int DT, int HS> static __device__ __forceinline__ void fm_row_stats(co
     }
 }
 
-/* s (16 x 64: n-tiles of 8) = x y^T: x a warp's 16 rows as A fragments
- * over HS, y a tile of 64 rows (keys, or queries in dK/dV). */
-template <int DT, int K16, int HS> static __device__ __forceinline__ void fm_scores(tk_mma_c *s, const tk_mma_a *x,
-                                                                                    const uint16_t *y, int lane) {
+/* s (16 x 64: n-tiles of 8) = x y^T: x the warp's 16 rows of a tile (its
+ * A fragments loaded a k-step at a time: they are not kept in registers
+ * between tiles, which leaves those to the accumulators), y a tile of 64
+ * rows (keys, or queries in dK/dV). */
+template <int DT, int K16, int HS> static __device__ __forceinline__ void fm_scores(tk_mma_c *s, const uint16_t *x,
+                                                                                    const uint16_t *y, int warp,
+                                                                                    int lane) {
     FM_UNROLL
     for (int n = 0; n < FM_TILE / 8; n++) s[n] = tk_mma_c{ { 0.0f, 0.0f, 0.0f, 0.0f } };
     FM_UNROLL
     for (int kk = 0; kk < HS / 16; kk++) {
+        tk_mma_a xa;
+        tk_mma_load_a(xa, x, HS + 8, warp * 16, kk * 16, lane);
         FM_UNROLL
         for (int np = 0; np < FM_TILE / 16; np++) {
             tk_mma_b yb[2];
             tk_mma_load_bt(yb, y, HS + 8, np * 16, kk * 16, lane);
-            tk_mma<DT, K16>(s[2 * np], x[kk], yb[0]);
-            tk_mma<DT, K16>(s[2 * np + 1], x[kk], yb[1]);
+            tk_mma<DT, K16>(s[2 * np], xa, yb[0]);
+            tk_mma<DT, K16>(s[2 * np + 1], xa, yb[1]);
         }
     }
 }
@@ -251,10 +257,6 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
     const int64_t at = b * T * a.ld + h * HS;
     const int kept = fm_kept(a, flag, b);
     fm_load<HS>(Qs, a.q + at, a.ld, q0, T);
-    __syncthreads();
-    tk_mma_a qf[HS / 16];
-    FM_UNROLL
-    for (int kk = 0; kk < HS / 16; kk++) tk_mma_load_a(qf[kk], Qs, LDS, warp * 16, kk * 16, lane);
     const float sc = kept ? a.scale_log2 : 0.0f;
     const int64_t i0 = q0 + warp * 16 + g; /* this lane's rows: i0 (c[0..1]) and i0 + 8 (c[2..3]) */
     const int valid[2] = { i0 < T, i0 + 8 < T };
@@ -270,7 +272,7 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
         if (threadIdx.x < FM_TILE) bias[threadIdx.x] = fm_bias(a, b, k0 + threadIdx.x, kept);
         __syncthreads();
         tk_mma_c s[NT];
-        fm_scores<DT, K16, HS>(s, qf, Ks, lane);
+        fm_scores<DT, K16, HS>(s, Qs, Ks, warp, lane);
         float mx[2] = { m[0], m[1] };
         FM_UNROLL
         for (int n = 0; n < NT; n++)
@@ -316,7 +318,7 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
         if (t == 0 && valid[r])
             a.lse_out[bh * T + i0 + 8 * r] = ((m[r] == -INFINITY ? 0.0f : m[r]) + log2f(l[r])) * FM_LN2;
     }
-    /* Qs was last read before the loop's first barrier: stage O there */
+    __syncthreads(); /* every warp's last read of Qs is done: stage O there */
     fm_stage<DT, HS>(Qs, o, inv[0], inv[1], warp * 16, lane);
     __syncthreads();
     fm_store<HS>(a.out + b * T * a.ldo + h * HS, a.ldo, Qs, q0, T);
@@ -336,12 +338,6 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
     fm_load<HS>(Gs, a.dout + ato, a.ldo, q0, T);
     fm_row_stats<DT, HS>(a, b, h, q0, lse2, dd);
     __syncthreads();
-    tk_mma_a qf[HS / 16], gf[HS / 16];
-    FM_UNROLL
-    for (int kk = 0; kk < HS / 16; kk++) {
-        tk_mma_load_a(qf[kk], Qs, LDS, warp * 16, kk * 16, lane);
-        tk_mma_load_a(gf[kk], Gs, LDS, warp * 16, kk * 16, lane);
-    }
     const float sc = kept ? a.scale_log2 : 0.0f;
     const int rl = warp * 16 + g; /* this lane's rows in the tile: rl, rl + 8 */
     const float L[2] = { lse2[rl], lse2[rl + 8] }, D[2] = { dd[rl], dd[rl + 8] };
@@ -357,8 +353,8 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
         if (threadIdx.x < FM_TILE) bias[threadIdx.x] = fm_bias(a, b, k0 + threadIdx.x, kept);
         __syncthreads();
         tk_mma_c s[NT], dp[NT];
-        fm_scores<DT, K16, HS>(s, qf, Ks, lane);
-        fm_scores<DT, K16, HS>(dp, gf, Vs, lane);
+        fm_scores<DT, K16, HS>(s, Qs, Ks, warp, lane);
+        fm_scores<DT, K16, HS>(dp, Gs, Vs, warp, lane);
         FM_UNROLL
         for (int n = 0; n < NT; n++)
             FM_UNROLL
@@ -374,6 +370,7 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
             }
         fm_accum<DT, K16, HS>(acc, s, Ks, lane);
     }
+    __syncthreads(); /* every warp's last read of Qs is done */
     fm_stage<DT, HS>(Qs, acc, 1.0f, 1.0f, warp * 16, lane);
     __syncthreads();
     fm_store<HS>(a.dq + at, a.ld, Qs, q0, T);
@@ -391,13 +388,6 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
     const int kept = fm_kept(a, flag, b);
     fm_load<HS>(Ks, a.k + at, a.ld, j0, T);
     fm_load<HS>(Vs, a.v + at, a.ld, j0, T);
-    __syncthreads();
-    tk_mma_a kf[HS / 16], vf[HS / 16];
-    FM_UNROLL
-    for (int kk = 0; kk < HS / 16; kk++) {
-        tk_mma_load_a(kf[kk], Ks, LDS, warp * 16, kk * 16, lane);
-        tk_mma_load_a(vf[kk], Vs, LDS, warp * 16, kk * 16, lane);
-    }
     const float sc = kept ? a.scale_log2 : 0.0f;
     const int64_t jr[2] = { j0 + warp * 16 + g, j0 + warp * 16 + g + 8 }; /* this lane's keys */
     const float kb[2] = { fm_bias(a, b, jr[0], kept), fm_bias(a, b, jr[1], kept) };
@@ -411,8 +401,8 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
         fm_row_stats<DT, HS>(a, b, h, q0, lse2, dd);
         __syncthreads();
         tk_mma_c st[NT], dpt[NT]; /* S^T and dP^T: this warp's 16 keys x 64 queries */
-        fm_scores<DT, K16, HS>(st, kf, Qs, lane);
-        fm_scores<DT, K16, HS>(dpt, vf, Gs, lane);
+        fm_scores<DT, K16, HS>(st, Ks, Qs, warp, lane);
+        fm_scores<DT, K16, HS>(dpt, Vs, Gs, warp, lane);
         FM_UNROLL
         for (int n = 0; n < NT; n++)
             FM_UNROLL
@@ -432,7 +422,7 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
         fm_accum<DT, K16, HS>(dv, st, Gs, lane);
         fm_accum<DT, K16, HS>(dk, dpt, Qs, lane);
     }
-    /* Ks and Vs were last read before the loop's first barrier */
+    __syncthreads(); /* every warp's last read of Ks and Vs is done */
     fm_stage<DT, HS>(Ks, dk, 1.0f, 1.0f, warp * 16, lane);
     fm_stage<DT, HS>(Vs, dv, 1.0f, 1.0f, warp * 16, lane);
     __syncthreads();

@@ -92,6 +92,13 @@ $(BUILD)/tests/gpu_cuda_host/test_cuda_emu_%: tests/gpu_cuda/gpu_%.c tests/gpu_c
 	    $(LIBS) -lstdc++ -o $@
 all: $(EMU_TESTS)
 -include $(EMU_OBJ:.o=.d)
+# mma.cuh's steps alone against plain matrix products (header-only: no libtk)
+EMU_MMA_TEST := $(BUILD)/tests/gpu_cuda_host/test_cuda_mma
+$(EMU_MMA_TEST): tests/gpu_cuda_host/test_cuda_mma.cpp tests/tk_test.h $(CUDA_DIR)/module.mk
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $< -o $@
+all: $(EMU_MMA_TEST)
+-include $(EMU_MMA_TEST).d
 
 test-gpu: build-gpu-tests
 	@bash tests/gpu_cuda/run.sh $(BUILD)

@@ -6,8 +6,8 @@
  *
  * The tensor-core kernels (attention.cu: FlashAttention-2's recurrence on
  * mma.sync, no (T,T) matrix) take q, k, v and out (in backward also dout,
- * dq, dk, dv) all of one 16-bit dtype and a head size of 16, 32 or 64 (every
- * BERT size has 64), any T:
+ * dq, dk, dv) all of one 16-bit dtype and a head size of 64 (every BERT
+ * size has it) or 16 (tiny test models), any T:
  *   sm80 and newer   m16n8k16, f16 or bf16                    "mma m16n8k16"
  *   sm75 (T4)        m16n8k8, f16 only                         "mma m16n8k8"
  * Everything else runs the reference kernel (cuda_attention.h, fp32 cores):
@@ -46,8 +46,10 @@ static inline int tk_attn_kernel_ask(const char *v) {
     return TK_ATTN_ASK_BAD;
 }
 
-/* Head sizes the tensor-core kernels are built for. */
-static inline int tk_attn_kernel_hs_ok(int64_t HS) { return HS == 16 || HS == 32 || HS == 64; }
+/* Head sizes the tensor-core kernels are built for: each one is 9 more
+ * kernels in the plugin for each of its 7 architectures (HS 32 alone would
+ * add about 10 MB to a 44 MB plugin), so only the ones models use. */
+static inline int tk_attn_kernel_hs_ok(int64_t HS) { return HS == 16 || HS == 64; }
 
 /* The kernel for a card of compute capability cc_major.cc_minor, tensors of
  * dtype dt (TK_F32 when they are not all one dtype), head size HS (0: not
@@ -65,7 +67,7 @@ static inline tk_attn_kernel tk_attn_kernel_pick(int cc_major, int cc_minor, tk_
     else if (dt != TK_F16 && dt != TK_BF16)
         w = "f32 tensors (the tensor-core kernel takes f16 or bf16)";
     else if (HS && !tk_attn_kernel_hs_ok(HS))
-        w = "a head size other than 16, 32 or 64";
+        w = "a head size other than 64 or 16";
     else if ((cc < 80 || ask == TK_ATTN_ASK_SM75) && dt == TK_BF16)
         w = cc < 80 ? "bf16 on sm75 (its tensor cores take f16; bf16 needs sm80)"
                     : "bf16 with TXK_ATTN_KERNEL=sm75 (sm75's tensor cores take f16)";
@@ -98,7 +100,7 @@ static inline tk_attn_kernel tk_attn_kernel_line(char *buf, size_t n, int cc_maj
     else if (HS)
         snprintf(buf, n, "%s; head size %lld, %s", why, (long long)HS, tk_dtype_name(dt));
     else
-        snprintf(buf, n, "%s for %s and head sizes 16, 32, 64; the reference kernel (fp32 cores) for others",
+        snprintf(buf, n, "%s for %s and head sizes 64 and 16; the reference kernel (fp32 cores) for others",
                  why, tk_dtype_name(dt));
     return k;
 }

@@ -236,7 +236,10 @@ static const tk_magic_def TXDEVICE[] = {
      "%txdevice [--json]\n\n"
      "The session's device (cuda, cpu or meta), its capacity and free memory, what this\n"
      "session holds, what other processes hold (NVML, when the NVIDIA driver is there),\n"
-     "and the driver and CUDA versions. On cpu and meta the capacity is simulated."},
+     "and the driver and CUDA versions. On cpu and meta the capacity is simulated.\n"
+     "For a cuda card (and the config's gpu: profile) it says which kernel runs fused\n"
+     "attention at the config's precision: tensor cores (mma.sync) or the reference\n"
+     "kernel, and why (TXK_ATTN_KERNEL=reference|sm75 overrides the card's choice)."},
     {"txreset", TK_MAGIC_LINE, run_txreset, "release everything the session holds",
      "%txreset\n\nReleases the session's device (all its memory) and forgets the last config,\n"
      "plan, run and OOM record. The next %%txtrain opens a fresh device."},

@@ -5,7 +5,7 @@
  * Two implementations, picked per call by gpu/tk_attn_kernel.h's rule:
  *  - the tensor-core kernels below, FlashAttention-2's recurrence on
  *    mma.sync through mma.cuh (m16n8k16 from sm80, m16n8k8 on sm75): f16 or
- *    bf16 tensors, head size 16, 32 or 64, any T (the last tiles masked);
+ *    bf16 tensors, head size 64 or 16, any T (the last tiles masked);
  *  - the reference kernel (cuda_attention.h's phases, fp32 cores) for
  *    everything else; it is what the fast kernels are checked against on a
  *    card (tests/gpu_cuda/gpu_ops.c).
@@ -440,8 +440,7 @@ template <int DT, int K16, int HS> static fm_kernel fm_kernel_of(int kind) {
 }
 
 template <int DT, int K16> static fm_kernel fm_kernel_hs(int kind, int64_t HS) {
-    return HS == 16 ? fm_kernel_of<DT, K16, 16>(kind) : HS == 32 ? fm_kernel_of<DT, K16, 32>(kind)
-                                                                 : fm_kernel_of<DT, K16, 64>(kind);
+    return HS == 16 ? fm_kernel_of<DT, K16, 16>(kind) : fm_kernel_of<DT, K16, 64>(kind);
 }
 
 /* Launches one tensor-core kernel: grid (B*NH, 64-row tiles of T). */

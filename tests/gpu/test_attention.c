@@ -47,7 +47,7 @@ static double maxdiff(const float *a, const float *b, int64_t n) {
     double m = 0;
     for (int64_t i = 0; i < n; i++) {
         double x = fabs((double)a[i] - (double)b[i]);
-        if (!(x <= m)) m = x; /* NaN wins */
+        if (!(x <= m) && !isnan(m)) m = x; /* the first NaN stays */
     }
     return m;
 }

@@ -166,7 +166,7 @@ static double err_of(const float *a, const float *b, int64_t n, double floor, in
     *at = 0;
     for (int64_t i = 0; i < n; i++) {
         double e = fabs((double)a[i] - b[i]) / (rel ? fmax(fabs(a[i]), fl) : fl);
-        if (!(e <= worst)) { worst = e; *at = i; }
+        if (!(e <= worst) && !isnan(worst)) { worst = e; *at = i; } /* the first NaN stays worst */
     }
     return worst;
 }

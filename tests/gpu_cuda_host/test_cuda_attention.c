@@ -64,7 +64,7 @@ static double relerr(const float *ref, const float *x, int64_t n) {
     if (mx < 1e-30) mx = 1e-30;
     for (int64_t i = 0; i < n; i++) {
         double e = fabs((double)ref[i] - x[i]) / mx;
-        if (!(e <= worst)) worst = e;
+        if (!(e <= worst) && !isnan(worst)) worst = e; /* the first NaN stays */
     }
     return worst;
 }

@@ -4,7 +4,7 @@
 # our C libraries and no package registry (the `device` machines here).
 #
 #   bash scripts/devkit.sh        builds (make all), then fills .devkit/:
-#     .devkit/build/   libtk_cuda.so, gpu_tests/gpu_*, bench/train_cpu, txk
+#     .devkit/build/   libtk_cuda.so, gpu_tests/gpu_*, bench/train_cpu, bench/attn_gpu, txk
 #     .devkit/lib/     the shared libraries those binaries need that are
 #                      neither glibc's nor the compiler's runtime (jansson,
 #                      yaml, utf8proc, OpenBLAS with gfortran and quadmath)
@@ -30,8 +30,8 @@ for f in build/gpu_tests/gpu_*; do
     bins="$bins $f"
 done
 cp build/libtk_cuda.so "$kit/build/"
-cp build/bench/train_cpu "$kit/build/bench/"
-bins="$bins build/bench/train_cpu"
+cp build/bench/train_cpu build/bench/attn_gpu "$kit/build/bench/"
+bins="$bins build/bench/train_cpu build/bench/attn_gpu"
 # txk plans what tests/gpu_cuda/gpu_torchplan.py compares with torch's own CUDA figures
 cp build/txk "$kit/build/"
 bins="$bins build/txk"

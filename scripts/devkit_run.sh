@@ -3,23 +3,25 @@
 # run from the repository root on the GPU machine. Logs go to $OUT (the
 # device tool's folder) or bench/out/.
 #
-#   bash scripts/devkit_run.sh [info] [test] [bench] [techniques] [measure] [sanitize]
+#   bash scripts/devkit_run.sh [info] [test] [bench] [attention] [techniques] [measure] [sanitize]
 #     info        GPU, driver, glibc, and which libraries the plugin resolves
 #     test        tests/gpu_cuda/run.sh (what `make test-gpu` runs)
 #     bench       bench/train_gpu/run.py: bert-base 32 x 128/512, fp32/fp16, vs HF
+#     attention   bench/attn_gpu: fused attention's kernels (the card's pick, the
+#                 sm75 path, the reference) at bert-base 32 x 128/512, fp16/bf16/fp32
 #     techniques  bench/train_gpu/run.py --techniques --seq 512 (bert-base)
 #     measure     bench/train_gpu/run.py --techniques --models bert-mini --seq 128
 #     sanitize    compute-sanitizer on gpu_ops: memcheck over every op, racecheck
 #                 and synccheck over the shared-memory kernels (attention,
 #                 LayerNorm, softmax, cross-entropy, column sums, 8-bit AdamW)
 #   (no argument: info test bench)
-# BENCH_ARGS replaces bench's arguments, TECH_ARGS those of techniques.
+# BENCH_ARGS replaces bench's arguments, TECH_ARGS those of techniques, ATTN_ARGS attention's.
 set -u -o pipefail
 kit=${KIT:-.devkit}
 out=${OUT:-bench/out}
 mkdir -p "$out"
 [ -f "$kit/build/bench/train_cpu" ] || { echo "devkit_run: no $kit (run scripts/devkit.sh here first)" >&2; exit 2; }
-chmod +x "$kit"/build/gpu_tests/gpu_* "$kit/build/bench/train_cpu" "$kit/build/txk" # in case the copy lost the modes
+chmod +x "$kit"/build/gpu_tests/gpu_* "$kit"/build/bench/* "$kit/build/txk" # in case the copy lost the modes
 
 # Our libraries first; then wherever CUDA keeps CUPTI and cuBLAS on this image.
 ld="$(pwd)/$kit/lib"
@@ -68,6 +70,10 @@ for s in $steps; do
         # shellcheck disable=SC2086
         run_bench bench-train-gpu.log ${BENCH_ARGS:-} || rc=1
         ;;
+    attention)
+        # shellcheck disable=SC2086
+        "$kit/build/bench/attn_gpu" ${ATTN_ARGS:-} 2>&1 | tee "$out/bench-attn-gpu.log" || rc=1
+        ;;
     techniques)
         # shellcheck disable=SC2086
         run_bench bench-techniques.log ${TECH_ARGS:---techniques --seq 512} || rc=1
@@ -81,7 +87,7 @@ for s in $steps; do
         sanitize_ops "$cs" "$kit/build/gpu_tests/gpu_ops" 2>&1 | tee "$out/sanitize.log" || rc=1
         ;;
     *)
-        echo "devkit_run: unknown step '$s' (info, test, bench, techniques, measure, sanitize)" >&2
+        echo "devkit_run: unknown step '$s' (info, test, bench, attention, techniques, measure, sanitize)" >&2
         rc=2
         ;;
     esac

@@ -112,23 +112,19 @@ typedef struct tk_fm_args {
 
 enum { FM_FWD, FM_DQ, FM_DKV };
 
-/* Bytes of shared memory: 16-bit tiles, then three rows of floats (bias or
- * lse and D), then the "some key kept" flag. */
+/* Bytes of shared memory: 16-bit tiles, then three rows of floats (bias,
+ * lse and D; the forward uses the first). */
 static size_t fm_smem_bytes(int kind, int64_t HS) {
     const size_t tiles = kind == FM_FWD ? 3 : 4;
-    return tiles * FM_TILE * (size_t)(HS + 8) * 2 + 3 * FM_TILE * sizeof(float) + 16;
+    return tiles * FM_TILE * (size_t)(HS + 8) * 2 + 3 * FM_TILE * sizeof(float);
 }
 
 /* 1 when the sequence has a kept key (or there is no mask): otherwise every
- * score is 0. Two barriers; every writer of the flag writes 1. */
-static __device__ __forceinline__ int fm_kept(const tk_fm_args &a, int *flag, int64_t b) {
-    if (threadIdx.x == 0) *flag = a.mask ? 0 : 1;
-    __syncthreads();
-    if (a.mask)
-        for (int64_t j = threadIdx.x; j < a.T; j += FM_THREADS)
-            if (a.mask[b * a.T + j]) *flag = 1;
-    __syncthreads();
-    return *flag;
+ * score is 0. One barrier. */
+static __device__ __forceinline__ int fm_kept(const tk_fm_args &a, int64_t b) {
+    int any = !a.mask;
+    for (int64_t j = threadIdx.x; a.mask && j < a.T; j += FM_THREADS) any |= a.mask[b * a.T + j] != 0;
+    return __syncthreads_or(any);
 }
 
 /* The bias of key j: -inf past T or masked (in a sequence with a kept key). */
@@ -251,11 +247,10 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
     constexpr int LDS = HS + 8, NT = FM_TILE / 8;
     uint16_t *Qs = (uint16_t *)attn_smem(), *Ks = Qs + FM_TILE * LDS, *Vs = Ks + FM_TILE * LDS;
     float *bias = (float *)(Vs + FM_TILE * LDS);
-    int *flag = (int *)(bias + 3 * FM_TILE);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t T = a.T, bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, q0 = (int64_t)blockIdx.y * FM_TILE;
     const int64_t at = b * T * a.ld + h * HS;
-    const int kept = fm_kept(a, flag, b);
+    const int kept = fm_kept(a, b);
     fm_load<HS>(Qs, a.q + at, a.ld, q0, T);
     const float sc = kept ? a.scale_log2 : 0.0f;
     const int64_t i0 = q0 + warp * 16 + g; /* this lane's rows: i0 (c[0..1]) and i0 + 8 (c[2..3]) */
@@ -329,11 +324,10 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
     uint16_t *Qs = (uint16_t *)attn_smem(), *Gs = Qs + FM_TILE * LDS, *Ks = Gs + FM_TILE * LDS;
     uint16_t *Vs = Ks + FM_TILE * LDS;
     float *bias = (float *)(Vs + FM_TILE * LDS), *lse2 = bias + FM_TILE, *dd = lse2 + FM_TILE;
-    int *flag = (int *)(dd + FM_TILE);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t T = a.T, bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, q0 = (int64_t)blockIdx.y * FM_TILE;
     const int64_t at = b * T * a.ld + h * HS, ato = b * T * a.ldo + h * HS;
-    const int kept = fm_kept(a, flag, b);
+    const int kept = fm_kept(a, b);
     fm_load<HS>(Qs, a.q + at, a.ld, q0, T);
     fm_load<HS>(Gs, a.dout + ato, a.ldo, q0, T);
     fm_row_stats<DT, HS>(a, b, h, q0, lse2, dd);
@@ -381,11 +375,10 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
     uint16_t *Ks = (uint16_t *)attn_smem(), *Vs = Ks + FM_TILE * LDS, *Qs = Vs + FM_TILE * LDS;
     uint16_t *Gs = Qs + FM_TILE * LDS;
     float *lse2 = (float *)(Gs + FM_TILE * LDS), *dd = lse2 + FM_TILE;
-    int *flag = (int *)(dd + 2 * FM_TILE);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t T = a.T, bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, j0 = (int64_t)blockIdx.y * FM_TILE;
     const int64_t at = b * T * a.ld + h * HS, ato = b * T * a.ldo + h * HS;
-    const int kept = fm_kept(a, flag, b);
+    const int kept = fm_kept(a, b);
     fm_load<HS>(Ks, a.k + at, a.ld, j0, T);
     fm_load<HS>(Vs, a.v + at, a.ld, j0, T);
     const float sc = kept ? a.scale_log2 : 0.0f;

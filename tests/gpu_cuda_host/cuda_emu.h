@@ -6,11 +6,12 @@
  * its own stack (switched by twelve instructions on x86-64, by ucontext
  * elsewhere, which costs a system call per switch), and a scheduler resumes
  * every runnable fiber in turn until it finishes or waits:
- *  - __syncthreads(): the fiber waits; when every thread of the block waits,
- *    all run on. A block where some threads finished while others wait, or
- *    where one warp waits at a barrier and another at a shuffle, can never
- *    go on: the emulator says so and aborts (on a GPU that is a hang or
- *    undefined behaviour).
+ *  - __syncthreads() and __syncthreads_or(p): the fiber waits; when every
+ *    thread of the block waits, all run on (__syncthreads_or returning
+ *    whether any thread's p was non-zero). A block where some threads
+ *    finished while others wait, or where one warp waits at a barrier and
+ *    another at a shuffle, can never go on: the emulator says so and aborts
+ *    (on a GPU that is a hang or undefined behaviour).
  *  - warp operations over a full warp (32 consecutive linear thread ids):
  *    __shfl_xor_sync, __shfl_sync, __syncwarp, and tk_emu_warp(fn, arg),
  *    on which they are built and which gpu/cuda/mma.cuh uses for the
@@ -107,6 +108,7 @@ typedef void (*tk_emu_warp_fn)(void *const *lanes);
 struct tk_emu_fiber {
     tk_emu_ctx uc;
     int state;          /* TK_EMU_* */
+    int bar_pred;       /* __syncthreads_or's predicate (0 at a plain barrier) */
     tk_emu_warp_fn wfn; /* the warp operation it waits at */
     void *warg;         /* its argument */
 };
@@ -116,6 +118,7 @@ struct tk_emu_state {
     tk_emu_fiber f[TK_EMU_MAX_THREADS];
     char *stacks;                /* TK_EMU_MAX_THREADS stacks, mapped on first use */
     int cur;                     /* the fiber running now */
+    int bar_or;                  /* the OR of the predicates at the last barrier */
     void (*invoke)(void *);      /* runs the launch's body ... */
     void *body;                  /* ... on this closure */
     const void *sched_bottom;    /* the scheduler's stack, for ASan */
@@ -167,7 +170,16 @@ static inline int tk_emu_tid() {
     return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
 }
 
-static inline void __syncthreads() { tk_emu_yield(TK_EMU_BAR); }
+static inline void __syncthreads() {
+    tk_emu.f[tk_emu_tid()].bar_pred = 0;
+    tk_emu_yield(TK_EMU_BAR);
+}
+
+static inline int __syncthreads_or(int pred) {
+    tk_emu.f[tk_emu_tid()].bar_pred = pred != 0;
+    tk_emu_yield(TK_EMU_BAR);
+    return tk_emu.bar_or; /* read before this thread can reach another barrier */
+}
 
 /* The calling lane waits at warp operation fn with argument arg; returns
  * once the whole warp has met there and fn has run. */
@@ -295,7 +307,11 @@ static void tk_emu_block(int n, int descending) {
         if (bar != n)
             tk_emu_stuck(n, done ? "some threads finished while others wait"
                                  : "threads wait at different barriers or warp operations");
-        for (int i = 0; i < n; i++) tk_emu.f[i].state = TK_EMU_RUN;
+        tk_emu.bar_or = 0;
+        for (int i = 0; i < n; i++) {
+            tk_emu.bar_or |= tk_emu.f[i].bar_pred;
+            tk_emu.f[i].state = TK_EMU_RUN;
+        }
     }
 }
 

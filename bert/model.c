@@ -12,8 +12,10 @@
  * (seed, step, layer, site), which is also how backward gets the attention
  * dropout mask back without storing it (only the softmax output is kept).
  *
- * Memory choices (they show in the planner): Q, K, V are kept head-split
- * (B,NH,T,HS) for backward; the attention probabilities are kept once (the
+ * Memory choices (they show in the planner): Q, K, V are kept for
+ * backward, head-split (B,NH,T,HS) for standard attention and in the
+ * projections' own (B,T,NH,HS) layout for fused, whose op reads that layout
+ * (no head transposes); the attention probabilities are kept once (the
  * dropped-out copy is regenerated in backward); GELU's output is recomputed
  * from its input in backward rather than kept; layers whose parameters and
  * inputs need no gradient (frozen prefix) run as in eval, keeping nothing.
@@ -219,7 +221,7 @@ static tk_status check_backend(tk_dev *dev, const tk_model_opts *o, tk_err *err)
     if (o->attention != TK_ATTN_FUSED) return TK_OK;
     tk_tensor z;
     memset(&z, 0, sizeof z);
-    if (tk_op_attention_fwd(dev, &z, &z, &z, &z, &z, NULL, 0, 0, 0, 0, 1.0f, 0.0f, 0, 0) == TK_OK)
+    if (tk_op_attention_fwd(dev, &z, &z, &z, &z, &z, NULL, &(tk_attn){ .scale = 1.0f }) == TK_OK)
         return TK_OK;
     tk_err_set(err, TK_EINVAL, "model: attention: fused is not available here (%s)",
                tk_dev_last_err(dev)->msg);
@@ -958,6 +960,15 @@ static tk_status attn_probs(step *S, lacts *A, tk_tensor *P, tk_tensor *PD, int6
     return TK_OK;
 }
 
+/* The fused attention op's shape for layer l: Q, K, V, their gradients,
+ * the context and its gradient all (Bs,T,NH,HS), rows H apart. */
+static tk_attn fused_shape(const step *S, int l) {
+    const tk_model *m = S->m;
+    return (tk_attn){ .B = S->Bs, .NH = m->NH, .T = S->T, .HS = m->HS, .ld = m->H,
+                      .scale = 1.0f / sqrtf((float)m->HS), .p = S->train ? m->o.dims.attn_dropout : 0.0f,
+                      .seed = S->seed, .offset = doff(l, SITE_PROBS) };
+}
+
 /* One encoder layer: A->out from in (N,H). keep: save for backward (else free
  * each activation after its last use). free_in: free `in` after its last use
  * (eval; not when recompute keeps it as the layer's checkpoint). */
@@ -972,22 +983,30 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in)
     const float pa = S->train ? m->o.dims.attn_dropout : 0.0f;
     const tk_cat ca = keep ? TK_CAT_ACT : TK_CAT_TEMP;
 
-    /* Q, K, V: linear into one scratch, then split heads into what is kept. */
-    TRY(alf(S, &s->tmp, N, H, TK_CAT_TEMP, own[OQ]));
+    /* Q, K, V. fused: each linear writes its (Bs,T,NH,HS) tensor, the
+     * layout the fused op reads, and the op writes the (N,H) context
+     * itself: no head transposes. standard: linear into one scratch, then
+     * split heads into what is kept. */
     tk_tensor *qkv[3] = {&A->qh, &A->kh, &A->vh};
-    for (int j = 0; j < 3; j++) {
-        TRY(linear_fwd(S, &s->tmp, in, w + LQW + 2 * j, N, H, H));
-        TRY(al(S, qkv[j], S->adt, 4, Bs, NH, T, HS, ca, own[OQ + j]));
-        TRY(tk_op_split_heads(S->d, qkv[j], &s->tmp, Bs, T, NH, HS));
-    }
-    fr(S, &s->tmp);
     if (fused(m)) {
+        for (int j = 0; j < 3; j++) {
+            TRY(al(S, qkv[j], S->adt, 4, Bs, T, NH, HS, ca, own[OQ + j]));
+            TRY(linear_fwd(S, qkv[j], in, w + LQW + 2 * j, N, H, H));
+        }
         /* ctx = dropout(P) V without P: only the per-row lse is kept */
         TRY(al(S, &A->lse, TK_F32, 3, Bs, NH, T, 0, ca, own[OSELF]));
-        TRY(al(S, &s->ctxh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
-        TRY(tk_op_attention_fwd(S->d, &s->ctxh, &A->lse, &A->qh, &A->kh, &A->vh, &s->mask, Bs, NH, T,
-                                HS, 1.0f / sqrtf((float)HS), pa, S->seed, doff(l, SITE_PROBS)));
+        TRY(alf(S, &A->ctx, N, H, ca, own[OSELF]));
+        const tk_attn sh = fused_shape(S, l);
+        TRY(tk_op_attention_fwd(S->d, &A->ctx, &A->lse, &A->qh, &A->kh, &A->vh, &s->mask, &sh));
         if (!keep) fr(S, &A->lse);
+    } else {
+        TRY(alf(S, &s->tmp, N, H, TK_CAT_TEMP, own[OQ]));
+        for (int j = 0; j < 3; j++) {
+            TRY(linear_fwd(S, &s->tmp, in, w + LQW + 2 * j, N, H, H));
+            TRY(al(S, qkv[j], S->adt, 4, Bs, NH, T, HS, ca, own[OQ + j]));
+            TRY(tk_op_split_heads(S->d, qkv[j], &s->tmp, Bs, T, NH, HS));
+        }
+        fr(S, &s->tmp);
     }
     /* Attention over chunks of cs sequences (all at once unless recomputed):
      * P = softmax(Q K^T / sqrt(HS) + mask), computed in place over the
@@ -1015,9 +1034,11 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in)
         fr(S, &A->kh);
         fr(S, &A->qh);
     }
-    TRY(alf(S, &A->ctx, N, H, ca, own[OSELF]));
-    TRY(tk_op_merge_heads(S->d, &A->ctx, &s->ctxh, Bs, T, NH, HS));
-    fr(S, &s->ctxh);
+    if (!fused(m)) {
+        TRY(alf(S, &A->ctx, N, H, ca, own[OSELF]));
+        TRY(tk_op_merge_heads(S->d, &A->ctx, &s->ctxh, Bs, T, NH, HS));
+        fr(S, &s->ctxh);
+    }
     /* r1 = dropout(ctx Wao^T + b) + in; a1 = LN(r1) */
     TRY(alf(S, &A->r1, N, H, ca, own[OLN1]));
     TRY(linear_fwd(S, &A->r1, &A->ctx, w + LAOW, N, H, H));
@@ -1076,6 +1097,89 @@ static tk_status ln_bwd(step *S, tk_tensor *din, int wi, const tk_tensor *dout, 
     return TK_OK;
 }
 
+/* Attention's backward, standard: from dr (d ctx, (N,H)) to dq, dk, dv in
+ * heads (Bs,NH,T,HS) in s->dqh, dkh, dvh; frees dr, the context, the kept
+ * probabilities and Q, K, V. */
+static tk_status attn_bwd_standard(step *S, int l) {
+    tk_model *m = S->m;
+    lacts *A = &S->la[l];
+    stens *s = &S->s;
+    const int64_t Bs = S->Bs, T = S->T, NH = m->NH, HS = m->HS;
+    char (*own)[OWN_MAX] = m->own[l];
+    const float pa = S->train ? m->o.dims.attn_dropout : 0.0f;
+    tk_dev *d = S->d;
+    fr(S, &A->ctx);
+    /* back to heads */
+    TRY(al(S, &s->dbuf, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
+    TRY(tk_op_split_heads(d, &s->dbuf, &s->dr, Bs, T, NH, HS));
+    fr(S, &s->dr);
+    /* Per chunk: P (kept, or rebuilt from Q and K), dropout(P) regenerated
+     * from the step's seed, then dV = PD^T dC, dPD = dC V^T, dropout and
+     * softmax backward in place (the softmax scale folds 1/sqrt(HS) in),
+     * dQ = dS K, dK = dS^T Q. */
+    const int kp = keeps_probs(m);
+    const int64_t cs = attn_chunk(S), PP = NH * T * T, PH = NH * T * HS;
+    TRY(al(S, &s->dvh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OV]));
+    TRY(al(S, &s->dqh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OQ]));
+    TRY(al(S, &s->dkh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OK_]));
+    if (!kp) TRY(al(S, &s->pchunk, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    if (pa > 0) TRY(al(S, &s->probs_d, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    TRY(al(S, &s->dprobs, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
+    for (int64_t b0 = 0; b0 < Bs; b0 += cs) {
+        const int64_t nb = Bs - b0 < cs ? Bs - b0 : cs;
+        tk_tensor P = kp ? tk_tensor_view(&A->probs, b0 * PP, nb * PP)
+                         : tk_tensor_view(&s->pchunk, 0, nb * PP);
+        const uint64_t off = doff(l, SITE_PROBS) + (uint64_t)(b0 * PP);
+        tk_tensor PD = pa > 0 ? tk_tensor_view(&s->probs_d, 0, nb * PP) : P;
+        if (!kp) TRY(attn_probs(S, A, &P, &PD, b0, nb, pa, off));
+        else if (pa > 0) TRY(tk_op_dropout_fwd(d, &PD, NULL, &P, nb * PP, pa, S->seed, off));
+        tk_tensor dC = tk_tensor_view(&s->dbuf, b0 * PH, nb * PH);
+        tk_tensor V = tk_tensor_view(&A->vh, b0 * PH, nb * PH), dV = tk_tensor_view(&s->dvh, b0 * PH, nb * PH);
+        tk_tensor Q = tk_tensor_view(&A->qh, b0 * PH, nb * PH), dQ = tk_tensor_view(&s->dqh, b0 * PH, nb * PH);
+        tk_tensor K = tk_tensor_view(&A->kh, b0 * PH, nb * PH), dK = tk_tensor_view(&s->dkh, b0 * PH, nb * PH);
+        tk_tensor dP = tk_tensor_view(&s->dprobs, 0, nb * PP);
+        const int64_t bh = nb * NH;
+        TRY(mm(S, &dV, &PD, &dC, NULL, (tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
+        TRY(mm(S, &dP, &dC, &V, NULL, (tk_gemm){ .m = T, .n = T, .k = HS, .trans_b = 1, .batch = bh, .stride_a = T * HS, .stride_b = T * HS, .stride_c = T * T, .alpha = 1.0f }));
+        TRY(tk_op_softmax_dropout_bwd(d, &dP, &P, &dP, nb * NH * T, T, 1.0f / sqrtf((float)HS), pa, S->seed, off));
+        TRY(mm(S, &dQ, &dP, &K, NULL, (tk_gemm){ .m = T, .n = HS, .k = T, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
+        TRY(mm(S, &dK, &dP, &Q, NULL, (tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
+    }
+    fr(S, &s->dprobs);
+    fr(S, &s->probs_d);
+    fr(S, &s->pchunk);
+    fr(S, &s->dbuf);
+    fr(S, &A->probs);
+    fr(S, &A->vh);
+    fr(S, &A->kh);
+    fr(S, &A->qh);
+    return TK_OK;
+}
+
+/* Attention's backward, fused: the op reads Q, K, V, the context and dr in
+ * their (Bs,T,NH,HS) layout and writes dq, dk, dv in it; frees dr, the
+ * context, lse and Q, K, V. */
+static tk_status attn_bwd_fused(step *S, int l) {
+    tk_model *m = S->m;
+    lacts *A = &S->la[l];
+    stens *s = &S->s;
+    const int64_t Bs = S->Bs, T = S->T, NH = m->NH, HS = m->HS;
+    char (*own)[OWN_MAX] = m->own[l];
+    TRY(al(S, &s->dvh, S->adt, 4, Bs, T, NH, HS, TK_CAT_TEMP, own[OV]));
+    TRY(al(S, &s->dqh, S->adt, 4, Bs, T, NH, HS, TK_CAT_TEMP, own[OQ]));
+    TRY(al(S, &s->dkh, S->adt, 4, Bs, T, NH, HS, TK_CAT_TEMP, own[OK_]));
+    const tk_attn sh = fused_shape(S, l);
+    TRY(tk_op_attention_bwd(S->d, &s->dqh, &s->dkh, &s->dvh, &s->dr, &A->qh, &A->kh, &A->vh, &A->ctx, &A->lse,
+                            &s->mask, &sh));
+    fr(S, &s->dr);
+    fr(S, &A->ctx);
+    fr(S, &A->lse);
+    fr(S, &A->vh);
+    fr(S, &A->kh);
+    fr(S, &A->qh);
+    return TK_OK;
+}
+
 /* Backward of layer l. dout (N,H) is the gradient of A->out; it is consumed.
  * On return s->dh holds the gradient of the layer's input `in` (when
  * need_din), and the layer's activations and `in` are freed. */
@@ -1087,7 +1191,6 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
     const int w = m->layer0 + l * LNP;
     char (*own)[OWN_MAX] = m->own[l];
     const float ph = S->train ? m->o.dims.hidden_dropout : 0.0f;
-    const float pa = S->train ? m->o.dims.attn_dropout : 0.0f;
     tk_dev *d = S->d;
 
     /* LN2: dr (= d r2) from dh (= d out) */
@@ -1135,67 +1238,18 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
     TRY(alf(S, &s->dr, N, H, TK_CAT_TEMP, own[OAO]));
     TRY(linear_bwd(S, &s->dr, dO, &A->ctx, w + LAOW, N, H, H, 0));
     fr(S, &s->dtmp);
-    if (fused(m)) {
-        /* the fused backward reads the attention output, head-split */
-        TRY(al(S, &s->ctxh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
-        TRY(tk_op_split_heads(d, &s->ctxh, &A->ctx, Bs, T, NH, HS));
-    }
-    fr(S, &A->ctx);
-    /* back to heads */
-    TRY(al(S, &s->dbuf, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OSELF]));
-    TRY(tk_op_split_heads(d, &s->dbuf, &s->dr, Bs, T, NH, HS));
-    fr(S, &s->dr);
-    /* Per chunk: P (kept, or rebuilt from Q and K), dropout(P) regenerated
-     * from the step's seed, then dV = PD^T dC, dPD = dC V^T, dropout and
-     * softmax backward in place (the softmax scale folds 1/sqrt(HS) in),
-     * dQ = dS K, dK = dS^T Q. */
-    const int kp = keeps_probs(m);
-    const int64_t cs = attn_chunk(S), PP = NH * T * T, PH = NH * T * HS;
-    TRY(al(S, &s->dvh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OV]));
-    TRY(al(S, &s->dqh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OQ]));
-    TRY(al(S, &s->dkh, S->adt, 4, Bs, NH, T, HS, TK_CAT_TEMP, own[OK_]));
-    if (fused(m))
-        TRY(tk_op_attention_bwd(d, &s->dqh, &s->dkh, &s->dvh, &s->dbuf, &A->qh, &A->kh, &A->vh, &s->ctxh,
-                                &A->lse, &s->mask, Bs, NH, T, HS, 1.0f / sqrtf((float)HS), pa, S->seed,
-                                doff(l, SITE_PROBS)));
-    if (!kp && !fused(m)) TRY(al(S, &s->pchunk, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    if (pa > 0 && !fused(m)) TRY(al(S, &s->probs_d, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    if (!fused(m)) TRY(al(S, &s->dprobs, S->adt, 4, cs, NH, T, T, TK_CAT_TEMP, own[OSELF]));
-    for (int64_t b0 = 0; b0 < Bs && !fused(m); b0 += cs) {
-        const int64_t nb = Bs - b0 < cs ? Bs - b0 : cs;
-        tk_tensor P = kp ? tk_tensor_view(&A->probs, b0 * PP, nb * PP)
-                         : tk_tensor_view(&s->pchunk, 0, nb * PP);
-        const uint64_t off = doff(l, SITE_PROBS) + (uint64_t)(b0 * PP);
-        tk_tensor PD = pa > 0 ? tk_tensor_view(&s->probs_d, 0, nb * PP) : P;
-        if (!kp) TRY(attn_probs(S, A, &P, &PD, b0, nb, pa, off));
-        else if (pa > 0) TRY(tk_op_dropout_fwd(d, &PD, NULL, &P, nb * PP, pa, S->seed, off));
-        tk_tensor dC = tk_tensor_view(&s->dbuf, b0 * PH, nb * PH);
-        tk_tensor V = tk_tensor_view(&A->vh, b0 * PH, nb * PH), dV = tk_tensor_view(&s->dvh, b0 * PH, nb * PH);
-        tk_tensor Q = tk_tensor_view(&A->qh, b0 * PH, nb * PH), dQ = tk_tensor_view(&s->dqh, b0 * PH, nb * PH);
-        tk_tensor K = tk_tensor_view(&A->kh, b0 * PH, nb * PH), dK = tk_tensor_view(&s->dkh, b0 * PH, nb * PH);
-        tk_tensor dP = tk_tensor_view(&s->dprobs, 0, nb * PP);
-        const int64_t bh = nb * NH;
-        TRY(mm(S, &dV, &PD, &dC, NULL, (tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
-        TRY(mm(S, &dP, &dC, &V, NULL, (tk_gemm){ .m = T, .n = T, .k = HS, .trans_b = 1, .batch = bh, .stride_a = T * HS, .stride_b = T * HS, .stride_c = T * T, .alpha = 1.0f }));
-        TRY(tk_op_softmax_dropout_bwd(d, &dP, &P, &dP, nb * NH * T, T, 1.0f / sqrtf((float)HS), pa, S->seed, off));
-        TRY(mm(S, &dQ, &dP, &K, NULL, (tk_gemm){ .m = T, .n = HS, .k = T, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
-        TRY(mm(S, &dK, &dP, &Q, NULL, (tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
-    }
-    fr(S, &s->dprobs);
-    fr(S, &s->probs_d);
-    fr(S, &s->pchunk);
-    fr(S, &s->dbuf);
-    fr(S, &s->ctxh);
-    fr(S, &A->lse);
-    fr(S, &A->probs);
-    fr(S, &A->vh);
-    fr(S, &A->kh);
-    fr(S, &A->qh);
+    TRY(fused(m) ? attn_bwd_fused(S, l) : attn_bwd_standard(S, l));
     /* Q, K, V linears: the input gradient is the residual path (dh = d r1)
-     * plus the three projections. */
+     * plus the three projections (fused: from dq, dk, dv as they are;
+     * standard: merged back from heads). */
     tk_tensor *dheads[3] = {&s->dqh, &s->dkh, &s->dvh};
-    TRY(alf(S, &s->dbuf, N, H, TK_CAT_TEMP, own[OQ]));
+    if (!fused(m)) TRY(alf(S, &s->dbuf, N, H, TK_CAT_TEMP, own[OQ]));
     for (int j = 0; j < 3; j++) {
+        if (fused(m)) {
+            TRY(linear_bwd(S, need_din ? &s->dh : NULL, dheads[j], in, w + LQW + 2 * j, N, H, H, 1));
+            fr(S, dheads[j]);
+            continue;
+        }
         TRY(tk_op_merge_heads(d, &s->dbuf, dheads[j], Bs, T, NH, HS));
         fr(S, dheads[j]);
         TRY(linear_bwd(S, need_din ? &s->dh : NULL, &s->dbuf, in, w + LQW + 2 * j, N, H, H, 1));

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tk_attn_kernel.h"
 #include "tk_plan.h"
 #include "tk_host_mem.h"
 #include "tk_train.h"
@@ -336,18 +337,24 @@ tk_status tk_plan_epoch_tensors_at_peak(const tk_config *c, const tk_plan_batche
     return tensors_at_peak(c, NULL, 0, b, out, max, n_out, err);
 }
 
-/* The roofline step time of one optimizer step on the profile's card. */
+/* The roofline step time of one optimizer step on the profile's card.
+ * kernel: which fused attention kernel the card runs (when fused). */
 static void estimate_step_time(tk_plan_result *out, const tk_config *c, const tk_gpu_profile *prof,
-                               const tk_cost *cost) {
+                               const tk_cost *cost, tk_attn_kernel kernel) {
     snprintf(out->profile, sizeof out->profile, "%s", prof->name);
     double rate = c->precision == TK_PREC_FP32 ? prof->fp32_flops
                 : c->precision == TK_PREC_BF16 ? prof->bf16_flops : prof->fp16_flops;
     double tc = rate > 0 ? cost->flops / rate : 0;
-    /* Fused attention runs on the GPU's fp32 cores (no tensor cores) and
-     * its cuda kernels compute the scores twice in forward and backward:
-     * 6 + 14 T^2*HS FLOPs per head where the op counts 4 + 10. */
-    if (rate > 0 && prof->fp32_flops > 0 && cost->attn_flops > 0)
-        tc += cost->attn_flops * (20.0 / 14.0 / prof->fp32_flops - 1.0 / rate);
+    /* The op counts 4 + 10 T^2*HS FLOPs per head (forward, backward). The
+     * tensor-core kernels run at the 16-bit rate and compute S and dP twice
+     * in backward: 4 + 14. The reference kernel runs on the fp32 cores and
+     * computes the scores twice in forward and backward: 6 + 14. */
+    if (rate > 0 && cost->attn_flops > 0) {
+        if (kernel != TK_ATTN_KERNEL_REFERENCE)
+            tc += cost->attn_flops * (18.0 / 14.0 - 1.0) / rate;
+        else if (prof->fp32_flops > 0)
+            tc += cost->attn_flops * (20.0 / 14.0 / prof->fp32_flops - 1.0 / rate);
+    }
     double tm = prof->bandwidth > 0 ? cost->bytes / prof->bandwidth : 0;
     out->step_seconds = tc > tm ? tc : tm;
 }
@@ -484,8 +491,16 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
     out->eval_step = so->eval_cost;
     out->fits = !out->oom && (!capacity || out->peak_reserved <= capacity);
     out->margin = capacity ? (int64_t)capacity - (int64_t)out->peak_reserved : 0;
+    /* fused on a named card: which of the cuda backend's kernels runs it */
+    tk_attn_kernel kernel = TK_ATTN_KERNEL_REFERENCE;
+    if (prof && out->attention == TK_ATTN_FUSED)
+        kernel = tk_attn_kernel_line(out->attention_kernel, sizeof out->attention_kernel, prof->cc_major,
+                                     prof->cc_minor, mo.precision == TK_PREC_FP16 ? TK_F16
+                                                     : mo.precision == TK_PREC_BF16 ? TK_BF16 : TK_F32,
+                                     mo.dims.heads > 0 ? mo.dims.hidden / mo.dims.heads : 0,
+                                     tk_attn_kernel_ask(getenv(TK_ATTN_KERNEL_ENV)));
     if (prof)
-        estimate_step_time(out, c, prof, &so->train_cost);
+        estimate_step_time(out, c, prof, &so->train_cost, kernel);
     if (n_tensors)
         *n_tensors = so->n_tensors;
     free(so);
@@ -522,6 +537,8 @@ char *tk_plan_format(const tk_plan_result *p) {
             tk_format_bytes(p->oom_record.requested, b1, sizeof b1), p->oom_record.owner_name,
             tk_cat_name(p->oom_record.tag.cat));
     OUT("attention: %s (%s)\n", tk_attention_name(p->attention), p->attention_why);
+    if (p->attention_kernel[0])
+        OUT("attention kernel on %s: %s\n", p->profile, p->attention_kernel);
     OUT("at the peak, by category:\n");
     for (int c = 0; c < TK_CAT_COUNT; c++)
         if (p->by_cat_at_peak[c])

@@ -56,6 +56,8 @@ typedef struct tk_plan_result {
     char profile[32];              /* GPU profile used for the estimate */
     tk_attention attention;        /* the attention planned (tk_config_attention) */
     char attention_why[32];        /* "default on cuda", "set in the config", ... */
+    char attention_kernel[192];    /* fused on a gpu: profile's card: the cuda kernel that runs it and
+                                      why (gpu/tk_attn_kernel.h); "" otherwise */
     double plan_ms;                /* how long planning took */
     /* data parallelism (world_size > 1): each rank is planned on its own
      * (its pieces of the state, its micro-batches); peak_allocated and

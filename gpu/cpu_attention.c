@@ -1,8 +1,9 @@
 /* cpu_attention.c — the cpu backend's fused (memory-efficient) attention.
  *
  * What it does: tk_op_attention_fwd/bwd on the host. Each (sequence, head)
- * pair is one independent task (OpenMP over B*NH); a task converts its q, k,
- * v (and dout, out) slices to f32 once, then walks query rows: one row of T
+ * pair is one independent task (OpenMP over B*NH); a task gathers its q, k,
+ * v (and dout, out) rows from the (B,T,NH,HS) tensors (tk_gpu.h's layout,
+ * q-like rows ld apart) into f32 once, then walks query rows: one row of T
  * scores lives in a thread-local buffer, never a (T,T) matrix.
  *
  * Guarantees:
@@ -38,13 +39,15 @@
 #include "tk_ops_spec.h"
 #include "tk_cpu_vec.h"
 
-/* A tensor's run as f32 and back (tk_cpu_vec.h: F16C where the CPU has it). */
-static void load(float *dst, const tk_tensor *t, int64_t off, int64_t n) {
-    tk_cpu_to_f32(dst, t->data, t->dtype, off, n);
+/* The T rows of HS elements of one (sequence, head), `at` the element of
+ * (b, 0, h, 0), rows ld apart, as f32 and back (tk_cpu_vec.h: F16C where
+ * the CPU has it). */
+static void load(float *dst, const tk_tensor *t, int64_t at, int64_t ld, int64_t T, int64_t HS) {
+    for (int64_t i = 0; i < T; i++) tk_cpu_to_f32(dst + i * HS, t->data, t->dtype, at + i * ld, HS);
 }
 
-static void store(tk_tensor *t, int64_t off, const float *src, int64_t n) {
-    tk_cpu_from_f32(t->data, t->dtype, off, src, n);
+static void store(tk_tensor *t, int64_t at, int64_t ld, const float *src, int64_t T, int64_t HS) {
+    for (int64_t i = 0; i < T; i++) tk_cpu_from_f32(t->data, t->dtype, at + i * ld, src + i * HS, HS);
 }
 
 /* dst (n x m) = src (m x n) transposed */
@@ -129,12 +132,14 @@ static int seq_all_masked(const int32_t *mrow, int64_t T) {
 
 tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
                                const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
-                               int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,
-                               uint64_t seed, uint64_t offset) {
-    const int64_t BH = B * NH, TH = T * HS;
+                               const tk_attn *a) {
+    const int64_t NH = a->NH, T = a->T, HS = a->HS, ld = a->ld, C = NH * HS;
+    const int64_t BH = a->B * NH, TH = T * HS;
+    const float scale = a->scale, p = a->p;
+    const uint64_t offset = a->offset;
     if (BH == 0 || T == 0) return TK_OK;
     const int32_t *mk = mask ? mask->data : NULL;
-    const uint64_t key = tk_dropout_key(seed);
+    const uint64_t key = tk_dropout_key(a->seed);
     const float keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
     float *L = lse->data;
     int failed = 0;
@@ -149,12 +154,12 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < BH; bh++) {
             if (!buf) continue;
-            const int64_t b = bh / NH, off = bh * TH;
+            const int64_t b = bh / NH, h = bh % NH, at = b * T * ld + h * HS, ato = b * T * C + h * HS;
             const int32_t *mrow = mk ? mk + b * T : NULL;
             const int allm = seq_all_masked(mrow, T);
-            load(qf, q, off, TH);
-            load(kf, k, off, TH);
-            load(vf, v, off, TH);
+            load(qf, q, at, ld, T, HS);
+            load(kf, k, at, ld, T, HS);
+            load(vf, v, at, ld, T, HS);
             transpose(kt, kf, T, HS);
             for (int64_t i = 0; i < T; i++) {
                 row_dots(s, qf + i * HS, kt, mrow, allm, 1, T, HS, scale);
@@ -172,7 +177,7 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
                 for (int64_t j = 0; j < T; j++)
                     if (s[j] != 0.0f) axpy(oi, s[j], vf + j * HS, HS);
             }
-            store(out, off, of, TH);
+            store(out, ato, C, of, T, HS);
         }
         free(buf);
     }
@@ -182,12 +187,14 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
 tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
                                const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
                                const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
-                               const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, int64_t HS,
-                               float scale, float p, uint64_t seed, uint64_t offset) {
-    const int64_t BH = B * NH, TH = T * HS;
+                               const tk_tensor *mask, const tk_attn *a) {
+    const int64_t NH = a->NH, T = a->T, HS = a->HS, ld = a->ld, C = NH * HS;
+    const int64_t BH = a->B * NH, TH = T * HS;
+    const float scale = a->scale, p = a->p;
+    const uint64_t offset = a->offset;
     if (BH == 0 || T == 0) return TK_OK;
     const int32_t *mk = mask ? mask->data : NULL;
-    const uint64_t key = tk_dropout_key(seed);
+    const uint64_t key = tk_dropout_key(a->seed);
     const float keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
     const float *L = lse->data;
     int failed = 0;
@@ -204,14 +211,14 @@ tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tenso
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < BH; bh++) {
             if (!buf) continue;
-            const int64_t b = bh / NH, off = bh * TH;
+            const int64_t b = bh / NH, h = bh % NH, at = b * T * ld + h * HS, ato = b * T * C + h * HS;
             const int32_t *mrow = mk ? mk + b * T : NULL;
             const int allm = seq_all_masked(mrow, T);
-            load(qf, q, off, TH);
-            load(kf, k, off, TH);
-            load(vf, v, off, TH);
-            load(of, out, off, TH);
-            load(gf, dout, off, TH);
+            load(qf, q, at, ld, T, HS);
+            load(kf, k, at, ld, T, HS);
+            load(vf, v, at, ld, T, HS);
+            load(of, out, ato, C, T, HS);
+            load(gf, dout, ato, C, T, HS);
             transpose(kt, kf, T, HS);
             transpose(vt, vf, T, HS);
             memset(dqf, 0, (size_t)3 * TH * sizeof(float));
@@ -233,9 +240,9 @@ tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tenso
                     axpy(dkf + j * HS, ds, qi, HS);
                 }
             }
-            store(dq, off, dqf, TH);
-            store(dk, off, dkf, TH);
-            store(dv, off, dvf, TH);
+            store(dq, at, ld, dqf, T, HS);
+            store(dk, at, ld, dkf, T, HS);
+            store(dv, at, ld, dvf, T, HS);
         }
         free(buf);
     }

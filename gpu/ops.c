@@ -580,13 +580,23 @@ tk_status tk_op_adamw8(tk_dev *d, tk_tensor *param, const tk_tensor *grad,
 
 /* ---- fused attention ---------------------------------------------------- */
 
-/* Shared checks of the fused attention ops; n = B*NH*T*HS. */
-static tk_status attn_args(tk_dev *d, const char *op, int64_t B, int64_t NH, int64_t T, int64_t HS,
-                           float p, const tk_tensor *mask, const tk_tensor *lse) {
-    TRY(sizes(d, op, 4, LL(B), LL(NH), LL(T), LL(HS)));
-    TRY(check_p(d, op, p));
-    TRY(arg(d, op, "mask", mask, M_I32, smul(B, T), 1));
-    return arg(d, op, "lse", lse, M_F32, smul(smul(B, NH), T), 0);
+/* Shared checks of the fused attention ops; fills *r with a's fields and ld
+ * resolved, *n with the elements of one (B,T,NH,HS) tensor and *nld with
+ * the elements a q-like tensor (rows ld apart) must hold. */
+static tk_status attn_args(tk_dev *d, const char *op, const tk_attn *a, const tk_tensor *mask,
+                           const tk_tensor *lse, tk_attn *r, int64_t *n, int64_t *nld) {
+    if (!a) return fail(d, op, "no tk_attn shape");
+    *r = *a;
+    TRY(sizes(d, op, 5, LL(a->B), LL(a->NH), LL(a->T), LL(a->HS), LL(a->ld)));
+    TRY(check_p(d, op, a->p));
+    const int64_t C = smul(a->NH, a->HS), rows = smul(a->B, a->T);
+    if (r->ld == 0) r->ld = C;
+    if (r->ld < C)
+        return fail(d, op, "row stride ld %lld is less than NH*HS = %lld", LL(r->ld), LL(C));
+    *n = smul(rows, C);
+    *nld = rows > 0 ? sadd(smul(rows - 1, r->ld), C) : 0;
+    TRY(arg(d, op, "mask", mask, M_I32, rows, 1));
+    return arg(d, op, "lse", lse, M_F32, smul(smul(a->B, a->NH), a->T), 0);
 }
 
 /* A real device without the op cannot run it (meta only counts). */
@@ -598,47 +608,47 @@ static tk_status attn_missing(tk_dev *d, const char *op) {
 
 tk_status tk_op_attention_fwd(tk_dev *d, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
                               const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
-                              int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,
-                              uint64_t seed, uint64_t offset) {
+                              const tk_attn *a) {
     const char *op = "attention_fwd";
     DEV_OK();
-    TRY(attn_args(d, op, B, NH, T, HS, p, mask, lse));
-    int64_t n = smul(smul(B, NH), smul(T, HS));
+    tk_attn r;
+    int64_t n, nld;
+    TRY(attn_args(d, op, a, mask, lse, &r, &n, &nld));
     TRY(arg(d, op, "out", out, M_FLT, n, 0));
-    TRY(arg(d, op, "q", q, M_FLT, n, 0));
-    TRY(arg(d, op, "k", k, M_FLT, n, 0));
-    TRY(arg(d, op, "v", v, M_FLT, n, 0));
+    TRY(arg(d, op, "q", q, M_FLT, nld, 0));
+    TRY(arg(d, op, "k", k, M_FLT, nld, 0));
+    TRY(arg(d, op, "v", v, M_FLT, nld, 0));
     if (!d->be->attention_fwd) TRY(attn_missing(d, op));
-    double bh = (double)B * NH, tt = (double)T * T;
-    d->cost.attn_flops += bh * (4.0 * tt * HS + 9.0 * tt + (p > 0 ? 2.0 * tt : 0));
-    charge(d, bh * (4.0 * tt * HS + 9.0 * tt + (p > 0 ? 2.0 * tt : 0)),
-           (double)n * (sz(q) + sz(k) + sz(v) + sz(out)) + 4.0 * bh * T + (mask ? 4.0 * B * T : 0));
-    DISPATCH(attention_fwd, out, lse, q, k, v, mask, B, NH, T, HS, scale, p, seed, offset);
+    const double bh = (double)r.B * r.NH, tt = (double)r.T * r.T;
+    const double fl = bh * (4.0 * tt * r.HS + 9.0 * tt + (r.p > 0 ? 2.0 * tt : 0));
+    d->cost.attn_flops += fl;
+    charge(d, fl, (double)n * (sz(q) + sz(k) + sz(v) + sz(out)) + 4.0 * bh * r.T + (mask ? 4.0 * r.B * r.T : 0));
+    DISPATCH(attention_fwd, out, lse, q, k, v, mask, &r);
 }
 
 tk_status tk_op_attention_bwd(tk_dev *d, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
                               const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
                               const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
-                              const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, int64_t HS,
-                              float scale, float p, uint64_t seed, uint64_t offset) {
+                              const tk_tensor *mask, const tk_attn *a) {
     const char *op = "attention_bwd";
     DEV_OK();
-    TRY(attn_args(d, op, B, NH, T, HS, p, mask, lse));
-    int64_t n = smul(smul(B, NH), smul(T, HS));
-    TRY(arg(d, op, "dq", dq, M_FLT, n, 0));
-    TRY(arg(d, op, "dk", dk, M_FLT, n, 0));
-    TRY(arg(d, op, "dv", dv, M_FLT, n, 0));
+    tk_attn r;
+    int64_t n, nld;
+    TRY(attn_args(d, op, a, mask, lse, &r, &n, &nld));
+    TRY(arg(d, op, "dq", dq, M_FLT, nld, 0));
+    TRY(arg(d, op, "dk", dk, M_FLT, nld, 0));
+    TRY(arg(d, op, "dv", dv, M_FLT, nld, 0));
     TRY(arg(d, op, "dout", dout, M_FLT, n, 0));
-    TRY(arg(d, op, "q", q, M_FLT, n, 0));
-    TRY(arg(d, op, "k", k, M_FLT, n, 0));
-    TRY(arg(d, op, "v", v, M_FLT, n, 0));
+    TRY(arg(d, op, "q", q, M_FLT, nld, 0));
+    TRY(arg(d, op, "k", k, M_FLT, nld, 0));
+    TRY(arg(d, op, "v", v, M_FLT, nld, 0));
     TRY(arg(d, op, "out", out, M_FLT, n, 0));
     if (!d->be->attention_bwd) TRY(attn_missing(d, op));
-    double bh = (double)B * NH, tt = (double)T * T;
-    d->cost.attn_flops += bh * (10.0 * tt * HS + 8.0 * tt + (p > 0 ? 2.0 * tt : 0));
-    charge(d, bh * (10.0 * tt * HS + 8.0 * tt + (p > 0 ? 2.0 * tt : 0)),
+    const double bh = (double)r.B * r.NH, tt = (double)r.T * r.T;
+    const double fl = bh * (10.0 * tt * r.HS + 8.0 * tt + (r.p > 0 ? 2.0 * tt : 0));
+    d->cost.attn_flops += fl;
+    charge(d, fl,
            (double)n * (sz(dq) + sz(dk) + sz(dv) + sz(dout) + sz(q) + sz(k) + sz(v) + sz(out)) +
-               4.0 * bh * T + (mask ? 4.0 * B * T : 0));
-    DISPATCH(attention_bwd, dq, dk, dv, dout, q, k, v, out, lse, mask, B, NH, T, HS, scale, p, seed,
-             offset);
+               4.0 * bh * r.T + (mask ? 4.0 * r.B * r.T : 0));
+    DISPATCH(attention_bwd, dq, dk, dv, dout, q, k, v, out, lse, mask, &r);
 }

@@ -636,25 +636,39 @@ tk_status tk_op_sumsq_many(tk_dev *d, tk_tensor *out, const tk_tensor *const *xs
 /* Memory-efficient ("fused") attention for B sequences, NH heads, T
  * positions, head size HS: out = dropout(softmax(scale * q k^T + maskbias)) v
  * with maskbias as tk_op_softmax_fwd's (mask i32 [B,T], may be NULL).
- * q, k, v, out, dout, dq, dk, dv: (B, NH, T, HS), any float dtype,
- * arithmetic in f32. The (T,T) probabilities are never stored: forward keeps
- * only out and lse (f32 [B*NH*T], each row's log-sum-exp of its scaled,
- * masked scores); backward rebuilds each probability from q, k and lse
- * (FlashAttention's recurrence: dS = P * (dP - rowsum(dout * out))). Dropout
- * (p > 0) on the probabilities uses the tk_op_dropout generator with element
- * index offset + ((b*NH + h)*T + i)*T + j — the mask standard attention gets
- * from tk_op_dropout_fwd over the (B,NH,T,T) probabilities at that offset.
- * dq, dk, dv are overwritten. No backend must provide them: a device whose
- * backend lacks them fails with TK_EINVAL (meta counts costs only). */
+ *
+ * Layout: every tensor is (B, T, NH, HS), the layout of the Q, K and V
+ * projections' outputs and of the attention output dense's input, so no
+ * head transposes surround the op. Element (b, t, h, c) of q, k, v, dq, dk
+ * and dv is at (b*T + t)*ld + h*HS + c (ld >= NH*HS: NH*HS for tensors of
+ * their own, 3*NH*HS for slices of one fused QKV projection's (B*T, 3*NH*HS)
+ * output, each its own view), of out and dout at (b*T + t)*NH*HS + h*HS + c.
+ * Any float dtype, arithmetic in f32.
+ *
+ * The (T,T) probabilities are never stored: forward keeps only out and lse
+ * (f32 [B*NH*T], element (b*NH + h)*T + t: each query row's log-sum-exp of
+ * its scaled, masked scores); backward rebuilds each probability from q, k
+ * and lse (FlashAttention's recurrence: dS = P * (dP - rowsum(dout * out))).
+ * Dropout (p > 0) on the probabilities uses the tk_op_dropout generator with
+ * element index offset + ((b*NH + h)*T + i)*T + j (query i, key j) — the
+ * mask standard attention gets from tk_op_dropout_fwd over the (B,NH,T,T)
+ * probabilities at that offset. dq, dk, dv are overwritten. No backend must
+ * provide them: a device whose backend lacks them fails with TK_EINVAL (meta
+ * counts costs only). On cuda, which kernel runs is tk_attn_kernel.h's rule. */
+typedef struct tk_attn {
+    int64_t B, NH, T, HS;
+    int64_t ld;            /* row stride of q, k, v, dq, dk, dv (elements); 0: NH*HS */
+    float scale, p;        /* scores scale; dropout rate of the probabilities */
+    uint64_t seed, offset; /* the dropout generator's, as tk_op_dropout_fwd */
+} tk_attn;
+
 tk_status tk_op_attention_fwd(tk_dev *d, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
                               const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
-                              int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,
-                              uint64_t seed, uint64_t offset);
+                              const tk_attn *a);
 tk_status tk_op_attention_bwd(tk_dev *d, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
                               const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
                               const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
-                              const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, int64_t HS,
-                              float scale, float p, uint64_t seed, uint64_t offset);
+                              const tk_tensor *mask, const tk_attn *a);
 
 /* AdamW (decoupled weight decay, bias-corrected). param f32 master; grad any
  * float dtype, multiplied by grad_scale first; m, v f32. step >= 1. */

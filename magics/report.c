@@ -219,6 +219,10 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
     /* which attention was planned, and whether the user or the default chose it */
     tk_sb_addf(&text, "attention: %s (%s)\n", tk_attention_name(p->attention), p->attention_why);
     tk_sb_addf(&html, "<p>attention: <b>%s</b> (%s)</p>", tk_attention_name(p->attention), p->attention_why);
+    if (p->attention_kernel[0]) { /* fused on a named card: which cuda kernel runs it */
+        tk_sb_addf(&text, "attention kernel on %s: %s\n", p->profile, p->attention_kernel);
+        tk_sb_addf(&html, "<p>attention kernel on %s: %s</p>", p->profile, p->attention_kernel);
+    }
     char *svg = NULL;
     tk_sb_add(&html, "<div style=\"display:flex;gap:24px;align-items:flex-start\">");
     json_t *vl = NULL;
@@ -262,6 +266,7 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
                           p->train_step.flops / 1e9, "plan_ms", p->plan_ms, "profile", p->profile);
     json_object_set_new(j, "attention", json_string(tk_attention_name(p->attention)));
     json_object_set_new(j, "attention_why", json_string(p->attention_why));
+    if (p->attention_kernel[0]) json_object_set_new(j, "attention_kernel", json_string(p->attention_kernel));
     if (p->epoch_steps) json_object_set_new(j, "epoch_steps", json_integer(p->epoch_steps));
     json_object_set_new(j, "world_size", json_integer(p->world_size > 1 ? p->world_size : 1));
     json_object_set_new(j, "zero", json_integer(p->zero));

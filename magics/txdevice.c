@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tk_attn_kernel.h"
 #include "tk_magics.h"
 #include "tk_render.h"
 #include "tk_session.h"
@@ -94,6 +95,19 @@ static int nvml_query(nvml_info *out, char *why, size_t why_n) {
     return 0;
 }
 
+/* "Fused attention on <card> (<precision>): <which kernel and why>" for a
+ * card of compute capability major.minor, into text and json[key]. The
+ * head size is the model's (not known here): the line gives the rule. */
+static void attention_kernel_line(tk_sb *text, json_t *j, const char *key, const char *card, int major, int minor,
+                                  const tk_config *c) {
+    const tk_precision prec = c ? c->precision : TK_PREC_FP16;
+    const tk_dtype dt = prec == TK_PREC_FP16 ? TK_F16 : prec == TK_PREC_BF16 ? TK_BF16 : TK_F32;
+    char line[192];
+    tk_attn_kernel_line(line, sizeof line, major, minor, dt, 0, tk_attn_kernel_ask(getenv(TK_ATTN_KERNEL_ENV)));
+    tk_sb_addf(text, "Fused attention on %s (%s): %s\n", card, tk_dtype_name(dt), line);
+    json_object_set_new(j, key, json_string(line));
+}
+
 json_t *tk_device_report(tk_dev *d, const tk_config *c) {
     tk_sb text = {0}, html = {0};
     char a[32], b[32], u[32], r2[32];
@@ -113,6 +127,8 @@ json_t *tk_device_report(tk_dev *d, const tk_config *c) {
                               "size would%s.\n", tk_format_bytes(info.total, a, sizeof a),
                        tk_dev_kind_of(d) == TK_DEV_CPU ? "; the arithmetic runs on the cpu" : "; meta does no arithmetic");
         if (info.cc_major) tk_sb_addf(&text, "Compute capability %d.%d\n", info.cc_major, info.cc_minor);
+        if (tk_dev_kind_of(d) == TK_DEV_CUDA && info.cc_major)
+            attention_kernel_line(&text, j, "attention_kernel", "this card", info.cc_major, info.cc_minor, c);
         if (info.driver[0] || info.runtime[0])
             tk_sb_addf(&text, "Driver %s, runtime %s\n", info.driver[0] ? info.driver : "?",
                        info.runtime[0] ? info.runtime : "?");
@@ -146,6 +162,7 @@ json_t *tk_device_report(tk_dev *d, const tk_config *c) {
                        own_src, tk_format_bytes(tk_gpu_profile_budget(p), e, sizeof e),
                        c->capacity ? " (capacity: overrides it)" : "",
                        tk_format_bytes(TK_CUDA_WORKSPACE_BYTES, w, sizeof w));
+            attention_kernel_line(&text, j, "profile_attention_kernel", p->name, p->cc_major, p->cc_minor, c);
         }
     }
     nvml_info nv;
@@ -221,7 +238,10 @@ static const tk_magic_def TXDEVICE[] = {
      "%txdevice [--json]\n\n"
      "The session's device (cuda, cpu or meta), its capacity and free memory, what this\n"
      "session holds, what other processes hold (NVML, when the NVIDIA driver is there),\n"
-     "and the driver and CUDA versions. On cpu and meta the capacity is simulated."},
+     "and the driver and CUDA versions. On cpu and meta the capacity is simulated.\n"
+     "For a cuda card (and the config's gpu: profile) it says which kernel runs fused\n"
+     "attention at the config's precision: tensor cores (mma.sync) or the reference\n"
+     "kernel, and why (TXK_ATTN_KERNEL=reference|sm75 overrides the card's choice)."},
     {"txreset", TK_MAGIC_LINE, run_txreset, "release everything the session holds",
      "%txreset\n\nReleases the session's device (all its memory) and forgets the last config,\n"
      "plan, run and OOM record. The next %%txtrain opens a fresh device."},

@@ -8,7 +8,7 @@
 #   bash scripts/devkit.sh
 #     builds exactly what it packs (not `make all`: the ASan library and the
 #     CPU test binaries are minutes of build the kit does not carry), then:
-#     build/      libtk_cuda.so, gpu_tests/gpu_*, bench/train_cpu, txk
+#     build/      libtk_cuda.so, gpu_tests/gpu_*, bench/train_cpu, bench/attn_gpu, txk
 #     lib/        the shared libraries those binaries and libtxk.so need that
 #                 are neither glibc's nor the compiler's runtime (jansson,
 #                 yaml, utf8proc, curl's, OpenBLAS with gfortran and quadmath)
@@ -46,11 +46,11 @@ pip_py=$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3
 
 # ---- build what the kit carries
 jobs=$(nproc 2>/dev/null || echo 1)
-make --no-print-directory -j"$jobs" build/libtk_cuda.so build-gpu-tests build/bench/train_cpu build/txk \
+make --no-print-directory -j"$jobs" build/libtk_cuda.so build-gpu-tests build/bench/train_cpu build/bench/attn_gpu build/txk \
     build/libtxk.so >/dev/null || die "make failed (run it without >/dev/null to see why)"
 tests=$(ls build/gpu_tests/gpu_* 2>/dev/null | grep -vE '\.(d|o)$' || true)
 missing=""
-for f in build/libtk_cuda.so build/bench/train_cpu build/txk build/libtxk.so; do
+for f in build/libtk_cuda.so build/bench/train_cpu build/bench/attn_gpu build/txk build/libtxk.so; do
     [ -f "$f" ] || missing="$missing $f"
 done
 [ -n "$tests" ] || missing="$missing build/gpu_tests/gpu_*"
@@ -93,7 +93,7 @@ rm -rf "$stage"
 mkdir -p "$stage/build/gpu_tests" "$stage/build/bench" "$stage/lib" "$stage/companion/txkernel" "$stage/wheels"
 cp $tests "$stage/build/gpu_tests/"
 cp build/libtk_cuda.so build/txk "$stage/build/"
-cp build/bench/train_cpu "$stage/build/bench/"
+cp build/bench/train_cpu build/bench/attn_gpu "$stage/build/bench/"
 cp python/txkernel/*.py build/libtxk.so "$stage/companion/txkernel/"
 cp "$wheels"/*.whl "$wheels/requirements.txt" "$wheels/PYTHONS" "$stage/wheels/"
 { git rev-parse HEAD 2>/dev/null || echo unknown; } | tr -d '\n' > "$stage/COMMIT"
@@ -102,7 +102,7 @@ git diff --quiet HEAD 2>/dev/null || echo " with uncommitted changes" >> "$stage
 # Every library ldd resolves outside the CUDA toolkit, less the runtime that
 # is everywhere. Copied under its soname (the name the loader asks for).
 skip='^(linux-vdso|ld-linux|libc|libm|libpthread|libdl|librt|libutil|libresolv|libgcc_s|libstdc\+\+|libgomp)\.'
-bins="$tests build/bench/train_cpu build/txk build/libtxk.so"
+bins="$tests build/bench/train_cpu build/bench/attn_gpu build/txk build/libtxk.so"
 for b in $bins; do
     lacks=$(ldd "$b" | grep 'not found' | tr '\n' ' ' || true)
     [ -z "$lacks" ] || die "$b needs what this machine lacks: $lacks"

@@ -6,11 +6,13 @@
 # missing, then runs the steps. Logs go to $OUT (the device tool's folder)
 # or bench/out/.
 #
-#   bash scripts/devkit_run.sh [info] [test] [bench] [techniques] [measure] [sanitize] [companion]
+#   bash scripts/devkit_run.sh [info] [test] [bench] [attention] [techniques] [measure] [sanitize] [companion]
 #     info        GPU, driver, glibc, the kit's commit, and which libraries the plugin resolves
 #     test        tests/gpu_cuda/run.sh (what `make test-gpu` runs), after `companion`
 #     bench       bench/train_gpu/run.py: bert-base 32 x 128/512 fp16/bf16, 512 fp32 and
 #                 a batch of real lengths: txkernel (default, standard, fused) vs HF (eager, sdpa), MFU
+#     attention   bench/attn_gpu: fused attention's kernels (the card's pick, the
+#                 sm75 path, the reference) at bert-base 32 x 128/512, fp16/bf16/fp32
 #     techniques  bench/train_gpu/run.py --techniques --seq 512 (bert-base)
 #     measure     bench/train_gpu/run.py --techniques --models bert-mini --seq 128
 #     sanitize    compute-sanitizer on gpu_ops: memcheck over every op, racecheck
@@ -21,7 +23,7 @@
 #                 machine's python3 (the one with torch), and checks that it
 #                 imports them and the companion; needs no GPU
 #   (no argument: info test bench)
-# BENCH_ARGS replaces bench's arguments, TECH_ARGS those of techniques;
+# BENCH_ARGS replaces bench's arguments, TECH_ARGS those of techniques, ATTN_ARGS attention's;
 # PYTHON names another python than python3.
 #
 # gpu_txwatch is skipped (it says why) only when the kit has no wheel for
@@ -46,7 +48,7 @@ elif [ ! -f "$kit/.unpacked" ]; then
     die "no $archive here and no unpacked $kit: run scripts/devkit.sh on the build machine" \
         "and carry $archive with the tree (device run: carry [\"$archive\"])"
 fi
-want="build/libtk_cuda.so build/txk build/bench/train_cpu companion/txkernel/_engine.py companion/txkernel/libtxk.so
+want="build/libtk_cuda.so build/txk build/bench/train_cpu build/bench/attn_gpu companion/txkernel/_engine.py companion/txkernel/libtxk.so
       wheels/requirements.txt wheels/PYTHONS"
 for src in tests/gpu_cuda/gpu_*.c; do want="$want build/gpu_tests/$(basename "$src" .c)"; done
 missing=""
@@ -54,7 +56,7 @@ for f in $want; do [ -f "$kit/$f" ] || missing="$missing $f"; done
 pipwhl=$(ls -d "$kit"/wheels/pip-*.whl 2>/dev/null | head -n 1)
 [ -n "$pipwhl" ] || missing="$missing wheels/pip-*.whl"
 [ -z "$missing" ] || die "the kit in $kit lacks:$missing (packed from an older tree? run scripts/devkit.sh again)"
-chmod +x "$kit"/build/gpu_tests/gpu_* "$kit/build/bench/train_cpu" "$kit/build/txk" # in case the copy lost the modes
+chmod +x "$kit"/build/gpu_tests/gpu_* "$kit"/build/bench/* "$kit/build/txk" # in case the copy lost the modes
 kit=$(cd "$kit" && pwd) # absolute from here on: the paths below are handed to other processes
 pipwhl=$kit/wheels/$(basename "$pipwhl")
 
@@ -153,6 +155,10 @@ for s in $steps; do
         # shellcheck disable=SC2086
         run_bench bench-train-gpu.log ${BENCH_ARGS:-} || rc=1
         ;;
+    attention)
+        # shellcheck disable=SC2086
+        "$kit/build/bench/attn_gpu" ${ATTN_ARGS:-} 2>&1 | tee "$out/bench-attn-gpu.log" || rc=1
+        ;;
     techniques)
         # shellcheck disable=SC2086
         run_bench bench-techniques.log ${TECH_ARGS:---techniques --seq 512} || rc=1
@@ -166,7 +172,7 @@ for s in $steps; do
         sanitize_ops "$cs" "$kit/build/gpu_tests/gpu_ops" 2>&1 | tee "$out/sanitize.log" || rc=1
         ;;
     *)
-        echo "devkit_run: unknown step '$s' (info, test, bench, techniques, measure, sanitize, companion)" >&2
+        echo "devkit_run: unknown step '$s' (info, test, bench, attention, techniques, measure, sanitize, companion)" >&2
         rc=2
         ;;
     esac

@@ -55,7 +55,7 @@ static inline int tk_test_done(void) {
 /* n floats uniform in [-amp, amp) from a seeded LCG (malloc'd; NULL when
  * out of memory): the same inputs on every run and every machine. */
 static inline float *tk_test_uniform(int64_t n, uint64_t seed, float amp) {
-    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
+    float *x = (float *)malloc((size_t)(n > 0 ? n : 1) * sizeof *x); /* a cast: C++ tests include this too */
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
     for (int64_t i = 0; x && i < n; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;

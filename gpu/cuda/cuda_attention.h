@@ -1,5 +1,8 @@
-/* cuda_attention.h — the cuda backend's fused (memory-efficient) attention,
- * written once for the GPU kernels and for a host emulation of them.
+/* cuda_attention.h — the cuda backend's reference fused (memory-efficient)
+ * attention, written once for the GPU kernels and for a host emulation of
+ * them. It runs wherever attention.cu's tensor-core kernels do not (f32, a
+ * head size they do not cover, a card below sm75, TXK_ATTN_KERNEL=reference:
+ * gpu/tk_attn_kernel.h) and is what those are checked against on a card.
  *
  * What it does: tk_op_attention_fwd/bwd (tk_gpu.h) by query and key tiles
  * that live in a thread block's shared memory. No (T,T) matrix exists at any
@@ -23,8 +26,8 @@
  * barriers. tk_fa_*_phase(args, smem, block, phase, tid, nthreads) runs one
  * thread's share of one phase and says whether another phase follows; within
  * a phase no thread reads what another writes (the one exception, the
- * "some key kept" flag, is only ever set to 1). The kernels in cuda_ops.cu
- * run phase after phase with __syncthreads() between; the host test
+ * "some key kept" flag, is only ever set to 1). The kernel in attention.cu
+ * runs phase after phase with __syncthreads() between; the host test
  * (tests/gpu_cuda_host/test_cuda_attention.c) runs every thread of a phase
  * in turn, block after block, and compares the result with the cpu backend
  * — so the tiling, masking, dropout indexing and edge tiles are checked on a
@@ -73,6 +76,8 @@ typedef struct tk_fa_args {
     int dt_out, dt_dq, dt_dk, dt_dv;
     float *lse_out;
     int64_t NH, T, HS;
+    int64_t ld;  /* row stride of q, k, v, dq, dk, dv (tk_attn's) */
+    int64_t ldo; /* row stride of out, dout: NH*HS */
     int qt, kt; /* tile sizes: query rows, keys */
     float scale, p, keep_scale;
     uint64_t key, offset;
@@ -176,30 +181,35 @@ TK_FA int tk_fa_tiles(int64_t HS, int *qt, int *kt) {
 
 /* ---- pieces of phases ------------------------------------------------------ */
 
-/* rows [r0, r0+n) of x (a (B*NH, T, HS) tensor, sequence*head bh) into dst
- * with row stride ld; rows past T are zeros. */
-TK_FA void tk_fa_load_rows(float *dst, int64_t ld, const void *x, int dt, const tk_fa_args *a, int64_t bh,
-                           int64_t r0, int n, int tid, int nt) {
-    const int64_t HS = a->HS, base = bh * a->T * HS;
+/* rows [r0, r0+n) of sequence*head bh of x (a (B, T, NH, HS) tensor whose
+ * rows are ldx elements apart) into dst with row stride ld; rows past T are
+ * zeros. */
+TK_FA int64_t tk_fa_base(const tk_fa_args *a, int64_t bh, int64_t ldx) {
+    return bh / a->NH * a->T * ldx + bh % a->NH * a->HS;
+}
+
+TK_FA void tk_fa_load_rows(float *dst, int64_t ld, const void *x, int dt, int64_t ldx, const tk_fa_args *a,
+                           int64_t bh, int64_t r0, int n, int tid, int nt) {
+    const int64_t HS = a->HS, base = tk_fa_base(a, bh, ldx);
     for (int64_t e = tid; e < (int64_t)n * HS; e += nt) {
         int64_t r = e / HS, c = e % HS;
-        dst[r * ld + c] = r0 + r < a->T ? tk_fa_ld(x, dt, base + (r0 + r) * HS + c) : 0.0f;
+        dst[r * ld + c] = r0 + r < a->T ? tk_fa_ld(x, dt, base + (r0 + r) * ldx + c) : 0.0f;
     }
 }
 
-TK_FA void tk_fa_store_rows(void *x, int dt, const float *src, int64_t ld, const tk_fa_args *a, int64_t bh,
-                            int64_t r0, int n, int tid, int nt) {
-    const int64_t HS = a->HS, base = bh * a->T * HS;
+TK_FA void tk_fa_store_rows(void *x, int dt, int64_t ldx, const float *src, int64_t ld, const tk_fa_args *a,
+                            int64_t bh, int64_t r0, int n, int tid, int nt) {
+    const int64_t HS = a->HS, base = tk_fa_base(a, bh, ldx);
     for (int64_t e = tid; e < (int64_t)n * HS; e += nt) {
         int64_t r = e / HS, c = e % HS;
-        if (r0 + r < a->T) tk_fa_st(x, dt, base + (r0 + r) * HS + c, src[r * ld + c]);
+        if (r0 + r < a->T) tk_fa_st(x, dt, base + (r0 + r) * ldx + c, src[r * ld + c]);
     }
 }
 
 /* Keys and values [k0, k0+kt) of sequence*head bh into sh->k, sh->v. */
 TK_FA void tk_fa_load_kv(const tk_fa_args *a, const tk_fa_smem *sh, int64_t bh, int64_t k0, int tid, int nt) {
-    tk_fa_load_rows(sh->k, a->HS + 1, a->k, a->dtk, a, bh, k0, a->kt, tid, nt);
-    tk_fa_load_rows(sh->v, a->HS + 1, a->v, a->dtv, a, bh, k0, a->kt, tid, nt);
+    tk_fa_load_rows(sh->k, a->HS + 1, a->k, a->dtk, a->ld, a, bh, k0, a->kt, tid, nt);
+    tk_fa_load_rows(sh->v, a->HS + 1, a->v, a->dtv, a->ld, a, bh, k0, a->kt, tid, nt);
 }
 
 /* The scaled, masked score of query row r (sh->q) and key j (sh->k) of the
@@ -271,14 +281,14 @@ TK_FA void tk_fa_bwd_rows(const tk_fa_args *a, const tk_fa_smem *sh, int64_t bh,
                           int nt) {
     const int64_t HS = a->HS;
     if (step == 0) {
-        tk_fa_load_rows(sh->q, HS, a->q, a->dtq, a, bh, q0, a->qt, tid, nt);
-        tk_fa_load_rows(sh->g, HS, a->dout, a->dtg, a, bh, q0, a->qt, tid, nt);
+        tk_fa_load_rows(sh->q, HS, a->q, a->dtq, a->ld, a, bh, q0, a->qt, tid, nt);
+        tk_fa_load_rows(sh->g, HS, a->dout, a->dtg, a->ldo, a, bh, q0, a->qt, tid, nt);
         return;
     }
     for (int r = tid; r < a->qt; r += nt) {
         float d = 0.0f, lse = 0.0f;
         if (q0 + r < a->T) {
-            const int64_t at = (bh * a->T + q0 + r) * HS;
+            const int64_t at = tk_fa_base(a, bh, a->ldo) + (q0 + r) * a->ldo;
             for (int64_t c = 0; c < HS; c++) d += sh->g[(int64_t)r * HS + c] * tk_fa_ld(a->o, a->dto, at + c);
             lse = a->lse_in[bh * a->T + q0 + r];
         }
@@ -299,7 +309,7 @@ TK_FA int tk_fa_fwd_phase(const tk_fa_args *a, const tk_fa_smem *sh, int64_t bh,
     const int qt = a->qt, kt = a->kt, nk = tk_fa_ntiles(a->T, kt);
     if (ph == 0) {
         tk_fa_flag_phase(a, sh, b, 0, tid, nt);
-        tk_fa_load_rows(sh->q, HS, a->q, a->dtq, a, bh, q0, qt, tid, nt);
+        tk_fa_load_rows(sh->q, HS, a->q, a->dtq, a->ld, a, bh, q0, qt, tid, nt);
         for (int64_t e = tid; e < (int64_t)qt * HS; e += nt) sh->acc[e] = 0.0f;
         for (int r = tid; r < qt; r += nt) {
             sh->m[r] = -INFINITY;
@@ -316,7 +326,7 @@ TK_FA int tk_fa_fwd_phase(const tk_fa_args *a, const tk_fa_smem *sh, int64_t bh,
         const int64_t k0 = (int64_t)(x / 3) * kt;
         const int nkv = (int)(a->T - k0 < kt ? a->T - k0 : kt);
         if (x % 3 == 0) {
-            tk_fa_load_rows(sh->k, HS + 1, a->k, a->dtk, a, bh, k0, kt, tid, nt);
+            tk_fa_load_rows(sh->k, HS + 1, a->k, a->dtk, a->ld, a, bh, k0, kt, tid, nt);
         } else if (x % 3 == 1) {
             for (int e = tid; e < qt * kt; e += nt)
                 sh->s[e] = e % kt < nkv ? tk_fa_score(a, sh, b, e / kt, e % kt, k0) : -INFINITY;
@@ -370,7 +380,7 @@ TK_FA int tk_fa_fwd_phase(const tk_fa_args *a, const tk_fa_smem *sh, int64_t bh,
         }
         return 1;
     }
-    tk_fa_store_rows(a->out, a->dt_out, sh->acc, HS, a, bh, q0, qt, tid, nt);
+    tk_fa_store_rows(a->out, a->dt_out, a->ldo, sh->acc, HS, a, bh, q0, qt, tid, nt);
     return 0;
 }
 
@@ -416,8 +426,8 @@ TK_FA int tk_fa_bwd_kv_phase(const tk_fa_args *a, const tk_fa_smem *sh, int64_t 
         }
         return 1;
     }
-    tk_fa_store_rows(a->dk, a->dt_dk, dk, HS + 1, a, bh, k0, kt, tid, nt);
-    tk_fa_store_rows(a->dv, a->dt_dv, dv, HS + 1, a, bh, k0, kt, tid, nt);
+    tk_fa_store_rows(a->dk, a->dt_dk, a->ld, dk, HS + 1, a, bh, k0, kt, tid, nt);
+    tk_fa_store_rows(a->dv, a->dt_dv, a->ld, dv, HS + 1, a, bh, k0, kt, tid, nt);
     return 0;
 }
 
@@ -461,7 +471,7 @@ TK_FA int tk_fa_bwd_q_phase(const tk_fa_args *a, const tk_fa_smem *sh, int64_t b
         }
         return 1;
     }
-    tk_fa_store_rows(a->dq, a->dt_dq, sh->acc, HS, a, bh, q0, qt, tid, nt);
+    tk_fa_store_rows(a->dq, a->dt_dq, a->ld, sh->acc, HS, a, bh, q0, qt, tid, nt);
     return 0;
 }
 

@@ -196,6 +196,8 @@ static tk_status open_device(tk_cuda_ctx *c, tk_err *err) {
     /* cudaFree(0) creates the primary context now, so a broken driver shows
      * up here with its own message rather than inside the first op. */
     TK_CU(cudaFree(0), err);
+    TK_CU(cudaDeviceGetAttribute(&c->cc_major, cudaDevAttrComputeCapabilityMajor, c->device), err);
+    TK_CU(cudaDeviceGetAttribute(&c->cc_minor, cudaDevAttrComputeCapabilityMinor, c->device), err);
     TK_CUBLAS(create_handle(&c->blas), err);
     TK_CUBLAS(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), err);
     c->plugin_bytes = 0;

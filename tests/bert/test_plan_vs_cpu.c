@@ -238,7 +238,9 @@ static void test_plan_fused_on_cuda(void) {
 }
 
 /* attention: auto (the default) is fused for a card and standard on the
- * cpu (tk_config_attention); the plan says which and why, and a cpu run of
+ * cpu (tk_config_attention); the plan says which and why (and, for a card,
+ * which cuda kernel runs it: tensor cores for 16-bit where the card has
+ * them, TXK_ATTN_KERNEL's choice), and a cpu run of
  * a card's config (gpu: t4, as demo notebooks run them) uses what its plan
  * used, so they still agree byte for byte. */
 static void test_plan_default_attention(void) {
@@ -255,7 +257,29 @@ static void test_plan_default_attention(void) {
     TK_CHECK_STR(card.attention_why, "default on cuda");
     char *txt = tk_plan_format(&card);
     TK_CHECK(txt && strstr(txt, "attention: fused (default on cuda)\n"));
+    /* and which cuda kernel the card runs it with (gpu/tk_attn_kernel.h) */
+    TK_CHECK(txt && strstr(txt, "attention kernel on t4: the reference kernel (fp32 cores): f32 tensors"));
+    TK_CHECK_STR(cpu.attention_kernel, "");
     free(txt);
+    const struct { const char *gpu; tk_precision prec; const char *ask, *want; } kern[] = {
+        { "t4", TK_PREC_FP16, NULL, "tensor cores, mma.sync m16n8k8 (sm75); head size 64, f16" },
+        { "t4", TK_PREC_BF16, NULL, "the reference kernel (fp32 cores): bf16 on sm75" },
+        { "h100-80", TK_PREC_BF16, NULL, "tensor cores, mma.sync m16n8k16 (sm80+); head size 64, bf16" },
+        { "h100-80", TK_PREC_FP16, "sm75", "TXK_ATTN_KERNEL=sm75: mma.sync m16n8k8; head size 64, f16" },
+        { "l4", TK_PREC_FP16, "reference", "the reference kernel (fp32 cores): TXK_ATTN_KERNEL=reference" },
+        { "k80", TK_PREC_FP16, NULL, "the reference kernel (fp32 cores): the card is below sm75" },
+    };
+    for (size_t i = 0; i < sizeof kern / sizeof kern[0]; i++) {
+        tk_config k = c;
+        tk_plan_result r;
+        snprintf(k.gpu, sizeof k.gpu, "%s", kern[i].gpu);
+        k.precision = kern[i].prec;
+        if (kern[i].ask) setenv("TXK_ATTN_KERNEL", kern[i].ask, 1);
+        TK_CHECK_MSG(tk_plan(&k, NULL, 0, &r, &e) == TK_OK, "%s", e.msg);
+        unsetenv("TXK_ATTN_KERNEL");
+        TK_CHECK_MSG(strncmp(r.attention_kernel, kern[i].want, strlen(kern[i].want)) == 0, "%s: '%s', want '%s'",
+                     kern[i].gpu, r.attention_kernel, kern[i].want);
+    }
     c.attention = TK_ATTN_FUSED; /* the same bytes as naming it */
     TK_CHECK_MSG(tk_plan(&c, NULL, 0, &fused, &e) == TK_OK, "%s", e.msg);
     TK_CHECK_STR(fused.attention_why, "set in the config");

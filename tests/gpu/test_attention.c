@@ -3,6 +3,10 @@
  * softmax_fwd/bwd, dropout_fwd/bwd) on the cpu device:
  *  - fp32, with and without dropout, with padded keys and a sequence whose
  *    keys are all masked: out, dq, dk, dv within 1e-5 (absolute, values O(1));
+ *    the fused op takes (B,T,NH,HS) tensors, the standard ops (B,NH,T,HS);
+ *  - q, k, v (and dq, dk, dv) as slices of one fused QKV buffer (rows
+ *    3*NH*HS apart) give the same bytes as tensors of their own, and dq, dk
+ *    and dv write every element of theirs;
  *  - bf16 inputs/outputs against the fp32 reference within one bf16 ulp at 1;
  *  - meta counts the op's cost without data, and the fused forward keeps
  *    B*NH*T lse floats where standard keeps B*NH*T*T probabilities;
@@ -43,7 +47,7 @@ static double maxdiff(const float *a, const float *b, int64_t n) {
     double m = 0;
     for (int64_t i = 0; i < n; i++) {
         double x = fabs((double)a[i] - (double)b[i]);
-        if (!(x <= m)) m = x; /* NaN wins */
+        if (!(x <= m) && !isnan(m)) m = x; /* the first NaN stays */
     }
     return m;
 }
@@ -119,30 +123,107 @@ static grads standard(tk_dev *d, const inputs *in, float scale, float p, uint64_
     return g;
 }
 
-static grads fused(tk_dev *d, const inputs *in, tk_dtype dt, float scale, float p, uint64_t seed,
-                   uint64_t off) {
-    tk_tensor q, k, v, o, go, lse, dq, dk, dv, m;
-    alloc(d, &q, dt, N, in->q);
-    alloc(d, &k, dt, N, in->k);
-    alloc(d, &v, dt, N, in->v);
-    alloc(d, &go, dt, N, in->dout);
+/* (B,NH,T,HS) <-> (B,T,NH,HS) on the host: the standard ops' layout and
+ * the fused op's. */
+static float *to_btnh(const float *x) {
+    float *y = malloc((size_t)N * sizeof *y);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++)
+                memcpy(y + (((int64_t)b * T + t) * NH + h) * HS, x + (((int64_t)b * NH + h) * T + t) * HS,
+                       HS * sizeof *y);
+    return y;
+}
+
+static float *from_btnh(float *y) {
+    float *x = malloc((size_t)N * sizeof *x);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++)
+                memcpy(x + (((int64_t)b * NH + h) * T + t) * HS, y + (((int64_t)b * T + t) * NH + h) * HS,
+                       HS * sizeof *x);
+    free(y);
+    return x;
+}
+
+/* The fused op on (B,T,NH,HS) copies of the inputs; the gradients come
+ * back in the standard layout. qkv: q, k, v and dq, dk, dv are slices of
+ * two fused buffers (rows 3*NH*HS apart) instead of tensors of their own. */
+static grads fused_ld(tk_dev *d, const inputs *in, tk_dtype dt, float scale, float p, uint64_t seed, uint64_t off,
+                      int qkv) {
+    tk_tensor q, k, v, o, go, lse, dq, dk, dv, m, x, dx;
+    memset(&x, 0, sizeof x);
+    memset(&dx, 0, sizeof dx);
+    float *hq = to_btnh(in->q), *hk = to_btnh(in->k), *hv = to_btnh(in->v), *hg = to_btnh(in->dout);
+    const int64_t C = NH * HS, ld = qkv ? 3 * C : C;
+    if (qkv) {
+        float *buf = malloc((size_t)3 * N * sizeof *buf);
+        for (int64_t r = 0; r < (int64_t)B * T; r++)
+            for (int64_t c = 0; c < C; c++) {
+                buf[r * ld + c] = hq[r * C + c];
+                buf[r * ld + C + c] = hk[r * C + c];
+                buf[r * ld + 2 * C + c] = hv[r * C + c];
+            }
+        alloc(d, &x, dt, 3 * N, buf);
+        /* NaN first: dq, dk and dv together must write every element */
+        for (int64_t i = 0; i < 3 * N; i++) buf[i] = NAN;
+        alloc(d, &dx, dt, 3 * N, buf);
+        free(buf);
+        const int64_t nv = 3 * N - 2 * C; /* rows ld apart, the last one C long */
+        q = tk_tensor_view(&x, 0, nv);
+        k = tk_tensor_view(&x, C, nv);
+        v = tk_tensor_view(&x, 2 * C, nv);
+        dq = tk_tensor_view(&dx, 0, nv);
+        dk = tk_tensor_view(&dx, C, nv);
+        dv = tk_tensor_view(&dx, 2 * C, nv);
+    } else {
+        alloc(d, &q, dt, N, hq);
+        alloc(d, &k, dt, N, hk);
+        alloc(d, &v, dt, N, hv);
+        alloc(d, &dq, dt, N, NULL);
+        alloc(d, &dk, dt, N, NULL);
+        alloc(d, &dv, dt, N, NULL);
+    }
+    alloc(d, &go, dt, N, hg);
     alloc(d, &o, dt, N, NULL);
     alloc(d, &lse, TK_F32, B * NH * T, NULL);
-    alloc(d, &dq, dt, N, NULL);
-    alloc(d, &dk, dt, N, NULL);
-    alloc(d, &dv, dt, N, NULL);
     int64_t nm = B * T;
     tk_err e = { 0 };
     TK_CHECK(tk_tensor_alloc(d, &m, TK_I32, 1, &nm, TK_CAT_TEMP, "test", &e) == TK_OK);
     TK_CHECK(tk_tensor_write(d, &m, in->mask, &e) == TK_OK);
-    TK_CHECK(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, &m, B, NH, T, HS, scale, p, seed, off) == TK_OK);
-    TK_CHECK(tk_op_attention_bwd(d, &dq, &dk, &dv, &go, &q, &k, &v, &o, &lse, &m, B, NH, T, HS, scale, p,
-                                 seed, off) == TK_OK);
-    grads g = { readf(d, &o), readf(d, &dq), readf(d, &dk), readf(d, &dv) };
-    tk_tensor *all[] = { &q, &k, &v, &o, &go, &lse, &dq, &dk, &dv, &m };
+    const tk_attn a = { .B = B, .NH = NH, .T = T, .HS = HS, .ld = ld, .scale = scale, .p = p, .seed = seed,
+                        .offset = off };
+    TK_CHECK(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, &m, &a) == TK_OK);
+    TK_CHECK(tk_op_attention_bwd(d, &dq, &dk, &dv, &go, &q, &k, &v, &o, &lse, &m, &a) == TK_OK);
+    grads g;
+    if (qkv) {
+        float *all = readf(d, &dx), *parts[3];
+        int64_t untouched = 0;
+        for (int j = 0; j < 3; j++) {
+            parts[j] = malloc((size_t)N * sizeof(float));
+            for (int64_t r = 0; r < (int64_t)B * T; r++)
+                memcpy(parts[j] + r * C, all + r * ld + j * C, C * sizeof(float));
+        }
+        for (int64_t i = 0; i < 3 * N; i++) untouched += isnan(all[i]) != 0;
+        TK_CHECK_MSG(untouched == 0, "%lld elements of the fused dqkv buffer were not written", (long long)untouched);
+        free(all);
+        g = (grads){ from_btnh(readf(d, &o)), from_btnh(parts[0]), from_btnh(parts[1]), from_btnh(parts[2]) };
+    } else {
+        g = (grads){ from_btnh(readf(d, &o)), from_btnh(readf(d, &dq)), from_btnh(readf(d, &dk)),
+                     from_btnh(readf(d, &dv)) };
+    }
+    tk_tensor *all[] = { &q, &k, &v, &o, &go, &lse, &dq, &dk, &dv, &m, &x, &dx };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         tk_tensor_free(d, all[i]);
+    free(hq);
+    free(hk);
+    free(hv);
+    free(hg);
     return g;
+}
+
+static grads fused(tk_dev *d, const inputs *in, tk_dtype dt, float scale, float p, uint64_t seed, uint64_t off) {
+    return fused_ld(d, in, dt, scale, p, seed, off, 0);
 }
 
 static void compare(const char *what, const grads *a, const grads *b, double tol) {
@@ -174,6 +255,12 @@ static void test_matches_standard_f32(void) {
         grads_free(&s);
         grads_free(&f);
     }
+    /* Slices of fused QKV buffers: the same bytes (the same sums in the
+     * same order), and nothing outside the slices written. */
+    grads sep = fused(d, &in, TK_F32, scale, 0.1f, 77, 1000), sl = fused_ld(d, &in, TK_F32, scale, 0.1f, 77, 1000, 1);
+    compare("fp32, q/k/v slices of one QKV buffer (rows 3C apart)", &sl, &sep, 0.0);
+    grads_free(&sep);
+    grads_free(&sl);
     /* A different dropout offset draws a different mask. */
     grads a = fused(d, &in, TK_F32, scale, 0.1f, 77, 1000), b = fused(d, &in, TK_F32, scale, 0.1f, 77, 5);
     TK_CHECK(maxdiff(a.out, b.out, N) > 1e-3);
@@ -222,7 +309,8 @@ static void test_meta_cost(void) {
     alloc(d, &o, TK_F16, N, NULL);
     alloc(d, &lse, TK_F32, B * NH * T, NULL);
     tk_dev_cost_reset(d);
-    TK_CHECK(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, NULL, B, NH, T, HS, 0.25f, 0.0f, 0, 0) == TK_OK);
+    const tk_attn a = { .B = B, .NH = NH, .T = T, .HS = HS, .scale = 0.25f };
+    TK_CHECK(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, NULL, &a) == TK_OK);
     tk_cost c;
     tk_dev_cost_get(d, &c);
     double bh = (double)B * NH, tt = (double)T * T;
@@ -231,12 +319,21 @@ static void test_meta_cost(void) {
     TK_CHECK(tk_tensor_nbytes(&lse) * T == (size_t)NP * 4);
     /* a missing lse is refused, named, and costs nothing */
     tk_dev_cost_reset(d);
-    TK_CHECK_EQ_INT(tk_op_attention_fwd(d, &o, NULL, &q, &k, &v, NULL, B, NH, T, HS, 0.25f, 0.0f, 0, 0),
-                    TK_EINVAL);
+    TK_CHECK_EQ_INT(tk_op_attention_fwd(d, &o, NULL, &q, &k, &v, NULL, &a), TK_EINVAL);
     TK_CHECK(strstr(tk_dev_last_err(d)->msg, "attention_fwd: lse is missing") != NULL);
-    TK_CHECK_EQ_INT(tk_op_attention_bwd(d, &q, &k, &v, &o, &q, &k, &v, &o, &lse, NULL, B, NH, T + 1, HS,
-                                        0.25f, 0.0f, 0, 0), TK_EINVAL);
+    TK_CHECK_EQ_INT(tk_op_attention_bwd(d, &q, &k, &v, &o, &q, &k, &v, &o, &lse, NULL,
+                                        &(tk_attn){ .B = B, .NH = NH, .T = T + 1, .HS = HS, .scale = 0.25f }),
+                    TK_EINVAL);
     TK_CHECK(strstr(tk_dev_last_err(d)->msg, "elements") != NULL);
+    /* a row stride below NH*HS, and q-like tensors too small for theirs */
+    TK_CHECK_EQ_INT(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, NULL,
+                                        &(tk_attn){ .B = B, .NH = NH, .T = T, .HS = HS, .ld = NH * HS - 1 }),
+                    TK_EINVAL);
+    TK_CHECK(strstr(tk_dev_last_err(d)->msg, "row stride ld") != NULL);
+    TK_CHECK_EQ_INT(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, NULL,
+                                        &(tk_attn){ .B = B, .NH = NH, .T = T, .HS = HS, .ld = 3 * NH * HS }),
+                    TK_EINVAL);
+    TK_CHECK(strstr(tk_dev_last_err(d)->msg, "q (test) has") != NULL);
     tk_dev_cost_get(d, &c);
     TK_CHECK(c.flops == 0);
     tk_tensor *all[] = { &q, &k, &v, &o, &lse };

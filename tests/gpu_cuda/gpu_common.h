@@ -154,7 +154,7 @@ static inline double pair_cmp(const pair *p, double tol, const char *what) {
          * so one rounding apart there is 2^-24, not a fraction of the value */
         if (p->dt == TK_F16 && d <= 0x1p-24) d = 0.0;
         double e = d / fmax(fabs(a[i]), floor_);
-        if (!(e <= worst)) { worst = e; at = i; } /* NaN counts as worst */
+        if (!(e <= worst) && !isnan(worst)) { worst = e; at = i; } /* the first NaN stays worst */
     }
     TK_CHECK_MSG(worst <= tol, "%s: rel err %.3g at [%lld] (cpu %.9g, cuda %.9g), tol %.3g", what, worst,
                  (long long)at, at >= 0 ? a[at] : 0.0, at >= 0 ? b[at] : 0.0, tol);

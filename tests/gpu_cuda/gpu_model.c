@@ -5,7 +5,8 @@
  * one seed (so both devices start from the same bytes), one padded batch,
  * dropout on (its masks are the same on both devices by construction):
  * loss, logits and every parameter gradient must agree, and so must eval
- * logits; with attention: standard and fused; in fp32, fp16 and bf16; with
+ * logits; with attention: standard and fused (fused fp16 also with
+ * TXK_ATTN_KERNEL=sm75, T4's tensor-core path); in fp32, fp16 and bf16; with
  * recompute and frozen embeddings. Then the training loop itself (AdamW or
  * 8-bit AdamW, warmup and decay, clipping, fp16 loss scaling) for eight
  * optimizer steps on both devices: per-step loss and gradient norm, the
@@ -90,6 +91,7 @@ typedef struct {
     tk_precision prec;
     tk_recompute recompute;
     int freeze_embeddings;
+    const char *attn_kernel; /* TXK_ATTN_KERNEL for the run (NULL: unset) */
 } variant;
 
 static int run_step(tk_dev *dev, variant v, step_out *o) {
@@ -220,7 +222,7 @@ static double err_of(const float *a, const float *b, int64_t n, double floor, do
     for (int64_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - b[i]);
         double e = d <= apart ? 0.0 : d / (rel ? fmax(fabs(a[i]), fl) : fl);
-        if (!(e <= worst)) { worst = e; *at = i; }
+        if (!(e <= worst) && !isnan(worst)) { worst = e; *at = i; } /* the first NaN stays worst */
     }
     return worst;
 }
@@ -248,6 +250,7 @@ static int judge(const float *a, const float *b, const float *ref, int64_t n, do
 
 static void run_case(variant v) {
     step_out c = {0}, g = {0}, r = {0};
+    if (v.attn_kernel) setenv("TXK_ATTN_KERNEL", v.attn_kernel, 1);
     int have_ref = v.prec != TK_PREC_FP32;
     variant v32 = v;
     v32.prec = TK_PREC_FP32;
@@ -274,12 +277,15 @@ out:
     step_free(&c);
     step_free(&g);
     step_free(&r);
+    unsetenv("TXK_ATTN_KERNEL");
 }
 
 static void test_pooled_step(void) { run_case((variant){ .head = TK_HEAD_POOLED }); }
 static void test_span_step(void) { run_case((variant){ .head = TK_HEAD_SPAN }); }
 static void test_flatten_dense_step(void) { run_case((variant){ .head = TK_HEAD_FLATTEN_DENSE }); }
-/* attention: fused on both devices (the cpu's row kernel, the cuda tiles) */
+/* attention: fused on both devices (the cpu's row kernel; on cuda the
+ * reference kernel for fp32, the tensor-core kernel for 16-bit: the card's
+ * own pick for bf16, T4's sm75 path forced for fp16) */
 static void test_pooled_step_fused(void) { run_case((variant){ .head = TK_HEAD_POOLED, .attention = TK_ATTN_FUSED }); }
 /* precision: fp16 / bf16 (16-bit activations and GEMM inputs, f32 masters),
  * with each head, and with the techniques that change which tensors the
@@ -292,6 +298,10 @@ static void test_flatten_dense_step_fp16(void) {
 }
 static void test_pooled_step_fused_bf16(void) {
     run_case((variant){ .head = TK_HEAD_POOLED, .attention = TK_ATTN_FUSED, .prec = TK_PREC_BF16 });
+}
+static void test_pooled_step_fused_fp16_sm75(void) {
+    run_case((variant){ .head = TK_HEAD_POOLED, .attention = TK_ATTN_FUSED, .prec = TK_PREC_FP16,
+                        .attn_kernel = "sm75" });
 }
 static void test_pooled_step_recompute_fp16(void) {
     run_case((variant){ .head = TK_HEAD_POOLED, .prec = TK_PREC_FP16, .recompute = TK_RECOMPUTE_LAYERS });
@@ -432,6 +442,7 @@ int main(void) {
     TK_RUN(test_span_step_fp16);
     TK_RUN(test_flatten_dense_step_fp16);
     TK_RUN(test_pooled_step_fused_bf16);
+    TK_RUN(test_pooled_step_fused_fp16_sm75);
     TK_RUN(test_pooled_step_recompute_fp16);
     TK_RUN(test_span_step_recompute_attention_bf16);
     TK_RUN(test_pooled_step_frozen_embeddings_bf16);

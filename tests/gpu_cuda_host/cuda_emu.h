@@ -1,19 +1,26 @@
 /* cuda_emu.h — just enough of CUDA's execution model, on the host, to run
  * gpu/cuda's kernels and launchers without a GPU.
  *
- * Include it (C++) before the kernel files (cuda_emu_backend.cpp). A launch runs its blocks one after
+ * Include it (C++) before the .cu files (cuda_emu_backend.cpp). A launch runs its blocks one after
  * another. A block's threads are fibers on the calling thread, each with
  * its own stack (switched by twelve instructions on x86-64, by ucontext
  * elsewhere, which costs a system call per switch), and a scheduler resumes
  * every runnable fiber in turn until it finishes or waits:
- *  - __syncthreads(): the fiber waits; when every thread of the block waits,
- *    all run on. A block where some threads finished while others wait, or
- *    where one warp waits at a barrier and another at a shuffle, can never
- *    go on: the emulator says so and aborts (on a GPU that is a hang or
- *    undefined behaviour).
- *  - __shfl_xor_sync over a full warp (32 consecutive linear thread ids):
- *    the lane posts its value and waits; when all 32 lanes wait, each gets
- *    its partner's value and runs on.
+ *  - __syncthreads() and __syncthreads_or(p): the fiber waits; when every
+ *    thread of the block waits, all run on (__syncthreads_or returning
+ *    whether any thread's p was non-zero). A block where some threads
+ *    finished while others wait, or where one warp waits at a barrier and
+ *    another at a shuffle, can never go on: the emulator says so and aborts
+ *    (on a GPU that is a hang or undefined behaviour).
+ *  - warp operations over a full warp (32 consecutive linear thread ids):
+ *    __shfl_xor_sync, __shfl_sync, __syncwarp, and tk_emu_warp(fn, arg),
+ *    on which they are built and which gpu/cuda/mma.cuh uses for the
+ *    tensor-core steps (ldmatrix, mma.sync) : each lane posts its argument
+ *    and waits; when all 32 lanes wait at the same operation, fn runs once
+ *    over the 32 arguments (in lane order) and the lanes run on. Lanes of
+ *    one warp waiting at different operations, or some at a barrier and
+ *    others at a warp operation, can never go on: the emulator says so and
+ *    aborts (on a GPU, .sync.aligned operations need the whole warp).
  *  - threadIdx / blockIdx (set before each fiber is resumed), blockDim /
  *    gridDim (per launch);
  *  - __shared__: function-scope statics, which is per-block storage because
@@ -22,10 +29,12 @@
  *    per launch, tk_emu_dyn_smem, filled with NaN before every block, so a
  *    block that reads a word no thread of its own wrote shows NaN;
  *  - atomicOr on a 32-bit word.
- * Fibers run in ascending thread order in even blocks and descending in odd
- * ones: a thread that reads what another wrote without a barrier between
- * sees different values in the two, and the comparison with the cpu
- * backend fails. Under ASan the stack switches are announced to it
+ * Between barriers each warp runs as far as it can before the next starts;
+ * warps and the lanes of a warp run in ascending order in even blocks and
+ * descending in odd ones: a thread that reads what another wrote without a
+ * barrier between sees different values in the two (and a warp that runs
+ * ahead overwrites what the last one has yet to read), and the comparison
+ * with the cpu backend fails. Under ASan the stack switches are announced to it
  * (__sanitizer_{start,finish}_switch_fiber).
  * Arithmetic is the host's (libm's expf, erff, ...), not the device's, so
  * this checks indexing, barriers, reductions and launch shapes; the GPU
@@ -90,14 +99,18 @@ static size_t tk_emu_dyn_bytes;
 #define TK_EMU_STACK ((size_t)32 << 10)
 #define TK_EMU_GUARD ((size_t)4 << 10)
 
-enum { TK_EMU_RUN, TK_EMU_BAR, TK_EMU_SHFL, TK_EMU_DONE };
+enum { TK_EMU_RUN, TK_EMU_BAR, TK_EMU_WARP, TK_EMU_DONE };
+
+/* A warp operation: runs once when the whole warp waits at it, over the
+ * lanes' arguments in lane order. */
+typedef void (*tk_emu_warp_fn)(void *const *lanes);
 
 struct tk_emu_fiber {
     tk_emu_ctx uc;
-    int state;      /* TK_EMU_* */
-    int lane_mask;  /* a waiting shuffle's xor mask */
-    uint64_t post;  /* the value it offers */
-    uint64_t got;   /* its partner's, once the warp met */
+    int state;          /* TK_EMU_* */
+    int bar_pred;       /* __syncthreads_or's predicate (0 at a plain barrier) */
+    tk_emu_warp_fn wfn; /* the warp operation it waits at */
+    void *warg;         /* its argument */
 };
 
 struct tk_emu_state {
@@ -105,6 +118,7 @@ struct tk_emu_state {
     tk_emu_fiber f[TK_EMU_MAX_THREADS];
     char *stacks;                /* TK_EMU_MAX_THREADS stacks, mapped on first use */
     int cur;                     /* the fiber running now */
+    int bar_or;                  /* the OR of the predicates at the last barrier */
     void (*invoke)(void *);      /* runs the launch's body ... */
     void *body;                  /* ... on this closure */
     const void *sched_bottom;    /* the scheduler's stack, for ASan */
@@ -156,18 +170,62 @@ static inline int tk_emu_tid() {
     return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
 }
 
-static inline void __syncthreads() { tk_emu_yield(TK_EMU_BAR); }
+static inline void __syncthreads() {
+    tk_emu.f[tk_emu_tid()].bar_pred = 0;
+    tk_emu_yield(TK_EMU_BAR);
+}
+
+static inline int __syncthreads_or(int pred) {
+    tk_emu.f[tk_emu_tid()].bar_pred = pred != 0;
+    tk_emu_yield(TK_EMU_BAR);
+    return tk_emu.bar_or; /* read before this thread can reach another barrier */
+}
+
+/* The calling lane waits at warp operation fn with argument arg; returns
+ * once the whole warp has met there and fn has run. */
+static inline void tk_emu_warp(tk_emu_warp_fn fn, void *arg) {
+    tk_emu_fiber *f = &tk_emu.f[tk_emu_tid()];
+    f->wfn = fn;
+    f->warg = arg;
+    tk_emu_yield(TK_EMU_WARP);
+}
+
+static inline int tk_emu_lane() { return tk_emu_tid() & 31; }
+
+/* A shuffle: every lane offers v and takes the value of lane src (xor:
+ * its own lane ^ src). */
+struct tk_emu_shfl { uint64_t v, got; int src; };
+template <int XOR> static void tk_emu_shfl_fn(void *const *lanes) {
+    for (int l = 0; l < 32; l++) {
+        tk_emu_shfl *s = (tk_emu_shfl *)lanes[l];
+        s->got = ((tk_emu_shfl *)lanes[(XOR ? l ^ s->src : s->src) & 31])->v;
+    }
+}
+
+template <int XOR, typename T> static inline T tk_emu_shuffle(T v, int src) {
+    static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a value wider than 64 bits");
+    tk_emu_shfl s = { 0, 0, src };
+    memcpy(&s.v, &v, sizeof v);
+    tk_emu_warp(tk_emu_shfl_fn<XOR>, &s);
+    T r;
+    memcpy(&r, &s.got, sizeof r);
+    return r;
+}
 
 template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
-    static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a value wider than 64 bits");
     (void)mask;
-    tk_emu_fiber *f = &tk_emu.f[tk_emu_tid()];
-    f->lane_mask = lane_mask;
-    memcpy(&f->post, &v, sizeof v);
-    tk_emu_yield(TK_EMU_SHFL);
-    T r;
-    memcpy(&r, &f->got, sizeof r);
-    return r;
+    return tk_emu_shuffle<1>(v, lane_mask);
+}
+
+template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src_lane) {
+    (void)mask;
+    return tk_emu_shuffle<0>(v, src_lane);
+}
+
+static inline void tk_emu_nothing(void *const *) {}
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    (void)mask;
+    tk_emu_warp(tk_emu_nothing, NULL);
 }
 
 static inline unsigned atomicOr(unsigned *p, unsigned v) { unsigned o = *p; *p = o | v; return o; }
@@ -176,8 +234,8 @@ static inline unsigned atomicOr(unsigned *p, unsigned v) { unsigned o = *p; *p =
     int st[4] = { 0, 0, 0, 0 };
     for (int i = 0; i < n; i++) st[tk_emu.f[i].state]++;
     fprintf(stderr, "cuda_emu: block (%u,%u,%u) of %d threads cannot go on: %s "
-            "(%d at a barrier, %d at a shuffle, %d finished)\n", blockIdx.x, blockIdx.y, blockIdx.z, n, why,
-            st[TK_EMU_BAR], st[TK_EMU_SHFL], st[TK_EMU_DONE]);
+            "(%d at a barrier, %d at a warp operation, %d finished)\n", blockIdx.x, blockIdx.y, blockIdx.z, n, why,
+            st[TK_EMU_BAR], st[TK_EMU_WARP], st[TK_EMU_DONE]);
     abort();
 }
 
@@ -206,38 +264,54 @@ __attribute__((noinline)) static void tk_emu_fiber_new(int i) {
     f->state = TK_EMU_RUN;
 }
 
-/* One block: every thread to the end, releasing barriers and shuffles. */
+/* Warp w (its first thread) if all its lanes wait at one warp operation:
+ * runs it and lets them go on (1); 0 if some lane does not wait at one. */
+static int tk_emu_warp_meet(int n, int w) {
+    tk_emu_warp_fn fn = tk_emu.f[w].wfn;
+    for (int l = 0; l < 32; l++)
+        if (tk_emu.f[w + l].state != TK_EMU_WARP) return 0;
+    void *args[32];
+    for (int l = 0; l < 32; l++) {
+        if (tk_emu.f[w + l].wfn != fn) tk_emu_stuck(n, "the lanes of one warp wait at different warp operations");
+        args[l] = tk_emu.f[w + l].warg;
+    }
+    fn(args);
+    for (int l = 0; l < 32; l++) tk_emu.f[w + l].state = TK_EMU_RUN;
+    return 1;
+}
+
+/* One block: every thread to the end, releasing barriers and warp
+ * operations. Between barriers each warp in turn runs as far as it can
+ * (its lanes to their next wait, its warp operations as they meet), so the
+ * first warp reaches the next barrier before the last has started: a
+ * shared tile overwritten without a barrier after its last reader shows. */
 static void tk_emu_block(int n, int descending) {
     for (int i = 0; i < n; i++) tk_emu_fiber_new(i);
+    const int nw = n / 32;
     for (;;) {
-        for (int k = 0; k < n; k++) {
-            int i = descending ? n - 1 - k : k;
-            if (tk_emu.f[i].state == TK_EMU_RUN) tk_emu_resume(i);
+        for (int k = 0; k < nw; k++) {
+            const int w = (descending ? nw - 1 - k : k) * 32;
+            do {
+                for (int l = 0; l < 32; l++) {
+                    const int i = w + (descending ? 31 - l : l);
+                    if (tk_emu.f[i].state == TK_EMU_RUN) tk_emu_resume(i);
+                }
+            } while (tk_emu_warp_meet(n, w));
         }
-        int bar = 0, done = 0, moved = 0;
+        int bar = 0, done = 0;
         for (int i = 0; i < n; i++) {
             bar += tk_emu.f[i].state == TK_EMU_BAR;
             done += tk_emu.f[i].state == TK_EMU_DONE;
         }
         if (done == n) return;
-        if (bar == n) {
-            for (int i = 0; i < n; i++) tk_emu.f[i].state = TK_EMU_RUN;
-            continue;
-        }
-        for (int w = 0; w < n; w += 32) {
-            int all = 1;
-            for (int l = 0; l < 32; l++) all &= tk_emu.f[w + l].state == TK_EMU_SHFL;
-            if (!all) continue;
-            for (int l = 0; l < 32; l++) {
-                tk_emu_fiber *f = &tk_emu.f[w + l];
-                f->got = tk_emu.f[w + (l ^ (f->lane_mask & 31))].post;
-            }
-            for (int l = 0; l < 32; l++) tk_emu.f[w + l].state = TK_EMU_RUN;
-            moved = 1;
-        }
-        if (!moved)
+        if (bar != n)
             tk_emu_stuck(n, done ? "some threads finished while others wait"
-                                 : "threads wait at different barriers or shuffles");
+                                 : "threads wait at different barriers or warp operations");
+        tk_emu.bar_or = 0;
+        for (int i = 0; i < n; i++) {
+            tk_emu.bar_or |= tk_emu.f[i].bar_pred;
+            tk_emu.f[i].state = TK_EMU_RUN;
+        }
     }
 }
 

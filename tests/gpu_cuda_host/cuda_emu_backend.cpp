@@ -9,7 +9,9 @@
  * here adds the bias to the f32 product and writes the bias gradient's sum,
  * as the library's epilogues do. Every other op, fused attention included,
  * is the plugin's launcher and kernel with its launch shape, fast or
- * reference (tk_cuda_set_reference). tk_cuda_emu_open() gives the device;
+ * reference (tk_cuda_set_reference). The device says it is compute
+ * capability 8.0, so fused attention picks the sm80 tensor-core kernel for
+ * f16/bf16 (TXK_ATTN_KERNEL=sm75 or reference pick the others, as on a card). tk_cuda_emu_open() gives the device;
  * tests/gpu_cuda/gpu_ops.c and gpu_model.c built with -DTK_CUDA_EMU compare
  * it with the cpu backend during `make test`.
  */
@@ -18,7 +20,6 @@
 /* every kernel file of the plugin (a file missing here leaves its
  * launchers undefined and the link fails) */
 #include "../../gpu/cuda/classifier.cu"
-#include "../../gpu/cuda/cuda_ops.cu"
 #include "../../gpu/cuda/elementwise.cu"
 #include "../../gpu/cuda/embedding.cu"
 #include "../../gpu/cuda/heads.cu"
@@ -27,8 +28,11 @@
 #include "../../gpu/cuda/optimizer.cu"
 #include "../../gpu/cuda/softmax_dropout.cu"
 #include "../../gpu/cuda/cuda_reference.c"
+#include "../../gpu/cuda/attention.cu"
 
 namespace {
+
+enum { TK_EMU_CC_MAJOR = 8, TK_EMU_CC_MINOR = 0 };
 
 struct emu_ctx {
     tk_cuda_ctx cu;   /* first: the wrappers cast ctx to tk_cuda_ctx */
@@ -61,6 +65,8 @@ void emu_info(void *, tk_dev_info *out) {
     memset(out, 0, sizeof *out);
     out->kind = TK_DEV_CUDA;
     snprintf(out->name, sizeof out->name, "cuda kernels emulated on host threads");
+    out->cc_major = TK_EMU_CC_MAJOR;
+    out->cc_minor = TK_EMU_CC_MINOR;
     out->total = out->free_bytes = (size_t)1 << 30;
 }
 
@@ -135,6 +141,8 @@ extern "C" tk_dev *tk_cuda_emu_open(tk_err *err) {
     tk_dev_opts cpu_opts = {};
     cpu_opts.kind = TK_DEV_CPU;
     c->cpu = tk_cpu_ctx_new(&cpu_opts);
+    c->cu.cc_major = TK_EMU_CC_MAJOR;
+    c->cu.cc_minor = TK_EMU_CC_MINOR;
     c->cu.flags = &c->flags;
     c->cu.red = c->red;
     tk_dev_opts opts = {};

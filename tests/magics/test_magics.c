@@ -296,7 +296,8 @@ static void test_errors_name_what_to_fix(void) {
 }
 
 /* %%txtrain says which device trains (a gpu: profile on the cpu is only the
- * memory limit), and that the default lr is too small for random weights. */
+ * memory limit), and that the default lr is too small for random weights;
+ * %txdevice then says how the profile's card would run fused attention. */
 static void test_train_says_device_and_lr(void) {
     int rc;
     json_t *m = run("%%txtrain\nmodel: bert-tiny\ninit: random\nhidden: 32\nlayers: 1\nheads: 2\nintermediate: 64\n"
@@ -309,6 +310,14 @@ static void test_train_says_device_and_lr(void) {
     TK_CHECK_MSG(all && strstr(all, "warning: lr: 2e-05 is the default") && strstr(all, "lr: 2e-3"), "%s",
                  all ? all : "");
     free(all);
+    json_decref(m);
+    /* %txdevice says which cuda kernel the planning profile's card runs
+     * fused attention with, for the session's precision (fp32 here) */
+    m = run("%txdevice --json", &rc);
+    json_t *j = last_json(m);
+    const char *k = j ? json_string_value(json_object_get(j, "profile_attention_kernel")) : NULL;
+    const char *want = "the reference kernel (fp32 cores): f32 tensors";
+    TK_CHECK_MSG(k && !strncmp(k, want, strlen(want)), "%s", k ? k : "(none)");
     json_decref(m);
 }
 

@@ -60,6 +60,11 @@ def test_plan_seed_does_not_fit_and_says_so():
     assert all(t["shape"][-2:] != [512, 512] for t in d["tensors_at_peak"]), d["tensors_at_peak"]
     rc, out, _ = txk("plan", c, "attention=auto")
     assert "attention: fused (default on cuda)" in out
+    # and which cuda kernel the t4 runs it with: fp32 on the reference kernel, fp16 on its tensor cores
+    assert d["attention_kernel"].startswith("the reference kernel (fp32 cores): f32 tensors"), d
+    assert "attention kernel on t4: the reference kernel (fp32 cores)" in out
+    rc, out, _ = txk("plan", c, "attention=auto", "precision=fp16")
+    assert "attention kernel on t4: tensor cores, mma.sync m16n8k8 (sm75); head size 64, f16" in out
 
 
 def test_config_errors_name_file_line_and_key():

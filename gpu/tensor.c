@@ -13,13 +13,6 @@
 #include "dev_internal.h"
 #include "tk_host_mem.h"
 
-int64_t tk_tensor_numel(const tk_tensor *t) {
-    if (!t) return 0;
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
-    return n;
-}
-
 size_t tk_tensor_nbytes(const tk_tensor *t) {
     return t ? (size_t)tk_tensor_numel(t) * tk_dtype_size(t->dtype) : 0;
 }

@@ -403,7 +403,14 @@ typedef struct tk_tensor {
     int owns;                /* 1: data is an allocator block this tensor frees */
 } tk_tensor;
 
-int64_t tk_tensor_numel(const tk_tensor *t);
+/* Elements in t's shape (0 for NULL). Inline: backends count without
+ * calling into the device layer that holds them. */
+static inline int64_t tk_tensor_numel(const tk_tensor *t) {
+    if (!t) return 0;
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
 size_t tk_tensor_nbytes(const tk_tensor *t);
 
 /* Allocates a tensor of the given shape through the device's allocator.

@@ -11,18 +11,27 @@
 #include "cuda_common.cuh"
 
 /* Per row: loss = logsumexp(x) - x[label]. */
+/* A row of V logits: its max (*mx) and the sum of exp(x - max), in double,
+ * over the whole block (sh, shd: the block reductions' scratch). */
+static __device__ double row_max_expsum(const void *logits, int dtl, int64_t base, int64_t V, float *sh, double *shd,
+                                        float *mx_out) {
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < V; j += THREADS) mx = fmaxf(mx, ld(logits, dtl, base + j));
+    mx = block_max(mx, sh);
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < V; j += THREADS) s += (double)expf(ld(logits, dtl, base + j) - mx);
+    *mx_out = mx;
+    return block_sum(s, shd);
+}
+
 __global__ void k_xent_fwd(float *losses, void *probs, int dtp, const void *logits, int dtl,
                            const int32_t *labels, int64_t V, unsigned *flags) {
     __shared__ float sh[THREADS / 32];
     __shared__ double shd[THREADS / 32];
     int64_t row = blockIdx.x;
     const int64_t base = row * V;
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < V; j += THREADS) mx = fmaxf(mx, ld(logits, dtl, base + j));
-    mx = block_max(mx, sh);
-    double s = 0.0;
-    for (int64_t j = threadIdx.x; j < V; j += THREADS) s += (double)expf(ld(logits, dtl, base + j) - mx);
-    s = block_sum(s, shd);
+    float mx;
+    double s = row_max_expsum(logits, dtl, base, V, sh, shd, &mx);
     float inv = (float)(1.0 / s);
     if (probs)
         for (int64_t j = threadIdx.x; j < V; j += THREADS)
@@ -48,12 +57,8 @@ __global__ void k_xent_bwd(void *dlogits, int dtd, const void *logits, int dtl, 
         for (int64_t j = threadIdx.x; j < V; j += THREADS) st(dlogits, dtd, base + j, 0.0f);
         return;
     }
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < V; j += THREADS) mx = fmaxf(mx, ld(logits, dtl, base + j));
-    mx = block_max(mx, sh);
-    double s = 0.0;
-    for (int64_t j = threadIdx.x; j < V; j += THREADS) s += (double)expf(ld(logits, dtl, base + j) - mx);
-    s = block_sum(s, shd);
+    float mx;
+    double s = row_max_expsum(logits, dtl, base, V, sh, shd, &mx);
     float inv = (float)(1.0 / s);
     for (int64_t j = threadIdx.x; j < V; j += THREADS) {
         float pr = expf(ld(logits, dtl, base + j) - mx) * inv;

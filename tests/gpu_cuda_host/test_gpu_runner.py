@@ -85,7 +85,7 @@ def make_kit(tmp_path, leave_out=(), pythons="3.12", pip_says="ERROR: No matchin
     """An archive with the real kit's layout (scripts/devkit.sh); pip's wheel
     is a folder whose pip/__main__.py prints pip_says and fails."""
     stage = tmp_path / "stage"
-    files = ["build/libtk_cuda.so", "build/txk", "build/bench/train_cpu", "companion/txkernel/_engine.py",
+    files = ["build/libtk_cuda.so", "build/txk", "build/bench/train_cpu", "build/bench/attn_gpu", "companion/txkernel/_engine.py",
              "companion/txkernel/libtxk.so", "wheels/requirements.txt", "COMMIT"]
     files += ["build/gpu_tests/" + os.path.basename(s)[:-2]
               for s in glob.glob(os.path.join(ROOT, "tests/gpu_cuda/gpu_*.c"))]

@@ -31,7 +31,14 @@
 #define MIN_BLOCK ((int64_t)512)
 #define SMALL_SIZE ((int64_t)1 << 20)
 
-static int64_t round_size(int64_t n) { return n < MIN_BLOCK ? MIN_BLOCK : (n + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK; }
+static int64_t round_size(int64_t n) {
+    return n < MIN_BLOCK ? MIN_BLOCK : n > INT64_MAX - MIN_BLOCK ? n : (n + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
+}
+
+/* Addresses and sizes come from the file: their sums and differences wrap
+ * (as the device's addresses would) instead of overflowing. */
+static int64_t add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+static int64_t sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
 
 /* The free pool: free blocks by start and by end, and where segments start
  * (free blocks never merge across a segment's start). */
@@ -39,26 +46,26 @@ typedef struct pool { snap_map by_start, by_end, seg_start; int expandable; int6
 
 static int add_free(pool *p, int64_t a, int64_t n) {
     if (n <= 0) return 0;
-    return snap_map_put(&p->by_start, a, n) || snap_map_put(&p->by_end, a + n, a);
+    return snap_map_put(&p->by_start, a, n) || snap_map_put(&p->by_end, add(a, n), a);
 }
 
 static void take_free(pool *p, int64_t a, int64_t n) {
     snap_map_del(&p->by_start, a);
-    snap_map_del(&p->by_end, a + n);
+    snap_map_del(&p->by_end, add(a, n));
 }
 
 /* [a, a + n) becomes free, merged with its free neighbours in its segment. */
 static int release(pool *p, int64_t a, int64_t n) {
-    int64_t start = a, end = a + n, v, g;
+    int64_t start = a, end = add(a, n), v, g;
     if (!snap_map_get(&p->seg_start, end, &v) && snap_map_get(&p->by_start, end, &g)) {
         take_free(p, end, g);
-        end += g;
+        end = add(end, g);
     }
     if (!snap_map_get(&p->seg_start, a, &v) && snap_map_get(&p->by_end, a, &g)) {
-        take_free(p, g, a - g);
+        take_free(p, g, sub(a, g));
         start = g;
     }
-    return add_free(p, start, end - start);
+    return add_free(p, start, sub(end, start));
 }
 
 /* The block an alloc of `size` at addr takes, carved from the free block
@@ -71,7 +78,7 @@ static int64_t carve(pool *p, int64_t addr, int64_t size, int *err) {
     int split = rs <= SMALL_SIZE || p->expandable ? rem >= MIN_BLOCK
                                                   : (p->max_split < 0 || rs < p->max_split) && rem > SMALL_SIZE;
     if (!split) return g;
-    if (add_free(p, addr + rs, rem)) *err = 1;
+    if (add_free(p, add(addr, rs), rem)) *err = 1;
     return rs;
 }
 
@@ -81,11 +88,11 @@ static int unmap(pool *p, int64_t a, int64_t n) {
     int64_t g, st;
     if (snap_map_get(&p->by_start, a, &g)) {
         take_free(p, a, g);
-        return add_free(p, a + n, g - n);
+        return add_free(p, add(a, n), g - n);
     }
-    if (snap_map_get(&p->by_end, a + n, &st)) {
-        take_free(p, st, a + n - st);
-        return add_free(p, st, a - st);
+    if (snap_map_get(&p->by_end, add(a, n), &st)) {
+        take_free(p, st, sub(add(a, n), st));
+        return add_free(p, st, sub(a, st));
     }
     return 0;
 }
@@ -180,19 +187,19 @@ static int seed_pool(snap_dec *d, snap_replay *r, snap_map *seg_pre, pool *p) {
     n = 0;
     for (size_t h = 0; h < seg_pre->cap; h++)
         if (seg_pre->used[h]) segs[n++] = (snap_pre){.addr = seg_pre->key[h], .size = seg_pre->val[h]};
-    memcpy(pre, r->pre, (size_t)r->n_pre * sizeof *pre);
+    if (r->n_pre) memcpy(pre, r->pre, (size_t)r->n_pre * sizeof *pre);
     qsort(segs, (size_t)n, sizeof *segs, cmp_pre_addr);
     qsort(pre, (size_t)r->n_pre, sizeof *pre, cmp_pre_addr);
     int rc = 0, j = 0;
     for (int k = 0; k < n && !rc; k++) {
-        int64_t at = segs[k].addr, end = segs[k].addr + segs[k].size;
+        int64_t at = segs[k].addr, end = add(segs[k].addr, segs[k].size);
         rc |= snap_map_put(&p->seg_start, at, segs[k].size);
         while (j < r->n_pre && pre[j].addr < at) j++;
         for (; j < r->n_pre && pre[j].addr < end; j++) {
-            if (pre[j].addr > at) rc |= add_free(p, at, pre[j].addr - at);
-            if (pre[j].addr + pre[j].size > at) at = pre[j].addr + pre[j].size;
+            if (pre[j].addr > at) rc |= add_free(p, at, sub(pre[j].addr, at));
+            if (add(pre[j].addr, pre[j].size) > at) at = add(pre[j].addr, pre[j].size);
         }
-        if (at < end) rc |= add_free(p, at, end - at);
+        if (at < end) rc |= add_free(p, at, sub(end, at));
     }
     free(segs);
     free(pre);
@@ -208,7 +215,7 @@ static int replay(snap_dec *d, snap_replay *r, pool *p) {
     if (!s->points) return snap_bad_nomem(d, "device_traces");
     for (size_t i = 0; i < d->n_ev && !err; i++) {
         const snap_ev *e = &d->ev[i];
-        int64_t a = r->pair[i], before = alloc + res;
+        int64_t a = r->pair[i], before = add(alloc, res);
         switch (e->action) {
         case EV_ALLOC:
             if (d->by_txkernel) r->bsize[i] = e->size;
@@ -217,40 +224,40 @@ static int replay(snap_dec *d, snap_replay *r, pool *p) {
                 unmap(p, e->addr, r->bsize[i]);
                 s->replay.unplaced++;
             }
-            alloc += r->bsize[i];
+            alloc = add(alloc, r->bsize[i]);
             break;
         case EV_FREE_REQ:
         case EV_FREE:
             if (a >= 0) {
-                if (r->pair[a] == (int64_t)i) alloc -= r->bsize[a];
+                if (r->pair[a] == (int64_t)i) alloc = sub(alloc, r->bsize[a]);
                 if (e->action == EV_FREE && !d->by_txkernel) err |= release(p, e->addr, r->bsize[a]);
             } else if (a <= -2) {
                 const snap_pre *q = &r->pre[-2 - a];
-                if (q->freed_at == (int64_t)i) alloc -= q->size;
+                if (q->freed_at == (int64_t)i) alloc = sub(alloc, q->size);
                 if (e->action == EV_FREE && !d->by_txkernel) err |= release(p, e->addr, q->size);
             }
             break;
         case EV_SEG_ALLOC:
-            res += e->size;
+            res = add(res, e->size);
             err |= snap_map_put(&p->seg_start, e->addr, e->size) || add_free(p, e->addr, e->size);
             break;
         case EV_SEG_MAP:
-            res += e->size;
+            res = add(res, e->size);
             err |= release(p, e->addr, e->size);
             break;
         case EV_SEG_FREE:
-            res -= e->size;
+            res = sub(res, e->size);
             snap_map_del(&p->seg_start, e->addr);
             err |= unmap(p, e->addr, e->size);
             break;
         case EV_SEG_UNMAP:
-            res -= e->size;
+            res = sub(res, e->size);
             err |= unmap(p, e->addr, e->size);
             break;
         default:
             continue;
         }
-        if (alloc + res == before && e->action != EV_ALLOC) continue;
+        if (add(alloc, res) == before && e->action != EV_ALLOC) continue;
         tk_snap_point *pt = &s->points[s->n_points++];
         pt->event = (int64_t)i;
         pt->time_us = e->time_us;
@@ -260,10 +267,10 @@ static int replay(snap_dec *d, snap_replay *r, pool *p) {
     if (err) return snap_bad_nomem(d, "device_traces");
     /* Anchored at the end, where the file's figures are known: the start
      * then holds what was live before the recording. */
-    int64_t a0 = (int64_t)s->allocated - alloc, r0 = (int64_t)s->reserved - res;
+    int64_t a0 = sub((int64_t)s->allocated, alloc), r0 = sub((int64_t)s->reserved, res);
     r->peak_ev = -1;
     for (int i = 0; i < s->n_points; i++) {
-        int64_t av = a0 + (int64_t)s->points[i].allocated, rv = r0 + (int64_t)s->points[i].reserved;
+        int64_t av = add(a0, (int64_t)s->points[i].allocated), rv = add(r0, (int64_t)s->points[i].reserved);
         s->points[i].allocated = (size_t)(av < 0 ? 0 : av);
         s->points[i].reserved = (size_t)(rv < 0 ? 0 : rv);
         if (s->points[i].allocated > s->trace_peak_allocated) {

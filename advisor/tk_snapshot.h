@@ -12,8 +12,14 @@
  * Figures are exact sums over the file: reserved = segments' total_size;
  * allocated = sizes of 'active_allocated' blocks (memory_allocated());
  * requested = their requested_size; largest_free_block = the largest
- * 'inactive' block; the same per device in devices[]. A pickle's trace is
- * streamed (its events kept as records), so the file's size is not a limit.
+ * 'inactive' block; the same per device in devices[]. The trace is replayed
+ * as PyTorch's caching allocator ran it (its requests rounded and split into
+ * blocks, the blocks from before the recording put back), so its allocated
+ * is memory_allocated() too; its peak is read whole (phase, step, what was
+ * live by category and layer), library workspaces are named. A pickle's
+ * trace is streamed (its events kept as records), so the file's size is not
+ * a limit. The reader's files go one way: advisor/snapshot_decode.h names
+ * them in order.
  *
  * Ownership: tk_snap_read returns a new tk_snapshot (tk_snap_destroy);
  * every pointer inside is owned by it.
@@ -280,8 +286,11 @@ char *tk_snap_text(const tk_snapshot *s, int top);
  * (by pool/stream), devices [{device, reserved, allocated,
  * largest_free_block}], top [{owner, bytes, blocks, phase when the file has
  * annotations}], oom {size, device_free, device, phase}, phase_at_peak,
- * timeline, growth, leak, model {family, why, ...}, diagnoses [{id, text}],
- * fixes [{id, text, code, saves}] (new reference). */
+ * timeline {events, points, peak_allocated, allocated_as, replay}, peak
+ * {allocated, event, phase, where, step, steps, by_category, by_layer,
+ * layers_seen, batch}, workspaces [{library, name, bytes, at_peak}], growth,
+ * leak, model {family, why, ...}, diagnoses [{id, text}], fixes [{id, text,
+ * code, saves}] (new reference). */
 json_t *tk_snap_json(const tk_snapshot *s, int top);
 
 /* Writes the allocator's state as a PyTorch snapshot (the dict form, pickle

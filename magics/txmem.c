@@ -144,7 +144,7 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
         if (md->batch) tk_sb_addf(&h, " Batch %d &times; sequence %d (from %s).", md->batch, md->seq, md->shape_from);
         else tk_sb_add(&h, " Batch and sequence unknown: give <code>--batch N --seq N</code> to plan the fixes.");
         if (md->planned) {
-            tk_sb_addf(&h, " Planned as it ran by %s: peak reserved <b>%s</b>%s%s (%s)%s; ", md->engine_label,
+            tk_sb_addf(&h, " Planned as it ran by %s: peak <b>%s</b>%s%s (%s)%s; ", md->engine_label,
                        tk_render_bytes(md->plan_peak, a), md->plan_capacity ? " of " : "",
                        md->plan_capacity ? tk_render_bytes(md->plan_capacity, r) : "", md->capacity_from,
                        !md->plan_capacity ? "" : md->plan_fits ? ": fits" : ": does not fit");

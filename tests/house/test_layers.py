@@ -5,7 +5,7 @@ the module stack (cli -> magics -> advisor -> torchplan -> bert -> gpu / kernel)
 file outside gpu/ includes the cuda plugin's header; the PyTorch snapshot
 reader's files go one way, decode -> trace -> owners and frames -> peak ->
 leak -> diagnosis (issue 35)."""
-import collections, glob, os, re, subprocess
+import collections, functools, glob, os, re, subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK = {"cli": 6, "magics": 5, "advisor": 4, "torchplan": 3, "bert": 2, "gpu": 1, "kernel": 1}
@@ -53,6 +53,7 @@ def cycles(edges):
     return out
 
 
+@functools.lru_cache(maxsize=None)  # one nm pass over the objects serves every test (read only)
 def call_graph():
     objs = sorted(glob.glob(os.path.join(ROOT, "build", "rel", "*", "*.o")))
     assert objs, "build/rel holds no objects: run make first"
@@ -81,6 +82,7 @@ def sources():
     return sorted(os.path.relpath(p, ROOT) for p in out)
 
 
+@functools.lru_cache(maxsize=None)
 def include_graph():
     files = sources()
     by_name = {os.path.basename(f): f for f in files}

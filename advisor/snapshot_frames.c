@@ -274,12 +274,40 @@ static int kind_of(const snap_dec *d, int32_t st, char *text, size_t n) {
     return load ? PH_LOAD : python ? PH_CODE : PH_NONE;
 }
 
+/* txkernel's own snapshots (txk train/plan --snapshot) give every block one
+ * frame named "OWNER · CATEGORY · PHASE": the category (a tk_cat, -1 none)
+ * and the phase as written. */
+static int txkernel_tag(const snap_dec *d, int32_t st, char *phase, size_t n) {
+    int nf;
+    const int32_t *fs = snap_stack(d, st, &nf);
+    phase[0] = 0;
+    if (nf != 1 || d->frames[fs[0]].file < 0 || strcmp(snap_str(d, d->frames[fs[0]].file), "txkernel")) return -1;
+    const char *name = frame_fn(d, fs[0]), *a = name ? strstr(name, " · ") : NULL;
+    if (!a) return -1;
+    a += strlen(" · ");
+    const char *b = strstr(a, " · ");
+    if (b) snprintf(phase, n, "%s", b + strlen(" · "));
+    size_t len = b ? (size_t)(b - a) : strlen(a);
+    for (int k = 0; k < TK_CAT_COUNT; k++)
+        if (strlen(tk_cat_name((tk_cat)k)) == len && !strncmp(a, tk_cat_name((tk_cat)k), len)) return k;
+    return -1;
+}
+
 static int read_stack_info(snap_dec *d, snap_frames *f, int32_t st) {
     if (f->owner[st] != -2) return 0;
-    char buf[192];
+    char buf[192], ph[64];
+    f->cat[st] = (int8_t)txkernel_tag(d, st, ph, sizeof ph);
     owner_of(d, st, buf, sizeof buf);
     if ((f->owner[st] = snap_intern(d, buf)) < 0) return -1;
     f->kind[st] = (uint8_t)kind_of(d, st, buf, 64);
+    if (f->cat[st] >= 0 || ph[0]) { /* txkernel's phase, as its trainer set it */
+        static const struct { const char *name; uint8_t ph; } T[] = {
+            {"forward", PH_FORWARD}, {"backward", PH_BACKWARD}, {"optimizer", PH_OPTIMIZER}};
+        f->kind[st] = PH_NONE;
+        for (size_t k = 0; k < sizeof T / sizeof *T; k++)
+            if (!strcmp(ph, T[k].name)) f->kind[st] = T[k].ph;
+        snprintf(buf, 64, "%s", ph);
+    }
     f->kind_text[st] = -1;
     if (buf[0] && (f->kind_text[st] = snap_intern(d, buf)) < 0) return -1;
     f->uline[st] = outer_user_line(d, st);
@@ -424,7 +452,29 @@ static void end_pass(snap_frames *f, int *passes, int calls) {
     f->layers_seen = !(*passes)++ || f->layers_seen == calls ? calls : 0;
 }
 
+/* txkernel's own snapshot names each block's module (bert.encoder.layer.3.
+ * attention.self): the layer from the name, the embeddings before the
+ * layers, the rest (pooler, head, loss) after. */
+static void read_named_layers(const snap_dec *d, snap_frames *f) {
+    int top = -1;
+    for (size_t i = 0; i < d->n_ev; i++) {
+        int32_t st = d->ev[i].stack;
+        if (d->ev[i].action != EV_ALLOC || st <= 0 || f->cat[st] < 0) continue;
+        const char *o = snap_str(d, f->owner[st]), *k = strstr(o, "layer.");
+        int l = -1;
+        if (k && sscanf(k + 6, "%d", &l) == 1 && l >= 0 && l < INT16_MAX) f->layer[i] = (int16_t)l;
+        else f->layer[i] = strstr(o, "embeddings") ? LAYER_BEFORE : LAYER_AFTER;
+        if (l > top) top = l;
+    }
+    f->layers_seen = top + 1;
+}
+
 static int read_layers(snap_dec *d, snap_frames *f) {
+    if (d->by_txkernel) {
+        for (size_t i = 0; i < d->n_ev; i++) f->layer[i] = LAYER_NONE;
+        read_named_layers(d, f);
+        return 0;
+    }
     int32_t *prev = tk_malloc(2 * CHAIN_MAX * sizeof *prev), *cur = prev ? prev + CHAIN_MAX : NULL;
     uint64_t *pre = tk_malloc(CHAIN_MAX * sizeof *pre);
     snap_map counts = {0};
@@ -646,16 +696,17 @@ int snap_read_frames(snap_dec *d, const snap_replay *r, snap_frames *f) {
     f->kind = tk_calloc(ns, 1);
     f->kind_text = tk_malloc(ns * sizeof *f->kind_text);
     f->uline = tk_calloc(ns, sizeof *f->uline);
+    f->cat = tk_malloc(ns);
     f->phase = tk_calloc(ne, 1);
     f->ann = tk_malloc(ne * sizeof *f->ann);
     f->layer = tk_malloc(ne * sizeof *f->layer);
     f->step = tk_calloc(ne, sizeof *f->step);
     f->ws = tk_calloc(ne, 1);
     f->pre_ws = tk_calloc((size_t)(r->n_pre ? r->n_pre : 1), 1);
-    if (!f->owner || !f->kind || !f->kind_text || !f->uline || !f->phase || !f->ann || !f->layer || !f->step || !f->ws ||
+    if (!f->owner || !f->kind || !f->kind_text || !f->uline || !f->cat || !f->phase || !f->ann || !f->layer || !f->step || !f->ws ||
         !f->pre_ws)
         return snap_bad_nomem(d, "frames");
-    for (size_t i = 0; i < ns; i++) f->owner[i] = -2;
+    for (size_t i = 0; i < ns; i++) f->owner[i] = -2, f->cat[i] = -1;
     d->s->by_txkernel = d->by_txkernel;
     if (read_phases(d, f) || read_layers(d, f)) return -1;
     read_workspaces(d, r, f);
@@ -667,6 +718,7 @@ void snap_frames_clear(snap_frames *f) {
     free(f->kind);
     free(f->kind_text);
     free(f->uline);
+    free(f->cat);
     free(f->phase);
     free(f->ann);
     free(f->layer);

@@ -38,6 +38,7 @@ typedef struct snap_frames {
     uint8_t *kind;         /* the phase its frames show */
     int32_t *kind_text;    /* that phase as text ("forward (linear.py, line 116)"), -1 none */
     uint64_t *uline;       /* the user's outermost line hashed, 0 none */
+    int8_t *cat;           /* txkernel's own frames name the category: a tk_cat, -1 none */
     /* per event */
     uint8_t *phase;        /* PH_* */
     int32_t *ann;          /* the innermost annotation open then (interned name), -1 none */

@@ -35,7 +35,17 @@ static const struct { const char *id, *text; } CAT[C_N] = {
 static int category_of(const snap_dec *d, const snap_replay *r, const snap_frames *f, size_t i) {
     if (f->ws[i]) return C_WORKSPACE;
     int64_t j = r->pair[i];
-    int freed_in = j >= 0 ? f->phase[j] : PH_NONE;
+    int freed_in = j >= 0 ? f->phase[j] : PH_NONE, tag = d->ev[i].stack > 0 ? f->cat[d->ev[i].stack] : -1;
+    switch (tag) { /* txkernel's own snapshot names the category */
+    case TK_CAT_PARAM: return C_PARAM;
+    case TK_CAT_GRAD: return C_GRAD;
+    case TK_CAT_OPTIM: return C_OPTIM;
+    case TK_CAT_ACT: return C_ACT;
+    case TK_CAT_TEMP: return f->phase[i] == PH_OPTIMIZER ? C_TEMP_OPT : f->phase[i] == PH_BACKWARD ? C_TEMP_BWD : C_OTHER;
+    case TK_CAT_WORKSPACE: return C_WORKSPACE;
+    case TK_CAT_INPUT: return C_INPUT;
+    default: break;
+    }
     switch (f->phase[i]) {
     case PH_FORWARD: return C_ACT;
     case PH_BACKWARD: return j >= 0 && freed_in == PH_BACKWARD ? C_TEMP_BWD : C_GRAD;
@@ -43,7 +53,7 @@ static int category_of(const snap_dec *d, const snap_replay *r, const snap_frame
     case PH_LOAD: return C_PARAM;
     case PH_CODE:
     case PH_DATA: return C_INPUT;
-    default: (void)d; return C_OTHER;
+    default: return C_OTHER;
     }
 }
 
@@ -161,7 +171,7 @@ static int read_activations(snap_dec *d, const snap_replay *r, const snap_frames
     qsort(code, (size_t)n_code, sizeof *code, cmp_size);
     pk->act_sizes = act;
     pk->n_act_sizes = n_act;
-    read_batch(pk, code, n_code);
+    if (!d->by_txkernel) read_batch(pk, code, n_code); /* PyTorch's int64 ids and labels (txkernel's are int32) */
     free(code);
     return 0;
 }

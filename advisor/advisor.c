@@ -26,7 +26,7 @@
 
 static const char *const DIAG_NAMES[TK_DIAG_COUNT] = {
     "capacity", "headroom", "fragmentation", "dominant layer", "dominant category",
-    "padding", "data spike", "leak", "card lottery",
+    "padding", "data spike", "leak", "card lottery", "card choice",
 };
 const char *tk_diag_name(tk_diag_kind k) {
     return (unsigned)k < TK_DIAG_COUNT ? DIAG_NAMES[k] : "?";
@@ -277,7 +277,9 @@ static void diag_leak(adv_ctx *x) {
     }
 }
 
-/* the card lottery: the same config on each card the platform hands out */
+/* the card lottery: the same config on each card the platform hands out;
+ * on Kaggle the card is the notebook's setting, so the same plans say which
+ * to choose (card choice) */
 static void diag_lottery(adv_ctx *x) {
     const tk_advise_input *in = x->in;
     tk_advice *a = x->out;
@@ -298,7 +300,7 @@ static void diag_lottery(adv_ctx *x) {
             if (cards[i].fits && cards[i].margin < (int64_t)(cards[i].budget / 20) && near < 0) near = i;
         }
         if (any && (!fits_cur || near >= 0)) {
-            tk_cards_sentence(cards, nc, t, sizeof t);
+            tk_cards_sentence(cards, nc, plat, t, sizeof t);
             size_t w = (size_t)snprintf(e, sizeof e, "planned on each card %s hands out (its capacity less its "
                                                   "context):", plat);
             for (int i = 0; i < nc && w < sizeof e; i++) {
@@ -310,7 +312,7 @@ static void diag_lottery(adv_ctx *x) {
                 snprintf(e + w, sizeof e - w, "; on the %s it fits within 5%% of the budget, so a little more memory "
                          "held elsewhere (an earlier cell, a longer batch) makes it fail",
                          cards[near].card->name);
-            add_diag(a, TK_DIAG_LOTTERY, t, e);
+            add_diag(a, strcmp(plat, "kaggle") ? TK_DIAG_LOTTERY : TK_DIAG_CHOICE, t, e);
         }
     }
 }
@@ -474,6 +476,8 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
         return TK_EINVAL;
     }
     memset(out, 0, sizeof *out);
+    out->given = *in->config;
+    out->api = in->api != TK_API_AUTO ? in->api : tk_config_api(in->config);
     if (in->plan) {
         out->base = *in->plan;
     } else {
@@ -577,7 +581,7 @@ json_t *tk_fix_json(const tk_fix *f) {
 int tk_advice_auto(const tk_advice *a) {
     for (int i = 0; i < a->n_cand; i++) {
         const tk_candidate *c = &a->cand[i];
-        if (c->fits_margin && !has_kind(c, TK_FIX_BATCH) &&
+        if (c->fits_margin && !has_kind(c, TK_FIX_BATCH) && !tk_config_plan_only(&c->config) &&
             effective_batch(&c->config) == a->base_effective_batch)
             return i;
     }
@@ -614,7 +618,45 @@ static void sb_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...
     }
 }
 
-char *tk_advice_format(const tk_advice *a, int top) {
+/* The code of candidate i in the advice's API, indented under its row. */
+static void format_code(char **s, size_t *len, size_t *cap, const tk_advice *a, int i) {
+    const tk_candidate *c = &a->cand[i];
+    if (c->action_only) return;
+    char *code = tk_fix_code(&a->given, &c->config, a->api);
+    if (!code) { /* out of host memory: the whole report fails, never a shorter one */
+        free(*s);
+        *s = NULL;
+        return;
+    }
+    sb_printf(s, len, cap, "  #%d %s:\n", i + 1, c->label);
+    for (const char *p = code; *p;) {
+        const char *nl = strchr(p, '\n');
+        int k = nl ? (int)(nl - p) : (int)strlen(p);
+        sb_printf(s, len, cap, "      %.*s\n", k, p);
+        p += k + (nl ? 1 : 0);
+    }
+    free(code);
+}
+
+/* What the given config has on already, which no fix offers again, in
+ * words ("fp16, gradient checkpointing"); "" when nothing. Returns buf. */
+static char *already_on(const tk_config *c, char *buf, size_t n) {
+    size_t w = 0;
+    buf[0] = 0;
+#define ON(cond, words) \
+    if (cond) w += (size_t)snprintf(buf + w, w < n ? n - w : 0, "%s%s", w ? ", " : "", words)
+    ON(c->precision != TK_PREC_FP32, c->precision == TK_PREC_BF16 ? "bf16 mixed precision" : "fp16 mixed precision");
+    ON(c->recompute != TK_RECOMPUTE_NONE, "gradient checkpointing");
+    ON(c->optimizer == TK_OPTIM_ADAMW8, "8-bit AdamW");
+    ON(c->batching != TK_BATCH_FIXED, c->batching == TK_BATCH_BUCKETS ? "length buckets" : "dynamic padding");
+    ON(c->freeze_embeddings, "frozen embeddings");
+#undef ON
+    return buf;
+}
+
+/* The report; `cli`: the config's path when a shell prints it (closing
+ * lines name txk's commands), NULL in a notebook (they name the magics). */
+static char *format_advice(const tk_advice *a, int top, const char *cli) {
     size_t cap = 4096, len = 0;
     char *s = tk_malloc(cap);
     char b1[32], b2[32];
@@ -638,6 +680,9 @@ char *tk_advice_format(const tk_advice *a, int top) {
                       a->diag[i].title, a->diag[i].evidence);
     }
     int n = top > 0 && top < a->n_cand ? top : a->n_cand;
+    char on[200];
+    if (*already_on(&a->given, on, sizeof on))
+        sb_printf(&s, &len, &cap, "\nAlready on in your config, so not offered again: %s.\n", on);
     sb_printf(&s, &len, &cap, "\nFixes (%d planned in %.0f ms), best first:\n", a->n_planned, a->ms);
     sb_printf(&s, &len, &cap, "  %-3s %-44s %12s %12s %9s  %s\n", "#", "fix", "peak", "margin",
               "time", "risk");
@@ -655,8 +700,17 @@ char *tk_advice_format(const tk_advice *a, int top) {
         sb_printf(&s, &len, &cap, "  %-3d %-44.44s %12s %12s %8.2fx  %s%s\n", i + 1, c->label,
                   fmtb(c->peak, b1), mg, c->slowdown, c->risk_text, c->fits || !limited ? "" : "  (does not fit)");
     }
+    /* the leading fixes as the code the user changes (api: trainer, loop or txkernel) */
+    int shown = n < 3 ? n : 3;
+    if (shown)
+        sb_printf(&s, &len, &cap, "\nIn your code (api: %s):\n", tk_api_name(a->api));
+    for (int i = 0; s && i < shown; i++)
+        format_code(&s, &len, &cap, a, i);
     int au = tk_advice_auto(a);
-    if (au >= 0)
+    if (au >= 0 && cli)
+        sb_printf(&s, &len, &cap, "\n#%d: %s\ntxk advise %s --fix %d -o FIXED.yaml writes your config with it; "
+                  "--fix auto picks #%d.\n", au + 1, a->cand[au].reason, cli, au + 1, au + 1);
+    else if (au >= 0)
         sb_printf(&s, &len, &cap, "\n%%txfix %d applies: %s\n%%txfix auto picks #%d.\n", au + 1,
                   a->cand[au].reason, au + 1);
     else
@@ -664,10 +718,20 @@ char *tk_advice_format(const tk_advice *a, int top) {
     return s;
 }
 
+char *tk_advice_format(const tk_advice *a, int top) {
+    return format_advice(a, top, NULL);
+}
+
+char *tk_advice_format_cli(const tk_advice *a, int top, const char *cfg_path) {
+    return format_advice(a, top, cfg_path ? cfg_path : "CFG");
+}
+
 char *tk_advice_json(const tk_advice *a) {
-    json_t *o = json_pack("{s:I, s:I, s:I, s:i, s:f, s:i}", "peak", (json_int_t)a->base.peak_reserved,
+    char on[200];
+    json_t *o = json_pack("{s:I, s:I, s:I, s:i, s:f, s:i, s:s, s:s}", "peak", (json_int_t)a->base.peak_reserved,
                           "available", (json_int_t)a->free_now, "capacity", (json_int_t)a->capacity,
-                          "planned", a->n_planned, "ms", a->ms, "auto", tk_advice_auto(a));
+                          "planned", a->n_planned, "ms", a->ms, "auto", tk_advice_auto(a), "api", tk_api_name(a->api),
+                          "already_on", already_on(&a->given, on, sizeof on));
     json_t *diags = json_array(), *cands = json_array();
     if (!o || !diags || !cands) {
         json_decref(o);
@@ -683,13 +747,16 @@ char *tk_advice_json(const tk_advice *a) {
         json_t *fx = json_array();
         for (int k = 0; fx && k < c->n_fixes; k++)
             json_array_append_new(fx, tk_fix_json(&c->fixes[k]));
-        json_array_append_new(cands, json_pack("{s:s, s:s, s:I, s:I, s:b, s:b, s:f, s:f, s:s, s:b, s:b, s:o*}",
+        char *code = c->action_only ? NULL : tk_fix_code(&a->given, &c->config, a->api);
+        json_array_append_new(cands, json_pack("{s:s, s:s, s:I, s:I, s:b, s:b, s:f, s:f, s:s, s:b, s:b, s:o*, s:s*, s:b}",
                                                "label", c->label, "reason", c->reason,
                                                "peak", (json_int_t)c->peak, "margin", (json_int_t)c->margin,
                                                "fits", c->fits, "fits_margin", c->fits_margin,
                                                "slowdown", c->slowdown, "risk", c->risk,
                                                "risk_text", c->risk_text, "addresses_cause", c->addresses_cause,
-                                               "action_only", c->action_only, "fixes", fx));
+                                               "action_only", c->action_only, "fixes", fx, "code", code,
+                                               "plan_only", tk_config_plan_only(&c->config)));
+        free(code);
     }
     json_object_set_new(o, "diagnoses", diags);
     json_object_set_new(o, "candidates", cands);

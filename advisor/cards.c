@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "tk_oom_message.h"
 #include "tk_host_mem.h"
@@ -27,13 +28,16 @@ tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_length
         return TK_ENOMEM;
     }
     for (int i = 0; i < n && *n_out < max; i++) {
-        /* engine: pytorch plans one GPU's step: a pair (t4x2) would need
-         * DDP's or DeepSpeed's buffers, which it does not model */
-        if (c->engine == TK_ENGINE_PYTORCH && cards[i]->gpus > 1) continue;
         tk_config cc = *c;
         cc.capacity = 0; /* the card's own capacity, as `gpu: NAME` alone gives */
+        tk_err pe = {0};
         tk_status st = tk_config_set(&cc, "gpu", cards[i]->name, err);
-        if (st == TK_OK) st = tk_plan_engine(&cc, (const int *)lengths, n_lengths, p, err);
+        if (st == TK_OK) st = tk_plan_engine(&cc, (const int *)lengths, n_lengths, p, &pe);
+        /* a pair (t4x2) the engine: pytorch planner refuses (it plans the
+         * split of a step over GPUs, parallel:, only where it models it):
+         * not a row, not an error */
+        if (st == TK_EINVAL && c->engine == TK_ENGINE_PYTORCH && cards[i]->gpus > 1) continue;
+        if (st != TK_OK && err && pe.msg[0]) *err = pe;
         if (st != TK_OK) {
             free(p);
             return st;
@@ -51,6 +55,14 @@ tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_length
     return TK_OK;
 }
 
+const char *tk_platform_check(const char *value, int allow_all, char *buf, size_t n) {
+    const tk_gpu_profile *probe[16];
+    if (value && (allow_all || strcasecmp(value, "all")) && tk_gpu_platform_cards(value, probe, 16) >= 0) return NULL;
+    snprintf(buf, n, "--for %s: expected colab or kaggle (or colab-2020: the cards Colab handed out in 2020%s)",
+             value ? value : "(nothing)", allow_all ? "; all: every GPU profile" : "");
+    return buf;
+}
+
 int tk_advice_auto_for(const tk_advice *a, const char *platform, const int32_t *lengths, int n_lengths) {
     const tk_gpu_profile *probe[16];
     if (tk_gpu_platform_cards(platform, probe, 16) < 0) return -2;
@@ -58,7 +70,8 @@ int tk_advice_auto_for(const tk_advice *a, const char *platform, const int32_t *
         const tk_candidate *c = &a->cand[i];
         /* the same rule as auto (keeps the effective batch), on every card */
         const tk_config *cc = &c->config;
-        if (c->action_only ||
+        /* ... and that txkernel can run (not a plan of several GPUs on cuda) */
+        if (c->action_only || tk_config_plan_only(cc) ||
             cc->batch_size * (cc->accumulate > 1 ? cc->accumulate : 1) * tk_config_world_size(cc) != a->base_effective_batch)
             continue;
         int ok = 1;

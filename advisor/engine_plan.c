@@ -8,9 +8,11 @@
  * card's one budget (tk_gpu_profile_budget), as for every plan against it.
  * The FLOP/byte counts and the predicted step time, which the advisor ranks
  * slowdowns by, come from txkernel's plan of the same config: the same
- * matrix products, counted once. The pytorch engine plans batch_size x
- * max_len; corpus lengths are not used. It plans one GPU, so the advisor's
- * data-parallel candidates are refused (TK_EINVAL) and never offered. */
+ * matrix products, counted once. Both engines take the worst batch from the
+ * corpus lengths the same way (tk_plan_worst_len: batching: dynamic and
+ * buckets plan the longest example). On two or more GPUs (`parallel`) the
+ * figures are the fullest GPU's; txkernel's own `zero:` key is refused
+ * (TK_EINVAL), so those candidates are never offered for engine: pytorch. */
 #include <string.h>
 
 #include "tk_advisor.h"
@@ -21,7 +23,7 @@ tk_status tk_plan_engine(const tk_config *c, const int *lengths, int n, tk_plan_
     if (c->engine != TK_ENGINE_PYTORCH) return tk_plan(c, lengths, n, out, err);
     tk_torchplan_result *r = tk_malloc(sizeof *r);
     if (!r) return tk_err_nomem(err, "an engine: pytorch plan");
-    tk_status st = tk_torchplan(c, r, err);
+    tk_status st = tk_torchplan_data(c, lengths, n, r, err);
     if (st != TK_OK) {
         free(r);
         return st;
@@ -30,7 +32,7 @@ tk_status tk_plan_engine(const tk_config *c, const int *lengths, int n, tk_plan_
     tk_config tc = *c;
     tc.engine = TK_ENGINE_TXKERNEL;
     tk_err ce = {0};
-    st = tk_plan(&tc, NULL, 0, out, &ce);
+    st = tk_plan(&tc, lengths, n, out, &ce);
     if (st == TK_ENOMEM) { /* the host's fault, not the config's: the whole plan fails */
         free(r);
         if (err) *err = ce;

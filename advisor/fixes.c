@@ -246,6 +246,14 @@ static int recompute_apply(tk_config *c, const tk_fix *f, const int32_t *len, in
     return 0;
 }
 static int attention_apply(tk_config *c, const tk_fix *f, const int32_t *len, int nl, char *reason, size_t rn) {
+    if (c->engine == TK_ENGINE_PYTORCH) { /* transformers' attn_implementation, not txkernel's attention key */
+        if (c->attn_implementation != TK_ATTN_IMPL_EAGER)
+            return -1;
+        c->attn_implementation = TK_ATTN_IMPL_SDPA;
+        snprintf(reason, rn, "SDPA attention (attn_implementation sdpa): no L x L probabilities kept for backward "
+                 "where its memory-efficient kernel runs");
+        return 0;
+    }
     /* auto on a card is fused already; on the cpu it is standard */
     if (tk_config_attention(c, TK_DEV_META, NULL) != TK_ATTN_STANDARD)
         return -1;
@@ -254,10 +262,10 @@ static int attention_apply(tk_config *c, const tk_fix *f, const int32_t *len, in
     return 0;
 }
 static void attention_label(const tk_fix *f, const tk_config *fixed, char *o, size_t n) {
-    snprintf(o, n, "fused attention");
+    snprintf(o, n, "%s", fixed->engine == TK_ENGINE_PYTORCH ? "sdpa attention" : "fused attention");
 }
 static int optim8_apply(tk_config *c, const tk_fix *f, const int32_t *len, int nl, char *reason, size_t rn) {
-    if (c->optimizer != TK_OPTIM_ADAMW)
+    if (c->optimizer == TK_OPTIM_ADAMW8)
         return -1;
     c->optimizer = TK_OPTIM_ADAMW8;
     snprintf(reason, rn, "8-bit AdamW: block-quantised moments, about 6 bytes less per parameter");
@@ -374,54 +382,95 @@ static double batch_risk(const tk_fix *f, const tk_config *fixed, const int32_t 
     return 0.10;
 }
 /* data parallel: the config's platform has two of its card (gpu: t4x2, or
- * --for kaggle with gpu: t4): both ranks, AdamW's state (zero 1) or the
- * gradients too (zero 2) sharded, the global batch kept by halving the
- * per-rank batch (or accumulate). */
-static int gpus_on_platform(const tk_advise_input *in) {
+ * --for kaggle with gpu: t4): the global batch kept by halving the
+ * per-rank batch (or accumulate). Engine txkernel: world_size with AdamW's
+ * state (zero 1) or the gradients too (zero 2) sharded; txkernel plans it
+ * but does not start several GPUs on cuda (plan only, with the PyTorch
+ * recipe in its code). Engine pytorch: the pair's profile and how PyTorch
+ * splits the step (parallel: dataparallel, ddp, zero2). */
+static const tk_gpu_profile *pair_on_platform(const tk_advise_input *in) {
     const tk_config *c = in->config;
     const tk_gpu_profile *card = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
     if (!card)
-        return 1;
+        return NULL;
     if (card->gpus > 1)
-        return card->gpus;
+        return card;
     const char *plat = in->platform ? in->platform : tk_gpu_platform_of(card);
-    const tk_gpu_profile *cards[32];
-    int n = plat ? tk_gpu_platform_cards(plat, cards, 32) : 0, best = 1;
+    const tk_gpu_profile *cards[32], *best = NULL;
+    int n = plat ? tk_gpu_platform_cards(plat, cards, 32) : 0;
     size_t len = strlen(card->name);
     for (int i = 0; i < n; i++) /* the same card, several of it: "t4" -> "t4x2" */
-        if (cards[i]->gpus > best && strncmp(cards[i]->name, card->name, len) == 0 && cards[i]->name[len] == 'x')
-            best = cards[i]->gpus;
+        if (cards[i]->gpus > (best ? best->gpus : 1) && strncmp(cards[i]->name, card->name, len) == 0 &&
+            cards[i]->name[len] == 'x')
+            best = cards[i];
     return best;
 }
-static int data_parallel_apply(tk_config *c, const tk_fix *f, const int32_t *len, int nl, char *reason, size_t rn) {
-    int w = f->value, w0 = tk_config_world_size(c);
-    if (w < 2 || f->zero < 0 || f->zero > 2 || (w == w0 && f->zero <= c->zero) || w % w0)
-        return -1;
-    int more = w / w0, acc = c->accumulate > 1 ? c->accumulate : 1;
+/* More ranks keep the global batch: accumulate or the batch divided. */
+static int keep_global_batch(tk_config *c, int more) {
+    int acc = c->accumulate > 1 ? c->accumulate : 1;
     if (acc % more == 0)
         c->accumulate = acc / more;
     else if (c->batch_size % more == 0)
         c->batch_size /= more;
     else if (more > 1)
         return -1; /* the global batch could not be kept */
-    snprintf(reason, rn, "world_size %d, zero %d: each GPU holds %s; batch_size %d per rank x accumulate %d x %d "
-             "ranks keeps the global batch %d", w, f->zero,
-             f->zero == 1 ? "1/2 of AdamW's state" : "1/2 of AdamW's state and of the gradients", c->batch_size,
-             c->accumulate > 1 ? c->accumulate : 1, w, c->batch_size * (c->accumulate > 1 ? c->accumulate : 1) * w);
+    return 0;
+}
+static const char *const PARALLEL_WORDS[] = {"DataParallel", "DDP", "ZeRO-2"};
+static int data_parallel_apply(tk_config *c, const tk_fix *f, const int32_t *len, int nl, char *reason, size_t rn) {
+    int w = f->value, w0 = tk_config_world_size(c);
+    if (c->engine == TK_ENGINE_PYTORCH) {
+        /* the pair's profile, named by value; already on it with this split: nothing to do */
+        const tk_gpu_profile *card = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL, *pair = NULL;
+        for (int i = 0; card && tk_gpu_profile_at(i); i++) {
+            const tk_gpu_profile *p = tk_gpu_profile_at(i);
+            size_t l = strlen(card->name);
+            if (p->gpus == w && !strncmp(p->name, card->name, l) && p->name[l] == 'x') pair = p;
+        }
+        if (card && card->gpus == w) pair = card;
+        if (!pair || w < 2 || (unsigned)f->parallel > TK_PAR_ZERO2 || (w == w0 && f->parallel == c->parallel) ||
+            w % w0 || keep_global_batch(c, w / w0))
+            return -1;
+        memset(c->gpu, 0, sizeof c->gpu);
+        snprintf(c->gpu, sizeof c->gpu, "%s", pair->name);
+        c->parallel = f->parallel;
+        snprintf(reason, rn, "%s on %d GPUs (%s): per-GPU batch %d x accumulate %d x %d GPUs keeps the global batch %d",
+                 PARALLEL_WORDS[f->parallel], w, pair->name, c->batch_size, c->accumulate > 1 ? c->accumulate : 1, w,
+                 c->batch_size * (c->accumulate > 1 ? c->accumulate : 1) * w);
+        return 0;
+    }
+    if (w < 2 || f->zero < 0 || f->zero > 2 || (w == w0 && f->zero <= c->zero) || w % w0)
+        return -1;
+    if (keep_global_batch(c, w / w0))
+        return -1;
     c->world_size = w;
     c->zero = f->zero;
+    snprintf(reason, rn, "world_size %d, zero %d: each GPU holds %s; batch_size %d per rank x accumulate %d x %d "
+             "ranks keeps the global batch %d%s", w, f->zero,
+             f->zero == 1 ? "1/2 of AdamW's state" : "1/2 of AdamW's state and of the gradients", c->batch_size,
+             c->accumulate > 1 ? c->accumulate : 1, w, c->batch_size * (c->accumulate > 1 ? c->accumulate : 1) * w,
+             tk_config_plan_only(c) ? "; plan only: txkernel does not start several GPUs on cuda, its code gives the "
+                                      "PyTorch recipe for the same split" : "");
     return 0;
 }
 static int data_parallel_propose(tk_fix_kind self, const tk_advise_input *in, tk_fix *out, int max) {
-    int n = 0, g = gpus_on_platform(in);
-    if (g < 2)
+    int n = 0;
+    const tk_gpu_profile *pair = pair_on_platform(in);
+    if (!pair || pair->gpus < 2)
         return 0;
-    for (int z = 1; z <= 2; z++)
-        PROPOSE(((tk_fix){ .kind = TK_FIX_DATA_PARALLEL, .value = g, .zero = z }));
+    if (in->config->engine == TK_ENGINE_PYTORCH)
+        for (int p = TK_PAR_DATAPARALLEL; p <= TK_PAR_ZERO2; p++)
+            PROPOSE(((tk_fix){ .kind = TK_FIX_DATA_PARALLEL, .value = pair->gpus, .parallel = (tk_parallel)p }));
+    else
+        for (int z = 1; z <= 2; z++)
+            PROPOSE(((tk_fix){ .kind = TK_FIX_DATA_PARALLEL, .value = pair->gpus, .zero = z }));
     return n;
 }
 static void data_parallel_label(const tk_fix *f, const tk_config *fixed, char *o, size_t n) {
-    snprintf(o, n, "world_size %d, zero %d", f->value, f->zero);
+    if (fixed->engine == TK_ENGINE_PYTORCH)
+        snprintf(o, n, "%d GPUs, %s", f->value, PARALLEL_WORDS[(unsigned)f->parallel <= 2 ? f->parallel : 0]);
+    else
+        snprintf(o, n, "world_size %d, zero %d%s", f->value, f->zero, tk_config_plan_only(fixed) ? " (plan only on cuda)" : "");
 }
 #undef PROPOSE
 
@@ -500,7 +549,13 @@ const char *tk_fix_param(const tk_fix *f, char *buf, size_t n) {
     switch (f->kind) {
     case TK_FIX_PRECISION: snprintf(buf, n, "%s", f->precision == TK_PREC_BF16 ? "bf16" : "fp16"); break;
     case TK_FIX_PADDING: snprintf(buf, n, "%s", f->batching == TK_BATCH_BUCKETS ? "buckets" : "dynamic"); break;
-    case TK_FIX_DATA_PARALLEL: snprintf(buf, n, "zero%d", f->zero); break;
+    case TK_FIX_DATA_PARALLEL:
+        if (f->parallel != TK_PAR_DATAPARALLEL || !f->zero)
+            snprintf(buf, n, "%s", f->parallel == TK_PAR_DDP ? "ddp" : f->parallel == TK_PAR_ZERO2 ? "zero2"
+                                                                                                           : "dataparallel");
+        if (f->zero)
+            snprintf(buf, n, "zero%d", f->zero);
+        break;
     case TK_FIX_RELEASE:
         snprintf(buf, n, "%s%s%s", f->release & TK_RELEASE_SESSION ? "session" : "",
                  (f->release & TK_RELEASE_SESSION) && (f->release & TK_RELEASE_IN_PROCESS) ? "+" : "",

@@ -47,6 +47,7 @@
 #include <strings.h>
 
 #include "tk_oom_message.h"
+#include "tk_fix_code.h"
 
 #define MIB ((uint64_t)1 << 20)
 #define GIB ((uint64_t)1 << 30)
@@ -470,6 +471,57 @@ static void check_and_derive(tk_oom_message *m) {
     }
 }
 
+/* ---- what the rest of the text shows: GPUs, Trainer, platform ----------------------- */
+
+/* "in replica N on device D": DataParallel re-raises a replica's error as
+ * "Caught OutOfMemoryError in replica 1 on device 1." (torch 2.x) or
+ * "Caught RuntimeError in replica ..." (1.x, where an OOM was a RuntimeError).
+ * DDP: each rank is its own process; torch 2.4+ prefixes a rank's traceback
+ * with "[rankN]:", torchrun's agent names the failed "local_rank: N", and the
+ * frames are torch/nn/parallel/distributed.py's. */
+static void read_parallel(const char *text, size_t len, tk_oom_message *m) {
+    const char *end = text + len;
+    m->replica = m->replica_device = m->ddp_rank = -1;
+    const char *c = find_last(text, len, " in replica ");
+    if (c && find_last(text, (size_t)(c - text), "Caught ") && c - find_last(text, (size_t)(c - text), "Caught ") < 40) {
+        m->parallel = TK_OOMMSG_DATAPARALLEL;
+        m->replica = read_index(c + 12, end);
+        const char *d = find_in(c, c + 40 < end ? c + 40 : end, " on device ");
+        if (d) m->replica_device = read_index(d + 11, end);
+        return;
+    }
+    /* the [rankN]: nearest before the OOM line, else the last one */
+    const char *oom = find_last(text, len, "Tried to allocate ");
+    const char *r = find_last(text, oom ? (size_t)(oom - text) : len, "[rank");
+    if (!r) r = find_last(text, len, "[rank");
+    if (r) {
+        int k = read_index(r + 5, end);
+        if (k >= 0 && find_in(r + 5, r + 12 < end ? r + 12 : end, "]:")) {
+            m->parallel = TK_OOMMSG_DDP;
+            m->ddp_rank = k;
+            return;
+        }
+    }
+    const char *lr = find_last(text, len, "local_rank: ");
+    if (lr || find_last(text, len, "torch/nn/parallel/distributed.py") || find_last(text, len, "torch.distributed.elastic")) {
+        m->parallel = TK_OOMMSG_DDP;
+        if (lr) m->ddp_rank = read_index(lr + 12, end);
+    }
+}
+
+static void read_context(const char *text, size_t len, tk_oom_message *m) {
+    read_parallel(text, len, m);
+    m->trainer = find_last(text, len, "Trainer.train") || find_last(text, len, "trainer.train(") ||
+                 find_last(text, len, "transformers/trainer.py") || find_last(text, len, "_inner_training_loop");
+    /* a notebook's own folders; Kaggle's image is built on Colab's, so the
+     * library paths (/usr/local/lib/python3.x/dist-packages) are the same */
+    int kaggle = find_last(text, len, "/kaggle/") != NULL, colab = find_last(text, len, "/content/") != NULL;
+    if (kaggle != colab) {
+        snprintf(m->platform, sizeof m->platform, "%s", kaggle ? "kaggle" : "colab");
+        m->platform_from_path = 1;
+    }
+}
+
 int tk_oom_message_parse(const char *text, size_t len, tk_oom_message *m) {
     if (!m) return -1;
     memset(m, 0, sizeof *m);
@@ -495,10 +547,13 @@ int tk_oom_message_parse(const char *text, size_t len, tk_oom_message *m) {
     if (m->format == TK_OOMMSG_NONE || (!any && m->format != TK_OOMMSG_TF)) {
         memset(m, 0, sizeof *m);
         m->gpu_index = -1;
-        return parse_no_kernel(text, len, m);
+        if (parse_no_kernel(text, len, m)) return -1;
+        read_context(text, len, m);
+        return 0;
     }
     check_and_derive(m);
     name_card(m);
+    read_context(text, len, m);
     return 0;
 }
 
@@ -565,6 +620,10 @@ static const char *a_card(const tk_gpu_profile *p, char *buf, size_t n) {
     return buf;
 }
 
+static int is_colab(const char *platform) {
+    return platform && (!strcmp(platform, "colab") || !strcmp(platform, "colab-2020"));
+}
+
 static const char *platform_clause(const char *platform) {
     if (!platform) return "";
     if (!strcmp(platform, "colab-2020"))
@@ -573,15 +632,20 @@ static const char *platform_clause(const char *platform) {
     if (!strcmp(platform, "colab"))
         return ", one of the cards Colab hands out today (a T4 on the free tier; L4, A100, H100 and RTX PRO 6000 on paid "
                "plans)";
-    if (!strcmp(platform, "kaggle")) return ", one of Kaggle's accelerators (T4, P100, RTX PRO 6000)";
     return "";
 }
 
-/* The first diagnosis: why the same code fits on some runs and not others,
- * from the message's own figures and the one usable capacity of each card
- * (tk_gpu_profile_budget). `here`: what PyTorch had on this run (reserved +
- * free); `held`: what it had allocated when it failed. */
-static void why_intermittent(tk_oom_message *m, const char *platform, uint64_t here) {
+/* The context and library buffers a card's profile sets aside: its total
+ * less its one usable capacity (tk_gpu_profile_budget). */
+static uint64_t card_outside(const tk_gpu_profile *card) {
+    return card ? card->capacity - tk_gpu_profile_budget(card) : 0;
+}
+
+/* Colab's paragraph, the card lottery: why the same code fits on some runs
+ * and not others, from the message's own figures and the one usable
+ * capacity of each card (tk_gpu_profile_budget). `here`: what PyTorch had on
+ * this run (reserved + free). */
+static void why_intermittent(tk_oom_message *m, const char *platform, uint64_t here, int platform_unknown) {
     const tk_gpu_profile *card = m->card, *pool[16], *today[16], *cands[32];
     int np = platform ? tk_gpu_platform_cards(platform, pool, 16) : 0, nt = tk_gpu_platform_cards("colab", today, 16);
     if (np < 0) np = 0;
@@ -648,10 +712,46 @@ static void why_intermittent(tk_oom_message *m, const char *platform, uint64_t h
     char nm[40];
     a_card(card, nm, sizeof nm);
     add_diag(m, TK_DIAG_LOTTERY,
-             "card lottery: why it fits on some runs and not others: this run got %s (%s total, %s usable after %s "
+             "card lottery%s: why it fits on some runs and not others: this run got %s (%s total, %s usable after %s "
              "for the CUDA context and library buffers, the profile's default, not measured)%s%s%s.",
-             nm, m->fig[TK_OOMFIG_TOTAL].text, fmt(budget, b1, sizeof b1),
-             fmt(card->capacity - budget, b2, sizeof b2), platform_clause(platform), room, held);
+             platform_unknown ? " (if this ran on Colab)" : "", nm, m->fig[TK_OOMFIG_TOTAL].text,
+             fmt(budget, b1, sizeof b1), fmt(card_outside(card), b2, sizeof b2), platform_clause(platform), room, held);
+}
+
+/* Kaggle's paragraph: the accelerator is the notebook's setting, not a
+ * lottery; its choices with their usable capacity. */
+static void why_kaggle(tk_oom_message *m, uint64_t here, int platform_unknown) {
+    const tk_gpu_profile *cards[16];
+    int n = tk_gpu_platform_cards("kaggle", cards, 16);
+    char list[900] = "", c1[40], b1[32], b2[32], nm[40];
+    size_t w = 0;
+    for (int i = 0; i < n; i++) {
+        const tk_gpu_profile *p = cards[i];
+        if (p == m->card) continue;
+        upper(p->name, nm, sizeof nm);
+        if (p->gpus > 1)
+            w += (size_t)snprintf(list + w, w < sizeof list ? sizeof list - w : 0,
+                                  "%sGPU T4 x2 (two T4s, %s usable on each: one GPU's step gets no more memory; the "
+                                  "Trainer spreads each batch over both with DataParallel by itself, or DDP with "
+                                  "accelerate launch or torchrun)", w ? ", " : "", fmt(tk_gpu_profile_budget(p), b1, sizeof b1));
+        else if (p->cc_major < 7)
+            w += (size_t)snprintf(list + w, w < sizeof list ? sizeof list - w : 0,
+                                  "%sGPU %s (%s usable, but Kaggle's cu128 torch has no kernels for its sm_60: "
+                                  "Kaggle/docker-python#1546)", w ? ", " : "", nm, fmt(tk_gpu_profile_budget(p), b1, sizeof b1));
+        else
+            w += (size_t)snprintf(list + w, w < sizeof list ? sizeof list - w : 0, "%s%s (%s usable)", w ? ", " : "",
+                                  !strcmp(p->name, "rtx-pro-6000") ? "RTX PRO 6000" : nm,
+                                  fmt(tk_gpu_profile_budget(p), b1, sizeof b1));
+        if (w >= sizeof list) w = sizeof list - 1;
+    }
+    char got[300] = "";
+    if (m->card && here)
+        snprintf(got, sizeof got, ": this run got %s (%s usable) and PyTorch had %s of it", a_card(m->card, c1, sizeof c1),
+                 fmt(tk_gpu_profile_budget(m->card), b1, sizeof b1), fmt(here, b2, sizeof b2));
+    add_diag(m, TK_OOMMSG_DIAG_PLATFORM,
+             "kaggle%s: the accelerator is the notebook's own setting (Settings > Accelerator), your choice and not a "
+             "lottery%s; the other choices are %s",
+             platform_unknown ? " (if this ran on Kaggle)" : "", got, list);
 }
 
 /* With the user's config: its plan on each card (by the engine the caller
@@ -661,10 +761,13 @@ static void config_on_cards(tk_oom_message *m, const char *platform, const tk_ca
     char s[400], nm[32] = "", b1[32], b2[32], b3[32];
     const char *who = m->plan_engine[0] ? m->plan_engine : "txkernel's trainer";
     int pytorch = strncmp(who, "engine: pytorch", 15) == 0;
-    tk_cards_sentence(cards, n, s, sizeof s);
+    tk_cards_sentence(cards, n, platform, s, sizeof s);
     if (m->card) upper(m->card->name, nm, sizeof nm);
-    int near = 0;
-    for (int i = 0; i < n; i++) near |= cards[i].fits && cards[i].margin < (int64_t)(cards[i].budget / 20);
+    int near = 0, all = n > 0;
+    for (int i = 0; i < n; i++) {
+        near |= cards[i].fits && cards[i].margin < (int64_t)(cards[i].budget / 20);
+        all &= cards[i].fits;
+    }
     const tk_oommsg_figure *A = ok_fig(m, TK_OOMFIG_ALLOCATED);
     char gap[900] = "";
     uint64_t planned = m->plan_allocated ? m->plan_allocated : m->plan_peak;
@@ -690,60 +793,168 @@ static void config_on_cards(tk_oom_message *m, const char *platform, const tk_ca
             snprintf(gap, sizeof gap, " Whose numbers: your PyTorch run had %s allocated when it failed on the %s; %s "
                      "plans a peak of %s %s for this config.", A->text, nm, who, fmt(planned, b3, sizeof b3), what);
     }
-    add_diag(m, TK_DIAG_LOTTERY, "card lottery on %s, your config as %s plans it: %s%s%s%s.%s", platform, who,
-             s, nm[0] ? "; this message came from a " : "", nm,
-             near ? "; within 5% of a card's budget a run can fit one day and not the next" : "", gap);
+    int kaggle = platform && !strcmp(platform, "kaggle");
+    add_diag(m, kaggle ? TK_OOMMSG_DIAG_PLATFORM : TK_DIAG_LOTTERY, "%s %s, your config as %s plans it: %s%s%s%s%s.%s",
+             kaggle ? "kaggle: on the accelerators" : "card lottery on", platform, who, s,
+             nm[0] ? "; this message came from a " : "", nm,
+             near && !kaggle ? "; within 5% of a card's budget a run can fit one day and not the next" : "",
+             all ? "; so the card alone does not explain this failure: what the plan leaves out does" : "", gap);
 }
 
-/* The capacity fixes as code, carrying the user's own numbers when a config
- * gave them and named placeholders otherwise: never an example value. */
-static void capacity_fixes(tk_oom_message *m) {
-    char code[400], text[240];
+/* What a fix's code opens with when the user runs the Trainer: a
+ * TrainingArguments line that constructs as written (tk_ta_open). */
+static const char *ta(const tk_oom_message *m, char *buf, size_t n) {
+    return tk_ta_open(buf, n, m->user_output_dir, m->user_torch);
+}
+
+/* The capacity fixes as code in the API the user runs (the Trainer's
+ * TrainingArguments, a plain loop, or txkernel's YAML), carrying the user's
+ * own numbers when a config gave them and named placeholders otherwise:
+ * never an example value. A fix the config has on already is not offered;
+ * the capacity diagnosis `d` says so. */
+static void capacity_fixes(tk_oom_message *m, tk_api api, tk_oommsg_diag *d) {
+    char code[1100], text[240], op[TK_PATH_MAX + 48];
     int B = m->user_batch, A = m->user_accumulate > 1 ? m->user_accumulate : 1;
-    if (B >= 2)
-        snprintf(code, sizeof code,
-                 "TrainingArguments(..., per_device_train_batch_size=%d, gradient_accumulation_steps=%d)\n"
-                 "# your batch %d x accumulation %d: the same effective batch of %d\n"
-                 "# (a plain loop: DataLoader(..., batch_size=%d), optimizer.step() every %d batches)",
-                 B / 2, 2 * A, B, A, B * A, B / 2, 2 * A);
-    else
-        snprintf(code, sizeof code,
-                 "TrainingArguments(..., per_device_train_batch_size=B // 2, gradient_accumulation_steps=A * 2)\n"
+    if (api == TK_API_TXKERNEL && B >= 2)
+        snprintf(code, sizeof code, "batch_size: %d\naccumulate: %d   # your %d x %d: the same effective batch of %d",
+                 B / 2, 2 * A, B, A, B * A);
+    else if (api == TK_API_TXKERNEL)
+        snprintf(code, sizeof code, "batch_size: B / 2\naccumulate: A * 2   # B, A: your batch_size and accumulate now");
+    else if (api == TK_API_TRAINER && B >= 2)
+        snprintf(code, sizeof code, "%sper_device_train_batch_size=%d, gradient_accumulation_steps=%d)\n"
+                 "# your batch %d x accumulation %d: the same effective batch of %d", ta(m, op, sizeof op), B / 2, 2 * A,
+                 B, A, B * A);
+    else if (api == TK_API_TRAINER)
+        snprintf(code, sizeof code, "TrainingArguments(..., per_device_train_batch_size=B // 2, "
+                 "gradient_accumulation_steps=A * 2)\n"
                  "# B, A: your batch size and accumulation now (txk advise CFG --from-error fills them in)");
-    add_fix(m, "half the batch per step, same effective batch (transformers)", code);
-    if (m->user_p99 > 0 && (m->user_max_len <= 0 || m->user_p99 < m->user_max_len))
-        snprintf(code, sizeof code,
-                 "enc = tokenizer(texts, truncation=True, max_length=%d, padding=\"longest\")\n"
-                 "# %d: the p99 token length of your training examples (your config's max_len: %d)", m->user_p99,
-                 m->user_p99, m->user_max_len);
-    else if (m->user_p99 > 0)
-        snprintf(code, sizeof code,
-                 "enc = tokenizer(texts, truncation=True, max_length=%d, padding=\"longest\")\n"
-                 "# %d: your config's max_len; your training examples' p99 is %d, so a shorter max_length truncates more: "
-                 "padding=\"longest\" is the saving here",
-                 m->user_max_len, m->user_max_len, m->user_p99);
-    else if (m->user_max_len > 0)
-        snprintf(code, sizeof code,
-                 "enc = tokenizer(texts, truncation=True, max_length=%d, padding=\"longest\")\n"
-                 "# %d: your config's max_len; lower it to your data's p99 (txk data FILE prints it)",
-                 m->user_max_len, m->user_max_len);
+    else if (B >= 2)
+        snprintf(code, sizeof code, "loader = DataLoader(train_ds, batch_size=%d, shuffle=True)\n"
+                 "# optimizer.step() and zero_grad() every %d batches, the loss divided by %d: your batch %d x "
+                 "accumulation %d, the same effective batch of %d", B / 2, 2 * A, 2 * A, B, A, B * A);
     else
-        snprintf(code, sizeof code,
-                 "enc = tokenizer(texts, truncation=True, max_length=N, padding=\"longest\")\n"
-                 "# N: your data's p99 token length (txk data FILE prints it)");
+        snprintf(code, sizeof code, "loader = DataLoader(train_ds, batch_size=B // 2, shuffle=True)\n"
+                 "# optimizer.step() every A * 2 batches, the loss divided by A * 2\n"
+                 "# B, A: your batch size and accumulation now (txk advise CFG --from-error fills them in)");
+    add_fix(m, api == TK_API_TRAINER ? "half the batch per step, same effective batch (transformers)"
+                                     : "half the batch per step, same effective batch", code);
+    /* the length: the corpus' p99 when given, else the config's max_len, else a named placeholder */
+    char len_s[16], why[200];
+    int L = m->user_p99 > 0 && (m->user_max_len <= 0 || m->user_p99 < m->user_max_len) ? m->user_p99 : m->user_max_len;
+    if (L > 0) snprintf(len_s, sizeof len_s, "%d", L);
+    else snprintf(len_s, sizeof len_s, "N");
+    if (m->user_p99 > 0 && L == m->user_p99)
+        snprintf(why, sizeof why, "# %d: the p99 token length of your training examples (your config's max_len: %d)",
+                 L, m->user_max_len);
+    else if (m->user_p99 > 0)
+        snprintf(why, sizeof why, "# %d: your config's max_len; your training examples' p99 is %d, so a shorter max_length "
+                 "truncates more: padding each batch to its longest is the saving here", L, m->user_p99);
+    else if (L > 0)
+        snprintf(why, sizeof why, "# %d: your config's max_len; lower it to your data's p99 (txk data FILE prints it)", L);
+    else
+        snprintf(why, sizeof why, "# N: your data's p99 token length (txk data FILE prints it)");
+    if (api == TK_API_TXKERNEL)
+        snprintf(code, sizeof code, "max_len: %s\nbatching: dynamic\n%s", len_s, why);
+    else if (api == TK_API_TRAINER)
+        snprintf(code, sizeof code, "enc = tokenizer(texts, truncation=True, max_length=%s)   # no padding here\n"
+                 "trainer = Trainer(model=model, args=args, train_dataset=train_ds, "
+                 "data_collator=DataCollatorWithPadding(tokenizer))\n%s", len_s, why);
+    else
+        snprintf(code, sizeof code, "enc = tokenizer(texts, truncation=True, max_length=%s, padding=\"longest\")\n%s",
+                 len_s, why);
     add_fix(m, "shorter sequences: pad each batch to its longest text, and truncate at what your texts need", code);
-    static const char amp[] = "scaler = torch.amp.GradScaler(\"cuda\")\nwith torch.autocast(\"cuda\", dtype=torch.float16):\n"
-                              "    loss = model(**batch).loss\nscaler.scale(loss).backward()\nscaler.step(optimizer)\n"
-                              "scaler.update()";
-    if (m->card && !tk_gpu_profile_fast_fp16(m->card)) {
-        snprintf(text, sizeof text, "mixed precision: on a %s (no tensor cores) fp16 saves activation memory but no time",
-                 m->card->name);
-        add_fix(m, text, amp);
-    } else {
-        add_fix(m, "mixed precision (fp16 halves activations and is faster on tensor cores)", amp);
+    char on[160] = "";
+    size_t w = 0;
+    int prec_on = m->have_user_config && m->user_precision != TK_PREC_FP32;
+    int ckpt_on = m->have_user_config && m->user_recompute != TK_RECOMPUTE_NONE;
+    if (prec_on)
+        w += (size_t)snprintf(on + w, sizeof on - w, "%s mixed precision",
+                              m->user_precision == TK_PREC_BF16 ? "bf16" : "fp16");
+    if (ckpt_on) snprintf(on + w, sizeof on - w, "%sgradient checkpointing", w ? ", " : "");
+    if (on[0] && d) {
+        size_t l = strlen(d->text);
+        snprintf(d->text + l, sizeof d->text - l, "; already on in your config, so not offered again: %s", on);
     }
-    add_fix(m, "recompute activations in the backward pass (about 30% slower, far less memory)",
-            "model.gradient_checkpointing_enable()");
+    if (!prec_on) {
+        static const char amp[] = "scaler = torch.amp.GradScaler(\"cuda\")\nwith torch.autocast(\"cuda\", "
+                                  "dtype=torch.float16):\n    loss = model(**batch).loss\nscaler.scale(loss).backward()\n"
+                                  "scaler.step(optimizer)\nscaler.update()";
+        if (api == TK_API_TXKERNEL) snprintf(code, sizeof code, "precision: fp16");
+        else if (api == TK_API_TRAINER) snprintf(code, sizeof code, "%sfp16=True)", ta(m, op, sizeof op));
+        else snprintf(code, sizeof code, "%s", amp);
+        if (m->card && !tk_gpu_profile_fast_fp16(m->card))
+            snprintf(text, sizeof text, "mixed precision: on a %s (no tensor cores) fp16 saves activation memory but no time",
+                     m->card->name);
+        else
+            snprintf(text, sizeof text, "mixed precision (fp16 halves activations and is faster on tensor cores)");
+        add_fix(m, text, code);
+    }
+    if (!ckpt_on) {
+        if (api == TK_API_TXKERNEL) snprintf(code, sizeof code, "recompute: layers");
+        else if (api == TK_API_TRAINER) snprintf(code, sizeof code, "%sgradient_checkpointing=True)", ta(m, op, sizeof op));
+        else snprintf(code, sizeof code, "model.gradient_checkpointing_enable()");
+        add_fix(m, "recompute activations in the backward pass (about 30% slower, far less memory)", code);
+    }
+}
+
+/* The number of GPUs a launcher line names: Kaggle's T4 x2 says 2; else a
+ * named placeholder. */
+static const char *n_gpus(const tk_oom_message *m) {
+    return m->platform[0] && !strcmp(m->platform, "kaggle") && m->card && !strcmp(m->card->name, "t4") ? "2" : "NUM_GPUS";
+}
+
+/* A run on several GPUs: which kind, what GPU 0 (DataParallel) or each rank
+ * (DDP) holds, and the move that shares it. */
+static void multi_gpu_diagnosis(tk_oom_message *m) {
+    char dev[400] = "";
+    if (m->parallel == TK_OOMMSG_DATAPARALLEL) {
+        if (m->gpu_index >= 0 && m->gpu_index != m->replica_device)
+            snprintf(dev, sizeof dev, "; the figures below are GPU %d's, where it ran out", m->gpu_index);
+        add_diag(m, TK_OOMMSG_DIAG_MULTI_GPU,
+                 "multi_gpu: a DataParallel run over several GPUs (replica %d on device %d failed): one process, the "
+                 "model copied to each GPU at every step. The HF Trainer does this by itself when it sees two GPUs "
+                 "and no launcher (torchrun, accelerate launch), as on Kaggle's T4 x2. GPU 0 holds more than the "
+                 "others: the model's own weights with their gradients and the optimizer state, the whole batch "
+                 "before it is scattered, and every replica's outputs gathered back for the loss, so GPU 0 runs out "
+                 "first%s",
+                 m->replica, m->replica_device, dev);
+        return;
+    }
+    if (m->ddp_rank >= 0 && m->gpu_index >= 0 && m->ddp_rank != m->gpu_index)
+        snprintf(dev, sizeof dev, "; rank %d's message names GPU %d: unless each rank sees only its own GPU "
+                 "(CUDA_VISIBLE_DEVICES per rank), rank %d put tensors on GPU %d: each rank must use its own "
+                 "(torch.cuda.set_device(local_rank); accelerate and the Trainer do it)", m->ddp_rank, m->gpu_index,
+                 m->ddp_rank, m->gpu_index);
+    char who[48] = "";
+    if (m->ddp_rank >= 0) snprintf(who, sizeof who, ", rank %d's message", m->ddp_rank);
+    add_diag(m, TK_OOMMSG_DIAG_MULTI_GPU,
+             "multi_gpu: a DDP run (one process per GPU%s): each rank holds a whole copy of the weights, their "
+             "gradients and the optimizer state, plus DDP's gradient buckets (bucket_cap_mb, 25 MB by default) and, "
+             "outside PyTorch's cache, NCCL's buffers; a smaller per-GPU batch leaves the copies, ZeRO-2 (DeepSpeed) "
+             "shards the gradients and optimizer state over the ranks%s",
+             who, dev);
+}
+
+static void multi_gpu_fixes(tk_oom_message *m, tk_api api) {
+    char code[400];
+    const char *g = n_gpus(m);
+    const char *note = strcmp(g, "2") ? "\n# NUM_GPUS: your GPU count (torch.cuda.device_count())" : "";
+    if (m->parallel == TK_OOMMSG_DATAPARALLEL) {
+        if (api == TK_API_LOOP)
+            snprintf(code, sizeof code, "!torchrun --nproc_per_node %s train.py   # the training cell saved as train.py\n"
+                     "# in it: model = DistributedDataParallel(model, device_ids=[local_rank])%s", g, note);
+        else
+            snprintf(code, sizeof code, "!accelerate launch --multi_gpu --num_processes %s train.py   # the training "
+                     "cell saved as train.py\n# or in the notebook: from accelerate import notebook_launcher; "
+                     "notebook_launcher(train, num_processes=%s)%s", g, g, note);
+        add_fix(m, "DDP instead of DataParallel: one process per GPU, nothing gathered on GPU 0", code);
+        return;
+    }
+    snprintf(code, sizeof code, "!accelerate launch --use_deepspeed --zero_stage 2 --num_processes %s train.py%s%s", g,
+             api == TK_API_LOOP ? "\n# the loop through accelerate: model, optimizer, loader = "
+                                  "accelerator.prepare(model, optimizer, loader); accelerator.backward(loss)" : "",
+             note);
+    add_fix(m, "ZeRO-2: each rank keeps 1/N of the gradients and optimizer state (DeepSpeed, through accelerate)", code);
 }
 
 /* Not an OOM: the card is older than every kernel the installed torch has
@@ -776,10 +987,39 @@ static void no_kernel_diagnosis(tk_oom_message *m) {
             code);
 }
 
+/* The platform's paragraphs, after what the figures prove: Colab's card
+ * lottery, Kaggle's accelerators, or, when the message does not show where
+ * it ran, that said and each platform's line. */
+/* 1: the platform hands out this card (t4x2's card is the t4) */
+static int platform_has(const char *platform, const tk_gpu_profile *card) {
+    const tk_gpu_profile *cards[16];
+    int n = tk_gpu_platform_cards(platform, cards, 16);
+    for (int i = 0; i < n; i++)
+        if (cards[i] == card) return 1;
+    return 0;
+}
+
+static void platform_diagnoses(tk_oom_message *m, uint64_t here) {
+    int unknown = !m->platform[0];
+    /* not shown: the platforms whose cards include this one each get a line */
+    int colab = unknown ? platform_has("colab", m->card) || platform_has("colab-2020", m->card) : is_colab(m->platform);
+    int kaggle = unknown ? platform_has("kaggle", m->card) : !strcmp(m->platform, "kaggle");
+    if (unknown && (colab || kaggle))
+        add_diag(m, TK_OOMMSG_DIAG_PLATFORM,
+                 "platform: the message does not show where it ran (no /kaggle/ or /content/ path; the dist-packages "
+                 "paths are the same on both, as Kaggle's image is built on Colab's), so each platform gets its line "
+                 "below; --for colab or --for kaggle keeps one");
+    if (colab) {
+        const char *own = platform_has("colab", m->card) ? "colab" : "colab-2020";
+        why_intermittent(m, m->platform[0] ? m->platform : own, here, unknown);
+    }
+    if (kaggle) why_kaggle(m, here, unknown);
+}
+
 void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n, const char *platform) {
     if (!m || m->format == TK_OOMMSG_NONE) return;
     m->n_diag = m->n_fixes = 0;
-    char b1[32], b2[32], b3[32];
+    char b1[32], b2[32], b3[32], b4[32];
     const tk_oommsg_figure *R = ok_fig(m, TK_OOMFIG_REQUESTED), *T = ok_fig(m, TK_OOMFIG_TOTAL),
                            *A = ok_fig(m, TK_OOMFIG_ALLOCATED), *U = ok_fig(m, TK_OOMFIG_RESERVED_UNALLOCATED),
                            *F = ok_fig(m, TK_OOMFIG_FREE), *P = ok_fig(m, TK_OOMFIG_PROCESS_IN_USE),
@@ -789,10 +1029,14 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
         return;
     }
     int torch = m->format != TK_OOMMSG_TF;
+    /* the API the fix code is written in: the caller's (a config's api:),
+     * else the traceback's Trainer, else a plain loop (the message is
+     * PyTorch's); without a config, the versions a 2.1+ message implies */
+    tk_api api = m->api != TK_API_AUTO ? m->api : m->trainer ? TK_API_TRAINER : TK_API_LOOP;
+    if (!m->have_user_config) m->user_torch = m->format == TK_OOMMSG_TORCH_21 ? TK_TORCH_2 : TK_TORCH_1_13;
     int cap_first = R && T && R->bytes > T->bytes;
-    const char *plat = platform ? platform : tk_gpu_platform_of(m->card);
-    /* the seed's question first: why the same code fits on some runs and not others */
-    if (torch && m->card && T && m->have_outside) why_intermittent(m, plat, T->bytes - m->outside);
+    /* several GPUs first: the message is one GPU's of a run over several */
+    if (torch && m->parallel != TK_OOMMSG_ONE_GPU) multi_gpu_diagnosis(m);
     /* fragmentation ranks first only when the split cache is the larger loss:
      * 379 MiB of scraps beside 1.6 GiB held outside the cache is not the cause */
     int frag = torch && R && U && U->bytes >= R->bytes && !cap_first;
@@ -823,38 +1067,54 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
         add_diag(m, TK_DIAG_DOMINANT_LAYER, "dominant_layer: one tensor of shape [%lld%s] and type %s needs %s",
                  (long long)m->shape[0], m->rank > 1 ? ",..." : "", m->dtype, R->text);
     }
-    if (torch && A && T && !cap_first && A->bytes * 2 >= T->bytes)
-        add_diag(m, TK_DIAG_CAPACITY,
-                 "capacity: when it failed, your PyTorch run had %s allocated, %.0f%% of the card (%s): as PyTorch ran "
-                 "it, the step needed more than this card had for it",
-                 A->text, 100.0 * (double)A->bytes / (double)T->bytes, T->text);
-    else if (torch && A && T && R && !cap_first && A->bytes + R->bytes > T->bytes)
-        add_diag(m, TK_DIAG_CAPACITY,
-                 "capacity: live tensors (%s) plus the request (%s) come to %s, more than the whole card (%s)",
-                 A->text, R->text, fmt(A->bytes + R->bytes, b1, sizeof b1), T->text);
-    /* what the card's one usable capacity leaves outside PyTorch: the
-     * profile's default for the context and library buffers */
-    uint64_t ctx = m->card ? m->card->capacity - tk_gpu_profile_budget(m->card) : 0;
-    if (torch && m->have_outside && m->outside >= 256 * MIB && T && m->outside * 20 >= T->bytes) {
-        if (m->card && m->outside > ctx + 128 * MIB)
+    /* With the card's profile the figures decide between the two: what
+     * PyTorch held plus what it asked for plus the card's context and
+     * library buffers, against the total. */
+    uint64_t ctx = card_outside(m->card);
+    int by_profile = torch && m->card && T && V && R && !cap_first && !frag_first;
+    if (by_profile) {
+        uint64_t need = V->bytes + R->bytes + ctx;
+        char cname[32];
+        upper(m->card->name, cname, sizeof cname);
+        if (need < T->bytes)
             add_diag(m, TK_DIAG_HEADROOM,
-                     "headroom: %s of the card is held outside PyTorch's cache (total %s - reserved %s - free %s). The "
-                     "CUDA context and library buffers take about %s on a %s (the profile's default, not measured); "
-                     "the other %s is another process on the card (a second notebook, a run still alive) or another "
-                     "framework in this one (TensorFlow loaded by an earlier cell)",
-                     fmt(m->outside, b1, sizeof b1), T->text, V ? V->text : "?", F ? F->text : "?",
-                     fmt(ctx, b2, sizeof b2), m->card->name, fmt(m->outside - ctx, b3, sizeof b3));
+                     "headroom: PyTorch held less than the card: reserved %s + the request %s + %s for the %s's context "
+                     "and library buffers (the profile's default, not measured) come to %s, below the total %s; %s of "
+                     "the card is held outside PyTorch's cache (total %s - reserved %s - free %s), %s beyond that "
+                     "default: another process on the card (a second notebook, a run still alive) or another framework "
+                     "in this one (TensorFlow loaded by an earlier cell)",
+                     V->text, R->text, fmt(ctx, b1, sizeof b1), cname, fmt(need, b2, sizeof b2), T->text,
+                     fmt(m->have_outside ? m->outside : 0, b3, sizeof b3), T->text, V->text, F ? F->text : "?",
+                     fmt(m->have_outside && m->outside > ctx ? m->outside - ctx : 0, b4, sizeof b4));
         else
+            add_diag(m, TK_DIAG_CAPACITY,
+                     "capacity: PyTorch itself filled the card: reserved %s + the request %s + %s for the %s's context "
+                     "and library buffers (the profile's default, not measured) come to %s, at least the total %s%s%s%s",
+                     V->text, R->text, fmt(ctx, b1, sizeof b1), cname, fmt(need, b2, sizeof b2), T->text,
+                     A ? "; your PyTorch run had " : "", A ? A->text : "", A ? " allocated when it failed" : "");
+    } else {
+        if (torch && A && T && !cap_first && A->bytes * 2 >= T->bytes)
+            add_diag(m, TK_DIAG_CAPACITY,
+                     "capacity: when it failed, your PyTorch run had %s allocated, %.0f%% of the card (%s): as PyTorch "
+                     "ran it, the step needed more than this card had for it",
+                     A->text, 100.0 * (double)A->bytes / (double)T->bytes, T->text);
+        else if (torch && A && T && R && !cap_first && A->bytes + R->bytes > T->bytes)
+            add_diag(m, TK_DIAG_CAPACITY,
+                     "capacity: live tensors (%s) plus the request (%s) come to %s, more than the whole card (%s)",
+                     A->text, R->text, fmt(A->bytes + R->bytes, b1, sizeof b1), T->text);
+        if (torch && m->have_outside && m->outside >= 256 * MIB && T && m->outside * 20 >= T->bytes &&
+            !(m->card && m->outside <= ctx + 128 * MIB))
             add_diag(m, TK_DIAG_HEADROOM,
                      "headroom: %s of the card is held outside PyTorch's cache (total %s - reserved %s - free %s): the "
                      "CUDA context and library kernels, and whatever else runs on the card",
                      fmt(m->outside, b1, sizeof b1), T->text, V ? V->text : "?", F ? F->text : "?");
-    } else if (torch && P && T && F && V && m->format == TK_OOMMSG_TORCH_21) {
-        uint64_t used = T->bytes > F->bytes ? T->bytes - F->bytes : 0;
-        if (used > P->bytes + 256 * MIB && m->n_processes == 0)
-            add_diag(m, TK_DIAG_HEADROOM,
-                     "headroom: this process uses %s but %s of the card is in use: %s belongs to other processes",
-                     P->text, fmt(used, b1, sizeof b1), fmt(used - P->bytes, b2, sizeof b2));
+        else if (torch && P && T && F && V && m->format == TK_OOMMSG_TORCH_21) {
+            uint64_t used = T->bytes > F->bytes ? T->bytes - F->bytes : 0;
+            if (used > P->bytes + 256 * MIB && m->n_processes == 0)
+                add_diag(m, TK_DIAG_HEADROOM,
+                         "headroom: this process uses %s but %s of the card is in use: %s belongs to other processes",
+                         P->text, fmt(used, b1, sizeof b1), fmt(used - P->bytes, b2, sizeof b2));
+        }
     }
     if (frag && !frag_first)
         add_diag(m, TK_DIAG_FRAGMENTATION,
@@ -871,16 +1131,20 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
     if (torch && R && T && !cap_first && R->bytes * 4 >= T->bytes)
         add_diag(m, TK_DIAG_DOMINANT_LAYER, "dominant_layer: one tensor of %s is %.0f%% of the card", R->text,
                  100.0 * (double)R->bytes / (double)T->bytes);
-    if (plat && n > 0 && m->n_diag < TK_OOMMSG_MAX_DIAG) {
-        /* the config's fit on each card goes right after the opening sentence */
-        config_on_cards(m, plat, cards, n);
-        int to = m->n_diag > 1 && m->diag[0].kind == TK_DIAG_LOTTERY ? 1 : 0;
-        tk_oommsg_diag d = m->diag[m->n_diag - 1];
-        memmove(&m->diag[to + 1], &m->diag[to], (size_t)(m->n_diag - 1 - to) * sizeof d);
-        m->diag[to] = d;
-    }
+    /* the user's config on each card, then the platform's paragraphs: never
+     * before what the figures prove */
+    if (platform && n > 0) config_on_cards(m, platform, cards, n);
+    if (torch && m->card && T && m->have_outside) platform_diagnoses(m, T->bytes - m->outside);
 
-    /* fixes, in the order of the diagnoses they answer */
+    /* fixes, in the order of the diagnoses they answer; a run held to less
+     * than the card (headroom) gets the capacity fixes after its own, for
+     * when what is held outside cannot be freed */
+    int room = -1, has_capacity = 0;
+    for (int i = 0; i < m->n_diag; i++) {
+        has_capacity |= m->diag[i].kind == TK_DIAG_CAPACITY;
+        if (room < 0 && (m->diag[i].kind == TK_DIAG_CAPACITY || m->diag[i].kind == TK_DIAG_HEADROOM)) room = i;
+    }
+    int first_capacity = 1;
     for (int i = 0; i < m->n_diag; i++) {
         switch (m->diag[i].kind) {
         case TK_DIAG_FRAGMENTATION:
@@ -898,6 +1162,10 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
             add_fix(m, "free what earlier cells hold on the card before building the model (or restart the runtime)",
                     "import gc, torch\ndel model, optimizer   # whatever an earlier cell left on the GPU\ngc.collect()\n"
                     "torch.cuda.empty_cache()\n!nvidia-smi   # any other process on the card?");
+            if (torch && !has_capacity && first_capacity) {
+                capacity_fixes(m, api, i == room ? &m->diag[i] : NULL);
+                first_capacity = 0;
+            }
             break;
         case TK_DIAG_DOMINANT_LAYER:
             if (tf_dense) {
@@ -922,13 +1190,29 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
             break;
         case TK_DIAG_CAPACITY:
             if (!torch) break;
-            capacity_fixes(m);
+            capacity_fixes(m, api, first_capacity && i == room ? &m->diag[i] : NULL);
+            first_capacity = 0;
             break;
         case TK_DIAG_LOTTERY:
-            add_fix(m, "see which card the runtime got before training, and plan for the smallest one",
+            add_fix(m, "on Colab: see which card the runtime got before training, and plan for the smallest one",
                     "!nvidia-smi --query-gpu=name,memory.total --format=csv");
             break;
         default:
+            if (m->diag[i].kind == TK_OOMMSG_DIAG_MULTI_GPU) multi_gpu_fixes(m, api);
+            if (m->diag[i].kind == TK_OOMMSG_DIAG_PLATFORM && !strncmp(m->diag[i].text, "kaggle", 6)) {
+                add_fix(m, "on Kaggle: choose the accelerator in the notebook's Settings > Accelerator (GPU T4 x2, "
+                           "GPU P100, RTX PRO 6000); the session restarts on it",
+                        "!nvidia-smi --query-gpu=name,memory.total --format=csv   # what the session has");
+                /* one T4 of a pair, or the pair chosen: both cards, each with half the batch */
+                if (m->card && !strcmp(m->card->name, "t4") && m->parallel == TK_OOMMSG_ONE_GPU)
+                    add_fix(m, "on Kaggle's GPU T4 x2: both T4s with DDP, each holding the model and half of each batch "
+                               "(not planned from the message alone: txk advise CFG --from-error M --for kaggle plans it "
+                               "for your config)",
+                            api == TK_API_LOOP ? "!torchrun --nproc_per_node 2 train.py   # the training cell saved as "
+                                                 "train.py, with DistributedDataParallel(model, device_ids=[local_rank])"
+                                               : "!accelerate launch --multi_gpu --num_processes 2 train.py   # the "
+                                                 "training cell saved as train.py");
+            }
             break;
         }
     }
@@ -1010,7 +1294,11 @@ static const char *diag_id(tk_diag_kind k) {
     case TK_DIAG_CAPACITY: return "capacity";
     case TK_DIAG_HEADROOM: return "headroom";
     case TK_DIAG_FRAGMENTATION: return "fragmentation";
-    default: return k == TK_OOMMSG_DIAG_NO_KERNEL_IMAGE ? "no_kernel_image" : "other";
+    default:
+        return k == TK_OOMMSG_DIAG_NO_KERNEL_IMAGE ? "no_kernel_image"
+               : k == TK_OOMMSG_DIAG_MULTI_GPU    ? "multi_gpu"
+               : k == TK_OOMMSG_DIAG_PLATFORM     ? "platform"
+                                                  : "other";
     }
 }
 
@@ -1054,7 +1342,7 @@ char *tk_oom_message_json(const tk_oom_message *m) {
     return s;
 }
 
-char *tk_cards_sentence(const tk_card_fit *cards, int n, char *buf, size_t buf_n) {
+char *tk_cards_sentence(const tk_card_fit *cards, int n, const char *platform, char *buf, size_t buf_n) {
     char yes[200] = "", no[200] = "", nm[32];
     size_t wy = 0, wn = 0;
     int ny = 0, nn = 0;
@@ -1073,8 +1361,11 @@ char *tk_cards_sentence(const tk_card_fit *cards, int n, char *buf, size_t buf_n
             if (wn >= sizeof no) wn = sizeof no - 1;
         }
     }
-    if (!nn) snprintf(buf, buf_n, "fits on every card (%s): the runtime's card does not matter", yes);
-    else if (!ny) snprintf(buf, buf_n, "fits on none of them (%s): change the config before hoping for a bigger card", no);
+    int kaggle = platform && !strcmp(platform, "kaggle");
+    if (!nn) snprintf(buf, buf_n, "fits on every card (%s)", yes);
+    else if (!ny) snprintf(buf, buf_n, "fits on none of them (%s): change the config before %s a bigger card", no,
+                           kaggle ? "choosing" : "hoping for");
+    else if (kaggle) snprintf(buf, buf_n, "fits on %s; not on %s: choose one it fits in Settings > Accelerator", yes, no);
     else snprintf(buf, buf_n, "fits on %s; not on %s: which card the runtime gets decides", yes, no);
     return buf;
 }

@@ -41,7 +41,8 @@ typedef enum {
     TK_DIAG_PADDING,        /* max_len far above what the corpus needs */
     TK_DIAG_DATA_SPIKE,     /* the longest batch is far above the typical one */
     TK_DIAG_LEAK,           /* allocated grows at step boundaries */
-    TK_DIAG_LOTTERY,        /* fits some of the platform's cards, not the one the runtime got */
+    TK_DIAG_LOTTERY,        /* fits some of the platform's cards, not the one the runtime got (Colab) */
+    TK_DIAG_CHOICE,         /* fits some of the cards the user chooses from, not the one chosen (Kaggle) */
     TK_DIAG_COUNT
 } tk_diag_kind;
 
@@ -71,7 +72,9 @@ typedef enum {
     TK_FIX_EMPTY_CACHE,     /* release cached segments between steps */
     TK_FIX_EVAL_BATCH,      /* smaller eval batch */
     TK_FIX_BATCH,           /* smaller batch (changes the effective batch) */
-    TK_FIX_DATA_PARALLEL,   /* world_size 2 with ZeRO 1 or 2 on a platform of two GPUs, same global batch */
+    TK_FIX_DATA_PARALLEL,   /* two GPUs on a platform that has them, same global batch: world_size 2 with ZeRO 1
+                               or 2 (engine txkernel, plan only on cuda), or the pair's profile with parallel:
+                               dataparallel | ddp | zero2 (engine pytorch) */
     TK_FIX_COUNT            /* built-in kinds; registered ones follow */
 } tk_fix_kind;
 
@@ -93,7 +96,8 @@ typedef struct tk_fix {
     tk_precision precision;   /* TK_FIX_PRECISION: TK_PREC_FP16 or TK_PREC_BF16 */
     tk_batching batching;     /* TK_FIX_PADDING: TK_BATCH_DYNAMIC or TK_BATCH_BUCKETS */
     unsigned release;         /* TK_FIX_RELEASE: TK_RELEASE_SESSION | TK_RELEASE_IN_PROCESS */
-    int zero;                 /* TK_FIX_DATA_PARALLEL: the ZeRO stage (value: world_size) */
+    int zero;                 /* TK_FIX_DATA_PARALLEL: the ZeRO stage (value: world_size), engine txkernel */
+    tk_parallel parallel;     /* TK_FIX_DATA_PARALLEL, engine pytorch: how PyTorch splits the step (value: GPUs) */
 } tk_fix;
 
 struct tk_advise_input;
@@ -174,10 +178,13 @@ typedef struct tk_advise_input {
     int max_plans;                /* budget of plans for the search (default 400) */
     const char *platform;         /* "colab", "kaggle": the cards for the lottery diagnosis; NULL: the
                                      platform that hands out the config's gpu profile, if one does */
+    tk_api api;                   /* the API the fixes' code is written in; TK_API_AUTO: tk_config_api */
 } tk_advise_input;
 
 typedef struct tk_advice {
     tk_plan_result base;          /* the plan of the config as given */
+    tk_config given;              /* the config as given: the fixes' code is what changes it */
+    tk_api api;                   /* the API the fixes' code is written in (resolved) */
     size_t capacity, free_now;
     int n_diag;
     tk_diag diag[TK_DIAG_COUNT];
@@ -209,8 +216,21 @@ tk_status tk_plan_engine(const tk_config *c, const int *lengths, int n, tk_plan_
  * (torch 2.x + transformers 5.x)" (a static string). */
 const char *tk_plan_engine_name(const tk_config *c);
 
+/* The API fixes are written in for `c`: its api key, or by default loop
+ * for engine: pytorch and txkernel for engine: txkernel (a pasted
+ * traceback's Trainer is the caller's to read). */
+tk_api tk_config_api(const tk_config *c);
+const char *tk_api_name(tk_api a); /* "trainer", "loop", "txkernel", "auto" */
+/* The code that turns config `from` into `to` in the API (fix_code.c):
+ * TrainingArguments and tokenizer lines, loop code, or YAML lines; several
+ * GPUs with their launcher recipe. New string, NULL when out of host memory. */
+char *tk_fix_code(const tk_config *from, const tk_config *to, tk_api api);
+/* 1: txkernel plans `c` but does not run it (several GPUs on cuda): its fix
+ * is labelled "plan only" and paired with the PyTorch recipe. */
+int tk_config_plan_only(const tk_config *c);
+
 /* The index of the cheapest candidate that fits with margin and keeps the
- * effective batch, or -1. */
+ * effective batch (and that txkernel can run: not plan only), or -1. */
 int tk_advice_auto(const tk_advice *a);
 
 /* Like tk_advice_auto, but the candidate must also fit with a 5% margin on
@@ -219,8 +239,13 @@ int tk_advice_auto(const tk_advice *a);
  * -2 for an unknown platform. */
 int tk_advice_auto_for(const tk_advice *a, const char *platform, const int32_t *lengths, int n_lengths);
 
-/* Text report: diagnoses and the ranked table (new string, free()). */
+/* Text report: diagnoses, the ranked table, the leading fixes as code in
+ * the advice's API, and closing lines that name the notebook's magics
+ * (%txfix N). New string, free(). */
 char *tk_advice_format(const tk_advice *a, int top);
+/* The same for a shell: the closing lines name txk's commands (`txk advise
+ * CFG --fix N -o FILE`), never a magic. */
+char *tk_advice_format_cli(const tk_advice *a, int top, const char *cfg_path);
 /* A fix as JSON: {kind, value, param} (param: tk_fix_param's words). New
  * reference, NULL when out of memory. */
 struct json_t;

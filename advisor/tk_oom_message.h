@@ -28,9 +28,21 @@ typedef enum {
                                 * PyTorch's warning "<card> with CUDA capability sm_NN is not compatible ..." */
 } tk_oommsg_format;
 
-/* A diagnosis only a pasted message has, beyond the advisor's kinds: the
- * installed torch has no kernels for the card (JSON id "no_kernel_image"). */
+/* Diagnoses only a pasted message has, beyond the advisor's kinds: the
+ * installed torch has no kernels for the card (JSON id "no_kernel_image");
+ * the run was on several GPUs, DataParallel's or DDP's (JSON id
+ * "multi_gpu"); what the platform (Kaggle, or a platform the message does
+ * not show) means for it (JSON id "platform"; Colab's is the card lottery). */
 #define TK_OOMMSG_DIAG_NO_KERNEL_IMAGE ((tk_diag_kind)TK_DIAG_COUNT)
+#define TK_OOMMSG_DIAG_MULTI_GPU ((tk_diag_kind)(TK_DIAG_COUNT + 1))
+#define TK_OOMMSG_DIAG_PLATFORM ((tk_diag_kind)(TK_DIAG_COUNT + 2))
+
+/* How the run that failed spread over GPUs, as the message shows it. */
+typedef enum {
+    TK_OOMMSG_ONE_GPU = 0,
+    TK_OOMMSG_DATAPARALLEL, /* "Caught OutOfMemoryError in replica N on device D" (torch.nn.DataParallel) */
+    TK_OOMMSG_DDP,          /* "[rankN]:" lines, torchrun's "local_rank: N" or DistributedDataParallel frames */
+} tk_oommsg_parallel;
 
 /* The figures, in the order the JSON lists them. */
 typedef enum {
@@ -56,8 +68,8 @@ typedef struct tk_oommsg_figure {
 } tk_oommsg_figure;
 
 #define TK_OOMMSG_MAX_DIMS 8
-#define TK_OOMMSG_MAX_DIAG 6
-#define TK_OOMMSG_MAX_FIXES 8
+#define TK_OOMMSG_MAX_DIAG 10
+#define TK_OOMMSG_MAX_FIXES 10
 
 typedef struct tk_oommsg_diag {
     tk_diag_kind kind;
@@ -66,7 +78,7 @@ typedef struct tk_oommsg_diag {
 
 typedef struct tk_oommsg_fix {
     char text[240];    /* what to change, in words */
-    char code[400];    /* the code the user would write (PyTorch, transformers or Keras) */
+    char code[1100];   /* the code the user would write (PyTorch, transformers or Keras) */
 } tk_oommsg_fix;
 
 typedef struct tk_oom_message {
@@ -90,9 +102,29 @@ typedef struct tk_oom_message {
     char device_name[64];         /* "Tesla P100-PCIE-16GB" */
     char device_sm[16];           /* "sm_60" */
     char supported_sm[160];       /* "sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120" */
+    /* several GPUs */
+    tk_oommsg_parallel parallel;
+    int replica, replica_device;  /* DataParallel: "in replica N on device D"; -1 when not shown */
+    int ddp_rank;                 /* DDP: the rank that failed ("[rank1]:", "local_rank: 1"); -1 when not shown */
+    /* who ran it and where */
+    int trainer;                  /* 1: the traceback shows transformers' Trainer (Trainer.train, trainer.py) */
+    char platform[16];            /* "colab" / "kaggle" (or "colab-2020"): from a path the text shows (/content/,
+                                   * /kaggle/), or set by the caller (--for) before diagnosing; "": not known */
+    int platform_from_path;       /* 1: read from a path in the text */
     /* the user's own numbers, set by the caller before diagnosing (0: not
      * given): fix code carries them, or named placeholders without them */
     int user_batch, user_accumulate, user_max_len, user_p99;
+    /* what the user's config has on already (have_user_config 1), so no fix
+     * offers it again; and the API and versions the fix code is written in
+     * (api TK_API_AUTO: the traceback's Trainer says trainer, else a loop) */
+    int have_user_config;
+    tk_precision user_precision;
+    tk_recompute user_recompute;
+    tk_optim user_optimizer;
+    tk_batching user_batching;
+    char user_output_dir[TK_PATH_MAX];
+    tk_api api;
+    tk_torch_version user_torch;  /* with have_user_config; otherwise 2.x's for a 2.1+ message */
     /* the plan of the user's config on the message's card, set by the caller
      * (have_plan 0: none): the diagnosis labels it against the message's
      * PyTorch figures and names the gap */
@@ -112,7 +144,10 @@ typedef struct tk_oom_message {
 
 /* Finds the last OOM message in text[0..len) (a whole traceback is fine; the
  * text need not be NUL-terminated) and reads its figures, flags impossible
- * ones and names the card. Without one, a "no kernel image" error or
+ * ones and names the card; from the whole text, whether it was a
+ * DataParallel or DDP run, whether the Trainer ran it, and the platform a
+ * path shows (/kaggle/ or /content/; dist-packages paths prove nothing:
+ * Kaggle's image is built on Colab's). Without one, a "no kernel image" error or
  * PyTorch's "not compatible" warning is read instead (format
  * NO_KERNEL_IMAGE, no figures). 0, or -1 when there is neither (*m is then
  * zeroed with format NONE). */
@@ -131,13 +166,18 @@ typedef struct tk_card_fit {
     double step_seconds;          /* predicted, 0 if unknown */
 } tk_card_fit;
 
-/* Diagnoses a parsed message (ranked, best first) and writes its fixes. The
- * first diagnosis, when the card is known, says why the same notebook fits
- * on some runs and not others: the card it got, what other cards leave, and
- * what was held outside PyTorch. `cards` (may be NULL, n 0): planned fits of
- * the user's config on the platform's cards (txkernel's trainer), reported
- * card by card. `platform` names those cards ("colab-2020"); NULL: the
- * platform whose list holds the message's card. */
+/* Diagnoses a parsed message (ranked, best first) and writes its fixes.
+ * First a run on several GPUs (DataParallel, DDP), then what the figures
+ * prove: a request larger than the whole card is capacity; with the card's
+ * profile, reserved + request + the card's context and library buffers
+ * (capacity - tk_gpu_profile_budget) below the total is headroom (memory
+ * held outside PyTorch), otherwise capacity. After them the platform
+ * (m->platform): on Colab the card lottery (why the same notebook fits on
+ * some runs and not others); on Kaggle the accelerators the user chooses;
+ * when the message does not show it, that is said and each platform gets
+ * its line. `cards` (may be NULL, n 0): planned fits of the user's config on
+ * a platform's cards, reported card by card; `platform` names those cards
+ * ("colab-2020"). */
 void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n, const char *platform);
 
 /* Text report (new string, free()). */
@@ -155,9 +195,16 @@ json_t *tk_oom_message_to_json(const tk_oom_message *m);
  * count. */
 tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_lengths, const char *platform,
                         tk_card_fit *out, int max, int *n_out, tk_err *err);
+/* NULL when `value` names a platform advice knows ("colab", "kaggle",
+ * "colab-2020"; "all" too with allow_all); otherwise the error, naming
+ * colab and kaggle, written to buf and returned. */
+const char *tk_platform_check(const char *value, int allow_all, char *buf, size_t n);
+
 /* "fits on T4, P100, L4, A100-40; not on P4 or K80: which card the runtime
- * gets decides" (or "fits on every card" / "fits on none"). Returns buf. */
-char *tk_cards_sentence(const tk_card_fit *cards, int n, char *buf, size_t buf_n);
+ * gets decides" (or "fits on every card" / "fits on none"); on "kaggle" the
+ * card is the user's choice ("choose one it fits in Settings >
+ * Accelerator"). Returns buf. */
+char *tk_cards_sentence(const tk_card_fit *cards, int n, const char *platform, char *buf, size_t buf_n);
 
 #ifdef __cplusplus
 }

@@ -55,7 +55,7 @@ struct keydef {
 static const char *const task_names[] = {"classify", "qa", NULL};
 static const char *const head_names[] = {"pooled", "span", "flatten_dense", NULL};
 static const char *const prec_names[] = {"fp32", "fp16", "bf16", NULL};
-static const char *const optim_names[] = {"adamw", "adamw8bit", NULL};
+static const char *const optim_names[] = {"adamw", "adamw8bit", "adamw_torch_fused", NULL};
 static const char *const save_error_names[] = {"continue", "stop", NULL};
 static const char *const attn_names[] = {"standard", "fused", "auto", NULL};
 static const char *const batching_names[] = {"fixed", "dynamic", "buckets", NULL};
@@ -64,7 +64,19 @@ static const char *const schedule_names[] = {"linear", "constant", NULL};
 static const char *const init_names[] = {"pretrained", "random", NULL};
 static const char *const engine_names[] = {"txkernel", "pytorch", NULL};
 static const char *const attn_impl_names[] = {"sdpa", "eager", NULL};
-static const char *const torch_version_names[] = {"2", "1.13", "1.10", NULL};
+static const char *const torch_version_names[] = {"2", "1.13", "1.10", "2.0", "2.1", "2.2", "2.3", "2.4", "2.5", "2.6",
+                                                  "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15",
+                                                  NULL};
+_Static_assert(sizeof torch_version_names / sizeof *torch_version_names == TK_TORCH_N_VERSIONS + 1,
+               "one name per tk_torch_version");
+
+int tk_torch_minor(tk_torch_version v) {
+    if (v == TK_TORCH_2) return 11;
+    if (v == TK_TORCH_1_13 || v == TK_TORCH_1_10) return -1;
+    return (int)v - (int)TK_TORCH_2_0;
+}
+static const char *const api_names[] = {"auto", "trainer", "loop", "txkernel", NULL};
+static const char *const parallel_names[] = {"dataparallel", "ddp", "zero2", NULL};
 
 /* attention_dropout: a probability, or `dropout` / -1 for the dropout key's */
 static int set_attention_dropout(tk_config *c, const char *v, char *why, size_t n) {
@@ -314,13 +326,14 @@ static const keydef KEYS[] = {
     SPEC("freeze", "train", set_freeze, NULL, "freeze parameters: none, embeddings, layers:N or embeddings,layers:N"),
     INT("freeze_embeddings", "train", freeze_embeddings, 0, 1, "1: embeddings get no gradient and no optimizer state"),
     INT("freeze_layers", "train", freeze_layers, 0, 1000, "the first N encoder layers are frozen"),
-    ENUM("optimizer", "train", optimizer, optim_names, "adamw or adamw8bit (block-wise 8-bit moments)"),
+    ENUM("optimizer", "train", optimizer, optim_names, "adamw, adamw8bit (block-wise 8-bit moments) or adamw_torch_fused (engine pytorch: torch.optim.AdamW(fused=True), transformers 5's Trainer default; txkernel's trainer runs it as adamw)"),
     INT("adamw8_fp32_embeddings", "train", adamw8_fp32_embeddings, 0, 1, "adamw8bit: keep embeddings' state in fp32"),
     ENUM("attention", "train", attention, attn_names, "standard, fused (no LxL probabilities kept for backward) or auto (the default: fused on cuda and for a gpu: card, standard on the cpu)"),
     ENUM("engine", "train", engine, engine_names, "whose training step is planned: txkernel (its own) or pytorch (a transformers BertFor* step as PyTorch runs it, torchplan/)"),
     ENUM("attn_implementation", "train", attn_implementation, attn_impl_names, "engine pytorch: transformers' attention, sdpa (the default, as transformers 5) or eager"),
     SPEC("attention_dropout", "model", set_attention_dropout, get_attention_dropout, "engine pytorch: attention_probs_dropout_prob, 0 <= p < 1, or dropout (the default: the dropout key's value)"),
-    ENUM("torch_version", "train", torch_version, torch_version_names, "engine pytorch: the versions followed, 2 (torch 2.x + transformers 5.x, the default) or 1.13 (torch 1.13 + transformers 4.40, eager only) or 1.10 (torch 1.10 + transformers 4.15: 1.13's rules, and softmax keeps its input for backward)"),
+    ENUM("torch_version", "train", torch_version, torch_version_names, "engine pytorch: the versions followed, 2 (torch 2.x + transformers 5.x, the default; cuBLAS workspaces as torch 2.11 keeps them) or your torch's minor 2.0 .. 2.15 (where cuBLAS's workspaces live changed across them) or 1.13 (torch 1.13 + transformers 4.40, eager only) or 1.10 (torch 1.10 + transformers 4.15: 1.13's rules, and softmax keeps its input for backward)"),
+    ENUM("api", "train", api, api_names, "the API advice writes fixes in: trainer (TrainingArguments lines), loop (plain PyTorch), txkernel (this YAML) or auto (the default: a pasted traceback's Trainer.train says trainer; otherwise loop for engine pytorch, txkernel for engine txkernel)"),
     ENUM("batching", "train", batching, batching_names, "fixed (pad to max_len), dynamic (pad per batch) or buckets"),
     INT("buckets", "train", buckets, 1, 4096, "batching buckets: number of length buckets"),
     SPEC("empty_cache", "train", set_empty_cache, get_empty_cache, "release cached device memory: never, on_oom or every:N steps"),
@@ -339,6 +352,8 @@ static const keydef KEYS[] = {
     INT("threads", "device", threads, 0, 4096, "cpu threads; 0 = all cores"),
     INT("world_size", "device", world_size, 1, 1024, "data-parallel ranks: N GPUs in this process on cuda, N MPI processes (mpirun) on the cpu; batch_size is per rank"),
     INT("zero", "device", zero, 0, 2, "with world_size > 1: 0 all-reduces the gradients, 1 shards AdamW's state over the ranks, 2 shards the gradients too"),
+    ENUM("parallel", "device", parallel, parallel_names, "engine pytorch on two or more GPUs (gpu: t4x2 or world_size): dataparallel (the default: torch.nn.DataParallel, what the Trainer does on two GPUs without a launcher), ddp (DistributedDataParallel: torchrun / accelerate launch) or zero2 (DeepSpeed ZeRO stage 2 through the Trainer's deepspeed=)"),
+    INT("bucket_cap_mb", "device", bucket_cap_mb, 0, 1 << 20, "engine pytorch, parallel: ddp: DDP's bucket_cap_mb (TrainingArguments' ddp_bucket_cap_mb); 0 = DDP's default, 25 MiB buckets after a first of 1 MiB"),
 };
 #define NKEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -360,6 +375,7 @@ static const struct { const char *alias, *key; } ALIASES[] = {
     {"save_steps", "save_every"}, {"save_total_limit", "keep_checkpoints"},
     {"resume_from_checkpoint", "resume_from"}, {"overwrite_output_dir", "overwrite"},
     {"attention_probs_dropout_prob", "attention_dropout"}, {"hidden_dropout_prob", "dropout"},
+    {"ddp_bucket_cap_mb", "bucket_cap_mb"},
 };
 
 static const char *const SECTIONS[] = {"model", "data", "train", "device", NULL};

@@ -113,6 +113,22 @@ static void top_owners(tk_alloc *a, sim_out *o) {
     }
 }
 
+int tk_plan_worst_len(const tk_config *c, const int *lengths, int n) {
+    /* fixed padding pads every batch to max_len; dynamic padding and buckets
+     * pad to the longest example of the batch, at worst the corpus' longest
+     * (capped by max_len). flatten_dense needs max_len. */
+    int T = c->max_len;
+    if (lengths && n > 0 && c->batching != TK_BATCH_FIXED && c->head != TK_HEAD_FLATTEN_DENSE) {
+        int mx = 1;
+        for (int i = 0; i < n; i++)
+            if (lengths[i] > mx)
+                mx = lengths[i];
+        if (mx < T)
+            T = mx;
+    }
+    return T;
+}
+
 /* What one simulation runs: the worst-case batch (B x T for two steps of
  * `accumulate` micro-batches, then one eval batch EB x T), or, when `train`
  * is set, the first epoch of the run's own batches in the run's order and
@@ -208,7 +224,7 @@ static tk_status simulate(const tk_config *c, const tk_model_opts *mo, size_t ca
     o->max_tensors = max_want;
     tk_err local = { 0 };
     if (!err) err = &local; /* what failed is always recorded, so its status is read, not guessed */
-    tk_dev_opts dopts = { .kind = TK_DEV_META, .capacity = capacity };
+    tk_dev_opts dopts = { .kind = TK_DEV_META, .capacity = capacity, .card_buffers = tk_config_on_card(c) };
     tk_dev *d = tk_dev_new(&dopts, err);
     if (!d)
         return err->status;
@@ -361,24 +377,13 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
         return TK_EINVAL;
     }
     /* an explicit capacity is the allocator's budget as given; a profile's
-     * card also holds the CUDA context, library kernels and the cuda
-     * backend's own buffers */
-    size_t capacity = c->capacity ? c->capacity : (prof ? tk_gpu_profile_budget(prof) : 0);
+     * card also holds the CUDA context, library kernels and what the
+     * libraries keep outside the buffers they are given */
+    size_t capacity = tk_config_capacity(c);
     size_t context_bytes = !c->capacity && prof ? prof->capacity - capacity : 0;
 
-    /* Worst-case shape: fixed padding pads every batch to max_len; dynamic
-     * padding and buckets pad to the longest example of the batch, at worst
-     * the corpus' longest (capped by max_len). flatten_dense needs max_len.
-     * An epoch plan reports the largest batch of the run's own. */
-    int T = c->max_len;
-    if (lengths && n > 0 && c->batching != TK_BATCH_FIXED && c->head != TK_HEAD_FLATTEN_DENSE) {
-        int mx = 1;
-        for (int i = 0; i < n; i++)
-            if (lengths[i] > mx)
-                mx = lengths[i];
-        if (mx < T)
-            T = mx;
-    }
+    /* An epoch plan reports the largest batch of the run's own. */
+    int T = tk_plan_worst_len(c, lengths, n);
     int B = c->batch_size;
     int EB = c->eval_batch_size > 0 ? c->eval_batch_size : B;
     sim_job job = { .B = B, .T = T, .EB = EB, .inference = inference };
@@ -506,8 +511,9 @@ char *tk_plan_format(const tk_plan_result *p) {
             p->fits ? "fits" : "does NOT fit", p->fits ? "margin" : "short by",
             tk_format_bytes((size_t)(mg < 0 ? -mg : mg), b1, sizeof b1));
         if (p->context_bytes)
-            OUT("(the %s profile's card less %s for the CUDA context, library kernels and the cuBLAS workspace)\n", p->profile,
-                tk_format_bytes(p->context_bytes, b1, sizeof b1));
+            OUT("(the %s profile's card less %s for the CUDA context, library kernels and what the libraries keep "
+                "outside their workspaces; the cuBLAS workspace and kernel scratch are in the plan, category "
+                "workspace)\n", p->profile, tk_format_bytes(p->context_bytes, b1, sizeof b1));
     } else {
         OUT(" (no capacity given)\n");
     }

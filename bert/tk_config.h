@@ -25,7 +25,9 @@ typedef enum { TK_TASK_CLASSIFY = 0, TK_TASK_QA } tk_task;
 typedef enum { TK_HEAD_POOLED = 0, TK_HEAD_SPAN, TK_HEAD_FLATTEN_DENSE } tk_head_kind;
 typedef enum { TK_PREC_FP32 = 0, TK_PREC_FP16, TK_PREC_BF16 } tk_precision;
 typedef enum { TK_RECOMPUTE_NONE = 0, TK_RECOMPUTE_LAYERS, TK_RECOMPUTE_ATTENTION } tk_recompute;
-typedef enum { TK_OPTIM_ADAMW = 0, TK_OPTIM_ADAMW8 } tk_optim;
+/* adamw_torch_fused: engine pytorch's torch.optim.AdamW(fused=True) (transformers
+ * 5's TrainingArguments default); txkernel's own trainer runs it as adamw. */
+typedef enum { TK_OPTIM_ADAMW = 0, TK_OPTIM_ADAMW8, TK_OPTIM_ADAMW_FUSED } tk_optim;
 /* TK_ATTN_AUTO (the default) is decided per device by tk_config_attention. */
 typedef enum { TK_ATTN_STANDARD = 0, TK_ATTN_FUSED, TK_ATTN_AUTO } tk_attention;
 typedef enum { TK_BATCH_FIXED = 0, TK_BATCH_DYNAMIC, TK_BATCH_BUCKETS } tk_batching;
@@ -38,7 +40,27 @@ typedef enum { TK_ENGINE_TXKERNEL = 0, TK_ENGINE_PYTORCH } tk_engine;
 /* engine: pytorch only: transformers' attn_implementation. */
 typedef enum { TK_ATTN_IMPL_SDPA = 0, TK_ATTN_IMPL_EAGER } tk_attn_impl;
 /* engine: pytorch only: the torch + transformers the plan follows. */
-typedef enum { TK_TORCH_2 = 0, TK_TORCH_1_13, TK_TORCH_1_10 } tk_torch_version;
+/* engine: pytorch's `torch_version`: "2" (torch 2.x, the minor not said: the
+ * cuBLAS rules of 2.11, Colab's in 2026), "1.13", "1.10", or a 2.x minor
+ * "2.0" .. "2.15" (TK_TORCH_2_MINOR(n)), which differ in where cuBLAS's
+ * workspaces live (torchplan/blas_rules.c). */
+typedef enum { TK_TORCH_2 = 0, TK_TORCH_1_13, TK_TORCH_1_10, TK_TORCH_2_0 } tk_torch_version;
+#define TK_TORCH_2_LAST_MINOR 15
+#define TK_TORCH_2_MINOR(n) ((tk_torch_version)(TK_TORCH_2_0 + (n)))
+#define TK_TORCH_N_VERSIONS (TK_TORCH_2_0 + TK_TORCH_2_LAST_MINOR + 1)
+/* The 2.x minor whose rules a version follows: n for 2.n, 11 for "2", -1
+ * for 1.13 and 1.10. */
+int tk_torch_minor(tk_torch_version v);
+/* engine: pytorch only, two or more GPUs: how the step is spread over them
+ * (torch.nn.DataParallel, as the Trainer wraps a model on two GPUs without a
+ * launcher; DistributedDataParallel; DeepSpeed ZeRO stage 2). */
+typedef enum { TK_PAR_DATAPARALLEL = 0, TK_PAR_DDP, TK_PAR_ZERO2 } tk_parallel;
+/* The API the user trains with, which advice writes its fixes in: auto (the
+ * default: a pasted traceback's Trainer.train or the companion's --trainer
+ * say trainer; otherwise loop for engine: pytorch and txkernel for engine:
+ * txkernel, tk_config_api), transformers' Trainer (TrainingArguments lines),
+ * a plain PyTorch loop, or txkernel's own config (YAML). */
+typedef enum { TK_API_AUTO = 0, TK_API_TRAINER, TK_API_LOOP, TK_API_TXKERNEL } tk_api;
 
 #define TK_PATH_MAX 512
 
@@ -99,7 +121,10 @@ typedef struct tk_config {
     tk_engine engine;          /* txkernel (default) | pytorch */
     tk_attn_impl attn_implementation; /* pytorch: sdpa (default, as transformers 5) | eager */
     float attention_dropout;   /* pytorch: attention_probs_dropout_prob; < 0 = `dropout` */
-    tk_torch_version torch_version; /* pytorch: 2 (torch 2.x + transformers 5.x) | 1.13 (+ 4.40) | 1.10 (+ 4.15) */
+    tk_torch_version torch_version; /* pytorch: 2 (torch 2.x + transformers 5.x) | 2.0 .. 2.15 | 1.13 (+ 4.40) | 1.10 (+ 4.15) */
+    tk_parallel parallel;      /* pytorch, world size > 1: dataparallel (default) | ddp | zero2 */
+    int bucket_cap_mb;         /* pytorch, parallel: ddp: DDP's bucket_cap_mb; 0 = its default (25, first bucket 1 MiB) */
+    tk_api api;                /* the API fixes are written in: auto | trainer | loop | txkernel */
 
     /* output */
     char output_dir[TK_PATH_MAX]; /* checkpoints; "" = no checkpoints */
@@ -133,6 +158,19 @@ tk_attention tk_config_attention(const tk_config *c, tk_dev_kind on, const char 
  * of its gpu: profile (t4x2: 2), else 1. The planner, the run and txk's
  * launcher all ask it. */
 int tk_config_world_size(const tk_config *c);
+/* 1 when a run of `c` is a card's run: device: cuda, or a gpu: profile (a
+ * plan for a t4 is a plan of a t4 run, and a cpu run of that config
+ * simulates the card). Such a run takes the cuda backend's buffers (the
+ * cuBLAS workspace and the kernels' scratch) through its allocator when its
+ * device opens (tk_dev_opts.card_buffers), so the plan holds them too. A run
+ * of device: auto that found cuda is a card's run whatever this says: its
+ * caller plans it as device: cuda. */
+int tk_config_on_card(const tk_config *c);
+/* The capacity a plan of `c` works against: `capacity` when set, else its
+ * gpu: profile's budget (tk_gpu_profile_budget), else 0 (none). A
+ * measurement of the plan (tk_train_measure) runs under the same, so that
+ * the allocator releases its cache and retries at the same moment in both. */
+size_t tk_config_capacity(const tk_config *c);
 /* "standard" | "fused" | "auto" */
 const char *tk_attention_name(tk_attention a);
 

@@ -70,6 +70,12 @@ typedef struct tk_plan_result {
     uint64_t comm_bytes;           /* one step's bytes sent by the largest rank (ring algorithms) */
 } tk_plan_result;
 
+/* The sequence length of the worst-case batch: max_len with fixed padding
+ * (or without lengths); with dynamic padding or buckets, the longest of the
+ * corpus' `lengths` (n of them), at most max_len. Every planner of a config
+ * (this one, torchplan's engine: pytorch) takes its length from here. */
+int tk_plan_worst_len(const tk_config *c, const int *lengths, int n);
+
 /* Plans config `c`. `lengths` (may be NULL) are the corpus' token lengths
  * (n of them) for dynamic padding / buckets; otherwise batch_size x max_len.
  * A plan that runs out of the capacity is still TK_OK with fits = 0 and

@@ -4,9 +4,10 @@
  *   txk plan cfg.yaml [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep]
  *            [--epoch] [--snapshot FILE] [--json]
  *   txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]
- *   txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]
- *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--fix N|auto [--for colab] [-o F]] [--json]
- *   txk advise [cfg.yaml [key=value ...] [--data FILE]] --from-error FILE|- [--json]
+ *   txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [--id C] [-o OUT] [--json]
+ *   txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--for colab|kaggle] [--api A]
+ *              [--fix N|auto [-o F]] [--json]
+ *   txk advise [cfg.yaml [key=value ...] [--data FILE]] --from-error FILE|- [--for colab|kaggle] [--api A] [--json]
  *   txk data FILE [--text COL] [--pair COL] [--model M] [--vocab F] [--max-len N] [--batch N] [--json]
  *   txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]
  *   txk mem [--device cpu|cuda|meta] [--capacity 7.43GiB] [--json]
@@ -26,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -34,6 +36,8 @@
 #include "tk_advisor.h"
 #include "tk_collective.h"
 #include "tk_config.h"
+#include "tk_config_edit.h"
+#include "tk_data.h"
 #include "tk_hub.h"
 #include "tk_kernel.h"
 #include "tk_magics.h"
@@ -44,6 +48,7 @@
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_snapshot.h"
+#include "tk_oom_message.h"
 #include "tk_train.h"
 #include "tk_txmagics.h"
 
@@ -204,9 +209,18 @@ static int cmd_plan(int argc, char **argv) {
                         txkernel_only[i], txkernel_only[i]);
                 return EXIT_USAGE;
             }
+        /* with a train_file, the run's corpus gives batching: dynamic /
+         * buckets their longest batch, as txkernel's own plan takes it */
+        tk_session *s = tk_session_new();
+        tk_run_data data;
+        memset(&data, 0, sizeof data);
         tk_torchplan_result r;
-        if (tk_torchplan(&c, &r, &err) != TK_OK || !(b = tk_report_torchplan(&r))) {
-            fprintf(stderr, "txk: %s\n", b ? err.msg : err.msg[0] ? err.msg : "out of host memory");
+        tk_status pst = s ? tk_session_load_data(s, &c, &data, &err) : tk_err_nomem(&err, "txk plan");
+        if (pst == TK_OK) pst = tk_torchplan_data(&c, data.lengths, data.n_lengths, &r, &err);
+        tk_run_data_clear(&data);
+        tk_session_destroy(&s);
+        if (pst != TK_OK || !(b = tk_report_torchplan(&r))) {
+            fprintf(stderr, "txk: %s\n", err.msg[0] ? err.msg : "out of host memory");
             return EXIT_ERR;
         }
         emit(b, json);
@@ -532,15 +546,39 @@ static char *read_input(const char *path, size_t *len) {
     return buf;
 }
 
+/* --for and --api, checked: 0, or EXIT_USAGE after saying why. */
+static int advise_flags(char **argv, int argc, const char **platform, tk_api *api, int allow_all) {
+    char why[200];
+    *platform = flag_value(argv, argc, "--for");
+    if (has_flag(argv, argc, "--for") && tk_platform_check(*platform, allow_all, why, sizeof why)) {
+        fprintf(stderr, "txk: %s\n", why);
+        return EXIT_USAGE;
+    }
+    *api = TK_API_AUTO;
+    const char *a = flag_value(argv, argc, "--api");
+    if (has_flag(argv, argc, "--api")) {
+        tk_config probe;
+        tk_config_defaults(&probe);
+        if (!a || tk_config_set(&probe, "api", a, NULL) != TK_OK || probe.api == TK_API_AUTO) {
+            fprintf(stderr, "txk: --api %s: expected trainer, loop or txkernel\n", a ? a : "");
+            return EXIT_USAGE;
+        }
+        *api = probe.api;
+    }
+    return 0;
+}
+
 /* txk advise [cfg.yaml] --from-error FILE|-: the pasted OOM message read and
  * diagnosed; with a config, the config planned on the message's card and on
  * each card of its platform. Exit 1 with "no OOM message found" when the
  * text holds none. */
 static int advise_from_error(int argc, char **argv) {
-    static const char *const valued[] = {"--from-error", "--data", NULL}, *const bare[] = {"--json", NULL};
+    static const char *const valued[] = {"--from-error", "--data", "--for", "--api", NULL}, *const bare[] = {"--json", NULL};
     int has_cfg = argc > 0 && argv[0][0] != '-' && !strchr(argv[0], '=');
     int rc = check_words(argv + has_cfg, argc - has_cfg, valued, bare);
     if (rc) return rc;
+    tk_oom_report_opts opts = {.cli_config = has_cfg ? argv[0] : "CFG"};
+    if ((rc = advise_flags(argv, argc, &opts.platform, &opts.api, 0))) return rc;
     const char *path = flag_value(argv, argc, "--from-error"), *data_path = flag_value(argv, argc, "--data");
     if (!path) {
         fprintf(stderr, "txk: --from-error needs a file, or - for standard input\n");
@@ -578,7 +616,7 @@ static int advise_from_error(int argc, char **argv) {
     }
     json_t *b = NULL;
     tk_status st = tk_oom_message_report(text, len, has_cfg ? &c : NULL, (const int32_t *)data.lengths, data.n_lengths,
-                                         &b, &err);
+                                         &opts, &b, &err);
     tk_run_data_clear(&data);
     free(text);
     if (st == TK_EFORMAT) {
@@ -594,17 +632,43 @@ static int advise_from_error(int argc, char **argv) {
     return EXIT_OK;
 }
 
+/* The config file with the chosen fix's change, as `txk advise --fix`
+ * writes it: the file's own text, its changed lines replaced and new keys
+ * added (tk_config_edit_yaml); what the file leaves unset stays unset.
+ * `to` is the fixed config; --api is how advice is written, not a setting
+ * of the run, so it is not written. New string, NULL after saying why. */
+static char *fixed_file(const char *path, const tk_config *to, size_t *out_len) {
+    size_t len = 0;
+    char *text = read_file(path, &len);
+    tk_config from, want = *to;
+    tk_config_defaults(&from);
+    tk_err err = {0};
+    char *out = NULL;
+    if (text && tk_config_parse_yaml(&from, text, len, path, &err) == TK_OK) {
+        want.api = from.api;
+        out = tk_config_edit_yaml(text, len, path, &from, &want, out_len, &err);
+    }
+    if (!out) fprintf(stderr, "txk: %s\n", err.msg[0] ? err.msg : "cannot read the config again");
+    free(text);
+    return out;
+}
+
 static int cmd_advise(int argc, char **argv) {
     if (has_flag(argv, argc, "--from-error")) return advise_from_error(argc, argv);
     if (argc < 1) {
-        fprintf(stderr, "usage: txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] "
-                        "[--fix N|auto [-o fixed.yaml]] [--json]\n       txk advise [cfg.yaml [--data FILE]] --from-error FILE|- [--json]\n");
+        fprintf(stderr, "usage: txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--for colab|kaggle] "
+                        "[--api trainer|loop|txkernel] [--fix N|auto [-o fixed.yaml]] [--json]\n"
+                        "       txk advise [cfg.yaml [--data FILE]] --from-error FILE|- [--for colab|kaggle] [--api A] "
+                        "[--json]\n");
         return EXIT_USAGE;
     }
-    static const char *const valued[] = {"--gpu", "--top", "--margin", "--fix", "-o", "--for", NULL};
+    static const char *const valued[] = {"--gpu", "--top", "--margin", "--fix", "-o", "--for", "--api", NULL};
     static const char *const bare[] = {"--json", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
+    const char *plat = NULL;
+    tk_api api = TK_API_AUTO;
+    if ((rc = advise_flags(argv, argc, &plat, &api, 1))) return rc;
     tk_config c;
     if ((rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
     tk_err err = {0};
@@ -629,6 +693,10 @@ static int cmd_advise(int argc, char **argv) {
         fprintf(stderr, "txk: -o goes with --fix N|auto\n");
         return EXIT_USAGE;
     }
+    if (plat && !strcasecmp(plat, "all") && !(fix && !strcmp(fix, "auto"))) {
+        fprintf(stderr, "txk: --for all goes with --fix auto (a config that fits every GPU profile)\n");
+        return EXIT_USAGE;
+    }
     tk_run_data data;
     tk_session *s = tk_session_new();
     tk_status dst = s ? tk_session_load_data(s, &c, &data, &err) : TK_EINVAL;
@@ -638,7 +706,7 @@ static int cmd_advise(int argc, char **argv) {
         return EXIT_ERR;
     }
     tk_advise_input in = {.config = &c, .lengths = (const int32_t *)data.lengths, .n_lengths = data.n_lengths,
-                          .margin_frac = margin, .platform = flag_value(argv, argc, "--for")};
+                          .margin_frac = margin, .platform = plat && strcasecmp(plat, "all") ? plat : NULL, .api = api};
     tk_advice *a = malloc(sizeof *a);
     if (!a || tk_advise(&in, a, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", a ? err.msg : "out of host memory");
@@ -650,16 +718,9 @@ static int cmd_advise(int argc, char **argv) {
     if (fix) {
         char *end = NULL;
         long k = strtol(fix, &end, 10);
-        const char *plat = flag_value(argv, argc, "--for");
         pick = !strcmp(fix, "auto") ? (plat ? tk_advice_auto_for(a, plat, (const int32_t *)data.lengths, data.n_lengths)
                                             : tk_advice_auto(a))
              : (*fix && !*end && k >= 1 && k <= a->n_cand) ? (int)k - 1 : -2;
-        if (plat && (strcmp(fix, "auto") || pick == -2)) {
-            fprintf(stderr, "txk: --for colab|kaggle|colab-2020|all goes with --fix auto\n");
-            free(a);
-            tk_run_data_clear(&data);
-            return EXIT_USAGE;
-        }
         if (pick == -2) {
             fprintf(stderr, "txk: --fix %s: give auto or a candidate number 1..%d\n", fix, a->n_cand);
             free(a);
@@ -673,24 +734,29 @@ static int cmd_advise(int argc, char **argv) {
         if (j) puts(j);
         free(j);
     } else if (!fix || out_path) {
-        char *t = tk_advice_format(a, top);
+        char *t = tk_advice_format_cli(a, top, argv[0]);
         if (t) fputs(t, stdout);
         free(t);
     }
     rc = EXIT_OK;
     if (fix && pick < 0) {
         fprintf(stderr, "txk: --fix auto: no candidate fits with margin%s%s and keeps the effective batch\n",
-                flag_value(argv, argc, "--for") ? " on every card of " : "",
-                flag_value(argv, argc, "--for") ? flag_value(argv, argc, "--for") : "");
+                plat ? " on every card of " : "", plat ? plat : "");
         rc = EXIT_PLAN_OOM;
     } else if (fix) {
-        char *y = tk_config_to_yaml(&a->cand[pick].config);
-        FILE *f = out_path ? fopen(out_path, "w") : stdout;
-        if (!y || !f || fputs(y, f) < 0 || (out_path && fclose(f) != 0)) {
+        size_t yn = 0;
+        char *y = fixed_file(argv[0], &a->cand[pick].config, &yn);
+        FILE *f = y && out_path ? fopen(out_path, "w") : stdout;
+        if (!y) {
+            rc = EXIT_ERR;
+        } else if (!f || fwrite(y, 1, yn, f) != yn || (out_path && fclose(f) != 0)) {
             fprintf(stderr, "txk: %s: cannot write the fixed config\n", out_path ? out_path : "stdout");
             rc = EXIT_ERR;
         } else if (out_path) {
-            fprintf(stderr, "txk: wrote %s (#%d: %s)\n", out_path, pick + 1, a->cand[pick].label);
+            fprintf(stderr, "txk: wrote %s: %s with #%d (%s)%s\n", out_path, argv[0], pick + 1, a->cand[pick].label,
+                    tk_config_plan_only(&a->cand[pick].config)
+                        ? "; a plan only: txk does not start several GPUs on cuda (the advice's code gives the PyTorch "
+                          "recipe)" : "");
         }
         free(y);
     }
@@ -743,26 +809,72 @@ static int is_model_ref(const char *p) {
     return stat(p, &st) != 0 && !yaml && tk_hub_is_repo_id(p);
 }
 
-/* Every prediction to FILE: JSON Lines for *.jsonl, else CSV with a header. */
-static int write_predictions(const char *path, const json_t *preds, int qa, const tk_predict_report *r) {
+/* A CSV field, quoted when it must be. */
+static void csv_field(FILE *f, const char *v) {
+    if (!strpbrk(v, ",\"\n\r")) {
+        fputs(v, f);
+        return;
+    }
+    fputc('"', f);
+    for (const char *c = v; *c; c++) fprintf(f, *c == '"' ? "\"\"" : "%c", *c);
+    fputc('"', f);
+}
+
+/* The input's id column (--id COL, else one named id or ID) for a
+ * classification input: its name into *name and the table (new; NULL when
+ * the input has none). EXIT_USAGE after saying why when --id names no
+ * column; EXIT_ERR when the file cannot be read again. */
+static int id_column(const char *input, const char *want, tk_table **t, int *col) {
+    *t = NULL, *col = -1;
+    tk_err err = {0};
+    if (tk_table_read(input, t, &err) != TK_OK) {
+        if (!want) return 0; /* not a table (SQuAD JSON): its ids are its own */
+        fprintf(stderr, "txk: --id %s: %s\n", want, err.msg);
+        return EXIT_ERR;
+    }
+    *col = want ? tk_table_col(*t, want) : tk_table_col(*t, "id");
+    if (*col < 0 && !want) *col = tk_table_col(*t, "ID");
+    if (*col < 0 && want) {
+        fprintf(stderr, "txk: --id %s: %s has no such column (its columns:", want, input);
+        for (int k = 0; k < (*t)->ncols; k++) fprintf(stderr, " %s", (*t)->cols[k]);
+        fputs(")\n", stderr);
+        tk_table_destroy(t);
+        return EXIT_USAGE;
+    }
+    if (*col < 0) tk_table_destroy(t);
+    return 0;
+}
+
+/* Every prediction to FILE: JSON Lines for *.jsonl, else CSV with a header.
+ * A classification row starts with the input's id column (`ids`, column
+ * `idc`) when it has one, else the row's index. */
+static int write_predictions(const char *path, const json_t *preds, int qa, const tk_predict_report *r,
+                             const tk_table *ids, int idc) {
     FILE *f = fopen(path, "w");
     if (!f) return -1;
     int jsonl = strlen(path) > 6 && !strcmp(path + strlen(path) - 6, ".jsonl");
     size_t i;
     json_t *e;
+    /* one id per prediction, or none */
+    if (ids && (qa || (size_t)ids->nrows != json_array_size(preds))) ids = NULL;
     if (!jsonl) {
-        fputs(qa ? "index,id,answer,start,end" : "index,label,score", f);
+        if (ids) csv_field(f, ids->cols[idc]);
+        fputs(qa ? "index,id,answer,start,end" : ids ? ",label,score" : "index,label,score", f);
         for (int k = 0; !qa && k < r->n_labels; k++) fprintf(f, ",p_%s", r->labels[k]);
         fputs(qa ? "\n" : ",gold\n", f);
     }
     json_array_foreach(preds, i, e) {
         if (jsonl) {
-            char *line = json_dumps(e, JSON_COMPACT | JSON_SORT_KEYS);
+            json_t *row = ids ? json_deep_copy(e) : json_incref((json_t *)e);
+            if (ids && row) json_object_set_new(row, ids->cols[idc], json_string(ids->cells[i * (size_t)ids->ncols + (size_t)idc]));
+            char *line = row ? json_dumps(row, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
             if (line) fprintf(f, "%s\n", line);
             free(line);
+            json_decref(row);
             continue;
         }
-        fprintf(f, "%zu", i);
+        if (ids) csv_field(f, ids->cells[i * (size_t)ids->ncols + (size_t)idc]);
+        else fprintf(f, "%zu", i);
         if (qa) {
             const char *ans = json_string_value(json_object_get(e, "answer"));
             fprintf(f, ",%s,\"", json_string_value(json_object_get(e, "id")) ? json_string_value(json_object_get(e, "id")) : "");
@@ -787,10 +899,10 @@ static int write_predictions(const char *path, const json_t *preds, int qa, cons
 static int cmd_predict(int argc, char **argv) {
     if (argc < 1) {
         fprintf(stderr, "usage: txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text COL] [--pair COL] [--label COL] "
-                        "[-o OUT.csv|OUT.jsonl] [--rows N] [key=value ...] [--json]\n");
+                        "[--id COL] [-o OUT.csv|OUT.jsonl] [--rows N] [key=value ...] [--json]\n");
         return EXIT_USAGE;
     }
-    static const char *const valued[] = {"--input", "--text", "--pair", "--label", "-o", "--rows", NULL};
+    static const char *const valued[] = {"--input", "--text", "--pair", "--label", "--id", "-o", "--rows", NULL};
     static const char *const bare[] = {"--json", NULL};
     int rc = check_words(argv + 1, argc - 1, valued, bare);
     if (rc) return rc;
@@ -857,12 +969,18 @@ static int cmd_predict(int argc, char **argv) {
         json_t *b = tk_report_predict(&r, rows > 0 ? rows : 0);
         emit(b, json);
         json_t *preds = json_object_get(json_object_get(b, "application/json"), "predictions");
-        if (out_path && write_predictions(out_path, preds, r.res && r.res->qa, &r) != 0) {
+        tk_table *ids = NULL;
+        int idc = -1;
+        if (out_path && (rc = id_column(input, flag_value(argv, argc, "--id"), &ids, &idc)) != 0) {
+            /* said */
+        } else if (out_path && write_predictions(out_path, preds, r.res && r.res->qa, &r, ids, idc) != 0) {
             fprintf(stderr, "txk: %s: cannot write the predictions\n", out_path);
             rc = EXIT_ERR;
         } else if (out_path) {
-            fprintf(stderr, "txk: wrote %d predictions to %s\n", r.res ? r.res->n : 0, out_path);
+            fprintf(stderr, "txk: wrote %d predictions to %s%s%s%s\n", r.res ? r.res->n : 0, out_path,
+                    ids ? " (each with its " : "", ids ? ids->cols[idc] : "", ids ? ")" : "");
         }
+        tk_table_destroy(&ids);
         json_decref(b);
     }
     tk_predict_report_clear(&r);
@@ -1031,10 +1149,10 @@ typedef struct { const char *name; int (*run)(int argc, char **argv); const char
 
 static const txk_cmd CMDS[] = {
     {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch|--sweep] [--epoch] [--snapshot FILE] [--json]   planned peak memory, no training (--epoch: the first epoch's own batches in the run's order, so dynamic padding's and empty_cache's reserved peak is planned too; --snapshot: the planned step as a PyTorch snapshot)"},
-    {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--fix N|auto [--for colab] [-o F]] [--json]   why it does not fit, ranked fixes;\n"
-                           "           [cfg.yaml [--data FILE]] --from-error FILE|-   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it; --data: the corpus whose p99 the max_length fix carries"},
+    {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--for colab|kaggle] [--api trainer|loop|txkernel] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes, each as code in your API; --fix -o writes your config with the change;\n"
+                           "           [cfg.yaml [--data FILE]] --from-error FILE|- [--for colab|kaggle] [--api A]   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it; --data: the corpus whose p99 the max_length fix carries"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
-    {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels"},
+    {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [--id C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels (the run's label column by default); -o rows keyed by the input's id column (id/ID or --id)"},
     {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
     {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
     {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory;\n"

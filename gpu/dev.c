@@ -6,6 +6,14 @@
  * missing, cannot load (no libcudart, no driver) or finds no GPU it returns
  * NULL and one line in err saying which, so callers can fall back to cpu.
  * Binaries carry no link-time dependency on CUDA.
+ *
+ * A card's buffers: a cuda device, and a meta or cpu device opened with
+ * card_buffers (a plan or a simulation of a card's run), takes the cuda
+ * backend's GEMM workspace and kernel scratch through its own allocator as
+ * its first two blocks, tag `workspace`, and hands them to the plugin
+ * (tk_cuda_bind_buffers). Plan and run therefore hold the same two blocks
+ * from the same moment, and the plugin allocates nothing outside the
+ * allocator.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -188,6 +196,37 @@ tk_dev *tk_dev_new_backend(const tk_dev_opts *opts, const tk_backend *be, void *
     return dev_finish(d, opts, err);
 }
 
+/* The card's two buffers, first in the allocator (see the header), bound to
+ * the plugin when there is one. */
+static tk_status take_card_buffers(tk_dev *d, tk_err *err) {
+    const struct { size_t bytes; const char *owner; } buf[2] = {
+        {TK_CUDA_WORKSPACE_BYTES, "cublas"},
+        {TK_CUDA_SCRATCH_BYTES, "cuda.scratch"},
+    };
+    void *ptr[2] = {NULL, NULL};
+    tk_alloc_stats before, after;
+    tk_alloc_stats_get(d->alloc, &before);
+    for (int i = 0; i < 2; i++) {
+        int owner = tk_alloc_owner_id(d->alloc, buf[i].owner);
+        tk_oom oom;
+        tk_status st = owner < 0 ? TK_ENOMEM
+                                 : tk_alloc_malloc(d->alloc, buf[i].bytes, (tk_tag){TK_CAT_WORKSPACE, owner}, &ptr[i], &oom);
+        if (st == TK_EOOM) {
+            char b1[32], b2[32];
+            tk_err_set(err, TK_EOOM, "the card's %s buffer (%s) does not fit in the device's capacity of %s",
+                       buf[i].owner, tk_format_bytes(buf[i].bytes, b1, sizeof b1),
+                       tk_format_bytes(d->capacity, b2, sizeof b2));
+            return st;
+        }
+        if (st != TK_OK) return tk_err_nomem(err, "the card's buffers");
+    }
+    tk_alloc_stats_get(d->alloc, &after);
+    d->card_allocated = after.allocated - before.allocated;
+    d->card_reserved = after.reserved - before.reserved;
+    tk_cuda_bind_buffers_fn bind = (tk_cuda_bind_buffers_fn)tk_dev_plugin_sym(d, "tk_cuda_bind_buffers");
+    return bind ? bind(d->ctx, ptr[0], TK_CUDA_WORKSPACE_BYTES, ptr[1], TK_CUDA_SCRATCH_BYTES, err) : TK_OK;
+}
+
 /* The allocator over the backend's segments; takes d (destroyed on failure). */
 static tk_dev *dev_finish(tk_dev *d, const tk_dev_opts *opts, tk_err *err) {
     if (!d->be || !d->ctx) {
@@ -208,6 +247,10 @@ static tk_dev *dev_finish(tk_dev *d, const tk_dev_opts *opts, tk_err *err) {
     d->alloc = tk_alloc_new(mem, cap);
     if (!d->alloc) {
         tk_err_set(err, TK_ENOMEM, "out of host memory creating the allocator");
+        tk_dev_destroy(&d);
+        return NULL;
+    }
+    if ((opts->kind == TK_DEV_CUDA || opts->card_buffers) && take_card_buffers(d, err) != TK_OK) {
         tk_dev_destroy(&d);
         return NULL;
     }
@@ -252,6 +295,11 @@ void tk_dev_info_get(tk_dev *d, tk_dev_info *out) {
             }
         }
     }
+}
+
+void tk_dev_card_buffers(const tk_dev *d, size_t *allocated, size_t *reserved) {
+    if (allocated) *allocated = d ? d->card_allocated : 0;
+    if (reserved) *reserved = d ? d->card_reserved : 0;
 }
 
 const tk_oom *tk_dev_last_oom(const tk_dev *d) { return d && d->has_oom ? &d->last_oom : NULL; }

@@ -27,6 +27,8 @@ struct tk_dev {
     tk_oom last_oom;
     int has_oom;
     tk_err last_err;        /* the last op's argument error (ops take no tk_err) */
+    size_t card_allocated;  /* the card's buffers (take_card_buffers): their blocks */
+    size_t card_reserved;   /* and the segments taken for them */
     /* tensor tracking (tk_dev_track_tensors): live owning tensors, and a
      * copy of them taken at the first free after a new peak (the allocator
      * freezes its own breakdown at the same moment) */

@@ -235,15 +235,26 @@ typedef struct tk_gpu_profile {
     int cc_major, cc_minor;
     const char *source;        /* where `capacity` was read, with its date, or what is not known */
     int gpus;                  /* cards of this kind in one machine (t4x2: 2); capacity is per card */
+    int sm_count;              /* streaming multiprocessors (PyTorch sizes its reductions' grids by them) */
+    int threads_per_sm;        /* resident threads per SM, by compute capability */
 } tk_gpu_profile;
 
-/* The cuda backend's own device buffers, taken once when it opens, outside
- * the allocator: the cuBLAS workspace (32 MiB, NVIDIA's figure for Hopper,
- * taken on every card so a plan does not depend on the card), reduction
- * scratch (one double per block of a two-pass sum) and one error word. */
+/* The cuda backend's device buffers. They are taken through the device's
+ * caching allocator, tag `workspace`, when a card's device opens
+ * (tk_dev_opts.card_buffers; always on cuda), so every plan for a card holds
+ * them and CUPTI sees nothing of the backend's outside the allocator:
+ *  - the GEMM workspace, owner "cublas": the one buffer cuBLAS and cuBLASLt
+ *    work in (32 MiB, NVIDIA's recommended size for Hopper; taken on every
+ *    card so a plan does not depend on the card);
+ *  - the kernels' scratch, owner "cuda.scratch": one double per block of a
+ *    two-pass sum, then the sticky error word. */
 #define TK_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
 #define TK_CUDA_RED_BLOCKS 1024
-#define TK_CUDA_PLUGIN_BYTES (TK_CUDA_WORKSPACE_BYTES + TK_CUDA_RED_BLOCKS * sizeof(double) + sizeof(unsigned))
+#define TK_CUDA_SCRATCH_BYTES (TK_CUDA_RED_BLOCKS * sizeof(double) + sizeof(unsigned))
+/* What the CUDA libraries hold on the card outside every buffer txkernel
+ * gives them, by architecture, where a card showed it (gpu/profile.c says
+ * where each figure was seen); `source` (may be NULL) gets that line. */
+size_t tk_cuda_library_own_bytes(int cc_major, int cc_minor, const char **source);
 
 /* Looks up a profile by name (case-insensitive); NULL if unknown. Borrowed. */
 const tk_gpu_profile *tk_gpu_profile_find(const char *name);
@@ -265,9 +276,10 @@ int tk_gpu_profile_fast_fp16(const tk_gpu_profile *p);
 /* The card's one usable capacity: what the caching allocator can take on
  * it, i.e. capacity (the total PyTorch prints) less the context overhead
  * (the CUDA context and library kernels: the profile's default) and less
- * the cuda backend's own buffers, which sit on the same memory outside the
- * allocator. Plans, --gpus, --max-batch and the OOM-message diagnosis all
- * use this figure. */
+ * what the CUDA libraries hold outside every buffer they are given
+ * (tk_cuda_library_own_bytes). The cuda backend's own buffers are inside:
+ * they come from the allocator. Plans, --gpus, --max-batch and the
+ * OOM-message diagnosis all use this figure. */
 size_t tk_gpu_profile_budget(const tk_gpu_profile *p);
 /* Parses "7.43GiB", "15GB", "800MiB", "1234567" into bytes; 0 on success. */
 int tk_parse_bytes(const char *s, size_t *out);
@@ -302,6 +314,10 @@ typedef struct tk_dev_opts {
     size_t capacity;          /* 0: device's real free memory (cuda) or unlimited (cpu/meta) */
     int threads;              /* cpu: 0 = all cores */
     int cuda_device;          /* cuda: device ordinal */
+    int card_buffers;         /* 1: take the cuda backend's buffers (TK_CUDA_WORKSPACE_BYTES, then
+                                 TK_CUDA_SCRATCH_BYTES) through the allocator as the device opens, as
+                                 a card does: set on meta and cpu for a plan or a simulation of a
+                                 card's run (tk_config_on_card); cuda takes them whatever it says */
 } tk_dev_opts;
 
 /* Opens a device. For TK_DEV_CUDA the plugin is loaded with dlopen; when it is
@@ -313,6 +329,11 @@ tk_dev_kind tk_dev_kind_of(const tk_dev *d);
 tk_alloc *tk_dev_alloc(tk_dev *d);              /* borrowed */
 void tk_dev_info_get(tk_dev *d, tk_dev_info *out);
 const tk_oom *tk_dev_last_oom(const tk_dev *d); /* borrowed; NULL if none yet */
+/* The card's buffers a device took as it opened (tk_dev_opts.card_buffers;
+ * 0 and 0 when none): their blocks, and the segments taken for them. A plan
+ * for the card holds both, so what a run has free beside them is the
+ * device's free plus those segments. */
+void tk_dev_card_buffers(const tk_dev *d, size_t *allocated, size_t *reserved);
 /* The last error an op reported (ops take no tk_err: a TK_EINVAL from a
  * tk_op_* call says what was wrong here). Borrowed; NULL if none yet. */
 const tk_err *tk_dev_last_err(const tk_dev *d);
@@ -333,9 +354,10 @@ typedef struct tk_cuda_mem_totals {
     size_t device_peak;          /* CUPTI: highest device_live since open */
     size_t segments_live;        /* bytes in segments held by the caching allocator */
     size_t segments_peak;
-    size_t plugin_bytes;         /* cuBLAS workspace + plugin scratch */
-    size_t workspace_bytes;      /* of which the cuBLAS workspace */
-    size_t outside_allocator;    /* device_live - segments_live (plugin_bytes without CUPTI) */
+    size_t plugin_bytes;         /* what the plugin itself allocates outside the allocator: 0 (its
+                                    buffers are allocator blocks); kept so a reader can hold it to 0 */
+    size_t workspace_bytes;      /* the GEMM workspace the plugin was given (inside the allocator) */
+    size_t outside_allocator;    /* device_live - segments_live (without CUPTI: plugin_bytes) */
     size_t device_total, device_free; /* cudaMemGetInfo now: total - free - device_live is what
                                         no allocation record covers (the CUDA context, module
                                         code, and other processes on the same GPU) */

@@ -178,8 +178,9 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
         tk_sb_addf(&text, "Predicted peak %s reserved (%s allocated); no capacity limit set\n",
                    B(p->peak_reserved, a), B(p->peak_allocated, b));
     if (limit && !free_bytes && p->context_bytes)
-        tk_sb_addf(&text, "(capacity: the %s card less %s for the CUDA context, library kernels and the cuBLAS workspace)\n", p->profile,
-                   B(p->context_bytes, a));
+        tk_sb_addf(&text, "(capacity: the %s card less %s for the CUDA context, library kernels and what the libraries "
+                          "keep outside their workspaces; txkernel's cuBLAS workspace and kernel scratch are in the "
+                          "plan, category workspace)\n", p->profile, B(p->context_bytes, a));
     tk_sb_addf(&html, "<div class=\"txk-plan\"><p><b style=\"color:%s\">%s</b> — batch %d × seq %d, predicted peak "
                       "<b>%s</b> reserved (%s allocated)",
                limit ? (fits ? "#2e7d32" : "#c62828") : "#333", limit ? (fits ? "Fits" : "Does not fit") : "Plan",

@@ -15,6 +15,7 @@
 #include "tk_session.h"
 #include "tk_host_mem.h"
 
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,7 @@ struct tk_session {
     tk_dev_kind kind;
     size_t capacity;
     int threads;
+    int card_buffers;          /* the device took a card's buffers (tk_config_on_card) */
     int have_config, have_plan, have_oom, have_run;
     tk_run_report last_run;    /* history always NULL: the copy owns nothing */
     tk_config config;
@@ -103,7 +105,11 @@ size_t tk_session_free(const tk_session *s, tk_dev *d) {
     tk_dev_info info;
     tk_dev_info_get(d, &info);
     size_t held = info.simulated ? tk_session_held_in_process(s) : 0;
-    return info.free_bytes > held ? info.free_bytes - held : 0;
+    /* the card's own buffers are in every plan for it: not taken from what a run has */
+    size_t card;
+    tk_dev_card_buffers(d, NULL, &card);
+    size_t free_b = info.free_bytes + card;
+    return free_b > held ? free_b - held : 0;
 }
 
 void tk_session_device_now(tk_session *s, const tk_config *c, size_t *free_now, size_t *held) {
@@ -123,9 +129,13 @@ void tk_session_device_now(tk_session *s, const tk_config *c, size_t *free_now, 
     if (!cuda && cap && info.total != cap) return; /* another simulated device: it would be replaced */
     tk_alloc_stats st;
     tk_alloc_stats_get(tk_dev_alloc(d), &st);
-    *held = st.allocated;
+    size_t card_alloc, card_res;
+    tk_dev_card_buffers(d, &card_alloc, &card_res);
+    *held = st.allocated - card_alloc; /* an earlier run's; the card's buffers are the plan's */
     if (cuda || cap) {
-        *free_now = tk_session_free(s, d) + (st.reserved - st.allocated);
+        /* plus the cache an earlier run left, not the card's segments (their
+         * room is the plan's, counted in tk_session_free) */
+        *free_now = tk_session_free(s, d) + (st.reserved - card_res) - (st.allocated - card_alloc);
         if (!*free_now) *free_now = 1; /* nothing free is not "no limit" */
     }
 }
@@ -138,8 +148,8 @@ size_t tk_session_capacity_of(const tk_config *c) {
     return 0;
 }
 
-static tk_dev *open_dev(tk_dev_kind kind, size_t cap, int threads, tk_err *err) {
-    tk_dev_opts o = {.kind = kind, .capacity = cap, .threads = threads};
+static tk_dev *open_dev(tk_dev_kind kind, size_t cap, int threads, int card_buffers, tk_err *err) {
+    tk_dev_opts o = {.kind = kind, .capacity = cap, .threads = threads, .card_buffers = card_buffers};
     return tk_dev_new(&o, err);
 }
 
@@ -147,17 +157,21 @@ tk_dev *tk_session_device(tk_session *s, const tk_config *c, char *note, tk_err 
     size_t cap = tk_session_capacity_of(c);
     tk_dev_kind want = c->device == TK_DEVICE_META ? TK_DEV_META
                      : c->device == TK_DEVICE_CPU  ? TK_DEV_CPU : TK_DEV_CUDA;
+    /* a card's run (or its simulation on the cpu) holds the card's buffers
+     * from the start, as its plan does; cuda takes them whatever */
+    int card = tk_config_on_card(c);
     if (note) note[0] = 0;
     if (s->dev && s->capacity == cap && s->threads == c->threads &&
+        (s->kind == TK_DEV_CUDA || s->card_buffers == card) &&
         (s->kind == want || (c->device == TK_DEVICE_AUTO && s->kind == TK_DEV_CPU)))
         return s->dev;
     tk_dev_destroy(&s->dev);
     tk_err e = {0};
-    tk_dev *d = open_dev(want, cap, c->threads, &e);
+    tk_dev *d = open_dev(want, cap, c->threads, card, &e);
     if (!d && c->device == TK_DEVICE_AUTO) {
         if (note) snprintf(note, 256, "no usable GPU (%.200s); running on the cpu", e.msg);
         want = TK_DEV_CPU;
-        d = open_dev(want, cap, c->threads, &e);
+        d = open_dev(want, cap, c->threads, card, &e);
     }
     if (!d) {
         tk_err_set(err, e.status, "device: %s", e.msg);
@@ -171,6 +185,7 @@ tk_dev *tk_session_device(tk_session *s, const tk_config *c, char *note, tk_err 
     s->kind = want;
     s->capacity = cap;
     s->threads = c->threads;
+    s->card_buffers = card;
     return d;
 }
 
@@ -363,7 +378,10 @@ static tk_status plan_run(tk_session *s, tk_config *cc, tk_dev *d, const tk_run_
      * may have found cuda); the plan and the model then use the same. */
     const char *attn_why = NULL;
     cc->attention = tk_config_attention(cc, tk_dev_kind_of(d), &attn_why);
-    rc = tk_plan(cc, data->lengths, data->n_lengths, &r->plan, err);
+    /* device: auto that found cuda is planned as the card's run it is */
+    tk_config pc = *cc;
+    if (tk_dev_kind_of(d) == TK_DEV_CUDA) pc.device = TK_DEVICE_CUDA;
+    rc = tk_plan(&pc, data->lengths, data->n_lengths, &r->plan, err);
     if (rc != TK_OK) {
         tk_run_data_clear(data);
         return rc;
@@ -613,6 +631,31 @@ static int has_file(const char *dir, const char *name) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* The data columns a model folder was trained with: the run's config, kept
+ * in its newest checkpoint's trainer_state.json (the folder itself when it
+ * is a checkpoint); c keeps its own when there is none or it does not
+ * parse (a run of another version). */
+static void trained_columns(const char *folder, tk_config *c) {
+    char dir[TK_PATH_MAX + 64], state[TK_PATH_MAX + 96];
+    int64_t *steps = NULL;
+    if (tk_ckpt_is_checkpoint(folder)) snprintf(dir, sizeof dir, "%s", folder);
+    else if (tk_ckpt_list(folder, &steps) > 0) snprintf(dir, sizeof dir, "%s/checkpoint-%lld", folder, (long long)steps[0]);
+    else dir[0] = 0;
+    free(steps);
+    if (!dir[0]) return;
+    snprintf(state, sizeof state, "%s/trainer_state.json", dir);
+    json_t *j = json_load_file(state, 0, NULL);
+    const char *yaml = json_string_value(json_object_get(j, "config"));
+    tk_config run;
+    tk_config_defaults(&run);
+    if (yaml && tk_config_parse_yaml(&run, yaml, strlen(yaml), state, NULL) == TK_OK) {
+        memcpy(c->text_col, run.text_col, sizeof c->text_col);
+        memcpy(c->text_pair_col, run.text_pair_col, sizeof c->text_pair_col);
+        memcpy(c->label_col, run.label_col, sizeof c->label_col);
+    }
+    json_decref(j);
+}
+
 tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *err) {
     char wfile[TK_PATH_MAX + 64];
     if (folder) {
@@ -625,6 +668,7 @@ tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *er
         }
         int L = tk_hf_model_max_length(c->model);
         if (L > 0) c->max_len = L;
+        trained_columns(c->model, c); /* metrics need no --label when the run's column is in the input */
     } else if (c->output_dir[0] && tk_checkpoint_find(c->output_dir, wfile, sizeof wfile)) {
         snprintf(c->model, sizeof c->model, "%s", c->output_dir);
     }
@@ -684,7 +728,9 @@ tk_status tk_session_predict(tk_session *s, const tk_config *c0, tk_predict_repo
      * attention of the device it got */
     const char *attn_why = NULL;
     c.attention = tk_config_attention(&c, tk_dev_kind_of(d), &attn_why);
-    if ((rc = tk_plan_inference(&c, data.lengths, data.n_lengths, &r->plan, err)) != TK_OK) goto out;
+    tk_config pc = c;
+    if (tk_dev_kind_of(d) == TK_DEV_CUDA) pc.device = TK_DEVICE_CUDA; /* as plan_run: the card's run */
+    if ((rc = tk_plan_inference(&pc, data.lengths, data.n_lengths, &r->plan, err)) != TK_OK) goto out;
     snprintf(r->plan.attention_why, sizeof r->plan.attention_why, "%s", attn_why);
     size_t limit = tk_session_capacity_of(&c);
     r->free_before = tk_session_free(s, d);

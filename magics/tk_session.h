@@ -205,7 +205,8 @@ void tk_predict_report_clear(tk_predict_report *r);
 /* The config to predict with. With `folder` (a trained output_dir, any HF
  * BERT folder, or a hub id "org/name", fetched into the HF cache or found
  * there): the defaults, model = the folder, max_len from its
- * tokenizer_config.json. With folder NULL, *c is a txkernel config already
+ * tokenizer_config.json, and the text, pair and label columns the run was
+ * trained with (its checkpoint's trainer_state.json) when it has them. With folder NULL, *c is a txkernel config already
  * parsed: the model becomes its output_dir when that holds a trained model. */
 tk_status tk_session_predict_config(const char *folder, tk_config *c, tk_err *err);
 

@@ -89,13 +89,22 @@ tk_status tk_sweep_report(const tk_config *c, int measure, json_t **bundle, tk_e
  * sentence; application/json is {platform, cards: [{card, long_name,
  * capacity, budget, peak_reserved, fits, margin, step_seconds}], sentence}. */
 tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bundle, tk_err *err);
+/* How a pasted message's report is written. */
+typedef struct tk_oom_report_opts {
+    const char *platform;   /* --for: "colab", "kaggle", "colab-2020"; NULL: what the message's paths show */
+    tk_api api;             /* --api; TK_API_AUTO: the config's api, else the traceback's Trainer, else the
+                               config's engine (loop for pytorch, txkernel's YAML), else a loop */
+    const char *cli_config; /* the config's path when txk prints it (its closing lines name txk's commands);
+                               NULL: a notebook's (they name the magics) */
+} tk_oom_report_opts;
+
 /* A pasted OOM message (any text holding one) read and diagnosed; with a
  * config (c may be NULL), the config is also planned on each of the
  * platform's cards and advised on the card the message names. The bundle's
  * application/json is tk_oom_message_json's object. TK_EFORMAT with
- * "no OOM message found" when the text holds none. */
+ * "no OOM message found" when the text holds none. opts may be NULL. */
 tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,
-                                int n_lengths, json_t **bundle, tk_err *err);
+                                int n_lengths, const tk_oom_report_opts *opts, json_t **bundle, tk_err *err);
 /* The device: kind, name, capacity, free, other processes (NVML when the
  * driver has it), driver/CUDA versions; on cpu and meta the capacity is said
  * to be simulated. `d` may be NULL (no device opened yet: describes what a

@@ -28,7 +28,7 @@
 #include "tk_session.h"
 #include "tk_txmagics.h"
 
-#define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--for colab|kaggle|colab-2020] [--json]; %%txadvise --from-error + the pasted message"
+#define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--for colab|kaggle] [--api trainer|loop|txkernel] [--json]; %%txadvise --from-error [--for colab|kaggle] [--api ...] + the pasted message"
 #define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--for colab|kaggle|colab-2020|all] [--run] [--json]"
 
 static json_t *advice_bundle(const tk_advice *a, int top) {
@@ -97,36 +97,6 @@ static json_t *advice_bundle(const tk_advice *a, int top) {
     return b;
 }
 
-/* The lines of the candidate's YAML that the base's lacks: the config keys a
- * user changes. New string. */
-static char *yaml_change(const tk_config *base, const tk_config *cand) {
-    char *yb = tk_config_to_yaml(base), *yc = tk_config_to_yaml(cand);
-    if (!yb || !yc) { /* out of host memory: NULL, never a shorter answer */
-        free(yb);
-        free(yc);
-        return NULL;
-    }
-    tk_sb sb = {0};
-    for (char *line = yc; line && *line;) {
-        char *nl = strchr(line, '\n');
-        size_t k = nl ? (size_t)(nl - line) : strlen(line);
-        int found = 0;
-        for (char *q = yb; q && *q && !found;) {
-            char *qn = strchr(q, '\n');
-            size_t qk = qn ? (size_t)(qn - q) : strlen(q);
-            found = qk == k && !memcmp(q, line, k);
-            q = qn ? qn + 1 : q + qk;
-        }
-        size_t ind = 0; /* the key alone, without its section's indent */
-        while (ind < k && line[ind] == ' ') ind++;
-        if (!found && k > ind) tk_sb_addf(&sb, "%s%.*s", sb.len ? "\n" : "", (int)(k - ind), line + ind);
-        line = nl ? nl + 1 : line + k;
-    }
-    free(yb);
-    free(yc);
-    return tk_sb_take(&sb);
-}
-
 /* The 99th percentile of the corpus' token lengths, as %txdata and txk
  * data compute it; 0 without a corpus. */
 static int lengths_p99(const int32_t *lengths, int n) {
@@ -136,8 +106,17 @@ static int lengths_p99(const int32_t *lengths, int n) {
     return st.p99;
 }
 
+/* The API a pasted message's fixes are written in: --api, the config's
+ * api:, the traceback's Trainer, the config's engine, else a loop. */
+static tk_api message_api(const tk_oom_report_opts *o, const tk_config *c, const tk_oom_message *msg) {
+    if (o && o->api != TK_API_AUTO) return o->api;
+    if (c && c->api != TK_API_AUTO) return c->api;
+    if (msg->trainer) return TK_API_TRAINER;
+    return c ? tk_config_api(c) : TK_API_LOOP;
+}
+
 tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,
-                                int n_lengths, json_t **bundle, tk_err *err) {
+                                int n_lengths, const tk_oom_report_opts *opts, json_t **bundle, tk_err *err) {
     *bundle = NULL;
     tk_oom_message *msg = tk_malloc(sizeof *msg);
     tk_advice *a = NULL;
@@ -152,8 +131,14 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         tk_err_set(err, TK_EFORMAT, "no OOM message found");
         return TK_EFORMAT;
     }
+    if (opts && opts->platform) {
+        snprintf(msg->platform, sizeof msg->platform, "%s", opts->platform);
+        msg->platform_from_path = 0;
+    }
+    msg->api = message_api(opts, c, msg);
     if (c && msg->format != TK_OOMMSG_NO_KERNEL_IMAGE) { /* no plan answers a missing kernel */
-        const char *platform = tk_gpu_platform_of(msg->card);
+        const char *own = tk_gpu_platform_of(msg->card);
+        const char *platform = msg->platform[0] ? msg->platform : own ? own : "colab";
         tk_card_fit cards[16];
         int n = 0;
         /* The message is PyTorch's: the config is planned as PyTorch runs it
@@ -163,28 +148,35 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         tk_config pc = *c;
         pc.engine = TK_ENGINE_PYTORCH;
         tk_err pe = {0};
-        st = tk_plan_cards(&pc, lengths, n_lengths, platform ? platform : "colab", cards, 16, &n, &pe);
+        st = tk_plan_cards(&pc, lengths, n_lengths, platform, cards, 16, &n, &pe);
         if (st == TK_EINVAL) {
             pc.engine = TK_ENGINE_TXKERNEL;
-            st = tk_plan_cards(&pc, lengths, n_lengths, platform ? platform : "colab", cards, 16, &n, err);
+            st = tk_plan_cards(&pc, lengths, n_lengths, platform, cards, 16, &n, err);
         } else if (st != TK_OK && err) {
             *err = pe;
         }
         if (st != TK_OK) goto done;
         snprintf(msg->plan_engine, sizeof msg->plan_engine, "%s", tk_plan_engine_name(&pc));
-        /* the user's own numbers for the fix code, and the plan of the config
-         * on the message's card to set beside PyTorch's figures */
+        /* the user's own numbers and settings for the fix code, and the plan
+         * of the config on the message's card to set beside PyTorch's figures */
         msg->user_batch = c->batch_size;
         msg->user_accumulate = c->accumulate;
         msg->user_max_len = c->max_len;
         msg->user_p99 = lengths_p99(lengths, n_lengths);
+        msg->have_user_config = 1;
+        msg->user_precision = c->precision;
+        msg->user_recompute = c->recompute;
+        msg->user_optimizer = c->optimizer;
+        msg->user_batching = c->batching;
+        msg->user_torch = c->torch_version;
+        snprintf(msg->user_output_dir, sizeof msg->user_output_dir, "%s", c->output_dir);
         for (int i = 0; i < n; i++)
             if (cards[i].card == msg->card) {
                 msg->have_plan = 1, msg->plan_peak = cards[i].peak;
                 /* PyTorch's message counts allocated bytes: set the plan's beside it */
                 if (pc.engine == TK_ENGINE_PYTORCH) msg->plan_allocated = cards[i].peak_allocated;
             }
-        tk_oom_message_diagnose(msg, cards, n, platform ? platform : "colab");
+        tk_oom_message_diagnose(msg, cards, n, platform);
         /* the config advised on the card the message names, by the same engine */
         tk_config on = pc;
         if (msg->card) {
@@ -192,18 +184,19 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
             if ((st = tk_config_set(&on, "gpu", msg->card->name, err)) != TK_OK) goto done;
         }
         a = tk_malloc(sizeof *a);
-        tk_advise_input in = {.config = &on, .lengths = lengths, .n_lengths = n_lengths, .margin_frac = 0.05};
+        tk_advise_input in = {.config = &on, .lengths = lengths, .n_lengths = n_lengths, .margin_frac = 0.05,
+                              .platform = msg->platform[0] ? msg->platform : NULL, .api = msg->api};
         if (!a || (st = tk_advise(&in, a, err)) != TK_OK) {
             if (!a) tk_err_set(err, st = TK_ENOMEM, "out of host memory advising");
             goto done;
         }
-        adv_text = tk_advice_format(a, 5);
+        adv_text = opts && opts->cli_config ? tk_advice_format_cli(a, 5, opts->cli_config) : tk_advice_format(a, 5);
         if (!adv_text) goto nomem;
         int au = tk_advice_auto(a);
         if (msg->n_fixes == TK_OOMMSG_MAX_FIXES) msg->n_fixes--;
         for (int i = 0; i < a->n_cand; i++) {
             if (i != au && !(au < 0 && i == 0)) continue;
-            char *code = yaml_change(&on, &a->cand[i].config);
+            char *code = tk_fix_code(&on, &a->cand[i].config, msg->api);
             if (!code) goto nomem;
             /* the planned fix of the user's own config goes first */
             memmove(&msg->fixes[1], &msg->fixes[0], (size_t)msg->n_fixes * sizeof msg->fixes[0]);
@@ -263,16 +256,66 @@ done:
     return st;
 }
 
-/* %%txadvise --from-error: the cell body is the pasted message; the
- * session's last config, when there is one, is planned on its card. */
-static int txadvise_from_error(tk_magic_ctx *m, int json_only) {
+/* --api's value as the config key reads it; -1 (an error shown) when bad. */
+static int api_arg(tk_magic_ctx *m, const char *v, tk_api *out) {
+    tk_config probe;
+    tk_config_defaults(&probe);
+    tk_err e = {0};
+    if (!v || tk_config_set(&probe, "api", v, &e) != TK_OK)
+        return tk_magic_error(m, "UsageError", "--api %s: expected trainer, loop or txkernel\nusage: %s", v ? v : "",
+                              TXADVISE_USAGE);
+    *out = probe.api;
+    return 0;
+}
+
+/* --for P and --api A, which %txadvise and %%txadvise --from-error share:
+ * 1 when argv[*i] is one of them (*i moved past its value; *rc the error
+ * shown, if any), else 0. */
+static int platform_api_flag(tk_magic_ctx *m, char **argv, int argc, int *i, char *platform, size_t pn, tk_api *api,
+                             int *rc) {
+    char why[200];
+    if (!strcmp(argv[*i], "--for")) {
+        const char *bad = tk_platform_check(*i + 1 < argc ? argv[*i + 1] : NULL, 0, why, sizeof why);
+        if (bad) *rc = tk_magic_error(m, "UsageError", "%s\nusage: %s", bad, TXADVISE_USAGE);
+        else snprintf(platform, pn, "%s", argv[++*i]);
+        return 1;
+    }
+    if (!strcmp(argv[*i], "--api")) {
+        *rc = api_arg(m, *i + 1 < argc ? argv[*i + 1] : NULL, api);
+        ++*i;
+        return 1;
+    }
+    return 0;
+}
+
+/* %%txadvise --from-error [--for P] [--api A] [--json]: the cell body is the
+ * pasted message; the session's last config, when there is one, is planned
+ * on its card. */
+static int txadvise_from_error(tk_magic_ctx *m) {
+    char **argv = NULL;
+    int argc = 0, json_only = 0, rc = 0;
+    tk_oom_report_opts o = {0};
+    char platform[16] = "";
+    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
+    for (int i = 0; i < argc && !rc; i++) {
+        if (!strcmp(argv[i], "--from-error")) continue;
+        if (!strcmp(argv[i], "--json")) json_only = 1;
+        else if (platform_api_flag(m, argv, argc, &i, platform, sizeof platform, &o.api, &rc)) {
+        } else {
+            rc = tk_magic_error(m, "UsageError", "%%%%txadvise --from-error: unexpected '%s'\nusage: %s", argv[i],
+                                TXADVISE_USAGE);
+        }
+    }
+    tk_txargs_free(argv, argc);
+    if (rc) return rc;
+    if (platform[0]) o.platform = platform;
     const char *body = m->body ? m->body : "";
     const tk_config *last = tk_session_config(m->session);
     int nl = 0;
     const int *len = tk_session_lengths(m->session, &nl);
     json_t *b = NULL;
     tk_err err = {0};
-    tk_status st = tk_oom_message_report(body, strlen(body), last, (const int32_t *)len, nl, &b, &err);
+    tk_status st = tk_oom_message_report(body, strlen(body), last, (const int32_t *)len, nl, &o, &b, &err);
     if (st == TK_EFORMAT) {
         json_t *nb = tk_bundle_new("no OOM message found\n");
         tk_txemit(m, nb, 0);
@@ -290,7 +333,7 @@ static int run_txadvise(tk_magic_ctx *m) {
         if (!m->is_cell)
             return tk_magic_error(m, "UsageError", "--from-error reads the cell body: %%%%txadvise --from-error, then "
                                                    "the pasted message on the next lines");
-        return txadvise_from_error(m, strstr(m->args, "--json") != NULL);
+        return txadvise_from_error(m);
     }
     tk_session *s = m->session;
     const tk_config *last = tk_session_config(s);
@@ -307,17 +350,12 @@ static int run_txadvise(tk_magic_ctx *m) {
     int argc = 0, json_only = 0, top = 12, rc = 0;
     double margin = 0.05;
     char platform[16] = ""; /* --for: the platform whose cards the advice knows (two T4s on kaggle) */
+    tk_api api = TK_API_AUTO;
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
         char *end = NULL;
         if (!strcmp(argv[i], "--json")) json_only = 1;
-        else if (!strcmp(argv[i], "--for")) {
-            const tk_gpu_profile *probe[16];
-            if (i + 1 >= argc || tk_gpu_platform_cards(argv[i + 1], probe, 16) < 0)
-                rc = tk_magic_error(m, "UsageError", "--for needs colab, kaggle, colab-2020 or all\nusage: %s",
-                                    TXADVISE_USAGE);
-            else
-                snprintf(platform, sizeof platform, "%s", argv[++i]);
+        else if (platform_api_flag(m, argv, argc, &i, platform, sizeof platform, &api, &rc)) {
         }
         else if (!strcmp(argv[i], "--top") || !strcmp(argv[i], "--margin")) {
             if (i + 1 >= argc) {
@@ -345,10 +383,14 @@ static int run_txadvise(tk_magic_ctx *m) {
     tk_err err = {0};
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
 
+    if (api != TK_API_AUTO) c.api = api; /* --api is the config's key: the session's config keeps it */
     tk_advise_input in = {.config = &c, .margin_frac = margin, .platform = platform[0] ? platform : NULL};
     const tk_run_report *lr = tk_session_last_run(s);
-    /* the OOM record counts only for the config that ran out */
-    if (lr && lr->end == TK_RUN_OOM && lr->have_oom && last && !m->is_cell && !memcmp(last, &c, sizeof c))
+    /* the OOM record counts only for the config that ran out (--api is how
+     * the advice is written, not the run) */
+    tk_config ran = c;
+    if (last) ran.api = last->api;
+    if (lr && lr->end == TK_RUN_OOM && lr->have_oom && last && !m->is_cell && !memcmp(last, &ran, sizeof ran))
         in.oom = &lr->oom;
     /* a config with a train_file is advised on the run's model and corpus */
     tk_run_data data;
@@ -443,7 +485,9 @@ static int parse_txfix(tk_magic_ctx *m, const tk_advice **pa, int *run_out, int 
     for (int i = 0; i < argc && !rc; i++) {
         if (!strcmp(argv[i], "--run")) run = 1;
         else if (!strcmp(argv[i], "--for")) {
-            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--for needs colab, kaggle, colab-2020 or all");
+            char why[200];
+            const char *bad = tk_platform_check(i + 1 < argc ? argv[i + 1] : NULL, 1, why, sizeof why);
+            if (bad) rc = tk_magic_error(m, "UsageError", "%s", bad);
             else snprintf(for_platform, sizeof for_platform, "%s", argv[++i]);
         }
         else if (!strcmp(argv[i], "--json")) json_only = 1;
@@ -465,8 +509,7 @@ static int parse_txfix(tk_magic_ctx *m, const tk_advice **pa, int *run_out, int 
         int nl = 0;
         const int *len = tk_session_lengths(s, &nl);
         i = tk_advice_auto_for(a, for_platform, (const int32_t *)len, nl);
-        if (i == -2) rc = tk_magic_error(m, "UsageError", "--for %s: expected colab, kaggle, colab-2020 or all", for_platform);
-        else if (i < 0)
+        if (i < 0)
             rc = tk_magic_error(m, "NoFixError", "no candidate of the last advice fits with a 5%% margin on every card "
                                                  "%s hands out and keeps the effective batch of %d", for_platform,
                                 a->base_effective_batch);
@@ -531,15 +574,26 @@ static void apply_config_fix(tk_magic_ctx *m, const tk_advice *a, const tk_candi
     tk_session_set_config(s, after);
     json_t *b = json_object();
     char *yaml = tk_config_to_yaml(after);
+    char *code = tk_fix_code(before, after, a->api);
+    int plan_only = tk_config_plan_only(after);
     tk_sb t = {0};
     tk_sb_addf(&t, "Fix #%d: %s\n  %s\nChanged:\n%s", i + 1, cand->label, cand->reason,
                diff && *diff ? diff : "  (nothing)\n");
-    tk_sb_addf(&t, "Planned peak %s reserved (was %s), margin %s%s. The session's config is now this one%s%s%s\n",
-               tk_format_bytes(cand->peak, b1, sizeof b1), tk_format_bytes(a->base.peak_reserved, b2, sizeof b2),
-               cand->margin < 0 ? "-" : "",
-               tk_format_bytes((size_t)(cand->margin < 0 ? -cand->margin : cand->margin), b3, sizeof b3),
-               run ? "; training it now." : ": %txtrain trains it (or %txfix ", run ? "" : what,
-               run ? "" : " --run).");
+    if (code && *code && a->api != TK_API_TXKERNEL) tk_sb_addf(&t, "In your code (api: %s):\n%s\n", tk_api_name(a->api), code);
+    if (plan_only)
+        tk_sb_addf(&t, "Planned peak %s reserved (was %s), margin %s%s. The session's config is now this one, as a "
+                   "plan only: txkernel does not start %d GPUs on cuda; the same split in PyTorch:\n%s\n",
+                   tk_format_bytes(cand->peak, b1, sizeof b1), tk_format_bytes(a->base.peak_reserved, b2, sizeof b2),
+                   cand->margin < 0 ? "-" : "",
+                   tk_format_bytes((size_t)(cand->margin < 0 ? -cand->margin : cand->margin), b3, sizeof b3),
+                   tk_config_world_size(after), code ? code : "");
+    else
+        tk_sb_addf(&t, "Planned peak %s reserved (was %s), margin %s%s. The session's config is now this one%s%s%s\n",
+                   tk_format_bytes(cand->peak, b1, sizeof b1), tk_format_bytes(a->base.peak_reserved, b2, sizeof b2),
+                   cand->margin < 0 ? "-" : "",
+                   tk_format_bytes((size_t)(cand->margin < 0 ? -cand->margin : cand->margin), b3, sizeof b3),
+                   run ? "; training it now." : ": %txtrain trains it (or %txfix ", run ? "" : what,
+                   run ? "" : " --run).");
     char *tt = tk_sb_take(&t);
     json_object_set_new(b, "text/plain", json_string(tt ? tt : ""));
     tk_sb h = {0};
@@ -558,10 +612,12 @@ static void apply_config_fix(tk_magic_ctx *m, const tk_advice *a, const tk_candi
     for (int k = 0; fx && k < cand->n_fixes; k++)
         json_array_append_new(fx, tk_fix_json(&cand->fixes[k]));
     json_object_set_new(b, "application/json",
-                        json_pack("{s:i, s:s, s:s, s:o, s:I, s:I, s:b, s:s, s:s}", "index", i + 1, "label",
+                        json_pack("{s:i, s:s, s:s, s:o, s:I, s:I, s:b, s:s, s:s, s:s, s:s, s:b}", "index", i + 1, "label",
                                   cand->label, "reason", cand->reason, "fixes", fx, "planned_peak",
                                   (json_int_t)cand->peak, "margin", (json_int_t)cand->margin, "fits_margin",
-                                  cand->fits_margin, "diff", diff ? diff : "", "yaml", yaml ? yaml : ""));
+                                  cand->fits_margin, "diff", diff ? diff : "", "yaml", yaml ? yaml : "", "code",
+                                  code ? code : "", "api", tk_api_name(a->api), "plan_only", plan_only));
+    free(code);
     free(tt);
     free(yaml);
     free(diff);
@@ -616,6 +672,11 @@ static int run_txfix(tk_magic_ctx *m) {
     const tk_config *old = tk_session_config(m->session);
     tk_config before = old ? *old : cand->config, after = cand->config;
     size_t predicted = cand->peak;
+    if (run && tk_config_plan_only(&after)) {
+        tk_magic_printf(m, "stdout", "Not training (--run): txkernel does not start %d GPUs on cuda; the fix below is "
+                        "a plan, with the PyTorch recipe for it.\n", tk_config_world_size(&after));
+        run = 0;
+    }
     if (cand->action_only)
         apply_release(m, cand, i, &after, &run); /* may free the advice: cand is gone after this */
     else

@@ -135,15 +135,17 @@ json_t *tk_device_report(tk_dev *d, const tk_config *c) {
     if (c && c->gpu[0]) {
         const tk_gpu_profile *p = tk_gpu_profile_find(c->gpu);
         if (p) {
-            char e[32];
-            char w[32];
+            char e[32], w[32], o[32];
+            const char *own_src = NULL;
+            size_t own = tk_cuda_library_own_bytes(p->cc_major, p->cc_minor, &own_src);
             tk_sb_addf(&text, "Planning profile %s: %s, %s as PyTorch reports it, context ~%s (the profile's "
-                              "default, not measured), cuBLAS workspace %s: %s usable%s\n",
+                              "default, not measured), libraries' own %s (%s): %s usable%s; of that, the cuBLAS "
+                              "workspace takes %s (an allocator block, in every plan)\n",
                        p->name, p->long_name, tk_format_bytes(p->capacity, a, sizeof a),
-                       tk_format_bytes(p->context_overhead, b, sizeof b),
-                       tk_format_bytes(TK_CUDA_PLUGIN_BYTES, w, sizeof w),
-                       tk_format_bytes(tk_gpu_profile_budget(p), e, sizeof e),
-                       c->capacity ? " (capacity: overrides it)" : "");
+                       tk_format_bytes(p->context_overhead, b, sizeof b), tk_format_bytes(own, o, sizeof o),
+                       own_src, tk_format_bytes(tk_gpu_profile_budget(p), e, sizeof e),
+                       c->capacity ? " (capacity: overrides it)" : "",
+                       tk_format_bytes(TK_CUDA_WORKSPACE_BYTES, w, sizeof w));
         }
     }
     nvml_info nv;

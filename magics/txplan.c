@@ -255,7 +255,7 @@ tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bund
     tk_status st = tk_plan_cards(c, NULL, 0, platform, cards, 16, &n, err);
     if (st != TK_OK) return st;
     char sentence[400], title[96], b1[32], b2[32], b3[32], b4[40];
-    tk_cards_sentence(cards, n, sentence, sizeof sentence);
+    tk_cards_sentence(cards, n, platform, sentence, sizeof sentence);
     if (!strcmp(platform, "all")) snprintf(title, sizeof title, "The config on every GPU profile");
     else snprintf(title, sizeof title, "The config on each card %s hands out", platform);
     const char *hd[] = {"card", ">capacity", ">budget", ">planned peak", "fits", ">margin", ">step"};
@@ -402,8 +402,15 @@ static int run_txplan(tk_magic_ctx *m) {
             json_decref(gb);
             return 0;
         }
+        /* batching: dynamic / buckets plan the corpus' longest batch, as
+         * txkernel's own plan takes it (the config's data, else %txdata's) */
+        tk_run_data data;
+        if (tk_session_load_data(s, &c, &data, &err) != TK_OK) return tk_magic_error(m, "DataError", "%s", err.msg);
+        tk_run_data_clear(&data);
+        int nl = 0;
+        const int *len = tk_session_lengths(s, &nl);
         tk_torchplan_result r;
-        if (tk_torchplan(&c, &r, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
+        if (tk_torchplan_data(&c, len, nl, &r, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
         json_t *tb = tk_report_torchplan(&r);
         if (!tb) return tk_magic_error(m, "MemoryError", "out of host memory");
         tk_session_set_config(s, &c);

@@ -28,15 +28,18 @@ fi
 # PyPI peers Debian lacks (or has too old): HF tokenizers, safetensors,
 # jupyter_kernel_test, nbclient, huggingface_hub (the cache interop test),
 # HF transformers in the last release series that runs on Debian's torch 1.13
-# (it pins tokenizers < 0.20 and huggingface_hub < 1.0 itself), and
-# JupyterLab 4 and Notebook 7 for the browser test (tests/browser/), which
-# Debian 12 only has as 3.x/6.x.
-PYPI="tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub transformers<4.41 jupyterlab notebook"
+# (it pins tokenizers < 0.20 and huggingface_hub < 1.0 itself), accelerate
+# in the last release series that runs on torch 1.13 (transformers' Trainer
+# and TrainingArguments need it: the advice's TrainingArguments lines and the
+# companion's real Trainer are built in the tests), and JupyterLab 4 and
+# Notebook 7 for the browser test (tests/browser/), which Debian 12 only has
+# as 3.x/6.x.
+PYPI="tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub transformers<4.41 accelerate<1.1 jupyterlab notebook"
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 need=""
-for m in tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub transformers jupyterlab notebook; do
+for m in tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub transformers accelerate jupyterlab notebook; do
   .venv/bin/python -c "import $m" 2>/dev/null || need=1
 done
 if [ -n "$need" ] || ! .venv/bin/python -c "import nbclient,sys; sys.exit(0 if tuple(map(int,nbclient.__version__.split('.')[:2]))>=(0,10) else 1)" 2>/dev/null; then
@@ -53,7 +56,8 @@ fi
 
 # The second test row (tests/peers.py): today's stack from PyPI, torch 2.x
 # (used on the CPU; its wheel brings the CUDA libraries, about 5.6 GB in
-# all), transformers 5.x and huggingface_hub, in .venv-t2 without Debian's
+# all), transformers 5.x with accelerate (its TrainingArguments and Trainer
+# need it) and huggingface_hub, in .venv-t2 without Debian's
 # site packages (Debian's torch 1.13 must not shadow it). tests/conftest.py
 # runs the interop tests on this row in a child pytest of its python, hence
 # pytest; AntiBERTy's wheel (--no-deps, as in .venv) for the pretrained-BERT
@@ -66,14 +70,14 @@ t2_ok() {
   .venv-t2/bin/python -c "
 import importlib.metadata as m, sys
 v = m.version
-for p in ('huggingface_hub', 'safetensors', 'tokenizers', 'pytest'):
+for p in ('huggingface_hub', 'safetensors', 'tokenizers', 'pytest', 'accelerate'):
     v(p)  # raises when absent
 sys.exit(0 if v('torch').split('.')[0] == '2' and v('transformers').split('.')[0] == '5' else 1)" 2>/dev/null
 }
 if ! t2_ok; then
   echo "deps: installing the torch 2.x test row into .venv-t2 (about 5.6 GB)"
   .venv-t2/bin/python -m pip install -q --disable-pip-version-check "torch>=2,<3" "transformers>=5,<6" \
-    huggingface_hub safetensors tokenizers pytest
+    accelerate huggingface_hub safetensors tokenizers pytest
 fi
 if ! .venv-t2/bin/python -c "import importlib.metadata as m; m.version('antiberty')" 2>/dev/null; then
   echo "deps: installing antiberty==0.1.3 (a pretrained BERT in a wheel) into .venv-t2"

@@ -31,13 +31,18 @@
 
 #include "tk_torchplan.h"
 #include "tk_host_mem.h"
+#include "tk_plan.h"
 
 /* What each `torch_version` follows. */
-static const struct { const char *torch, *transformers, *label; } VERSIONS[] = {
+#define V2(n) [TK_TORCH_2_0 + n] = {"2." #n, "5.x", "engine: pytorch (torch 2." #n " + transformers 5.x)"}
+static const struct { const char *torch, *transformers, *label; } VERSIONS[TK_TORCH_N_VERSIONS] = {
     [TK_TORCH_2] = {"2.x", "5.x", "engine: pytorch (torch 2.x + transformers 5.x)"},
     [TK_TORCH_1_13] = {"1.13", "4.40", "engine: pytorch (torch 1.13 + transformers 4.40)"},
     [TK_TORCH_1_10] = {"1.10", "4.15", "engine: pytorch (torch 1.10 + transformers 4.15)"},
+    V2(0), V2(1), V2(2), V2(3), V2(4), V2(5), V2(6), V2(7), V2(8), V2(9), V2(10), V2(11), V2(12), V2(13), V2(14),
+    V2(15),
 };
+#undef V2
 
 const char *tk_torchplan_label(tk_torch_version v) { return VERSIONS[v].label; }
 
@@ -69,6 +74,8 @@ typedef struct {
     edge e[NEDGE];
     int ne;
     size_t scratch;               /* allocated and freed inside the backward op */
+    int gemm;                     /* its backward runs cuBLAS GEMMs (a Linear, a bmm) */
+    int64_t bias_rows, bias_out;  /* a Linear's bias: its gradient sums (rows, out) over rows */
     int gbuf;                     /* the gradient arriving here (a tensor, -1 none) */
     int owner;
     int layer;                    /* the checkpointed layer it belongs to, -1 none */
@@ -95,7 +102,10 @@ typedef struct sim {
     tk_cat cat;
     /* the step's shape and choices */
     int B, T, H, nh, I, V, P, TV, L, labels;
-    int qa, cuda, torch1, torch110, eager, sdpa_math, sdpa_eff, bf16, fp16, ckpt, adam8, acc;
+    int qa, cuda, torch1, torch110, eager, sdpa_math, sdpa_eff, bf16, fp16, ckpt, adam8, fused, acc;
+    int pad_mask;                 /* the batch has padding: transformers 5 builds a (B, 1, T, T) mask */
+    int mask_t;                   /* that mask while BertModel.forward runs (-1 none) */
+    int ckpt_mask;                /* checkpointing: the mask as the layers' recomputation holds it */
     float p_drop, p_attn;
     size_t act;                   /* element size of matmul outputs (4, or 2 under autocast) */
     /* checkpointing: recomputation walks the layer's nodes again */
@@ -104,9 +114,31 @@ typedef struct sim {
     int *layer_first, *layer_input, *layer_in_node, *layer_rng;
     const struct params *prm;
     size_t context;
+    /* cuBLAS's and cuBLASLt's workspaces (blas_rules.c): the rules, and
+     * the ones kept, per thread: [0] the forward's, [1] autograd's (its
+     * backward and the recomputed layers) */
+    tk_torch_blas blas;
+    int on_autograd;              /* the thread running now is autograd's */
+    int w[2], lt[2];
+    int sms, threads_per_sm;      /* cuda: the card's, for the reductions' grids */
     FILE *trace;                  /* $TXK_TORCHPLAN_EVENTS: each allocation and free, as torch_reference --events */
     int step;
+    /* two or more GPUs (the section "two or more GPUs" below): what this GPU holds */
+    int role;                     /* ROLE_ONE, ROLE_DDP, ROLE_DP0, ROLE_DP1, ROLE_ZERO2 */
+    int world;                    /* GPUs (ranks) */
+    int *held;                    /* DataParallel: each parameter's replica gradient, held for the reduce (-1 none) */
+    int *chunk, nchunk;           /* DataParallel GPU 1: the replica's flat copies of the parameters */
+    int *chunk_of;                /* DataParallel GPU 1: each parameter's copy */
+    int buf_chunk;                /* DataParallel GPU 1: the copy of the buffers */
+    int *bucket, nbucket;         /* DDP: the reducer's bucket tensors */
+    int *ready, nready;           /* DDP: parameters in the order their gradients became ready in step 1 */
+    int find_unused;              /* DDP: find_unused_parameters (as the Trainer sets it) */
+    int rebuilt;                  /* DDP: the buckets were rebuilt in gradient order */
+    size_t bucket_cap, first_bucket_cap;
 } sim;
+
+/* What one simulated GPU is in a run over several (tk_parallel). */
+enum { ROLE_ONE = 0, ROLE_DDP, ROLE_DP0, ROLE_DP1, ROLE_ZERO2 };
 
 static int fail_oom(sim *s) {
     if (s->st == TK_OK) s->st = TK_ENOMEM;
@@ -175,6 +207,74 @@ static void ttmp(sim *s, size_t bytes) {
     s->cat = TK_CAT_TEMP;
     tdrop(s, tnew(s, bytes));
     s->cat = c;
+}
+
+/* A GEMM on the thread running now (lt: cuBLASLt, a Linear with its bias),
+ * after its output is allocated: the workspaces it takes as this version
+ * keeps them (tk_torch_blas_rules), owners "cublas" and "cublasLt". */
+static void blas_gemm(sim *s, int lt) {
+    if (!s->cuda || (s->blas.where == TK_BLAS_W_OUTSIDE && s->blas.lt != TK_BLAS_LT_PER_CALL)) return;
+    tk_cat cat = s->cat;
+    int owner = s->owner, th = s->on_autograd, w = -1;
+    s->cat = TK_CAT_WORKSPACE;
+    if (s->blas.where != TK_BLAS_W_OUTSIDE && s->w[th] < 0) {
+        set_owner(s, "cublas");
+        w = tnew(s, s->blas.w_bytes);
+        if (s->blas.where == TK_BLAS_W_KEPT) s->w[th] = w, w = -1;
+    }
+    if (lt && (s->blas.lt == TK_BLAS_LT_PER_CALL || (s->blas.lt == TK_BLAS_LT_KEPT && s->lt[th] < 0))) {
+        set_owner(s, "cublasLt");
+        int l = tnew(s, s->blas.lt_bytes);
+        if (s->blas.lt == TK_BLAS_LT_KEPT) s->lt[th] = l;
+        else tdrop(s, l);
+    }
+    tdrop(s, w); /* a per-GEMM workspace goes back when the call returns */
+    s->cat = cat;
+    s->owner = owner;
+}
+
+static int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t pow2_floor(int64_t n) {
+    int64_t p = 1;
+    while (p * 2 <= n) p *= 2;
+    return p;
+}
+
+/* A Linear's bias gradient on CUDA: the sum over the rows of a contiguous
+ * (rows, out) gradient, a reduction off the fastest dimension with a float
+ * accumulator. When PyTorch's setReduceConfig
+ * (aten/src/ATen/native/cuda/Reduce.cuh) splits each output's rows across
+ * thread blocks, gpu_reduce_kernel takes a staging buffer
+ * (global_memory_size) and semaphores (4 B per block column) from the
+ * caching allocator and gives them back after the kernel. The grid follows
+ * the card's SMs and resident threads per SM, so the buffer does too
+ * (bert-tiny's hidden 128 over 2048 rows on an H200: 2 MiB and 4 B, as its
+ * snapshot shows; its intermediate 512: 8 MiB and 16 B). */
+static void bias_sum_scratch(sim *s, int64_t rows, int64_t out) {
+    if (!s->cuda || rows <= 0 || out <= 0) return;
+    int64_t vec = 4; /* get_output_vec_size: 4, halved until the outputs and the row stride divide */
+    while (vec > 1 && out % vec) vec /= 2;
+    int64_t maxt = 512 / vec, dim0 = out / vec, dim1 = rows;
+    int64_t d0 = dim0 < maxt ? pow2_floor(dim0) : maxt, d1 = dim1 < maxt ? pow2_floor(dim1) : maxt;
+    int64_t bw = d0 < 32 ? d0 : 32;
+    int64_t bh = d1 < maxt / bw ? d1 : maxt / bw;
+    bw = d0 < maxt / bh ? d0 : maxt / bh;
+    int64_t step_in = 1, step_out = bw; /* the outputs across a warp's lanes */
+    int split = div_up(rows, step_in) >= (bh * 16 < 256 ? bh * 16 : 256);
+    if (split) step_in *= bh; else step_out *= bh;
+    int64_t target = (int64_t)s->sms * (s->threads_per_sm / (bw * bh)), grid = div_up(out / vec, step_out);
+    int64_t vpt = div_up(rows, step_in);
+    if (!split || vpt < 256 || grid > target) return;
+    int64_t c1 = div_up(target, grid), c2 = div_up(vpt, 16), c3 = div_up(vpt, 256);
+    int64_t ctas = c1 < c2 ? c1 : c2;
+    if (ctas < c3) ctas = c3;
+    if (ctas <= 1) return;
+    tk_cat cat = s->cat;
+    s->cat = TK_CAT_TEMP;
+    int buf = tnew(s, (size_t)(4 * out * ctas * bw * vec)), sem = tnew(s, (size_t)(4 * grid));
+    tdrop(s, sem);
+    tdrop(s, buf);
+    s->cat = cat;
 }
 
 /* A node; in recomputation, the node the same op made in the forward. */
@@ -247,6 +347,9 @@ static int param_alloc(sim *s, const char *module, int trainable, size_t numel) 
     if (i < 0) return -1;
     tk_tag tag = {TK_CAT_PARAM, s->owner};
     s->pr[i].owner = s->owner;
+    /* DataParallel's GPU 1 gets copies each forward (dp_replicate); ZeRO-2's
+     * model states are DeepSpeed's (zero2_states) */
+    if (s->role == ROLE_DP1 || s->role == ROLE_ZERO2) return i;
     if ((s->st = tk_alloc_malloc(s->a, s->pr[i].bytes, tag, &s->pr[i].p, NULL)) != TK_OK) return -1;
     return i;
 }
@@ -262,8 +365,10 @@ static void make_params(sim *s, params *p, int freeze_emb) {
     /* the two non-persistent buffers: position_ids and token_type_ids, int64 [1, max_position] */
     set_owner(s, "bert.embeddings");
     s->cat = TK_CAT_PARAM;
-    tnew(s, (size_t)s->P * 8);
-    tnew(s, (size_t)s->P * 8);
+    if (s->role != ROLE_DP1) {
+        tnew(s, (size_t)s->P * 8);
+        tnew(s, (size_t)s->P * 8);
+    }
     static const char *const names[] = {"attention.self.query", "attention.self.key", "attention.self.value",
                                         "attention.output.dense", "attention.output.LayerNorm",
                                         "intermediate.dense", "output.dense", "output.LayerNorm"};
@@ -304,6 +409,16 @@ static void make_params(sim *s, params *p, int freeze_emb) {
 /* An activation: its tensor and the node its gradient goes to (-1: needs none). */
 typedef struct { int t, node; } var;
 
+/* The section "two or more GPUs": a node keeps parameter `pi` for backward;
+ * a parameter's gradient g arrives (1: taken there, 0: AccumulateGrad's). */
+static void psave(sim *s, int n, int pi);
+static int par_grad(sim *s, int pi, int g);
+/* ... and what a data-parallel forward adds before and after the model's
+ * (loss: the one backward starts from), and what its backward ends with */
+static void par_forward_start(sim *s);
+static void par_forward_end(sim *s, var *loss);
+static void par_backward_end(sim *s);
+
 static size_t tbytes(sim *s, var v) { return v.t >= 0 ? s->t[v.t].bytes : 0; }
 static void vdrop(sim *s, var v) { tdrop(s, v.t); }
 
@@ -313,6 +428,13 @@ typedef struct { int *t; int n, cap; } cast_cache;
 
 /* A 16-bit copy of a parameter under autocast (ToCopyBackward0 to the param). */
 static var cast_param(sim *s, cast_cache *cc, int pi, size_t numel) {
+    if (s->role == ROLE_ZERO2) {
+        /* DeepSpeed's fp16/bf16 engine holds the weights in 16 bits: no
+         * copy; the 16-bit gradient goes on to DeepSpeed's hook as it is */
+        int n = nnew(s);
+        nedge(s, n, -1, pi, numel * 2, 1);
+        return (var){-1, s->pr[pi].trainable ? n : -1};
+    }
     int t = tnew(s, numel * 2);
     int n = nnew(s);
     nedge(s, n, -1, pi, s->pr[pi].bytes, 0);
@@ -344,11 +466,14 @@ static var linear(sim *s, cast_cache *cc, var x, int pw, int pb, size_t rows, si
         tref(s, x.t);
     }
     int y = tnew(s, rows * out * s->act);
+    blas_gemm(s, 1);
     int n = nnew(s);
+    if (n >= 0) s->n[n].gemm = 1, s->n[n].bias_rows = (int64_t)rows, s->n[n].bias_out = (int64_t)out;
     nsave(s, n, xin.t);
     if (w.t >= 0) nsave(s, n, w.t);
+    else if (!s->bf16 && !s->fp16) psave(s, n, pw); /* addmm keeps weight.t() */
     nedge(s, n, xin.node, -1, tbytes(s, xin), 0);
-    if (w.t >= 0) {
+    if (s->bf16 || s->fp16) {
         nedge(s, n, w.node, -1, in * out * 2, 0);
         nedge(s, n, b.node, -1, out * 2, 0);
     } else {
@@ -423,6 +548,8 @@ static var layer_norm(sim *s, var x, int pw, int pb, size_t rows) {
     nsave(s, n, xin.t);
     nsave(s, n, mean);
     nsave(s, n, rstd);
+    psave(s, n, pw); /* native_layer_norm's backward takes the weight and the bias */
+    psave(s, n, pb);
     nedge(s, n, xin.node, -1, tbytes(s, xin), 0);
     nedge(s, n, -1, pw, (size_t)s->H * 4, 0);
     nedge(s, n, -1, pb, (size_t)s->H * 4, 0);
@@ -474,7 +601,9 @@ static var clone(sim *s, var x) {
 /* bmm(a, b) -> out_bytes; saves both; backward: grads of both. */
 static var bmm(sim *s, var a, var b, size_t out_bytes) {
     int y = tnew(s, out_bytes);
+    blas_gemm(s, 0);
     int n = nnew(s);
+    if (n >= 0) s->n[n].gemm = 1;
     nsave(s, n, a.t);
     nsave(s, n, b.t);
     nedge(s, n, a.node, -1, tbytes(s, a), 0);
@@ -489,6 +618,37 @@ static var scale(sim *s, var x) {
     int n = nnew(s);
     nedge(s, n, x.node, -1, tbytes(s, x), 0);
     return (var){y, n};
+}
+
+/* SDPA given transformers 5's boolean padding mask: it converts it to an
+ * additive one of the query's dtype, (B, 1, T, T), which the kernel keeps for
+ * backward (the CPU flash kernel: torch 2.15's allocator events); CUDA's
+ * efficient kernel takes it padded to a multiple of 16 keys (PyTorch's
+ * attention.cpp preprocess_mask / pad_bias). -1 without padding. */
+static int sdpa_bias(sim *s) {
+    if (!s->pad_mask) return -1;
+    size_t rows = (size_t)s->B * s->T, keys = (size_t)s->T;
+    if (!s->cuda || !s->sdpa_eff) return tnew(s, rows * keys * s->act);
+    int conv = tnew(s, rows * keys * s->act);
+    int padded = tnew(s, rows * ((keys + 15) / 16 * 16) * s->act);
+    tdrop(s, conv);
+    return padded;
+}
+
+/* transformers 5's mask for a padded batch (masking_utils.py sdpa_mask:
+ * bool (B, 1, T, T); eager_mask: then fp32 0 / -inf), made after the
+ * embeddings and kept until BertModel.forward returns. */
+static void padding_mask(sim *s) {
+    s->mask_t = -1;
+    if (!s->pad_mask) return;
+    size_t n = (size_t)s->B * s->T * s->T;
+    int b = tnew(s, n);
+    if (!s->eager) {
+        s->mask_t = b;
+        return;
+    }
+    s->mask_t = tnew(s, n * 4);
+    tdrop(s, b);
 }
 
 /* The self-attention of one layer from hidden states x; returns the context
@@ -511,6 +671,7 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
         int out = tnew(s, act_bth);
         int lse = tnew(s, (size_t)s->B * s->nh * lse_t * 4);
         int rng = s->cuda && s->p_attn > 0 ? tnew(s, 16) : -1;
+        int bias = sdpa_bias(s);
         int n = nnew(s);
         nsave(s, n, qv.t);
         nsave(s, n, kv.t);
@@ -518,6 +679,8 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
         nsave(s, n, out);
         nsave(s, n, lse);
         if (rng >= 0) nsave(s, n, rng);
+        nsave(s, n, bias);
+        tdrop(s, bias);
         nedge(s, n, qv.node, -1, act_bth, 0);
         nedge(s, n, kv.node, -1, act_bth, 0);
         nedge(s, n, vv.node, -1, act_bth, 0);
@@ -529,6 +692,9 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
         ctx = (var){out, n};
     } else {
         var qs = qv, ks = kv;
+        /* math SDPA given the padding mask: its additive copy for the call
+         * (added in place), and _safe_softmax's isneginf (torch 2.15's events) */
+        int mb = s->sdpa_math && s->pad_mask ? tnew(s, (size_t)s->B * s->T * s->T * s->act) : -1;
         if (s->sdpa_math) { /* math SDPA scales q and k by sqrt(scale) first */
             qs = scale(s, qv);
             ks = scale(s, kv);
@@ -547,9 +713,10 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
             w = scale(s, sc);
             vdrop(s, sc);
         }
-        if (s->torch1) {
+        if (s->torch1 || (s->pad_mask && !s->sdpa_math)) {
             /* transformers 4.x adds the extended attention mask, fp32 (the
-             * model's dtype) even when all ones: under autocast the sum is
+             * model's dtype) even when all ones, transformers 5 its padding
+             * mask: under autocast the sum is
              * fp32, and the CPU's mixed-dtype add first copies the 16-bit
              * scores to fp32 (torch 1.13's allocator events) */
             size_t sum = tbytes(s, w) / s->act * 4;
@@ -568,6 +735,7 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
             vdrop(s, w);
         }
         var pr = softmax(s, w32);
+        if (mb >= 0) ttmp(s, (size_t)s->B * s->nh * s->T * s->T);
         vdrop(s, w32);
         var pd = dropout(s, pr, s->p_attn, tbytes(s, pr) == scores ? s->act : 4);
         vdrop(s, pr);
@@ -580,6 +748,7 @@ static var attention(sim *s, cast_cache *cc, var x, const params *p, int l) {
         var o = bmm(s, pd, cv, act_bth);
         vdrop(s, pd);
         vdrop(s, cv);
+        tdrop(s, mb);
         var u = view_node(s, o, 1);
         vdrop(s, o);
         ctx = clone(s, u);
@@ -683,6 +852,7 @@ static var head_loss(sim *s, cast_cache *cc, var seq_out, var emb_out, const par
     var loss;
     if (s->qa) {
         vdrop(s, emb_out); /* BertModel.forward has returned */
+        tdrop(s, s->mask_t);
         var lg = linear(s, cc, seq_out, p->head_w, p->head_b, B * T, H, 2);
         /* split into start/end, each squeezed and made contiguous (copies);
          * SplitBackward stacks their gradients */
@@ -714,8 +884,11 @@ static var head_loss(sim *s, cast_cache *cc, var seq_out, var emb_out, const par
             /* the pooler keeps the whole sequence output alive through its view */
             tref(s, first.t);
             int y = tnew(s, B * H * 4);
+            blas_gemm(s, 1);
             int n = nnew(s);
+            if (n >= 0) s->n[n].gemm = 1, s->n[n].bias_rows = (int64_t)B, s->n[n].bias_out = (int64_t)H;
             nsave(s, n, first.t);
+            psave(s, n, p->pool_w);
             nedge(s, n, sel, -1, B * H * 4, 0);
             nedge(s, n, -1, p->pool_w, H * H * 4, 0);
             nedge(s, n, -1, p->pool_b, H * 4, 0);
@@ -725,6 +898,7 @@ static var head_loss(sim *s, cast_cache *cc, var seq_out, var emb_out, const par
         var th = unary(s, pl, 1);
         vdrop(s, pl);
         vdrop(s, emb_out); /* BertModel.forward returns after the pooler */
+        tdrop(s, s->mask_t);
         var d = dropout(s, th, s->p_drop, s->act);
         vdrop(s, th);
         var lg = linear(s, cc, d, p->head_w, p->head_b, B, H, (size_t)s->labels);
@@ -745,6 +919,7 @@ static var head_loss(sim *s, cast_cache *cc, var seq_out, var emb_out, const par
 /* A gradient arriving over edge e. */
 static void send(sim *s, edge e, int g) {
     if (g < 0) return;
+    if (e.param >= 0 && s->role != ROLE_ONE && par_grad(s, e.param, g)) return;
     if (e.param >= 0) {
         param *p = &s->pr[e.param];
         if (p->grad < 0) {
@@ -814,6 +989,13 @@ static void run_node(sim *s, int i) {
         outs[k] = tnew(s, x->e[k].bytes);
         x = &s->n[i];
     }
+    if (g >= 0 && x->gemm) blas_gemm(s, 0);
+    x = &s->n[i];
+    /* the bias's gradient, when one was asked for: its edge is the last */
+    if (g >= 0 && x->bias_out && x->ne > 0 && outs[x->ne - 1] >= 0 &&
+        s->t[outs[x->ne - 1]].bytes <= (size_t)x->bias_out * 4)
+        bias_sum_scratch(s, x->bias_rows, x->bias_out);
+    x = &s->n[i];
     if (g >= 0 && x->scratch) ttmp(s, x->scratch);
     for (int k = 0; k < x->nsaved; k++) {
         tdrop(s, x->saved[k]);
@@ -831,6 +1013,7 @@ static void backward(sim *s, var loss, int first, cast_cache *cc) {
         return;
     }
     s->n[loss.node].gbuf = g;
+    s->on_autograd = 1; /* CUDA backward runs on autograd's device thread */
     int done = s->L; /* layers below this one are recomputed */
     for (int i = s->nn - 1; i >= first && s->st == TK_OK; i--) {
         int l = s->n[i].layer;
@@ -840,12 +1023,14 @@ static void backward(sim *s, var loss, int first, cast_cache *cc) {
         }
         run_node(s, i);
         if (l >= 0 && i == s->layer_first[l]) {
+            if (l == 0) tdrop(s, s->ckpt_mask), s->ckpt_mask = -1;
             tdrop(s, s->layer_input[l]);
             tdrop(s, s->layer_rng[l]);
             s->layer_input[l] = s->layer_rng[l] = -1;
         }
     }
     s->nn = first;
+    s->on_autograd = 0;
 }
 
 /* ---- the training step ----------------------------------------------------------------- */
@@ -857,6 +1042,12 @@ static var forward(sim *s, const params *p, cast_cache *cc) {
     /* BertModel.forward's embedding_output lives until it returns */
     var emb_out = x;
     tref(s, emb_out.t);
+    padding_mask(s);
+    s->ckpt_mask = -1;
+    if (s->ckpt && s->mask_t >= 0) { /* each checkpointed layer's recomputation keeps its inputs */
+        tref(s, s->mask_t);
+        s->ckpt_mask = s->mask_t;
+    }
     for (int l = 0; l < s->L && s->st == TK_OK; l++) {
         char name[64];
         snprintf(name, sizeof name, "bert.encoder.layer.%d", l);
@@ -889,13 +1080,16 @@ static var forward(sim *s, const params *p, cast_cache *cc) {
 }
 
 static void optimizer_step(sim *s, int first) {
+    if (s->role == ROLE_DP1 || s->role == ROLE_ZERO2) return; /* GPU 0's optimizer; DeepSpeed's states */
     s->cat = TK_CAT_OPTIM;
     for (int i = 0; i < s->np && first; i++) {
         param *p = &s->pr[i];
         if (!p->trainable || p->grad < 0) continue;
         s->owner = p->owner;
         size_t numel = p->bytes / 4;
-        if (!s->cuda && !s->torch110) tnew(s, 4); /* state['step'] = torch.tensor(0.), on the CPU */
+        /* state['step']: a CPU tensor, or (fused) a float32 one on the
+         * parameter's device (torch/optim/adam.py _init_group) */
+        if ((!s->cuda || s->fused) && !s->torch110) tnew(s, 4);
         if (s->adam8 && numel >= 4096) {
             /* bitsandbytes: uint8 state1/state2 and fp32 absmax per 256-block */
             size_t blocks = (numel + 255) / 256;
@@ -915,6 +1109,21 @@ static void optimizer_step(sim *s, int first) {
     }
     if (s->adam8) return; /* one fused kernel per tensor, in place */
     s->cat = TK_CAT_TEMP;
+    if (s->fused) {
+        /* _fused_adam: torch._foreach_add_(state_steps, 1), then one
+         * _fused_adamw_ kernel over all the tensors, in place. On the CPU the
+         * foreach add runs tensor by tensor, each add_ taking two small
+         * blocks (the allocator events of torch 2.15); on CUDA the foreach
+         * kernel takes the scalar as an argument and allocates nothing. */
+        for (int i = 0; i < s->np && !s->cuda; i++) {
+            if (!s->pr[i].trainable || s->pr[i].grad < 0) continue;
+            s->owner = s->pr[i].owner;
+            int a = tnew(s, 4), b = tnew(s, 4);
+            tdrop(s, a);
+            tdrop(s, b);
+        }
+        return;
+    }
     if (s->cuda && !s->torch1) {
         /* foreach: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs), divided
          * and added to in place, used by _foreach_addcdiv_, then dropped */
@@ -955,7 +1164,7 @@ static void optimizer_step(sim *s, int first) {
  * gradients to None (freed); torch 1.13 fills them with zeros in place, so
  * they stay allocated through the next forward. */
 static void zero_grad(sim *s) {
-    if (s->torch1) return;
+    if (s->torch1 || s->role == ROLE_DP1 || s->role == ROLE_ZERO2) return;
     for (int i = 0; i < s->np; i++) {
         tdrop(s, s->pr[i].grad);
         s->pr[i].grad = -1;
@@ -964,30 +1173,39 @@ static void zero_grad(sim *s) {
 
 /* One optimizer step: zero_grad, `acc` micro-batches, optimizer.step(). */
 static void train_step(sim *s, const params *p, cast_cache *cc, int first) {
+    /* GradScaler lives where the loss and the optimizer are: GPU 0 of
+     * DataParallel; DeepSpeed scales the loss itself */
+    int scaler = s->fp16 && s->role != ROLE_DP1 && s->role != ROLE_ZERO2;
     zero_grad(s);
     for (int m = 0; m < s->acc && s->st == TK_OK; m++) {
         size_t bt = (size_t)s->B * s->T;
         s->cat = TK_CAT_INPUT;
         set_owner(s, "inputs");
+        /* DataParallel: the Trainer moves the whole batch to GPU 0, whose
+         * chunk of the scatter is a view of it; GPU 1's is a copy */
+        size_t k = s->role == ROLE_DP0 ? (size_t)s->world : 1;
         int in[5], nin = 0;
-        in[nin++] = tnew(s, bt * 8);               /* input_ids */
-        in[nin++] = tnew(s, bt * 8);               /* token_type_ids */
-        in[nin++] = tnew(s, bt * 8);               /* attention_mask */
-        in[nin++] = tnew(s, (size_t)s->B * 8);     /* labels / start_positions */
-        if (s->qa) in[nin++] = tnew(s, (size_t)s->B * 8); /* end_positions */
+        in[nin++] = tnew(s, k * bt * 8);               /* input_ids */
+        in[nin++] = tnew(s, k * bt * 8);               /* token_type_ids */
+        in[nin++] = tnew(s, k * bt * 8);               /* attention_mask */
+        in[nin++] = tnew(s, k * (size_t)s->B * 8);     /* labels / start_positions */
+        if (s->qa) in[nin++] = tnew(s, k * (size_t)s->B * 8); /* end_positions */
         int first_node = s->nn;
+        par_forward_start(s);
         var loss = forward(s, p, cc);
-        if (s->fp16) { /* GradScaler: scaler.scale(loss) */
+        par_forward_end(s, &loss);
+        if (scaler) { /* GradScaler: scaler.scale(loss) */
             s->cat = TK_CAT_TEMP;
             var sl = scale(s, loss);
             vdrop(s, loss);
             loss = sl;
         }
         backward(s, loss, first_node, cc);
+        par_backward_end(s);
         vdrop(s, loss);
         for (int k = 0; k < nin; k++) tdrop(s, in[k]);
     }
-    if (s->fp16) { /* unscale_: found_inf and inv_scale */
+    if (scaler) { /* unscale_: found_inf and inv_scale */
         s->cat = TK_CAT_TEMP;
         int f = tnew(s, 4), iv = tnew(s, 4);
         optimizer_step(s, first);
@@ -996,6 +1214,309 @@ static void train_step(sim *s, const params *p, cast_cache *cc, int first) {
     } else {
         optimizer_step(s, first);
     }
+}
+
+/* ---- two or more GPUs ----------------------------------------------------------------- */
+
+/* Groups n sizes (bytes[i] of item i, in order) into chunks as PyTorch groups
+ * tensors to flatten or bucket them. The C++ rule (torch/csrc/utils/
+ * tensor_flatten.cpp take_tensors; c10d's compute_bucket_assignment_by_size):
+ * a chunk takes tensors until its bytes reach the limit, that tensor
+ * included, and the next chunk has the next limit (the last one repeats).
+ * The Python rule (before = 1; torch/_utils.py _take_tensors): a tensor that
+ * would take a non-empty chunk past the limit starts the next chunk.
+ * chunk[i] gets item i's chunk; returns the number of chunks. */
+static int group_sizes(const size_t *bytes, int n, const size_t *limits, int nlimits, int before, int *chunk) {
+    int c = 0, li = 0;
+    size_t sum = 0;
+    for (int i = 0; i < n; i++) {
+        if (before && sum > 0 && sum + bytes[i] > limits[li]) c++, sum = 0;
+        chunk[i] = c;
+        sum += bytes[i];
+        if (!before && sum >= limits[li]) {
+            c++, sum = 0;
+            if (li + 1 < nlimits) li++;
+        }
+    }
+    return sum > 0 ? c + 1 : c;
+}
+
+/* Every parameter's index in model.parameters() order (trainable: only
+ * those that require grad); new array, *n of them. */
+static int *param_ids(sim *s, int trainable, int *n) {
+    int *ids = tk_calloc((size_t)s->np + 1, sizeof *ids);
+    if (!ids) {
+        fail_oom(s);
+        return NULL;
+    }
+    *n = 0;
+    for (int i = 0; i < s->np; i++)
+        if (!trainable || s->pr[i].trainable) ids[(*n)++] = i;
+    return ids;
+}
+
+/* Parameters grouped into chunks by group_sizes: ids[i] (n, in order),
+ * chunk[i] of each, and of each of the nc chunks its bytes and tensors. */
+typedef struct {
+    int *ids, *chunk, *count, n, nc;
+    size_t *sums;
+} grouping;
+
+static void grouping_free(grouping *g) {
+    free(g->ids), free(g->chunk), free(g->count), free(g->sums);
+    memset(g, 0, sizeof *g);
+}
+
+/* Groups the parameters `order` (n of them; NULL: all of them in model
+ * order) under `limits` by the C++ rule, or the Python one (`before`).
+ * Returns nc, or -1 out of host memory (g then empty). */
+static int group_params(sim *s, const int *order, int n, const size_t *limits, int nlimits, int before, grouping *g) {
+    memset(g, 0, sizeof *g);
+    g->ids = order ? tk_calloc((size_t)n + 1, sizeof *g->ids) : param_ids(s, 0, &n);
+    g->n = n;
+    g->chunk = tk_calloc((size_t)n + 1, sizeof *g->chunk);
+    g->count = tk_calloc((size_t)n + 1, sizeof *g->count);
+    g->sums = tk_calloc((size_t)n + 1, sizeof *g->sums);
+    if (!g->ids || !g->chunk || !g->count || !g->sums) {
+        grouping_free(g);
+        return fail_oom(s);
+    }
+    if (order) memcpy(g->ids, order, (size_t)n * sizeof *order);
+    for (int i = 0; i < n; i++) g->sums[i] = s->pr[g->ids[i]].bytes;
+    g->nc = group_sizes(g->sums, n, limits, nlimits, before, g->chunk);
+    memset(g->sums, 0, ((size_t)n + 1) * sizeof *g->sums);
+    for (int i = 0; i < n; i++) g->sums[g->chunk[i]] += s->pr[g->ids[i]].bytes, g->count[g->chunk[i]]++;
+    return g->nc;
+}
+
+/* DDP: the reducer's buckets over the trainable parameters `ids` (n, in the
+ * order given) under `limits`, one tensor each, kept while DDP lives
+ * (reducer.cpp initialize_buckets: bucket.gradients = at::empty(...)); with
+ * gradient_as_bucket_view=False (DDP's and accelerate's default, which the
+ * Trainer keeps) the gradients are tensors of their own beside them. */
+static void ddp_buckets(sim *s, const int *ids, int n, const size_t *limits, int nlimits) {
+    grouping g;
+    if (group_params(s, ids, n, limits, nlimits, 0, &g) < 0) return;
+    if (!(s->bucket = tk_calloc((size_t)g.nc + 1, sizeof *s->bucket))) fail_oom(s);
+    s->cat = TK_CAT_GRAD;
+    set_owner(s, "DDP reducer buckets");
+    /* DDP hands the reducer the buckets reversed (the order gradients come) */
+    for (int b = g.nc - 1; b >= 0 && s->bucket; b--) s->bucket[s->nbucket++] = tnew(s, g.sums[b]);
+    grouping_free(&g);
+}
+
+/* DDP(model) (torch/nn/parallel/distributed.py), before the first step:
+ * rank 0's parameters and buffers are broadcast (c10d broadcast_coalesced
+ * with 250 MiB buckets per dtype, each bucket flattened into one tensor, a
+ * view when it holds one tensor, two buckets in flight), then the reducer's
+ * buckets: with find_unused_parameters, 1 MiB then bucket_cap_mb (25 MiB)
+ * over the parameters in reverse; without it, one bucket of all of them
+ * until the first backward has shown the order gradients come in. */
+static void ddp_init(sim *s) {
+    grouping g;
+    size_t lim = (size_t)250 << 20;
+    int nc = group_params(s, NULL, 0, &lim, 1, 0, &g);
+    s->cat = TK_CAT_TEMP;
+    set_owner(s, "DDP broadcast");
+    int fly[2] = {-1, -1};
+    for (int c = 0; c <= nc && nc >= 0; c++) { /* the parameters' buckets, then the int64 buffers' */
+        tdrop(s, fly[0]);
+        fly[0] = fly[1];
+        fly[1] = c < nc ? (g.count[c] > 1 ? tnew(s, g.sums[c]) : -1) : tnew(s, (size_t)s->P * 8 * 2);
+    }
+    tdrop(s, fly[0]);
+    tdrop(s, fly[1]);
+    grouping_free(&g);
+    int nt = 0, *t = param_ids(s, 1, &nt);
+    if (!t) return;
+    s->cat = TK_CAT_GRAD;
+    set_owner(s, "DDP reducer buckets");
+    if (s->find_unused) { /* the reducer's per-parameter used map: the CPU's, and the device's copy */
+        if (!s->cuda) tnew(s, (size_t)nt * 4);
+        tnew(s, (size_t)nt * 4);
+    }
+    size_t all = SIZE_MAX, lims[2] = {s->first_bucket_cap, s->bucket_cap};
+    ddp_buckets(s, t, nt, s->find_unused ? lims : &all, s->find_unused ? 2 : 1);
+    free(t);
+}
+
+/* DataParallel's replicate on this GPU: the parameters, then the buffers,
+ * broadcast from GPU 0 in 10 MiB chunks (torch/nn/parallel/replicate.py ->
+ * torch/csrc/cuda/comm.cpp broadcast_coalesced): GPU 0 flattens each chunk
+ * of more than one tensor into a temporary and keeps its own tensors as the
+ * first replica; GPU 1 receives each chunk into one new tensor, which its
+ * replica's parameters are views of. */
+static void dp_replicate(sim *s) {
+    grouping g;
+    size_t lim = (size_t)10 << 20;
+    int nc = group_params(s, NULL, 0, &lim, 1, 0, &g);
+    set_owner(s, "DataParallel replica");
+    if (s->role == ROLE_DP1) {
+        free(s->chunk);
+        s->chunk = tk_calloc((size_t)nc + 1, sizeof *s->chunk);
+        if (!s->chunk) fail_oom(s);
+        s->nchunk = 0;
+    }
+    for (int c = 0; c < nc && s->st == TK_OK; c++) {
+        if (s->role == ROLE_DP0) {
+            if (g.count[c] > 1) ttmp(s, g.sums[c]);
+            continue;
+        }
+        s->cat = TK_CAT_PARAM;
+        s->chunk[s->nchunk++] = tnew(s, g.sums[c]);
+        for (int i = 0; i < g.n; i++)
+            if (g.chunk[i] == c) s->chunk_of[g.ids[i]] = s->nchunk - 1;
+    }
+    /* the two int64 buffers, one chunk */
+    if (s->role == ROLE_DP0) ttmp(s, (size_t)s->P * 8 * 2);
+    else s->cat = TK_CAT_PARAM, s->buf_chunk = tnew(s, (size_t)s->P * 8 * 2);
+    grouping_free(&g);
+}
+
+static void psave(sim *s, int n, int pi) {
+    /* GPU 1's replica parameters live as long as a node keeps them (or, under
+     * checkpointing, the layer's recomputation holds the replica) */
+    if (s->role != ROLE_DP1 || s->ckpt || pi < 0 || !s->chunk || s->recompute || s->chunk_of[pi] >= s->nchunk) return;
+    nsave(s, n, s->chunk[s->chunk_of[pi]]);
+}
+
+static int par_grad(sim *s, int pi, int g) {
+    if (s->role == ROLE_ZERO2) { /* DeepSpeed's hook copies it into its reduce bucket */
+        tdrop(s, g);
+        return 1;
+    }
+    if (s->role == ROLE_DDP) {
+        /* the reducer's hook after AccumulateGrad: step 1 records the order
+         * (for the rebuild); on the CPU the copy into the bucket divides by
+         * a wrapped scalar tensor (reducer.cpp mark_variable_ready_dense) */
+        if (s->step == 0 && s->ready && s->pr[pi].grad < 0 && s->nready < s->np) s->ready[s->nready++] = pi;
+        if (!s->cuda) ttmp(s, 8);
+        return 0;
+    }
+    /* DataParallel: a replica parameter's gradient waits in the input buffer
+     * of Broadcast's backward for the reduce (summed in place there) */
+    if (s->held[pi] < 0) s->held[pi] = g;
+    else tdrop(s, g);
+    return 1;
+}
+
+static void par_forward_start(sim *s) {
+    if (s->role == ROLE_DDP) {
+        if (!s->find_unused && s->nready > 0 && !s->rebuilt) {
+            /* the first forward after a backward rebuilds the buckets in the
+             * order the gradients came (reducer.cpp rebuild_buckets): the
+             * old ones go first */
+            for (int b = 0; b < s->nbucket; b++) tdrop(s, s->bucket[b]);
+            free(s->bucket);
+            s->bucket = NULL;
+            s->nbucket = 0;
+            size_t lims[2] = {s->first_bucket_cap, s->bucket_cap};
+            ddp_buckets(s, s->ready, s->nready, lims, 2);
+            s->rebuilt = 1;
+        }
+        /* broadcast_buffers: the buffers flattened and broadcast each forward */
+        set_owner(s, "DDP broadcast");
+        ttmp(s, (size_t)s->P * 8 * 2);
+    } else if (s->role == ROLE_DP0 || s->role == ROLE_DP1) {
+        dp_replicate(s);
+    }
+    s->cat = TK_CAT_ACT;
+}
+
+static void par_forward_end(sim *s, var *loss) {
+    if (s->role == ROLE_DP0) {
+        /* Gather: each replica's loss (a vector of them) and logits onto GPU 0;
+         * the Trainer takes loss.mean() and drops the outputs */
+        s->cat = TK_CAT_ACT;
+        set_owner(s, "DataParallel gather");
+        size_t W = (size_t)s->world, B = (size_t)s->B;
+        int vec = tnew(s, W * 4);
+        if (s->qa) {
+            int a = tnew(s, W * B * (size_t)s->T * s->act), b = tnew(s, W * B * (size_t)s->T * s->act);
+            tdrop(s, a);
+            tdrop(s, b);
+        } else {
+            ttmp(s, W * B * (size_t)s->labels * s->act);
+        }
+        int mean = tnew(s, 4);
+        tdrop(s, vec);
+        tdrop(s, loss->t);
+        loss->t = mean;
+    } else if (s->role == ROLE_DP1 && !s->ckpt) {
+        /* the replica module is gone: its copies live on in the nodes that
+         * keep them */
+        for (int c = 0; c < s->nchunk; c++) tdrop(s, s->chunk[c]);
+    }
+}
+
+/* DataParallel's reduce at the end of backward (torch/nn/parallel/
+ * _functions.py Broadcast.backward -> comm.py reduce_add_coalesced): every
+ * replica gradient (zeros for the frozen parameters: autograd materialises
+ * them) in 10 MiB chunks; each GPU flattens its chunk (a copy when it holds
+ * more than one tensor; the previous chunk's copies go when the next ones
+ * exist); GPU 0 gets each chunk's sum (NCCL reduce into empty_like), which
+ * its parameters' .grad become views of. */
+static void dp_reduce(sim *s) {
+    grouping g;
+    size_t lim = (size_t)10 << 20;
+    int nc = group_params(s, NULL, 0, &lim, 1, 1, &g);
+    s->cat = TK_CAT_GRAD;
+    set_owner(s, "DataParallel reduce");
+    for (int i = 0; i < g.n && s->st == TK_OK; i++)
+        if (s->held[g.ids[i]] < 0) s->held[g.ids[i]] = tnew(s, s->pr[g.ids[i]].bytes);
+    int prev = -1;
+    for (int c = 0, first = 0; c < nc && s->st == TK_OK; first += g.count[c++]) {
+        s->cat = TK_CAT_TEMP;
+        int flat = g.count[c] > 1 ? tnew(s, g.sums[c]) : -1;
+        tdrop(s, prev);
+        prev = flat;
+        if (s->role != ROLE_DP0) continue;
+        s->cat = TK_CAT_GRAD;
+        int sum = tnew(s, g.sums[c]);
+        for (int i = first; i < first + g.count[c]; i++) {
+            param *p = &s->pr[g.ids[i]];
+            if (!p->trainable) continue;
+            tref(s, sum); /* .grad: a view of the chunk's sum, or added into the .grad it has */
+            if (p->grad < 0) p->grad = sum;
+            else tdrop(s, sum);
+        }
+        tdrop(s, sum);
+    }
+    tdrop(s, prev);
+    for (int i = 0; i < g.n; i++) {
+        tdrop(s, s->held[g.ids[i]]);
+        s->held[g.ids[i]] = -1;
+    }
+    grouping_free(&g);
+}
+
+static void par_backward_end(sim *s) {
+    if (s->role != ROLE_DP0 && s->role != ROLE_DP1) return;
+    dp_reduce(s);
+    if (s->role == ROLE_DP1) {
+        for (int c = 0; c < s->nchunk && s->ckpt; c++) tdrop(s, s->chunk[c]);
+        s->nchunk = 0;
+        tdrop(s, s->buf_chunk);
+        s->buf_chunk = -1;
+    }
+}
+
+/* DeepSpeed ZeRO-2's model states on each GPU, by its own estimate
+ * (deepspeed/runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs,
+ * the figures of DeepSpeed's "Memory Requirements" page): 4 bytes per
+ * parameter on every GPU (the 16-bit weights and gradients) and 16 per
+ * parameter over the GPUs (fp32 weights, Adam's two moments and fp32
+ * gradients, partitioned). Allocated before the first step. */
+static void zero2_states(sim *s) {
+    size_t psi = 0;
+    for (int i = 0; i < s->np; i++) psi += s->pr[i].bytes / 4;
+    set_owner(s, "DeepSpeed ZeRO-2");
+    s->cat = TK_CAT_PARAM;
+    tnew(s, 2 * psi);
+    s->cat = TK_CAT_GRAD;
+    tnew(s, 2 * psi);
+    s->cat = TK_CAT_OPTIM;
+    tnew(s, 16 * psi / (size_t)s->world);
 }
 
 /* ---- the plan ---------------------------------------------------------------------------- */
@@ -1011,18 +1532,35 @@ static size_t pytorch_context(const tk_gpu_profile *prof) {
     return prof->context_overhead;
 }
 
-static tk_status check_config(const tk_config *c, int cuda, tk_err *err) {
+static tk_status check_config(const tk_config *c, int cuda, int world, tk_err *err) {
     if (c->head == TK_HEAD_FLATTEN_DENSE || c->towers > 1) {
         tk_err_set(err, TK_EINVAL, "head: flatten_dense is txkernel's own head; engine: pytorch plans transformers' "
                                    "BertForSequenceClassification (task: classify) and BertForQuestionAnswering (task: qa)");
         return TK_EINVAL;
     }
-    if (tk_config_world_size(c) > 1) {
-        char key[64];
-        if (c->world_size > 1) snprintf(key, sizeof key, "world_size: %d", c->world_size);
-        else snprintf(key, sizeof key, "gpu: %s is %d GPUs", c->gpu, tk_config_world_size(c));
-        tk_err_set(err, TK_EINVAL, "%s: engine: pytorch plans one GPU's step; a data-parallel PyTorch run (DDP, "
-                                   "DeepSpeed ZeRO, FSDP) adds buffers it does not model yet", key);
+    if (c->zero > 0) {
+        tk_err_set(err, TK_EINVAL, "zero: %d is txkernel's own sharding; with engine: pytorch, DeepSpeed's ZeRO stage 2 "
+                                   "is parallel: zero2", c->zero);
+        return TK_EINVAL;
+    }
+    if (world > 1 && !cuda && c->parallel != TK_PAR_DDP) {
+        tk_err_set(err, TK_EINVAL, "parallel: %s runs on CUDA GPUs (a gpu: card, or device: cuda); on the cpu, "
+                                   "parallel: ddp plans each gloo rank", c->parallel == TK_PAR_ZERO2 ? "zero2" : "dataparallel");
+        return TK_EINVAL;
+    }
+    if (world > 1 && c->parallel == TK_PAR_ZERO2 && c->precision == TK_PREC_FP32) {
+        tk_err_set(err, TK_EINVAL, "parallel: zero2 is planned from DeepSpeed's estimate for mixed precision: set "
+                                   "precision: fp16 or bf16 (the Trainer's fp16=True / bf16=True)");
+        return TK_EINVAL;
+    }
+    if (world > 1 && c->parallel == TK_PAR_ZERO2 && c->optimizer == TK_OPTIM_ADAMW8) {
+        tk_err_set(err, TK_EINVAL, "optimizer: adamw8bit with parallel: zero2: DeepSpeed steps its own Adam over its "
+                                   "partitioned state");
+        return TK_EINVAL;
+    }
+    if (c->optimizer == TK_OPTIM_ADAMW_FUSED && tk_torch_minor(c->torch_version) < 0) {
+        tk_err_set(err, TK_EINVAL, "optimizer: adamw_torch_fused is torch.optim.AdamW(fused=True), which torch %s does "
+                                   "not have (torch 2.0 added it): use optimizer: adamw", VERSIONS[c->torch_version].torch);
         return TK_EINVAL;
     }
     if (c->freeze_layers > 0) {
@@ -1048,68 +1586,22 @@ static tk_status check_config(const tk_config *c, int cuda, tk_err *err) {
     return TK_OK;
 }
 
-tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *err) {
-    memset(out, 0, sizeof *out);
-    tk_config c = *c0;
-    tk_status st = tk_config_resolve_model(&c, err);
-    if (st != TK_OK) return st;
-    const tk_gpu_profile *prof = c.gpu[0] ? tk_gpu_profile_find(c.gpu) : NULL;
-    int cuda = c.device == TK_DEVICE_CUDA || prof != NULL;
-    if ((st = check_config(&c, cuda, err)) != TK_OK) return st;
+/* One device's two steps as `proto` describes the step, in `role`: its
+ * figures. freeze_emb: the embeddings are frozen. */
+typedef struct {
+    size_t peak_allocated, first_step_peak_allocated, peak_reserved;
+    size_t param_bytes, grad_bytes, optim_bytes;
+    int n_workspaces;             /* cuBLAS workspaces kept (this device's forward thread's and autograd's) */
+    size_t lt_workspace_bytes, outside_bytes;
+    size_t by_cat_at_peak[TK_CAT_COUNT];
+    int64_t n_params, n_trainable;
+} gpu_figures;
 
-    sim s;
-    memset(&s, 0, sizeof s);
-    s.B = c.batch_size, s.T = c.max_len, s.H = c.hidden, s.nh = c.heads, s.I = c.intermediate;
-    s.V = c.vocab_size, s.P = c.max_position, s.TV = c.type_vocab, s.L = c.layers;
-    s.labels = c.num_labels > 0 ? c.num_labels : 2;
-    s.qa = c.task == TK_TASK_QA;
-    s.cuda = cuda;
-    s.torch1 = c.torch_version != TK_TORCH_2; /* torch 1.13 and 1.10 share these rules */
-    s.torch110 = c.torch_version == TK_TORCH_1_10;
-    s.eager = s.torch1 || c.attn_implementation == TK_ATTN_IMPL_EAGER;
-    s.p_drop = c.dropout;
-    s.p_attn = c.attention_dropout < 0 ? c.dropout : c.attention_dropout;
-    s.bf16 = c.precision == TK_PREC_BF16;
-    s.fp16 = c.precision == TK_PREC_FP16;
-    s.act = s.bf16 || s.fp16 ? 2 : 4;
-    s.ckpt = c.recompute == TK_RECOMPUTE_LAYERS;
-    s.adam8 = c.optimizer == TK_OPTIM_ADAMW8;
-    s.acc = c.accumulate > 0 ? c.accumulate : 1;
-    s.layer = -1;
-    if (s.T > s.P) {
-        tk_err_set(err, TK_EINVAL, "max_len: %d is more than the model's %d position embeddings", s.T, s.P);
-        return TK_EINVAL;
-    }
-    /* which attention kernel runs */
-    int cc_major = prof ? prof->cc_major : 8;
-    int head_dim = s.H / s.nh;
-    if (s.eager) {
-        out->attention = s.torch1 && c.attn_implementation == TK_ATTN_IMPL_SDPA
-                             ? s.torch110 ? "eager (transformers 4.15 runs BERT's attention eagerly only)"
-                                                   : "eager (transformers 4.40 runs BERT's attention eagerly only)" : "eager";
-    } else if (!cuda) {
-        s.sdpa_math = s.p_attn > 0;
-        out->attention = s.sdpa_math ? "sdpa (math: the CPU's flash kernel takes no dropout)" : "sdpa (cpu flash)";
-    } else if (cc_major >= 8 && s.act == 2 && head_dim <= 256 && head_dim % 8 == 0) {
-        out->attention = "sdpa (flash)";
-    } else if (cc_major >= 5 && head_dim % 8 == 0) {
-        s.sdpa_eff = 1;
-        out->attention = "sdpa (efficient)";
-    } else {
-        s.sdpa_math = 1;
-        out->attention = "sdpa (math)";
-    }
-    out->optimizer = s.adam8                ? "AdamW8bit (bitsandbytes)"
-                     : cuda && !s.torch1  ? "AdamW (foreach)"
-                     : s.torch110           ? "AdamW (transformers' own, Trainer's default in 4.15)"
-                                            : "AdamW (single-tensor)";
-    out->precision = s.bf16 ? "bf16 autocast" : s.fp16 ? "fp16 autocast + GradScaler" : "fp32";
-    out->device = cuda ? "cuda" : "cpu";
-    out->torch_version = VERSIONS[c.torch_version].torch;
-    out->transformers_version = VERSIONS[c.torch_version].transformers;
-    out->batch = s.B, out->seq = s.T, out->accumulate = s.acc, out->on_cuda = cuda;
-    if (prof) snprintf(out->gpu, sizeof out->gpu, "%s", prof->name);
-
+static tk_status simulate(const sim *proto, int role, int freeze_emb, gpu_figures *f, tk_err *err) {
+    memset(f, 0, sizeof *f);
+    sim s = *proto;
+    s.role = role;
+    s.buf_chunk = -1;
     uintptr_t next_addr = 1 << 20;
     tk_devmem dm = {fake_seg_alloc, fake_seg_free, &next_addr};
     s.a = tk_alloc_new(dm, 0);
@@ -1129,22 +1621,27 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     s.prm = &p;
     s.step = -1;
     const char *events = getenv("TXK_TORCHPLAN_EVENTS"); /* a developer's diff against torch_reference --events */
-    if (events && *events && !(s.trace = fopen(events, "w"))) {
+    if (events && *events && role <= ROLE_DDP && !(s.trace = fopen(events, "w"))) {
         tk_err_set(err, TK_EIO, "TXK_TORCHPLAN_EVENTS: cannot write %s", events);
         s.st = TK_EIO;
         goto done;
     }
-    make_params(&s, &p, c.freeze_embeddings);
-    if (cuda) {
-        /* the cuBLAS workspace comes from the caching allocator (PyTorch's
-         * getCUDABlasWorkspace) at the first GEMM and stays: 4096 KiB x 2 +
-         * 16 KiB x 8 by default before Hopper, 4096 KiB x 8 + 16 KiB x 8 on it */
-        s.cat = TK_CAT_WORKSPACE;
-        set_owner(&s, "cublas");
-        out->workspace_bytes = (cc_major >= 9 ? (size_t)4096 * 1024 * 8 : (size_t)4096 * 1024 * 2) + 16 * 1024 * 8;
-        tnew(&s, out->workspace_bytes);
+    make_params(&s, &p, freeze_emb);
+    /* cuBLAS's workspaces per (handle, stream): this device's forward
+     * thread's (a DataParallel replica's forward runs on a thread of its own,
+     * one per device, whose handle the pool hands back each step) and its
+     * autograd device thread's */
+    s.w[0] = s.w[1] = s.lt[0] = s.lt[1] = -1;
+    if (s.st == TK_OK && role != ROLE_ONE) {
+        s.held = tk_calloc((size_t)s.np + 1, sizeof *s.held);
+        s.chunk_of = tk_calloc((size_t)s.np + 1, sizeof *s.chunk_of);
+        s.ready = tk_calloc((size_t)s.np + 1, sizeof *s.ready);
+        if (!s.held || !s.chunk_of || !s.ready) fail_oom(&s);
+        for (int i = 0; s.held && i < s.np; i++) s.held[i] = -1;
     }
-    if (s.fp16) { /* GradScaler's scale and growth tracker */
+    if (role == ROLE_DDP) ddp_init(&s);
+    if (role == ROLE_ZERO2) zero2_states(&s);
+    if (s.fp16 && role != ROLE_DP1 && role != ROLE_ZERO2) { /* GradScaler's scale and growth tracker, on GPU 0 */
         s.cat = TK_CAT_OPTIM;
         set_owner(&s, "GradScaler");
         tnew(&s, 4);
@@ -1155,32 +1652,35 @@ tk_status tk_torchplan(const tk_config *c0, tk_torchplan_result *out, tk_err *er
     s.step = 0;
     train_step(&s, &p, cc, 1);
     tk_alloc_stats_get(s.a, &stats);
-    out->first_step_peak_allocated = stats.allocated_peak;
+    f->first_step_peak_allocated = stats.allocated_peak;
     tk_alloc_reset_peak(s.a);
     s.step = 1;
     train_step(&s, &p, cc, 0);
     tk_alloc_stats_get(s.a, &stats);
-    out->peak_allocated = stats.allocated_peak;
-    out->peak_reserved = stats.reserved_peak;
+    f->peak_allocated = stats.allocated_peak;
+    f->peak_reserved = stats.reserved_peak;
     {
         tk_alloc_stats all;
         tk_alloc_stats_get(s.a, &all);
-        if (all.reserved_peak > out->peak_reserved) out->peak_reserved = all.reserved_peak;
+        if (all.reserved_peak > f->peak_reserved) f->peak_reserved = all.reserved_peak;
     }
-    memcpy(out->by_cat_at_peak, stats.by_cat_at_peak, sizeof out->by_cat_at_peak);
-    out->param_bytes = stats.by_cat[TK_CAT_PARAM];
-    out->grad_bytes = stats.by_cat[TK_CAT_GRAD];
-    out->optim_bytes = stats.by_cat[TK_CAT_OPTIM];
+    memcpy(f->by_cat_at_peak, stats.by_cat_at_peak, sizeof f->by_cat_at_peak);
+    f->param_bytes = stats.by_cat[TK_CAT_PARAM];
+    f->grad_bytes = stats.by_cat[TK_CAT_GRAD];
+    f->optim_bytes = stats.by_cat[TK_CAT_OPTIM];
     for (int i = 0; i < s.np; i++) {
-        out->n_params += (int64_t)(s.pr[i].bytes / 4);
-        if (s.pr[i].trainable) out->n_trainable += (int64_t)(s.pr[i].bytes / 4);
+        f->n_params += (int64_t)(s.pr[i].bytes / 4);
+        if (s.pr[i].trainable) f->n_trainable += (int64_t)(s.pr[i].bytes / 4);
     }
-    out->context_bytes = pytorch_context(prof);
-    out->capacity = prof ? prof->capacity : c.capacity;
-    out->device_used = out->peak_reserved + out->context_bytes;
-    out->fits = !out->capacity || out->device_used <= out->capacity;
-done:
-    st = s.st;
+    for (int th = 0; th < 2; th++) {
+        f->n_workspaces += s.w[th] >= 0;
+        if (s.lt[th] >= 0) f->lt_workspace_bytes += s.blas.lt_bytes;
+    }
+    /* torch 1.x: cuBLAS's own pools, one per thread that ran a GEMM, on the
+     * card beside the allocator */
+    if (s.cuda && s.blas.where == TK_BLAS_W_OUTSIDE) f->outside_bytes = 2 * s.blas.w_bytes;
+done:;
+    tk_status st = s.st;
     if (s.trace) fclose(s.trace);
     if (st == TK_ENOMEM) tk_err_nomem(err, "engine pytorch plan");
     else if (st == TK_EIO) { /* err already names the file */ }
@@ -1188,7 +1688,167 @@ done:
     tk_alloc_destroy(&s.a);
     free(s.t), free(s.n), free(s.pr), free(p.l), free(cc ? cc->t : NULL), free(cc);
     free(s.layer_first), free(s.layer_input), free(s.layer_in_node), free(s.layer_rng);
+    free(s.held), free(s.chunk), free(s.chunk_of), free(s.bucket), free(s.ready);
     return st;
+}
+
+/* What a run over several GPUs plans, and how it is known. */
+static const struct { const char *name, *checked; } PARALLEL[] = {
+    [TK_PAR_DATAPARALLEL] = {"DataParallel", "not measured: planned from torch.nn.DataParallel's sources (replicate, "
+                                             "scatter, gather, reduce_add_coalesced); no two GPUs here to run it on"},
+    [TK_PAR_DDP] = {"DDP", "each rank as PyTorch's DistributedDataParallel allocates it: checked on the CPU against "
+                           "two gloo ranks of PyTorch itself; NCCL's own buffers (outside the caching allocator) "
+                           "are not in it"},
+    [TK_PAR_ZERO2] = {"DeepSpeed ZeRO-2", "not measured: model states by DeepSpeed's own estimate (4 bytes per "
+                                          "parameter on every GPU + 16 per parameter over the GPUs), the step's "
+                                          "activations as planned here; DeepSpeed cannot run here"},
+};
+
+tk_status tk_torchplan(const tk_config *c, tk_torchplan_result *out, tk_err *err) {
+    return tk_torchplan_data(c, NULL, 0, out, err);
+}
+
+tk_status tk_torchplan_data(const tk_config *c0, const int *lengths, int nlen, tk_torchplan_result *out, tk_err *err) {
+    memset(out, 0, sizeof *out);
+    tk_config c = *c0;
+    tk_status st = tk_config_resolve_model(&c, err);
+    if (st != TK_OK) return st;
+    const tk_gpu_profile *prof = c.gpu[0] ? tk_gpu_profile_find(c.gpu) : NULL;
+    int cuda = c.device == TK_DEVICE_CUDA || prof != NULL;
+    int world = tk_config_world_size(&c);
+    if ((st = check_config(&c, cuda, world, err)) != TK_OK) return st;
+
+    sim s;
+    memset(&s, 0, sizeof s);
+    s.B = c.batch_size, s.H = c.hidden, s.nh = c.heads, s.I = c.intermediate;
+    s.V = c.vocab_size, s.P = c.max_position, s.TV = c.type_vocab, s.L = c.layers;
+    s.T = tk_plan_worst_len(&c, lengths, nlen);
+    if (c.batching == TK_BATCH_FIXED)
+        snprintf(out->seq_from, sizeof out->seq_from, "max_len (fixed padding)");
+    else if (lengths && nlen > 0)
+        snprintf(out->seq_from, sizeof out->seq_from, "the data's longest example of %d%s (batching: %s)", nlen,
+                 s.T == c.max_len ? ", capped at max_len" : "", c.batching == TK_BATCH_DYNAMIC ? "dynamic" : "buckets");
+    else
+        snprintf(out->seq_from, sizeof out->seq_from, "max_len: batching: %s without data (give --data or train_file "
+                 "to plan the longest batch)", c.batching == TK_BATCH_DYNAMIC ? "dynamic" : "buckets");
+    s.labels = c.num_labels > 0 ? c.num_labels : 2;
+    s.qa = c.task == TK_TASK_QA;
+    s.cuda = cuda;
+    s.torch1 = tk_torch_minor(c.torch_version) < 0; /* torch 1.13 and 1.10 share these rules */
+    /* data with an example shorter than the batch: its batches are padded,
+     * and transformers 5 then builds an attention mask (an all-ones one it
+     * drops; transformers 4 adds its small mask either way) */
+    for (int i = 0; i < nlen && lengths && !s.torch1; i++) s.pad_mask |= lengths[i] < s.T;
+    s.mask_t = s.ckpt_mask = -1;
+    s.torch110 = c.torch_version == TK_TORCH_1_10;
+    s.eager = s.torch1 || c.attn_implementation == TK_ATTN_IMPL_EAGER;
+    s.p_drop = c.dropout;
+    s.p_attn = c.attention_dropout < 0 ? c.dropout : c.attention_dropout;
+    s.bf16 = c.precision == TK_PREC_BF16;
+    s.fp16 = c.precision == TK_PREC_FP16;
+    s.act = s.bf16 || s.fp16 ? 2 : 4;
+    s.ckpt = c.recompute == TK_RECOMPUTE_LAYERS;
+    s.adam8 = c.optimizer == TK_OPTIM_ADAMW8;
+    s.fused = c.optimizer == TK_OPTIM_ADAMW_FUSED;
+    s.acc = c.accumulate > 0 ? c.accumulate : 1;
+    s.layer = -1;
+    s.world = world;
+    /* DDP as the Trainer wraps it (accelerate's DistributedDataParallelKwargs):
+     * find_unused_parameters unless gradient checkpointing is on; buckets of
+     * bucket_cap_mb, the first one 1 MiB when bucket_cap_mb is DDP's default */
+    s.find_unused = !s.ckpt;
+    s.bucket_cap = (size_t)(c.bucket_cap_mb > 0 ? c.bucket_cap_mb : 25) << 20;
+    s.first_bucket_cap = c.bucket_cap_mb > 0 ? s.bucket_cap : (size_t)1 << 20;
+    if (s.T > s.P) {
+        tk_err_set(err, TK_EINVAL, "max_len: %d is more than the model's %d position embeddings", s.T, s.P);
+        return TK_EINVAL;
+    }
+    /* which attention kernel runs */
+    int cc_major = prof ? prof->cc_major : 8;
+    int head_dim = s.H / s.nh;
+    if (s.eager) {
+        out->attention = s.torch1 && c.attn_implementation == TK_ATTN_IMPL_SDPA
+                             ? s.torch110 ? "eager (transformers 4.15 runs BERT's attention eagerly only)"
+                                                   : "eager (transformers 4.40 runs BERT's attention eagerly only)"
+                             : s.pad_mask ? "eager (with the padding mask)" : "eager";
+    } else if (!cuda) {
+        s.sdpa_math = s.p_attn > 0;
+        out->attention = s.sdpa_math  ? s.pad_mask ? "sdpa (math: the CPU's flash kernel takes no dropout; with the padding mask)"
+                                                   : "sdpa (math: the CPU's flash kernel takes no dropout)"
+                         : s.pad_mask ? "sdpa (cpu flash, with the padding mask)" : "sdpa (cpu flash)";
+    } else if (cc_major >= 8 && s.act == 2 && head_dim <= 256 && head_dim % 8 == 0 && !s.pad_mask) {
+        out->attention = "sdpa (flash)";
+    } else if (cc_major >= 5 && head_dim % 8 == 0) {
+        s.sdpa_eff = 1;
+        out->attention = s.pad_mask ? "sdpa (efficient: flash takes no padding mask)" : "sdpa (efficient)";
+    } else {
+        s.sdpa_math = 1;
+        out->attention = "sdpa (math)";
+    }
+    out->optimizer = s.adam8                ? "AdamW8bit (bitsandbytes)"
+                     : s.fused              ? "AdamW (fused)"
+                     : cuda && !s.torch1  ? "AdamW (foreach)"
+                     : s.torch110           ? "AdamW (transformers' own, Trainer's default in 4.15)"
+                                            : "AdamW (single-tensor)";
+    if (world > 1 && c.parallel == TK_PAR_ZERO2) out->optimizer = "DeepSpeed's Adam (ZeRO-2: its state partitioned)";
+    out->precision = s.bf16 ? "bf16 autocast" : s.fp16 ? "fp16 autocast + GradScaler" : "fp32";
+    out->device = cuda ? "cuda" : "cpu";
+    out->torch_version = VERSIONS[c.torch_version].torch;
+    out->transformers_version = VERSIONS[c.torch_version].transformers;
+    out->batch = s.B, out->seq = s.T, out->accumulate = s.acc, out->on_cuda = cuda;
+    if (prof) snprintf(out->gpu, sizeof out->gpu, "%s", prof->name);
+    if (cuda) {
+        tk_torch_blas_rules(c.torch_version, cc_major, prof ? prof->cc_minor : 0, &s.blas);
+        /* no card named: an A100's (the sm80 the attention choice assumes too) */
+        s.sms = prof ? prof->sm_count : 108;
+        s.threads_per_sm = prof ? prof->threads_per_sm : 2048;
+        out->workspace_bytes = s.blas.w_bytes;
+        out->workspaces = s.blas.source;
+    }
+
+    /* the GPUs planned: one; each DDP rank (all alike); DataParallel's GPU 0
+     * and a replica GPU (the others are alike); each ZeRO-2 GPU (alike) */
+    int roles[2] = {ROLE_ONE, -1};
+    out->world_size = world;
+    if (world > 1) {
+        out->parallel = PARALLEL[c.parallel].name;
+        out->checked = PARALLEL[c.parallel].checked;
+        roles[0] = c.parallel == TK_PAR_DDP ? ROLE_DDP : c.parallel == TK_PAR_ZERO2 ? ROLE_ZERO2 : ROLE_DP0;
+        if (c.parallel == TK_PAR_DATAPARALLEL) roles[1] = ROLE_DP1;
+    }
+    out->context_bytes = pytorch_context(prof);
+    out->capacity = prof ? prof->capacity : c.capacity;
+    gpu_figures f[2];
+    int fullest = 0;
+    for (int r = 0; r < 2 && roles[r] >= 0; r++) {
+        if ((st = simulate(&s, roles[r], c.freeze_embeddings, &f[r], err)) != TK_OK) return st;
+        if (f[r].peak_reserved > f[fullest].peak_reserved) fullest = r;
+        if (world == 1) continue;
+        tk_torchplan_gpu *g = &out->gpu_rows[out->n_gpu_rows++];
+        if (roles[r] == ROLE_DP0) snprintf(g->who, sizeof g->who, "GPU 0");
+        else if (roles[r] == ROLE_DP1 && world == 2) snprintf(g->who, sizeof g->who, "GPU 1");
+        else if (roles[r] == ROLE_DP1) snprintf(g->who, sizeof g->who, "GPUs 1-%d (each)", world - 1);
+        else snprintf(g->who, sizeof g->who, "each of the %d %s", world, roles[r] == ROLE_DDP ? "ranks" : "GPUs");
+        g->peak_allocated = f[r].peak_allocated;
+        g->first_step_peak_allocated = f[r].first_step_peak_allocated;
+        g->peak_reserved = f[r].peak_reserved;
+        g->device_used = g->peak_reserved + out->context_bytes + f[r].outside_bytes;
+        g->n_workspaces = f[r].n_workspaces;
+        g->fits = !out->capacity || g->device_used <= out->capacity;
+    }
+    const gpu_figures *w = &f[fullest];
+    out->peak_allocated = w->peak_allocated;
+    out->first_step_peak_allocated = w->first_step_peak_allocated;
+    out->peak_reserved = w->peak_reserved;
+    out->n_workspaces = w->n_workspaces;
+    out->lt_workspace_bytes = w->lt_workspace_bytes;
+    out->outside_bytes = w->outside_bytes;
+    memcpy(out->by_cat_at_peak, w->by_cat_at_peak, sizeof out->by_cat_at_peak);
+    out->param_bytes = w->param_bytes, out->grad_bytes = w->grad_bytes, out->optim_bytes = w->optim_bytes;
+    out->n_params = f[0].n_params, out->n_trainable = f[0].n_trainable;
+    out->device_used = out->peak_reserved + out->context_bytes + out->outside_bytes;
+    out->fits = !out->capacity || out->device_used <= out->capacity;
+    return TK_OK;
 }
 
 json_t *tk_torchplan_json(const tk_torchplan_result *r) {
@@ -1205,5 +1865,27 @@ json_t *tk_torchplan_json(const tk_torchplan_result *r) {
                           (json_int_t)r->grad_bytes, "optim_bytes", (json_int_t)r->optim_bytes, "n_params",
                           (json_int_t)r->n_params, "n_trainable", (json_int_t)r->n_trainable);
     if (j && r->gpu[0]) json_object_set_new(j, "gpu", json_string(r->gpu));
+    if (j) json_object_set_new(j, "seq_from", json_string(r->seq_from));
+    if (j) json_object_set_new(j, "world_size", json_integer(r->world_size));
+    if (j && r->parallel) {
+        json_t *rows = json_array();
+        for (int i = 0; rows && i < r->n_gpu_rows; i++) {
+            const tk_torchplan_gpu *g = &r->gpu_rows[i];
+            json_array_append_new(rows, json_pack("{s:s, s:I, s:I, s:I, s:I, s:i, s:b}", "gpu", g->who, "peak_allocated",
+                                                  (json_int_t)g->peak_allocated, "first_step_peak_allocated",
+                                                  (json_int_t)g->first_step_peak_allocated, "peak_reserved",
+                                                  (json_int_t)g->peak_reserved, "device_used", (json_int_t)g->device_used,
+                                                  "n_workspaces", g->n_workspaces, "fits", g->fits));
+        }
+        json_object_set_new(j, "parallel", json_string(r->parallel));
+        json_object_set_new(j, "checked", json_string(r->checked));
+        json_object_set_new(j, "gpus", rows ? rows : json_null());
+    }
+    if (j && r->on_cuda) {
+        json_object_set_new(j, "n_workspaces", json_integer(r->n_workspaces));
+        json_object_set_new(j, "lt_workspace_bytes", json_integer((json_int_t)r->lt_workspace_bytes));
+        json_object_set_new(j, "outside_bytes", json_integer((json_int_t)r->outside_bytes));
+        json_object_set_new(j, "workspaces", json_string(r->workspaces ? r->workspaces : ""));
+    }
     return j;
 }

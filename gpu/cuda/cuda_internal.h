@@ -25,18 +25,20 @@
 extern "C" {
 #endif
 
-/* TK_CUDA_WORKSPACE_BYTES, TK_CUDA_RED_BLOCKS and their sum with the error
- * word, TK_CUDA_PLUGIN_BYTES, are in tk_gpu.h: plans leave room for them. */
+/* TK_CUDA_WORKSPACE_BYTES, TK_CUDA_RED_BLOCKS and TK_CUDA_SCRATCH_BYTES are
+ * in tk_gpu.h: the device takes those buffers from its allocator and binds
+ * them (tk_cuda_bind_buffers), so plans hold them. */
 /* Sticky device-side error bits, reported by the next sync. */
 #define TK_CUDA_FLAG_BAD_INDEX 1u  /* an id/label/index outside its table */
 
 typedef struct tk_cuda_ctx {
     int device;
     cublasHandle_t blas;
-    void *workspace;             /* cuBLAS workspace (TK_CUDA_WORKSPACE_BYTES) */
-    double *red;                 /* TK_CUDA_RED_BLOCKS partial sums */
-    unsigned *flags;             /* device word of TK_CUDA_FLAG_* bits */
-    size_t plugin_bytes;         /* workspace + red + flags */
+    void *workspace;             /* the GEMM workspace (an allocator block, bound at open) */
+    size_t workspace_bytes;
+    double *red;                 /* TK_CUDA_RED_BLOCKS partial sums (the scratch block) */
+    unsigned *flags;             /* device word of TK_CUDA_FLAG_* bits (after red) */
+    size_t plugin_bytes;         /* allocated by the plugin outside the allocator: 0 */
     pthread_mutex_t lock;        /* guards the segment counters (allocator may be shared) */
     size_t seg_live, seg_peak;
     char last_error[256];        /* why the last seg_alloc failed, for the caller's message */

@@ -2,9 +2,30 @@
  *
  * tk_cuda_plugin_open picks the device, starts CUPTI (before the context
  * exists, so every allocation is recorded; TXK_CUPTI=0 in the environment
- * leaves it off, to time a run without its tracing), creates the context, the cuBLAS
- * handle, and the plugin's own device buffers (cuBLAS workspace, reduction
- * scratch, error flags), and returns the backend table.
+ * leaves it off, to time a run without its tracing), creates the context and
+ * the cuBLAS handle, and returns the backend table. The device then takes
+ * the plugin's buffers (the GEMM workspace, the kernels' scratch) from its
+ * caching allocator and binds them (tk_cuda_bind_buffers): the plugin itself
+ * allocates nothing outside the allocator.
+ *
+ * cuBLAS works only in the workspace it is given. What the H200 showed
+ * (../shared/gpu_h200/cublas_outside_allocator.txt): with a 32 MiB workspace
+ * set, cuBLAS still held 64 MiB + 128 KiB of its own, and
+ * CUBLAS_WORKSPACE_CONFIG=:0:0 removed exactly that. The variable sizes
+ * cuBLAS's default workspace pool, and the figure is two 32 MiB buffers and
+ * eight of 16 KiB: the shape of the documented default before Hopper
+ * (`:4096:2:16:8`) with Hopper's 32 MiB buffers. So the handle kept a default
+ * pool although cublasSetWorkspace pointed it at ours: the pool is taken
+ * when a handle is bound to a stream (cublasCreate binds the legacy default
+ * stream; cublasSetStream, which the plugin called next, "resets the
+ * workspace to the default pool" in cuBLAS's documentation), and pointing the
+ * handle elsewhere does not give it back. Hence: no cublasSetStream (a new
+ * handle is on the legacy default stream already), and the handle is created
+ * with the default pool sized zero (CUBLAS_WORKSPACE_CONFIG=:0:0 for that
+ * call only, unless the user set the variable; unset again at once, so
+ * PyTorch in the same process reads what the user set). Which of the two
+ * calls took the pool was not seen on the card: tests/gpu_cuda/gpu_alloc.c
+ * prints CUPTI's live bytes by library after each step of opening.
  *
  * Guarantees:
  *  - seg_alloc is cudaMalloc; a device out of memory returns nonzero with the
@@ -145,9 +166,6 @@ static void cu_destroy(void *vctx) {
     if (!c) return;
     cudaDeviceSynchronize();
     if (c->blas) cublasDestroy(c->blas);
-    cudaFree(c->workspace);
-    cudaFree(c->red);
-    cudaFree(c->flags);
     cudaGetLastError();
     if (c->cupti_on) tk_cupti_release();
     pthread_mutex_destroy(&c->lock);
@@ -215,21 +233,43 @@ TK_BACKEND_TABLE(cuda_backend, "cuda", CUDA_DEVICE, CUDA_KERNEL, tk_cuda_attenti
 #undef CUDA_DEVICE
 #undef CUDA_KERNEL
 
+/* cublasCreate with cuBLAS's default workspace pool sized zero, unless the
+ * user sized it (see the header): the handle never works in that pool. */
+static cublasStatus_t create_handle(cublasHandle_t *h) {
+    static const char var[] = "CUBLAS_WORKSPACE_CONFIG";
+    if (getenv(var)) return cublasCreate(h);
+    setenv(var, ":0:0", 1);
+    cublasStatus_t s = cublasCreate(h);
+    unsetenv(var);
+    return s;
+}
+
 /* Everything after the context exists; on failure the caller destroys c. */
 static tk_status open_device(tk_cuda_ctx *c, tk_err *err) {
     TK_CU(cudaSetDevice(c->device), err);
     /* cudaFree(0) creates the primary context now, so a broken driver shows
      * up here with its own message rather than inside the first op. */
     TK_CU(cudaFree(0), err);
-    TK_CUBLAS(cublasCreate(&c->blas), err);
-    TK_CUBLAS(cublasSetStream(c->blas, 0), err);
+    TK_CUBLAS(create_handle(&c->blas), err);
     TK_CUBLAS(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), err);
-    TK_CU(cudaMalloc(&c->workspace, TK_CUDA_WORKSPACE_BYTES), err);
-    TK_CUBLAS(cublasSetWorkspace(c->blas, c->workspace, TK_CUDA_WORKSPACE_BYTES), err);
-    TK_CU(cudaMalloc((void **)&c->red, TK_CUDA_RED_BLOCKS * sizeof(double)), err);
-    TK_CU(cudaMalloc((void **)&c->flags, sizeof(unsigned)), err);
+    c->plugin_bytes = 0;
+    return TK_OK;
+}
+
+__attribute__((visibility("default")))
+tk_status tk_cuda_bind_buffers(void *vctx, void *ws, size_t ws_bytes, void *scratch, size_t scratch_bytes,
+                               tk_err *err) {
+    tk_cuda_ctx *c = vctx;
+    if (!ws || ws_bytes < TK_CUDA_WORKSPACE_BYTES || !scratch || scratch_bytes < TK_CUDA_SCRATCH_BYTES)
+        return tk_cuda_fail(err, TK_EINVAL, "tk_cuda_bind_buffers: a workspace of %zu B and scratch of %zu B "
+                            "are needed (got %zu and %zu)", (size_t)TK_CUDA_WORKSPACE_BYTES,
+                            (size_t)TK_CUDA_SCRATCH_BYTES, ws_bytes, scratch_bytes);
+    TK_CUBLAS(cublasSetWorkspace(c->blas, ws, ws_bytes), err);
+    c->workspace = ws;
+    c->workspace_bytes = ws_bytes;
+    c->red = scratch;
+    c->flags = (unsigned *)((char *)scratch + TK_CUDA_RED_BLOCKS * sizeof(double));
     TK_CU(cudaMemset(c->flags, 0, sizeof(unsigned)), err);
-    c->plugin_bytes = TK_CUDA_PLUGIN_BYTES;
     return TK_OK;
 }
 
@@ -310,7 +350,7 @@ tk_status tk_cuda_mem_totals_get(void *vctx, tk_cuda_mem_totals *out, tk_err *er
     out->segments_peak = c->seg_peak;
     pthread_mutex_unlock(&c->lock);
     out->plugin_bytes = c->plugin_bytes;
-    out->workspace_bytes = TK_CUDA_WORKSPACE_BYTES;
+    out->workspace_bytes = c->workspace_bytes;
     if (out->cupti_active)
         out->outside_allocator = out->device_live >= out->segments_live
                                      ? out->device_live - out->segments_live : 0;

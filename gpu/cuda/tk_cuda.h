@@ -5,10 +5,11 @@
  * The plugin's backend table comes from tk_cuda_plugin_open (declared in
  * tk_backend_impl.h). The functions below take the ctx that call returned.
  *
- * Device memory the plugin sees, in three parts:
- *  - segments: what seg_alloc handed to the caching allocator (its `reserved`);
- *  - the plugin's own buffers: the cuBLAS workspace and a small scratch area
- *    for deterministic reductions, allocated once at open;
+ * Device memory the plugin sees, in two parts:
+ *  - segments: what seg_alloc handed to the caching allocator (its
+ *    `reserved`), the plugin's own buffers included: the device takes the
+ *    GEMM workspace and the kernels' scratch from its allocator and binds
+ *    them (tk_cuda_bind_buffers) before any op runs;
  *  - everything else in the process that CUPTI records (libraries allocating
  *    for themselves, other code calling cudaMalloc).
  * "Outside the allocator" is CUPTI's live device total minus the segments.
@@ -34,6 +35,15 @@ extern "C" {
  * cupti_active = 0) when CUPTI could not be enabled. */
 tk_status tk_cuda_mem_totals_get(void *ctx, tk_cuda_mem_totals *out, tk_err *err);
 typedef tk_status (*tk_cuda_mem_totals_get_fn)(void *ctx, tk_cuda_mem_totals *out, tk_err *err);
+
+/* Gives the plugin its buffers, allocator blocks the device took for it:
+ * the GEMM workspace every cuBLAS/cuBLASLt call works in (ws, ws_bytes) and
+ * the kernels' scratch (TK_CUDA_RED_BLOCKS doubles, then the error word).
+ * Called once, as the device opens, before any op. */
+tk_status tk_cuda_bind_buffers(void *ctx, void *ws, size_t ws_bytes, void *scratch, size_t scratch_bytes,
+                               tk_err *err);
+typedef tk_status (*tk_cuda_bind_buffers_fn)(void *ctx, void *ws, size_t ws_bytes, void *scratch,
+                                             size_t scratch_bytes, tk_err *err);
 
 /* Starts the peaks (CUPTI's device and per-library peaks, the segments'
  * peak) afresh from what is live now, after waiting for the device: a run

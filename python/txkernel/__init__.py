@@ -215,16 +215,60 @@ def _txwatch(ip, line, cell):
 
 def _txplan_torch(ip, line):
     """%txplan --torch-model NAME / --trainer NAME: the live model (or
-    Trainer) planned with engine: pytorch (python/txkernel/torch_model.py)."""
+    Trainer) planned with engine: pytorch (python/txkernel/torch_model.py).
+    The card goes to the engine as its --gpu / --gpus flag, so a bad name is
+    that flag's error; --show-config prints the config with its gpu: line,
+    which `txk plan` plans the same."""
     from . import torch_model
     try:
         opts = torch_model.parse(line.split())
-        yaml = torch_model.config_yaml(opts, ip.user_ns)
+        yaml, flags = torch_model.config_yaml(opts, ip.user_ns)
     except torch_model.PlanArgsError as e:
         raise _error_class("UsageError")("UsageError", str(e), [])
     if opts["show"]:
-        print(yaml, end="")
-    return _run("%%txplan" + (" --json" if opts["json"] else "") + "\n" + yaml)
+        print(yaml + (f"gpu: {flags[1]}\n" if flags[:1] == ["--gpu"] else ""), end="")
+    return _run(" ".join(["%%txplan"] + flags + (["--json"] if opts["json"] else [])) + "\n" + yaml)
+
+
+# ---- %txhelp: the companion's own magics -----------------------------------
+
+_COMPANION_HELP = {
+    "txmem": "in this Python kernel, %txmem --torch [--json] reads this process' own PyTorch memory (its live "
+             "torch.cuda.memory snapshot) and diagnoses it like %txmem --snapshot FILE.",
+    "txplan": "in this Python kernel, " + "%txplan --torch-model NAME / --trainer NAME plans a live transformers model "
+              "or Trainer of this notebook as PyTorch runs its step (engine: pytorch), reading its shape, "
+              "checkpointing, frozen weights and (a Trainer) its TrainingArguments; advice on it is then written as "
+              "TrainingArguments lines.\nusage: ",
+}
+
+
+def _txhelp(line):
+    """%txhelp [NAME]: the magics of this Python kernel (the engine's tx*
+    magics, %%txwatch and what only a Python kernel adds), or one's help."""
+    name = line.strip().lstrip("%")
+    magics = {m["name"]: m for m in _engine.magics() if m["name"].startswith("tx")}
+    if not name:
+        print("txkernel in this Python kernel (%load_ext txkernel): Python cells run as usual; these magics plan, "
+              "train and explain memory:")
+        rows = [("%%" if m["kind"] == "cell" else "%") + n + "  " + m["summary"] for n, m in magics.items()]
+        rows.append("%%txwatch  run the cell with PyTorch's memory history on; at a CUDA out-of-memory, the diagnosis "
+                    "of that moment")
+        for r in rows:
+            print("  " + r)
+        print("%txhelp NAME shows one magic's help; !cmd, %cd, %env and %%bash are IPython's own here.")
+        return None
+    if name == "txwatch":
+        print("%%txwatch [--json]\n" + " ".join(_txwatch.__doc__.split()))
+        return None
+    if name not in magics:
+        known = sorted(list(magics) + ["txwatch"])
+        raise _error_class("UsageError")("UsageError", f"no magic named {name} here (the magics: "
+                                         + ", ".join(known) + ")", [])
+    print(magics[name]["help"])
+    if name in _COMPANION_HELP:
+        from .torch_model import USAGE
+        print("\n" + _COMPANION_HELP[name] + (USAGE if name == "txplan" else ""))
+    return None
 
 
 def _make_magic(name, kind):
@@ -266,6 +310,9 @@ def load_ipython_extension(ip):
         if m["name"] == "txmem":
             from IPython.core.magic import no_var_expand
             fn = no_var_expand(lambda line: _txmem(line))
+        if m["name"] == "txhelp":
+            from IPython.core.magic import no_var_expand
+            fn = no_var_expand(lambda line: _txhelp(line))
         if m["name"] == "txplan":
             from IPython.core.magic import no_var_expand
             engine_txplan = fn

@@ -2,29 +2,43 @@
 model (or Trainer) as an `engine: pytorch` config.
 
 Reads the model's config (shape, dropouts, attention implementation, labels),
-its head class, dtype, gradient-checkpointing flag and which parameters
-require grad, and for a Trainer its TrainingArguments (per-device batch,
-accumulation, fp16/bf16, gradient checkpointing, optim). Nothing is allocated
-and no GPU is needed: the engine plans the step (torchplan/). The YAML this
-builds is printed by `--show-config`, and `txk plan` of that YAML gives the
-same plan byte for byte."""
+its head class, dtype, gradient-checkpointing flag (the current attribute:
+is_activation_checkpointing where transformers has it, so no FutureWarning)
+and which parameters require grad, and for a Trainer its TrainingArguments
+(per-device batch, accumulation, fp16/bf16, gradient checkpointing, optim,
+output_dir) and `api: trainer`, so advice on it is TrainingArguments lines.
+The model is described by its shape alone (every dimension from its config,
+`init: random`): no preset name stands for it. Nothing is allocated and no
+GPU is needed: the engine plans the step (torchplan/). The card is the
+engine's --gpu flag (so a bad name is the flag's error) or --gpus PLATFORM
+(every card the platform hands out). The YAML is printed by
+`--show-config`, and `txk plan` of it gives the same plan byte for byte."""
+
+import json
 
 HEADS = {"BertForSequenceClassification": "task: classify\nhead: pooled",
          "BertForQuestionAnswering": "task: qa\nhead: span"}
-OPTIMS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "adamw_torch": "adamw", "adamw_torch_fused": "adamw",
-          "adamw_hf": "adamw", "adamw_bnb_8bit": "adamw8bit", "adamw_8bit": "adamw8bit"}
+# TrainingArguments.optim -> the config's optimizer (adamw_torch_fused is
+# transformers 5's default with torch >= 2.8: torch.optim.AdamW(fused=True))
+OPTIMS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "adamw_torch": "adamw",
+          "adamw_torch_fused": "adamw_torch_fused", "adamw_hf": "adamw", "adamw_bnb_8bit": "adamw8bit",
+          "adamw_8bit": "adamw8bit"}
 
 
 class PlanArgsError(ValueError):
     """A flag or a model this path cannot plan; the message says which."""
 
 
+USAGE = ("%txplan --torch-model NAME | --trainer NAME [--batch B] [--seq T] [--gpu PROFILE | --gpus colab|kaggle] "
+         "[--precision fp32|fp16|bf16] [--optimizer adamw|adamw8bit|adamw_torch_fused] [--json] [--show-config]")
+
+
 def parse(words):
-    """--torch-model NAME | --trainer NAME, --batch, --seq, --gpu, --precision,
-    --optimizer, --json, --show-config -> dict."""
+    """--torch-model NAME | --trainer NAME, --batch, --seq, --gpu, --gpus,
+    --precision, --optimizer, --json, --show-config -> dict."""
     out = {"json": False, "show": False}
     valued = {"--torch-model": "model", "--trainer": "trainer", "--batch": "batch", "--seq": "seq", "--gpu": "gpu",
-              "--precision": "precision", "--optimizer": "optimizer"}
+              "--gpus": "gpus", "--precision": "precision", "--optimizer": "optimizer"}
     i = 0
     while i < len(words):
         w = words[i]
@@ -40,9 +54,9 @@ def parse(words):
             out["show"] = True
             i += 1
         else:
-            raise PlanArgsError(f"%txplan --torch-model: unexpected '{w}' (usage: %txplan --torch-model NAME | "
-                                "--trainer NAME [--batch B] [--seq T] [--gpu PROFILE] [--precision fp32|fp16|bf16] "
-                                "[--optimizer adamw|adamw8bit] [--json] [--show-config])")
+            raise PlanArgsError(f"%txplan --torch-model: unexpected '{w}' (usage: {USAGE})")
+    if "gpu" in out and "gpus" in out:
+        raise PlanArgsError("give --gpu PROFILE (one card) or --gpus PLATFORM (each of its cards), not both")
     if ("model" in out) == ("trainer" in out):
         raise PlanArgsError("give one of --torch-model NAME or --trainer NAME (a variable of this notebook)")
     for k in ("batch", "seq"):
@@ -50,8 +64,8 @@ def parse(words):
             raise PlanArgsError(f"--{k} {out[k]}: expected a positive integer")
     if out.get("precision") not in (None, "fp32", "fp16", "bf16"):
         raise PlanArgsError(f"--precision {out['precision']}: expected fp32, fp16 or bf16")
-    if out.get("optimizer") not in (None, "adamw", "adamw8bit"):
-        raise PlanArgsError(f"--optimizer {out['optimizer']}: expected adamw or adamw8bit")
+    if out.get("optimizer") not in (None, "adamw", "adamw8bit", "adamw_torch_fused"):
+        raise PlanArgsError(f"--optimizer {out['optimizer']}: expected adamw, adamw8bit or adamw_torch_fused")
     return out
 
 
@@ -76,7 +90,12 @@ def _model_yaml(model, torch):
     if frozen and sorted(frozen) != sorted(emb):
         raise PlanArgsError(f"{len(frozen)} frozen parameters beyond the embeddings (first: {frozen[0]}): engine: "
                             "pytorch models frozen embeddings only")
-    lines = ["engine: pytorch", "model: bert-base-cased", "init: random",
+    # the current attribute where transformers has it: 5.x's is_gradient_checkpointing warns (FutureWarning)
+    ckpt_attr = ("is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing")
+                 else "is_gradient_checkpointing")
+    lines = ["engine: pytorch",
+             f"# the shape of {getattr(cfg, '_name_or_path', '') or cls}, every dimension from its config",
+             "init: random",
              f"hidden: {cfg.hidden_size}", f"layers: {cfg.num_hidden_layers}", f"heads: {cfg.num_attention_heads}",
              f"intermediate: {cfg.intermediate_size}", f"vocab_size: {cfg.vocab_size}",
              f"max_position: {cfg.max_position_embeddings}", f"type_vocab: {cfg.type_vocab_size}",
@@ -84,31 +103,50 @@ def _model_yaml(model, torch):
              f"dropout: {cfg.hidden_dropout_prob}", f"attention_dropout: {cfg.attention_probs_dropout_prob}",
              f"attn_implementation: {attn}",
              f"torch_version: {torch_rules(torch.__version__)}",
-             f"recompute: {'layers' if getattr(model, 'is_gradient_checkpointing', False) else 'none'}"]
+             *([torch_rules_note(torch.__version__)] if torch_rules_note(torch.__version__) else []),
+             f"recompute: {'layers' if getattr(model, ckpt_attr, False) else 'none'}"]
     if frozen:
         lines.append("freeze: embeddings")
     return lines
 
 
 def torch_rules(version):
-    """Which engine: pytorch rules a torch version follows: 2 for 2.x; 1.13
-    for 1.11-1.13; 1.10 for 1.10 and older (softmax kept its input until
-    1.11)."""
+    """Which engine: pytorch rules a torch version follows: its own 2.x minor
+    (2.0 .. 2.15: where cuBLAS keeps its workspaces changed across them);
+    1.13 for 1.11-1.13; 1.10 for 1.10 and older (softmax kept its input
+    until 1.11). A newer torch than the rules were read for gets 2.15's, and
+    a YAML comment saying so (torch_rules_note)."""
     major, _, rest = version.partition(".")
     minor = int("".join(ch for ch in rest.split(".")[0] if ch.isdigit()) or 0)
-    if major != "1":
-        return "2"
-    return "1.13" if minor >= 11 else "1.10"
+    if major == "1":
+        return "1.13" if minor >= 11 else "1.10"
+    if major != "2" or minor > LAST_MINOR:
+        return f"2.{LAST_MINOR}"
+    return f"2.{minor}"
+
+
+LAST_MINOR = 15  # the newest torch whose cuBLAS workspace rules torchplan/blas_rules.c read
+
+
+def torch_rules_note(version):
+    """A YAML comment line when `version` is newer than the rules read, else ''."""
+    major, _, rest = version.partition(".")
+    minor = int("".join(ch for ch in rest.split(".")[0] if ch.isdigit()) or 0)
+    if major == "2" and minor <= LAST_MINOR or major == "1":
+        return ""
+    return (f"# torch {version} is newer than the releases engine: pytorch was read against (up to 2.{LAST_MINOR}): "
+            f"planned with 2.{LAST_MINOR}'s rules")
 
 
 def config_yaml(opts, user_ns):
-    """The engine: pytorch YAML for the parsed flags and the named variable."""
+    """The engine: pytorch YAML for the parsed flags and the named variable,
+    and the flags the engine's %%txplan gets (the card: --gpu / --gpus)."""
     import torch
     name = opts.get("model") or opts.get("trainer")
     if name not in user_ns:
         raise PlanArgsError(f"{name}: no such variable in this notebook")
     obj = user_ns[name]
-    batch, acc, precision, optim, ckpt = 8, 1, "fp32", "adamw", False
+    batch, acc, precision, optim, ckpt, extra = 8, 1, "fp32", "adamw", False, []
     if "trainer" in opts:
         args, model = getattr(obj, "args", None), getattr(obj, "model", None)
         if args is None or model is None:
@@ -116,7 +154,10 @@ def config_yaml(opts, user_ns):
         batch = args.per_device_train_batch_size
         acc = args.gradient_accumulation_steps
         precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
-        ckpt = bool(args.gradient_checkpointing)
+        # transformers 5 names it activation_checkpointing (gradient_checkpointing its deprecated alias)
+        ckpt = bool(getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False))
+        # advice on a Trainer is written as TrainingArguments lines, with the user's output_dir
+        extra = ["api: trainer"] + ([f"output_dir: {json.dumps(str(args.output_dir))}"] if args.output_dir else [])
         optim_name = str(getattr(args.optim, "value", args.optim))
         if optim_name not in OPTIMS:
             raise PlanArgsError(f"optim {optim_name!r}: engine: pytorch plans {', '.join(sorted(OPTIMS))}")
@@ -131,15 +172,17 @@ def config_yaml(opts, user_ns):
     batch = int(opts.get("batch", batch))
     seq = int(opts.get("seq", min(512, model.config.max_position_embeddings)))
     lines += [f"batch_size: {batch}", f"max_len: {seq}", f"accumulate: {acc}",
-              f"precision: {opts.get('precision', precision)}", f"optimizer: {opts.get('optimizer', optim)}"]
-    gpu = opts.get("gpu")
-    if gpu:
-        lines.append(f"gpu: {gpu}")
+              f"precision: {opts.get('precision', precision)}", f"optimizer: {opts.get('optimizer', optim)}"] + extra
+    flags = []
+    if opts.get("gpu"):
+        flags = ["--gpu", opts["gpu"]]
+    elif opts.get("gpus"):
+        flags = ["--gpus", opts["gpus"]]
     elif torch.cuda.is_available():
         # the card torch sees: its capacity as torch reports it (its context
         # is then not known: name a profile with --gpu for that)
         lines += ["device: cuda", f"capacity: {torch.cuda.get_device_properties(0).total_memory}"]
     else:
         raise PlanArgsError("torch sees no GPU here: name the card to plan for with --gpu PROFILE "
-                            "(t4, l4, a100-40, a100-80, h100-80, v100-16, ...)")
-    return "\n".join(lines) + "\n"
+                            "(t4, l4, a100-40, a100-80, h100-80, v100-16, ...) or --gpus colab|kaggle")
+    return "\n".join(lines) + "\n", flags

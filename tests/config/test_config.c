@@ -143,7 +143,7 @@ static const bad_case BAD[] = {
     {"flux_capacitor: 1\n", 1, "unknown key 'flux_capacitor' (%txkeys or `txk keys` lists every key)"},
     {"model: bert-tiny\n\n# the batch\n\nbatch_size: x\n", 5, "batch_size: 'x' is not an integer"},
     {"model: bert-base-cased\nmax_len: 512\nbatch_size: 32\nlr: 2e-5\nprecision: fp8\n", 5, "precision: 'fp8' is not one of fp32, fp16, bf16"},
-    {"optimizer: sgd\n", 1, "optimizer: 'sgd' is not one of adamw, adamw8bit"},
+    {"optimizer: sgd\n", 1, "optimizer: 'sgd' is not one of adamw, adamw8bit, adamw_torch_fused"},
     {"attention: flash\n", 1, "attention: 'flash' is not one of standard, fused, auto"},
     {"batching: random\n", 1, "batching: 'random' is not one of fixed, dynamic, buckets"},
     {"head: mlp\n", 1, "head: 'mlp' is not one of pooled, span, flatten_dense"},
@@ -177,7 +177,8 @@ static const bad_case BAD[] = {
     {"engine: jax\n", 1, "engine: 'jax' is not one of txkernel, pytorch"},
     {"attn_implementation: flash_attention_2\n", 1, "attn_implementation: 'flash_attention_2' is not one of sdpa, eager"},
     {"attention_dropout: 1.5\n", 1, "attention_dropout: '1.5' is not a probability 0 <= p < 1 (or `dropout`: the dropout key's value)"},
-    {"torch_version: 2.5\n", 1, "torch_version: '2.5' is not one of 2, 1.13, 1.10"},
+    {"torch_version: 2.16\n", 1, "torch_version: '2.16' is not one of 2, 1.13, 1.10, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, "
+                                  "2.6, 2.7, 2.8, 2.9, 2.10, 2.11, 2.12, 2.13, 2.14, 2.15"},
 };
 
 /* attention: auto, the default, is decided by one rule (tk_config_attention):
@@ -319,6 +320,14 @@ static void test_engine_keys(void) {
     free(out);
     TK_CHECK_EQ_INT(tk_config_set(&c, "attention_dropout", "dropout", &err), TK_OK);
     TK_CHECK(c.attention_dropout < 0);
+    /* two GPUs (issue 34): DataParallel by default, as the Trainer; the
+     * Trainer's own spellings of DDP's bucket size and of fused AdamW */
+    TK_CHECK_EQ_INT(c.parallel, TK_PAR_DATAPARALLEL);
+    const char *yp = "parallel: ddp\nddp_bucket_cap_mb: 50\noptim: adamw_torch_fused\n";
+    TK_CHECK_EQ_INT(tk_config_parse_yaml(&c, yp, strlen(yp), "cell", &err), TK_OK);
+    TK_CHECK(c.parallel == TK_PAR_DDP && c.bucket_cap_mb == 50 && c.optimizer == TK_OPTIM_ADAMW_FUSED);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "parallel", "fsdp", &err), TK_EINVAL);
+    TK_CHECK_MSG(strstr(err.msg, "parallel: 'fsdp' is not one of dataparallel, ddp, zero2") != NULL, "%s", err.msg);
 }
 
 static void test_validate(void) {

@@ -9,11 +9,14 @@
  * (tk_train_measure: a fresh cuda device, two optimizer steps, one eval
  * batch) and must show
  *  - the allocator's peak reserved and allocated equal to the plan, byte for
- *    byte (as on cpu: the cuda backend allocates nothing of its own);
+ *    byte (as on cpu: the cuda backend allocates nothing of its own, and the
+ *    measurement runs under the plan's capacity, so the allocator releases
+ *    its cache at the same moment in both — issue 33);
  *  - CUPTI's device peak (every device allocation in the process: the
- *    allocator's segments, the plugin's cuBLAS workspace and scratch, and
- *    whatever a library takes for itself) within 3% of the plan plus the
- *    plugin's fixed buffers — issue 7's bar.
+ *    allocator's segments, which hold the plugin's GEMM workspace and
+ *    scratch, and whatever a library keeps for itself) within 1.5% of the
+ *    plan plus gpu/profile.c's figure for what the libraries keep outside
+ *    the allocator — issue 33's bar.
  * Needs CUPTI: with tracing off (another profiler attached) the CUPTI check
  * fails with the reason rather than passing silently.
  */
@@ -56,15 +59,16 @@ static void test_every_fix_measured(void) {
                      m.peak_allocated, p.peak_reserved, p.peak_allocated);
         TK_CHECK_MSG(m.cupti_active, "%s: CUPTI tracing is off, the device peak cannot be checked", k->label);
         if (!m.cupti_active) continue;
-        double dev = cupti_apart(m.device_peak, p.peak_reserved, m.plugin_bytes);
+        size_t outside = card_outside(m.plugin_bytes);
+        double dev = cupti_apart(m.device_peak, p.peak_reserved, outside);
         if (dev > worst) {
             worst = dev;
             worst_i = i;
         }
-        TK_CHECK_MSG(dev <= 0.03, "%s: CUPTI device peak %zu vs planned %zu + plugin %zu: %.2f%% apart", k->label,
-                     m.device_peak, p.peak_reserved, m.plugin_bytes, 100.0 * dev);
+        TK_CHECK_MSG(dev <= CUPTI_BOUND, "%s: CUPTI device peak %zu vs planned %zu + outside the allocator %zu: "
+                     "%.2f%% apart", k->label, m.device_peak, p.peak_reserved, outside, 100.0 * dev);
     }
-    fprintf(stderr, "  %d candidates measured on cuda; CUPTI peak vs plan + plugin at most %.2f%% apart (%s)\n",
+    fprintf(stderr, "  %d candidates measured on cuda; CUPTI peak vs plan + outside at most %.2f%% apart (%s)\n",
             measured, 100.0 * worst, worst_i >= 0 ? adv.cand[worst_i].label : "-");
     TK_CHECK(measured >= 10);
 }

@@ -37,6 +37,7 @@
 #include "tk_test.h"
 
 static tk_dev *g_cpu, *g_gpu;
+static int g_cc_major, g_cc_minor; /* the card's, read by gpu_open */
 
 #ifdef TK_CUDA_EMU
 /* tests/gpu_cuda_host/cuda_emu_backend.cpp: the plugin's kernels on host threads */
@@ -58,6 +59,10 @@ static inline int gpu_open(void) {
     g_gpu = tk_dev_new(&og, &err);
 #endif
     if (!g_gpu) { fprintf(stderr, "cuda device: %s\n", err.msg); return 0; }
+    tk_dev_info info;
+    tk_dev_info_get(g_gpu, &info);
+    g_cc_major = info.cc_major;
+    g_cc_minor = info.cc_minor;
     return 1;
 }
 
@@ -172,10 +177,20 @@ static inline int gpu_probe(void) {
     return ok;
 }
 
-/* How far CUPTI's device peak is from the plan plus the plugin's fixed
- * buffers, as a share of the device peak (issue 7's bar is 0.03). */
-static inline double cupti_apart(size_t device_peak, size_t planned_reserved, size_t plugin_bytes) {
-    double want = (double)(planned_reserved + plugin_bytes);
+/* What the plan says the card holds beyond the allocator's segments: what
+ * the CUDA libraries keep outside the buffers they are given (the
+ * architecture's figure, gpu/profile.c), plus whatever the plugin allocated
+ * outside the allocator (0: its buffers are allocator blocks). */
+static inline size_t card_outside(size_t plugin_bytes) {
+    return tk_cuda_library_own_bytes(g_cc_major, g_cc_minor, NULL) + plugin_bytes;
+}
+
+/* How far CUPTI's device peak is from the plan's reserved plus what the card
+ * holds outside the allocator, as a share of the device peak (issue 33's
+ * bar is 0.015). */
+#define CUPTI_BOUND 0.015
+static inline double cupti_apart(size_t device_peak, size_t planned_reserved, size_t outside) {
+    double want = (double)(planned_reserved + outside);
     return device_peak ? fabs((double)device_peak - want) / (double)device_peak : 1.0;
 }
 

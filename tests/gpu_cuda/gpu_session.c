@@ -5,12 +5,13 @@
  *    hundred MiB, so 3% is not lost in a library's own few MiB) trains on cuda; its run
  *    report's allocator peak equals the plan, byte for byte, and CUPTI's
  *    device peak over the run (the session resets it when the run starts)
- *    is within 3% of the plan plus the plugin's fixed buffers; the result
+ *    is within 1.5% of the plan plus what the libraries keep outside the
+ *    allocator (gpu/profile.c's figure for the card); the result
  *    line says the device peak;
  *  - %txmem on the session's cuda device carries the CUPTI reconciliation;
  *  - with a capacity under the plan, %txadvise offers fixes and
  *    %txfix auto --run trains the chosen one on cuda and prints the device
- *    peak against the plan, within 3%.
+ *    peak against the plan, within 1.5%.
  * The GPU suite runs from the repository root (tests/data is read).
  */
 #include "gpu_common.h"
@@ -24,7 +25,8 @@
     "train_file: tests/data/reviews_train.csv\ndev_file: tests/data/reviews_dev.csv\n"          \
     "max_examples: 256\nmax_len: 128\nbatch_size: 32\nbatching: fixed\nepochs: 1\ndevice: cuda\n"
 
-/* The session's last run: allocator == plan, CUPTI within 3% of plan + plugin. */
+/* The session's last run: allocator == plan, CUPTI within 1.5% of the plan
+ * and what the libraries keep outside the allocator. */
 static void check_last_run(const char *what) {
     const tk_run_report *r = tk_session_last_run(tk_magics_session(M));
     TK_CHECK_MSG(r != NULL, "%s: no run report", what);
@@ -34,10 +36,11 @@ static void check_last_run(const char *what) {
                  r->peak_allocated, r->plan.peak_reserved, r->plan.peak_allocated);
     TK_CHECK_MSG(r->have_device_peak, "%s: no CUPTI device peak (tracing off?)", what);
     if (!r->have_device_peak) return;
-    double off = cupti_apart(r->device_peak, r->plan.peak_reserved, r->plugin_bytes);
-    fprintf(stderr, "  %s: CUPTI device peak %zu, plan %zu + plugin %zu: %.2f%% apart\n", what, r->device_peak,
-            r->plan.peak_reserved, r->plugin_bytes, 100.0 * off);
-    TK_CHECK_MSG(off <= 0.03, "%s: %.2f%% apart", what, 100.0 * off);
+    size_t outside = card_outside(r->plugin_bytes);
+    double off = cupti_apart(r->device_peak, r->plan.peak_reserved, outside);
+    fprintf(stderr, "  %s: CUPTI device peak %zu, plan %zu + outside the allocator %zu: %.2f%% apart\n", what,
+            r->device_peak, r->plan.peak_reserved, outside, 100.0 * off);
+    TK_CHECK_MSG(off <= CUPTI_BOUND, "%s: %.2f%% apart", what, 100.0 * off);
 }
 
 static void test_txtrain_on_cuda(void) {

@@ -7,13 +7,19 @@ card (random weights from a BertConfig, nothing downloaded; the loop of
 tests/torchplan/torch_reference.py: zero_grad(set_to_none=True), a fresh
 batch, `accumulate` passes, AdamW as torch picks it for CUDA tensors), with
 torch.cuda.reset_peak_memory_stats() before each step, and compares
-torch.cuda.max_memory_allocated() of the steady step (and of the first) with
 `txk plan --json` of the same config with `engine: pytorch` on the card's
-profile. peak_allocated must be within 3 % and never under by more than 1 %
-(the CPU grid's bound); peak_reserved is printed beside
-torch.cuda.max_memory_reserved() (its fragmentation is the part the CPU grid
-cannot check). Prints one line per row and closes with "N passed, N failed";
-without a CUDA torch it says so and fails (make test-gpu needs a GPU).
+profile with what torch measured (issue 33's bounds, as the offline test of
+the H200 rows holds them):
+  - peak_allocated against torch.cuda.max_memory_allocated() of the steady
+    (second) step, and first_step_peak_allocated against the first step's:
+    each within 2 %, and never more than 1 % under (planned / measured in
+    [0.99, 1.02]);
+  - peak_reserved against the larger of the two steps'
+    torch.cuda.max_memory_reserved() (the cache keeps what the first step
+    reserved): within 5 %, never more than 2 % under ([0.98, 1.05]).
+Prints each ratio, one line per row, and closes with "N passed, N failed"
+(", N skipped" when a bf16 row meets a card without bf16); without a CUDA
+torch it says so and fails (make test-gpu needs a GPU).
 
     python tests/gpu_cuda/gpu_torchplan.py [BUILD]
 """
@@ -31,6 +37,10 @@ import test_torchplan_grid as grid  # noqa: E402  (its rows' config and argument
 PROFILES = (("T4", "t4"), ("L4", "l4"), ("A100-SXM4-80GB", "a100-80"), ("A100 80GB", "a100-80"), ("A100", "a100-40"),
             ("H100", "h100-80"), ("H200", "h100-80"), ("RTX PRO 6000", "rtx-pro-6000"), ("V100", "v100-16"),
             ("P100", "p100"))
+
+# planned / measured must lie in [lo, hi]
+ALLOCATED = (0.99, 1.02)
+RESERVED = (0.98, 1.05)
 
 ROWS = {
     "tiny-16x128-eager": dict(grid.TINY, batch=16, seq=128, attn="eager"),
@@ -126,10 +136,11 @@ def main(argv):
         print(f"gpu_torchplan: no txkernel profile for {name!r}")
         print("0 passed, 1 failed")
         return 1
-    passed = failed = 0
+    passed = failed = skipped = 0
     for row, r in ROWS.items():
         if r.get("precision") == "bf16" and not torch.cuda.is_bf16_supported():
             print(f"{row}: skipped, the card has no bf16")
+            skipped += 1
             continue
         try:
             (a1, r1), (a2, r2) = measure(r)
@@ -138,16 +149,20 @@ def main(argv):
             print(f"{row}: FAIL {type(e).__name__}: {e}")
             failed += 1
             continue
-        ratio = got["peak_allocated"] / a2
-        ratio1 = got["first_step_peak_allocated"] / a1
-        good = 0.99 <= ratio <= 1.03 and 0.99 <= ratio1 <= 1.03
-        print(f"{row}: peak_allocated planned {got['peak_allocated']} torch {a2} ratio {ratio:.4f}; first step "
-              f"{got['first_step_peak_allocated']} vs {a1} ({ratio1:.4f}); peak_reserved planned "
-              f"{got['peak_reserved']} torch {max(r1, r2)} ({got['peak_reserved'] / max(r1, r2):.4f}); "
-              f"{got['attention']}, {got['optimizer']}: {'ok' if good else 'FAIL'}")
+        checks = (("peak_allocated", got["peak_allocated"], a2, ALLOCATED),
+                  ("first-step peak_allocated", got["first_step_peak_allocated"], a1, ALLOCATED),
+                  ("peak_reserved", got["peak_reserved"], max(r1, r2), RESERVED))
+        parts, good = [], True
+        for what, planned, measured, (lo, hi) in checks:
+            ratio = planned / measured
+            inside = lo <= ratio <= hi
+            good = good and inside
+            parts.append(f"{what} planned {planned} torch {measured} ratio {ratio:.4f}"
+                         + ("" if inside else f" (outside [{lo}, {hi}])"))
+        print(f"{row}: {'; '.join(parts)}; {got['attention']}, {got['optimizer']}: {'ok' if good else 'FAIL'}")
         passed += good
         failed += not good
-    print(f"{passed} passed, {failed} failed")
+    print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     return 1 if failed else 0
 
 

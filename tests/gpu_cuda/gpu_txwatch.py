@@ -7,22 +7,41 @@ txkernel's diagnosis of the snapshot taken at that moment (a capacity
 diagnosis: the cell's live tensors fill the device) in place of a bare
 traceback, keep the traceback for %tb, and leave the kernel usable once the
 tensors are dropped. Not a test_*.py: `make test` never collects it (it needs
-a GPU); tests/gpu_cuda/run.sh runs it. Without a torch that sees CUDA it
-says so and counts nothing. Prints "N passed, N failed"."""
+a GPU); tests/gpu_cuda/run.sh runs it. Prints "N passed, N failed".
+
+The kernel's python ($TXK_COMPANION_PYTHON, else this one) must have a CUDA
+torch, jupyter_client, ipykernel and the companion; each one missing is a
+failure that names it. On a GPU machine without them, scripts/devkit_run.sh
+installs the kit's wheels and puts them on PYTHONPATH. The one skip: when
+the kit has no wheel for that python's version, devkit_run.sh says so in
+TXK_COMPANION_SKIP, and this prints it with "0 passed, 0 failed, 1 skipped"."""
 import os, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "companion"))
 
+if os.environ.get("TXK_COMPANION_SKIP"):
+    print(f"gpu_txwatch: skipped: {os.environ['TXK_COMPANION_SKIP']}")
+    print("0 passed, 0 failed, 1 skipped")
+    sys.exit(0)
 python = os.environ.get("TXK_COMPANION_PYTHON") or sys.executable
 probe = subprocess.run([python, "-c", "import torch; print(torch.cuda.is_available())"], stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True)
 if probe.returncode != 0 or probe.stdout.strip() != "True":
     why = "torch is not importable" if probe.returncode else "torch sees no CUDA device"
-    print(f"gpu_txwatch: skipped: {why} in {python} (set TXK_COMPANION_PYTHON to a python with CUDA torch)")
-    print("0 passed, 0 failed")
-    sys.exit(0)
+    print(f"gpu_txwatch: {why} in {python} (set TXK_COMPANION_PYTHON to a python with CUDA torch)")
+    print("0 passed, 1 failed")
+    sys.exit(1)
+for mod in ("jupyter_client", "ipykernel", "txkernel"):
+    probe = subprocess.run([python, "-c", f"import {mod}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    if probe.returncode != 0:
+        print(f"gpu_txwatch: {mod} is not importable in {python} (PYTHONPATH={os.environ.get('PYTHONPATH', '')!r}): "
+              f"{probe.stderr.strip().splitlines()[-1:]}; on a machine without it, scripts/devkit_run.sh test "
+              "installs it from the kit")
+        print("0 passed, 1 failed")
+        sys.exit(1)
 
 import companion_util as cu  # noqa: E402
 

@@ -73,7 +73,7 @@ def errors(cell):
     return [o for o in cell.outputs if o.output_type == "error"]
 
 
-P4_USABLE = 6644339124  # 7.43 GiB less the profile's default 1.3 GB context and 32 MiB of workspace: 6.19 GiB
+P4_USABLE = 6677900728  # 7.43 GiB less the profile's default 1.3 GB context and the 1 KiB the libraries keep: 6.22 GiB
 
 
 def test_01_seed_oom():
@@ -92,23 +92,28 @@ def test_01_seed_oom():
     assert [e.ename for e in errors(gate)] == ["OutOfMemoryPlanned"]
     assert "stopped before allocating anything" in errors(gate)[0].evalue
     m0 = jdata(mem0)
-    assert m0["n_alloc"] == 0 and m0["allocated"] == 0 and m0["capacity"] == P4_USABLE
-    # the seed's pasted message: why it fits on some runs and not others first, naming the P4, its usable
-    # capacity and a card where it fits; 1.6 GiB outside PyTorch's cache; the session's config planned on
-    # each card of the seed's 2020 runtime as PyTorch runs its step (engine: pytorch), labelled so
+    # (the device holds only the card's own buffers, taken as it opened: the
+    # GEMM workspace and the kernels' scratch, as on a real P4)
+    assert m0["n_alloc"] == 2 and m0["allocated"] == 33554432 + 8704 and m0["capacity"] == P4_USABLE
+    # the seed's pasted message: what its figures prove first (PyTorch held less than the P4: 1.6 GiB
+    # outside PyTorch's cache), then the session's config planned on each card of the seed's 2020
+    # runtime as PyTorch runs its step (engine: pytorch), labelled so, and, the platform not shown,
+    # Colab's line: why it fits on some runs and not others, naming the P4, its usable capacity and a
+    # card where it fits
     pm = jdata(pasted)
     assert pm["card"] == "p4" and pm["total"] == 7977901752 and pm["requested"] == 25165824, pm
     ids = [x["id"] for x in pm["diagnoses"]]
-    assert ids[:2] == ["card_lottery", "card_lottery"] and "headroom" in ids, ids
-    why = pm["diagnoses"][0]["text"]
-    assert "why it fits on some runs and not others: this run got a P4 (7.43 GiB total, 6.19 GiB usable" in why, why
+    assert ids[0] == "headroom" and ids.count("card_lottery") == 2 and "platform" in ids, ids
+    why = [x["text"] for x in pm["diagnoses"] if x["text"].startswith("card lottery (if this ran on Colab)")][0]
+    assert "why it fits on some runs and not others: this run got a P4 (7.43 GiB total, 6.22 GiB usable" in why, why
     assert "so on a T4 it would fit" in why
     assert "1.63 GiB of the card is held outside PyTorch's cache" in text(pasted)
     assert "your config as engine: pytorch (torch 2.x + transformers 5.x) plans it: fits on none of them" \
         in text(pasted), text(pasted)
     assert "The config planned on p4 by engine: pytorch (torch 2.x + transformers 5.x)" in text(pasted)
     assert pm["plan"]["engine"] == "engine: pytorch (torch 2.x + transformers 5.x)", pm.get("plan")
-    assert 'torch.amp.GradScaler("cuda")' in text(pasted) and "torch.cuda.amp" not in text(pasted)
+    # the session's config is txkernel's: its fixes are its YAML
+    assert "precision: fp16" in text(pasted) and "GradScaler" not in text(pasted), text(pasted)
     g = jdata(gpus)
     assert [c["card"] for c in g["cards"]] == ["k80", "p4", "t4", "p100", "v100-16"]
     fits = {c["card"]: c["fits"] for c in g["cards"]}
@@ -120,9 +125,9 @@ def test_01_seed_oom():
     assert all(c["source"] for c in g["cards"])
     t = jdata(gpus_today)
     assert [c["card"] for c in t["cards"]] == ["t4", "l4", "a100-40", "a100-80", "h100-80", "rtx-pro-6000"]
-    # largest batch per length on the P4's 6.19 GiB: shrinking with the length, every peak within it,
+    # largest batch per length on the P4's 6.22 GiB: shrinking with the length, every peak within it,
     # and 32 x 512 is not among them
-    assert "on p4 (6.19 GiB)" in text(maxb)
+    assert "on p4 (6.22 GiB)" in text(maxb)
     rows = {r["max_len"]: r["largest batch"] for r in jdata(maxb)}
     assert rows[64] >= rows[128] >= rows[256] >= rows[512] and rows[512] < 32
     for r in jdata(maxb):

@@ -150,7 +150,7 @@ static tk_status run_advise_message(char *out, size_t n, tk_err *e) {
     c.max_len = 128;
     c.device = TK_DEVICE_META;
     json_t *bundle = NULL;
-    tk_status st = tk_oom_message_report(pasted, pasted_n, &c, NULL, 0, &bundle, e);
+    tk_status st = tk_oom_message_report(pasted, pasted_n, &c, NULL, 0, NULL, &bundle, e);
     if (st == TK_OK) {
         char *js = json_dumps(bundle, JSON_SORT_KEYS | JSON_COMPACT);
         if (!js) st = tk_err_nomem(e, "test");

@@ -3,6 +3,9 @@
  *    a config: the P4 named, the figures in the JSON, the config planned on
  *    each Colab card; garbage pasted gets the one line "no OOM message found";
  *  - %txplan --gpus colab / colab-2020: one row per card and the sentence;
+ *  - %%txadvise --from-error --for kaggle / colab and --api: the platform's
+ *    paragraphs and the fixes' API; a platform it does not know refused,
+ *    naming both;
  *  - %txfix auto --for colab-2020: a config that fits with margin on every card. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +49,23 @@ static void test_from_error(void) {
     json_decref(m);
     m = run("%txadvise --from-error", &rc);
     TK_CHECK(rc != 0 && strstr(evalue(m), "cell body"));
+    json_decref(m);
+    /* the notebook's --for and --api: Kaggle's accelerators and no lottery; the Trainer's lines */
+    m = run("%%txadvise --from-error --for kaggle --api trainer\n" MSG, &rc);
+    t = plain(m);
+    TK_CHECK_MSG(rc == 0 && t && !strstr(t, "card lottery") && strstr(t, "your choice and not a lottery") &&
+                 strstr(t, "TrainingArguments(") && !strstr(t, "GradScaler"), "%s", t ? t : evalue(m));
+    json_decref(m);
+    m = run("%%txadvise --from-error --for colab\n" MSG, &rc);
+    t = plain(m);
+    TK_CHECK_MSG(rc == 0 && t && strstr(t, "card lottery: why it fits") && !strstr(t, "your choice and not a lottery"),
+                 "%s", t ? t : evalue(m));
+    json_decref(m);
+    m = run("%%txadvise --from-error --for mars\n" MSG, &rc);
+    TK_CHECK(rc != 0 && strstr(evalue(m), "colab") && strstr(evalue(m), "kaggle"));
+    json_decref(m);
+    m = run("%%txadvise --from-error --frobnicate\n" MSG, &rc);
+    TK_CHECK(rc != 0 && strstr(evalue(m), "--frobnicate"));
     json_decref(m);
 }
 

@@ -29,11 +29,11 @@ exports() { nm -D --defined-only "$so" | awk '{print $3}'; }
 check "plugin built" test -f "$so"
 for sym in tk_cuda_plugin_open tk_cuda_mem_totals_get tk_cuda_mem_reset_peak tk_cuda_scope_push \
            tk_cuda_scope_pop tk_cuda_scope_kernel_time tk_cuda_nccl_group_new tk_cuda_nccl_group_destroy \
-           tk_cuda_nccl_rank; do
+           tk_cuda_nccl_rank tk_cuda_bind_buffers; do
     check "exports $sym" grep -qx "$sym" <(exports)
 done
 check "no undefined tk_ symbols (self-contained)" bash -c "! nm -D --undefined-only '$so' | grep -q ' tk_'"
-check "only the entry points are exported" bash -c "[ \$(nm -D --defined-only '$so' | awk '{print \$3}' | grep -c '^tk_') -eq 9 ]"
+check "only the entry points are exported" bash -c "[ \$(nm -D --defined-only '$so' | awk '{print \$3}' | grep -c '^tk_') -eq 10 ]"
 check "plugin is NODELETE (survives dlclose)" bash -c "readelf -d '$so' | grep -q 'NODELETE'"
 for lib in libcudart libcublas libcupti; do
     check "plugin links $lib" grep -q "^$lib\.so" <(needed "$so")

@@ -60,6 +60,15 @@ def parse_args(argv):
     p.add_argument("--checkpointing", action="store_true")
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--freeze-embeddings", action="store_true")
+    p.add_argument("--optim", choices=("adamw", "adamw_fused"), default="adamw",
+                   help="torch.optim.AdamW as torch picks it, or with fused=True (TrainingArguments' adamw_torch_fused)")
+    p.add_argument("--data", help="dynamic padding: the CSV's text column, tokenized (--vocab-file) and batched in file "
+                                  "order by transformers' DataCollatorWithPadding; every batch is a step")
+    p.add_argument("--vocab-file", help="with --data: the vocab.txt of a lower-casing BertTokenizerFast")
+    p.add_argument("--examples", type=int, default=0, help="with --data: its first N examples (0: all)")
+    p.add_argument("--ddp", type=int, default=0, help="N ranks of DistributedDataParallel over gloo on 127.0.0.1, "
+                                                      "each in its own process; the figures are each rank's")
+    p.add_argument("--find-unused", action="store_true", help="with --ddp: find_unused_parameters=True")
     p.add_argument("--events", help="write the replayed events here")
     p.add_argument("--shim", action="store_true", help="events from alloc_events.c (LD_PRELOAD), not the profiler")
     return p.parse_args(argv)
@@ -72,18 +81,55 @@ def rounded(n):
     return (n + ROUND - 1) // ROUND * ROUND
 
 
-# Allocations of these sizes mark the step boundaries in the event stream:
-# odd byte counts no BERT tensor has, freed at once.
-MARKS = (77_777, 77_779, 77_781)
+# Allocations of these sizes mark the step boundaries in the event stream
+# (MARK + 2 i before step i, and once more after the last): odd byte counts
+# no BERT tensor has, freed at once.
+MARK = 77_777
 
 
-def run(a):
+def mark_step(nbytes, n_steps):
+    """The step (0 .. n_steps, n_steps: the end) an allocation of nbytes
+    marks the start of, or None: only those n_steps + 1 sizes, so that a
+    kernel's scratch buffer of some other odd size is never taken for one."""
+    i = (nbytes - MARK) // 2
+    return i if nbytes >= MARK and (nbytes - MARK) % 2 == 0 and i <= n_steps else None
+
+
+def batches(a, torch):
+    """The steps' batches: `a.batch` x `a.seq` random ids twice, or (--data)
+    the file's texts through DataCollatorWithPadding, one step per batch."""
+    if not a.data:
+        def fixed():
+            B, T = a.batch, a.seq
+            b = {"input_ids": torch.randint(0, a.vocab, (B, T)),
+                 "token_type_ids": torch.zeros(B, T, dtype=torch.long),
+                 "attention_mask": torch.ones(B, T, dtype=torch.long)}
+            if a.task == "qa":
+                b["start_positions"] = torch.randint(0, T, (B,))
+                b["end_positions"] = torch.randint(0, T, (B,))
+            else:
+                b["labels"] = torch.randint(0, a.labels, (B,))
+            return b
+        return [fixed for _ in range(2)]
+    import csv
+    from transformers import BertTokenizerFast, DataCollatorWithPadding
+    tok = BertTokenizerFast(vocab_file=a.vocab_file, do_lower_case=True)
+    with open(a.data, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if a.examples:
+        rows = rows[:a.examples]
+    feats = [dict(tok(r["text"], truncation=True, max_length=a.seq), labels=i % a.labels) for i, r in enumerate(rows)]
+    collate = DataCollatorWithPadding(tok)
+    return [lambda k=k: collate(feats[k:k + a.batch]) for k in range(0, len(feats), a.batch)]
+
+
+def run(a, rank=0):
     import torch
     import transformers
     from transformers import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 
-    torch.manual_seed(0)
-    torch.set_num_threads(int(os.environ.get("TXK_TORCH_THREADS", "2")))
+    torch.manual_seed(rank)
+    torch.set_num_threads(int(os.environ.get("TXK_TORCH_THREADS", "1" if a.ddp else "2")))
     attn_drop = a.dropout if a.attention_dropout is None else a.attention_dropout
     kw = dict(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
               intermediate_size=a.intermediate, max_position_embeddings=a.max_position, type_vocab_size=a.type_vocab,
@@ -94,9 +140,11 @@ def run(a):
     cfg = BertConfig(**kw)
     cfg._attn_implementation = a.attn
     cls = BertForQuestionAnswering if a.task == "qa" else BertForSequenceClassification
+    makers = batches(a, torch)
+    seqs = []
 
     def mark(i):
-        del_me = torch.empty(MARKS[i], dtype=torch.uint8)
+        del_me = torch.empty(MARK + 2 * i, dtype=torch.uint8)
         del del_me
 
     def steps():
@@ -107,45 +155,88 @@ def run(a):
         if a.freeze_embeddings:
             for p in model.bert.embeddings.parameters():
                 p.requires_grad_(False)
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5, weight_decay=0.01)
-        for step in range(2):
+        net = model
+        if a.ddp:
+            net = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=a.find_unused)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5, weight_decay=0.01,
+                                **({"fused": True} if a.optim == "adamw_fused" else {}))
+        for step, make in enumerate(makers):
             mark(step)
             opt.zero_grad()  # the version's default: 2.x frees the gradients, 1.13 zero-fills them
             for _ in range(a.accumulate):
-                B, T = a.batch, a.seq
-                batch = {"input_ids": torch.randint(0, a.vocab, (B, T)),
-                         "token_type_ids": torch.zeros(B, T, dtype=torch.long),
-                         "attention_mask": torch.ones(B, T, dtype=torch.long)}
-                if a.task == "qa":
-                    batch["start_positions"] = torch.randint(0, T, (B,))
-                    batch["end_positions"] = torch.randint(0, T, (B,))
-                else:
-                    batch["labels"] = torch.randint(0, a.labels, (B,))
+                batch = make()
+                seqs.append(batch["input_ids"].shape[1])
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-                    out = model(**batch)
+                    out = net(**batch)
                 loss = out.loss / a.accumulate
                 del out
                 loss.backward()
                 del loss, batch
             opt.step()
-        mark(2)
+        mark(len(makers))
 
     if a.shim:
-        return replay(shim_events(steps), a), torch.__version__, transformers.__version__
-    trace = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
-    trace.close()
+        events = shim_events(steps)
+    else:
+        trace = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
+        trace.close()
+        try:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                        record_shapes=False) as prof:
+                steps()
+            prof.export_chrome_trace(trace.name)
+            with open(trace.name) as f:
+                events = json.load(f)
+            if isinstance(events, dict):  # torch 1.13 writes the bare list
+                events = events["traceEvents"]
+        finally:
+            os.unlink(trace.name)
+    r = replay(events, a, len(makers))
+    if a.data:
+        r["seqs"] = seqs
+    return r, torch.__version__, transformers.__version__
+
+
+def ddp_rank(rank, a, port, out_dir):
+    """One rank of --ddp: a gloo process group on 127.0.0.1, then run()."""
+    import torch.distributed as dist
+    if a.events:  # one file per rank
+        a.events = f"{a.events}.rank{rank}"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.ddp)
     try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
-                                    record_shapes=False) as prof:
-            steps()
-        prof.export_chrome_trace(trace.name)
-        with open(trace.name) as f:
-            events = json.load(f)
-        if isinstance(events, dict):  # torch 1.13 writes the bare list
-            events = events["traceEvents"]
+        r, tv, xv = run(a, rank)
     finally:
-        os.unlink(trace.name)
-    return replay(events, a), torch.__version__, transformers.__version__
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(dict(r, torch=tv, transformers=xv), f)
+
+
+def run_ddp(a):
+    """--ddp N: rank 0 in this process, ranks 1.. each in a process of its own
+    (torch.multiprocessing's spawn: torch is imported once more per rank);
+    each rank's figures, and the largest of each as the row's."""
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as d:
+        others = [ctx.Process(target=ddp_rank, args=(i, a, port, d)) for i in range(1, a.ddp)]
+        for p in others:
+            p.start()
+        ddp_rank(0, argparse.Namespace(**vars(a)), port, d)
+        for p in others:
+            p.join()
+            if p.exitcode:
+                raise SystemExit(f"a DDP rank exited with {p.exitcode}")
+        ranks = []
+        for i in range(a.ddp):
+            with open(os.path.join(d, f"rank{i}.json")) as f:
+                ranks.append(json.load(f))
+    r = {k: max(x[k] for x in ranks) for k in ("first_step_peak_allocated", "peak_allocated")}
+    r["ranks"] = [{k: x[k] for k in ("first_step_peak_allocated", "peak_allocated")} for x in ranks]
+    return r, ranks[0]["torch"], ranks[0]["transformers"]
 
 
 def shim_events(steps):
@@ -172,7 +263,11 @@ def shim_events(steps):
             for i in range(n)]
 
 
-def replay(events, a):
+def replay(events, a, n_steps):
+    """Each step's peak live total (rounded events) from the step marks:
+    first_step_peak_allocated is step 0's, peak_allocated the largest of the
+    later steps' (what max_memory_allocated() reports with the peak reset
+    before each step)."""
     mem = [e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
     ops = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
                  if e.get("ph") == "X" and a.events)
@@ -188,35 +283,37 @@ def replay(events, a):
         return "?"
 
     live, cur, step = {}, 0, -1
-    peaks = [0, 0]
+    peaks = [0] * n_steps
     lines = []
     for e in mem:  # the trace keeps the allocator's order
         args = e["args"]
         addr, nbytes = args["Addr"], args["Bytes"]
         if nbytes > 0:
-            if nbytes in MARKS:
-                step = MARKS.index(nbytes)
-                if step < 2:
+            m = mark_step(nbytes, n_steps)
+            if m is not None:
+                step = m
+                if step < n_steps:
                     peaks[step] = cur
                 continue
             live[addr] = rounded(nbytes)
             cur += live[addr]
-            if 0 <= step < 2:
+            if 0 <= step < n_steps:
                 peaks[step] = max(peaks[step], cur)
             lines.append((step, live[addr], cur, op_at(e)))
         else:
-            if -nbytes in MARKS or addr not in live:
+            if mark_step(-nbytes, n_steps) is not None or addr not in live:
                 continue
             freed = live.pop(addr)
             cur -= freed
             lines.append((step, -freed, cur, op_at(e)))
-    if step != 2:
+    if step != n_steps:
         raise SystemExit("the step marks were not all found in the profiler's trace")
     if a.events:
         with open(a.events, "w") as f:
             for s, b, c, op in lines:
                 f.write(f"{s} {b:+d} {c} {op}\n")
-    return {"first_step_peak_allocated": peaks[0], "peak_allocated": peaks[1], "n_events": len(lines)}
+    return {"first_step_peak_allocated": peaks[0], "peak_allocated": max(peaks[1:]), "step_peaks": peaks,
+            "n_events": len(lines)}
 
 
 def main(argv):
@@ -227,7 +324,7 @@ def main(argv):
         rows = [argv]
     for row in rows:
         a = parse_args(row)
-        r, tv, xv = run(a)
+        r, tv, xv = run_ddp(a) if a.ddp else run(a)
         r.update(torch=tv, transformers=xv)
         print(json.dumps(r), flush=True)
 

@@ -335,6 +335,16 @@ static void batch_shape(const tk_snapshot *s, sizes z, tk_snap_model *m) {
              pk->tokens, pk->batch);
 }
 
+/* A profile of the compute capability the file's cuBLAS workspaces imply
+ * (32 MiB: major 9, as torch 2.x sizes it there), or NULL. */
+static const tk_gpu_profile *hopper_class(const tk_snapshot *s) {
+    int seen = 0;
+    for (int i = 0; i < s->n_ws; i++) seen |= s->ws[i].bytes == (size_t)32 << 20;
+    for (int i = 0; seen && tk_gpu_profile_at(i); i++)
+        if (tk_gpu_profile_at(i)->cc_major == 9 && tk_gpu_profile_at(i)->gpus <= 1) return tk_gpu_profile_at(i);
+    return NULL;
+}
+
 static const char *tk_snap_basename(const char *p) {
     const char *b = strrchr(p, '/');
     return b ? b + 1 : p;
@@ -713,8 +723,24 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
         snprintf(m->capacity_from, sizeof m->capacity_from, "reserved + device free at the OOM");
     } else
         snprintf(m->capacity_from, sizeof m->capacity_from, "no capacity known: --gpu or --capacity");
+    /* No card named: the kernels and cuBLAS's workspaces follow the
+     * compute capability, and a 32 MiB cuBLAS workspace in the file is
+     * torch's size for the Hopper-class majors: planned on such a profile
+     * for them, never for its capacity */
+    const tk_gpu_profile *like = NULL;
+    if (c.engine == TK_ENGINE_PYTORCH && !c.gpu[0] && (like = hopper_class(s))) {
+        snprintf(c.gpu, sizeof c.gpu, "%s", like->name);
+        if (!c.capacity) c.capacity = SIZE_MAX / 4; /* not the card's: no capacity is known */
+    }
     tk_plan_result p;
     if (plan_as_it_ran(s, &c, &p, err)) return -1;
+    if (like) {
+        if (!s->capacity && !s->has_oom) m->plan_capacity = 0;
+        size_t k = strlen(m->plan_note);
+        snprintf(m->plan_note + k, sizeof m->plan_note - k,
+                 "; kernels and workspaces as on compute capability %d.%d (the %s profile's), which the file's "
+                 "32 MiB cuBLAS workspaces show", like->cc_major, like->cc_minor, like->name);
+    }
     if (!m->planned) {
         memset(err, 0, sizeof *err);
         return 0;

@@ -186,7 +186,7 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
         fprintf(f, "  %d. [%s] %s\n", i + 1, s->fixes[i].id, s->fixes[i].text);
         if (s->fixes[i].planned)
             fprintf(f, "       planned (%s): %s peak %s%s%s\n", s->fixes[i].plan_change,
-                    s->fixes[i].plan_fits ? "fits:" : "does not fit:", fmtb(s->fixes[i].plan_peak, a),
+                    !md->plan_capacity ? "" : s->fixes[i].plan_fits ? "fits:" : "does not fit:", fmtb(s->fixes[i].plan_peak, a),
                     md->plan_capacity ? " of " : "", md->plan_capacity ? fmtb(md->plan_capacity, b) : "");
         const char *line = s->fixes[i].code;
         while (*line) {
@@ -306,8 +306,9 @@ json_t *tk_snap_json(const tk_snapshot *s, int top) {
         json_t *x = json_pack("{s:s, s:s, s:s, s:o}", "id", f->id, "text", f->text, "code", f->code, "saves",
                               f->saves >= 0 ? json_integer(f->saves) : json_null());
         if (f->planned)
-            json_object_set_new(x, "plan", json_pack("{s:I, s:b, s:s}", "peak", (json_int_t)f->plan_peak, "fits",
-                                                     f->plan_fits, "change", f->plan_change));
+            json_object_set_new(x, "plan", json_pack("{s:I, s:o, s:s}", "peak", (json_int_t)f->plan_peak, "fits",
+                                                     s->model.plan_capacity ? json_boolean(f->plan_fits) : json_null(),
+                                                     "change", f->plan_change));
         json_array_append_new(fx, x);
     }
     json_object_set_new(o, "fixes", fx);

@@ -218,7 +218,8 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
         if (s->fixes[i].planned) {
             tk_sb_add(&h, " <i>Planned (");
             tk_sb_add_html(&h, s->fixes[i].plan_change);
-            tk_sb_addf(&h, "): %s peak %s%s%s.</i>", s->fixes[i].plan_fits ? "fits:" : "does not fit:",
+            tk_sb_addf(&h, "): %s peak %s%s%s.</i>",
+                       !md->plan_capacity ? "" : s->fixes[i].plan_fits ? "fits:" : "does not fit:",
                        tk_render_bytes(s->fixes[i].plan_peak, a), md->plan_capacity ? " of " : "",
                        md->plan_capacity ? tk_render_bytes(md->plan_capacity, r) : "");
         }

@@ -144,6 +144,13 @@ static int set_lowercase(tk_config *c, const char *v, char *why, size_t n) {
 static void get_lowercase(const tk_config *c, char *b, size_t n) {
     snprintf(b, n, "%s", c->lowercase < 0 ? "auto" : c->lowercase ? "true" : "false");
 }
+static int set_tf32(tk_config *c, const char *v, char *why, size_t n) {
+    int b = parse_bool(v);
+    if (b < 0) { snprintf(why, n, "'%s' is not one of true, false", v); return -1; }
+    c->tf32 = b;
+    return 0;
+}
+static void get_tf32(const tk_config *c, char *b, size_t n) { snprintf(b, n, "%s", c->tf32 ? "true" : "false"); }
 
 /* recompute: none | layers | attention, and the HF-style boolean
  * (gradient_checkpointing: true means whole layers). */
@@ -321,6 +328,7 @@ static const keydef KEYS[] = {
     {"seed", "train", K_U64, OFF(seed), 0, 0, NULL, NULL, NULL, "random seed (weights init, dropout, shuffling)"},
 
     ENUM("precision", "train", precision, prec_names, "fp32, or mixed precision fp16 (loss scaling) / bf16"),
+    SPEC("tf32", "train", set_tf32, get_tf32, "true: fp32 GEMMs may use TF32 tensor cores on cuda (faster, 10-bit mantissa inputs; PyTorch's allow_tf32); false (the default): full fp32"),
     INT("accumulate", "train", accumulate, 1, 1 << 20, "micro-batches per optimizer step (gradient accumulation)"),
     SPEC("recompute", "train", set_recompute, get_recompute, "gradient checkpointing: none, layers or attention"),
     SPEC("freeze", "train", set_freeze, NULL, "freeze parameters: none, embeddings, layers:N or embeddings,layers:N"),

@@ -310,6 +310,7 @@ tk_status tk_model_opts_from_config(tk_model_opts *o, const tk_config *c, tk_err
         return TK_EINVAL;
     }
     o->precision = c->precision;
+    o->tf32 = c->tf32;
     o->recompute = c->recompute;
     /* auto is decided from the config here (a plan, a device named in it);
      * a session that opened device: auto's device decides first */

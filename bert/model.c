@@ -407,28 +407,34 @@ tk_status tk_model_alloc_grads(tk_model *m, tk_err *err) {
         if (s->p.frozen) continue;
         tk_status st = tk_tensor_alloc(m->dev, &s->g, TK_F32, s->ndim, s->shape, TK_CAT_GRAD,
                                        s->owner, err);
-        if (st == TK_OK) st = tk_op_fill(m->dev, &s->g, 0.0f, tk_tensor_numel(&s->g));
         if (st != TK_OK) {
             for (int j = i; j >= 0; j--) tk_tensor_free(m->dev, &m->ps[j].g);
-            if (err && !err->msg[0]) tk_err_set(err, st, "model: cannot zero gradient of %s", s->name);
             return st;
         }
+    }
+    tk_status st = tk_model_zero_grads(m, err);
+    if (st != TK_OK) {
+        for (int j = m->np - 1; j >= 0; j--) tk_tensor_free(m->dev, &m->ps[j].g);
+        return st;
     }
     m->grads = 1;
     return TK_OK;
 }
 
+/* Every allocated gradient zeroed by one fill over the list (one launch on cuda). */
 tk_status tk_model_zero_grads(tk_model *m, tk_err *err) {
-    for (int i = 0; i < m->np; i++) {
-        pslot *s = &m->ps[i];
-        if (!s->g.ndim) continue; /* frozen, or gradients not allocated yet */
-        tk_status st = tk_op_fill(m->dev, &s->g, 0.0f, tk_tensor_numel(&s->g));
-        if (st != TK_OK) {
-            tk_err_set(err, st, "model: cannot zero gradient of %s", s->name);
-            return st;
-        }
+    tk_tensor **gs = tk_malloc((size_t)(m->np ? m->np : 1) * sizeof *gs);
+    if (!gs) return tk_err_nomem(err, "model: zeroing the gradients");
+    int n = 0;
+    for (int i = 0; i < m->np; i++)
+        if (m->ps[i].g.ndim) gs[n++] = &m->ps[i].g; /* not frozen, and allocated */
+    tk_status st = tk_op_fill_many(m->dev, gs, n, 0.0f);
+    free(gs);
+    if (st != TK_OK) {
+        const tk_err *why = tk_dev_last_err(m->dev);
+        tk_err_set(err, st, "model: cannot zero the gradients (%s)", why ? why->msg : tk_status_name(st));
     }
-    return TK_OK;
+    return st;
 }
 
 /* ---- weights ---------------------------------------------------------- */
@@ -764,6 +770,8 @@ typedef struct stens {
     tk_tensor cls, pooled, pd, logits, losses;
     tk_tensor dlogits, dpd, dcls, dh, dx;
     tk_tensor dr, dtmp, dbig, probs_d, dvh, dprobs, dqh, dkh, dbuf, tmp, ctxh, pchunk;
+    tk_tensor dbias, lnscr;   /* a linear's bias-gradient scratch, a LayerNorm backward's partial sums */
+    tk_tensor gword, gpos, gtype, escr; /* the embedding backward's row groups and chunk sums */
 } stens;
 #define STENS_N ((int)(sizeof(stens) / sizeof(tk_tensor)))
 
@@ -779,6 +787,7 @@ typedef struct step {
     stens s;
     lacts *la;                /* [L] */
     int nvalid, nvalid2;      /* non-ignored rows of the loss(es) */
+    int32_t *egroups;         /* host: the embedding backward's three row groupings (inputs()) */
 } step;
 
 static void step_cleanup(step *S) {
@@ -791,6 +800,8 @@ static void step_cleanup(step *S) {
     }
     free(S->la);
     S->la = NULL;
+    free(S->egroups);
+    S->egroups = NULL;
 }
 
 #define TRY(x) do { tk_status _st = (x); if (_st != TK_OK) return fail(S, _st, #x, __LINE__); } while (0)
@@ -833,22 +844,34 @@ static tk_tensor *PG(const step *S, int i) {
     return p->p.frozen ? NULL : &p->g;
 }
 
-/* out (rows,O) = in (rows,I) @ W(O,I)^T + b */
-static tk_status linear_fwd(step *S, tk_tensor *out, const tk_tensor *in, int wi, int64_t rows,
-                            int64_t O, int64_t I) {
-    return tk_op_gemm(S->d, out, in, PWc(S, wi), PW(S, wi + 1), &(tk_gemm){ .m = rows, .n = O, .k = I, .trans_b = 1, .batch = 1, .alpha = 1.0f });
+/* Every GEMM of the step: g with the model's TF32 choice. */
+static tk_status mm(step *S, tk_tensor *C, const tk_tensor *A, const tk_tensor *B, const tk_tensor *bias,
+                    tk_gemm g) {
+    g.tf32 = S->m->o.tf32;
+    return tk_op_gemm(S->d, C, A, B, bias, &g);
 }
 
-/* dW += dout^T @ in, db += sum dout, and din (=, or += when acc) dout @ W.
- * din NULL: the input needs no gradient. */
+/* out (rows,O) = in (rows,I) @ W(O,I)^T + b (the bias in the GEMM's epilogue on cuda) */
+static tk_status linear_fwd(step *S, tk_tensor *out, const tk_tensor *in, int wi, int64_t rows,
+                            int64_t O, int64_t I) {
+    return mm(S, out, in, PWc(S, wi), PW(S, wi + 1), (tk_gemm){ .m = rows, .n = O, .k = I, .trans_b = 1, .batch = 1, .alpha = 1.0f });
+}
+
+/* dW += dout^T @ in, db += sum dout (in the same GEMM: its bias-gradient
+ * epilogue, with an f32 scratch of O the step allocates), and din (=, or +=
+ * when acc) dout @ W. din NULL: the input needs no gradient. */
 static tk_status linear_bwd(step *S, tk_tensor *din, const tk_tensor *dout, const tk_tensor *in, int wi,
                             int64_t rows, int64_t O, int64_t I, int acc) {
     tk_tensor *dW = PG(S, wi), *db = PG(S, wi + 1);
     tk_status st = TK_OK;
-    if (dW) st = tk_op_gemm(S->d, dW, dout, in, NULL, &(tk_gemm){ .m = O, .n = I, .k = rows, .trans_a = 1, .batch = 1, .alpha = 1.0f, .beta = 1.0f });
-    if (st == TK_OK && db) st = tk_op_bias_grad(S->d, db, dout, rows, O);
+    if (dW && db) st = al(S, &S->s.dbias, TK_F32, 1, O, 0, 0, 0, TK_CAT_TEMP, S->m->ps[wi].owner);
+    if (st == TK_OK && dW)
+        st = mm(S, dW, dout, in, NULL, (tk_gemm){ .m = O, .n = I, .k = rows, .trans_a = 1, .batch = 1, .alpha = 1.0f, .beta = 1.0f, .bgrad = db, .bgrad_tmp = db ? &S->s.dbias : NULL });
+    else if (st == TK_OK && db)
+        st = tk_op_bias_grad(S->d, db, dout, rows, O);
+    fr(S, &S->s.dbias);
     if (st == TK_OK && din)
-        st = tk_op_gemm(S->d, din, dout, PWc(S, wi), NULL, &(tk_gemm){ .m = rows, .n = I, .k = O, .batch = 1, .alpha = 1.0f, .beta = acc ? 1.0f : 0.0f });
+        st = mm(S, din, dout, PWc(S, wi), NULL, (tk_gemm){ .m = rows, .n = I, .k = O, .batch = 1, .alpha = 1.0f, .beta = acc ? 1.0f : 0.0f });
     return st;
 }
 
@@ -922,13 +945,16 @@ static int64_t attn_chunk(const step *S) {
 }
 
 /* P (nb sequences from b0, laid out (nb,NH,T,T)) = softmax(Q K^T / sqrt(HS)
- * + mask), the softmax in place over the scores. */
-static tk_status attn_probs(step *S, lacts *A, tk_tensor *P, int64_t b0, int64_t nb) {
+ * + mask), the softmax in place over the scores, and in the same pass PD =
+ * dropout(P) at the step's offset `off` when p > 0 (PD NULL otherwise). */
+static tk_status attn_probs(step *S, lacts *A, tk_tensor *P, tk_tensor *PD, int64_t b0, int64_t nb, float p,
+                            uint64_t off) {
     const int64_t T = S->T, NH = S->m->NH, HS = S->m->HS, PH = NH * T * HS;
     tk_tensor Q = tk_tensor_view(&A->qh, b0 * PH, nb * PH), K = tk_tensor_view(&A->kh, b0 * PH, nb * PH);
     tk_tensor mask = tk_tensor_view(&S->s.mask, b0 * T, nb * T);
-    TRY(tk_op_gemm(S->d, P, &Q, &K, NULL, &(tk_gemm){ .m = T, .n = T, .k = HS, .trans_b = 1, .batch = nb * NH, .stride_a = T * HS, .stride_b = T * HS, .stride_c = T * T, .alpha = 1.0f }));
-    TRY(tk_op_softmax_fwd(S->d, P, P, &mask, nb, NH, T, 1.0f / sqrtf((float)HS)));
+    TRY(mm(S, P, &Q, &K, NULL, (tk_gemm){ .m = T, .n = T, .k = HS, .trans_b = 1, .batch = nb * NH, .stride_a = T * HS, .stride_b = T * HS, .stride_c = T * T, .alpha = 1.0f }));
+    TRY(tk_op_softmax_dropout_fwd(S->d, P, p > 0 ? PD : NULL, P, &mask, nb, NH, T, 1.0f / sqrtf((float)HS), p,
+                                  S->seed, off));
     return TK_OK;
 }
 
@@ -977,15 +1003,10 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in)
         const int64_t nb = Bs - b0 < cs ? Bs - b0 : cs;
         tk_tensor P = kp ? tk_tensor_view(&A->probs, b0 * PP, nb * PP)
                          : tk_tensor_view(&s->pchunk, 0, nb * PP);
-        TRY(attn_probs(S, A, &P, b0, nb));
-        tk_tensor PD = P;
-        if (pa > 0) {
-            PD = tk_tensor_view(&s->probs_d, 0, nb * PP);
-            TRY(tk_op_dropout_fwd(S->d, &PD, NULL, &P, nb * PP, pa, S->seed,
-                                  doff(l, SITE_PROBS) + (uint64_t)(b0 * PP)));
-        }
+        tk_tensor PD = pa > 0 ? tk_tensor_view(&s->probs_d, 0, nb * PP) : P;
+        TRY(attn_probs(S, A, &P, &PD, b0, nb, pa, doff(l, SITE_PROBS) + (uint64_t)(b0 * PP)));
         tk_tensor V = tk_tensor_view(&A->vh, b0 * PH, nb * PH), C = tk_tensor_view(&s->ctxh, b0 * PH, nb * PH);
-        TRY(tk_op_gemm(S->d, &C, &PD, &V, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .batch = nb * NH, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
+        TRY(mm(S, &C, &PD, &V, NULL, (tk_gemm){ .m = T, .n = HS, .k = T, .batch = nb * NH, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
     }
     fr(S, &s->probs_d);
     fr(S, &s->pchunk);
@@ -1001,15 +1022,14 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in)
     TRY(alf(S, &A->r1, N, H, ca, own[OLN1]));
     TRY(linear_fwd(S, &A->r1, &A->ctx, w + LAOW, N, H, H));
     if (!keep) fr(S, &A->ctx);
-    if (ph > 0)
-        TRY(tk_op_dropout_fwd(S->d, &A->r1, NULL, &A->r1, N * H, ph, S->seed, doff(l, SITE_ATTN_OUT)));
-    TRY(tk_op_add(S->d, &A->r1, &A->r1, in, N * H));
-    if (free_in) fr(S, in);
     TRY(al(S, &A->mean1, TK_F32, 1, N, 0, 0, 0, ca, own[OLN1]));
     TRY(al(S, &A->rstd1, TK_F32, 1, N, 0, 0, 0, ca, own[OLN1]));
     TRY(alf(S, &A->a1, N, H, ca, own[OLN1]));
-    TRY(tk_op_layernorm_fwd(S->d, &A->a1, &A->mean1, &A->rstd1, &A->r1, PW(S, w + LLN1W),
-                            PW(S, w + LLN1B), N, H, m->o.dims.layer_norm_eps));
+    /* r1 = dropout(r1) + in and a1 = LN(r1), one pass */
+    TRY(tk_op_residual_layernorm_fwd(S->d, &A->r1, &A->a1, &A->mean1, &A->rstd1, &A->r1, in, PW(S, w + LLN1W),
+                                     PW(S, w + LLN1B), N, H, m->o.dims.layer_norm_eps, ph, S->seed,
+                                     doff(l, SITE_ATTN_OUT)));
+    if (free_in) fr(S, in);
     if (!keep) {
         fr(S, &A->rstd1);
         fr(S, &A->mean1);
@@ -1026,21 +1046,33 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in)
     TRY(alf(S, &A->r2, N, H, ca, own[OLN2]));
     TRY(linear_fwd(S, &A->r2, &A->g, w + LOW, N, H, I));
     fr(S, &A->g);
-    if (ph > 0)
-        TRY(tk_op_dropout_fwd(S->d, &A->r2, NULL, &A->r2, N * H, ph, S->seed, doff(l, SITE_FFN_OUT)));
-    TRY(tk_op_add(S->d, &A->r2, &A->r2, &A->a1, N * H));
-    if (!keep) fr(S, &A->a1);
     TRY(al(S, &A->mean2, TK_F32, 1, N, 0, 0, 0, ca, own[OLN2]));
     TRY(al(S, &A->rstd2, TK_F32, 1, N, 0, 0, 0, ca, own[OLN2]));
     /* The output is always ACT: it is the next layer's input. */
     TRY(alf(S, &A->out, N, H, TK_CAT_ACT, own[OLN2]));
-    TRY(tk_op_layernorm_fwd(S->d, &A->out, &A->mean2, &A->rstd2, &A->r2, PW(S, w + LLN2W),
-                            PW(S, w + LLN2B), N, H, m->o.dims.layer_norm_eps));
+    /* r2 = dropout(r2) + a1 and out = LN(r2), one pass */
+    TRY(tk_op_residual_layernorm_fwd(S->d, &A->r2, &A->out, &A->mean2, &A->rstd2, &A->r2, &A->a1,
+                                     PW(S, w + LLN2W), PW(S, w + LLN2B), N, H, m->o.dims.layer_norm_eps, ph,
+                                     S->seed, doff(l, SITE_FFN_OUT)));
+    if (!keep) fr(S, &A->a1);
     if (!keep) {
         fr(S, &A->rstd2);
         fr(S, &A->mean2);
         fr(S, &A->r2);
     }
+    return TK_OK;
+}
+
+/* din = LayerNorm backward of the LN whose weight is parameter wi (its
+ * weight and bias gradients accumulate), with its partial-sum scratch. */
+static tk_status ln_bwd(step *S, tk_tensor *din, int wi, const tk_tensor *dout, const tk_tensor *in,
+                        const tk_tensor *mean, const tk_tensor *rstd) {
+    const int64_t N = S->N, H = S->m->H;
+    TRY(al(S, &S->s.lnscr, TK_F32, 1, tk_layernorm_bwd_scratch_numel(N, H), 0, 0, 0, TK_CAT_TEMP,
+           S->m->ps[wi].owner));
+    TRY(tk_op_layernorm_bwd(S->d, din, PG(S, wi), PG(S, wi + 1), dout, in, PW(S, wi), mean, rstd, N, H, 0,
+                            &S->s.lnscr));
+    fr(S, &S->s.lnscr);
     return TK_OK;
 }
 
@@ -1061,8 +1093,7 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
     /* LN2: dr (= d r2) from dh (= d out) */
     fr(S, &A->out);
     TRY(alf(S, &s->dr, N, H, TK_CAT_TEMP, own[OLN2]));
-    TRY(tk_op_layernorm_bwd(d, &s->dr, PG(S, w + LLN2W), PG(S, w + LLN2B), &s->dh, &A->r2,
-                            PW(S, w + LLN2W), &A->mean2, &A->rstd2, N, H, 0));
+    TRY(ln_bwd(S, &s->dr, w + LLN2W, &s->dh, &A->r2, &A->mean2, &A->rstd2));
     fr(S, &s->dh);
     fr(S, &A->rstd2);
     fr(S, &A->mean2);
@@ -1089,8 +1120,7 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
     fr(S, &A->a1);
     /* LN1: dh (= d r1) */
     TRY(alf(S, &s->dh, N, H, TK_CAT_TEMP, own[OLN1]));
-    TRY(tk_op_layernorm_bwd(d, &s->dh, PG(S, w + LLN1W), PG(S, w + LLN1B), &s->dr, &A->r1,
-                            PW(S, w + LLN1W), &A->mean1, &A->rstd1, N, H, 0));
+    TRY(ln_bwd(S, &s->dh, w + LLN1W, &s->dr, &A->r1, &A->mean1, &A->rstd1));
     fr(S, &s->dr);
     fr(S, &A->rstd1);
     fr(S, &A->mean1);
@@ -1135,25 +1165,21 @@ static tk_status layer_bwd(step *S, int l, tk_tensor *in, int need_din) {
         const int64_t nb = Bs - b0 < cs ? Bs - b0 : cs;
         tk_tensor P = kp ? tk_tensor_view(&A->probs, b0 * PP, nb * PP)
                          : tk_tensor_view(&s->pchunk, 0, nb * PP);
-        if (!kp) TRY(attn_probs(S, A, &P, b0, nb));
-        tk_tensor PD = P;
         const uint64_t off = doff(l, SITE_PROBS) + (uint64_t)(b0 * PP);
-        if (pa > 0) {
-            PD = tk_tensor_view(&s->probs_d, 0, nb * PP);
-            TRY(tk_op_dropout_fwd(d, &PD, NULL, &P, nb * PP, pa, S->seed, off));
-        }
+        tk_tensor PD = pa > 0 ? tk_tensor_view(&s->probs_d, 0, nb * PP) : P;
+        if (!kp) TRY(attn_probs(S, A, &P, &PD, b0, nb, pa, off));
+        else if (pa > 0) TRY(tk_op_dropout_fwd(d, &PD, NULL, &P, nb * PP, pa, S->seed, off));
         tk_tensor dC = tk_tensor_view(&s->dbuf, b0 * PH, nb * PH);
         tk_tensor V = tk_tensor_view(&A->vh, b0 * PH, nb * PH), dV = tk_tensor_view(&s->dvh, b0 * PH, nb * PH);
         tk_tensor Q = tk_tensor_view(&A->qh, b0 * PH, nb * PH), dQ = tk_tensor_view(&s->dqh, b0 * PH, nb * PH);
         tk_tensor K = tk_tensor_view(&A->kh, b0 * PH, nb * PH), dK = tk_tensor_view(&s->dkh, b0 * PH, nb * PH);
         tk_tensor dP = tk_tensor_view(&s->dprobs, 0, nb * PP);
         const int64_t bh = nb * NH;
-        TRY(tk_op_gemm(d, &dV, &PD, &dC, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
-        TRY(tk_op_gemm(d, &dP, &dC, &V, NULL, &(tk_gemm){ .m = T, .n = T, .k = HS, .trans_b = 1, .batch = bh, .stride_a = T * HS, .stride_b = T * HS, .stride_c = T * T, .alpha = 1.0f }));
-        if (pa > 0) TRY(tk_op_dropout_bwd(d, &dP, &dP, nb * PP, pa, S->seed, off));
-        TRY(tk_op_softmax_bwd(d, &dP, &P, &dP, nb * NH * T, T, 1.0f / sqrtf((float)HS)));
-        TRY(tk_op_gemm(d, &dQ, &dP, &K, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
-        TRY(tk_op_gemm(d, &dK, &dP, &Q, NULL, &(tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
+        TRY(mm(S, &dV, &PD, &dC, NULL, (tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
+        TRY(mm(S, &dP, &dC, &V, NULL, (tk_gemm){ .m = T, .n = T, .k = HS, .trans_b = 1, .batch = bh, .stride_a = T * HS, .stride_b = T * HS, .stride_c = T * T, .alpha = 1.0f }));
+        TRY(tk_op_softmax_dropout_bwd(d, &dP, &P, &dP, nb * NH * T, T, 1.0f / sqrtf((float)HS), pa, S->seed, off));
+        TRY(mm(S, &dQ, &dP, &K, NULL, (tk_gemm){ .m = T, .n = HS, .k = T, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
+        TRY(mm(S, &dK, &dP, &Q, NULL, (tk_gemm){ .m = T, .n = HS, .k = T, .trans_a = 1, .batch = bh, .stride_a = T * T, .stride_b = T * HS, .stride_c = T * HS, .alpha = 1.0f }));
     }
     fr(S, &s->dprobs);
     fr(S, &s->probs_d);
@@ -1188,15 +1214,26 @@ static tk_status embeddings_bwd(step *S) {
     if (ph > 0)
         TRY(tk_op_dropout_bwd(S->d, &s->dh, &s->dh, N * H, ph, S->seed, doff(-1, SITE_EMB)));
     TRY(alf(S, &s->dx, N, H, TK_CAT_TEMP, "bert.embeddings.LayerNorm"));
-    TRY(tk_op_layernorm_bwd(S->d, &s->dx, PG(S, m->emb.ln_w), PG(S, m->emb.ln_b), &s->dh, &s->ex,
-                            PW(S, m->emb.ln_w), &s->emean, &s->erstd, N, H, 0));
+    TRY(ln_bwd(S, &s->dx, m->emb.ln_w, &s->dh, &s->ex, &s->emean, &s->erstd));
     fr(S, &s->dh);
     fr(S, &s->erstd);
     fr(S, &s->emean);
     fr(S, &s->ex);
-    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb.word), &s->ids, &s->dx, N, H));
-    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb.pos), &s->pos, &s->dx, N, H));
-    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb.type), &s->tt, &s->dx, N, H));
+    /* each table row summed by its own chunks (the groups inputs() built) */
+    tk_tensor *gt[3] = {&s->gword, &s->gpos, &s->gtype};
+    const int64_t ng = tk_embed_groups_numel(N);
+    for (int k = 0; k < 3; k++) {
+        TRY(al(S, gt[k], TK_I32, 1, ng, 0, 0, 0, TK_CAT_INPUT, "inputs"));
+        TRY(tk_tensor_write(S->d, gt[k], S->egroups + k * ng, S->err));
+    }
+    TRY(al(S, &s->escr, TK_F32, 1, tk_embed_bwd_scratch_numel(N, H), 0, 0, 0, TK_CAT_TEMP, "bert.embeddings"));
+    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb.word), &s->ids, &s->dx, N, H, &s->gword, &s->escr));
+    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb.pos), &s->pos, &s->dx, N, H, &s->gpos, &s->escr));
+    TRY(tk_op_embed_bwd(S->d, PG(S, m->emb.type), &s->tt, &s->dx, N, H, &s->gtype, &s->escr));
+    fr(S, &s->escr);
+    fr(S, &s->gtype);
+    fr(S, &s->gpos);
+    fr(S, &s->gword);
     fr(S, &s->dx);
     return TK_OK;
 }
@@ -1288,6 +1325,24 @@ static tk_status inputs(step *S, const tk_batch *b) {
         if (st == TK_OK) st = al(S, &s->ones, S->adt, 1, N, 0, 0, 0, TK_CAT_TEMP, "qa_outputs");
         if (st == TK_OK) st = tk_op_fill(S->d, &s->ones, 1.0f, N);
     }
+    /* The embedding backward's row groups (tk_embed_groups_build) of the
+     * word, position and type ids, built on the host now, uploaded by
+     * embeddings_bwd when most activations are gone (so the step's peak does
+     * not carry them). */
+    if (st == TK_OK && S->train && grads_below(m, -1)) {
+        const int64_t ng = tk_embed_groups_numel(N);
+        const int64_t rows[3] = {dm->vocab_size, dm->max_position, dm->type_vocab};
+        S->egroups = tk_malloc((size_t)(3 * ng) * sizeof *S->egroups);
+        if (!S->egroups) st = tk_err_nomem(S->err, "model: the embedding groups");
+        for (int k = 0; k < 3 && st == TK_OK; k++) {
+            for (int64_t i = 0; i < N; i++)
+                host[i] = k == 0 ? b->input_ids[i] : k == 1 ? (int32_t)(i % S->T)
+                        : b->token_type_ids ? b->token_type_ids[i] : 0;
+            int rc = tk_embed_groups_build(S->egroups + k * ng, host, N, rows[k]);
+            if (rc == -2) st = tk_err_nomem(S->err, "model: the embedding groups");
+            else if (rc != 0) st = (tk_err_set(S->err, TK_EINVAL, "batch: an id is outside its embedding table"), TK_EINVAL);
+        }
+    }
 #undef IN_TENSOR
 #undef WR
     free(host);
@@ -1349,7 +1404,7 @@ static tk_status head_fwd(step *S, tk_tensor *hL, int keep, int want_loss, doubl
         /* logits^T (2, N) = Wqa (2,H) @ hL^T, bias as a rank-1 update, so that
          * start and end logits are each a contiguous (B,T) block. */
         TRY(alf(S, &s->logits, 2, N, ca, "qa_outputs"));
-        TRY(tk_op_gemm(S->d, &s->logits, PWc(S, m->head), hL, NULL, &(tk_gemm){ .m = 2, .n = N, .k = H, .trans_b = 1, .batch = 1, .alpha = 1.0f }));
+        TRY(mm(S, &s->logits, PWc(S, m->head), hL, NULL, (tk_gemm){ .m = 2, .n = N, .k = H, .trans_b = 1, .batch = 1, .alpha = 1.0f }));
         /* 16-bit: the bias rounded to the activations' dtype to pair with
          * the ones (as autocast does for a Linear's bias). */
         const tk_tensor *qb = PW(S, m->head + 1);
@@ -1358,7 +1413,7 @@ static tk_status head_fwd(step *S, tk_tensor *hL, int keep, int want_loss, doubl
             TRY(tk_op_cast(S->d, &s->qab, qb, 2));
             qb = &s->qab;
         }
-        TRY(tk_op_gemm(S->d, &s->logits, qb, &s->ones, NULL, &(tk_gemm){ .m = 2, .n = N, .k = 1, .batch = 1, .alpha = 1.0f, .beta = 1.0f }));
+        TRY(mm(S, &s->logits, qb, &s->ones, NULL, (tk_gemm){ .m = 2, .n = N, .k = 1, .batch = 1, .alpha = 1.0f, .beta = 1.0f }));
         fr(S, &s->qab);
         if (!keep) fr(S, hL);
     }
@@ -1398,10 +1453,10 @@ static tk_status head_bwd(step *S, tk_tensor *hL, float grad_scale) {
                            S->nvalid2 ? 0.5f * grad_scale / S->nvalid2 : 0.0f));
         fr(S, &s->logits);
         tk_tensor *dW = PG(S, m->head), *db = PG(S, m->head + 1);
-        TRY(tk_op_gemm(d, dW, &s->dlogits, hL, NULL, &(tk_gemm){ .m = 2, .n = H, .k = N, .batch = 1, .alpha = 1.0f, .beta = 1.0f }));
-        TRY(tk_op_gemm(d, db, &s->dlogits, &s->ones, NULL, &(tk_gemm){ .m = 2, .n = 1, .k = N, .batch = 1, .alpha = 1.0f, .beta = 1.0f }));
+        TRY(mm(S, dW, &s->dlogits, hL, NULL, (tk_gemm){ .m = 2, .n = H, .k = N, .batch = 1, .alpha = 1.0f, .beta = 1.0f }));
+        TRY(mm(S, db, &s->dlogits, &s->ones, NULL, (tk_gemm){ .m = 2, .n = 1, .k = N, .batch = 1, .alpha = 1.0f, .beta = 1.0f }));
         TRY(alf(S, &s->dh, N, H, TK_CAT_TEMP, "qa_outputs"));
-        TRY(tk_op_gemm(d, &s->dh, &s->dlogits, PWc(S, m->head), NULL, &(tk_gemm){ .m = N, .n = H, .k = 2, .trans_a = 1, .batch = 1, .alpha = 1.0f }));
+        TRY(mm(S, &s->dh, &s->dlogits, PWc(S, m->head), NULL, (tk_gemm){ .m = N, .n = H, .k = 2, .trans_a = 1, .batch = 1, .alpha = 1.0f }));
         fr(S, &s->dlogits);
         return TK_OK;
     }

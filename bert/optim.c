@@ -298,17 +298,21 @@ static tk_status global_norm(tk_adamw *o, float grad_scale, float *norm, tk_err 
     tk_status st = tk_tensor_alloc(d, &o->norm, TK_F32, 1, &one, TK_CAT_TEMP, "optimizer", err);
     if (st != TK_OK)
         return st;
-    int first = 1;
-    for (int i = 0; i < o->n && st == TK_OK; i++) {
-        tk_adamw_slot *s = &o->slots[i];
-        if (s->p.frozen || !s->p.grad || !s->p.grad->data)
-            continue;
-        st = tk_op_sumsq(d, &o->norm, s->p.grad, tk_tensor_numel(s->p.grad), !first);
-        first = 0;
+    /* every gradient in one sum (one launch on cuda) */
+    const tk_tensor **gs = tk_malloc((size_t)(o->n ? o->n : 1) * sizeof *gs);
+    if (!gs) {
+        tk_tensor_free(d, &o->norm);
+        return tk_err_nomem(err, "the gradient norm");
     }
+    int ng = 0;
+    for (int i = 0; i < o->n; i++) {
+        tk_adamw_slot *s = &o->slots[i];
+        if (!s->p.frozen && s->p.grad && s->p.grad->data)
+            gs[ng++] = s->p.grad;
+    }
+    st = tk_op_sumsq_many(d, &o->norm, gs, ng);
+    free(gs);
     float sq = 0.0f;
-    if (st == TK_OK && first)
-        st = tk_op_fill(d, &o->norm, 0.0f, 1);
     if (st == TK_OK && tk_dev_kind_of(d) != TK_DEV_META)
         st = tk_tensor_read(d, &o->norm, &sq, err);
     return norm_done(o, st, sq, grad_scale, norm, err);
@@ -393,25 +397,39 @@ tk_status tk_adamw_step(tk_adamw *o, float lr, float grad_scale, float *grad_nor
     }
 
     o->step++;
-    for (int i = 0; i < o->n; i++) {
+    /* f32 state: one table for all of it (one launch on cuda); 8-bit state:
+     * a call per parameter */
+    tk_adamw_item *items = tk_malloc((size_t)(o->n ? o->n : 1) * sizeof *items);
+    if (!items)
+        return tk_err_nomem(err, "optimizer: the parameter table");
+    int ni = 0;
+    const tk_adamw_hp hp = {
+        .lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = o->weight_decay,
+        .grad_scale = grad_scale * clip, .step = o->step,
+    };
+    for (int i = 0; i < o->n && st == TK_OK; i++) {
         tk_adamw_slot *s = &o->slots[i];
         if (s->p.frozen || !s->p.grad || !s->p.grad->data || s->n == 0)
             continue;
-        tk_adamw_hp hp = {
-            .lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
-            .weight_decay = s->p.no_decay ? 0.0f : o->weight_decay,
-            .grad_scale = grad_scale * clip, .step = o->step,
-        };
         int64_t n = s->n;
         tk_tensor pv = tk_tensor_view(s->p.param, s->lo, n);
         tk_tensor gv = tk_tensor_view(s->p.grad, s->p.grad_is_piece ? 0 : s->lo, n);
-        st = s->q8 ? tk_op_adamw8(o->d, &pv, &gv, &s->m, &s->mscale, &s->v, &s->vscale, n, &hp)
-                   : tk_op_adamw(o->d, &pv, &gv, &s->m, &s->v, n, &hp);
-        if (st != TK_OK) {
-            tk_err_set(err, st, "optimizer: update of %s failed (%s)", s->p.name ? s->p.name : "?",
-                       tk_status_name(st));
-            return st;
+        if (!s->q8) {
+            items[ni++] = (tk_adamw_item){ .param = pv, .grad = gv, .m = s->m, .v = s->v, .n = n,
+                                           .no_decay = s->p.no_decay };
+            continue;
         }
+        tk_adamw_hp h = hp;
+        if (s->p.no_decay)
+            h.weight_decay = 0.0f;
+        st = tk_op_adamw8(o->d, &pv, &gv, &s->m, &s->mscale, &s->v, &s->vscale, n, &h);
+        if (st != TK_OK)
+            tk_err_set(err, st, "optimizer: update of %s failed (%s)", s->p.name ? s->p.name : "?",
+                       tk_dev_last_err(o->d) ? tk_dev_last_err(o->d)->msg : tk_status_name(st));
     }
-    return TK_OK;
+    if (st == TK_OK && (st = tk_op_adamw_many(o->d, items, ni, &hp)) != TK_OK)
+        tk_err_set(err, st, "optimizer: the AdamW update failed (%s)",
+                   tk_dev_last_err(o->d) ? tk_dev_last_err(o->d)->msg : tk_status_name(st));
+    free(items);
+    return st;
 }

@@ -105,6 +105,7 @@ typedef struct tk_config {
 
     /* memory-saving techniques */
     tk_precision precision;
+    int tf32;                  /* 1: fp32 GEMMs may round their inputs to TF32 on tensor cores (cuda) */
     int accumulate;            /* micro-batches per optimizer step (>= 1) */
     tk_recompute recompute;
     int freeze_embeddings;     /* 1: no grad, no optimizer state for embeddings */

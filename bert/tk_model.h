@@ -94,6 +94,7 @@ typedef struct tk_model_opts {
     int towers;            /* flatten_dense: sequences per example through the shared BERT (>= 1) */
     int max_len;           /* flatten_dense: the fixed sequence length L (its weight is [N, towers*L*H]) */
     tk_precision precision;/* fp32, or fp16/bf16: 16-bit activations and GEMM inputs, f32 masters and grads */
+    int tf32;              /* fp32 GEMMs may use TF32 on cuda (tk_gemm.tf32); no effect on the cpu */
     tk_recompute recompute;/* none | layers (keep each layer's input, rebuild the rest in backward) */
     tk_attention attention;/* standard | fused (tk_op_attention_*: keeps a per-row logsumexp, not the probabilities) */
     size_t attn_chunk_bytes; /* recompute: attention: bytes of scores per chunk (0 = 4 MiB; at least one sequence) */

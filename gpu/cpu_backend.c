@@ -279,12 +279,34 @@ static void sgemm_sliced(int nt, int transA, int transB, int64_t M, int64_t N, i
     if (saved != 1) openblas_set_num_threads(saved);
 }
 
+static tk_status cpu_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, int64_t N, int64_t C);
+
+/* g->bgrad[i] += sum_k op(A)[i, k]: a column sum of A stored K x M
+ * (transposed), else a row sum; in the order tk_op_bias_grad adds. */
+static tk_status gemm_bgrad(cpu_ctx *c, const tk_tensor *A, const tk_gemm *g) {
+    if (g->trans_a) return cpu_bias_grad(c, g->bgrad, A, g->k, g->m);
+    for (int64_t i = 0; i < g->m; i++) {
+        float s = 0.0f;
+        for (int64_t k = 0; k < g->k; k++) s += ld1(A, i * g->k + k);
+        st1(g->bgrad, i, ld1(g->bgrad, i) + s);
+    }
+    return TK_OK;
+}
+
+/* f32 throughout: g->tf32 asks the cuda backend's tensor cores for TF32,
+ * which a CPU does not have; the result here is the full-f32 one. */
 static tk_status cpu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
-                          const tk_tensor *bias, int transA, int transB,
-                          int64_t M, int64_t N, int64_t K, int64_t batch,
-                          int64_t strideA, int64_t strideB, int64_t strideC, float alpha, float beta) {
+                          const tk_tensor *bias, const tk_gemm *g) {
     cpu_ctx *c = ctx;
+    const int transA = g->trans_a, transB = g->trans_b;
+    const int64_t M = g->m, N = g->n, K = g->k, batch = g->batch;
+    const int64_t strideA = g->stride_a, strideB = g->stride_b, strideC = g->stride_c;
+    const float alpha = g->alpha, beta = g->beta;
     if (M <= 0 || N <= 0 || batch <= 0) return TK_OK;
+    if (g->bgrad) {
+        tk_status st = gemm_bgrad(c, A, g);
+        if (st != TK_OK) return st;
+    }
     int a32 = A->dtype == TK_F32, b32 = B->dtype == TK_F32, c32 = C->dtype == TK_F32;
     size_t need = (a32 ? 0 : (size_t)(M * K)) + (b32 ? 0 : (size_t)(K * N)) + (c32 ? 0 : (size_t)(M * N));
     if (need && gemm_scratch(c, need)) return TK_ENOMEM;
@@ -422,8 +444,48 @@ static tk_status cpu_embed_fwd(void *ctx, tk_tensor *out, const tk_tensor *ids, 
     return gather(ctx, out, table, table_rows(table, C), ids, n, C);
 }
 
+/* The grouped order of tk_op_embed_bwd (tk_gpu.h, gpu/embed_groups.c): each
+ * table row's positions summed a chunk at a time from zero, the chunk sums
+ * added to the row in chunk order. Rows are independent, so threads take
+ * whole groups. */
+static tk_status embed_bwd_grouped(cpu_ctx *c, tk_tensor *dtable, int64_t rows, const tk_tensor *dout,
+                                   const int32_t *gr, int64_t n, int64_t C) {
+    const int64_t G = gr[0], NC = gr[1];
+    const int32_t *row = gr + 4, *first = row + G, *start = first + G + 1, *order = start + NC + 1 + NC;
+    for (int64_t g = 0; g < G; g++)
+        if (row[g] < 0 || (rows >= 0 && row[g] >= rows)) return TK_EINVAL;
+    int failed = 0;
+#pragma omp parallel num_threads(c->head.threads) if (n * C > PAR_MIN)
+    {
+        float *s = tk_malloc((size_t)C * 2 * sizeof(float)), *bx = s ? s + C : NULL;
+        if (!s) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 16)
+        for (int64_t g = 0; g < G; g++) {
+            if (!s) continue;
+            int64_t dst = (int64_t)row[g] * C;
+            for (int64_t ch = first[g]; ch < first[g + 1]; ch++) {
+                memset(s, 0, (size_t)C * sizeof(float));
+                for (int64_t k = start[ch]; k < start[ch + 1]; k++) {
+                    const float *x = ld_chunk(bx, dout, (int64_t)order[k] * C, C);
+#pragma omp simd
+                    for (int64_t j = 0; j < C; j++) s[j] += x[j];
+                }
+                for (int64_t j = 0; j < C; j++) st1(dtable, dst + j, ld1(dtable, dst + j) + s[j]);
+            }
+        }
+        free(s);
+    }
+    (void)n;
+    return failed ? TK_ENOMEM : TK_OK;
+}
+
 static tk_status cpu_embed_bwd(void *ctx, tk_tensor *dtable, const tk_tensor *ids, const tk_tensor *dout,
-                               int64_t n, int64_t C) {
+                               int64_t n, int64_t C, const tk_tensor *groups, tk_tensor *scratch) {
+    (void)scratch; /* host memory needs no staging: each group writes its row directly */
+    if (groups) return embed_bwd_grouped(ctx, dtable, table_rows(dtable, C), dout, groups->data, n, C);
     return scatter_add(ctx, dtable, table_rows(dtable, C), dout, ids, n, C);
 }
 
@@ -519,6 +581,10 @@ static tk_status cpu_fill(void *ctx, tk_tensor *t, float value, int64_t n) {
         for (int64_t i = 0; i < n; i++) p[i] = v;
     }
     return TK_OK;
+}
+
+static tk_status cpu_fill_many(void *ctx, tk_tensor *const *ts, int n, float value) {
+    return tk_fill_many_each(ctx, cpu_fill, ts, n, value);
 }
 
 static tk_status cpu_cast(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n) {
@@ -689,14 +755,26 @@ static tk_status cpu_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, t
     return failed ? TK_ENOMEM : TK_OK;
 }
 
+/* The three ops in sequence (the order and roundings tk_gpu.h promises);
+ * r aliases x in the model, so the dropout runs in place there. */
+static tk_status cpu_residual_layernorm_fwd(void *ctx, tk_tensor *r, tk_tensor *out, tk_tensor *mean,
+                                            tk_tensor *rstd, const tk_tensor *x, const tk_tensor *res,
+                                            const tk_tensor *w, const tk_tensor *b, int64_t N, int64_t C,
+                                            float eps, float p, uint64_t seed, uint64_t offset) {
+    tk_status st = cpu_dropout_fwd(ctx, r, NULL, x, N * C, p, seed, offset);
+    if (st == TK_OK) st = cpu_add(ctx, r, r, res, N * C);
+    return st == TK_OK ? cpu_layernorm_fwd(ctx, out, mean, rstd, r, w, b, N, C, eps) : st;
+}
+
 /* din = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * w;
  * dw += sum dout * norm, db += sum dout, each thread summing its rows into a
  * private row that is then added in thread order (deterministic). */
 static tk_status cpu_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_tensor *db,
                                    const tk_tensor *dout, const tk_tensor *in, const tk_tensor *w,
                                    const tk_tensor *mean, const tk_tensor *rstd,
-                                   int64_t N, int64_t C, int accumulate) {
+                                   int64_t N, int64_t C, int accumulate, tk_tensor *scratch) {
     cpu_ctx *c = ctx;
+    (void)scratch; /* the threads' partial rows below are host memory of their own */
     int nt = (N * C > PAR_MIN) ? c->head.threads : 1;
     float *part = tk_calloc((size_t)nt * 2 * C, sizeof(float));
     if (!part) return TK_ENOMEM;
@@ -840,6 +918,22 @@ static tk_status cpu_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out
         free(buf);
     }
     return failed ? TK_ENOMEM : TK_OK;
+}
+
+/* The fused pair as the two ops in sequence (tk_gpu.h). */
+static tk_status cpu_softmax_dropout_fwd(void *ctx, tk_tensor *P, tk_tensor *PD, const tk_tensor *in,
+                                         const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, float scale,
+                                         float p, uint64_t seed, uint64_t offset) {
+    tk_status st = cpu_softmax_fwd(ctx, P, in, mask, B, NH, T, scale);
+    if (st != TK_OK || !PD) return st;
+    return cpu_dropout_fwd(ctx, PD, NULL, P, B * NH * T * T, p, seed, offset);
+}
+
+static tk_status cpu_softmax_dropout_bwd(void *ctx, tk_tensor *din, const tk_tensor *P, const tk_tensor *dPD,
+                                         int64_t rows, int64_t T, float scale, float p, uint64_t seed,
+                                         uint64_t offset) {
+    tk_status st = cpu_dropout_fwd(ctx, din, NULL, dPD, rows * T, p, seed, offset);
+    return st == TK_OK ? cpu_softmax_bwd(ctx, din, P, din, rows, T, scale) : st;
 }
 
 /* One row: p = softmax(x) written to o (may be NULL), returns log-sum-exp.
@@ -988,6 +1082,35 @@ static tk_status cpu_sumsq(void *ctx, tk_tensor *out, const tk_tensor *x, int64_
     return TK_OK;
 }
 
+/* Each tensor's sum in f64 chunk by chunk (chunk ci to thread ci % nt, the
+ * threads' sums added in thread order), the tensors' sums in list order,
+ * rounded once: the same bits for the same list and thread count. */
+static tk_status cpu_sumsq_many(void *ctx, tk_tensor *out, const tk_tensor *const *xs, int n) {
+    cpu_ctx *c = ctx;
+    double tot = 0.0;
+    for (int i = 0; i < n; i++) {
+        const tk_tensor *x = xs[i];
+        int64_t len_x = tk_tensor_numel(x);
+        int nt = (len_x > PAR_MIN) ? (c->head.threads < SUMSQ_MAXT ? c->head.threads : SUMSQ_MAXT) : 1;
+        double part[SUMSQ_MAXT] = {0};
+#pragma omp parallel num_threads(nt)
+        {
+            int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+            double acc = 0.0;
+            float bx[CH];
+            for (int64_t ci = tid; ci < NCHUNK(len_x); ci += nth) {
+                int64_t len = CHUNK_LEN(len_x, ci);
+                const float *v = ld_chunk(bx, x, ci * CH, len);
+                for (int64_t k = 0; k < len; k++) acc += (double)v[k] * v[k];
+            }
+            part[tid] = acc;
+        }
+        for (int t = 0; t < nt; t++) tot += part[t];
+    }
+    ((float *)out->data)[0] = (float)tot;
+    return TK_OK;
+}
+
 /* ---- optimizers -------------------------------------------------------------
  * torch.optim.AdamW (foreach=False): the update is tk_ops_spec.h's
  * tk_adamw_update, the one the cuda kernels run. */
@@ -1016,6 +1139,11 @@ static tk_status cpu_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, t
         k_adamw(p + off, mm + off, vv + off, ld_chunk(bg, grad, off, len), len, &k);
     }
     return TK_OK;
+}
+
+/* The table one parameter at a time: the same bits as tk_op_adamw per item. */
+static tk_status cpu_adamw_many(void *ctx, const tk_adamw_item *items, int n_items, const tk_adamw_hp *hp) {
+    return tk_adamw_many_each(ctx, cpu_adamw, items, n_items, hp);
 }
 
 /* 8-bit AdamW: per block, decode m and v (tk_ops_spec.h), update in f32 as

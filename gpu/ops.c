@@ -109,10 +109,9 @@ tk_status tk_op_gemm(tk_dev *d, tk_tensor *C, const tk_tensor *A, const tk_tenso
     const char *op = "gemm";
     DEV_OK();
     if (!g) return fail(d, op, "no tk_gemm shape");
-    const int transA = g->trans_a, transB = g->trans_b;
     const int64_t M = g->m, N = g->n, K = g->k, batch = g->batch;
     const int64_t strideA = g->stride_a, strideB = g->stride_b, strideC = g->stride_c;
-    const float alpha = g->alpha, beta = g->beta;
+    const float beta = g->beta;
     TRY(sizes(d, op, 7, LL(M), LL(N), LL(K), LL(batch), LL(strideA), LL(strideB), LL(strideC)));
     int64_t last = batch > 0 ? batch - 1 : 0;
     int64_t nb = batch > 0 ? 1 : 0;
@@ -120,12 +119,17 @@ tk_status tk_op_gemm(tk_dev *d, tk_tensor *C, const tk_tensor *A, const tk_tenso
     TRY(arg(d, op, "B", B, M_FLT, sadd(smul(last, strideB), smul(nb, smul(K, N))), 0));
     TRY(arg(d, op, "C", C, M_FLT, sadd(smul(last, strideC), smul(nb, smul(M, N))), 0));
     if (bias) TRY(arg(d, op, "bias", bias, M_F32 | (1u << C->dtype), smul(nb, N), 0));
+    if (g->bgrad) {
+        if (batch != 1) return fail(d, op, "a bias gradient needs batch 1 (got %lld)", LL(batch));
+        TRY(arg(d, op, "bgrad", g->bgrad, M_F32, M, 0));
+        TRY(arg(d, op, "bgrad_tmp", g->bgrad_tmp, M_F32, M, 0));
+    }
     double mn = (double)M * N * batch;
-    charge(d, 2.0 * M * N * (double)K * batch + (bias ? mn : 0),
+    charge(d, 2.0 * M * N * (double)K * batch + (bias ? mn : 0) + (g->bgrad ? (double)M * K : 0),
            (double)batch * ((double)M * K * sz(A) + (double)K * N * sz(B)) +
-           mn * sz(C) * (beta != 0.0f ? 2 : 1) + (bias ? (double)N * sz(bias) : 0));
-    DISPATCH(gemm, C, A, B, bias, transA, transB, M, N, K, batch, strideA, strideB, strideC,
-             alpha, beta);
+           mn * sz(C) * (beta != 0.0f ? 2 : 1) + (bias ? (double)N * sz(bias) : 0) +
+           (g->bgrad ? 8.0 * M : 0));
+    DISPATCH(gemm, C, A, B, bias, g);
 }
 
 tk_status tk_op_embed_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,
@@ -141,15 +145,19 @@ tk_status tk_op_embed_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *ids, const
 }
 
 tk_status tk_op_embed_bwd(tk_dev *d, tk_tensor *dtable, const tk_tensor *ids, const tk_tensor *dout,
-                          int64_t n, int64_t C) {
+                          int64_t n, int64_t C, const tk_tensor *groups, tk_tensor *scratch) {
     const char *op = "embed_bwd";
     DEV_OK();
     TRY(sizes(d, op, 2, LL(n), LL(C)));
     TRY(arg(d, op, "dtable", dtable, M_FLT, C, 0));
     TRY(arg(d, op, "ids", ids, M_I32, n, 0));
     TRY(arg(d, op, "dout", dout, M_FLT, smul(n, C), 0));
+    if (groups) {
+        TRY(arg(d, op, "groups", groups, M_I32, tk_embed_groups_numel(n), 0));
+        TRY(arg(d, op, "scratch", scratch, M_F32, tk_embed_bwd_scratch_numel(n, C), 0));
+    }
     charge(d, (double)n * C, 4.0 * n + (double)n * C * (sz(dout) + 2 * sz(dtable)));
-    DISPATCH(embed_bwd, dtable, ids, dout, n, C);
+    DISPATCH(embed_bwd, dtable, ids, dout, n, C, groups, scratch);
 }
 
 tk_status tk_op_add(tk_dev *d, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n) {
@@ -182,6 +190,19 @@ tk_status tk_op_fill(tk_dev *d, tk_tensor *t, float value, int64_t n) {
     DISPATCH(fill, t, value, n);
 }
 
+tk_status tk_op_fill_many(tk_dev *d, tk_tensor *const *ts, int n, float value) {
+    const char *op = "fill_many";
+    DEV_OK();
+    if (n < 0 || (n > 0 && !ts)) return fail(d, op, "no tensor list (n = %d)", n);
+    double bytes = 0;
+    for (int i = 0; i < n; i++) {
+        TRY(arg(d, op, "ts[i]", ts[i], M_FLT, 0, 0));
+        bytes += (double)tk_tensor_numel(ts[i]) * sz(ts[i]);
+    }
+    charge(d, 0, bytes);
+    DISPATCH(fill_many, ts, n, value);
+}
+
 tk_status tk_op_cast(tk_dev *d, tk_tensor *out, const tk_tensor *in, int64_t n) {
     const char *op = "cast";
     DEV_OK();
@@ -209,10 +230,36 @@ tk_status tk_op_layernorm_fwd(tk_dev *d, tk_tensor *out, tk_tensor *mean, tk_ten
     DISPATCH(layernorm_fwd, out, mean, rstd, in, w, b, N, C, eps);
 }
 
+static tk_status check_p(tk_dev *d, const char *op, float p);
+
+tk_status tk_op_residual_layernorm_fwd(tk_dev *d, tk_tensor *r, tk_tensor *out, tk_tensor *mean,
+                                       tk_tensor *rstd, const tk_tensor *x, const tk_tensor *res,
+                                       const tk_tensor *w, const tk_tensor *b, int64_t N, int64_t C,
+                                       float eps, float p, uint64_t seed, uint64_t offset) {
+    const char *op = "residual_layernorm_fwd";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(N), LL(C)));
+    TRY(check_p(d, op, p));
+    int64_t nc = smul(N, C);
+    TRY(arg(d, op, "r", r, M_FLT, nc, 0));
+    TRY(arg(d, op, "out", out, M_FLT, nc, 0));
+    TRY(arg(d, op, "mean", mean, M_F32, N, 1));
+    TRY(arg(d, op, "rstd", rstd, M_F32, N, 1));
+    TRY(arg(d, op, "x", x, M_FLT, nc, 0));
+    TRY(arg(d, op, "res", res, M_FLT, nc, 0));
+    TRY(arg(d, op, "w", w, M_FLT, C, 0));
+    TRY(arg(d, op, "b", b, M_FLT, C, 0));
+    double n = (double)nc;
+    charge(d, (p > 0 ? 2.0 : 0.0) * n + n + 8.0 * n,
+           n * (sz(x) + sz(res) + sz(r) + sz(out)) + C * (sz(w) + sz(b)) + N * (sz(mean) + sz(rstd)));
+    DISPATCH(residual_layernorm_fwd, r, out, mean, rstd, x, res, w, b, N, C, eps, p, seed, offset);
+}
+
+
 tk_status tk_op_layernorm_bwd(tk_dev *d, tk_tensor *din, tk_tensor *dw, tk_tensor *db,
                               const tk_tensor *dout, const tk_tensor *in, const tk_tensor *w,
                               const tk_tensor *mean, const tk_tensor *rstd,
-                              int64_t N, int64_t C, int accumulate) {
+                              int64_t N, int64_t C, int accumulate, tk_tensor *scratch) {
     const char *op = "layernorm_bwd";
     DEV_OK();
     TRY(sizes(d, op, 2, LL(N), LL(C)));
@@ -224,10 +271,11 @@ tk_status tk_op_layernorm_bwd(tk_dev *d, tk_tensor *din, tk_tensor *dw, tk_tenso
     TRY(arg(d, op, "w", w, M_FLT, C, 0));
     TRY(arg(d, op, "mean", mean, M_F32, N, 0));
     TRY(arg(d, op, "rstd", rstd, M_F32, N, 0));
+    TRY(arg(d, op, "scratch", scratch, M_F32, tk_layernorm_bwd_scratch_numel(N, C), 1));
     double nc = (double)N * C;
     charge(d, 14.0 * nc, nc * (sz(dout) + sz(in) + sz(din) * (accumulate ? 2 : 1)) +
            C * (sz(w) + 2 * sz(dw) + 2 * sz(db)) + 8.0 * N);
-    DISPATCH(layernorm_bwd, din, dw, db, dout, in, w, mean, rstd, N, C, accumulate);
+    DISPATCH(layernorm_bwd, din, dw, db, dout, in, w, mean, rstd, N, C, accumulate, scratch);
 }
 
 tk_status tk_op_gelu_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *in, int64_t n) {
@@ -296,6 +344,38 @@ tk_status tk_op_softmax_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *out, con
     TRY(arg(d, op, "dout", dout, M_FLT, n, 0));
     charge(d, 5.0 * n, (double)n * (sz(out) + sz(dout) + sz(din)));
     DISPATCH(softmax_bwd, din, out, dout, rows, T, scale);
+}
+
+tk_status tk_op_softmax_dropout_fwd(tk_dev *d, tk_tensor *P, tk_tensor *PD, const tk_tensor *in,
+                                    const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, float scale,
+                                    float p, uint64_t seed, uint64_t offset) {
+    const char *op = "softmax_dropout_fwd";
+    DEV_OK();
+    TRY(sizes(d, op, 3, LL(B), LL(NH), LL(T)));
+    TRY(check_p(d, op, p));
+    int64_t n = smul(smul(B, NH), smul(T, T));
+    TRY(arg(d, op, "P", P, M_FLT, n, 0));
+    TRY(arg(d, op, "PD", PD, M_FLT, n, p == 0.0f));
+    TRY(arg(d, op, "in", in, M_FLT, n, 0));
+    TRY(arg(d, op, "mask", mask, M_I32, smul(B, T), 1));
+    charge(d, 9.0 * n + (p > 0 ? 2.0 * n : 0),
+           (double)n * (sz(in) + sz(P) + (p > 0 ? sz(PD) : 0)) + (mask ? 4.0 * B * T : 0));
+    DISPATCH(softmax_dropout_fwd, P, p > 0 ? PD : NULL, in, mask, B, NH, T, scale, p, seed, offset);
+}
+
+tk_status tk_op_softmax_dropout_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *P, const tk_tensor *dPD,
+                                    int64_t rows, int64_t T, float scale, float p, uint64_t seed,
+                                    uint64_t offset) {
+    const char *op = "softmax_dropout_bwd";
+    DEV_OK();
+    TRY(sizes(d, op, 2, LL(rows), LL(T)));
+    TRY(check_p(d, op, p));
+    int64_t n = smul(rows, T);
+    TRY(arg(d, op, "din", din, M_FLT, n, 0));
+    TRY(arg(d, op, "P", P, M_FLT, n, 0));
+    TRY(arg(d, op, "dPD", dPD, M_FLT, n, 0));
+    charge(d, 5.0 * n + (p > 0 ? 2.0 * n : 0), (double)n * (sz(P) + sz(dPD) + sz(din)));
+    DISPATCH(softmax_dropout_bwd, din, P, dPD, rows, T, scale, p, seed, offset);
 }
 
 static tk_status check_p(tk_dev *d, const char *op, float p) {
@@ -423,6 +503,21 @@ tk_status tk_op_sumsq(tk_dev *d, tk_tensor *out, const tk_tensor *x, int64_t n, 
     DISPATCH(sumsq, out, x, n, accumulate);
 }
 
+tk_status tk_op_sumsq_many(tk_dev *d, tk_tensor *out, const tk_tensor *const *xs, int n) {
+    const char *op = "sumsq_many";
+    DEV_OK();
+    if (n < 0 || (n > 0 && !xs)) return fail(d, op, "no tensor list (n = %d)", n);
+    TRY(arg(d, op, "out", out, M_F32, 1, 0));
+    double elems = 0, bytes = 4;
+    for (int i = 0; i < n; i++) {
+        TRY(arg(d, op, "xs[i]", xs[i], M_FLT, 0, 0));
+        elems += (double)tk_tensor_numel(xs[i]);
+        bytes += (double)tk_tensor_numel(xs[i]) * sz(xs[i]);
+    }
+    charge(d, 2.0 * elems, bytes);
+    DISPATCH(sumsq_many, out, xs, n);
+}
+
 static tk_status check_hp(tk_dev *d, const char *op, const tk_adamw_hp *hp) {
     if (!hp) return fail(d, op, "hyperparameters are missing");
     if (hp->step < 1) return fail(d, op, "step is %lld; AdamW steps count from 1", (long long)hp->step);
@@ -443,6 +538,26 @@ tk_status tk_op_adamw(tk_dev *d, tk_tensor *param, const tk_tensor *grad, tk_ten
     TRY(arg(d, op, "v", v, M_F32, n, 0));
     charge(d, 18.0 * n, (double)n * (24.0 + sz(grad)));
     DISPATCH(adamw, param, grad, m, v, n, hp);
+}
+
+tk_status tk_op_adamw_many(tk_dev *d, const tk_adamw_item *items, int n_items, const tk_adamw_hp *hp) {
+    const char *op = "adamw_many";
+    DEV_OK();
+    if (n_items < 0 || (n_items > 0 && !items)) return fail(d, op, "no parameter table (n = %d)", n_items);
+    TRY(check_hp(d, op, hp));
+    double flops = 0, bytes = 0;
+    for (int i = 0; i < n_items; i++) {
+        const tk_adamw_item *it = &items[i];
+        TRY(sizes(d, op, 1, LL(it->n)));
+        TRY(arg(d, op, "param", &it->param, M_F32, it->n, 0));
+        TRY(arg(d, op, "grad", &it->grad, M_FLT, it->n, 0));
+        TRY(arg(d, op, "m", &it->m, M_F32, it->n, 0));
+        TRY(arg(d, op, "v", &it->v, M_F32, it->n, 0));
+        flops += 18.0 * it->n;
+        bytes += (double)it->n * (24.0 + sz(&it->grad));
+    }
+    charge(d, flops, bytes);
+    DISPATCH(adamw_many, items, n_items, hp);
 }
 
 tk_status tk_op_adamw8(tk_dev *d, tk_tensor *param, const tk_tensor *grad,

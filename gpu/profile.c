@@ -30,7 +30,8 @@
  * slightly different amounts per version, so these are good to a few
  * hundredths of a GiB.
  *
- * Throughput is the vendor datasheet's (dense, no sparsity) as a mixed-
+ * Throughput is the vendor datasheet's (dense, no sparsity: each row's
+ * peak_source names the document; its sparse figures are halved) as a mixed-
  * precision training step gets it: fp16/bf16 GEMMs accumulate in fp32 under
  * autocast (cuBLAS compute type 32F), so on cards without tensor cores the
  * 16-bit path runs at the fp32 rate: the P4 (sm_61: native fp16 is 1/64 rate,
@@ -99,31 +100,67 @@ static const tk_gpu_profile profiles[] = {
     /* name, long name, capacity, context overhead, fp32, fp16, bf16, bandwidth, cc, capacity's source, cards,
      * SMs, resident threads per SM */
     {"t4", "NVIDIA Tesla T4", GIB(14.75), MB(800), 8.1 * T, 65 * T, 8.1 * T, 320 * G, 7, 5,
-     "a PyTorch OOM message, FoundationVision/GenerateU#10 (2024-05-21)", 1, 40, 1024},
+     "a PyTorch OOM message, FoundationVision/GenerateU#10 (2024-05-21)", 1, 40, 1024,
+     8.1 * T, "NVIDIA T4 datasheet (nvidia.com/en-us/data-center/tesla-t4): 8.1 TFLOPS fp32, 65 TFLOPS mixed fp16/fp32; Turing has no TF32 (the fp32 rate) and no bf16"},
     /* Kaggle's pair: two T4s in one notebook, planned as world_size 2, each
      * card's figures the T4's above */
     {"t4x2", "NVIDIA Tesla T4 x 2", GIB(14.75), MB(800), 8.1 * T, 65 * T, 8.1 * T, 320 * G, 7, 5,
-     "the T4's (per card); two of them in Kaggle's \"GPU T4 x2\" accelerator", 2, 40, 1024},
+     "the T4's (per card); two of them in Kaggle's \"GPU T4 x2\" accelerator", 2, 40, 1024,
+     8.1 * T, "the T4's, per card"},
     {"k80", "NVIDIA Tesla K80 (one GK210)", GIB(11.17), MB(1300), 4.37 * T, 4.37 * T, 4.37 * T, 240 * G, 3, 7,
-     "a PyTorch OOM message, shllln/GenerativeGraph#5 (2019-03-21)", 1, 13, 2048},
+     "a PyTorch OOM message, shllln/GenerativeGraph#5 (2019-03-21)", 1, 13, 2048,
+     4.37 * T, "NVIDIA Tesla K80 datasheet (one GK210 of two, boost clock); no tensor cores"},
     {"p4", "NVIDIA Tesla P4", GIB(7.43), MB(1300), 5.5 * T, 5.5 * T, 5.5 * T, 192 * G, 6, 1,
-     "the seed's Colab OOM message (PyTorch 1.x, Python 3.6)", 1, 20, 2048},
+     "the seed's Colab OOM message (PyTorch 1.x, Python 3.6)", 1, 20, 2048,
+     5.5 * T, "NVIDIA Tesla P4 datasheet; no tensor cores"},
     {"p100", "NVIDIA Tesla P100-PCIE-16GB", GIB(15.90), MB(1300), 9.3 * T, 9.3 * T, 9.3 * T, 732 * G, 6, 0,
-     "a PyTorch OOM message, 2KangHo/vdsr_pytorch#2 (2020-05-10)", 1, 56, 2048},
+     "a PyTorch OOM message, 2KangHo/vdsr_pytorch#2 (2020-05-10)", 1, 56, 2048,
+     9.3 * T, "NVIDIA Tesla P100 PCIe datasheet; no tensor cores"},
     {"v100-16", "NVIDIA Tesla V100-SXM2-16GB", GIB(15.78), MB(1300), 15.7 * T, 125 * T, 15.7 * T, 900 * G, 7, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 80, 2048},
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 80, 2048,
+     15.7 * T, "NVIDIA V100 datasheet (SXM2): 15.7 TFLOPS fp32, 125 TFLOPS tensor; no TF32 (the fp32 rate)"},
     {"l4", "NVIDIA L4", GIB(22.03), MB(600), 30.3 * T, 121 * T, 121 * T, 300 * G, 8, 9,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 58, 1536},
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 58, 1536,
+     60 * T, "NVIDIA L4 datasheet (nvidia.com/en-us/data-center/l4): 30.3 TFLOPS fp32, 120 TF32 and 242 fp16/bf16 with sparsity (halved: dense)"},
     {"a100-40", "NVIDIA A100-SXM4-40GB", GIB(39.59), MB(600), 19.5 * T, 312 * T, 312 * T, 1555 * G, 8, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 108, 2048},
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 108, 2048,
+     156 * T, "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100), SXM: 19.5 TFLOPS fp32, 156 TF32, 312 fp16/bf16 (dense)"},
     {"a100-80", "NVIDIA A100-SXM4-80GB", GIB(79.15), MB(600), 19.5 * T, 312 * T, 312 * T, 2039 * G, 8, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 108, 2048},
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 108, 2048,
+     156 * T, "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100), SXM: 19.5 TFLOPS fp32, 156 TF32, 312 fp16/bf16 (dense)"},
     {"h100-80", "NVIDIA H100 80GB HBM3", GIB(79.19), MB(600), 66.9 * T, 989 * T, 989 * T, 3350 * G, 9, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 132, 2048},
+     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 132, 2048,
+     494.5 * T, "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), SXM: 67 TFLOPS fp32, 989 TF32 and 1979 fp16/bf16 with sparsity (halved: dense)"},
     {"rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", GIB(95.59), MB(600), 125 * T, 500 * T, 500 * T, 1792 * G, 12, 0,
-     "a PyTorch OOM message on the Workstation edition, pytorch/pytorch#182286 (2026-05-04); the Server Edition Colab and Kaggle run not yet seen in a PyTorch message", 1, 188, 1536},
+     "a PyTorch OOM message on the Workstation edition, pytorch/pytorch#182286 (2026-05-04); the Server Edition Colab and Kaggle run not yet seen in a PyTorch message", 1, 188, 1536,
+     125 * T, "NVIDIA's GTC 2025 figures as the press reported them (above); TF32 not published: the fp32 rate"},
+    /* the card issue 36's first measurements ran on (shared/gpu_h200): the
+     * H100's silicon with 141 GB of HBM3e */
+    {"h200", "NVIDIA H200", (size_t)143771 << 20, MB(600), 66.9 * T, 989.5 * T, 989.5 * T, 4800 * G, 9, 0,
+     "nvidia-smi's memory.total on the H200 lent to this project (143771 MiB, 2026-11-27); not yet seen in a PyTorch message", 1, 132, 2048,
+     494.5 * T, "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), SXM: 67 TFLOPS fp32, 989 TF32 and 1979 fp16/bf16 with sparsity (halved: dense), 4.8 TB/s"},
 };
 #define N_PROFILES ((int)(sizeof profiles / sizeof profiles[0]))
+
+double tk_gpu_profile_peak(const tk_gpu_profile *p, const char *precision) {
+    if (!p || !precision) return 0;
+    if (!strcasecmp(precision, "fp32")) return p->fp32_flops;
+    if (!strcasecmp(precision, "tf32")) return p->tf32_flops;
+    if (!strcasecmp(precision, "fp16")) return p->fp16_flops;
+    if (!strcasecmp(precision, "bf16")) return p->bf16_flops;
+    return 0;
+}
+
+/* Names compared without a leading "NVIDIA " (the driver says "Tesla T4"). */
+static const char *bare_name(const char *s) { return strncasecmp(s, "NVIDIA ", 7) ? s : s + 7; }
+
+const tk_gpu_profile *tk_gpu_profile_by_device(const char *device_name) {
+    if (!device_name) return NULL;
+    for (int i = 0; i < N_PROFILES; i++)
+        if (profiles[i].gpus == 1 && !strcasecmp(bare_name(device_name), bare_name(profiles[i].long_name)))
+            return &profiles[i];
+    return NULL;
+}
 
 /* What the CUDA libraries keep on the card outside every buffer given to
  * them, where a card showed it. One card has: an H200 (sm90, CUDA 13.0,

@@ -36,24 +36,27 @@ typedef struct tk_backend {
 
     /* ops: the same arguments as the tk_op_* wrappers, ctx instead of the device */
     tk_status (*gemm)(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
-                      const tk_tensor *bias, int transA, int transB,
-                      int64_t M, int64_t N, int64_t K, int64_t batch,
-                      int64_t strideA, int64_t strideB, int64_t strideC, float alpha, float beta);
+                      const tk_tensor *bias, const tk_gemm *g);
     tk_status (*embed_fwd)(void *ctx, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,
                            int64_t n, int64_t C);
     tk_status (*embed_bwd)(void *ctx, tk_tensor *dtable, const tk_tensor *ids, const tk_tensor *dout,
-                           int64_t n, int64_t C);
+                           int64_t n, int64_t C, const tk_tensor *groups, tk_tensor *scratch);
     tk_status (*add)(void *ctx, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n);
     tk_status (*axpby)(void *ctx, tk_tensor *y, float alpha, const tk_tensor *x, float beta, int64_t n);
     tk_status (*fill)(void *ctx, tk_tensor *t, float value, int64_t n);
+    tk_status (*fill_many)(void *ctx, tk_tensor *const *ts, int n, float value);
     tk_status (*cast)(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
     tk_status (*layernorm_fwd)(void *ctx, tk_tensor *out, tk_tensor *mean, tk_tensor *rstd,
                                const tk_tensor *in, const tk_tensor *w, const tk_tensor *b,
                                int64_t N, int64_t C, float eps);
+    tk_status (*residual_layernorm_fwd)(void *ctx, tk_tensor *r, tk_tensor *out, tk_tensor *mean,
+                                        tk_tensor *rstd, const tk_tensor *x, const tk_tensor *res,
+                                        const tk_tensor *w, const tk_tensor *b, int64_t N, int64_t C,
+                                        float eps, float p, uint64_t seed, uint64_t offset);
     tk_status (*layernorm_bwd)(void *ctx, tk_tensor *din, tk_tensor *dw, tk_tensor *db,
                                const tk_tensor *dout, const tk_tensor *in, const tk_tensor *w,
                                const tk_tensor *mean, const tk_tensor *rstd,
-                               int64_t N, int64_t C, int accumulate);
+                               int64_t N, int64_t C, int accumulate, tk_tensor *scratch);
     tk_status (*gelu_fwd)(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
     tk_status (*gelu_bwd)(void *ctx, tk_tensor *din, const tk_tensor *in, const tk_tensor *dout, int64_t n);
     tk_status (*tanh_fwd)(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
@@ -62,6 +65,12 @@ typedef struct tk_backend {
                              int64_t B, int64_t NH, int64_t T, float scale);
     tk_status (*softmax_bwd)(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
                              int64_t rows, int64_t T, float scale);
+    tk_status (*softmax_dropout_fwd)(void *ctx, tk_tensor *P, tk_tensor *PD, const tk_tensor *in,
+                                     const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, float scale,
+                                     float p, uint64_t seed, uint64_t offset);
+    tk_status (*softmax_dropout_bwd)(void *ctx, tk_tensor *din, const tk_tensor *P, const tk_tensor *dPD,
+                                     int64_t rows, int64_t T, float scale, float p, uint64_t seed,
+                                     uint64_t offset);
     tk_status (*dropout_fwd)(void *ctx, tk_tensor *out, tk_tensor *mask, const tk_tensor *in,
                              int64_t n, float p, uint64_t seed, uint64_t offset);
     tk_status (*dropout_bwd)(void *ctx, tk_tensor *din, const tk_tensor *dout, int64_t n,
@@ -80,8 +89,10 @@ typedef struct tk_backend {
     tk_status (*scatter_add_rows)(void *ctx, tk_tensor *din, const tk_tensor *dout,
                                   const tk_tensor *idx, int64_t n, int64_t C);
     tk_status (*sumsq)(void *ctx, tk_tensor *out, const tk_tensor *x, int64_t n, int accumulate);
+    tk_status (*sumsq_many)(void *ctx, tk_tensor *out, const tk_tensor *const *xs, int n);
     tk_status (*adamw)(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
                        int64_t n, const tk_adamw_hp *hp);
+    tk_status (*adamw_many)(void *ctx, const tk_adamw_item *items, int n_items, const tk_adamw_hp *hp);
     tk_status (*adamw8)(void *ctx, tk_tensor *param, const tk_tensor *grad,
                         tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
                         int64_t n, const tk_adamw_hp *hp);
@@ -105,12 +116,12 @@ typedef struct tk_backend {
 #define TK_BACKEND_DEVICE(X) \
     X(seg_alloc) X(seg_free) X(write) X(read) X(sync) X(info) X(destroy) X(gemm)
 #define TK_BACKEND_KERNELS(X) \
-    X(embed_fwd) X(embed_bwd) X(add) X(axpby) X(fill) X(cast) \
-    X(layernorm_fwd) X(layernorm_bwd) X(gelu_fwd) X(gelu_bwd) X(tanh_fwd) \
-    X(tanh_bwd) X(softmax_fwd) X(softmax_bwd) X(dropout_fwd) \
-    X(dropout_bwd) X(xent_fwd) X(xent_bwd) X(bias_grad) X(split_heads) \
-    X(merge_heads) X(gather_rows) X(scatter_add_rows) X(sumsq) X(adamw) \
-    X(adamw8)
+    X(embed_fwd) X(embed_bwd) X(add) X(axpby) X(fill) X(fill_many) X(cast) \
+    X(layernorm_fwd) X(residual_layernorm_fwd) X(layernorm_bwd) X(gelu_fwd) X(gelu_bwd) \
+    X(tanh_fwd) X(tanh_bwd) X(softmax_fwd) X(softmax_bwd) X(softmax_dropout_fwd) \
+    X(softmax_dropout_bwd) X(dropout_fwd) X(dropout_bwd) X(xent_fwd) X(xent_bwd) \
+    X(bias_grad) X(split_heads) X(merge_heads) X(gather_rows) X(scatter_add_rows) \
+    X(sumsq) X(sumsq_many) X(adamw) X(adamw_many) X(adamw8)
 
 /* A compute backend's whole table: DEVICE(op) and KERNEL(op) name the
  * functions for TK_BACKEND_DEVICE's and TK_BACKEND_KERNELS' entries. */
@@ -121,6 +132,33 @@ typedef struct tk_backend {
         .attention_fwd = attn_fwd,                                    \
         .attention_bwd = attn_bwd,                                    \
     }
+
+/* The table ops as one call of the single op per tensor: what a backend
+ * without a kernel for a table does (cpu), and a table kernel's reference
+ * path (cuda). Inline: the cuda plugin links nothing from libtk. */
+typedef tk_status (*tk_fill_fn)(void *ctx, tk_tensor *t, float value, int64_t n);
+typedef tk_status (*tk_adamw_fn)(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
+                                 int64_t n, const tk_adamw_hp *hp);
+static inline tk_status tk_fill_many_each(void *ctx, tk_fill_fn fill, tk_tensor *const *ts, int n, float value) {
+    for (int i = 0; i < n; i++) {
+        int64_t e = ts[i]->ndim > 0 ? 1 : 0;
+        for (int k = 0; k < ts[i]->ndim; k++) e *= ts[i]->shape[k];
+        tk_status st = fill(ctx, ts[i], value, e);
+        if (st != TK_OK) return st;
+    }
+    return TK_OK;
+}
+static inline tk_status tk_adamw_many_each(void *ctx, tk_adamw_fn adamw, const tk_adamw_item *items, int n,
+                                           const tk_adamw_hp *hp) {
+    for (int i = 0; i < n; i++) {
+        tk_adamw_hp h = *hp;
+        tk_adamw_item it = items[i];
+        if (it.no_decay) h.weight_decay = 0.0f;
+        tk_status st = adamw(ctx, &it.param, &it.grad, &it.m, &it.v, it.n, &h);
+        if (st != TK_OK) return st;
+    }
+    return TK_OK;
+}
 
 /* The host backend (OpenBLAS + OpenMP). ctx from tk_cpu_ctx_new. */
 const tk_backend *tk_backend_cpu(void);

@@ -237,7 +237,18 @@ typedef struct tk_gpu_profile {
     int gpus;                  /* cards of this kind in one machine (t4x2: 2); capacity is per card */
     int sm_count;              /* streaming multiprocessors (PyTorch sizes its reductions' grids by them) */
     int threads_per_sm;        /* resident threads per SM, by compute capability */
+    double tf32_flops;         /* dense TF32 tensor-core FLOP/s (the fp32 rate where there is no TF32) */
+    const char *peak_source;   /* where the FLOP/s figures were read */
 } tk_gpu_profile;
+
+/* The card's dense peak FLOP/s for a step's precision ("fp32", "tf32",
+ * "fp16", "bf16"): the denominator of MFU; 0 for an unknown precision. */
+double tk_gpu_profile_peak(const tk_gpu_profile *p, const char *precision);
+/* The one-card profile whose long name is the device's own name, compared
+ * case-insensitively without a leading "NVIDIA " ("Tesla T4" -> t4, "NVIDIA
+ * H200" -> h200); NULL for any other card (an H200 NVL is not the SXM). */
+const tk_gpu_profile *tk_gpu_profile_by_device(const char *device_name);
+
 
 /* The cuda backend's device buffers. They are taken through the device's
  * caching allocator, tag `workspace`, when a card's device opens
@@ -442,28 +453,70 @@ tk_status tk_tensor_write_f32(tk_dev *d, tk_tensor *t, const float *host, tk_err
 /* The shape and scaling of a (batched) GEMM, every field named where it is
  * used: `&(tk_gemm){ .m = rows, .n = O, .k = I, .trans_b = 1, .batch = 1,
  * .alpha = 1.0f }`. Fields left out are 0 (no transpose, no stride, beta 0:
- * C is overwritten); batch and alpha have no default worth having, so write
- * them. */
+ * C is overwritten, no bias gradient, no TF32); batch and alpha have no
+ * default worth having, so write them. */
 typedef struct tk_gemm {
     int64_t m, n, k;                      /* op(A) is m×k, op(B) k×n, C m×n */
     int trans_a, trans_b;                 /* A is stored K×M / B is stored N×K */
     int64_t batch;                        /* matrices (0: none) */
     int64_t stride_a, stride_b, stride_c; /* elements between consecutive batch matrices */
     float alpha, beta;                    /* C = alpha op(A) op(B) + beta C */
+    /* The bias gradient of a linear layer's weight GEMM (batch 1), in the
+     * same pass: bgrad[i] += sum_k op(A)[i, k] (f32, m elements); bgrad_tmp
+     * is f32 scratch of m elements the op may overwrite (cuBLASLt writes its
+     * sum there before it is added), NULL when bgrad is. */
+    tk_tensor *bgrad, *bgrad_tmp;
+    int tf32;                             /* f32 inputs may round to TF32 on tensor cores (cuda);
+                                             0: full f32, as PyTorch's default matmul */
 } tk_gemm;
 
 /* C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b] (+ bias[n] on every row if
- * bias != NULL), for b < g->batch, with g's shape (tk_gemm). bias is f32 or
- * C's dtype. */
+ * bias != NULL), for b < g->batch, with g's shape (tk_gemm), and g->bgrad's
+ * bias gradient when asked. The bias is added to the f32 product before C's
+ * one rounding (cuda: the cuBLASLt epilogue). bias is f32 or C's dtype. */
 tk_status tk_op_gemm(tk_dev *d, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
                      const tk_tensor *bias, const tk_gemm *g);
 
 /* out[i,:] = table[ids[i],:], ids i32 of n rows, C columns. */
 tk_status tk_op_embed_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,
                           int64_t n, int64_t C);
-/* dtable[ids[i],:] += dout[i,:] (accumulates; deterministic order). */
+/* dtable[ids[i],:] += dout[i,:] (accumulates; deterministic order).
+ * Without groups the rows are added one by one in row order. With groups
+ * (i32, tk_embed_groups_numel(n) elements, filled by tk_embed_groups_build
+ * from the same ids) each table row has one writer: its rows, in row order,
+ * are summed TK_EMBED_CHUNK at a time from zero, and the chunk sums are
+ * added to the row in chunk order; scratch (f32,
+ * tk_embed_bwd_scratch_numel(n, C) elements) holds the chunk sums of rows
+ * that have more than one chunk. The same groups give the same bits on
+ * every backend and every run. */
 tk_status tk_op_embed_bwd(tk_dev *d, tk_tensor *dtable, const tk_tensor *ids, const tk_tensor *dout,
-                          int64_t n, int64_t C);
+                          int64_t n, int64_t C, const tk_tensor *groups, tk_tensor *scratch);
+
+/* Rows per chunk of the grouped embedding backward (part of its arithmetic:
+ * it fixes the order of the additions). */
+#define TK_EMBED_CHUNK 64
+/* Elements of the i32 groups tensor for n ids, and of its f32 scratch for n
+ * ids of C columns. Shapes only, so meta plans them. */
+static inline int64_t tk_embed_groups_numel(int64_t n) { return 5 * n + 6; }
+static inline int64_t tk_embed_bwd_scratch_numel(int64_t n, int64_t C) {
+    return (2 * n / TK_EMBED_CHUNK + 1) * C;
+}
+/* Fills out (tk_embed_groups_numel(n) elements) from n host ids: the
+ * table rows that occur and, for each, its rows of ids in order, cut into
+ * chunks of TK_EMBED_CHUNK (rows with several chunks first). Layout:
+ *   [0] G rows that occur, [1] NC chunks, [2] NM chunks of rows with several,
+ *   [3] GM rows with several chunks;
+ *   then row[G] (the table row), first[G + 1] (its first chunk),
+ *   start[NC + 1] (each chunk's first position in `order`), owner[NC]
+ *   (the group of each chunk), order[n] (positions in ids, grouped).
+ * Groups with several chunks come first, then by table row; chunks are in
+ * group order, so chunk c < NM has its partial sum in scratch row c.
+ * Returns 0, -1 when an id is outside [0, rows) (rows < 0: unchecked), -2
+ * when out of host memory. The sizes: a group owns at most n chunks and
+ * there are at most n groups, so 5n + 6 elements hold the layout; a group
+ * of s > K positions has ceil(s / K) < 2s / K chunks, so fewer than 2n / K
+ * chunks need a scratch row. */
+int tk_embed_groups_build(int32_t *out, const int32_t *ids, int64_t n, int64_t rows);
 
 /* out = a + b (n elements; out may alias a or b). */
 tk_status tk_op_add(tk_dev *d, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n);
@@ -471,6 +524,9 @@ tk_status tk_op_add(tk_dev *d, tk_tensor *out, const tk_tensor *a, const tk_tens
 tk_status tk_op_axpby(tk_dev *d, tk_tensor *y, float alpha, const tk_tensor *x, float beta, int64_t n);
 /* Fills n elements with value. */
 tk_status tk_op_fill(tk_dev *d, tk_tensor *t, float value, int64_t n);
+/* Fills every element of each of the n tensors (float dtypes) with value:
+ * all of a model's gradients zeroed by one launch. */
+tk_status tk_op_fill_many(tk_dev *d, tk_tensor *const *ts, int n, float value);
 /* Copies n elements converting dtype (f32/f16/bf16 in any direction). */
 tk_status tk_op_cast(tk_dev *d, tk_tensor *out, const tk_tensor *in, int64_t n);
 
@@ -478,12 +534,31 @@ tk_status tk_op_cast(tk_dev *d, tk_tensor *out, const tk_tensor *in, int64_t n);
 tk_status tk_op_layernorm_fwd(tk_dev *d, tk_tensor *out, tk_tensor *mean, tk_tensor *rstd,
                               const tk_tensor *in, const tk_tensor *w, const tk_tensor *b,
                               int64_t N, int64_t C, float eps);
+/* r = dropout(x) + res (r may alias x or res; dropout as tk_op_dropout_fwd
+ * at offset, p = 0 copies), then out = LayerNorm(r) as tk_op_layernorm_fwd,
+ * in one pass: the residual branch and the norm of a transformer block.
+ * Rounds as the three ops in sequence would (each result to its tensor's
+ * dtype). */
+tk_status tk_op_residual_layernorm_fwd(tk_dev *d, tk_tensor *r, tk_tensor *out, tk_tensor *mean,
+                                       tk_tensor *rstd, const tk_tensor *x, const tk_tensor *res,
+                                       const tk_tensor *w, const tk_tensor *b, int64_t N, int64_t C,
+                                       float eps, float p, uint64_t seed, uint64_t offset);
 /* din = ... (overwrites din, or accumulates into it when accumulate != 0);
- * dw, db accumulate. */
+ * dw, db accumulate. scratch (f32, tk_layernorm_bwd_scratch_numel(N, C)
+ * elements, may be NULL) holds per-row-group partial sums of dw and db, so a
+ * backend computes din, dw and db in one pass over the rows and then adds
+ * the groups in a fixed order (no atomics). */
 tk_status tk_op_layernorm_bwd(tk_dev *d, tk_tensor *din, tk_tensor *dw, tk_tensor *db,
                               const tk_tensor *dout, const tk_tensor *in, const tk_tensor *w,
                               const tk_tensor *mean, const tk_tensor *rstd,
-                              int64_t N, int64_t C, int accumulate);
+                              int64_t N, int64_t C, int accumulate, tk_tensor *scratch);
+/* Row groups of tk_op_layernorm_bwd's partial sums for N rows, and the
+ * scratch elements for N rows of C (2 * C per group). Shapes only. */
+#define TK_LN_BWD_GROUPS 1024
+static inline int64_t tk_layernorm_bwd_groups(int64_t N) { return N < TK_LN_BWD_GROUPS ? N : TK_LN_BWD_GROUPS; }
+static inline int64_t tk_layernorm_bwd_scratch_numel(int64_t N, int64_t C) {
+    return tk_layernorm_bwd_groups(N) * 2 * C;
+}
 
 /* GELU (erf form, as HF BERT). */
 tk_status tk_op_gelu_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *in, int64_t n);
@@ -501,6 +576,19 @@ tk_status tk_op_softmax_fwd(tk_dev *d, tk_tensor *out, const tk_tensor *in, cons
 /* din = scale * out * (dout - sum(dout * out)) per row. */
 tk_status tk_op_softmax_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
                             int64_t rows, int64_t T, float scale);
+
+/* Standard attention's probabilities and their dropout in one pass:
+ * P = tk_op_softmax_fwd's result (P may alias in), PD = dropout(P) as
+ * tk_op_dropout_fwd over the (B,NH,T,T) elements at offset (PD NULL when
+ * p == 0). Rounds as the two ops in sequence would. */
+tk_status tk_op_softmax_dropout_fwd(tk_dev *d, tk_tensor *P, tk_tensor *PD, const tk_tensor *in,
+                                    const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, float scale,
+                                    float p, uint64_t seed, uint64_t offset);
+/* Its backward: din = tk_op_softmax_bwd(P, tk_op_dropout_bwd(dPD)) over rows
+ * of T (din may alias dPD), rounded as the two ops in sequence. */
+tk_status tk_op_softmax_dropout_bwd(tk_dev *d, tk_tensor *din, const tk_tensor *P, const tk_tensor *dPD,
+                                    int64_t rows, int64_t T, float scale, float p, uint64_t seed,
+                                    uint64_t offset);
 
 /* Dropout with a counter-based generator: element i is kept when
  * hash(seed, offset + i) >= p; kept values are scaled by 1/(1-p). mask (u8,
@@ -540,6 +628,10 @@ tk_status tk_op_scatter_add_rows(tk_dev *d, tk_tensor *din, const tk_tensor *dou
 /* out (f32, 1 element) = sum of squares of x (n elements), accumulated into
  * out when accumulate != 0. Also reports non-finite values via the sum. */
 tk_status tk_op_sumsq(tk_dev *d, tk_tensor *out, const tk_tensor *x, int64_t n, int accumulate);
+/* out (f32, 1 element) = the sum of squares of every element of the n
+ * tensors, summed in f64 in an order fixed by their sizes (the same bits on
+ * every run), rounded once. */
+tk_status tk_op_sumsq_many(tk_dev *d, tk_tensor *out, const tk_tensor *const *xs, int n);
 
 /* Memory-efficient ("fused") attention for B sequences, NH heads, T
  * positions, head size HS: out = dropout(softmax(scale * q k^T + maskbias)) v
@@ -572,6 +664,16 @@ typedef struct tk_adamw_hp {
 } tk_adamw_hp;
 tk_status tk_op_adamw(tk_dev *d, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
                       int64_t n, const tk_adamw_hp *hp);
+/* One AdamW step over many parameters (a parameter table, one launch on
+ * cuda): item i updates items[i].n elements of its param, grad, m and v
+ * (views) exactly as tk_op_adamw with hp would, weight decay 0 when
+ * no_decay. */
+typedef struct tk_adamw_item {
+    tk_tensor param, grad, m, v; /* views: param, m, v f32; grad any float dtype */
+    int64_t n;
+    int no_decay;
+} tk_adamw_item;
+tk_status tk_op_adamw_many(tk_dev *d, const tk_adamw_item *items, int n_items, const tk_adamw_hp *hp);
 /* 8-bit AdamW: m (i8) and v (u8) block-wise quantised with per-block f32
  * absmax scales (mscale, vscale: ceil(n / TK_Q8_BLOCK) elements). */
 #define TK_Q8_BLOCK 256

@@ -9,7 +9,8 @@
 #   bash scripts/devkit_run.sh [info] [test] [bench] [techniques] [measure] [sanitize] [companion]
 #     info        GPU, driver, glibc, the kit's commit, and which libraries the plugin resolves
 #     test        tests/gpu_cuda/run.sh (what `make test-gpu` runs), after `companion`
-#     bench       bench/train_gpu/run.py: bert-base 32 x 128/512, fp32/fp16, vs HF
+#     bench       bench/train_gpu/run.py: bert-base 32 x 128/512 fp16/bf16, 512 fp32 and
+#                 a batch of real lengths: txkernel (default, standard, fused) vs HF (eager, sdpa), MFU
 #     techniques  bench/train_gpu/run.py --techniques --seq 512 (bert-base)
 #     measure     bench/train_gpu/run.py --techniques --models bert-mini --seq 128
 #     sanitize    compute-sanitizer on gpu_ops: memcheck over every op, racecheck

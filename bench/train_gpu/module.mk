@@ -1,9 +1,9 @@
 # bench/train_gpu/module.mk — whole training steps on the GPU against HF
 # transformers on the same GPU (needs a GPU, the cuda plugin, torch and
 # transformers; not part of `make bench`, which runs anywhere).
-#   make bench-train-gpu [GPU_TRAIN_ARGS="--models bert-base-uncased --seq 128,512"]
+#   make bench-train-gpu [GPU_TRAIN_ARGS="--rows all"]   (run.py's header: columns, rows, MFU)
 #   make bench-train-gpu GPU_TRAIN_ARGS="--techniques --seq 512"
-GPU_TRAIN_ARGS ?= --models bert-base-uncased --batch 32 --seq 128,512 --precisions fp32,fp16
+GPU_TRAIN_ARGS ?= --models bert-base-uncased --batch 32
 
 .PHONY: bench-train-gpu
 bench-train-gpu: $(BUILD)/bench/train_cpu $(BUILD)/libtk_cuda.so

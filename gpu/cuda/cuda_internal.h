@@ -1,9 +1,10 @@
 /* cuda_internal.h — shared by the files of the cuda plugin only.
  *
  * The plugin context, the error helpers every CUDA/cuBLAS call goes through
- * and the entry points of the kernels file (cuda_ops.cu). Host-only code
- * (cuda_plugin.c, cuda_cupti.c) is compiled by gcc against the toolkit's
- * headers; cuda_ops.cu by nvcc. The plugin links nothing from libtk: it is
+ * and the entry points of the kernel files (the .cu files here, one per op
+ * family: README.md). Host-only code (cuda_plugin.c, cuda_cupti.c,
+ * cuda_reference.c) is compiled by gcc against the toolkit's headers; the
+ * .cu files by nvcc. The plugin links nothing from libtk: it is
  * loaded into binaries that do not export their symbols, so it formats its
  * own errors.
  *
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <cuda_runtime_api.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include "tk_backend_impl.h"
 #include "tk_cuda.h"
 
@@ -44,6 +46,9 @@ typedef struct tk_cuda_ctx {
     char last_error[256];        /* why the last seg_alloc failed, for the caller's message */
     int cupti_on;                /* this ctx holds a reference on the CUPTI session */
     char cupti_why[256];         /* why CUPTI is off, when it is */
+    int reference;               /* 1: every op runs its reference kernels (tk_cuda_set_reference) */
+    cublasLtHandle_t lt;         /* cuBLASLt, created by the first GEMM with an epilogue (matmul.cu) */
+    void *lt_cache;              /* matmul.cu's algorithms by GEMM shape */
 } tk_cuda_ctx;
 
 /* Formats a message into err (which may be NULL); returns st. */
@@ -103,53 +108,74 @@ tk_status tk_cupti_flush(void);
 void tk_cupti_fill(tk_cuda_mem_totals *out);
 void tk_cupti_reset_peak(void); /* peaks (device and per source) := what is live now */
 
-/* cuda_ops.cu: every op except gemm (same argument lists as tk_backend). */
+/* The kernels' launchers, one file per op family (gpu/cuda/README.md); the
+ * same argument lists as tk_backend's entries. */
+/* embedding.cu */
 tk_status tk_cuda_embed_fwd(void *ctx, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,
                             int64_t n, int64_t C);
 tk_status tk_cuda_embed_bwd(void *ctx, tk_tensor *dtable, const tk_tensor *ids, const tk_tensor *dout,
-                            int64_t n, int64_t C);
-tk_status tk_cuda_add(void *ctx, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n);
-tk_status tk_cuda_axpby(void *ctx, tk_tensor *y, float alpha, const tk_tensor *x, float beta, int64_t n);
-tk_status tk_cuda_fill(void *ctx, tk_tensor *t, float value, int64_t n);
-tk_status tk_cuda_cast(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
-tk_status tk_cuda_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, tk_tensor *rstd,
-                                const tk_tensor *in, const tk_tensor *w, const tk_tensor *b,
-                                int64_t N, int64_t C, float eps);
-tk_status tk_cuda_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_tensor *db,
-                                const tk_tensor *dout, const tk_tensor *in, const tk_tensor *w,
-                                const tk_tensor *mean, const tk_tensor *rstd,
-                                int64_t N, int64_t C, int accumulate);
-tk_status tk_cuda_gelu_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
-tk_status tk_cuda_gelu_bwd(void *ctx, tk_tensor *din, const tk_tensor *in, const tk_tensor *dout, int64_t n);
-tk_status tk_cuda_tanh_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
-tk_status tk_cuda_tanh_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout, int64_t n);
-tk_status tk_cuda_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, const tk_tensor *mask,
-                              int64_t B, int64_t NH, int64_t T, float scale);
-tk_status tk_cuda_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
-                              int64_t rows, int64_t T, float scale);
-tk_status tk_cuda_dropout_fwd(void *ctx, tk_tensor *out, tk_tensor *mask, const tk_tensor *in,
-                              int64_t n, float p, uint64_t seed, uint64_t offset);
-tk_status tk_cuda_dropout_bwd(void *ctx, tk_tensor *din, const tk_tensor *dout, int64_t n,
-                              float p, uint64_t seed, uint64_t offset);
-tk_status tk_cuda_xent_fwd(void *ctx, tk_tensor *losses, tk_tensor *probs, const tk_tensor *logits,
-                           const tk_tensor *labels, int64_t N, int64_t V);
-tk_status tk_cuda_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *logits,
-                           const tk_tensor *labels, int64_t N, int64_t V, float scale);
-tk_status tk_cuda_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, int64_t N, int64_t C);
-tk_status tk_cuda_split_heads(void *ctx, tk_tensor *out, const tk_tensor *in,
-                              int64_t B, int64_t T, int64_t NH, int64_t HS);
-tk_status tk_cuda_merge_heads(void *ctx, tk_tensor *out, const tk_tensor *in,
-                              int64_t B, int64_t T, int64_t NH, int64_t HS);
+                            int64_t n, int64_t C, const tk_tensor *groups, tk_tensor *scratch);
 tk_status tk_cuda_gather_rows(void *ctx, tk_tensor *out, const tk_tensor *in, const tk_tensor *idx,
                               int64_t n, int64_t C);
 tk_status tk_cuda_scatter_add_rows(void *ctx, tk_tensor *din, const tk_tensor *dout,
                                    const tk_tensor *idx, int64_t n, int64_t C);
+/* elementwise.cu */
+tk_status tk_cuda_add(void *ctx, tk_tensor *out, const tk_tensor *a, const tk_tensor *b, int64_t n);
+tk_status tk_cuda_axpby(void *ctx, tk_tensor *y, float alpha, const tk_tensor *x, float beta, int64_t n);
+tk_status tk_cuda_fill(void *ctx, tk_tensor *t, float value, int64_t n);
+tk_status tk_cuda_fill_many(void *ctx, tk_tensor *const *ts, int n, float value);
+tk_status tk_cuda_cast(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
+tk_status tk_cuda_gelu_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
+tk_status tk_cuda_gelu_bwd(void *ctx, tk_tensor *din, const tk_tensor *in, const tk_tensor *dout, int64_t n);
+tk_status tk_cuda_tanh_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, int64_t n);
+tk_status tk_cuda_tanh_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout, int64_t n);
+tk_status tk_cuda_dropout_fwd(void *ctx, tk_tensor *out, tk_tensor *mask, const tk_tensor *in,
+                              int64_t n, float p, uint64_t seed, uint64_t offset);
+tk_status tk_cuda_dropout_bwd(void *ctx, tk_tensor *din, const tk_tensor *dout, int64_t n,
+                              float p, uint64_t seed, uint64_t offset);
+/* layernorm.cu */
+tk_status tk_cuda_layernorm_fwd(void *ctx, tk_tensor *out, tk_tensor *mean, tk_tensor *rstd,
+                                const tk_tensor *in, const tk_tensor *w, const tk_tensor *b,
+                                int64_t N, int64_t C, float eps);
+tk_status tk_cuda_residual_layernorm_fwd(void *ctx, tk_tensor *r, tk_tensor *out, tk_tensor *mean,
+                                         tk_tensor *rstd, const tk_tensor *x, const tk_tensor *res,
+                                         const tk_tensor *w, const tk_tensor *b, int64_t N, int64_t C,
+                                         float eps, float p, uint64_t seed, uint64_t offset);
+tk_status tk_cuda_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_tensor *db,
+                                const tk_tensor *dout, const tk_tensor *in, const tk_tensor *w,
+                                const tk_tensor *mean, const tk_tensor *rstd,
+                                int64_t N, int64_t C, int accumulate, tk_tensor *scratch);
+/* softmax_dropout.cu */
+tk_status tk_cuda_softmax_fwd(void *ctx, tk_tensor *out, const tk_tensor *in, const tk_tensor *mask,
+                              int64_t B, int64_t NH, int64_t T, float scale);
+tk_status tk_cuda_softmax_bwd(void *ctx, tk_tensor *din, const tk_tensor *out, const tk_tensor *dout,
+                              int64_t rows, int64_t T, float scale);
+tk_status tk_cuda_softmax_dropout_fwd(void *ctx, tk_tensor *P, tk_tensor *PD, const tk_tensor *in,
+                                      const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, float scale,
+                                      float p, uint64_t seed, uint64_t offset);
+tk_status tk_cuda_softmax_dropout_bwd(void *ctx, tk_tensor *din, const tk_tensor *P, const tk_tensor *dPD,
+                                      int64_t rows, int64_t T, float scale, float p, uint64_t seed,
+                                      uint64_t offset);
+/* classifier.cu */
+tk_status tk_cuda_xent_fwd(void *ctx, tk_tensor *losses, tk_tensor *probs, const tk_tensor *logits,
+                           const tk_tensor *labels, int64_t N, int64_t V);
+tk_status tk_cuda_xent_bwd(void *ctx, tk_tensor *dlogits, const tk_tensor *logits,
+                           const tk_tensor *labels, int64_t N, int64_t V, float scale);
+/* heads.cu */
+tk_status tk_cuda_split_heads(void *ctx, tk_tensor *out, const tk_tensor *in,
+                              int64_t B, int64_t T, int64_t NH, int64_t HS);
+tk_status tk_cuda_merge_heads(void *ctx, tk_tensor *out, const tk_tensor *in,
+                              int64_t B, int64_t T, int64_t NH, int64_t HS);
+/* optimizer.cu */
 tk_status tk_cuda_sumsq(void *ctx, tk_tensor *out, const tk_tensor *x, int64_t n, int accumulate);
+tk_status tk_cuda_sumsq_many(void *ctx, tk_tensor *out, const tk_tensor *const *xs, int n);
 tk_status tk_cuda_adamw(void *ctx, tk_tensor *param, const tk_tensor *grad, tk_tensor *m, tk_tensor *v,
                         int64_t n, const tk_adamw_hp *hp);
+tk_status tk_cuda_adamw_many(void *ctx, const tk_adamw_item *items, int n_items, const tk_adamw_hp *hp);
 tk_status tk_cuda_adamw8(void *ctx, tk_tensor *param, const tk_tensor *grad,
                          tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
                          int64_t n, const tk_adamw_hp *hp);
+/* cuda_ops.cu: fused attention */
 tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
                                 const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
                                 int64_t B, int64_t NH, int64_t T, int64_t HS, float scale, float p,
@@ -159,9 +185,26 @@ tk_status tk_cuda_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tens
                                 const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
                                 const tk_tensor *mask, int64_t B, int64_t NH, int64_t T, int64_t HS,
                                 float scale, float p, uint64_t seed, uint64_t offset);
-/* C[b, m, :] = beta * C[b, m, :] + bias (the first half of a biased gemm). */
-tk_status tk_cuda_bias_rows(void *ctx, tk_tensor *C, const tk_tensor *bias, int64_t M, int64_t N,
-                            int64_t batch, int64_t strideC, float beta);
+/* matmul.cu: the backend's GEMM (cuBLASLt with its bias and bias-gradient
+ * epilogues; cuBLAS plus the reference bias kernels where cuBLASLt declines
+ * or the references are asked for) and the bias-gradient op. */
+tk_status cu_gemm(void *ctx, tk_tensor *C, const tk_tensor *A, const tk_tensor *B, const tk_tensor *bias,
+                  const tk_gemm *g);
+tk_status tk_cuda_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, int64_t N, int64_t C);
+/* The two library calls under cu_gemm, defined in matmul.cu for the device
+ * and by tests/gpu_cuda_host/cuda_emu_backend.cpp for the emulation:
+ *  - blas: C = alpha op(A) op(B) + beta C, strided-batched (g's shape, its
+ *    beta replaced by `beta`);
+ *  - lt (batch 1): C = alpha op(A) op(B) + g->beta C (+ bias on every row),
+ *    and with g->bgrad the bias gradient sum written (not added) to
+ *    g->bgrad_tmp; *declined = 1 (nothing done) when the library has no
+ *    algorithm for it, so cu_gemm falls back to blas and the references. */
+tk_status tk_cuda_blas_gemm(tk_cuda_ctx *c, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
+                            const tk_gemm *g, float beta);
+tk_status tk_cuda_lt_gemm(tk_cuda_ctx *c, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
+                          const tk_tensor *bias, const tk_gemm *g, int *declined);
+/* matmul.cu: releases the cuBLASLt handle (cu_destroy). */
+void tk_cuda_matmul_release(tk_cuda_ctx *c);
 
 #ifdef __cplusplus
 }

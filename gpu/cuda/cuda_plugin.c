@@ -1,4 +1,5 @@
-/* cuda_plugin.c — the cuda backend's entry point, memory functions and GEMM.
+/* cuda_plugin.c — the cuda backend's entry point and memory functions (its
+ * GEMM is matmul.cu's, its kernels the other .cu files: README.md there).
  *
  * tk_cuda_plugin_open picks the device, starts CUPTI (before the context
  * exists, so every allocation is recorded; TXK_CUPTI=0 in the environment
@@ -35,9 +36,6 @@
  *    line and the library's message; nothing here exits.
  *  - All work goes to the legacy default stream, so the synchronous
  *    cudaMemcpy in read/write is ordered after every queued op.
- *  - GEMMs are cuBLAS strided-batched, row-major by swapping operands; fp32
- *    in fp32 (no TF32, so results match the cpu backend to ~1e-6); f16/bf16
- *    inputs with fp32 compute (tensor cores).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -165,64 +163,12 @@ static void cu_destroy(void *vctx) {
     tk_cuda_ctx *c = vctx;
     if (!c) return;
     cudaDeviceSynchronize();
+    tk_cuda_matmul_release(c);
     if (c->blas) cublasDestroy(c->blas);
     cudaGetLastError();
     if (c->cupti_on) tk_cupti_release();
     pthread_mutex_destroy(&c->lock);
     free(c);
-}
-
-/* ---- GEMM ----------------------------------------------------------------- */
-
-static int blas_dtype(tk_dtype dt, cudaDataType_t *out) {
-    switch (dt) {
-    case TK_F32: *out = CUDA_R_32F; return 0;
-    case TK_F16: *out = CUDA_R_16F; return 0;
-    case TK_BF16: *out = CUDA_R_16BF; return 0;
-    default: return -1;
-    }
-}
-
-#define OP_FAIL(...) (fprintf(stderr, "txkernel cuda: " __VA_ARGS__), fputc('\n', stderr), TK_EINVAL)
-
-/* Row-major C (M×N) is column-major C^T (N×M) = op(B)^T op(A)^T, so cuBLAS
- * gets B first with m = N, n = M. */
-static tk_status cu_gemm(void *vctx, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
-                         const tk_tensor *bias, int transA, int transB,
-                         int64_t M, int64_t N, int64_t K, int64_t batch,
-                         int64_t strideA, int64_t strideB, int64_t strideC, float alpha, float beta) {
-    tk_cuda_ctx *c = vctx;
-    cudaDataType_t ta, tb, tc;
-    if (M == 0 || N == 0 || batch == 0) return TK_OK;
-    const char *why = tk_cuda_gemm_refusal(A, B, C, M, N, K, batch);
-    if (why)
-        return OP_FAIL("gemm (M=%lld N=%lld K=%lld batch=%lld, dtypes A %d B %d C %d): %s", (long long)M,
-                       (long long)N, (long long)K, (long long)batch, (int)A->dtype, (int)B->dtype,
-                       (int)C->dtype, why);
-    if (blas_dtype(A->dtype, &ta) || blas_dtype(B->dtype, &tb) || blas_dtype(C->dtype, &tc))
-        return OP_FAIL("gemm: A, B and C must be f32, f16 or bf16");
-    if (bias) {
-        tk_status st = tk_cuda_bias_rows(c, C, bias, M, N, batch, strideC, beta);
-        if (st != TK_OK) return st;
-        beta = 1.0f;
-    }
-    tk_gemm_cm g = tk_gemm_colmajor(transA, transB, M, N, K);
-    /* fp32 stays fp32 (CUBLAS_COMPUTE_32F without the TF32 fast path); 16-bit
-     * inputs accumulate in fp32 on tensor cores. */
-    cublasStatus_t s = cublasGemmStridedBatchedEx(
-        c->blas, g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N,
-        (int)g.m, (int)g.n, (int)g.k, &alpha,
-        B->data, tb, (int)g.ld_first, (long long)strideB,
-        A->data, ta, (int)g.ld_second, (long long)strideA, &beta,
-        C->data, tc, (int)g.ldc, (long long)strideC, (int)batch,
-        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "txkernel cuda: %s:%d: cublasGemmStridedBatchedEx(M=%lld N=%lld K=%lld "
-                "batch=%lld) failed: %s\n", __FILE__, __LINE__, (long long)M, (long long)N,
-                (long long)K, (long long)batch, tk_cublas_status_str(s));
-        return TK_EDEVICE;
-    }
-    return TK_OK;
 }
 
 /* ---- the table ------------------------------------------------------------ */

@@ -10,7 +10,8 @@
 # leaves it, CUDA and CUPTI mapped, because CUPTI's worker thread and the CUDA
 # runtime's teardown must not run into unmapped code when a device is closed
 # and reopened in one kernel session. Host code is compiled by gcc against the
-# toolkit's headers; only cuda_ops.cu goes through nvcc. Architectures: native
+# toolkit's headers; the kernel files (*.cu, one per op family: README.md)
+# go through nvcc. Architectures: native
 # SASS for every card Colab and Kaggle hand out in 2026 and their neighbours,
 # as far as CUDA 13's nvcc targets them (`nvcc --list-gpu-arch`: compute_75 and
 # newer): sm_75 (T4), sm_80 (A100), sm_86 (A10, RTX 30), sm_89 (L4), sm_90
@@ -75,8 +76,8 @@ $(BUILD)/gpu_tests/%: tests/gpu_cuda/%.c tests/gpu_cuda/gpu_common.h tests/tk_te
 
 build-gpu-tests: $(GPU_TEST_BINS)
 
-# `make test` runs gpu_ops and gpu_model with the plugin's kernels and wrappers
-# (cuda_ops.cu, compiled by g++) on host threads instead of a GPU:
+# `make test` runs gpu_ops and gpu_model with the plugin's kernels and launchers
+# (every *.cu here, compiled by g++ into one translation unit) on host threads instead of a GPU:
 # tests/gpu_cuda_host/cuda_emu.h. The others need the CUDA runtime or CUPTI.
 EMU_OBJ := $(BUILD)/emu/cuda_emu_backend.o
 EMU_CXXFLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \

@@ -64,6 +64,12 @@ typedef void (*tk_cuda_scope_push_fn)(void *ctx, int owner);
 typedef void (*tk_cuda_scope_pop_fn)(void *ctx);
 typedef void (*tk_cuda_scope_kernel_time_fn)(void *ctx, int owner, uint64_t *n_kernels, double *ns);
 
+/* The reference kernels instead of the fast ones (cuda_common.cuh), for
+ * every op this context runs from now on (on != 0), or the fast ones again.
+ * The GPU tests run each fast kernel against its reference this way. */
+void tk_cuda_set_reference(void *ctx, int on);
+typedef void (*tk_cuda_set_reference_fn)(void *ctx, int on);
+
 #ifdef __cplusplus
 }
 #endif

@@ -85,7 +85,7 @@ def test_gpus_plans_each_card_of_the_platform(shell):
     bundles = [o.data for o in cap.outputs] + ([r._repr_mimebundle_()[0]] if r is not None else [])
     js = [b["application/json"] for b in bundles if "application/json" in b]
     assert js and js[-1]["platform"] == "kaggle", bundles
-    assert [c["gpu"] for c in js[-1]["cards"]][:2] == ["t4", "p100"] and all("usable" in c for c in js[-1]["cards"])
+    assert [c["gpu"] for c in js[-1]["cards"]][:3] == ["t4", "t4x2", "p100"] and all("usable" in c for c in js[-1]["cards"])
 
 
 def test_no_future_warning_from_the_checkpointing_flag(shell):

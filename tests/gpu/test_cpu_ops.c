@@ -190,8 +190,7 @@ static void gemm_case(tk_dtype dt, tk_dtype bias_dt, int transA, int transB, int
                 double *c = &ref[b * sC + i * N + j];
                 *c = alpha * s + (beta == 0 ? 0 : beta * *c) + (with_bias ? get(&bias, j) : 0);
             }
-    TK_CHECK(BE->gemm(CTX, &C, &A, &B, with_bias ? &bias : NULL, transA, transB, M, N, K, batch,
-                      sA, sB, sC, alpha, beta) == TK_OK);
+    TK_CHECK(BE->gemm(CTX, &C, &A, &B, with_bias ? &bias : NULL, &(tk_gemm){ .m = M, .n = N, .k = K, .trans_a = transA, .trans_b = transB, .batch = batch, .stride_a = sA, .stride_b = sB, .stride_c = sC, .alpha = alpha, .beta = beta }) == TK_OK);
     int bad = 0;
     double tol = dt == TK_F32 ? 1e-4 : tol_of(dt) * 2;
     for (int64_t b = 0; b < batch; b++)
@@ -377,7 +376,7 @@ static void test_layernorm(void) {
     BE->fill(CTX, &db, -0.5f, C);
     BE->fill(CTX, &dx, 1.0f, N * C);
     TK_CHECK(BE->layernorm_fwd(CTX, &o, &mean, &rstd, &x, &w, &b, N, C, 1e-5f) == TK_OK);
-    TK_CHECK(BE->layernorm_bwd(CTX, &dx, &dw, &db, &r, &x, &w, &mean, &rstd, N, C, 1) == TK_OK);
+    TK_CHECK(BE->layernorm_bwd(CTX, &dx, &dw, &db, &r, &x, &w, &mean, &rstd, N, C, 1, NULL) == TK_OK);
     float *g = malloc(sizeof(float) * N * C);
     for (int64_t i = 0; i < N * C; i++) g[i] = ((float *)dx.data)[i] - 1.0f;
     for (int64_t i = 0; i < C; i++) {
@@ -390,7 +389,7 @@ static void test_layernorm(void) {
     TK_CHECK_EQ_INT(fd_check(ln_f, &b, C, &o, r.data, N * C, db.data, &u, 1e-2, 3e-3, "ln db"), 0);
     /* overwrite mode gives the same din as accumulate-into-zero */
     TK_CHECK(BE->layernorm_fwd(CTX, &o, &mean, &rstd, &x, &w, &b, N, C, 1e-5f) == TK_OK);
-    TK_CHECK(BE->layernorm_bwd(CTX, &dx, &dw, &db, &r, &x, &w, &mean, &rstd, N, C, 0) == TK_OK);
+    TK_CHECK(BE->layernorm_bwd(CTX, &dx, &dw, &db, &r, &x, &w, &mean, &rstd, N, C, 0, NULL) == TK_OK);
     int bad = 0;
     for (int64_t i = 0; i < N * C; i++) bad += !close_to(((float *)dx.data)[i], g[i], 1e-5, 1e-6);
     TK_CHECK_EQ_INT(bad, 0);
@@ -642,7 +641,7 @@ static void test_gather_scatter_embed(void) {
     for (int64_t i = 0; i < rows * C; i++) ref[i] = ((float *)dt.data)[i];
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < C; j++) ref[ix[i] * C + j] += ((float *)dout.data)[i * C + j];
-    TK_CHECK(BE->embed_bwd(CTX, &dt, &idx, &dout, n, C) == TK_OK);
+    TK_CHECK(BE->embed_bwd(CTX, &dt, &idx, &dout, n, C, NULL, NULL) == TK_OK);
     TK_CHECK(BE->scatter_add_rows(CTX1, &dt1, &dout, &idx, n, C) == TK_OK);
     for (int64_t i = 0; i < rows * C; i++) bad += !close_to(((float *)dt.data)[i], ref[i], 1e-5, 1e-4);
     TK_CHECK_EQ_INT(bad, 0);
@@ -657,7 +656,7 @@ static void test_gather_scatter_embed(void) {
     /* out-of-range ids are refused before anything is written */
     ix[5] = (int32_t)rows;
     TK_CHECK(BE->embed_fwd(CTX, &out, &idx, &table, n, C) == TK_EINVAL);
-    TK_CHECK(BE->embed_bwd(CTX, &dt, &idx, &dout, n, C) == TK_EINVAL);
+    TK_CHECK(BE->embed_bwd(CTX, &dt, &idx, &dout, n, C, NULL, NULL) == TK_EINVAL);
     ix[5] = -1;
     TK_CHECK(BE->gather_rows(CTX, &out, &table, &idx, n, C) == TK_EINVAL);
     free(ref);
@@ -839,8 +838,8 @@ static void test_16bit_backwards(void) {
         TK_CHECK(BE->layernorm_fwd(CTX, &y, &mean, &rstd, &x, &w, &b, N, C, 1e-5f) == TK_OK);
         TK_CHECK(BE->layernorm_fwd(CTX, &y3, &mean, &rstd, &x3, &w3, &b3, N, C, 1e-5f) == TK_OK);
         TK_CHECK_EQ_INT(same_rounded(&y, &y3, n), 0);
-        TK_CHECK(BE->layernorm_bwd(CTX, &o, &dw, &db, &dy, &x, &w, &mean, &rstd, N, C, 0) == TK_OK);
-        TK_CHECK(BE->layernorm_bwd(CTX, &o3, &dw, &db, &dy3, &x3, &w3, &mean, &rstd, N, C, 0) == TK_OK);
+        TK_CHECK(BE->layernorm_bwd(CTX, &o, &dw, &db, &dy, &x, &w, &mean, &rstd, N, C, 0, NULL) == TK_OK);
+        TK_CHECK(BE->layernorm_bwd(CTX, &o3, &dw, &db, &dy3, &x3, &w3, &mean, &rstd, N, C, 0, NULL) == TK_OK);
         TK_CHECK_EQ_INT(same_rounded(&o, &o3, n), 0);
         TK_CHECK(BE->softmax_bwd(CTX, &o, &x, &dy, N, C, 0.5f) == TK_OK);
         TK_CHECK(BE->softmax_bwd(CTX, &o3, &x3, &dy3, N, C, 0.5f) == TK_OK);
@@ -1030,10 +1029,10 @@ static int torch_io(const char *dir) {
     /* gemm: C = A @ B^T + bias, A [Bt,M,K], B [Bt,N,K]; and gemm with transA: A2 [Bt,K,M] */
     tk_tensor A = in_t(&rs, "A"), Bm = in_t(&rs, "B"), A2 = in_t(&rs, "A2"), bias = in_t(&rs, "bias");
     OUT("gemm", Bt * M * N);
-    st |= BE->gemm(CTX, o, &A, &Bm, &bias, 0, 1, M, N, K, Bt, M * K, N * K, M * N, 1.0f, 0.0f);
+    st |= BE->gemm(CTX, o, &A, &Bm, &bias, &(tk_gemm){ .m = M, .n = N, .k = K, .trans_a = 0, .trans_b = 1, .batch = Bt, .stride_a = M * K, .stride_b = N * K, .stride_c = M * N, .alpha = 1.0f, .beta = 0.0f });
     END("gemm", Bt * M * N);
     OUT("gemm_tA", Bt * M * N);
-    st |= BE->gemm(CTX, o, &A2, &Bm, NULL, 1, 1, M, N, K, Bt, M * K, N * K, M * N, 0.5f, 0.0f);
+    st |= BE->gemm(CTX, o, &A2, &Bm, NULL, &(tk_gemm){ .m = M, .n = N, .k = K, .trans_a = 1, .trans_b = 1, .batch = Bt, .stride_a = M * K, .stride_b = N * K, .stride_c = M * N, .alpha = 0.5f, .beta = 0.0f });
     END("gemm_tA", Bt * M * N);
     /* layernorm over rows R of C */
     tk_tensor x = in_t(&rs, "ln_x"), w = in_t(&rs, "ln_w"), b = in_t(&rs, "ln_b"), dy = in_t(&rs, "ln_dy");
@@ -1042,7 +1041,7 @@ static int torch_io(const char *dir) {
     st |= BE->layernorm_fwd(CTX, o, &mean, &rstd, &x, &w, &b, R, C, 1e-12f);
     END("ln_y", R * C);
     OUT("ln_dx", R * C);
-    st |= BE->layernorm_bwd(CTX, o, &dw, &db, &dy, &x, &w, &mean, &rstd, R, C, 0);
+    st |= BE->layernorm_bwd(CTX, o, &dw, &db, &dy, &x, &w, &mean, &rstd, R, C, 0, NULL);
     END("ln_dx", R * C);
     out_w(f, "ln_dw", &dw, C);
     out_w(f, "ln_db", &db, C);
@@ -1076,7 +1075,7 @@ static int torch_io(const char *dir) {
     /* embedding backward (index_add) and bias grad */
     tk_tensor ids = in_t(&rs, "emb_ids"), edy = in_t(&rs, "emb_dy");
     OUT("emb_dtable", V * C);
-    st |= BE->embed_bwd(CTX, o, &ids, &edy, R, C);
+    st |= BE->embed_bwd(CTX, o, &ids, &edy, R, C, NULL, NULL);
     END("emb_dtable", V * C);
     OUT("bias_grad", C); st |= BE->bias_grad(CTX, o, &edy, R, C); END("bias_grad", C);
     /* three AdamW steps */

@@ -71,10 +71,32 @@ static void test_profiles(void) {
     }
     int n = 0;
     while (tk_gpu_profile_at(n)) n++;
-    TK_CHECK_EQ_INT(n, 11);
+    TK_CHECK_EQ_INT(n, 12);
     TK_CHECK(tk_gpu_profile_at(-1) == NULL);
     TK_CHECK(tk_gpu_profile_find("rtx9090") == NULL);
     TK_CHECK(tk_gpu_profile_find(NULL) == NULL);
+}
+
+/* The MFU denominators (issue 36): dense datasheet peaks by precision, each
+ * with its source, and the profile a device's own name picks. */
+static void test_peaks(void) {
+    for (int i = 0; tk_gpu_profile_at(i); i++) {
+        const tk_gpu_profile *p = tk_gpu_profile_at(i);
+        TK_CHECK_MSG(p->tf32_flops >= p->fp32_flops && p->peak_source && p->peak_source[0], "%s", p->name);
+        TK_CHECK(tk_gpu_profile_peak(p, "fp32") == p->fp32_flops);
+        TK_CHECK(tk_gpu_profile_peak(p, "tf32") == p->tf32_flops);
+        TK_CHECK(tk_gpu_profile_peak(p, "bf16") == p->bf16_flops);
+    }
+    const tk_gpu_profile *h200 = tk_gpu_profile_by_device("NVIDIA H200");
+    TK_CHECK(h200 && !strcmp(h200->name, "h200"));
+    TK_CHECK(h200 && tk_gpu_profile_peak(h200, "fp16") == 989.5e12 && tk_gpu_profile_peak(h200, "tf32") == 494.5e12);
+    const tk_gpu_profile *t4 = tk_gpu_profile_by_device("Tesla T4");
+    TK_CHECK(t4 && !strcmp(t4->name, "t4") && t4->tf32_flops == t4->fp32_flops); /* Turing: no TF32 */
+    TK_CHECK(tk_gpu_profile_by_device("NVIDIA H100 80GB HBM3") == tk_gpu_profile_find("h100-80"));
+    TK_CHECK(tk_gpu_profile_by_device("NVIDIA H200 NVL") == NULL); /* not the SXM's clocks */
+    TK_CHECK(tk_gpu_profile_by_device("NVIDIA L40S") == NULL);
+    TK_CHECK(tk_gpu_profile_by_device(NULL) == NULL);
+    TK_CHECK(tk_gpu_profile_peak(t4, "fp8") == 0);
 }
 
 static void test_names(void) {
@@ -143,6 +165,7 @@ int main(void) {
     TK_RUN(test_format_bytes);
     TK_RUN(test_parse_bytes);
     TK_RUN(test_profiles);
+    TK_RUN(test_peaks);
     TK_RUN(test_names);
     TK_RUN(test_f16);
     TK_RUN(test_bf16);

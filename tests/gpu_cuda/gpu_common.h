@@ -66,6 +66,19 @@ static inline int gpu_open(void) {
     return 1;
 }
 
+/* The cuda device's reference kernels (on != 0) or its fast ones
+ * (tk_cuda_set_reference); 0 when the plugin lacks the switch. */
+static inline int gpu_reference(int on) {
+#ifdef TK_CUDA_EMU
+    tk_cuda_set_reference(tk_dev_backend_ctx(g_gpu), on);
+    return 1;
+#else
+    tk_cuda_set_reference_fn f = (tk_cuda_set_reference_fn)tk_dev_plugin_sym(g_gpu, "tk_cuda_set_reference");
+    if (f) f(tk_dev_backend_ctx(g_gpu), on);
+    return f != NULL;
+#endif
+}
+
 static inline void gpu_close(void) {
     tk_dev_destroy(&g_gpu);
     tk_dev_destroy(&g_cpu);

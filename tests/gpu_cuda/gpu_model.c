@@ -303,6 +303,27 @@ static void test_pooled_step_frozen_embeddings_bf16(void) {
     run_case((variant){ .head = TK_HEAD_POOLED, .prec = TK_PREC_BF16, .freeze_embeddings = 1 });
 }
 
+/* Issue 36's determinism: the embedding and LayerNorm gradients of the same
+ * cuda step twice, bit for bit (grouped embedding backward, LayerNorm row
+ * groups: no atomics, fixed orders). */
+static void test_grads_repeat_bitwise(void) {
+    variant v = { .head = TK_HEAD_POOLED, .prec = TK_PREC_FP16 };
+    step_out a = {0}, b = {0};
+    if (run_step(g_gpu, v, &a) && run_step(g_gpu, v, &b)) {
+        int checked = 0;
+        for (int i = 0; i < a.np && i < b.np; i++) {
+            if (!a.grads[i] || !b.grads[i]) continue;
+            if (strncmp(a.names[i], "bert.embeddings.", 16) && !strstr(a.names[i], "LayerNorm")) continue;
+            TK_CHECK_MSG(memcmp(a.grads[i], b.grads[i], (size_t)a.gn[i] * sizeof(float)) == 0,
+                         "%s differs between two runs", a.names[i]);
+            checked++;
+        }
+        TK_CHECK_EQ_INT(checked, 3 + 2 + 2 * 4); /* 3 tables, their LayerNorm, 2 LayerNorms per layer */
+    }
+    step_free(&a);
+    step_free(&b);
+}
+
 /* ---- the training loop ---------------------------------------------------- */
 
 enum { NSTEP = 8 };
@@ -414,6 +435,7 @@ int main(void) {
     TK_RUN(test_pooled_step_recompute_fp16);
     TK_RUN(test_span_step_recompute_attention_bf16);
     TK_RUN(test_pooled_step_frozen_embeddings_bf16);
+    TK_RUN(test_grads_repeat_bitwise);
     TK_RUN(test_train_adamw);
     TK_RUN(test_train_adamw8);
     TK_RUN(test_train_fp16_adamw);

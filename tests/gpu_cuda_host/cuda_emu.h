@@ -1,7 +1,7 @@
 /* cuda_emu.h — just enough of CUDA's execution model, on the host, to run
- * gpu/cuda/cuda_ops.cu's kernels and wrappers without a GPU.
+ * gpu/cuda's kernels and launchers without a GPU.
  *
- * Include it (C++) before cuda_ops.cu. A launch runs its blocks one after
+ * Include it (C++) before the kernel files (cuda_emu_backend.cpp). A launch runs its blocks one after
  * another. A block's threads are fibers on the calling thread, each with
  * its own stack (switched by twelve instructions on x86-64, by ucontext
  * elsewhere, which costs a system call per switch), and a scheduler resumes

@@ -1,18 +1,32 @@
-/* cuda_emu_backend.cpp — a "cuda" device whose ops are gpu/cuda/cuda_ops.cu
- * itself, compiled for the host and run on threads by cuda_emu.h.
+/* cuda_emu_backend.cpp — a "cuda" device whose ops are the plugin's kernel
+ * files (every .cu file of gpu/cuda) themselves, compiled for the host into this one
+ * translation unit and run on threads by cuda_emu.h.
  *
- * Memory is host memory. GEMM is the plugin's cu_gemm with cuBLAS swapped
- * for the cpu backend's GEMM (cuBLAS is not ours to emulate): the same
- * refusals (tk_cuda_gemm_refusal: one dtype for A and B, ...) and the bias
- * added first by the plugin's own k_bias_rows. Every other op, fused
- * attention included, is the plugin's wrapper and kernel with its launch
- * shape. tk_cuda_emu_open() gives the device; tests/gpu_cuda/gpu_ops.c and
- * gpu_model.c built with -DTK_CUDA_EMU compare it with the cpu backend
- * during `make test`.
+ * Memory is host memory. GEMM is the plugin's cu_gemm (matmul.cu: its
+ * refusals, its choice between the epilogue path and the reference bias
+ * kernels) with the two library calls under it swapped for the cpu
+ * backend's GEMM (cuBLAS and cuBLASLt are not ours to emulate): "cuBLASLt"
+ * here adds the bias to the f32 product and writes the bias gradient's sum,
+ * as the library's epilogues do. Every other op, fused attention included,
+ * is the plugin's launcher and kernel with its launch shape, fast or
+ * reference (tk_cuda_set_reference). tk_cuda_emu_open() gives the device;
+ * tests/gpu_cuda/gpu_ops.c and gpu_model.c built with -DTK_CUDA_EMU compare
+ * it with the cpu backend during `make test`.
  */
 #include <new>
 #include "cuda_emu.h"
+/* every kernel file of the plugin (a file missing here leaves its
+ * launchers undefined and the link fails) */
+#include "../../gpu/cuda/classifier.cu"
 #include "../../gpu/cuda/cuda_ops.cu"
+#include "../../gpu/cuda/elementwise.cu"
+#include "../../gpu/cuda/embedding.cu"
+#include "../../gpu/cuda/heads.cu"
+#include "../../gpu/cuda/layernorm.cu"
+#include "../../gpu/cuda/matmul.cu"
+#include "../../gpu/cuda/optimizer.cu"
+#include "../../gpu/cuda/softmax_dropout.cu"
+#include "../../gpu/cuda/cuda_reference.c"
 
 namespace {
 
@@ -57,25 +71,36 @@ void emu_destroy(void *vctx) {
     delete c;
 }
 
-tk_status emu_gemm(void *vctx, tk_tensor *C, const tk_tensor *A, const tk_tensor *B, const tk_tensor *bias,
-                   int transA, int transB, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t strideA,
-                   int64_t strideB, int64_t strideC, float alpha, float beta) {
-    emu_ctx *c = (emu_ctx *)vctx;
-    if (M == 0 || N == 0 || batch == 0) return TK_OK;
-    const char *why = tk_cuda_gemm_refusal(A, B, C, M, N, K, batch);
-    if (why) {
-        fprintf(stderr, "txkernel cuda (emulated): gemm (M=%lld N=%lld K=%lld): %s\n", (long long)M,
-                (long long)N, (long long)K, why);
-        return TK_EINVAL;
-    }
-    if (bias) {
-        tk_status st = tk_cuda_bias_rows(c, C, bias, M, N, batch, strideC, beta);
-        if (st != TK_OK) return st;
-        beta = 1.0f;
-    }
-    return tk_backend_cpu()->gemm(c->cpu, C, A, B, NULL, transA, transB, M, N, K, batch, strideA, strideB,
-                                  strideC, alpha, beta);
+} /* namespace */
+
+/* cuBLAS: the cpu backend's GEMM with g's shape and the given beta. */
+extern "C" tk_status tk_cuda_blas_gemm(tk_cuda_ctx *c, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
+                                       const tk_gemm *g, float beta) {
+    tk_gemm plain = *g;
+    plain.beta = beta;
+    plain.bgrad = plain.bgrad_tmp = NULL;
+    return tk_backend_cpu()->gemm(((emu_ctx *)c)->cpu, C, A, B, NULL, &plain);
 }
+
+/* cuBLASLt's epilogues: the cpu backend adds the bias to the f32 product
+ * (as the BIAS epilogue), and the bias gradient's sum goes to bgrad_tmp,
+ * written, not added (as BGRADB). */
+extern "C" tk_status tk_cuda_lt_gemm(tk_cuda_ctx *c, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
+                                     const tk_tensor *bias, const tk_gemm *g, int *declined) {
+    emu_ctx *e = (emu_ctx *)c;
+    *declined = bias && g->bgrad; /* no single epilogue does both */
+    if (*declined) return TK_OK;
+    tk_gemm lt = *g;
+    if (g->bgrad) {
+        memset(g->bgrad_tmp->data, 0, (size_t)g->m * sizeof(float));
+        lt.bgrad = g->bgrad_tmp;
+    }
+    return tk_backend_cpu()->gemm(e->cpu, C, A, B, bias, &lt);
+}
+
+void tk_cuda_matmul_release(tk_cuda_ctx *) {}
+
+namespace {
 
 tk_backend make_table() {
     tk_backend b;
@@ -88,7 +113,7 @@ tk_backend make_table() {
     b.sync = emu_sync;
     b.info = emu_info;
     b.destroy = emu_destroy;
-    b.gemm = emu_gemm;
+    b.gemm = cu_gemm;
 #define EMU_KERNEL(op) b.op = tk_cuda_##op;
     TK_BACKEND_KERNELS(EMU_KERNEL)
 #undef EMU_KERNEL

@@ -109,7 +109,7 @@ static void test_plan_epoch_cell(void) {
     TK_CHECK(j != NULL);
     TK_CHECK_EQ_INT(json_integer_value(json_object_get(j, "epoch_steps")), 12);
     TK_CHECK_EQ_INT(json_integer_value(json_object_get(j, "peak_reserved")), 190840832);
-    TK_CHECK_EQ_INT(json_integer_value(json_object_get(j, "peak_allocated")), 147975168);
+    TK_CHECK_EQ_INT(json_integer_value(json_object_get(j, "peak_allocated")), 147975680);
     json_decref(m);
     m = run("%txplan --epoch", &rc); /* the line form: the session's config, same plan */
     TK_CHECK_EQ_INT(rc, 0);

@@ -192,6 +192,9 @@ static size_t read_shapes(sizes z, int elem, shapes *out) {
     return best;
 }
 
+/* The shapes of a BERT: its three embeddings beside 2 H x I weights a layer. */
+static int is_bert(size_t bytes, const shapes *sh) { return bytes && sh->token_types && sh->positions && !sh->gated; }
+
 /* The family a model module's name says ("llama", "qwen2", "opt", ...), or NULL. */
 static const char *family_of_module(const char *name) {
     static const struct { const char *prefix, *family; } T[] = {
@@ -583,21 +586,23 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     }
     memcpy(v, s->live_sizes, (size_t)s->n_live_sizes * sizeof *v);
     qsort(v, (size_t)s->n_live_sizes, sizeof *v, cmp_size);
-    /* the blocks live at the trace's peak hold the whole step (weights,
-     * optimizer state, activations), those left at the end may hold
-     * nothing of the model: the peak's first, when they show a BERT */
+    /* the blocks left at the end first (a snapshot taken at an OOM holds
+     * the whole step there); when they show no BERT (one dumped after
+     * training holds little), the parameter, gradient and optimizer blocks
+     * live at the trace's peak, with the activations of the step's high
+     * point for the batch shape */
     shapes s4 = {0}, s2 = {0};
-    size_t b4 = 0, b2 = 0;
-    sizes z = {s->peak.state_sizes, s->peak.n_state_sizes}, za = {s->peak.act_sizes, s->peak.n_act_sizes};
-    const char *from = "the parameter, gradient and optimizer blocks live at the trace's peak";
-    if (z.n) b4 = read_shapes(z, 4, &s4), b2 = read_shapes(z, 2, &s2);
-    if (!((b4 && s4.token_types && s4.positions && !s4.gated) || (b2 && s2.token_types && s2.positions && !s2.gated))) {
-        shapes e4 = {0}, e2 = {0};
-        sizes ze = {v, s->n_live_sizes};
-        size_t c4 = read_shapes(ze, 4, &e4), c2 = read_shapes(ze, 2, &e2);
-        if (c4 || c2 || !(b4 || b2)) {
-            z = za = ze, s4 = e4, s2 = e2, b4 = c4, b2 = c2;
-            from = "the live blocks' sizes";
+    sizes z = {v, s->n_live_sizes}, za = z;
+    size_t b4 = read_shapes(z, 4, &s4), b2 = read_shapes(z, 2, &s2);
+    const char *from = "the live blocks' sizes";
+    if (!is_bert(b4, &s4) && !is_bert(b2, &s2) && s->peak.n_state_sizes) {
+        shapes p4 = {0}, p2 = {0};
+        sizes zp = {s->peak.state_sizes, s->peak.n_state_sizes};
+        size_t c4 = read_shapes(zp, 4, &p4), c2 = read_shapes(zp, 2, &p2);
+        if (is_bert(c4, &p4) || is_bert(c2, &p2) || (!(b4 || b2) && (c4 || c2))) {
+            z = zp, za = (sizes){s->peak.act_sizes, s->peak.n_act_sizes};
+            s4 = p4, s2 = p2, b4 = c4, b2 = c2;
+            from = "the parameter, gradient and optimizer blocks live at the trace's peak";
         }
     }
     const shapes *seen = b4 || b2 ? (b4 >= b2 ? &s4 : &s2) : NULL;

@@ -22,13 +22,14 @@ bench: bench-advisor
 # reader (tests/advisor/fuzz_snapshot.c), clang with ASan+UBSan, from the few
 # sources they need; tests/suites/snapshot_fuzz.sh runs it for 30 s.
 SNAP_FUZZ_BIN  := $(BUILD)/fuzz/fuzz_snapshot
-SNAP_FUZZ_SRCS := bert/pickle.c bert/torchbin.c bert/safetensors.c advisor/snapshot.c advisor/snapshot_frames.c \
-                  advisor/snapshot_trace.c gpu/dtype.c gpu/profile.c
+SNAP_FUZZ_SRCS := bert/pickle.c bert/torchbin.c bert/safetensors.c advisor/snapshot_decode.c advisor/snapshot_trace.c \
+                  advisor/snapshot_frames.c advisor/snapshot_peak.c advisor/snapshot_leak.c advisor/snapshot_diagnose.c \
+                  advisor/snapshot.c advisor/snapshot_report.c gpu/dtype.c gpu/profile.c
 SNAP_FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                    -Wall -Wextra -Werror -Wno-unused-parameter -Igpu -Ibert -Iadvisor $(PKG_CFLAGS)
 
 all: $(SNAP_FUZZ_BIN)
-$(SNAP_FUZZ_BIN): tests/advisor/fuzz_snapshot.c $(SNAP_FUZZ_SRCS) bert/tk_pickle.h bert/tk_torchbin.h advisor/tk_snapshot.h advisor/snapshot_internal.h gpu/tk_gpu.h
+$(SNAP_FUZZ_BIN): tests/advisor/fuzz_snapshot.c $(SNAP_FUZZ_SRCS) bert/tk_pickle.h bert/tk_torchbin.h advisor/tk_snapshot.h $(wildcard advisor/snapshot_*.h) gpu/tk_gpu.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(SNAP_FUZZ_FLAGS) tests/advisor/fuzz_snapshot.c $(SNAP_FUZZ_SRCS) $(PKG_LIBS) -lm -o $@
 

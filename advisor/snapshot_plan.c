@@ -25,7 +25,7 @@
 #include "tk_pipeline.h"
 #include "tk_plan.h"
 #include "tk_advisor.h"
-#include "tk_snapshot.h"
+#include "snapshot_diagnose.h"
 
 /* ---- sizes ---------------------------------------------------------------------------- */
 
@@ -150,8 +150,10 @@ static size_t read_shapes(sizes z, int elem, shapes *out) {
             int c = count_of(z, (size_t)p * row) - taken;
             if (p != V && c > 0 && c <= 2 * copies) P = p;
         }
+        /* 2 x H: the token-type embeddings, and a 2-label classifier's
+         * weight beside them (each with its gradient and optimizer state) */
         int c_2h = count_of(z, 2 * row);
-        int types = c_2h > 0 && c_2h <= 2 * copies;
+        int types = c_2h > 0 && c_2h <= 3 * copies;
         /* gate/up/down: 3 H x I weights to 4 H x H (q, k, v, o) or, with
          * grouped k/v heads, to 2 */
         int gated = !P && c_hi * 4 >= c_hh * 3 && c_hi * 2 <= c_hh * 3;
@@ -189,6 +191,9 @@ static size_t read_shapes(sizes z, int elem, shapes *out) {
     }
     return best;
 }
+
+/* The shapes of a BERT: its three embeddings beside 2 H x I weights a layer. */
+static int is_bert(size_t bytes, const shapes *sh) { return bytes && sh->token_types && sh->positions && !sh->gated; }
 
 /* The family a model module's name says ("llama", "qwen2", "opt", ...), or NULL. */
 static const char *family_of_module(const char *name) {
@@ -279,7 +284,7 @@ static int is_param_size(const tk_snap_model *m, size_t S) {
     return 0;
 }
 
-static void infer_shape(sizes z, tk_snap_model *m) {
+static void infer_shape(sizes z, tk_snap_model *m, size_t tokens) {
     size_t best = 0;
     size_t H = (size_t)m->hidden, I = (size_t)m->intermediate, A = (size_t)m->heads;
     /* activations are in the weights' dtype, or 16-bit under autocast */
@@ -291,6 +296,7 @@ static void infer_shape(sizes z, tk_snap_model *m) {
             size_t N = S % (H * (size_t)e) == 0 ? S / (H * (size_t)e) : 0;
             if (is_param_size(m, S)) continue;
             if (!N || N < 2 || N == (size_t)m->vocab || N == (size_t)m->max_position || N == H || N == I) continue;
+            if (tokens && N != tokens) continue; /* the batch's own blocks say how many tokens */
             size_t c_n = (size_t)c * S + (size_t)count_of(z, N * I * (size_t)e) * N * I * (size_t)e;
             /* scores in the activations' dtype first: a tie keeps it */
             for (int r = 0, ea = e; r < 2; r++, ea = 6 - e)
@@ -301,6 +307,9 @@ static void infer_shape(sizes z, tk_snap_model *m) {
                     /* a block is read as one kind only */
                     if (Sa == S || Sa == N * I * (size_t)e || Sa % (N * A * (size_t)ea) || is_param_size(m, Sa))
                         continue;
+                    /* B x T x H and B x T x I blocks in bytes (dropout's masks) or in the activations'
+                     * element size are not scores */
+                    if (Sa == N * H || Sa == N * I || Sa == N * H * (size_t)e || Sa == N * I * (size_t)e) continue;
                     size_t T = Sa / (N * A * (size_t)ea);
                     if (T < 8 || T > (size_t)m->max_position || N % T) continue;
                     if (c_n + (size_t)ca * Sa > best) {
@@ -311,6 +320,32 @@ static void infer_shape(sizes z, tk_snap_model *m) {
                 }
         }
     if (best) snprintf(m->shape_from, sizeof m->shape_from, "the activation blocks' sizes");
+}
+
+/* The batch shape from the batch the user's code made (snapshot_peak.c:
+ * int64 token blocks of B x T, label blocks of B), taken only when
+ * activation blocks of B x T x H elements show the same tokens. */
+static void batch_shape(const tk_snapshot *s, sizes z, tk_snap_model *m) {
+    const tk_snap_peak *pk = &s->peak;
+    if (!pk->tokens || !pk->batch || pk->tokens % pk->batch) return;
+    size_t N = (size_t)pk->tokens, H = (size_t)m->hidden;
+    int T = pk->tokens / pk->batch;
+    if (T < 2 || (m->max_position && T > m->max_position)) return;
+    if (!count_of(z, N * H * 4) && !count_of(z, N * H * 2)) return;
+    m->batch = pk->batch;
+    m->seq = T;
+    snprintf(m->shape_from, sizeof m->shape_from, "the batch's int64 blocks (%d tokens, %d labels) and B x T x H activations",
+             pk->tokens, pk->batch);
+}
+
+/* A profile of the compute capability the file's cuBLAS workspaces imply
+ * (32 MiB: major 9, as torch 2.x sizes it there), or NULL. */
+static const tk_gpu_profile *hopper_class(const tk_snapshot *s) {
+    int seen = 0;
+    for (int i = 0; i < s->n_ws; i++) seen |= s->ws[i].bytes == (size_t)32 << 20;
+    for (int i = 0; seen && tk_gpu_profile_at(i); i++)
+        if (tk_gpu_profile_at(i)->cc_major == 9 && tk_gpu_profile_at(i)->gpus <= 1) return tk_gpu_profile_at(i);
+    return NULL;
 }
 
 static const char *tk_snap_basename(const char *p) {
@@ -346,28 +381,6 @@ static void set_plan(tk_snap_fix *f, const char *change, const tk_plan_result *p
     snprintf(f->plan_change, sizeof f->plan_change, "%s", change);
 }
 
-static tk_snap_fix *find_fix(tk_snapshot *s, const char *id) {
-    for (int i = 0; i < s->n_fixes; i++)
-        if (!strcmp(s->fixes[i].id, id)) return &s->fixes[i];
-    return NULL;
-}
-
-/* A new fix at position pos (later ones move down; past the table's size
- * the last one is dropped). */
-static tk_snap_fix *insert_fix(tk_snapshot *s, const char *id, int pos) {
-    if (find_fix(s, id)) return NULL;
-    if (s->n_fixes == TK_SNAP_MAX_FIXES) s->n_fixes--;
-    if (pos > s->n_fixes) pos = s->n_fixes;
-    memmove(&s->fixes[pos + 1], &s->fixes[pos], (size_t)(s->n_fixes - pos) * sizeof *s->fixes);
-    s->n_fixes++;
-    tk_snap_fix *f = &s->fixes[pos];
-    memset(f, 0, sizeof *f);
-    snprintf(f->id, sizeof f->id, "%s", id);
-    f->saves = -1;
-    return f;
-}
-
-static tk_snap_fix *add_fix(tk_snapshot *s, const char *id) { return insert_fix(s, id, s->n_fixes); }
 
 /* --model as a local name: a path or a preset as it is; a hub id becomes
  * its snapshot folder in the HF cache, with config.json and the tokenizer
@@ -457,6 +470,8 @@ static int plan_as_it_ran(tk_snapshot *s, const tk_config *c, tk_plan_result *p,
         against = "what the file has allocated";
         agree = planned >= target;
     }
+    m->plan_allocated = planned;
+    m->plan_against = target;
     if (agree) {
         m->planned = 1;
         snprintf(m->plan_note, sizeof m->plan_note, "planned peak allocated %s against %s, %s",
@@ -490,8 +505,8 @@ static void weight_fixes(tk_snapshot *s) {
      * show (the rest of a model still loading, the next step's activations) */
     need = s->allocated + (s->has_oom ? s->oom_size : 0);
     size_t want = need + need / 4;
-    int elem = m->elem ? m->elem : 2, pos = find_fix(s, "leak") ? 1 : 0; /* a leak stays the first fix */
-    tk_snap_fix *del = find_fix(s, "del");
+    int elem = m->elem ? m->elem : 2, pos = snap_fix_find(s, "leak") ? 1 : 0; /* a leak stays the first fix */
+    tk_snap_fix *del = snap_fix_find(s, "del");
     if (del) {
         int k = (int)(del - s->fixes);
         memmove(&s->fixes[k], &s->fixes[k + 1], (size_t)(s->n_fixes - k - 1) * sizeof *s->fixes);
@@ -499,7 +514,7 @@ static void weight_fixes(tk_snapshot *s) {
     }
     tk_snap_fix *f;
     const char *fam = m->family[0] ? m->family : "the model";
-    if ((f = insert_fix(s, "quantize", pos))) {
+    if ((f = snap_fix_insert(s, "quantize", pos))) {
         pos++;
         f->saves = (int64_t)(w1 - w1 * 4 / 8 / (size_t)elem);
         snprintf(f->text, sizeof f->text,
@@ -513,7 +528,7 @@ static void weight_fixes(tk_snapshot *s) {
                  "model = AutoModelForCausalLM.from_pretrained(name, device_map=\"auto\",\n"
                  "    quantization_config=BitsAndBytesConfig(load_in_4bit=True))  # or load_in_8bit=True");
     }
-    if (m->copies >= 2 && (f = insert_fix(s, "lora", pos))) {
+    if (m->copies >= 2 && (f = snap_fix_insert(s, "lora", pos))) {
         pos++;
         f->saves = (int64_t)(w - w1);
         snprintf(f->text, sizeof f->text,
@@ -524,7 +539,7 @@ static void weight_fixes(tk_snapshot *s) {
                  "from peft import LoraConfig, get_peft_model\n"
                  "model = get_peft_model(model, LoraConfig(r=8, target_modules=\"all-linear\"))");
     }
-    if ((f = insert_fix(s, "offload", pos))) {
+    if ((f = snap_fix_insert(s, "offload", pos))) {
         pos++;
         snprintf(f->text, sizeof f->text,
                  "Keep only the layers in use on the GPU and the rest in CPU memory (slower: each step copies "
@@ -534,7 +549,7 @@ static void weight_fixes(tk_snapshot *s) {
                  "    max_memory={0: \"%zuGiB\", \"cpu\": \"64GiB\"})",
                  s->capacity ? s->capacity * 9 / 10 >> 30 : (size_t)8);
     }
-    if ((f = insert_fix(s, "smaller_model", pos))) {
+    if ((f = snap_fix_insert(s, "smaller_model", pos))) {
         pos++;
         snprintf(f->text, sizeof f->text,
                  "A smaller model of the same family: the weights scale with hidden^2 x layers (here hidden %d, "
@@ -548,7 +563,7 @@ static void weight_fixes(tk_snapshot *s) {
         const tk_gpu_profile *g = tk_gpu_profile_at(i);
         if (tk_gpu_profile_budget(g) >= want && (!card || g->capacity < card->capacity)) card = g;
     }
-    if (card && (!s->capacity || card->capacity > s->capacity) && (f = insert_fix(s, "gpu", pos))) {
+    if (card && (!s->capacity || card->capacity > s->capacity) && (f = snap_fix_insert(s, "gpu", pos))) {
         snprintf(f->text, sizeof f->text,
                  "A card that holds it: the run held %s when it stopped (needing more); the %s has %s, %s of it "
                  "usable after the CUDA context, a quarter more than that.",
@@ -571,9 +586,25 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     }
     memcpy(v, s->live_sizes, (size_t)s->n_live_sizes * sizeof *v);
     qsort(v, (size_t)s->n_live_sizes, sizeof *v, cmp_size);
-    sizes z = {v, s->n_live_sizes};
+    /* the blocks left at the end first (a snapshot taken at an OOM holds
+     * the whole step there); when they show no BERT (one dumped after
+     * training holds little), the parameter, gradient and optimizer blocks
+     * live at the trace's peak, with the activations of the step's high
+     * point for the batch shape */
     shapes s4 = {0}, s2 = {0};
+    sizes z = {v, s->n_live_sizes}, za = z;
     size_t b4 = read_shapes(z, 4, &s4), b2 = read_shapes(z, 2, &s2);
+    const char *from = "the live blocks' sizes";
+    if (!is_bert(b4, &s4) && !is_bert(b2, &s2) && s->peak.n_state_sizes) {
+        shapes p4 = {0}, p2 = {0};
+        sizes zp = {s->peak.state_sizes, s->peak.n_state_sizes};
+        size_t c4 = read_shapes(zp, 4, &p4), c2 = read_shapes(zp, 2, &p2);
+        if (is_bert(c4, &p4) || is_bert(c2, &p2) || (!(b4 || b2) && (c4 || c2))) {
+            z = zp, za = (sizes){s->peak.act_sizes, s->peak.n_act_sizes};
+            s4 = p4, s2 = p2, b4 = c4, b2 = c2;
+            from = "the parameter, gradient and optimizer blocks live at the trace's peak";
+        }
+    }
     const shapes *seen = b4 || b2 ? (b4 >= b2 ? &s4 : &s2) : NULL;
     int mixed = b4 && b2 && s4.m.hidden == s2.m.hidden;
     char model[TK_PATH_MAX] = "";
@@ -633,12 +664,13 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
             match_preset(m);
         }
     } else if (bert_shapes) {
-        snprintf(m->from, sizeof m->from, "the live blocks' sizes");
+        snprintf(m->from, sizeof m->from, "%s", from);
         m->recognised = 1;
         match_preset(m);
     } else if (seen)
-        snprintf(m->from, sizeof m->from, "the live blocks' sizes");
-    if (m->recognised) infer_shape(z, m);
+        snprintf(m->from, sizeof m->from, "%s", from);
+    if (m->recognised) infer_shape(za, m, (size_t)s->peak.tokens);
+    if (m->recognised && !m->batch) batch_shape(s, za, m);
     free(v);
     if (o->batch) {
         m->batch = o->batch, m->seq = o->seq;
@@ -646,8 +678,8 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     }
     if (o->data && *o->data && read_data(s, o, model, err)) return -1;
 
-    tk_snap_fix *ml = find_fix(s, "max_length");
-    if (s->data.have && !ml && (ml = add_fix(s, "max_length")))
+    tk_snap_fix *ml = snap_fix_find(s, "max_length");
+    if (s->data.have && !ml && (ml = snap_fix_insert(s, "max_length", s->n_fixes)))
         ml->saves = -1;
     if (ml && s->data.have) {
         snprintf(ml->text, sizeof ml->text,
@@ -682,6 +714,8 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
         c.engine = TK_ENGINE_PYTORCH;
         c.device = TK_DEVICE_CUDA;
         if (strstr(m->shape_from, "activation blocks")) c.attn_implementation = TK_ATTN_IMPL_EAGER;
+        /* two label blocks of B beside the tokens: a span task's start and end positions */
+        if (s->peak.label_blocks == 2 && s->peak.batch == m->batch) c.task = TK_TASK_QA, c.head = TK_HEAD_SPAN;
     }
     if (o->gpu && *o->gpu) {
         snprintf(c.gpu, sizeof c.gpu, "%s", o->gpu);
@@ -694,21 +728,37 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
         snprintf(m->capacity_from, sizeof m->capacity_from, "reserved + device free at the OOM");
     } else
         snprintf(m->capacity_from, sizeof m->capacity_from, "no capacity known: --gpu or --capacity");
+    /* No card named: the kernels and cuBLAS's workspaces follow the
+     * compute capability, and a 32 MiB cuBLAS workspace in the file is
+     * torch's size for the Hopper-class majors: planned on such a profile
+     * for them, never for its capacity */
+    const tk_gpu_profile *like = NULL;
+    if (c.engine == TK_ENGINE_PYTORCH && !c.gpu[0] && (like = hopper_class(s))) {
+        snprintf(c.gpu, sizeof c.gpu, "%s", like->name);
+        if (!c.capacity) c.capacity = SIZE_MAX / 4; /* not the card's: no capacity is known */
+    }
     tk_plan_result p;
     if (plan_as_it_ran(s, &c, &p, err)) return -1;
+    if (like) {
+        if (!s->capacity && !s->has_oom) m->plan_capacity = 0;
+        size_t k = strlen(m->plan_note);
+        snprintf(m->plan_note + k, sizeof m->plan_note - k,
+                 "; kernels and workspaces as on compute capability %d.%d (the %s profile's), which the file's "
+                 "32 MiB cuBLAS workspaces show", like->cc_major, like->cc_minor, like->name);
+    }
     if (!m->planned) {
         memset(err, 0, sizeof *err);
         return 0;
     }
     size_t current = p.peak_reserved;
     tk_snap_fix *f;
-    if ((f = find_fix(s, "precision")) && c.precision == TK_PREC_FP32 && plan_one(&c, "precision=bf16", &p, err) == TK_OK)
+    if ((f = snap_fix_find(s, "precision")) && c.precision == TK_PREC_FP32 && plan_one(&c, "precision=bf16", &p, err) == TK_OK)
         set_plan(f, "precision=bf16", &p);
-    if ((f = find_fix(s, "checkpointing")) && plan_one(&c, "recompute=layers", &p, err) == TK_OK)
+    if ((f = snap_fix_find(s, "checkpointing")) && plan_one(&c, "recompute=layers", &p, err) == TK_OK)
         set_plan(f, "recompute=layers", &p);
     char ch[48];
     snprintf(ch, sizeof ch, "batch_size=%d", m->batch / 2);
-    if ((f = find_fix(s, "batch")) && m->batch >= 2 && plan_one(&c, ch, &p, err) == TK_OK) {
+    if ((f = snap_fix_find(s, "batch")) && m->batch >= 2 && plan_one(&c, ch, &p, err) == TK_OK) {
         set_plan(f, ch, &p);
         snprintf(f->plan_change, sizeof f->plan_change, "batch_size=%d, gradient_accumulation_steps x2", m->batch / 2);
         snprintf(f->text, sizeof f->text,

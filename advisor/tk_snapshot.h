@@ -12,8 +12,14 @@
  * Figures are exact sums over the file: reserved = segments' total_size;
  * allocated = sizes of 'active_allocated' blocks (memory_allocated());
  * requested = their requested_size; largest_free_block = the largest
- * 'inactive' block; the same per device in devices[]. A pickle's trace is
- * streamed (its events kept as records), so the file's size is not a limit.
+ * 'inactive' block; the same per device in devices[]. The trace is replayed
+ * as PyTorch's caching allocator ran it (its requests rounded and split into
+ * blocks, the blocks from before the recording put back), so its allocated
+ * is memory_allocated() too; its peak is read whole (phase, step, what was
+ * live by category and layer), library workspaces are named. A pickle's
+ * trace is streamed (its events kept as records), so the file's size is not
+ * a limit. The reader's files go one way: advisor/snapshot_decode.h names
+ * them in order.
  *
  * Ownership: tk_snap_read returns a new tk_snapshot (tk_snap_destroy);
  * every pointer inside is owned by it.
@@ -99,7 +105,9 @@ typedef struct tk_snap_model {
     char plan_note[320];  /* why it was withheld, or what it was checked against */
     char engine[16];      /* the planner that made it, as --json names it: "pytorch" or "txkernel" */
     char engine_label[64];/* the same for a reader (tk_plan_engine_name): "engine: pytorch (torch 2.x + ...)" */
-    size_t plan_peak, plan_capacity; /* its planned peak; the capacity planned against (0: none known) */
+    size_t plan_peak, plan_capacity; /* its planned peak reserved; the capacity planned against (0: none known) */
+    size_t plan_allocated, plan_against; /* its planned peak allocated, and the file's figure it was held to
+                                            (the trace's peak, with the failed request at an OOM) */
     int plan_fits;
     char capacity_from[96];
 } tk_snap_model;
@@ -112,6 +120,64 @@ typedef struct tk_snap_data {
     int max_length;       /* the max_length proposed (p99 rounded up to 8, at most the model's positions) */
     char vocab_note[256];
 } tk_snap_data;
+
+/* How the trace was replayed (see advisor/snapshot_trace.c). */
+typedef struct tk_snap_replay {
+    int rounded;          /* 1: blocks as PyTorch's caching allocator rounds and splits requests (the trace
+                             records requests); 0: the file's sizes as they are (txkernel's own snapshots) */
+    int rounding_unknown; /* allocator_settings set roundup_power2_divisions: rounded to 512 B only */
+    int before_blocks;    /* blocks live before the recording began (freed in the trace, or live at the end,
+                             with no alloc in it) */
+    size_t before_bytes;  /* allocated at the trace's first event */
+    int unplaced;         /* allocs at an address the replay had no free block for: their request rounded */
+    int end_checked, end_mismatch; /* blocks live at the end that the trace allocated; of them, replayed
+                                      sizes that differ from the file's */
+} tk_snap_replay;
+
+/* A share of the memory live at the peak: a category or a layer. */
+typedef struct tk_snap_part {
+    char id[24];          /* "param", "grad", "optim", "act", "temp_backward", "temp_optimizer", "input",
+                             "workspace", "before_recording", "other"; for a layer "layer_3", "before_layers" */
+    char text[112];       /* what it is, for a reader */
+    size_t bytes;
+    int blocks;
+} tk_snap_part;
+
+/* A library workspace the file shows (cuBLAS's, one per thread's handle). */
+typedef struct tk_snap_ws {
+    char name[192];       /* as an owner: "library: cuBLAS workspace (...)" */
+    size_t bytes;
+    int at_peak;          /* live at the trace's peak */
+} tk_snap_ws;
+
+#define TK_SNAP_MAX_PARTS 12
+#define TK_SNAP_MAX_WS 8
+
+/* The trace's allocated peak: when, in which phase, and what was live. */
+typedef struct tk_snap_peak {
+    int have;             /* the trace reaches its peak at an alloc it shows */
+    int64_t event, time_us;
+    size_t allocated;     /* = trace_peak_allocated */
+    char phase[24];       /* "forward", "backward", "optimizer step", "zero_grad", "data loading",
+                             "loading the model", "your code", "" (the file does not say) */
+    char where[64];       /* the phase as the annotations or frames name it */
+    int step, steps;      /* the step it falls in (1-based, counted by optimizer steps) and the steps the
+                             trace shows; 0 when no optimizer step shows */
+    int n_parts;
+    tk_snap_part parts[TK_SNAP_MAX_PARTS]; /* by category, largest first */
+    int n_layers;
+    tk_snap_part *layers; /* the activations live then by the forward's layer, in forward order */
+    int layers_seen;      /* calls of the model's repeated layer in each forward pass, 0 unknown */
+    size_t *state_sizes;  /* requested sizes, ascending, of the blocks live then that hold the model's state
+                             (parameters, gradients, optimizer state, blocks from before the recording): the
+                             model is recognised from them */
+    int n_state_sizes;
+    size_t *act_sizes;    /* the same of the forward's activations at the forward's or backward's high point
+                             (the peak itself when it falls there): the batch shape */
+    int n_act_sizes;
+    int tokens, batch, label_blocks; /* from the int64 blocks your code made (the batch): tokens per step
+                                        (B x T), the batch B and the blocks of B labels; 0 unknown */
+} tk_snap_peak;
 
 #define TK_SNAP_MAX_POOLS 32
 #define TK_SNAP_MAX_DEVICES 16
@@ -144,7 +210,12 @@ typedef struct tk_snapshot {
     int n_trace;                 /* trace events read */
     int n_points;
     tk_snap_point *points;       /* memory over time, one per alloc/free/segment event */
-    size_t trace_peak_allocated; /* the highest allocated the trace reaches */
+    size_t trace_peak_allocated; /* the highest allocated the trace reaches (PyTorch's memory_allocated():
+                                    block sizes, with the blocks live before the recording) */
+    tk_snap_replay replay;
+    tk_snap_peak peak;
+    int n_ws;
+    tk_snap_ws ws[TK_SNAP_MAX_WS]; /* library workspaces, in the trace or before it */
     size_t capacity;             /* the device's, from the caller; 0: unknown */
     int n_diag;
     tk_snap_diag diag[TK_SNAP_MAX_DIAG];   /* ranked, the cause first */
@@ -164,7 +235,7 @@ typedef struct tk_snapshot {
     /* live block sizes (requested_size, else size), ascending: the
      * recognition of a BERT works from them */
     size_t *live_sizes;
-    int n_live_sizes;
+    int n_live_sizes, live_sizes_cap;
     /* the model module the live blocks' frames pass through most, by bytes
      * ("llama" from transformers/models/llama/modeling_llama.py), or "" */
     char model_module[48];
@@ -215,8 +286,11 @@ char *tk_snap_text(const tk_snapshot *s, int top);
  * (by pool/stream), devices [{device, reserved, allocated,
  * largest_free_block}], top [{owner, bytes, blocks, phase when the file has
  * annotations}], oom {size, device_free, device, phase}, phase_at_peak,
- * timeline, growth, leak, model {family, why, ...}, diagnoses [{id, text}],
- * fixes [{id, text, code, saves}] (new reference). */
+ * timeline {events, points, peak_allocated, allocated_as, replay}, peak
+ * {allocated, event, phase, where, step, steps, by_category, by_layer,
+ * layers_seen, batch}, workspaces [{library, name, bytes, at_peak}], growth,
+ * leak, model {family, why, ...}, diagnoses [{id, text}], fixes [{id, text,
+ * code, saves}] (new reference). */
 json_t *tk_snap_json(const tk_snapshot *s, int top);
 
 /* Writes the allocator's state as a PyTorch snapshot (the dict form, pickle

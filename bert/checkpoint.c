@@ -30,6 +30,7 @@
 #define STATE_FILE "trainer_state.json"
 #define OPTIM_FILE "optimizer.safetensors"
 #define FORMAT_NAME "txkernel-checkpoint-1"
+#define MANIFEST_FORMAT "txkernel-output-1"
 
 void tk_train_state_clear(tk_train_state *s) {
     if (!s)
@@ -443,6 +444,113 @@ int tk_ckpt_list(const char *dir, int64_t **steps) {
     return n;
 }
 
+int tk_ckpt_is_ours(const char *dir, char *why, size_t wn) {
+    char p[TK_PATH_MAX * 2];
+    snprintf(p, sizeof p, "%s/%s", dir, STATE_FILE);
+    json_error_t je;
+    json_t *j = json_load_file(p, 0, &je);
+    const char *fmt = j ? json_string_value(json_object_get(j, "format")) : NULL;
+    int ours = fmt && !strcmp(fmt, FORMAT_NAME);
+    if (!ours && why) {
+        if (!j && access(p, F_OK) != 0) snprintf(why, wn, "no %s: not a checkpoint txkernel wrote", STATE_FILE);
+        else if (!j) snprintf(why, wn, "its %s does not parse (%s)", STATE_FILE, je.text);
+        else if (json_object_get(j, "best_model_checkpoint") || json_object_get(j, "log_history"))
+            snprintf(why, wn, "another trainer's checkpoint (its %s is a transformers Trainer's, not txkernel's)",
+                     STATE_FILE);
+        else snprintf(why, wn, "another tool's checkpoint (its %s has no \"format\": \"%s\")", STATE_FILE, FORMAT_NAME);
+    }
+    json_decref(j);
+    return ours;
+}
+
+/* Files of a model, its training or its adapter that a save would write
+ * over or sit beside: HF's and PEFT's names, sharded weights, a Trainer's
+ * own state. */
+static int model_file(const char *name) {
+    static const char *const N[] = {"config.json", "model.safetensors", "model.safetensors.index.json",
+                                    "pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5",
+                                    "flax_model.msgpack", "adapter_model.safetensors", "adapter_model.bin",
+                                    "adapter_config.json", STATE_FILE, "training_args.bin", "optimizer.pt",
+                                    "scheduler.pt", OPTIM_FILE, NULL};
+    for (int i = 0; N[i]; i++)
+        if (!strcmp(name, N[i])) return 1;
+    size_t l = strlen(name);
+    return (!strncmp(name, "model-", 6) && l > 12 && !strcmp(name + l - 12, ".safetensors")) ||
+           (!strncmp(name, "pytorch_model-", 14) && l > 4 && !strcmp(name + l - 4, ".bin"));
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+tk_status tk_ckpt_claim_output_dir(const tk_config *c, tk_err *err) {
+    const char *out = c->output_dir;
+    if (!out[0]) return TK_OK;
+    tk_err me = {0};
+    if (tk_mkdirs(out, &me) != TK_OK) {
+        tk_err_set(err, TK_EIO, "output_dir %s; nothing was trained", me.msg);
+        return TK_EIO;
+    }
+    char p[TK_PATH_MAX * 2];
+    snprintf(p, sizeof p, "%s/%s", out, TK_OUTPUT_MANIFEST);
+    int ours = access(p, F_OK) == 0, n = 0, cap = 0;
+    char **foreign = NULL;
+    DIR *d = opendir(out);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        int64_t step;
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", out, e->d_name);
+        int ckpt = step_of(e->d_name, &step) && stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+        if (ckpt && tk_ckpt_is_ours(p, NULL, 0)) {
+            ours = 1; /* an earlier txkernel run's folder (before the manifest) */
+            continue;
+        }
+        if (!ckpt && !model_file(e->d_name)) continue;
+        if (n == cap) {
+            char **v = tk_realloc(foreign, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *v);
+            if (!v) break;
+            foreign = v;
+        }
+        if (!(foreign[n] = tk_strdup(e->d_name))) break;
+        n++;
+    }
+    if (d) closedir(d);
+    tk_status st = TK_OK;
+    if (!ours && n && !c->overwrite) {
+        qsort(foreign, (size_t)n, sizeof *foreign, cmp_str);
+        char list[640] = "";
+        size_t k = 0;
+        for (int i = 0; i < n && k + 1 < sizeof list; i++) {
+            int w = i < 12 ? snprintf(list + k, sizeof list - k, "%s%s", i ? ", " : "", foreign[i])
+                           : snprintf(list + k, sizeof list - k, " and %d more", n - i);
+            if (w < 0) break;
+            k += (size_t)w;
+            if (i >= 12) break;
+        }
+        tk_err_set(err, TK_EINVAL,
+                   "output_dir %s holds a model or checkpoints txkernel did not write: %s. Nothing was trained "
+                   "and they are left as they are. Give another output_dir, or overwrite: true to write this run "
+                   "there (its checkpoint-STEP rotation still removes only txkernel's own)",
+                   out, list);
+        st = TK_EINVAL;
+    }
+    for (int i = 0; i < n; i++) free(foreign[i]);
+    free(foreign);
+    if (st != TK_OK) return st;
+    /* mark the folder as this run's: a later run and its resume go on in it */
+    snprintf(p, sizeof p, "%s/%s", out, TK_OUTPUT_MANIFEST);
+    if (access(p, F_OK) == 0) return TK_OK;
+    json_t *j = json_pack("{s:s, s:s}", "format", MANIFEST_FORMAT, "what",
+                          "txkernel wrote this folder's model files and its checkpoint-STEP folders; a txkernel run "
+                          "writes into it again (a folder without this file that holds a model is refused unless "
+                          "overwrite: true)");
+    if (!j) {
+        tk_err_set(err, TK_ENOMEM, "%s: out of host memory", p);
+        return TK_ENOMEM;
+    }
+    st = tk_write_json_atomic(p, j, JSON_INDENT(1), err);
+    json_decref(j);
+    return st;
+}
+
 int tk_ckpt_is_checkpoint(const char *dir) {
     char p[TK_PATH_MAX * 2];
     snprintf(p, sizeof p, "%s/%s", dir, STATE_FILE);
@@ -454,8 +562,14 @@ int tk_ckpt_is_checkpoint(const char *dir) {
  * must not delete its own checkpoint. */
 static void prune(const char *out_dir, int keep, int64_t mine) {
     int64_t *steps = NULL;
-    int n = tk_ckpt_list(out_dir, &steps);
+    int n = tk_ckpt_list(out_dir, &steps), m = 0;
     char p[TK_PATH_MAX * 2];
+    /* only txkernel's own: another trainer's checkpoint-500 is neither counted nor removed */
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/checkpoint-%lld", out_dir, (long long)steps[i]);
+        if (tk_ckpt_is_ours(p, NULL, 0)) steps[m++] = steps[i];
+    }
+    n = m;
     for (int i = 0; i < n; i++)
         if (steps[i] == mine) {
             memmove(steps + 1, steps, (size_t)i * sizeof *steps);

@@ -352,6 +352,7 @@ static const keydef KEYS[] = {
     SPEC("save_every", "train", set_save_every, get_save_every, "checkpoint-STEP in output_dir every N steps, or every 10min / 30s / 2h; 0 = at each epoch's end"),
     INT("keep_checkpoints", "train", keep_checkpoints, 0, BIG, "checkpoint-STEP folders kept (the newest); 0 = all"),
     ENUM("save_error", "train", save_error_stop, save_error_names, "a failed save (disk full): stop the run there (default) or continue training"),
+    INT("overwrite", "train", overwrite, 0, 1, "true: write into an output_dir that holds a model or checkpoints txkernel did not write; false (default): refuse it, naming them"),
 
     ENUM("device", "device", device, device_names, "auto (cuda if present, else cpu), cpu, cuda or meta (plan only)"),
     {"capacity", "device", K_BYTES, OFF(capacity), 0, 0, NULL, NULL, NULL, "simulated device memory (7.43GiB, 800MiB, bytes); 0 = the device's"},
@@ -380,7 +381,7 @@ static const struct { const char *alias, *key; } ALIASES[] = {
     {"label", "label_col"}, {"text_pair", "text_pair_col"}, {"profile", "gpu"},
     {"memory", "capacity"}, {"name", "model"}, {"path", "model"},
     {"save_steps", "save_every"}, {"save_total_limit", "keep_checkpoints"},
-    {"resume_from_checkpoint", "resume_from"},
+    {"resume_from_checkpoint", "resume_from"}, {"overwrite_output_dir", "overwrite"},
     {"attention_probs_dropout_prob", "attention_dropout"}, {"hidden_dropout_prob", "dropout"},
     {"ddp_bucket_cap_mb", "bucket_cap_mb"},
 };

@@ -80,6 +80,26 @@ int tk_ckpt_list(const char *dir, int64_t **steps);
 /* 1: dir holds a trainer_state.json (a checkpoint, not a bare HF folder). */
 int tk_ckpt_is_checkpoint(const char *dir);
 
+/* 1: checkpoint folder dir was written by txkernel (its trainer_state.json
+ * carries txkernel's format); else 0 with why (wn bytes, may be NULL) saying
+ * whose it is as far as the file shows (a transformers Trainer's, ...).
+ * Rotation removes, and resume_from: auto takes, only txkernel's. */
+int tk_ckpt_is_ours(const char *dir, char *why, size_t wn);
+
+/* The file that marks an output_dir as txkernel's (written by
+ * tk_ckpt_claim_output_dir). */
+#define TK_OUTPUT_MANIFEST "txkernel_output.json"
+
+/* Before a run writes into c->output_dir (made now, as mkdir -p): an
+ * output_dir that holds a model or checkpoints txkernel did not write (HF
+ * weights or config, a Trainer's state, another tool's checkpoint-STEP) and
+ * no TK_OUTPUT_MANIFEST nor txkernel checkpoint is refused, TK_EINVAL with
+ * err naming the files, nothing in it touched, unless c->overwrite; an
+ * output_dir of txkernel's (its earlier run, to resume) is taken as it is.
+ * Then the manifest is written if missing. TK_EIO when the folder cannot
+ * be made or marked. "" output_dir: TK_OK, nothing done. */
+tk_status tk_ckpt_claim_output_dir(const tk_config *c, tk_err *err);
+
 /* Checks that every file the state records has its size and checksum, and
  * that the state itself parses. TK_EIO naming the file otherwise. */
 tk_status tk_ckpt_verify(const char *dir, tk_err *err);

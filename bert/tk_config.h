@@ -135,6 +135,7 @@ typedef struct tk_config {
     int save_every_s;          /* instead, every N seconds of training (save_every: 10min) */
     int keep_checkpoints;      /* checkpoint-STEP folders kept in output_dir (newest); 0 = all */
     int save_error_stop;       /* 1 (default): a failed save (disk full) stops the run; 0: it goes on */
+    int overwrite;             /* 1: write into an output_dir holding a model txkernel did not write */
 } tk_config;
 
 /* HF-like defaults: bert-base-cased, max_len 128, batch 32, 3 epochs, lr 2e-5,

@@ -275,19 +275,26 @@ static tk_status pick_resume(const tk_config *c, const tk_train_callbacks *cb, c
         return TK_EINVAL;
     }
     int64_t *steps = NULL;
-    int n = tk_ckpt_list(c->output_dir, &steps);
+    int n = tk_ckpt_list(c->output_dir, &steps), mine = 0;
     for (int i = 0; i < n && !dir[0]; i++) {
         snprintf(dir, dn, "%s/checkpoint-%lld", c->output_dir, (long long)steps[i]);
         tk_err e = {0};
+        char why[256];
+        if (!tk_ckpt_is_ours(dir, why, sizeof why)) {
+            note(cb, "resume_from auto: passing over checkpoint-%lld: %s", (long long)steps[i], why);
+            dir[0] = 0;
+            continue;
+        }
+        mine++;
         if (tk_ckpt_verify(dir, &e) != TK_OK) {
             note(cb, "resume_from auto: passing over checkpoint-%lld: %s", (long long)steps[i], e.msg);
             dir[0] = 0;
         }
     }
     free(steps);
-    if (n > 0 && !dir[0]) {
+    if (mine > 0 && !dir[0]) {
         tk_err_set(err, TK_EIO, "resume_from: auto: none of the %d checkpoints in %s is complete (see the notes)",
-                   n, c->output_dir);
+                   mine, c->output_dir);
         return TK_EIO;
     }
     if (!dir[0])
@@ -364,6 +371,11 @@ static tk_status run_begin(run *R, tk_err *err) {
     R->log_every = c->log_every > 0 ? c->log_every : 10;
     R->every_epoch = c->save_every <= 0 && c->save_every_s <= 0;
     R->vocab = R->cb && R->cb->vocab_file ? R->cb->vocab_file : c->vocab;
+    /* nothing is written into a folder holding another model's files (the
+     * session refuses it before any weight is fetched; this holds for
+     * every caller) */
+    tk_status st = tk_ckpt_claim_output_dir(c, err);
+    if (st != TK_OK) return st;
     /* the result reports the scaler whatever happens */
     tk_loss_scaler_init(&R->t.scaler, c->precision);
     R->order = tk_malloc((size_t)R->n_train * sizeof *R->order);

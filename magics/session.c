@@ -421,15 +421,10 @@ static tk_status prepare_run(const tk_config *cc, tk_dev *d, const tk_run_hooks 
     else
         note(h, "training on the cpu%s%s", cc->capacity ? ", memory limited to capacity: " : "",
              cc->capacity ? tk_format_bytes(info.total, b, sizeof b) : "");
-    if (cc->output_dir[0]) {
-        tk_err me = {0};
-        if (tk_mkdirs(cc->output_dir, &me) != TK_OK) {
-            tk_err_set(err, TK_EIO, "output_dir %s; nothing was trained", me.msg);
-            r->save_stopped = 1;
-            return TK_EIO;
-        }
-    }
-    return TK_OK;
+    /* made (mkdir -p) and taken as this run's, or refused when it holds another model's files */
+    tk_status st = tk_ckpt_claim_output_dir(cc, err);
+    if (st == TK_EIO) r->save_stopped = 1;
+    return st;
 }
 
 /* The model of the run on d (*out), with what output_dir gets beside the
@@ -491,7 +486,13 @@ static tk_status train_model(tk_session *s, tk_config *cc, tk_model *m, const tk
     tk_train_callbacks cb = {.on_progress = run_progress, .on_epoch = run_epoch, .ud = &x,
                              .on_note = run_note, .vocab_file = data->vocab_path};
     int64_t *ck = NULL;
-    int nck = cc->resume_from[0] ? 0 : tk_ckpt_list(cc->output_dir, &ck);
+    int nck = cc->resume_from[0] ? 0 : tk_ckpt_list(cc->output_dir, &ck), mine = 0;
+    for (int i = 0; i < nck; i++) {
+        char p[TK_PATH_MAX + 32];
+        snprintf(p, sizeof p, "%s/checkpoint-%lld", cc->output_dir, (long long)ck[i]);
+        if (tk_ckpt_is_ours(p, NULL, 0)) ck[mine++] = ck[i];
+    }
+    nck = mine;
     if (nck > 0)
         note(h, "output_dir %s already holds %d checkpoint(s), the newest checkpoint-%lld; this run starts at "
              "step 0. To go on from there instead: resume_from: auto (or a new output_dir for a new run)",

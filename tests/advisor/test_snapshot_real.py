@@ -88,9 +88,12 @@ def test_decoders_are_not_called_bert(name, family):
 
 def test_llm_oom_weights_fill_the_card_first_fix_shrinks_them():
     """10.95 of the 11.03 GiB are 16-bit weights (about 5.9B parameters so
-    far): the fixes are 4/8-bit loading, offload, a smaller model or a
-    bigger card, never `del`."""
-    j = mem_json(real("llm_oom.pickle"))
+    far): judged against a card of 11.5 GiB, the fixes are 4/8-bit loading,
+    offload, a smaller model or a bigger card, never `del`. The file holds no
+    OOM event: without the card's size, capacity is not claimed."""
+    assert mem_json(real("llm_oom.pickle"))["diagnoses"] == []
+    assert "no device capacity was given" in mem(real("llm_oom.pickle"))
+    j = mem_json(real("llm_oom.pickle"), "--capacity", "11.5GiB")
     assert j["diagnoses"][0]["id"] == "capacity", j["diagnoses"]
     assert j["model"]["param_bytes"] > 10.9 * 2**30 and j["model"]["dtype"] == "fp16/bf16", j["model"]
     ids = [f["id"] for f in j["fixes"]]

@@ -10,6 +10,13 @@
   training, non-zero, naming the path; a save that fails mid-run stops the
   run there, non-zero, naming the path, and keeps the last good checkpoint.
 
+- Nothing overwrites a model this run did not make (issue 35): a folder
+  holding a transformers Trainer's model and checkpoints is refused by
+  `txk train` and `%%txtrain`, naming the files and leaving them byte for
+  byte; with `overwrite: true` the run goes there, its rotation removes only
+  its own checkpoints, and resume_from: auto says why it passes over the
+  Trainer's.
+
 Root ignores permission bits, so "unwritable" is made two ways: a parent
 that is a regular file (as root), and a read-only parent for the
 unprivileged user `nobody` (setpriv), when setpriv is there.
@@ -207,3 +214,100 @@ def test_a_save_that_fails_mid_run_stops_it_and_keeps_the_last_checkpoint():
     rc, _, err2 = txk("train", c, "resume_from=auto")
     assert rc == 0, err2
     assert "resumed from" in err2, err2
+
+
+# ---- another model's folder (issue 35) --------------------------------------------------------------------------
+
+# What a transformers Trainer leaves in its output_dir: checkpoint-500 and checkpoint-1000 as _save_checkpoint
+# writes them (the model as save_pretrained writes it, optimizer.pt, scheduler.pt, rng_state.pth, the
+# TrainerState's own trainer_state.json, training_args.bin), then save_model's config.json, model.safetensors
+# and training_args.bin. Written by the torch2 row's transformers and torch; its TrainingArguments needs
+# accelerate, which the row lacks, so training_args.bin pickles the arguments as a dict.
+TRAINER = r'''
+import os, sys
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+from transformers.trainer_callback import TrainerState
+out = sys.argv[1]
+torch.manual_seed(0)
+model = BertForSequenceClassification(BertConfig(vocab_size=64, hidden_size=8, num_hidden_layers=1,
+                                                 num_attention_heads=2, intermediate_size=16,
+                                                 max_position_embeddings=16))
+args = {"output_dir": out, "save_steps": 500, "report_to": []}
+opt = torch.optim.AdamW(model.parameters(), lr=5e-5)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+for step in (500, 1000):
+    d = os.path.join(out, f"checkpoint-{step}")
+    model.save_pretrained(d)
+    torch.save(opt.state_dict(), os.path.join(d, "optimizer.pt"))
+    torch.save(sched.state_dict(), os.path.join(d, "scheduler.pt"))
+    torch.save({"cpu": torch.random.get_rng_state()}, os.path.join(d, "rng_state.pth"))
+    TrainerState(global_step=step, max_steps=1000, save_steps=500, epoch=step / 500).save_to_json(
+        os.path.join(d, "trainer_state.json"))
+    torch.save(args, os.path.join(d, "training_args.bin"))
+model.save_pretrained(out)
+torch.save(args, os.path.join(out, "training_args.bin"))
+'''
+FOREIGN = ("checkpoint-1000", "checkpoint-500", "config.json", "model.safetensors", "training_args.bin")
+
+
+@pytest.fixture(scope="module")
+def trainer_results():
+    t2 = os.path.join(ROOT, ".venv-t2", "bin", "python")
+    assert os.path.exists(t2), "the torch2 row (.venv-t2) is missing: it writes the Trainer's folder"
+    d = os.path.join(TMP, "trainer_results")
+    r = subprocess.run([t2, "-c", TRAINER, d], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(d)) == sorted(FOREIGN)
+    return d
+
+
+def small_run(**over):
+    return tiny(max_examples=128, epochs=1, vocab=os.path.join(DATA, "vocab_uncased.txt"), vocab_size=None, **over)
+
+
+def test_training_into_another_models_folder_is_refused(trainer_results):
+    """txk train and %%txtrain into a Trainer's ./results: refused before
+    training, non-zero (an error in the kernel), every file named, the
+    folder byte for byte as it was (nothing added either)."""
+    before = tree_hashes(trainer_results)
+    c = write_cfg("foreign.yaml", **small_run(output_dir=trainer_results))
+    rc, out, err = txk("train", c)
+    assert rc != 0, out
+    assert all(f in err for f in FOREIGN) and "overwrite: true" in err and "Nothing was trained" in err, err
+    assert "epoch 1/1" not in err and "Per epoch" not in out
+    km, kc = u.start()
+    try:
+        reply, outs = u.run_cell(kc, "%%txtrain\n" + yaml(**small_run(output_dir=trainer_results)), timeout=120)
+    finally:
+        u.stop(km, kc)
+    assert reply["content"]["status"] == "error", outs
+    assert all(f in reply["content"]["evalue"] for f in FOREIGN), reply["content"]
+    assert tree_hashes(trainer_results) == before
+
+
+def test_overwrite_trains_there_and_rotation_keeps_the_trainers_checkpoints(trainer_results):
+    """overwrite: true writes the run there; rotation (keep_checkpoints: 1)
+    removes only txkernel's own checkpoints, the Trainer's two stay byte
+    for byte; the folder is marked txkernel's, so a run goes on in it, and
+    resume_from: auto says why it passes over the Trainer's checkpoints."""
+    d = os.path.join(TMP, "trainer_results_overwritten")
+    shutil.copytree(trainer_results, d)
+    theirs = {k: v for k, v in tree_hashes(d).items() if k.startswith("checkpoint-")}
+    c = write_cfg("overwrite.yaml", **small_run(output_dir=d, overwrite=True, save_every=2, keep_checkpoints=1))
+    rc, out, err = txk("train", c)
+    assert rc == 0, err
+    after = tree_hashes(d)
+    assert {k: v for k, v in after.items() if k in theirs} == theirs
+    ours = sorted(n for n in os.listdir(d) if n.startswith("checkpoint-") and n not in ("checkpoint-500", "checkpoint-1000"))
+    assert ours == ["checkpoint-4"], ours
+    assert os.path.isfile(os.path.join(d, "txkernel_output.json"))
+    assert accuracy(d) >= 0  # the model there is this run's, and predicts
+    c2 = write_cfg("overwrite_resume.yaml", **small_run(output_dir=d, save_every=2, keep_checkpoints=1,
+                                                        resume_from="auto"))
+    rc, out, err = txk("train", c2)
+    assert rc == 0, err
+    for step in (500, 1000):
+        assert f"passing over checkpoint-{step}: another trainer's checkpoint" in err, err
+    assert f"resumed from {d}/checkpoint-4" in err, err
+    assert {k: v for k, v in tree_hashes(d).items() if k in theirs} == theirs

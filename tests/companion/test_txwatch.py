@@ -1,8 +1,10 @@
 """%%txwatch and %txmem --torch in the stock python3 kernel, on the CPU, with
 a stand-in for torch.cuda (this machine has no GPU): the stand-in's
 memory._snapshot() serves the real OOM snapshot in tests/data/pytorch_snapshots
-and the cell raises its OutOfMemoryError. The cell shows the diagnosis
-(live tensors fill the device: capacity) in place of a bare traceback, the
+and the cell raises its OutOfMemoryError; its device reports 11.5 GiB. The
+file holds no OOM event, so the companion passes the device's size
+(--capacity) and the cell shows the diagnosis (live tensors fill the device:
+capacity) in place of a bare traceback, the
 traceback stays available (%tb), recording is switched on and off around the
 cell, other exceptions pass through untouched, and without CUDA each magic
 says so in one line. On a GPU, make test-gpu's companion check uses the real
@@ -23,10 +25,13 @@ class OutOfMemoryError(RuntimeError):
 memory = types.SimpleNamespace(
     _record_memory_history=lambda enabled="all", **kw: calls.append(enabled),
     _snapshot=lambda: pickle.load(open({SNAP!r}, "rb")))
-cuda = types.SimpleNamespace(is_available=lambda: AVAILABLE, OutOfMemoryError=OutOfMemoryError, memory=memory)
+cuda = types.SimpleNamespace(is_available=lambda: AVAILABLE, OutOfMemoryError=OutOfMemoryError, memory=memory,
+                             current_device=lambda: 0,
+                             get_device_properties=lambda d: types.SimpleNamespace(total_memory=TOTAL))
 torch = types.ModuleType("torch")
 torch.cuda = cuda
 AVAILABLE = True
+TOTAL = 11 * 2**30 + 2**29  # the card the stand-in reports: 11.5 GiB
 sys.modules["torch"] = torch
 """
 
@@ -51,7 +56,7 @@ def test_txwatch_diagnoses_the_oom_of_the_cell(py):
                            "'CUDA out of memory. Tried to allocate 20.00 MiB')", timeout=120)
     seen = shown(outs)
     assert rep["status"] == "ok", seen
-    assert "CUDA out of memory in this cell" in seen and "capacity" in seen.lower(), seen
+    assert "CUDA out of memory in this cell" in seen and "1. capacity: live tensors fill the device" in seen, seen
     assert "(the traceback: %tb)" in seen
     assert not [o for o in outs if o["msg_type"] == "error"]
     rep, outs = cu.run(kc, "print(calls, x)")
@@ -75,6 +80,7 @@ def test_txmem_torch_reads_the_live_snapshot(py):
     js = [o["content"]["data"]["application/json"] for o in outs
           if "application/json" in (o["content"].get("data") or {})]
     assert js and js[-1]["reserved"] == 11844714496 and js[-1]["allocated"] == 11840159744
+    assert js[-1]["capacity"] == 11 * 2**30 + 2**29  # the device's, as torch reports it
 
 
 def test_without_cuda_one_line(py):

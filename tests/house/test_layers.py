@@ -2,8 +2,10 @@
 no circle between files in the call graph (who calls whom, from `nm` of each
 release object) nor in the include graph, calls and includes only go down
 the module stack (cli -> magics -> advisor -> torchplan -> bert -> gpu / kernel), and no
-file outside gpu/ includes the cuda plugin's header."""
-import collections, glob, os, re, subprocess
+file outside gpu/ includes the cuda plugin's header; the PyTorch snapshot
+reader's files go one way, decode -> trace -> owners and frames -> peak ->
+leak -> diagnosis (issue 35)."""
+import collections, functools, glob, os, re, subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK = {"cli": 6, "magics": 5, "advisor": 4, "torchplan": 3, "bert": 2, "gpu": 1, "kernel": 1}
@@ -51,6 +53,7 @@ def cycles(edges):
     return out
 
 
+@functools.lru_cache(maxsize=None)  # one nm pass over the objects serves every test (read only)
 def call_graph():
     objs = sorted(glob.glob(os.path.join(ROOT, "build", "rel", "*", "*.o")))
     assert objs, "build/rel holds no objects: run make first"
@@ -79,6 +82,7 @@ def sources():
     return sorted(os.path.relpath(p, ROOT) for p in out)
 
 
+@functools.lru_cache(maxsize=None)
 def include_graph():
     files = sources()
     by_name = {os.path.basename(f): f for f in files}
@@ -103,6 +107,27 @@ def test_calls_and_includes_go_down_the_stack():
     bad = [f"{a} -> {b}" for g in (call_graph(), include_graph()) for a in sorted(g) for b in sorted(g[a])
            if not allowed(a, b) and not b.startswith("gpu/cuda/") and not a.startswith("gpu/cuda/")]
     assert bad == []
+
+
+# The PyTorch snapshot reader's files in the one direction they go (issue 35): each calls and includes
+# only those before it. decode (the file into records), trace (replayed as the caching allocator ran it),
+# owners and frames, the peak, the leak, the diagnosis, the entry points (snapshot.c), the model and its
+# plan, the report. snapshot_write.c (the other way: a txkernel run as a snapshot) stands apart.
+SNAPSHOT_ORDER = ["snapshot_decode", "snapshot_trace", "snapshot_frames", "snapshot_peak", "snapshot_leak",
+                  "snapshot_diagnose", "snapshot", "snapshot_plan", "snapshot_report"]
+
+
+def test_the_snapshot_reader_goes_one_way():
+    rank = {f"advisor/{stem}{ext}": i for i, stem in enumerate(SNAPSHOT_ORDER) for ext in (".c", ".h")}
+    present = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "advisor", "snapshot*.[ch]"))}
+    assert present - set(rank) == {"advisor/snapshot_write.c"}, "a snapshot file with no place in SNAPSHOT_ORDER"
+    back = [f"{a} -> {b}" for g in (call_graph(), include_graph()) for a in sorted(g) for b in sorted(g[a])
+            if a in rank and b in rank and rank[b] > rank[a]]
+    assert back == [], "a snapshot file uses one after it"
+    # each layer is used: the entry points reach every layer before them
+    calls = call_graph()
+    assert {b for b in calls["advisor/snapshot.c"] if b in rank} == \
+        {f"advisor/{s}.c" for s in SNAPSHOT_ORDER[:SNAPSHOT_ORDER.index("snapshot")]}, calls["advisor/snapshot.c"]
 
 
 def test_the_cuda_plugins_header_stays_in_gpu():

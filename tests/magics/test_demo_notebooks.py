@@ -248,7 +248,9 @@ def test_04_pytorch_snapshot():
     show, as_json = cells
     assert not errors(show) and not errors(as_json)
     t = text(show)
-    assert "reserved 11.03 GiB" in t and "1. capacity:" in t and "fragmentation" not in t, t
+    # no OOM event in the file and no card given: the figures, and nothing claimed of the card yet
+    assert "reserved 11.03 GiB" in t and "1. capacity:" not in t and "fragmentation" not in t, t
+    assert "no device capacity was given" in t, t
     shown = [o.data for o in show.outputs if "text/html" in o.get("data", {})]
     assert shown and "<svg" in shown[0]["image/svg+xml"] and "expandable_segments" not in shown[0]["text/html"]
     with open(os.path.join(ROOT, "tests", "data", "pytorch_snapshots", "llm_oom.pickle"), "rb") as f:

@@ -413,8 +413,8 @@ static void test_checkpoint_roundtrip_and_oom_safety(void) {
     tk_train_result_clear(&r);
     char *after = slurp(st_path, &n_after);
     TK_CHECK(after && n_after == n_before && memcmp(before, after, n_before) == 0);
-    /* no temp files left behind: the HF folder's two files and the two
-     * epochs' checkpoint folders */
+    /* no temp files left behind: the HF folder's two files, the two
+     * epochs' checkpoint folders and the mark that the folder is ours */
     DIR *dd = opendir(dir);
     int files = 0;
     struct dirent *de;
@@ -423,11 +423,12 @@ static void test_checkpoint_roundtrip_and_oom_safety(void) {
             continue;
         files++;
         TK_CHECK_MSG(strcmp(de->d_name, "model.safetensors") == 0 || strcmp(de->d_name, "config.json") == 0 ||
-                     strncmp(de->d_name, "checkpoint-", 11) == 0, "unexpected file %s", de->d_name);
+                     strcmp(de->d_name, "txkernel_output.json") == 0 || strncmp(de->d_name, "checkpoint-", 11) == 0,
+                     "unexpected file %s", de->d_name);
     }
     if (dd)
         closedir(dd);
-    TK_CHECK_EQ_INT(files, 4);
+    TK_CHECK_EQ_INT(files, 5);
     char rm[700];
     snprintf(rm, sizeof rm, "rm -rf %s", dir);
     TK_CHECK(system(rm) == 0);

@@ -141,11 +141,9 @@ void tk_session_device_now(tk_session *s, const tk_config *c, size_t *free_now, 
 }
 
 size_t tk_session_capacity_of(const tk_config *c) {
-    if (c->capacity) return c->capacity;
-    const tk_gpu_profile *p = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
     /* a GPU profile on cuda describes another card: the real one decides */
-    if (p && c->device != TK_DEVICE_CUDA) return tk_gpu_profile_budget(p);
-    return 0;
+    if (!c->capacity && c->device == TK_DEVICE_CUDA) return 0;
+    return tk_config_capacity(c);
 }
 
 static tk_dev *open_dev(tk_dev_kind kind, size_t cap, int threads, int card_buffers, tk_err *err) {

@@ -75,7 +75,8 @@ typedef struct {
     int ne;
     size_t scratch;               /* allocated and freed inside the backward op */
     int gemm;                     /* its backward runs cuBLAS GEMMs (a Linear, a bmm) */
-    int64_t bias_rows, bias_out;  /* a Linear's bias: its gradient sums (rows, out) over rows */
+    int64_t bias_rows, bias_out;  /* a Linear whose bias gets a gradient (its last edge): the sum of the
+                                     (rows, out) gradient over rows; 0 when the bias is frozen */
     int gbuf;                     /* the gradient arriving here (a tensor, -1 none) */
     int owner;
     int layer;                    /* the checkpointed layer it belongs to, -1 none */
@@ -320,6 +321,16 @@ static void nedge(sim *s, int n, int to_node, int to_param, size_t bytes, int pa
     x->e[x->ne++] = (edge){to_node, to_param, bytes, pass};
 }
 
+/* The bias edge of a Linear's node n (its last), for the (rows, out) sum
+ * its gradient is: marked only when nedge added it (a frozen bias adds
+ * none), so backward knows the sum runs. */
+static void nedge_bias(sim *s, int n, int to_node, int to_param, size_t rows, size_t out, size_t esz) {
+    if (n < 0 || s->recompute) return;
+    int ne = s->n[n].ne;
+    nedge(s, n, to_node, to_param, out * esz, 0);
+    if (s->n[n].ne > ne) s->n[n].bias_rows = (int64_t)rows, s->n[n].bias_out = (int64_t)out;
+}
+
 /* ---- parameters ------------------------------------------------------------------ */
 
 static int pnew(sim *s, size_t numel, int trainable) {
@@ -468,17 +479,17 @@ static var linear(sim *s, cast_cache *cc, var x, int pw, int pb, size_t rows, si
     int y = tnew(s, rows * out * s->act);
     blas_gemm(s, 1);
     int n = nnew(s);
-    if (n >= 0) s->n[n].gemm = 1, s->n[n].bias_rows = (int64_t)rows, s->n[n].bias_out = (int64_t)out;
+    if (n >= 0) s->n[n].gemm = 1;
     nsave(s, n, xin.t);
     if (w.t >= 0) nsave(s, n, w.t);
     else if (!s->bf16 && !s->fp16) psave(s, n, pw); /* addmm keeps weight.t() */
     nedge(s, n, xin.node, -1, tbytes(s, xin), 0);
     if (s->bf16 || s->fp16) {
         nedge(s, n, w.node, -1, in * out * 2, 0);
-        nedge(s, n, b.node, -1, out * 2, 0);
+        nedge_bias(s, n, b.node, -1, rows, out, 2);
     } else {
         nedge(s, n, -1, pw, in * out * 4, 0);
-        nedge(s, n, -1, pb, out * 4, 0);
+        nedge_bias(s, n, -1, pb, rows, out, 4);
     }
     vdrop(s, xin);
     vdrop(s, w);
@@ -886,12 +897,12 @@ static var head_loss(sim *s, cast_cache *cc, var seq_out, var emb_out, const par
             int y = tnew(s, B * H * 4);
             blas_gemm(s, 1);
             int n = nnew(s);
-            if (n >= 0) s->n[n].gemm = 1, s->n[n].bias_rows = (int64_t)B, s->n[n].bias_out = (int64_t)H;
+            if (n >= 0) s->n[n].gemm = 1;
             nsave(s, n, first.t);
             psave(s, n, p->pool_w);
             nedge(s, n, sel, -1, B * H * 4, 0);
             nedge(s, n, -1, p->pool_w, H * H * 4, 0);
-            nedge(s, n, -1, p->pool_b, H * 4, 0);
+            nedge_bias(s, n, -1, p->pool_b, B, H, 4);
             tdrop(s, first.t);
             pl = (var){y, n};
         }
@@ -991,10 +1002,7 @@ static void run_node(sim *s, int i) {
     }
     if (g >= 0 && x->gemm) blas_gemm(s, 0);
     x = &s->n[i];
-    /* the bias's gradient, when one was asked for: its edge is the last */
-    if (g >= 0 && x->bias_out && x->ne > 0 && outs[x->ne - 1] >= 0 &&
-        s->t[outs[x->ne - 1]].bytes <= (size_t)x->bias_out * 4)
-        bias_sum_scratch(s, x->bias_rows, x->bias_out);
+    if (g >= 0 && x->bias_out && outs[x->ne - 1] >= 0) bias_sum_scratch(s, x->bias_rows, x->bias_out);
     x = &s->n[i];
     if (g >= 0 && x->scratch) ttmp(s, x->scratch);
     for (int k = 0; k < x->nsaved; k++) {

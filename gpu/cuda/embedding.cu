@@ -185,15 +185,35 @@ __global__ void k_embed_rows(void *dtable, int dtd, const float *scratch, const 
 
 extern "C" {
 
+/* out[i,:] = in[idx[i],:] for n rows of C: embed_fwd's and gather_rows'
+ * kernel, `op` naming the caller in errors. */
+static tk_status gather(void *ctx, const char *op, tk_tensor *out, const tk_tensor *in, const tk_tensor *idx,
+                        int64_t n, int64_t C) {
+    NEED_FLOAT(op, out); NEED_FLOAT(op, in); NEED_I32(op, idx);
+    if (n * C == 0) return TK_OK;
+    int64_t rows = rows_of(in, C);
+    TK_LAUNCH(k_gather, grid_for(n * C), THREADS)(out->data, DT(out), in->data, DT(in), (const int32_t *)idx->data,
+                                                  n, C, rows, CTX->flags);
+    TK_CU_LAUNCHED(op);
+    return TK_OK;
+}
+
+/* din[idx[i],:] += dout[i,:], one thread per column walking the rows in
+ * order: scatter_add_rows' kernel and embed_bwd's reference. */
+static tk_status scatter_add(void *ctx, const char *op, tk_tensor *din, const tk_tensor *dout, const tk_tensor *idx,
+                             int64_t n, int64_t C) {
+    NEED_FLOAT(op, din); NEED_FLOAT(op, dout); NEED_I32(op, idx);
+    if (n * C == 0) return TK_OK;
+    int64_t rows = rows_of(din, C);
+    TK_LAUNCH(k_scatter_add, (unsigned)((C + SCATTER_THREADS - 1) / SCATTER_THREADS), SCATTER_THREADS)(
+        din->data, DT(din), dout->data, DT(dout), (const int32_t *)idx->data, n, C, rows, CTX->flags);
+    TK_CU_LAUNCHED(op);
+    return TK_OK;
+}
+
 tk_status tk_cuda_embed_fwd(void *ctx, tk_tensor *out, const tk_tensor *ids, const tk_tensor *table,
                             int64_t n, int64_t C) {
-    NEED_FLOAT("embed_fwd", out); NEED_FLOAT("embed_fwd", table); NEED_I32("embed_fwd", ids);
-    if (n * C == 0) return TK_OK;
-    int64_t rows = rows_of(table, C);
-    TK_LAUNCH(k_gather, grid_for(n * C), THREADS)(out->data, DT(out), table->data, DT(table),
-                                           (const int32_t *)ids->data, n, C, rows, CTX->flags);
-    TK_CU_LAUNCHED("k_gather (embed_fwd)");
-    return TK_OK;
+    return gather(ctx, "embed_fwd", out, table, ids, n, C);
 }
 
 tk_status tk_cuda_embed_bwd(void *ctx, tk_tensor *dtable, const tk_tensor *ids, const tk_tensor *dout,
@@ -222,33 +242,17 @@ tk_status tk_cuda_embed_bwd(void *ctx, tk_tensor *dtable, const tk_tensor *ids, 
         TK_CU_LAUNCHED("k_embed_rows");
         return TK_OK;
     }
-    TK_LAUNCH(k_scatter_add, (unsigned)((C + SCATTER_THREADS - 1) / SCATTER_THREADS), SCATTER_THREADS)(
-        dtable->data, DT(dtable), dout->data, DT(dout), (const int32_t *)ids->data, n, C, rows, CTX->flags);
-    TK_CU_LAUNCHED("k_scatter_add (embed_bwd)");
-    return TK_OK;
+    return scatter_add(ctx, "embed_bwd", dtable, dout, ids, n, C);
 }
 
 tk_status tk_cuda_gather_rows(void *ctx, tk_tensor *out, const tk_tensor *in, const tk_tensor *idx,
                               int64_t n, int64_t C) {
-    NEED_FLOAT("gather_rows", out); NEED_FLOAT("gather_rows", in); NEED_I32("gather_rows", idx);
-    if (n * C == 0) return TK_OK;
-    int64_t rows = rows_of(in, C);
-    TK_LAUNCH(k_gather, grid_for(n * C), THREADS)(out->data, DT(out), in->data, DT(in),
-                                           (const int32_t *)idx->data, n, C, rows, CTX->flags);
-    TK_CU_LAUNCHED("k_gather (gather_rows)");
-    return TK_OK;
+    return gather(ctx, "gather_rows", out, in, idx, n, C);
 }
 
 tk_status tk_cuda_scatter_add_rows(void *ctx, tk_tensor *din, const tk_tensor *dout,
                                    const tk_tensor *idx, int64_t n, int64_t C) {
-    NEED_FLOAT("scatter_add_rows", din); NEED_FLOAT("scatter_add_rows", dout);
-    NEED_I32("scatter_add_rows", idx);
-    if (n * C == 0) return TK_OK;
-    int64_t rows = rows_of(din, C);
-    TK_LAUNCH(k_scatter_add, (unsigned)((C + SCATTER_THREADS - 1) / SCATTER_THREADS), SCATTER_THREADS)(
-        din->data, DT(din), dout->data, DT(dout), (const int32_t *)idx->data, n, C, rows, CTX->flags);
-    TK_CU_LAUNCHED("k_scatter_add (scatter_add_rows)");
-    return TK_OK;
+    return scatter_add(ctx, "scatter_add_rows", din, dout, idx, n, C);
 }
 
 } /* extern "C" */

@@ -20,7 +20,7 @@
  * (2KangHo/vdsr_pytorch#2, 2020-05-10; 15.89 in 2.x messages). V100-16 15.78,
  * A100-40 39.59, A100-80 79.15, L4 22.03 (22.03-22.07 with other drivers) and
  * H100-80 79.19 GiB (79.14-79.25 with other drivers and board variants) are
- * FACTS.md's and the earlier profiles' figures, also from users' messages,
+ * docs/FACTS.md's and the earlier profiles' figures, also from users' messages,
  * dates not recorded. RTX PRO 6000 (Blackwell, 96 GB class: Colab's G4 and
  * Kaggle's): 95.59 GiB in a PyTorch 2.x message on an RTX PRO 6000 Blackwell
  * under WSL2 (pytorch/pytorch#182286, 2026-05-04), which is nvidia-smi's
@@ -52,7 +52,7 @@
  * allocator. Reported sizes: ~300 MB for a bare primary context (ollama's
  * notes on contexts per GPU), ~700-800 MB for a PyTorch process after its
  * first CUDA call (PyTorch forum answers), ~1.3 GB with cuBLAS and cuDNN
- * kernels on a V100 (HF, quoted in FACTS.md). Cards that only run older,
+ * kernels on a V100 (HF, quoted in docs/FACTS.md). Cards that only run older,
  * eagerly loading CUDA stacks (K80, P4, P100, V100) get the top of that
  * range; T4 the typical PyTorch figure; Ampere/Ada/Hopper/Blackwell, where
  * CUDA 12+ loads kernels lazily by default, the lower middle. These are
@@ -70,7 +70,7 @@
  *
  * Platforms. "colab": the cards Colab hands out in 2026: a T4 on the free
  * tier; L4, A100 (40 and 80 GB), H100 and G4 (RTX PRO 6000) on paid plans
- * (mccormickml.com, "Colab GPUs Features & Pricing", updated 2026-03; FACTS.md).
+ * (mccormickml.com, "Colab GPUs Features & Pricing", updated 2026-03; docs/FACTS.md).
  * "kaggle": T4, and the pair of them Kaggle's "GPU T4 x2" gives (t4x2,
  * planned as world_size 2 with each card's capacity), the P100 that is being retired (its
  * cu128 torch has no sm_60 kernels: Kaggle/docker-python#1546, 2026-03-20;
@@ -117,24 +117,24 @@ static const tk_gpu_profile profiles[] = {
      "a PyTorch OOM message, 2KangHo/vdsr_pytorch#2 (2020-05-10)", 1, 56, 2048,
      9.3 * T, "NVIDIA Tesla P100 PCIe datasheet; no tensor cores"},
     {"v100-16", "NVIDIA Tesla V100-SXM2-16GB", GIB(15.78), MB(1300), 15.7 * T, 125 * T, 15.7 * T, 900 * G, 7, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 80, 2048,
+     "users' PyTorch OOM messages (docs/FACTS.md; dates not recorded)", 1, 80, 2048,
      15.7 * T, "NVIDIA V100 datasheet (SXM2): 15.7 TFLOPS fp32, 125 TFLOPS tensor; no TF32 (the fp32 rate)"},
     {"l4", "NVIDIA L4", GIB(22.03), MB(600), 30.3 * T, 121 * T, 121 * T, 300 * G, 8, 9,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 58, 1536,
+     "users' PyTorch OOM messages (docs/FACTS.md; dates not recorded)", 1, 58, 1536,
      60 * T, "NVIDIA L4 datasheet (nvidia.com/en-us/data-center/l4): 30.3 TFLOPS fp32, 120 TF32 and 242 fp16/bf16 with sparsity (halved: dense)"},
     {"a100-40", "NVIDIA A100-SXM4-40GB", GIB(39.59), MB(600), 19.5 * T, 312 * T, 312 * T, 1555 * G, 8, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 108, 2048,
+     "users' PyTorch OOM messages (docs/FACTS.md; dates not recorded)", 1, 108, 2048,
      156 * T, "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100), SXM: 19.5 TFLOPS fp32, 156 TF32, 312 fp16/bf16 (dense)"},
     {"a100-80", "NVIDIA A100-SXM4-80GB", GIB(79.15), MB(600), 19.5 * T, 312 * T, 312 * T, 2039 * G, 8, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 108, 2048,
+     "users' PyTorch OOM messages (docs/FACTS.md; dates not recorded)", 1, 108, 2048,
      156 * T, "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100), SXM: 19.5 TFLOPS fp32, 156 TF32, 312 fp16/bf16 (dense)"},
     {"h100-80", "NVIDIA H100 80GB HBM3", GIB(79.19), MB(600), 66.9 * T, 989 * T, 989 * T, 3350 * G, 9, 0,
-     "users' PyTorch OOM messages (FACTS.md; dates not recorded)", 1, 132, 2048,
+     "users' PyTorch OOM messages (docs/FACTS.md; dates not recorded)", 1, 132, 2048,
      494.5 * T, "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), SXM: 67 TFLOPS fp32, 989 TF32 and 1979 fp16/bf16 with sparsity (halved: dense)"},
     {"rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", GIB(95.59), MB(600), 125 * T, 500 * T, 500 * T, 1792 * G, 12, 0,
      "a PyTorch OOM message on the Workstation edition, pytorch/pytorch#182286 (2026-05-04); the Server Edition Colab and Kaggle run not yet seen in a PyTorch message", 1, 188, 1536,
      125 * T, "NVIDIA's GTC 2025 figures as the press reported them (above); TF32 not published: the fp32 rate"},
-    /* the card issue 36's first measurements ran on (shared/gpu_h200): the
+    /* the card issue 36's first measurements ran on (tests/data/gpu_h200/first_contact): the
      * H100's silicon with 141 GB of HBM3e */
     {"h200", "NVIDIA H200", (size_t)143771 << 20, MB(600), 66.9 * T, 989.5 * T, 989.5 * T, 4800 * G, 9, 0,
      "nvidia-smi's memory.total on the H200 lent to this project (143771 MiB, 2026-11-27); not yet seen in a PyTorch message", 1, 132, 2048,
@@ -167,7 +167,7 @@ const tk_gpu_profile *tk_gpu_profile_by_device(const char *device_name) {
  * driver 580) running bert-tiny with CUBLAS_WORKSPACE_CONFIG=:0:0, so that
  * cuBLAS kept no workspace pool of its own, held 1024 B beyond the
  * allocator's segments and the plugin's buffers in CUPTI's device peak
- * (../shared/gpu_h200/cublas_outside_allocator.txt: 117449732 =
+ * (tests/data/gpu_h200/first_contact/cublas_outside_allocator.txt: 117449732 =
  * 83886080 + 33562628 + 1024). Which library holds it CUPTI's record names
  * (tk_cuda_mem_totals.sources), printed by tests/gpu_cuda/gpu_alloc.c on
  * the next card. Other architectures have not been measured: they get the

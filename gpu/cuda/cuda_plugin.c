@@ -10,7 +10,7 @@
  * allocates nothing outside the allocator.
  *
  * cuBLAS works only in the workspace it is given. What the H200 showed
- * (../shared/gpu_h200/cublas_outside_allocator.txt): with a 32 MiB workspace
+ * (tests/data/gpu_h200/first_contact/cublas_outside_allocator.txt): with a 32 MiB workspace
  * set, cuBLAS still held 64 MiB + 128 KiB of its own, and
  * CUBLAS_WORKSPACE_CONFIG=:0:0 removed exactly that. The variable sizes
  * cuBLAS's default workspace pool, and the figure is two 32 MiB buffers and

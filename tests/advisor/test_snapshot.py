@@ -1,6 +1,6 @@
 """PyTorch memory snapshots read by `txk mem --snapshot` and `%txmem --snapshot`:
 the figures equal a Python summation over the same file (pickle.load), for the
-two real snapshots in ../shared/pytorch_snapshots and for snapshots written
+two real snapshots in tests/data/pytorch_snapshots and for snapshots written
 here by Python's pickle with builtin types only; the real OOM is diagnosed as
 live tensors filling the device, a cache of small free blocks as
 fragmentation; bad files are one-line errors naming the file, and a pickled
@@ -12,7 +12,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TXK = os.environ.get("TXK_BIN") or os.path.join(ROOT, "build", "txk")
-REAL = os.path.join(ROOT, "..", "shared", "pytorch_snapshots")
+REAL = os.path.join(ROOT, "tests", "data", "pytorch_snapshots")
 MiB = 1 << 20
 
 
@@ -85,8 +85,7 @@ def fragmented():
 
 
 def test_real_snapshots_figures_equal_python_sums():
-    if not os.path.isdir(REAL):
-        pytest.skip(f"{REAL} is absent: the real PyTorch snapshots are not checked here")
+    assert os.path.isdir(REAL), f"{REAL} is missing: the real snapshots live in the repository"
     for name in ("llm_oom.pickle", "llm_inference.pickle"):
         path = os.path.join(REAL, name)
         with open(path, "rb") as f:
@@ -100,8 +99,7 @@ def test_real_snapshots_figures_equal_python_sums():
 
 
 def test_real_oom_is_capacity_not_fragmentation():
-    if not os.path.isdir(REAL):
-        pytest.skip(f"{REAL} is absent: the real PyTorch snapshots are not checked here")
+    assert os.path.isdir(REAL), f"{REAL} is missing: the real snapshots live in the repository"
     got = summary(os.path.join(REAL, "llm_oom.pickle"), "--capacity", "11.5GiB")
     ids = [d["id"] for d in got["diagnoses"]]
     assert ids[0] == "capacity" and "fragmentation" not in ids, ids

@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TXK = os.environ.get("TXK_BIN") or os.path.join(ROOT, "build", "txk")
 DATA = os.path.join(ROOT, "tests", "data")
-REAL = os.path.join(ROOT, "..", "shared", "pytorch_snapshots")
+REAL = os.path.join(ROOT, "tests", "data", "pytorch_snapshots")
 MiB = 1 << 20
 
 
@@ -213,8 +213,7 @@ def test_real_snapshots(name):
     of 2): an OPT, not a BERT, so nothing is planned. llm_inference is the
     same server with a smaller model: not a BERT either."""
     path = os.path.join(REAL, name)
-    if not os.path.exists(path):
-        pytest.skip(f"{REAL} is not here: the real snapshots are not checked")
+    assert os.path.exists(path), f"{path} is missing: the real snapshots live in the repository"
     m = mem_json(path)["model"]
     assert m["family"] != "bert" and m["planned"] is False and "plan" not in m and m["why"], m
     if name == "llm_oom.pickle":

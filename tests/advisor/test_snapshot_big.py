@@ -1,5 +1,5 @@
 """A snapshot over 1 GB read by `txk mem --snapshot` in bounded memory: the
-real gpt_lm_step.pickle (../shared/pytorch_snapshots, a stacks="all" trace)
+real gpt_lm_step.pickle (tests/data/pytorch_snapshots, a stacks="all" trace)
 with its trace repeated 13 times and pickled without the memo, so every
 event carries its frames in full (about 1.17 GB), made once per run in a
 temporary folder. txk streams the trace: it must finish within 2 minutes
@@ -13,14 +13,13 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TXK = os.environ.get("TXK_BIN") or os.path.join(ROOT, "build", "txk")
-REAL = os.path.join(ROOT, "..", "shared", "pytorch_snapshots", "gpt_lm_step.pickle")
+REAL = os.path.join(ROOT, "tests", "data", "pytorch_snapshots", "gpt_lm_step.pickle")
 GiB = 1 << 30
 
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    if not os.path.exists(REAL):
-        pytest.skip(f"{REAL} is absent: the large snapshot is made from it")
+    assert os.path.exists(REAL), f"{REAL} is missing: the real snapshots live in the repository"
     with open(REAL, "rb") as f:
         snap = pickle.load(f)
     trace = snap["device_traces"][0]

@@ -1,5 +1,5 @@
 """`txk mem --snapshot` on the five real PyTorch snapshots in
-../shared/pytorch_snapshots (origin and licence in its README), with
+tests/data/pytorch_snapshots (origin and licence in its README), with
 expectations written from what each job was:
 
 - llm_oom.pickle: FlexGen serving an OPT-class decoder (vocab 50272, hidden
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import test_snapshot_bert as tsb  # noqa: E402  (txk mem)
 
-REAL = os.path.join(ROOT, "..", "shared", "pytorch_snapshots")
+REAL = os.path.join(ROOT, "tests", "data", "pytorch_snapshots")
 FILES = ["llm_oom.pickle", "llm_inference.pickle", "gpt_lm_step.pickle", "opt_zeroth_order.pickle",
          "rl_vllm_rollout.pickle"]
 # a native file named as code: C/C++ sources and objects, "??"
@@ -34,8 +34,7 @@ NATIVE = re.compile(r"(\.(c|cc|cpp|cxx|h|hpp|o|so)\b|\?\?|\bat::|c10::)")
 
 def real(name):
     path = os.path.join(REAL, name)
-    if not os.path.exists(path):
-        pytest.skip(f"{REAL} is absent: the real PyTorch snapshots are not checked here")
+    assert os.path.exists(path), f"{path} is missing: the real snapshots live in the repository"
     return path
 
 

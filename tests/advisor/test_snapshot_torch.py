@@ -1,6 +1,6 @@
 """PyTorch's own snapshot reader, `torch.cuda._memory_viz`, on the files
 `txk train --snapshot` writes and on the real snapshots in
-../shared/pytorch_snapshots, on both peer rows (tests/peers.py):
+tests/data/pytorch_snapshots, on both peer rows (tests/peers.py):
 
 - torch 2.x: its command line, `python -m torch.cuda._memory_viz stats FILE`
   (segsum, which asserts that every segment's blocks add up) and `trace FILE`
@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TXK = os.environ.get("TXK_BIN") or os.path.join(ROOT, "build", "txk")
 DATA = os.path.join(ROOT, "tests", "data")
-REAL = os.path.join(ROOT, "..", "shared", "pytorch_snapshots")
+REAL = os.path.join(ROOT, "tests", "data", "pytorch_snapshots")
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 
 
@@ -168,6 +168,5 @@ def test_an_oom_snapshot_reads_in_pytorchs_memory_viz(tmp_path):
 @pytest.mark.parametrize("name", ["llm_oom.pickle", "gpt_lm_step.pickle"])
 def test_real_snapshots_totals_equal_pytorchs_reader(name):
     path = os.path.join(REAL, name)
-    if not os.path.exists(path):
-        pytest.skip(f"{REAL} is absent: the real PyTorch snapshots are not checked here")
+    assert os.path.exists(path), f"{path} is missing: the real snapshots live in the repository"
     torch_reads(path, txk_mem(path), whole_trace=False)

@@ -1,4 +1,4 @@
-/* test_alloc.c — the caching allocator against PyTorch's rules (FACTS.md):
+/* test_alloc.c — the caching allocator against PyTorch's rules (docs/FACTS.md):
  * rounding, pools, splitting, coalescing, best fit, fragmentation OOMs,
  * empty_cache, the retry after releasing the cache, per-owner/per-category
  * accounting under a seeded random script, the peak breakdown, the event

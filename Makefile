@@ -2,8 +2,11 @@
 # a module that needs more (a plugin, a fuzz target, a python test peer) adds a
 # <module>/module.mk, included below, so modules never edit each other's rules.
 #
-#   make demo   install what is missing, build, install the kernelspec, run demo 1
-#   make test   install what is missing, build, run every test (last line: N passed, N failed)
+#   make          build the binaries, the test binaries and the cuda plugin
+#   make check    the C unit tests under ASan/UBSan: no virtualenvs, minutes
+#   make demo     install what the demo needs, build txk and txkernel, install
+#                 the kernelspec, run demo 1 (no torch, no browser, no plugin)
+#   make test     install everything, build, run every test (last line: N passed, N failed)
 
 CC       ?= gcc
 PREFIX   ?= /usr/local
@@ -36,12 +39,18 @@ TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
 BINS := $(BUILD)/txk $(BUILD)/txkernel
 
-.PHONY: all deps test demo install clean test-gpu bench
+.PHONY: all deps deps-demo check test demo install clean test-gpu bench
 all: $(BINS) $(TEST_BINS)
 
+# two tiers of set-up (scripts/deps.sh): the demo's (compiler, C libraries,
+# Debian's Jupyter client) and the tests' (that, the PyPI peers, both torch
+# rows, chromium)
 deps: $(VENV)/.deps-ok
 $(VENV)/.deps-ok: scripts/deps.sh
-	bash scripts/deps.sh
+	bash scripts/deps.sh test
+deps-demo: $(VENV)/.deps-demo
+$(VENV)/.deps-demo: scripts/deps.sh
+	bash scripts/deps.sh demo
 
 $(BUILD)/rel/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -91,10 +100,17 @@ test: deps
 	$(MAKE) --no-print-directory -j$(NPROC) companion-install
 	$(PY) tests/run_all.py
 
-demo: deps
-	$(MAKE) --no-print-directory -j$(NPROC) all
+# the demo runs on the cpu in the installed kernel: only the two binaries
+demo: deps-demo
+	$(MAKE) --no-print-directory -j$(NPROC) $(BINS)
 	$(MAKE) --no-print-directory install
 	$(PY) demo_notebooks/run_demo.py
+
+# the C unit tests alone (tests/run_all.py filtered to build/tests/: the ASan
+# binaries, no suites, no pytest)
+check: deps-demo
+	$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS)
+	$(PY) tests/run_all.py build/tests/
 
 clean:
 	rm -rf $(BUILD)

@@ -1,18 +1,34 @@
 #!/usr/bin/env bash
 # Installs what txkernel needs on a fresh Debian 12 machine, and nothing that is
-# already there: Debian packages with apt-get, then the PyPI test peers into .venv
-# (made from /usr/bin/python3 with Debian's site packages visible).
+# already there. Two tiers:
+#   scripts/deps.sh demo   what `make demo` needs: the compiler and the C
+#                          libraries, Debian's Jupyter client side (nbclient,
+#                          nbconvert) in .venv; no torch, no browser, no PyPI
+#   scripts/deps.sh [test] everything `make test` needs: the above, the PyPI test
+#                          peers into .venv, the torch 2.x row (.venv-t2, about
+#                          5.6 GB), the Colab row (.venv-colab), chromium for the
+#                          browser test
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TIER=${1:-test}
+case "$TIER" in demo|test) ;; *) echo "deps.sh: unknown tier '$TIER' (demo or test)" >&2; exit 2;; esac
 
-PKGS="build-essential pkg-config clang libclang-rt-14-dev
+# build: the compiler and the chosen C libraries (OpenMPI is dlopen'd by
+# multi-rank cpu runs); demo: Debian's Jupyter client side, which runs the demo
+# notebook against the installed kernelspec
+PKGS="build-essential pkg-config
 libzmq3-dev libsodium-dev libjansson-dev libyaml-dev libopenblas-dev libutf8proc-dev libcurl4-openssl-dev
 libopenmpi-dev openmpi-bin
-python3 python3-venv python3-pip python3-numpy python3-pytest python3-torch
-python3-jupyter-client python3-ipykernel python3-nbclient python3-nbformat
-python3-nbconvert jupyter-nbconvert jupyter-console python3-jupyter-console
-jupyter-core fortunes fortunes-min
+python3 python3-venv python3-pip
+python3-jupyter-client python3-nbclient python3-nbformat python3-nbconvert jupyter-nbconvert jupyter-core"
+# test: the fuzzers (clang's libFuzzer), PyTorch 1.13 for the old peer row, the
+# kernel's other clients, fortunes for a test corpus, the browser test's
+# chromium and its driver
+if [ "$TIER" = test ]; then
+  PKGS="$PKGS clang libclang-rt-14-dev python3-numpy python3-pytest python3-torch python3-ipykernel
+jupyter-console python3-jupyter-console fortunes fortunes-min
 chromium chromium-driver python3-selenium"
+fi
 
 missing=""
 for p in $PKGS; do
@@ -25,6 +41,12 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends $missing
 fi
 
+if [ "$TIER" = demo ]; then
+  [ -x .venv/bin/python ] || /usr/bin/python3 -m venv --system-site-packages .venv
+  touch .venv/.deps-demo
+  exit 0
+fi
+
 # PyPI peers Debian lacks (or has too old): HF tokenizers, safetensors,
 # jupyter_kernel_test, nbclient, huggingface_hub (the cache interop test),
 # HF transformers in the last release series that runs on Debian's torch 1.13
@@ -34,7 +56,7 @@ fi
 # companion's real Trainer are built in the tests), and JupyterLab 4 and
 # Notebook 7 for the browser test (tests/browser/), which Debian 12 only has
 # as 3.x/6.x.
-PYPI="tokenizers safetensors jupyter_kernel_test nbclient huggingface_hub transformers<4.41 accelerate<1.1 jupyterlab notebook"
+PYPI="tokenizers safetensors jupyter_kernel_test nbclient>=0.10 huggingface_hub transformers<4.41 accelerate<1.1 jupyterlab notebook"
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi

@@ -11,6 +11,7 @@ the plugin reaches them only that way: no undefined cublas/cupti symbol).
   downloads them the first time);
 - found beside the plugin's package, the way an installed wheel finds
   torch's (<plugin dir>/../nvidia/...), without $TXK_CUDA_LIBDIRS;
+- a cuBLAS torch already loaded is the one taken;
 - a missing cuBLAS and a missing CUPTI are each said in one line naming
   the library;
 - the constants and record fields the plugin uses have the same values in
@@ -29,7 +30,9 @@ if not os.path.exists(PLUGIN) and not shutil.which("nvcc") and not os.path.exist
     pytest.skip("nvcc not found: the cuda plugin is not built on this machine", allow_module_level=True)
 
 PROBE = r"""
-import ctypes, sys
+import ctypes, os, sys
+for pre in filter(None, os.environ.get("PROBE_PRELOAD", "").split(":")):
+    ctypes.CDLL(pre, mode=os.RTLD_GLOBAL)  # what torch's import does
 lib = ctypes.CDLL(sys.argv[1])
 buf = ctypes.create_string_buffer(8192)
 rc = lib.tk_cuda_libs_probe(buf, ctypes.c_size_t(len(buf)))
@@ -95,6 +98,18 @@ def test_cuda12_only_machine_picks_12(cu12):
     toolkit (/usr/local/cuda, searched last) is CUDA 13."""
     rc, line = probe(TXK_CUDA_LIBDIRS=cu12["blas"] + ":" + cu12["cupti"])
     assert rc == 0 and line.startswith("cuBLAS 12 ("), line
+
+
+def test_the_cublas_torch_loaded_wins(cu12):
+    """torch imported first has libcublas.so.12 in the process: the plugin
+    takes that one, not the CUDA 13 toolkit of this machine nor anything
+    else, so one process holds one cuBLAS."""
+    blas = cu12["blas"]
+    rc, line = probe(PROBE_PRELOAD=f"{blas}/libcublasLt.so.12:{blas}/libcublas.so.12",
+                     TXK_CUDA_LIBDIRS=cu12["cupti"])
+    assert rc == 0, line
+    assert line.startswith(f"cuBLAS 12 ({blas}/libcublas.so.12, {blas}/libcublasLt.so.12)"), line
+    assert "CUPTI 12 (" + cu12["cupti"] in line, line
 
 
 def test_found_beside_the_package(tmp_path, cu12):

@@ -265,3 +265,46 @@ def test_colab_setup_installs_the_wheel(wheel, tmp_path):
     assert not os.path.exists(os.path.join(ROOT, "build", "wheel-stage")), "the wheel mode built something"
     spec = tmp_path / "p" / "share" / "jupyter" / "kernels" / "txkernel" / "kernel.json"
     assert spec.exists(), r.stdout
+
+
+def test_kernel_from_the_wheels_kernelspec(venv, tmp_path):
+    """The txkernel kernel, started by Jupyter from the spec
+    txkernel-kernelspec wrote (the wheel's binary, its zmq and sodium from
+    txkernel_bert.libs), answers kernel_info and plans a cell."""
+    from jupyter_client.manager import KernelManager
+    r = subprocess.run([str(venv["dir"] / "bin" / "txkernel-kernelspec"), "--prefix", str(tmp_path)],
+                       capture_output=True, text=True, env=clean_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = str(tmp_path / "share" / "jupyter")
+    try:
+        km = KernelManager(kernel_name="txkernel")
+        assert km.kernel_spec.argv[0].startswith(venv["site"]), km.kernel_spec.argv
+        km.start_kernel(cwd=str(tmp_path))
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=60)
+            msg_id = kc.execute("%%txplan\nmodel: bert-base-cased\nmax_len: 128\nbatch_size: 8\ngpu: t4\n")
+            reply = kc.get_shell_msg(timeout=120)
+            while reply["parent_header"].get("msg_id") != msg_id:
+                reply = kc.get_shell_msg(timeout=120)
+            assert reply["content"]["status"] == "ok", reply["content"]
+            texts = []
+            while True:
+                m = kc.get_iopub_msg(timeout=30)
+                if m["parent_header"].get("msg_id") != msg_id:
+                    continue
+                if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                    break
+                data = m["content"].get("data", {})
+                texts.append(data.get("text/plain", "") + m["content"].get("text", ""))
+            assert any("Plan: batch 8 x seq 128" in t for t in texts), texts
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+    finally:
+        if old is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = old

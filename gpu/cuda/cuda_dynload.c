@@ -21,8 +21,12 @@
  *      ../nvidia/cuda_cupti/lib (CUDA 12's wheels put each library apart);
  *   4. the loader's own search (LD_LIBRARY_PATH, ld.so.cache);
  *   5. $CUDA_HOME/lib64 and /usr/local/cuda/lib64 (and extras/CUPTI/lib64).
- * cuBLASLt and cuBLAS come from one folder and one major; CUPTI is looked
- * for in the same order, cuBLAS's major first. A library that is found is
+ * cuBLASLt and cuBLAS come from one folder and one major. CUPTI is looked
+ * for in the same places, CUDA 13 first whatever cuBLAS's major: CUPTI
+ * hooks the CUDA runtime, and the one linked in is 13. Where only CUDA 12's
+ * CUPTI exists (Colab's cu12 torch) that one is taken; whether CUPTI 12
+ * traces a process with the 13 runtime has not been seen on a GPU (when it
+ * cannot, tk_cupti_acquire says why and tracing is off). A library that is found is
  * kept loaded for the life of the process (RTLD_NODELETE: CUPTI's worker
  * thread must not run into unmapped code, as for the plugin itself).
  *
@@ -372,10 +376,6 @@ static int try_cupti(const char *dir, int major, char *lack, size_t lack_n) {
 
 static void cupti_load(void) {
     int m[2], nm = majors(m);
-    if (B.rc == 0 && nm == 2 && B.major == 12) {
-        m[0] = 12;
-        m[1] = 13;
-    }
     char lack[768] = "";
     dir_list l;
     search_dirs(&l);

@@ -12,7 +12,7 @@
  * library that is missing (or the function it lacks) and where it looked. */
 int tk_cuda_blas_open(char *why, size_t n);
 
-/* The same for CUPTI (the major cuBLAS came from first). 0 or -1 with why;
+/* The same for CUPTI (CUDA 13's first: the runtime linked in). 0 or -1 with why;
  * without CUPTI the plugin runs with its tracing off. */
 int tk_cuda_cupti_open(char *why, size_t n);
 

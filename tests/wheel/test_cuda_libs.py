@@ -11,7 +11,8 @@ the plugin reaches them only that way: no undefined cublas/cupti symbol).
   downloads them the first time);
 - found beside the plugin's package, the way an installed wheel finds
   torch's (<plugin dir>/../nvidia/...), without $TXK_CUDA_LIBDIRS;
-- a cuBLAS torch already loaded is the one taken;
+- a cuBLAS torch already loaded is the one taken; CUPTI 13 (the runtime's
+  major) before 12;
 - a missing cuBLAS and a missing CUPTI are each said in one line naming
   the library;
 - the constants and record fields the plugin uses have the same values in
@@ -106,10 +107,20 @@ def test_the_cublas_torch_loaded_wins(cu12):
     else, so one process holds one cuBLAS."""
     blas = cu12["blas"]
     rc, line = probe(PROBE_PRELOAD=f"{blas}/libcublasLt.so.12:{blas}/libcublas.so.12",
-                     TXK_CUDA_LIBDIRS=cu12["cupti"])
+                     TXK_CUDA_LIBDIRS=cu12["cupti"], TXK_CUDA_MAJOR="12")
     assert rc == 0, line
     assert line.startswith(f"cuBLAS 12 ({blas}/libcublas.so.12, {blas}/libcublasLt.so.12)"), line
     assert "CUPTI 12 (" + cu12["cupti"] in line, line
+
+
+def test_cupti_13_first(cu12):
+    """CUPTI hooks the CUDA runtime, and the plugin's is 13: with cuBLAS 12
+    (its folder first) and both CUPTIs at hand, CUPTI 13 is taken."""
+    d13 = t2_cu13()
+    rc, line = probe(TXK_CUDA_LIBDIRS=":".join([cu12["blas"], cu12["cupti"], d13]))
+    assert rc == 0, line
+    assert line.startswith("cuBLAS 12 (" + cu12["blas"]), line
+    assert "; CUPTI 13 (" + d13 in line, line
 
 
 def test_found_beside_the_package(tmp_path, cu12):

@@ -308,3 +308,47 @@ def test_kernel_from_the_wheels_kernelspec(venv, tmp_path):
             os.environ.pop("JUPYTER_PATH", None)
         else:
             os.environ["JUPYTER_PATH"] = old
+
+
+TORCH_FIRST = textwrap.dedent(r'''
+    import re, sys
+    import torch  # what a Colab notebook does before %load_ext
+    from IPython.core.interactiveshell import InteractiveShell
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "txkernel")
+    print("NOTE", sys.modules["txkernel._engine"].OPENMP_NOTE)
+    print("GOMP", sorted(set(re.findall(r"/\S*libgomp\S*", open("/proc/self/maps").read()))))
+    r = sh.run_cell("""%%txtrain --no-plan
+    model: bert-tiny
+    init: random
+    vocab: {data}/vocab_cased.txt
+    train_file: {data}/reviews_train.csv
+    max_len: 64
+    batch_size: 16
+    max_examples: 32
+    epochs: 1
+    lr: 2e-3
+    device: {{capacity: 200MiB, threads: 1}}
+    """.format(data=sys.argv[1]))
+    print("TRAIN_OK", r.success)
+''')
+
+
+def test_companion_after_torch(venv):
+    """torch (the system's, through --system-site-packages) imported before
+    %load_ext: the wheel's engine brings its own libgomp (auditwheel's
+    renamed copy), which reads the passive policy as it loads, so there is
+    no note about torch's libgomp, and a training cell runs beside torch."""
+    r = subprocess.run([venv["py"], "-c", "import torch"], capture_output=True, text=True, env=clean_env())
+    if r.returncode != 0:
+        pytest.skip("no torch among the system's site packages: " + r.stderr.strip()[-200:])
+    script = venv["top"] / "torch_first.py"
+    script.write_text(TORCH_FIRST)
+    r = subprocess.run([venv["py"], str(script), DATA], capture_output=True, text=True, timeout=600,
+                       cwd=str(venv["top"]), env=clean_env())
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert "NOTE None" in out, out[-4000:]
+    gomp = re.search(r"GOMP (\[.*\])", out).group(1)
+    assert "txkernel_bert.libs/libgomp-" in gomp, gomp
+    assert "TRAIN_OK True" in out and re.search(r"Trained 2 steps in [0-9.]+ s\.", out), out[-4000:]

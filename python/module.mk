@@ -49,3 +49,11 @@ COMPANION_BENCH_ARGS ?=
 bench-companion: $(BUILD)/txk $(EMBED_LIB)
 	$(PY) bench/companion_vs_txk.py --build $(BUILD) $(COMPANION_BENCH_ARGS)
 bench: bench-companion
+
+# The release wheel (scripts/wheel.sh): dist/txkernel_bert-*-py3-none-
+# manylinux_2_XX_x86_64.whl with the engine, the cuda plugin, txk, txkernel
+# and the kernelspec installer, every library they need inside (auditwheel,
+# from .venv-wheel, which it makes). Its test: tests/wheel/test_wheel.py.
+.PHONY: wheel
+wheel:
+	TXK_MAKE_JOBS=$(NPROC) bash scripts/wheel.sh

@@ -17,6 +17,12 @@
 #                  runs this mode (tests/suites/colab_setup.sh).
 #   --python PY    the Python to install the companion into (default python3)
 #   --no-cuda      do not build the cuda plugin even where nvcc and a GPU exist
+#   --wheel W      builds nothing and needs no apt: pip-installs the release
+#                  wheel W (a file, e.g. from `make wheel`, or the URL of
+#                  the .whl on the repository's release page) into PY and
+#                  installs its kernelspec (txkernel-kernelspec; under
+#                  --prefix DIR into DIR). The wheel carries the engine, the
+#                  cuda plugin for sm_75..sm_120, txk and txkernel.
 #
 # Refuses, saying why and what to do, when a package is missing in --prefix
 # mode or when it is not root without --prefix. Exit status 0 on success, 2 on
@@ -32,16 +38,40 @@ libopenblas-dev libutf8proc-dev python3-venv python3-pip"
 prefix=""
 python=python3
 cuda=auto
+wheel=""
 refuse() { echo "colab_setup: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) [ $# -ge 2 ] || refuse "--prefix needs a directory"; prefix=$2; shift 2 ;;
     --python) [ $# -ge 2 ] || refuse "--python needs an interpreter"; python=$2; shift 2 ;;
     --no-cuda) cuda=no; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) refuse "unknown argument '$1' (--prefix DIR, --python PY, --no-cuda, --help)" ;;
+    --wheel) [ $# -ge 2 ] || refuse "--wheel needs a .whl file or URL"; wheel=$2; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) refuse "unknown argument '$1' (--prefix DIR, --python PY, --no-cuda, --wheel W, --help)" ;;
   esac
 done
+
+if [ -n "$wheel" ]; then
+  # the release wheel: no packages, no compiler, seconds
+  py=$python
+  if [ -n "$prefix" ]; then
+    mkdir -p "$prefix"
+    prefix=$(cd "$prefix" && pwd)
+    "$python" -m venv --system-site-packages "$prefix/venv"
+    py="$prefix/venv/bin/python"
+  fi
+  "$py" -m pip install -q --disable-pip-version-check "$wheel"
+  if [ -n "$prefix" ]; then
+    "$py" -m txkernel.kernelspec --prefix "$prefix"
+  else
+    "$py" -m txkernel.kernelspec --sys-prefix
+  fi
+  echo
+  echo "txkernel is installed from the wheel ($("$py" -c 'import txkernel; print(txkernel.version())'))."
+  echo "In this notebook, on its own Python kernel: %load_ext txkernel, then %%txtrain, %txplan,"
+  echo "%txadvise, %txfix ... in any cell (%txhelp lists them). txk is on the path of $py's scripts."
+  exit 0
+fi
 
 missing=""
 for p in $PKGS; do

@@ -40,6 +40,7 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include "cuda_dynload.h"
 #include "cuda_internal.h"
 #include "cuda_shared.h"
 
@@ -237,6 +238,11 @@ tk_status tk_cuda_plugin_open(const tk_dev_opts *opts, const tk_backend **be, vo
     if (dev < 0 || dev >= n)
         return tk_cuda_fail(err, TK_EINVAL, "cuda_device %d does not exist (this machine has %d)",
                             dev, n);
+    /* cuBLAS is opened here, from CUDA 13 or 12, whichever this runtime has
+     * (cuda_dynload.c); a missing one is said in one line naming it */
+    char blas_why[1024];
+    if (tk_cuda_blas_open(blas_why, sizeof blas_why) != 0)
+        return tk_cuda_fail(err, TK_EDEVICE, "%s", blas_why);
     tk_cuda_ctx *c = calloc(1, sizeof *c);
     if (!c) return tk_cuda_fail(err, TK_ENOMEM, "out of host memory opening the cuda device");
     c->device = dev;
@@ -246,7 +252,7 @@ tk_status tk_cuda_plugin_open(const tk_dev_opts *opts, const tk_backend **be, vo
     const char *want = getenv("TXK_CUPTI");
     if (want && (strcmp(want, "0") == 0 || strcmp(want, "off") == 0))
         snprintf(why, sizeof why, "turned off by TXK_CUPTI=%s", want);
-    else
+    else if (tk_cuda_cupti_open(why, sizeof why) == 0)
         c->cupti_on = tk_cupti_acquire(why, sizeof why);
     if (!c->cupti_on) {
         snprintf(c->cupti_why, sizeof c->cupti_why, "%s", why);

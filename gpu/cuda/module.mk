@@ -72,9 +72,12 @@ $(BUILD)/cuda/%.o: $(CUDA_DIR)/%.cu $(CUDA_DIR)/module.mk
 	    -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings \
 	    -MMD -MP -c $< -o $@
 
+# The CUDA runtime is linked in (-cudart static); cuBLAS, cuBLASLt and CUPTI
+# are opened at run time from CUDA 13 or 12, whichever the machine has
+# (cuda_dynload.c), so one plugin (and one wheel) serves both.
 $(CUDA_PLUGIN): $(CUDA_HOBJS) $(CUDA_DOBJS) $(CUDA_DIR)/module.mk
-	$(NVCC) -shared $(CUDA_GENCODE) -cudart shared -o $@ $(CUDA_HOBJS) $(CUDA_DOBJS) -L$(CUDA_LIBDIR) -lcublas -lcublasLt -lcupti \
-	    -Xlinker --no-undefined -Xlinker -rpath,$(CUDA_LIBDIR) -Xlinker -z,nodelete -lpthread
+	$(NVCC) -shared $(CUDA_GENCODE) -cudart static -o $@ $(CUDA_HOBJS) $(CUDA_DOBJS) \
+	    -Xlinker --no-undefined -Xlinker -z,nodelete -ldl -lrt -lpthread
 
 # GPU tests link the release library (ASan and the CUDA driver do not mix)
 # and reach the plugin the way the binaries do: gpu/dev.c dlopens it

@@ -12,6 +12,8 @@ import ctypes
 import json
 import os
 
+from ._cudalibs import export_env
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 EMIT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
 CATCH_SIGINT = 1
@@ -41,6 +43,8 @@ def _open_passive(path):
         loaded = True
     except OSError:
         loaded = False
+    if loaded and _own_libgomp(path):
+        loaded = False  # the engine loads its own copy, which reads the policy afresh
     if loaded:
         OPENMP_NOTE = ("OpenMP (libgomp) was already loaded here (torch loads it on import) with its default "
                        "spin-waiting, which txkernel cannot change now: on a busy machine CPU training runs "
@@ -55,13 +59,19 @@ def _open_passive(path):
         del os.environ["OMP_WAIT_POLICY"]
 
 
+def _own_libgomp(path):
+    """True when the engine carries its own libgomp: the wheel's copy (auditwheel
+    renames it libgomp-<hash>.so.1.0.0, so it is not the libgomp.so.1 torch loaded)."""
+    libs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "txkernel_bert.libs")
+    return os.path.isdir(libs) and any(f.startswith("libgomp-") for f in os.listdir(libs))
+
+
 def _load():
     path = os.environ.get("TXK_ENGINE_LIB") or os.path.join(_HERE, "libtxk.so")
     # the cuda plugin is found through $TXK_CUDA_PLUGIN when it is not next to
-    # the executable (here the executable is python)
-    plugin = os.path.join(_HERE, "libtk_cuda.so")
-    if os.path.exists(plugin):
-        os.environ.setdefault("TXK_CUDA_PLUGIN", plugin)
+    # the executable (here the executable is python), and the CUDA libraries
+    # it opens through $TXK_CUDA_LIBDIRS (_cudalibs.py)
+    export_env(os.path.join(_HERE, "libtk_cuda.so"))
     lib = _open_passive(path)
     vp, cp = ctypes.c_void_p, ctypes.c_char_p
     lib.tk_embed_new.restype = vp

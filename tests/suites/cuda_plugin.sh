@@ -3,8 +3,12 @@
 #
 # The plugin must be built (CI compiles and links it), export its entry
 # points, be self-contained (binaries dlopen it without exporting their own
-# symbols), and link the CUDA libraries itself, while txk and txkernel must
-# not (they start on machines without CUDA). The GPU test binaries must be
+# symbols), carry the CUDA runtime (cudart static) and need no CUDA library
+# at load time: cuBLAS, cuBLASLt and CUPTI are opened at run time from CUDA
+# 13 or 12 (gpu/cuda/cuda_dynload.c; tests/wheel/test_cuda_libs.py loads
+# them), so every call into them goes through cuda_dynload.c's forwarders.
+# txk and txkernel must not link CUDA either (they start on machines without
+# CUDA). The GPU test binaries must be
 # built, so they cannot rot; they only run under `make test-gpu`.
 # Last line: "N passed, N failed".
 set -u
@@ -24,23 +28,27 @@ if ! command -v nvcc >/dev/null 2>&1 && [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
 fi
 so=$B/libtk_cuda.so
 needed() { readelf -d "$1" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'; }
+export -f needed
 exports() { nm -D --defined-only "$so" | awk '{print $3}'; }
 
 check "plugin built" test -f "$so"
 for sym in tk_cuda_plugin_open tk_cuda_mem_totals_get tk_cuda_mem_reset_peak tk_cuda_scope_push \
            tk_cuda_scope_pop tk_cuda_scope_kernel_time tk_cuda_nccl_group_new tk_cuda_nccl_group_destroy \
-           tk_cuda_nccl_rank tk_cuda_bind_buffers tk_cuda_set_reference; do
+           tk_cuda_nccl_rank tk_cuda_bind_buffers tk_cuda_set_reference tk_cuda_libs_probe; do
     check "exports $sym" grep -qx "$sym" <(exports)
 done
 check "no undefined tk_ symbols (self-contained)" bash -c "! nm -D --undefined-only '$so' | grep -q ' tk_'"
-check "only the entry points are exported" bash -c "[ \$(nm -D --defined-only '$so' | awk '{print \$3}' | grep -c '^tk_') -eq 11 ]"
+check "only the entry points are exported" bash -c "[ \$(nm -D --defined-only '$so' | awk '{print \$3}' | grep -c '^tk_') -eq 12 ]"
 check "plugin is NODELETE (survives dlclose)" bash -c "readelf -d '$so' | grep -q 'NODELETE'"
-for lib in libcudart libcublas libcupti; do
-    check "plugin links $lib" grep -q "^$lib\.so" <(needed "$so")
+for lib in libcudart libcublas libcupti libcuda libnvidia; do
+    check "plugin needs no $lib at load time" bash -c "! needed '$so' | grep -q '^$lib'"
 done
-# cuBLASLt is on the link line but reached through libcublas (--as-needed
-# drops the direct entry): it must be in the load closure.
-check "plugin loads libcublasLt" bash -c "ldd '$so' | grep -q 'libcublasLt\.so'"
+check "plugin carries the CUDA runtime (no undefined cuda* symbol)" \
+    bash -c "! nm -D --undefined-only '$so' | grep -Eq ' (cuda|__cuda)'"
+check "every cuBLAS/cuBLASLt/CUPTI call goes through cuda_dynload.c" \
+    bash -c "! nm -D --undefined-only '$so' | grep -Eq ' (cublas|cupti)'"
+check "plugin exports no CUDA library symbol (cannot interpose torch's)" \
+    bash -c "! nm -D --defined-only '$so' | grep -Eq ' (cublas|cupti|cuda)'"
 
 for bin in "$B/txk" "$B/txkernel"; do
     check "$(basename "$bin") built" test -x "$bin"

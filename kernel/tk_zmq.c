@@ -224,10 +224,11 @@ static void *bind_sock(zt *t, const conn *cf, int type, int port, const char *wh
         snprintf(err->msg, sizeof err->msg, "cannot create the %s socket: %s", what, zmq_strerror(errno));
         return NULL;
     }
+    /* No ZMQ_MAXMSGSIZE: libzmq drops the connection of a larger message
+     * without a word, and the client waits forever. The core answers a
+     * message over the kernel's limit with an error instead. */
     int linger = 1000, one = 1;
-    int64_t maxsz = TK_MSG_MAX_BYTES;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxsz, sizeof maxsz);
     if (type == ZMQ_ROUTER) zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
     if (type == ZMQ_XPUB) zmq_setsockopt(s, ZMQ_XPUB_VERBOSE, &one, sizeof one);
     if (strchr(cf->ip, ':')) zmq_setsockopt(s, ZMQ_IPV6, &one, sizeof one);
@@ -267,8 +268,20 @@ int tk_kernel_serve(const char *connection_file, const tk_interp *interp, tk_ker
         }
         grace = v;
     }
+    size_t max_bytes = TK_MSG_MAX_BYTES;
+    const char *ms = getenv("TXKERNEL_MAX_MESSAGE_BYTES");
+    if (ms && *ms) {
+        char *end;
+        unsigned long long v = strtoull(ms, &end, 10);
+        if (*end || *ms == '-' || v < 4096 || v > ((unsigned long long)1 << 40)) {
+            snprintf(err->msg, sizeof err->msg, "TXKERNEL_MAX_MESSAGE_BYTES=\"%.100s\": want bytes between 4096 and 2^40", ms);
+            goto out;
+        }
+        max_bytes = (size_t)v;
+    }
     tk_core_opts co = {.key = (const uint8_t *)cf.key, .key_len = strlen(cf.key), .interp = *interp,
-                       .transport = {&t, zt_send, zt_drain}, .stop_on_error_timeout = grace};
+                       .transport = {&t, zt_send, zt_drain}, .stop_on_error_timeout = grace,
+                       .max_message_bytes = max_bytes};
     if (!(t.core = tk_core_new(&co, err))) goto out;
 
     g_cancel = tk_core_cancel_flag(t.core);

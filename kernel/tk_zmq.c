@@ -83,8 +83,12 @@ static int pump(zt *t, tk_channel ch) {
             zmq_msg_close(m);
         }
     }
-    if (too_many) fprintf(stderr, "txkernel: dropped a message with more than %d frames\n", MAX_FRAMES);
-    else if (n) tk_core_handle(t->core, ch, frames, n);
+    /* Frames past MAX_FRAMES can only be binary buffers after the content
+     * (or routing identities beyond any real proxy chain): the signed parts
+     * come first, so the message is still handled, and answered, without them. */
+    if (too_many) fprintf(stderr, "txkernel: a message with more than %d frames: the frames after the first %d are "
+                          "not read\n", MAX_FRAMES, MAX_FRAMES);
+    if (n) tk_core_handle(t->core, ch, frames, n);
     for (size_t i = 0; i < n; i++) zmq_msg_close(&parts[i]);
     return got;
 }

@@ -629,9 +629,11 @@ static void test_history_survives_restart(void) {
     unlink(path);
 }
 
-static double mono(void) {
+/* CPU seconds of this process: what opening a history costs, whatever else
+ * the shared cores run meanwhile */
+static double cpu_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -695,10 +697,10 @@ static void test_history_bounded_by_bytes(void) {
     free(giant);
     struct stat st;
     stat(path, &st);
-    double t0 = mono();
+    double t0 = cpu_s();
     h = tk_history_open(path);
-    double took = mono() - t0;
-    TK_CHECK_MSG(took < 1.0, "opening a %lld-byte history took %.2f s", (long long)st.st_size, took);
+    double took = cpu_s() - t0;
+    TK_CHECK_MSG(took < 1.0, "opening a %lld-byte history took %.2f s of CPU", (long long)st.st_size, took);
     TK_CHECK_EQ_INT(tk_history_count(h), TK_HIST_KEEP);
     TK_CHECK(tk_history_bytes(h) < ((size_t)1 << 20));
     TK_CHECK_EQ_INT(tk_history_session(h), 8); /* after the skipped lines' session 7 */

@@ -120,6 +120,12 @@ def test_undecodable_messages_get_replies_saying_why():
         sock.send_multipart(frames)
         rep = _reply_to(sock, sess, msg_id)
         assert rep["content"]["status"] == "ok", rep["content"]
+        # more frames than the transport reads (binary buffers after the
+        # content): the signed parts come first, so it runs and is answered
+        msg_id, frames = _signed(sess, "execute_request", b'{"code": "%echo buffers"}')
+        sock.send_multipart(frames + [b"buffer"] * 300)
+        rep = _reply_to(sock, sess, msg_id)
+        assert rep is not None and rep["content"]["status"] == "ok", rep
         # no readable header: dropped, and said on stderr
         parts = [b'{"msg_id": "\\ud800"', b"{}", b"{}", b"{}"]
         sock.send_multipart([b"<IDS|MSG>", sess.sign(parts)] + parts)

@@ -318,14 +318,14 @@ static int run_txmem(tk_magic_ctx *m) {
                                   "Run %%txtrain (or %txdevice) first.");
         json_object_set_new(b, "application/json", json_pack("{s:s, s:i, s:i}", "device", "none", "allocated", 0,
                                                             "n_alloc", 0));
-        tk_report_add_holder(b, tk_session_holder(s), 0);
         tk_report_add_host_rss(b);
+        tk_report_add_holder(b, tk_session_holder(s), 0);
         tk_txemit(m, b, json_only);
         json_decref(b);
     } else if (!rc) {
         json_t *b = tk_report_mem(d, by, top);
-        tk_report_add_holder(b, tk_session_holder(s), 0);
         tk_report_add_host_rss(b);
+        tk_report_add_holder(b, tk_session_holder(s), 0);
         tk_txemit(m, b, json_only);
         json_decref(b);
         if (timeline) {

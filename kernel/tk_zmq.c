@@ -14,6 +14,7 @@
 #include "tk_kernel.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,6 +32,7 @@
  * error. */
 #define STOP_ON_ERROR_TIMEOUT_S 0.0
 #define MAX_FRAMES 256
+#define TK_TRIM_AFTER_BYTES ((size_t)4 << 20)
 
 typedef struct zt {
     void *ctx;
@@ -88,8 +90,15 @@ static int pump(zt *t, tk_channel ch) {
      * come first, so the message is still handled, and answered, without them. */
     if (too_many) fprintf(stderr, "txkernel: a message with more than %d frames: the frames after the first %d are "
                           "not read\n", MAX_FRAMES, MAX_FRAMES);
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; i++) bytes += frames[i].len;
     if (n) tk_core_handle(t->core, ch, frames, n);
     for (size_t i = 0; i < n; i++) zmq_msg_close(&parts[i]);
+#ifdef __GLIBC__
+    /* a large message (a huge cell, its parse, its execute_input) leaves
+     * freed heap that glibc would keep at that size: give it back */
+    if (bytes > TK_TRIM_AFTER_BYTES) malloc_trim(0);
+#endif
     return got;
 }
 

@@ -30,6 +30,7 @@ def test_70mb_cell_is_answered_within_a_minute():
     km, kc = txk_util.start()
     try:
         code = big_cell(70_000_000)
+        before = txk_util.rss(km)
         t0 = time.monotonic()
         reply, outs = txk_util.run_cell(kc, code, timeout=60)
         took = time.monotonic() - t0
@@ -37,7 +38,9 @@ def test_70mb_cell_is_answered_within_a_minute():
         texts = "".join(o["content"].get("text", "") for o in outs if o["msg_type"] == "stream")
         assert texts == "start\nend\n", texts[:200]
         assert took < 60, f"a 70 MB cell took {took:.1f} s"
-        print(f"70 MB cell answered in {took:.1f} s; kernel RSS after: {txk_util.rss(km) / MiB:.1f} MiB")
+        after = txk_util.rss(km)
+        print(f"70 MB cell answered in {took:.1f} s; kernel RSS {before / MiB:.1f} MiB before, {after / MiB:.1f} after")
+        assert after - before < 32 * MiB, (before, after)  # the message's heap given back
         # the kernel goes on, and history keeps the cell cut, not whole
         r, _ = txk_util.run_cell(kc, "%echo after")
         assert r["content"]["status"] == "ok"

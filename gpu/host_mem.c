@@ -1,9 +1,11 @@
-/* host_mem.c — the counting host allocator of test builds (tk_host_mem.h).
+/* host_mem.c — the counting host allocator of test builds (tk_host_mem.h),
+ * and the process's resident set: read it, give freed heap back.
  *
- * Compiled to nothing in release builds, where tk_malloc and friends are the
- * C library's, inlined. With TK_HOST_CHAOS every call bumps one atomic
- * counter (OpenMP threads allocate scratch too) and the armed call returns
- * NULL, so a test can fail each host allocation a run makes in turn. */
+ * The counting part compiles to nothing in release builds, where tk_malloc
+ * and friends are the C library's, inlined. With TK_HOST_CHAOS every call
+ * bumps one atomic counter (OpenMP threads allocate scratch too) and the
+ * armed call returns NULL, so a test can fail each host allocation a run
+ * makes in turn. */
 #include "tk_host_mem.h"
 
 #ifdef TK_HOST_CHAOS
@@ -52,9 +54,25 @@ char *tk_strndup(const char *s, size_t n) {
     return d;
 }
 
-#else
-
-/* ISO C wants a translation unit to declare something. */
-typedef int tk_host_mem_release_build;
-
 #endif
+
+#include <malloc.h>
+#include <stdio.h>
+#include <unistd.h>
+
+size_t tk_host_rss(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long long size = 0, resident = 0;
+    int ok = fscanf(f, "%llu %llu", &size, &resident) == 2;
+    fclose(f);
+    long page = sysconf(_SC_PAGESIZE);
+    return ok && page > 0 ? (size_t)(resident * (unsigned long long)page) : 0;
+}
+
+size_t tk_host_trim(void) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+    return tk_host_rss();
+}

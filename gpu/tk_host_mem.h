@@ -42,4 +42,14 @@ static inline char *tk_strndup(const char *s, size_t n) { return strndup(s, n); 
 
 #endif
 
+/* The process's resident set size now, in bytes (/proc/self/statm); 0 where
+ * it cannot be read. What Colab's RAM gauge and `ps` show. */
+size_t tk_host_rss(void);
+/* Gives the heap that was freed back to the system: glibc keeps freed
+ * memory in its arenas (the main one and one per thread that allocated,
+ * OpenMP workers included), so after a run the process would stay as large
+ * as the run's peak; malloc_trim(0) releases the free pages of every arena.
+ * Called where a run ends and at a session reset. Returns the RSS after. */
+size_t tk_host_trim(void);
+
 #endif

@@ -58,7 +58,8 @@ struct tk_core {
     unsigned long clock_tick;
     atomic_int cancel;
     atomic_int stop, restart;
-    atomic_ulong dropped;
+    atomic_ulong dropped, refused;
+    size_t max_bytes;       /* tk_core_opts.max_message_bytes */
 };
 
 typedef struct req { tk_core *c; tk_channel ch; tk_msg *m; } req;
@@ -278,74 +279,6 @@ static int want_bool(json_t *content, const char *key, int dflt) {
     return json_is_boolean(v) ? json_is_true(v) : dflt;
 }
 
-static void h_execute(req *r) {
-    tk_core *c = r->c;
-    json_t *ct = r->m->content;
-    const char *code = json_string_value(json_object_get(ct, "code"));
-    if (!code) { reply_error(r, "execute_reply", "content.code must be a string"); return; }
-    if (c->aborting) {
-        double after = 0;
-        if (c->draining) {
-            fprintf(stderr, "txkernel: aborted an execute that was waiting when the last error went out (stop_on_error)\n");
-            reply(r, "execute_reply", json_pack("{s:s}", "status", "aborted"));
-            return;
-        }
-        if (sent_before_error(c, r->m, &after)) {
-            fprintf(stderr, "txkernel: aborted an execute sent %+.3f s from the last error (stop_on_error)\n", after);
-            /* no execution_count, as the spec says for aborted replies and
-             * ipykernel does: JupyterLab would show the count on the cell */
-            reply(r, "execute_reply", json_pack("{s:s}", "status", "aborted"));
-            return;
-        }
-        /* the client has gone on after the error */
-        fprintf(stderr, "txkernel: ran an execute sent %+.3f s from the last error (stop_on_error ends)\n", after);
-        c->aborting = 0;
-    }
-    int silent = want_bool(ct, "silent", 0);
-    int store = silent ? 0 : want_bool(ct, "store_history", 1);
-    int stop_on_error = want_bool(ct, "stop_on_error", 1);
-    tk_exec_opts eo = {.silent = silent, .store_history = store,
-                       .allow_stdin = want_bool(ct, "allow_stdin", 0),
-                       .execution_count = store ? c->exec_count + 1 : c->exec_count};
-    if (store) c->exec_count++;
-    if (!silent)
-        publish_new(c, r->m->header, "execute_input",
-                    json_pack("{s:s,s:i}", "code", code, "execution_count", eo.execution_count));
-    exec_out x = {.base = {&exec_out_ops, NULL}, .r = r, .count = eo.execution_count,
-                  .silent = silent, .payload = json_array()};
-    atomic_store(&c->cancel, 0);
-    int rc = c->interp.execute ? c->interp.execute(c->interp.self, code, &eo, &x.base, &c->cancel) : 0;
-    if (rc != 0 && !x.error)
-        o_error(&x.base, "Error", "the cell failed without saying why", NULL);
-    if (store && c->hist) tk_history_add(c->hist, eo.execution_count, code, x.result_text);
-    if (x.error) {
-        json_t *rep = json_deep_copy(x.error);
-        json_object_set_new(rep, "status", json_string("error"));
-        json_object_set_new(rep, "execution_count", json_integer(eo.execution_count));
-        if (stop_on_error) {
-            c->aborting = 1;
-            c->error_at = x.error_at;
-            /* What waits on the queue before this reply goes out was sent
-             * before the client could have read it (ipykernel aborts the
-             * same: its queue at the error). Dates judge what comes later.
-             * The drained requests are answered first, each with its own
-             * busy/idle; clients match replies by msg_id. */
-            if (c->tr.drain && r->ch == TK_CH_SHELL && !c->draining) {
-                c->draining = 1;
-                c->tr.drain(c->tr.self, TK_CH_SHELL, TK_DRAIN_QUIET_S, TK_DRAIN_MAX_S);
-                c->draining = 0;
-            }
-        }
-        reply(r, "execute_reply", rep);
-    } else {
-        reply(r, "execute_reply", json_pack("{s:s,s:i,s:O,s:{}}", "status", "ok", "execution_count",
-                                            eo.execution_count, "payload", x.payload, "user_expressions"));
-    }
-    json_decref(x.payload);
-    json_decref(x.error);
-    free(x.result_text);
-}
-
 /* code-point offset -> byte offset in UTF-8 text (clamped to the end) */
 static size_t cp_to_byte(const char *s, long cp) {
     size_t b = 0;
@@ -363,10 +296,123 @@ static long byte_to_cp(const char *s, size_t b) {
     return k;
 }
 
+/* stop_on_error: 1 after answering r "aborted" when the client sent it
+ * before it could have seen the last error; 0 when it is to run. */
+static int aborted_by_error(req *r) {
+    tk_core *c = r->c;
+    if (!c->aborting) return 0;
+    double after = 0;
+    if (c->draining) {
+        fprintf(stderr, "txkernel: aborted an execute that was waiting when the last error went out (stop_on_error)\n");
+        reply(r, "execute_reply", json_pack("{s:s}", "status", "aborted"));
+        return 1;
+    }
+    if (sent_before_error(c, r->m, &after)) {
+        fprintf(stderr, "txkernel: aborted an execute sent %+.3f s from the last error (stop_on_error)\n", after);
+        /* no execution_count, as the spec says for aborted replies and
+         * ipykernel does: JupyterLab would show the count on the cell */
+        reply(r, "execute_reply", json_pack("{s:s}", "status", "aborted"));
+        return 1;
+    }
+    /* the client has gone on after the error */
+    fprintf(stderr, "txkernel: ran an execute sent %+.3f s from the last error (stop_on_error ends)\n", after);
+    c->aborting = 0;
+    return 0;
+}
+
+/* The error reply of an execute that failed: error is {ename, evalue,
+ * traceback} (borrowed), published on iopub at error_at. With stop_on_error
+ * what waits on the queue is aborted first. */
+static void execute_failed(req *r, json_t *error, double error_at, int stop_on_error, int count) {
+    tk_core *c = r->c;
+    json_t *rep = json_deep_copy(error);
+    json_object_set_new(rep, "status", json_string("error"));
+    json_object_set_new(rep, "execution_count", json_integer(count));
+    if (stop_on_error) {
+        c->aborting = 1;
+        c->error_at = error_at;
+        /* What waits on the queue before this reply goes out was sent
+         * before the client could have read it (ipykernel aborts the
+         * same: its queue at the error). Dates judge what comes later.
+         * The drained requests are answered first, each with its own
+         * busy/idle; clients match replies by msg_id. */
+        if (c->tr.drain && r->ch == TK_CH_SHELL && !c->draining) {
+            c->draining = 1;
+            c->tr.drain(c->tr.self, TK_CH_SHELL, TK_DRAIN_QUIET_S, TK_DRAIN_MAX_S);
+            c->draining = 0;
+        }
+    }
+    reply(r, "execute_reply", rep);
+}
+
+/* An execute the kernel cannot take (too large, undecodable, a NUL in its
+ * code): nothing runs; the client sees the reason as the cell's error, on
+ * iopub and in the reply, as it would see a cell's own error, and
+ * stop_on_error (the default when the content cannot be read) applies. */
+static void refuse_execute(req *r, const char *why) {
+    tk_core *c = r->c;
+    fprintf(stderr, "txkernel: refused execute_request %.64s: %s\n", r->m->msg_id, why);
+    atomic_fetch_add(&c->refused, 1);
+    if (aborted_by_error(r)) return;
+    json_t *e = json_pack("{s:s,s:s,s:[s]}", "ename", "MessageError", "evalue", why, "traceback", why);
+    if (!e) return;
+    publish(c, r->m->header, "error", e);
+    execute_failed(r, e, now_mono(), r->m->content ? want_bool(r->m->content, "stop_on_error", 1) : 1,
+                   c->exec_count);
+    json_decref(e);
+}
+
+static void h_execute(req *r) {
+    tk_core *c = r->c;
+    json_t *ct = r->m->content;
+    json_t *cv = json_object_get(ct, "code");
+    const char *code = json_string_value(cv);
+    if (!code) { reply_error(r, "execute_reply", "content.code must be a string"); return; }
+    if (strlen(code) != json_string_length(cv)) {
+        char why[256];
+        snprintf(why, sizeof why, "content.code holds a NUL character (\\u0000) at code point %ld: a cell is text "
+                 "without NULs (Python refuses them too: source code cannot contain null bytes)",
+                 byte_to_cp(code, strlen(code)));
+        refuse_execute(r, why);
+        return;
+    }
+    if (aborted_by_error(r)) return;
+    int silent = want_bool(ct, "silent", 0);
+    int store = silent ? 0 : want_bool(ct, "store_history", 1);
+    int stop_on_error = want_bool(ct, "stop_on_error", 1);
+    tk_exec_opts eo = {.silent = silent, .store_history = store,
+                       .allow_stdin = want_bool(ct, "allow_stdin", 0),
+                       .execution_count = store ? c->exec_count + 1 : c->exec_count};
+    if (store) c->exec_count++;
+    if (!silent)
+        publish_new(c, r->m->header, "execute_input",
+                    json_pack("{s:s,s:i}", "code", code, "execution_count", eo.execution_count));
+    exec_out x = {.base = {&exec_out_ops, NULL}, .r = r, .count = eo.execution_count,
+                  .silent = silent, .payload = json_array()};
+    atomic_store(&c->cancel, 0);
+    int rc = c->interp.execute ? c->interp.execute(c->interp.self, code, &eo, &x.base, &c->cancel) : 0;
+    if (rc != 0 && !x.error)
+        o_error(&x.base, "Error", "the cell failed without saying why", NULL);
+    if (store && c->hist) tk_history_add(c->hist, eo.execution_count, code, x.result_text);
+    if (x.error)
+        execute_failed(r, x.error, x.error_at, stop_on_error, eo.execution_count);
+    else
+        reply(r, "execute_reply", json_pack("{s:s,s:i,s:O,s:{}}", "status", "ok", "execution_count",
+                                            eo.execution_count, "payload", x.payload, "user_expressions"));
+    json_decref(x.payload);
+    json_decref(x.error);
+    free(x.result_text);
+}
+
 static int get_code_cursor(req *r, const char *reply_type, const char **code, size_t *cursor) {
     json_t *ct = r->m->content, *cp = json_object_get(ct, "cursor_pos");
-    *code = json_string_value(json_object_get(ct, "code"));
+    json_t *cv = json_object_get(ct, "code");
+    *code = json_string_value(cv);
     if (!*code) { reply_error(r, reply_type, "content.code must be a string"); return -1; }
+    if (strlen(*code) != json_string_length(cv)) {
+        reply_error(r, reply_type, "content.code holds a NUL character (\\u0000)");
+        return -1;
+    }
     if (cp && !json_is_null(cp) && !json_is_integer(cp)) {
         reply_error(r, reply_type, "content.cursor_pos must be an integer");
         return -1;
@@ -480,9 +526,30 @@ static const handler HANDLERS[] = {
     {"interrupt_request", h_interrupt, 1, 1},
 };
 
+/* A request whose header was read but whose rest cannot be taken
+ * (m->refused says why): its reply says so; a message type with no reply
+ * (comm_msg, comm_close) can only be logged. */
+static void refuse(req *r) {
+    const char *type = r->m->msg_type;
+    size_t tl = strlen(type);
+    if (!strcmp(type, "execute_request")) { refuse_execute(r, r->m->refused); return; }
+    if (tl <= 8 || strcmp(type + tl - 8, "_request")) {
+        char why[800];
+        snprintf(why, sizeof why, "%.64s has no reply to carry the reason: %s", type, r->m->refused);
+        logbad(r->c, r->ch, why);
+        return;
+    }
+    char rt[96];
+    snprintf(rt, sizeof rt, "%.*s_reply", (int)(tl - 8 < 80 ? tl - 8 : 80), type);
+    atomic_fetch_add(&r->c->refused, 1);
+    fprintf(stderr, "txkernel: refused %s %.64s: %s\n", type, r->m->msg_id, r->m->refused);
+    reply(r, rt, json_pack("{s:s,s:s,s:s,s:[s]}", "status", "error", "ename", "MessageError", "evalue",
+                           r->m->refused, "traceback", r->m->refused));
+}
+
 void tk_core_handle(tk_core *c, tk_channel ch, const tk_frame *frames, size_t n) {
     tk_kerr err = {{0}};
-    tk_msg *m = tk_msg_decode(c->signer, frames, n, &err);
+    tk_msg *m = tk_msg_decode_max(c->signer, frames, n, c->max_bytes, &err);
     if (!m) { logbad(c, ch, err.msg); return; }
     pthread_mutex_lock(&c->lock);
     int replayed = tk_replay_check(c->replay, m->replay_key, m->replay_key_len);
@@ -507,7 +574,8 @@ void tk_core_handle(tk_core *c, tk_channel ch, const tk_frame *frames, size_t n)
     if (ch == TK_CH_SHELL && !c->draining) clock_sample(c, m);
     req r = {c, ch, m};
     if (h->status) status(c, m->header, "busy");
-    h->fn(&r);
+    if (m->refused[0]) refuse(&r);
+    else h->fn(&r);
     if (h->status) status(c, m->header, "idle");
     tk_msg_destroy(&m);
 }
@@ -526,6 +594,7 @@ int tk_core_should_stop(tk_core *c, int *restart) {
 }
 
 unsigned long tk_core_dropped(tk_core *c) { return atomic_load(&c->dropped); }
+unsigned long tk_core_refused(tk_core *c) { return atomic_load(&c->refused); }
 int tk_core_execution_count(tk_core *c) { return c->exec_count; }
 const char *tk_core_session(tk_core *c) { return c->session; }
 
@@ -535,6 +604,7 @@ tk_core *tk_core_new(const tk_core_opts *o, tk_kerr *err) {
     pthread_mutex_init(&c->lock, NULL);
     c->interp = o->interp;
     c->grace = o->stop_on_error_timeout;
+    c->max_bytes = o->max_message_bytes ? o->max_message_bytes : TK_MSG_MAX_BYTES;
     c->tr = o->transport;
     c->signer = tk_signer_new(o->key, o->key_len);
     c->replay = tk_replay_new();

@@ -9,9 +9,13 @@
  *   interpreter           a tk_interp table (magics/ provides one); it never sees a
  *                         socket, only a tk_out sink and a cancel flag.
  *
- * Guarantees: bad input (unsigned, mis-signed, replayed, malformed JSON, missing
- * frames, wrong types, oversized, invalid UTF-8) is logged to stderr and dropped;
- * it is never executed and never crashes the process. Nothing here exits or aborts.
+ * Guarantees: every request whose header can be read and trusted gets a reply:
+ * one the kernel cannot take (over its size limit, a part that is not JSON,
+ * invalid UTF-8, a lone surrogate, a NUL in its code, wrong types) gets an
+ * error reply saying why. Only a message with no readable header (unsigned,
+ * mis-signed, replayed, missing frames, a header that is not a JSON object
+ * with msg_id and msg_type) is dropped, and that is logged on stderr. Nothing
+ * bad is ever executed or crashes the process. Nothing here exits or aborts.
  *
  * Ownership: "new" = caller destroys; "borrowed" = lives as long as its owner.
  * *_destroy(T **p) is a no-op on NULL and sets *p to NULL.
@@ -26,7 +30,12 @@
 
 #define TK_KERNEL_VERSION "0.1.0"
 #define TK_PROTOCOL_VERSION "5.3"
-#define TK_MSG_MAX_BYTES (64u << 20) /* a message larger than this is rejected */
+/* The kernel's own limit on one message (all frames): a larger request is
+ * answered with an error naming both sizes. The transport sets no limit of
+ * its own (a ZeroMQ ZMQ_MAXMSGSIZE drops the connection without a word).
+ * TXKERNEL_MAX_MESSAGE_BYTES overrides it (tk_core_opts.max_message_bytes). */
+#define TK_MSG_MAX_BYTES ((size_t)1 << 30)
+#define TK_HEADER_MAX_BYTES (1u << 20) /* a header frame larger than this is not read */
 
 typedef struct tk_kerr { char msg[512]; } tk_kerr;
 
@@ -49,6 +58,10 @@ typedef struct tk_msg {
      * clients) number their msg_ids from the same session id independently. */
     uint8_t *replay_key;
     size_t replay_key_len;
+    /* "" for a message decoded whole. Otherwise the header was read (and its
+     * signature checked) but the rest cannot be taken: why, for the error
+     * reply. Then parent, metadata and content may be NULL. */
+    char refused[640];
 } tk_msg;
 
 void tk_msg_destroy(tk_msg **pm);
@@ -64,10 +77,18 @@ void tk_signer_sign(const tk_signer *s, const tk_frame parts[4], char hex[65]);
 
 /* Decodes raw received frames: finds <IDS|MSG>, checks the signature over the
  * raw header/parent/metadata/content frames in constant time, parses them as
- * JSON objects (jansson rejects invalid UTF-8), checks header field types.
- * Returns a new message, or NULL with err filled (the caller logs it). Does not
- * check replays: see tk_replay. */
+ * JSON objects (jansson rejects invalid UTF-8 and lone surrogates; NULs are
+ * kept; the header refuses duplicated keys, the other parts keep the last, as
+ * Python's json does), checks header field types. Returns a new message, or
+ * NULL with err filled (the caller logs it) when there is no readable, trusted
+ * header. A message whose header is readable but whose total size is over
+ * max_bytes, or whose other parts do not decode, comes back with refused set
+ * (see tk_msg). Does not check replays: see tk_replay. */
+tk_msg *tk_msg_decode_max(const tk_signer *s, const tk_frame *frames, size_t n, size_t max_bytes, tk_kerr *err);
+/* tk_msg_decode_max with TK_MSG_MAX_BYTES. */
 tk_msg *tk_msg_decode(const tk_signer *s, const tk_frame *frames, size_t n, tk_kerr *err);
+/* "1.5 GiB" (binary units, one decimal) into buf. */
+void tk_msg_format_bytes(size_t n, char *buf, size_t len);
 
 /* Encodes header/parent/metadata/content (borrowed) with the given identities
  * into frames: ids..., "<IDS|MSG>", signature, header, parent, metadata,
@@ -171,14 +192,18 @@ typedef struct tk_core_opts {
      * Requests already waiting when the error went out are aborted
      * whatever their dates (tk_transport.drain). */
     double stop_on_error_timeout;
+    /* the largest message (all frames) the kernel takes; 0: TK_MSG_MAX_BYTES */
+    size_t max_message_bytes;
 } tk_core_opts;
 
 typedef struct tk_core tk_core;
 tk_core *tk_core_new(const tk_core_opts *opts, tk_kerr *err);  /* new */
 void tk_core_destroy(tk_core **pc);
 
-/* Handles one received message (raw frames, borrowed). Bad messages are logged
- * and dropped. Shell requests run on the calling thread. */
+/* Handles one received message (raw frames, borrowed). A request that cannot
+ * be taken but has a readable header gets an error reply; a message with no
+ * readable header is logged and dropped. Shell requests run on the calling
+ * thread. */
 void tk_core_handle(tk_core *c, tk_channel ch, const tk_frame *frames, size_t n);
 /* Nonzero after a stop_on_error cell failed and until an execute request
  * sent after the client could have seen that error runs. */
@@ -192,8 +217,12 @@ int tk_core_should_stop(tk_core *c, int *restart);
 /* Publishes an iopub message (content borrowed) with an empty parent, e.g.
  * iopub_welcome. */
 void tk_core_publish(tk_core *c, const char *msg_type, json_t *content);
-/* Number of messages dropped as bad since start (for tests). */
+/* Number of messages dropped as bad since start (no readable header; for
+ * tests). */
 unsigned long tk_core_dropped(tk_core *c);
+/* Number of requests answered with an error because they could not be taken
+ * (too large, undecodable parts, a NUL in the code). */
+unsigned long tk_core_refused(tk_core *c);
 int tk_core_execution_count(tk_core *c);
 const char *tk_core_session(tk_core *c);
 

@@ -72,12 +72,16 @@ static void seterr(tk_kerr *err, const char *fmt, const char *a) {
     if (err) snprintf(err->msg, sizeof err->msg, fmt, a ? a : "");
 }
 
-static json_t *parse_obj(const tk_frame *f, const char *what, tk_kerr *err) {
+/* Parses one frame as a JSON object. flags: jansson decoding flags. NUL
+ * characters (\u0000) are accepted and kept (JSON_ALLOW_NUL): a string
+ * holding one is refused where it is used, with a reply saying so, not here
+ * by dropping the whole message. */
+static json_t *parse_obj(const tk_frame *f, const char *what, size_t flags, tk_kerr *err) {
     json_error_t je;
-    /* JSON_REJECT_DUPLICATES: a header with two msg_ids is not something to guess at. */
-    json_t *j = json_loadb((const char *)f->data, f->len, JSON_REJECT_DUPLICATES, &je);
+    json_t *j = json_loadb((const char *)f->data, f->len, flags | JSON_ALLOW_NUL, &je);
     if (!j) {
-        if (err) snprintf(err->msg, sizeof err->msg, "%s frame is not valid JSON: %s", what, je.text);
+        if (err) snprintf(err->msg, sizeof err->msg, "%s frame is not valid JSON at byte %d of %zu: %s", what,
+                          je.position, f->len, je.text);
         return NULL;
     }
     if (!json_is_object(j)) {
@@ -88,14 +92,22 @@ static json_t *parse_obj(const tk_frame *f, const char *what, tk_kerr *err) {
     return j;
 }
 
+/* A header string field that must be a non-empty string without NULs. */
+static int header_str(json_t *v) {
+    return json_is_string(v) && json_string_length(v) > 0 && strlen(json_string_value(v)) == json_string_length(v);
+}
+
 tk_msg *tk_msg_decode(const tk_signer *s, const tk_frame *frames, size_t n, tk_kerr *err) {
+    return tk_msg_decode_max(s, frames, n, TK_MSG_MAX_BYTES, err);
+}
+
+tk_msg *tk_msg_decode_max(const tk_signer *s, const tk_frame *frames, size_t n, size_t max_bytes, tk_kerr *err) {
     size_t d = n, total = 0;
     for (size_t i = 0; i < n; i++) {
         total += frames[i].len;
         if (d == n && frames[i].len == DELIM_LEN && memcmp(frames[i].data, DELIM, DELIM_LEN) == 0)
             d = i;
     }
-    if (total > TK_MSG_MAX_BYTES) { seterr(err, "message too large (over 64 MiB)%s", ""); return NULL; }
     if (d == n) { seterr(err, "no <IDS|MSG> delimiter frame%s", ""); return NULL; }
     if (n - d < 6) { seterr(err, "missing frames after <IDS|MSG> (need signature, header, parent, metadata, content)%s", ""); return NULL; }
     const tk_frame *sig = &frames[d + 1];
@@ -107,6 +119,11 @@ tk_msg *tk_msg_decode(const tk_signer *s, const tk_frame *frames, size_t n, tk_k
             seterr(err, sig->len ? "bad message signature%s" : "unsigned message%s", "");
             return NULL;
         }
+    }
+    if (parts[0].len > TK_HEADER_MAX_BYTES) {
+        if (err) snprintf(err->msg, sizeof err->msg, "header frame of %zu bytes (a header is a few hundred; over %u "
+                          "it is not read)", parts[0].len, (unsigned)TK_HEADER_MAX_BYTES);
+        return NULL;
     }
     tk_msg *m = calloc(1, sizeof *m);
     if (!m) { seterr(err, "out of memory%s", ""); return NULL; }
@@ -122,28 +139,63 @@ tk_msg *tk_msg_decode(const tk_signer *s, const tk_frame *frames, size_t n, tk_k
             m->id_lens[i] = frames[i].len;
         }
     }
-    if (!(m->header = parse_obj(&parts[0], "header", err))) goto bad;
-    if (!(m->parent = parse_obj(&parts[1], "parent_header", err))) goto bad;
-    if (!(m->metadata = parse_obj(&parts[2], "metadata", err))) goto bad;
-    if (!(m->content = parse_obj(&parts[3], "content", err))) goto bad;
+    /* JSON_REJECT_DUPLICATES in the header: a header with two msg_ids is not
+     * something to guess at. The other parts take the last of duplicated
+     * keys, as Python's json (and so ipykernel) does. */
+    if (!(m->header = parse_obj(&parts[0], "header", JSON_REJECT_DUPLICATES, err))) goto bad;
     json_t *id = json_object_get(m->header, "msg_id");
     json_t *ty = json_object_get(m->header, "msg_type");
-    if (!json_is_string(id) || json_string_length(id) == 0) { seterr(err, "header.msg_id is missing or not a string%s", ""); goto bad; }
-    if (!json_is_string(ty) || json_string_length(ty) == 0) { seterr(err, "header.msg_type is missing or not a string%s", ""); goto bad; }
+    if (!header_str(id)) { seterr(err, "header.msg_id is missing, empty, not a string or holds a NUL%s", ""); goto bad; }
+    if (!header_str(ty)) { seterr(err, "header.msg_type is missing, empty, not a string or holds a NUL%s", ""); goto bad; }
     json_t *sess = json_object_get(m->header, "session");
-    if (sess && !json_is_string(sess)) { seterr(err, "header.session is not a string%s", ""); goto bad; }
+    if (sess && !(json_is_string(sess) && strlen(json_string_value(sess)) == json_string_length(sess))) {
+        seterr(err, "header.session is not a string without NULs%s", "");
+        goto bad;
+    }
     const tk_frame *rk = (s && s->key_len) ? sig : &parts[0];
     if (!(m->replay_key = malloc(rk->len ? rk->len : 1))) goto oom;
     memcpy(m->replay_key, rk->data, rk->len);
     m->replay_key_len = rk->len;
     m->msg_id = json_string_value(id);
     m->msg_type = json_string_value(ty);
+    /* The header is readable: from here on a fault is the message's, said
+     * in m->refused for the reply, and the message is not dropped. */
+    if (total > max_bytes) {
+        char a[32], b[32];
+        tk_msg_format_bytes(total, a, sizeof a);
+        tk_msg_format_bytes(max_bytes, b, sizeof b);
+        snprintf(m->refused, sizeof m->refused, "the %s message is %zu bytes (%s), over the kernel's limit of %zu "
+                 "bytes (%s); it was not run", m->msg_type, total, a, max_bytes, b);
+        return m;
+    }
+    tk_kerr perr = {{0}};
+    if (!(m->parent = parse_obj(&parts[1], "parent_header", 0, &perr)) ||
+        !(m->metadata = parse_obj(&parts[2], "metadata", 0, &perr)) ||
+        !(m->content = parse_obj(&parts[3], "content", 0, &perr))) {
+        snprintf(m->refused, sizeof m->refused, "%s", perr.msg);
+        size_t l = strlen(m->refused);
+        if (strstr(m->refused, "invalid Unicode '\\uD") || strstr(m->refused, "invalid Unicode '\\ud"))
+            snprintf(m->refused + l, sizeof m->refused - l, " (a lone UTF-16 surrogate: half of a pair, which "
+                     "is no character; txkernel takes text as valid Unicode)");
+        else if (strstr(m->refused, "unable to decode byte"))
+            snprintf(m->refused + l, sizeof m->refused - l, " (the frame is not valid UTF-8)");
+        return m;
+    }
     return m;
 oom:
     seterr(err, "out of memory%s", "");
 bad:
     tk_msg_destroy(&m);
     return NULL;
+}
+
+void tk_msg_format_bytes(size_t n, char *buf, size_t len) {
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024 && u < 4) { v /= 1024; u++; }
+    if (u == 0) snprintf(buf, len, "%zu B", n);
+    else snprintf(buf, len, "%.1f %s", v, unit[u]);
 }
 
 void tk_frames_free(tk_frame *frames, size_t n) {

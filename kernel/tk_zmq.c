@@ -14,6 +14,7 @@
 #include "tk_kernel.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,6 +32,7 @@
  * error. */
 #define STOP_ON_ERROR_TIMEOUT_S 0.0
 #define MAX_FRAMES 256
+#define TK_TRIM_AFTER_BYTES ((size_t)4 << 20)
 
 typedef struct zt {
     void *ctx;
@@ -83,9 +85,20 @@ static int pump(zt *t, tk_channel ch) {
             zmq_msg_close(m);
         }
     }
-    if (too_many) fprintf(stderr, "txkernel: dropped a message with more than %d frames\n", MAX_FRAMES);
-    else if (n) tk_core_handle(t->core, ch, frames, n);
+    /* Frames past MAX_FRAMES can only be binary buffers after the content
+     * (or routing identities beyond any real proxy chain): the signed parts
+     * come first, so the message is still handled, and answered, without them. */
+    if (too_many) fprintf(stderr, "txkernel: a message with more than %d frames: the frames after the first %d are "
+                          "not read\n", MAX_FRAMES, MAX_FRAMES);
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; i++) bytes += frames[i].len;
+    if (n) tk_core_handle(t->core, ch, frames, n);
     for (size_t i = 0; i < n; i++) zmq_msg_close(&parts[i]);
+#ifdef __GLIBC__
+    /* a large message (a huge cell, its parse, its execute_input) leaves
+     * freed heap that glibc would keep at that size: give it back */
+    if (bytes > TK_TRIM_AFTER_BYTES) malloc_trim(0);
+#endif
     return got;
 }
 
@@ -224,10 +237,11 @@ static void *bind_sock(zt *t, const conn *cf, int type, int port, const char *wh
         snprintf(err->msg, sizeof err->msg, "cannot create the %s socket: %s", what, zmq_strerror(errno));
         return NULL;
     }
+    /* No ZMQ_MAXMSGSIZE: libzmq drops the connection of a larger message
+     * without a word, and the client waits forever. The core answers a
+     * message over the kernel's limit with an error instead. */
     int linger = 1000, one = 1;
-    int64_t maxsz = TK_MSG_MAX_BYTES;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxsz, sizeof maxsz);
     if (type == ZMQ_ROUTER) zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
     if (type == ZMQ_XPUB) zmq_setsockopt(s, ZMQ_XPUB_VERBOSE, &one, sizeof one);
     if (strchr(cf->ip, ':')) zmq_setsockopt(s, ZMQ_IPV6, &one, sizeof one);
@@ -267,8 +281,20 @@ int tk_kernel_serve(const char *connection_file, const tk_interp *interp, tk_ker
         }
         grace = v;
     }
+    size_t max_bytes = TK_MSG_MAX_BYTES;
+    const char *ms = getenv("TXKERNEL_MAX_MESSAGE_BYTES");
+    if (ms && *ms) {
+        char *end;
+        unsigned long long v = strtoull(ms, &end, 10);
+        if (*end || *ms == '-' || v < 4096 || v > ((unsigned long long)1 << 40)) {
+            snprintf(err->msg, sizeof err->msg, "TXKERNEL_MAX_MESSAGE_BYTES=\"%.100s\": want bytes between 4096 and 2^40", ms);
+            goto out;
+        }
+        max_bytes = (size_t)v;
+    }
     tk_core_opts co = {.key = (const uint8_t *)cf.key, .key_len = strlen(cf.key), .interp = *interp,
-                       .transport = {&t, zt_send, zt_drain}, .stop_on_error_timeout = grace};
+                       .transport = {&t, zt_send, zt_drain}, .stop_on_error_timeout = grace,
+                       .max_message_bytes = max_bytes};
     if (!(t.core = tk_core_new(&co, err))) goto out;
 
     g_cancel = tk_core_cancel_flag(t.core);

@@ -370,6 +370,17 @@ void tk_report_add_holder(json_t *bundle, const tk_holder *h, int always) {
                                                       "allocated", (json_int_t)h->allocated));
 }
 
+void tk_report_add_host_rss(json_t *bundle) {
+    size_t rss = tk_host_rss();
+    if (!bundle || !rss) return;
+    char line[256], b[32];
+    snprintf(line, sizeof line, "Host: this process's resident set is %s (RSS; freed heap goes back to the system "
+             "after each run and at %%txreset)\n", B(rss, b));
+    bundle_append(bundle, line, line, "<p>");
+    json_t *j = json_object_get(bundle, "application/json");
+    if (j) json_object_set_new(j, "host_rss", json_integer((json_int_t)rss));
+}
+
 void tk_report_add_data(json_t *bundle, const tk_run_data *d) {
     if (!d || !d->n_train) return;
     char line[512];

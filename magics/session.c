@@ -48,6 +48,7 @@ struct tk_session {
     int ntl, captl;
     struct tk_advice *advice;  /* the last %txadvise (malloc'd, owned) */
     tk_holder holder;          /* the host's report; survives a reset */
+    size_t record_events;      /* the allocator's history asked for (events; 0: off); survives a reset */
 };
 
 tk_session *tk_session_new(void) { return tk_calloc(1, sizeof(tk_session)); }
@@ -65,8 +66,11 @@ void tk_session_reset(tk_session *s) {
     free(s->tl);
     free(s->advice);
     tk_holder h = s->holder;
+    int record = s->record_events;
     memset(s, 0, sizeof *s);
     s->holder = h;
+    s->record_events = record;
+    tk_host_trim(); /* what the session held, back to the system */
 }
 
 void tk_session_set_holder(tk_session *s, const tk_holder *h) {
@@ -175,9 +179,8 @@ tk_dev *tk_session_device(tk_session *s, const tk_config *c, char *note, tk_err 
         tk_err_set(err, e.status, "device: %s", e.msg);
         return NULL;
     }
-    /* the allocator's recent history, for %txmem --save FILE.pickle (a
-     * PyTorch snapshot of the last run): 2^18 events, 8 MiB of host memory */
-    if (tk_alloc_record_history(tk_dev_alloc(d), (size_t)1 << 18) != 0 && note)
+    /* the allocator's history only when asked (tk_session_record_history) */
+    if (s->record_events && tk_alloc_record_history(tk_dev_alloc(d), s->record_events) != 0 && note)
         snprintf(note, 256, "device: no memory for the allocator's history; %%txmem --save will have no trace");
     s->dev = d;
     s->kind = want;
@@ -188,6 +191,15 @@ tk_dev *tk_session_device(tk_session *s, const tk_config *c, char *note, tk_err 
 }
 
 tk_dev *tk_session_current_device(tk_session *s) { return s->dev; }
+
+tk_status tk_session_record_history(tk_session *s, size_t max_events, tk_err *err) {
+    if (s->dev && tk_alloc_record_history(tk_dev_alloc(s->dev), max_events) != 0)
+        return tk_err_nomem(err, "the allocator's history");
+    s->record_events = max_events;
+    return TK_OK;
+}
+
+size_t tk_session_recording(const tk_session *s) { return s->record_events; }
 
 const tk_config *tk_session_config(const tk_session *s) { return s->have_config ? &s->config : NULL; }
 void tk_session_set_config(tk_session *s, const tk_config *c) {
@@ -549,8 +561,8 @@ static tk_status end_run(tk_session *s, tk_dev *d, tk_run_report *r, tk_status r
     return rc;
 }
 
-tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks *h,
-                           tk_run_report *r, tk_err *err) {
+static tk_status session_train(tk_session *s, const tk_config *c, const tk_run_hooks *h,
+                               tk_run_report *r, tk_err *err) {
     memset(r, 0, sizeof *r);
     r->end = TK_RUN_FAILED;
     tk_err local = { 0 };
@@ -609,6 +621,16 @@ tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks
     tk_model_destroy(&m);
     tk_run_data_clear(&data);
     return end_run(s, d, r, rc);
+}
+
+tk_status tk_session_train(tk_session *s, const tk_config *c, const tk_run_hooks *h,
+                           tk_run_report *r, tk_err *err) {
+    tk_status rc = session_train(s, c, h, r, err);
+    /* however it ended: the run's freed heap (its data, model, scratch in
+     * every thread's arena) back to the system, so the process is not left
+     * at the run's peak */
+    tk_host_trim();
+    return rc;
 }
 
 /* ---- using a trained model ---------------------------------------------------- */

@@ -42,6 +42,15 @@ void tk_session_destroy(tk_session **ps);
  * fell back). Borrowed. */
 tk_dev *tk_session_device(tk_session *s, const tk_config *c, char *note, tk_err *err);
 tk_dev *tk_session_current_device(tk_session *s); /* borrowed; NULL if none yet */
+/* The allocator's event history (alloc, free, segments, OOM: what a PyTorch
+ * snapshot's trace shows) is off unless asked for, as tk_gpu.h says: it
+ * costs a ring of 48-byte events. This asks for the last max_events (0: off,
+ * and what was kept is dropped) on the session's device now and on any
+ * device it opens later, until asked otherwise; a reset keeps the request.
+ * %txmem --record asks (as torch.cuda.memory._record_memory_history does),
+ * and so does txk train --snapshot. TK_ENOMEM when the ring cannot be had. */
+tk_status tk_session_record_history(tk_session *s, size_t max_events, tk_err *err);
+size_t tk_session_recording(const tk_session *s); /* events asked for; 0: off */
 /* Capacity a config runs against: capacity, else its GPU profile's, else 0. */
 size_t tk_session_capacity_of(const tk_config *c);
 
@@ -234,6 +243,10 @@ tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, jso
  * ("in_process") to a bundle: when it holds device memory, or with `always`
  * whatever the host reported; nothing when the host reported nothing. */
 void tk_report_add_holder(json_t *bundle, const tk_holder *h, int always);
+/* One line on this process's host memory beside the device figures ("Host:
+ * this process's resident set is 41.2 MiB (RSS) ..."), and "host_rss" (bytes)
+ * in the bundle's JSON (tk_host_rss). */
+void tk_report_add_host_rss(json_t *bundle);
 /* For head flatten_dense: appends to a plan bundle (text/plain, text/html,
  * application/json "head") the head's weight shape and bytes, its share of
  * the peak, and what a per-token span head would take instead. No-op for

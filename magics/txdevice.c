@@ -210,6 +210,7 @@ static int run_txdevice(tk_magic_ctx *m) {
     int json_only = strstr(m->args, "--json") != NULL;
     const tk_config *c = tk_session_config(s);
     json_t *b = tk_device_report(tk_session_current_device(s), c);
+    tk_report_add_host_rss(b);
     tk_report_add_holder(b, tk_session_holder(s), 1);
     tk_txemit(m, b, json_only);
     json_decref(b);

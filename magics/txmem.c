@@ -54,6 +54,7 @@ static json_t *timeline_bundle(const tk_mem_sample *tl, int n) {
 /* The trace's memory over time, at most this many points: the SVG stays
  * small whatever the trace's length (each bucket keeps its highest point). */
 #define SNAP_CHART_POINTS 400
+#define TXMEM_RECORD_EVENTS ((size_t)1 << 18) /* %txmem --record: 12 MiB of events */
 
 /* The trace's memory over time; a snapshot without a trace (or with one
  * event) gets the live bytes by owner instead, so there is always a chart. */
@@ -259,7 +260,7 @@ static int run_txmem(tk_magic_ctx *m) {
     tk_session *s = m->session;
     char **argv = NULL;
     int argc = 0, json_only = 0, timeline = 0, top = 10, rc = 0;
-    const char *by = "owner", *save = NULL, *snapshot = NULL, *cap = NULL;
+    const char *by = "owner", *save = NULL, *snapshot = NULL, *cap = NULL, *record = NULL;
     tk_snap_opts so = {0};
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
@@ -278,12 +279,33 @@ static int run_txmem(tk_magic_ctx *m) {
         else if (!strcmp(argv[i], "--batch") && v && atoi(v) > 0) { so.batch = atoi(v); i++; }
         else if (!strcmp(argv[i], "--seq") && v && atoi(v) > 0) { so.seq = atoi(v); i++; }
         else if (!strcmp(argv[i], "--capacity") && v) { cap = v; i++; }
+        else if (!strcmp(argv[i], "--record")) {
+            record = "on";
+            if (v && (!strcmp(v, "off") || (atol(v) > 0 && strspn(v, "0123456789") == strlen(v)))) { record = v; i++; }
+        }
         else
             rc = tk_magic_error(m, "UsageError",
                                 "%%txmem: unexpected '%s'\nusage: %%txmem [--by category|owner|layer] [--top N] "
-                                "[--timeline] [--json] [--save FILE]\n       %%txmem --snapshot FILE "
+                                "[--timeline] [--json] [--save FILE] [--record [N|off]]\n       %%txmem --snapshot FILE "
                                 "[--gpu P | --capacity SIZE] [--model M] [--data FILE [--text COL]] [--batch N --seq N] "
                                 "[--top N] [--json]", argv[i]);
+    }
+    if (!rc && record) {
+        /* the allocator's history is off unless asked: a ring of 48-byte events */
+        size_t n = !strcmp(record, "off") ? 0 : !strcmp(record, "on") ? TXMEM_RECORD_EVENTS : (size_t)atol(record);
+        tk_err err = {0};
+        char b[32];
+        if (tk_session_record_history(s, n, &err) != TK_OK)
+            rc = tk_magic_error(m, "MemoryError", "%s", err.msg);
+        else if (n)
+            tk_magic_printf(m, "stdout", "Recording the allocator's last %zu events (%s of host memory) from now on: "
+                            "the allocations and frees of the runs that follow are the trace %%txmem --save "
+                            "FILE.pickle writes. %%txmem --record off stops.\n", n,
+                            tk_format_bytes(n * sizeof(tk_alloc_event), b, sizeof b));
+        else
+            tk_magic_printf(m, "stdout", "The allocator's history is off (what it kept is dropped).\n");
+        tk_txargs_free(argv, argc);
+        return rc;
     }
     if (!rc && snapshot) {
         rc = txmem_read_snapshot(m, snapshot, cap, top, json_only, &so);
@@ -296,11 +318,13 @@ static int run_txmem(tk_magic_ctx *m) {
                                   "Run %%txtrain (or %txdevice) first.");
         json_object_set_new(b, "application/json", json_pack("{s:s, s:i, s:i}", "device", "none", "allocated", 0,
                                                             "n_alloc", 0));
+        tk_report_add_host_rss(b);
         tk_report_add_holder(b, tk_session_holder(s), 0);
         tk_txemit(m, b, json_only);
         json_decref(b);
     } else if (!rc) {
         json_t *b = tk_report_mem(d, by, top);
+        tk_report_add_host_rss(b);
         tk_report_add_holder(b, tk_session_holder(s), 0);
         tk_txemit(m, b, json_only);
         json_decref(b);
@@ -320,7 +344,9 @@ static int run_txmem(tk_magic_ctx *m) {
                 rc = tk_magic_error(m, "IOError", "%s", err.msg);
             else
                 tk_magic_printf(m, "stdout", "PyTorch memory snapshot written to %s (open it at "
-                                             "https://pytorch.org/memory_viz)\n", save);
+                                             "https://pytorch.org/memory_viz)%s\n", save,
+                                tk_session_recording(s) ? "" : ". It has no trace: the allocator's history is off "
+                                "unless asked; %txmem --record before a run records it");
         } else if (save) {
             char *js = tk_alloc_snapshot_json(tk_dev_alloc(d));
             FILE *f = js ? fopen(save, "wb") : NULL;
@@ -338,13 +364,17 @@ static int run_txmem(tk_magic_ctx *m) {
 static const tk_magic_def TXMEM[] = {
     {"txmem", TK_MAGIC_LINE, run_txmem, "live device memory: by category, owner or layer; timeline; a PyTorch snapshot diagnosed",
      "%txmem [--by category|owner|layer] [--top N] [--timeline] [--json] [--save FILE]\n"
+     "%txmem --record [N|off]\n"
      "%txmem --snapshot FILE [--gpu P | --capacity SIZE] [--model M] [--data FILE [--text COL]]\n"
      "       [--batch N --seq N] [--top N] [--json]\n\n"
      "Capacity, free, allocated, reserved and peaks of the session's device (exact bytes\n"
      "from the caching allocator), the live bytes per category, and the top owners (HF\n"
      "module names) or layers. --timeline charts allocated/reserved at each step of the\n"
      "last run. --json prints the same as JSON. --save FILE.pickle writes a PyTorch memory\n"
-     "snapshot (the allocator now, the last run's allocations and frees as its trace);\n"
+     "snapshot (the allocator now, and as its trace the allocations and frees recorded\n"
+     "since --record: the allocator's history is off unless asked, as in PyTorch's\n"
+     "torch.cuda.memory._record_memory_history; --record keeps the last N events, 262144\n"
+     "by default, 48 bytes each; --record off stops);\n"
      "--save FILE (another name) writes txkernel's segments, blocks\n"
      "and owners to FILE (JSON).\n\n"
      "--snapshot FILE reads a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's\n"

@@ -146,13 +146,18 @@ def test_plan_snapshot_is_the_planned_step():
 
 def test_txmem_save_pickle_after_a_run():
     """%txmem --save FILE.pickle after a %%txtrain: the viewer's format, and
-    its trace is the run: replaying it reaches the device's peak allocated."""
+    its trace is the run (recorded since %txmem --record: the allocator's
+    history is off unless asked): replaying it reaches the device's peak
+    allocated."""
     import sys
     sys.path.insert(0, os.path.join(ROOT, "tests", "kernel"))
     import txk_util as u
     km, kc = u.start()
     try:
         cfg = open(config()).read()
+        reply, outs = u.run_cell(kc, "%txmem --record", timeout=30)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert "Recording the allocator's last 262144 events" in outs[0]["content"]["text"], outs
         reply, _ = u.run_cell(kc, "%%txtrain\n" + cfg, timeout=120)
         assert reply["content"]["status"] == "ok", reply["content"]
         path = tempfile.mktemp(suffix=".pickle")

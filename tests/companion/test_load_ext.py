@@ -59,11 +59,14 @@ def demo_cells():
 
 
 def untimed(parts):
-    """Texts with wall-clock durations (planning time, s/step) blanked: the
-    only thing two runs of the same cell may differ in."""
+    """Texts with wall-clock durations (planning time, s/step) and the
+    process's RSS (%txdevice, %txmem: the python kernel's is not txkernel's)
+    blanked: the only things two runs of the same cell may differ in."""
     out = []
     for p in parts:
         p = re.sub(r"\b[0-9]+(\.[0-9]+)? ?(ms|s)\b", "_s", p)
+        p = re.sub(r"resident set is [0-9.]+ \w+", "resident set is _", p)
+        p = re.sub(r'"host_rss": [0-9]+', '"host_rss": _', p)
         out.append(re.sub(r'"(\w*_ms|\w*seconds\w*)": [0-9.eE+-]+', r'"\1": _', p))
     return out
 

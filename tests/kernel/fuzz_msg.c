@@ -7,7 +7,8 @@
  * so the fuzzer reaches the JSON parser and the dispatch table instead of
  * stopping at the signature check. The interpreter is a small local one that
  * echoes the cell and exercises every output kind, so this target depends on
- * kernel/ alone. */
+ * kernel/ alone. The core's message limit is 2048 bytes, so inputs reach both
+ * the refused path (an error reply naming the size) and the whole one. */
 #include "tk_kernel.h"
 
 #include <stdlib.h>
@@ -53,7 +54,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_core) {
         tk_interp it = {NULL, f_execute, f_complete, f_inspect, f_is_complete, NULL};
         tk_core_opts o = {.key = (const uint8_t *)KEY, .key_len = strlen(KEY), .interp = it,
-                          .transport = {NULL, drop, NULL}, .history_path = ""};
+                          .transport = {NULL, drop, NULL}, .history_path = "",
+                          .max_message_bytes = 2048}; /* inputs go to 4096: both sides of the limit */
         g_core = tk_core_new(&o, NULL);
     }
     if (size < 1) return 0;

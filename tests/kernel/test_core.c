@@ -4,6 +4,7 @@
  * code points, history, interrupts, shutdown; and the magic registry. Every
  * message the core sends is decoded here with the same key, so its signatures
  * are checked too. */
+#include "tk_history.h"
 #include "tk_kernel.h"
 #include "tk_magics.h"
 #include "tk_test.h"
@@ -11,6 +12,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,6 +41,7 @@ static void mem_clear(mem *t) {
 
 typedef struct fx { mem t; tk_magics *mg; tk_core *c; tk_signer *client; int seq; } fx;
 static double g_grace; /* stop_on_error_timeout of the next fx_init */
+static size_t g_max_bytes; /* max_message_bytes of the next fx_init (0: the default) */
 
 static void fx_init(fx *x) {
     memset(x, 0, sizeof *x);
@@ -47,7 +50,8 @@ static void fx_init(fx *x) {
     x->client = tk_signer_new((const uint8_t *)KEY, strlen(KEY));
     x->mg = tk_magics_new();
     tk_core_opts o = {.key = (const uint8_t *)KEY, .key_len = strlen(KEY), .interp = tk_magics_interp(x->mg),
-                      .transport = {&x->t, mem_send, NULL}, .history_path = "", .stop_on_error_timeout = g_grace};
+                      .transport = {&x->t, mem_send, NULL}, .history_path = "", .stop_on_error_timeout = g_grace,
+                      .max_message_bytes = g_max_bytes};
     tk_kerr err;
     x->c = tk_core_new(&o, &err);
 }
@@ -178,7 +182,8 @@ static void test_decode_rejects_bad_input(void) {
     const char *bad_headers[] = {"{\"msg_id\":", "[1,2]", "{\"msg_id\":\"\xff\xfe\",\"msg_type\":\"x\"}",
                                  "{\"msg_id\":5,\"msg_type\":\"execute_request\"}", "{\"msg_id\":\"a\"}",
                                  "{\"msg_id\":\"a\",\"msg_id\":\"b\",\"msg_type\":\"x\"}",
-                                 "{\"msg_id\":\"a\",\"msg_type\":\"x\",\"session\":[]}"};
+                                 "{\"msg_id\":\"a\",\"msg_type\":\"x\",\"session\":[]}",
+                                 "{\"msg_id\":\"a\",\"msg_type\":\"execute_request\\u0000x\"}"};
     for (size_t i = 0; i < sizeof bad_headers / sizeof *bad_headers; i++) {
         g[3].data = (const uint8_t *)bad_headers[i];
         g[3].len = strlen(bad_headers[i]);
@@ -190,12 +195,122 @@ static void test_decode_rejects_bad_input(void) {
         TK_CHECK_MSG(m == NULL, "header %zu accepted", i);
         tk_msg_destroy(&m);
     }
-    /* oversized: the length check comes before any byte is read, so a frame
-     * claiming more than the limit is refused without touching its data */
-    memcpy(g, f, n * sizeof *f);
-    g[6].len = TK_MSG_MAX_BYTES + 1;
-    TK_CHECK(tk_msg_decode(x.t.s, g, n, &err) == NULL && strstr(err.msg, "too large"));
+    /* over the limit: the header is read (and the signature checked over
+     * every byte), the rest is not parsed; the message comes back refused,
+     * naming both sizes, so the core can answer it */
     tk_frames_free(f, n);
+    char big[9000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    f = req_frames(&x, x.client, "execute_request", exec_content(big), &n, NULL);
+    m = tk_msg_decode_max(x.t.s, f, n, 4096, &err);
+    TK_CHECK(m && m->refused[0] && !m->content && strstr(m->refused, "over the kernel's limit of 4096 bytes"));
+    TK_CHECK_MSG(m && strstr(m->refused, "the execute_request message is 9"), "%s", m ? m->refused : "");
+    tk_msg_destroy(&m);
+    m = tk_msg_decode(x.t.s, f, n, &err); /* under the default 1 GiB: whole */
+    TK_CHECK(m && !m->refused[0] && m->content);
+    tk_msg_destroy(&m);
+    tk_frames_free(f, n);
+    fx_free(&x);
+}
+
+/* Replaces the content frame of a one-identity request (frames: id,
+ * delimiter, signature, header, parent, metadata, content) with raw text and
+ * signs it again; sig holds the new signature. */
+static void raw_content(fx *x, tk_frame *f, const char *text, char sig[65]) {
+    free((void *)f[6].data);
+    f[6].data = (const uint8_t *)strdup(text);
+    f[6].len = strlen(text);
+    tk_signer_sign(x->client, &f[3], sig);
+    free((void *)f[2].data);
+    f[2].data = (const uint8_t *)strdup(sig);
+    f[2].len = 64;
+}
+
+static void send_raw(fx *x, tk_channel ch, const char *type, const char *content_text) {
+    size_t n;
+    char sig[65];
+    tk_frame *f = req_frames(x, x->client, type, json_object(), &n, NULL);
+    raw_content(x, f, content_text, sig);
+    tk_core_handle(x->c, ch, f, n);
+    tk_frames_free(f, n);
+}
+
+/* Every request with a readable header is answered: too large, a NUL in the
+ * code, a lone surrogate, invalid UTF-8, a part that is not JSON. Duplicated
+ * keys take the last, as ipykernel does. Only a message without a readable
+ * header is dropped. */
+static void test_refused_requests_get_error_replies(void) {
+    g_max_bytes = 8192;
+    fx x; fx_init(&x);
+    char big[12000];
+    memset(big, '#', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content(big));
+    tk_msg *rep = find(&x, TK_CH_SHELL, "execute_reply", 0);
+    TK_CHECK_STR(cstr(rep, "status"), "error");
+    TK_CHECK_STR(cstr(rep, "ename"), "MessageError");
+    TK_CHECK_MSG(cstr(rep, "evalue") && strstr(cstr(rep, "evalue"), "over the kernel's limit of 8192 bytes (8.0 KiB)"),
+                 "%s", cstr(rep, "evalue"));
+    TK_CHECK_EQ_INT(cint(rep, "execution_count"), 0);
+    /* the user sees it as the cell's error, between busy and idle */
+    const char *want[] = {"status", "error", "execute_reply", "status"};
+    TK_CHECK_EQ_INT(x.t.n, 4);
+    for (int i = 0; i < x.t.n && i < 4; i++) TK_CHECK_STR(x.t.out[i].m->msg_type, want[i]);
+    TK_CHECK_STR(cstr(find(&x, TK_CH_IOPUB, "error", 0), "evalue"), cstr(rep, "evalue"));
+    TK_CHECK_EQ_INT(tk_core_refused(x.c), 1);
+    TK_CHECK_EQ_INT(tk_core_dropped(x.c), 0);
+    /* under the limit it runs; stop_on_error was in force, so send it dated
+     * after the error (date rule) */
+    date_now_plus(1.0);
+    send_req(&x, TK_CH_SHELL, "execute_request", exec_content("%echo small"));
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "ok");
+    TK_CHECK_EQ_INT(cint(find(&x, TK_CH_SHELL, "execute_reply", 1), "execution_count"), 1);
+    fx_free(&x);
+    g_max_bytes = 0;
+    g_date = "2026-01-01T00:00:00.000000Z";
+
+    fx_init(&x);
+    /* a NUL: decoded (JSON_ALLOW_NUL), refused where the code is used */
+    json_t *c = exec_content("");
+    json_object_set_new(c, "code", json_stringn("%echo a\0b", 9));
+    send_req(&x, TK_CH_SHELL, "execute_request", c);
+    rep = find(&x, TK_CH_SHELL, "execute_reply", 0);
+    TK_CHECK_STR(cstr(rep, "status"), "error");
+    TK_CHECK_MSG(cstr(rep, "evalue") && strstr(cstr(rep, "evalue"), "NUL character (\\u0000) at code point 7"), "%s",
+                 cstr(rep, "evalue"));
+    TK_CHECK_EQ_INT(count_type(&x, "stream"), 0); /* nothing ran, not even the part before the NUL */
+    fx_free(&x);
+
+    fx_init(&x);
+    send_raw(&x, TK_CH_SHELL, "execute_request", "{\"code\":\"%echo \\ud800 lone\",\"silent\":false}");
+    rep = find(&x, TK_CH_SHELL, "execute_reply", 0);
+    TK_CHECK_STR(cstr(rep, "status"), "error");
+    TK_CHECK_MSG(cstr(rep, "evalue") && strstr(cstr(rep, "evalue"), "content frame is not valid JSON") &&
+                 strstr(cstr(rep, "evalue"), "lone UTF-16 surrogate"), "%s", cstr(rep, "evalue"));
+    fx_free(&x);
+
+    fx_init(&x);
+    send_raw(&x, TK_CH_SHELL, "execute_request", "{\"code\":\"%echo \xff\"}");
+    rep = find(&x, TK_CH_SHELL, "execute_reply", 0);
+    TK_CHECK_MSG(cstr(rep, "evalue") && strstr(cstr(rep, "evalue"), "UTF-8"), "%s", cstr(rep, "evalue"));
+    /* duplicated keys: the last one runs, as in ipykernel */
+    date_now_plus(1.0);
+    send_raw(&x, TK_CH_SHELL, "execute_request", "{\"code\":\"%echo first\",\"code\":\"%echo last\"}");
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "execute_reply", 1), "status"), "ok");
+    TK_CHECK_STR(cstr(find(&x, TK_CH_IOPUB, "stream", 0), "text"), "last\n");
+    g_date = "2026-01-01T00:00:00.000000Z";
+    /* other requests: an error reply of their own type */
+    send_raw(&x, TK_CH_SHELL, "kernel_info_request", "{not json");
+    rep = find(&x, TK_CH_SHELL, "kernel_info_reply", 0);
+    TK_CHECK_STR(cstr(rep, "status"), "error");
+    TK_CHECK(cstr(rep, "evalue") && strstr(cstr(rep, "evalue"), "content frame is not valid JSON at byte"));
+    send_raw(&x, TK_CH_SHELL, "complete_request", "{\"code\":\"%ec\\u0000ho\",\"cursor_pos\":3}");
+    TK_CHECK_STR(cstr(find(&x, TK_CH_SHELL, "complete_reply", 0), "status"), "error");
+    TK_CHECK_EQ_INT(tk_core_dropped(x.c), 0);
+    /* a message with no reply type can only be logged */
+    send_raw(&x, TK_CH_SHELL, "comm_msg", "{\"comm_id\":\"\\udc00\"}");
+    TK_CHECK_EQ_INT(tk_core_dropped(x.c), 1);
     fx_free(&x);
 }
 
@@ -514,6 +629,100 @@ static void test_history_survives_restart(void) {
     unlink(path);
 }
 
+/* CPU seconds of this process: what opening a history costs, whatever else
+ * the shared cores run meanwhile */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A cell over TK_HIST_CELL_MAX is kept as its first and last lines around a
+ * marker; memory holds at most TK_HIST_MAX_BYTES; a file an older kernel
+ * filled with whole huge cells is read from its tail only, its huge lines
+ * skipped (their sessions still counted), and compacted. */
+static void test_history_bounded_by_bytes(void) {
+    size_t len = 3u << 20;
+    char *cell = malloc(len + 1);
+    size_t k = 0;
+    for (int i = 0; k + 32 < len; i++) k += (size_t)sprintf(cell + k, "# line %d of a big cell\n", i);
+    memcpy(cell + k, "%echo end\n", 10);
+    k += 10;
+    cell[k] = 0;
+    char *cut = tk_history_cut(cell, k);
+    TK_CHECK(cut && strlen(cut) < 2 * TK_HIST_CUT_SIDE + 200);
+    TK_CHECK(cut && !strncmp(cut, "# line 0 of a big cell\n# line 1 of", 34));
+    TK_CHECK(cut && strlen(cut) > 10 && !strcmp(cut + strlen(cut) - 10, "%echo end\n"));
+    TK_CHECK_MSG(cut && strstr(cut, "\n# [txkernel history: ") && strstr(cut, " bytes (about "), "%.300s", cut);
+    int first = 0, last = 0, lines = 0;
+    for (const char *p = cut; p && *p; p = strchr(p, '\n') + 1) {
+        lines++;
+        if (!strncmp(p, "# line 4 of", 11)) first = 1;
+        if (!strncmp(p, "# line 5 of", 11)) first = 0; /* only the first five */
+        if (!strncmp(p, "%echo end", 9)) last = 1;
+        if (!strchr(p, '\n')) break;
+    }
+    TK_CHECK(first && last && lines == 11);
+    free(cut);
+    cut = tk_history_cut("%echo small\n", 12);
+    TK_CHECK_STR(cut, "%echo small\n");
+    free(cut);
+
+    /* memory: cells under the cut size, more than the byte bound in all */
+    tk_history *h = tk_history_open("");
+    char *mid = malloc(TK_HIST_CELL_MAX);
+    memset(mid, '#', TK_HIST_CELL_MAX - 1);
+    mid[TK_HIST_CELL_MAX - 1] = 0;
+    for (int i = 0; i < 40; i++) tk_history_add(h, i + 1, mid, NULL);
+    TK_CHECK(tk_history_bytes(h) <= TK_HIST_MAX_BYTES && tk_history_count(h) >= 15);
+    tk_history_add(h, 41, cell, cell);
+    TK_CHECK(tk_history_bytes(h) <= TK_HIST_MAX_BYTES);
+    tk_history_close(&h);
+    free(mid);
+
+    /* a file as an older kernel left it: two whole 20 MiB cells (session 7)
+     * among 3000 small ones */
+    char path[] = "/tmp/txk-hist-XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    size_t gl = (size_t)20 << 20;
+    char *giant = malloc(gl + 1);
+    memset(giant, 'x', gl);
+    giant[gl] = 0;
+    for (int i = 0; i < 3000; i++) {
+        if (i == 1000 || i == 2990) fprintf(f, "{\"s\":7,\"l\":%d,\"i\":\"%s\"}\n", i, giant);
+        fprintf(f, "{\"s\":%d,\"l\":%d,\"i\":\"%%echo %d\"}\n", i < 2995 ? 3 : 5, i, i);
+    }
+    fclose(f);
+    free(giant);
+    struct stat st;
+    stat(path, &st);
+    double t0 = cpu_s();
+    h = tk_history_open(path);
+    double took = cpu_s() - t0;
+    TK_CHECK_MSG(took < 1.0, "opening a %lld-byte history took %.2f s of CPU", (long long)st.st_size, took);
+    TK_CHECK_EQ_INT(tk_history_count(h), TK_HIST_KEEP);
+    TK_CHECK(tk_history_bytes(h) < ((size_t)1 << 20));
+    TK_CHECK_EQ_INT(tk_history_session(h), 8); /* after the skipped lines' session 7 */
+    json_t *q = json_pack("{s:s,s:i}", "hist_access_type", "tail", "n", 1);
+    const char *why = NULL;
+    json_t *got = tk_history_query(h, q, &why);
+    TK_CHECK_STR(json_string_value(json_array_get(json_array_get(got, 0), 2)), "%echo 2999");
+    json_decref(got);
+    json_decref(q);
+    tk_history_close(&h);
+    struct stat st2;
+    stat(path, &st2);
+    TK_CHECK_MSG(st2.st_size < st.st_size / 100, "not compacted: %lld -> %lld bytes", (long long)st.st_size,
+                 (long long)st2.st_size);
+    h = tk_history_open(path); /* the compacted file reads back the same */
+    TK_CHECK_EQ_INT(tk_history_count(h), TK_HIST_KEEP);
+    TK_CHECK_EQ_INT(tk_history_session(h), 6); /* the compacted file's newest session is 5 */
+    tk_history_close(&h);
+    unlink(path);
+    free(cell);
+}
+
 static void *interrupt_later(void *arg) {
     fx *x = arg;
     struct timespec d = {0, 100 * 1000 * 1000};
@@ -605,6 +814,7 @@ static void test_session_pointer_owned(void) {
 int main(void) {
     TK_RUN(test_hmac_rfc4231_any_key_length);
     TK_RUN(test_decode_rejects_bad_input);
+    TK_RUN(test_refused_requests_get_error_replies);
     TK_RUN(test_replay_guard_forgets_oldest);
     TK_RUN(test_kernel_info_and_status_order);
     TK_RUN(test_execute_outputs_then_idle);
@@ -620,6 +830,7 @@ int main(void) {
     TK_RUN(test_complete_counts_code_points);
     TK_RUN(test_history_tail_range_search);
     TK_RUN(test_history_survives_restart);
+    TK_RUN(test_history_bounded_by_bytes);
     TK_RUN(test_interrupt_ends_sleep);
     TK_RUN(test_comm_open_closed_and_shutdown);
     TK_RUN(test_registry_table_and_closest);

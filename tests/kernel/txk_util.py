@@ -32,13 +32,17 @@ def dev_kernel_name():
     return _done
 
 
-def start(transport="tcp", kernel_name=None, interrupt_mode=None):
-    """Returns (km, kc) with the client's channels started and the kernel ready."""
+def start(transport="tcp", kernel_name=None, interrupt_mode=None, env=None):
+    """Returns (km, kc) with the client's channels started and the kernel ready.
+    env: variables added to the kernel's environment."""
     from jupyter_client.manager import KernelManager
     km = KernelManager(kernel_name=kernel_name or dev_kernel_name(), transport=transport)
     if interrupt_mode:
         km.kernel_spec.interrupt_mode = interrupt_mode
-    km.start_kernel()
+    if env:
+        km.start_kernel(env={**os.environ, **env})
+    else:
+        km.start_kernel()
     kc = km.client()
     kc.start_channels()
     kc.wait_for_ready(timeout=30)
@@ -48,6 +52,15 @@ def start(transport="tcp", kernel_name=None, interrupt_mode=None):
 def stop(km, kc):
     kc.stop_channels()
     km.shutdown_kernel(now=False)
+
+
+def rss(km):
+    """The kernel process's resident set now, in bytes (/proc)."""
+    with open(f"/proc/{km.provisioner.process.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/PID/status")
 
 
 def run_cell(kc, code, timeout=10, **kw):

@@ -203,12 +203,46 @@ static void test_mem_data_device_reset(void) {
     j = last_json(m);
     TK_CHECK(j && !strcmp(json_string_value(json_object_get(j, "kind")), "cpu"));
     TK_CHECK(j && json_is_true(json_object_get(j, "simulated")));
+    /* the process's RSS beside the device figures */
+    TK_CHECK(j && json_integer_value(json_object_get(j, "host_rss")) > (1 << 20));
     json_decref(m);
+    TK_CHECK(mem_field("host_rss") > (1 << 20));
     m = run("%txreset", &rc);
     TK_CHECK_EQ_INT(rc, 0);
     json_decref(m);
     m = run("%txmem --json", &rc);
     TK_CHECK(last_json(m) && !strcmp(json_string_value(json_object_get(last_json(m), "device")), "none"));
+    json_decref(m);
+}
+
+/* The allocator's event ring is off unless asked (tk_gpu.h): a run without
+ * %txmem --record keeps no events; with it, the run's are kept, and a reset
+ * keeps the request; --record off drops them. */
+static void test_event_ring_only_when_asked(void) {
+    int rc;
+    tk_session *s = tk_magics_session(M);
+    json_t *m = run("%%txtrain\n" TINY, &rc);
+    TK_CHECK_MSG(rc == 0, "%s", evalue(m));
+    json_decref(m);
+    tk_dev *d = tk_session_current_device(s);
+    TK_CHECK(d && tk_alloc_history_len(tk_dev_alloc(d)) == 0);
+    m = run("%txmem --record", &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    json_decref(m);
+    TK_CHECK_EQ_INT(tk_session_recording(s), 1 << 18);
+    m = run("%txreset", &rc);
+    json_decref(m);
+    m = run("%%txtrain\n" TINY, &rc);
+    TK_CHECK_MSG(rc == 0, "%s", evalue(m));
+    json_decref(m);
+    d = tk_session_current_device(s);
+    TK_CHECK(d && tk_alloc_history_len(tk_dev_alloc(d)) > 100);
+    m = run("%txmem --record off", &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    json_decref(m);
+    TK_CHECK(d && tk_alloc_history_len(tk_dev_alloc(d)) == 0 && tk_session_recording(s) == 0);
+    m = run("%txmem --record 12x", &rc);
+    TK_CHECK_EQ_INT(rc, -1);
     json_decref(m);
 }
 
@@ -332,6 +366,7 @@ int main(void) {
     TK_RUN(test_plan_gate_allocates_nothing);
     TK_RUN(test_runtime_oom_then_fit);
     TK_RUN(test_mem_data_device_reset);
+    TK_RUN(test_event_ring_only_when_asked);
     TK_RUN(test_keys_magic);
     TK_RUN(test_completion);
     TK_RUN(test_errors_name_what_to_fix);

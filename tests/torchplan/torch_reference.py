@@ -212,7 +212,6 @@ def run(a, rank=0):
         finally:
             os.unlink(trace.name)
 
-    onednn = None
     if a.precision == "bf16":  # oneDNN's GEMMs as PyTorch picks them on this CPU, then ATen's (see the top)
         seqs_before = len(seqs)
         onednn = replay(events_of(), a, len(makers), gemm_scratch=not a.shim,

@@ -15,6 +15,17 @@ and bf16 autocast, gradient checkpointing on and off, classification and QA,
 accumulation and frozen embeddings. bf16 matmuls are slow on CPUs without
 native bf16, so the bf16 rows are small.
 
+A bf16 row's figures are PyTorch's with its oneDNN GEMMs off: on a CPU with
+AVX-512, autocast's aten::mm/addmm go to oneDNN, which takes a scratchpad
+of this CPU's own size through c10's allocator for the length of each op
+(AMX, AVX512-BF16 and AVX-512 each their own; none without AVX-512, and
+none on a card, where cuBLAS runs them and its workspaces are planned), so
+the reference also runs the row with torch.backends.mkldnn.enabled = False
+(torch_reference.py's top says more). test_bf16_onednn_gemm_scratch holds
+the default run to that figure once the buffers each GEMM op allocated and
+freed inside itself are taken out, byte for byte, so nothing else of
+oneDNN's hides there.
+
 Three rows more (issue 34, torch 2.x only, run in the same process):
 dynamic padding on real data (the first 64 reviews of
 tests/data/reviews_train.csv through a BertTokenizerFast of
@@ -171,6 +182,19 @@ def test_grid_row(name, pytorch_figures, tmp_path):
     check_peaks(name, got, ref)
 
 
+@pytest.mark.parametrize("name", [n for n, r in ROWS.items() if r.get("precision") == "bf16"])
+def test_bf16_onednn_gemm_scratch(name, pytorch_figures):
+    """The bf16 row as PyTorch runs it by default on this CPU differs from
+    its figure (oneDNN's GEMMs off) by the GEMM ops' own scratch only."""
+    ref = pytorch_figures[name]
+    d = ref["onednn"]
+    print(f"{name}: peak_allocated with oneDNN's GEMMs {d['peak_allocated']}, without {ref['peak_allocated']}; "
+          f"largest scratch of one GEMM op {d['gemm_scratch']} B")
+    for key in ("peak_allocated", "first_step_peak_allocated"):
+        assert d[f"{key}_without_gemm_scratch"] == ref[key], (key, d, ref[key])
+        assert ref[key] <= d[key] <= ref[key] + d["gemm_scratch"], (key, d, ref[key])
+
+
 def test_dynamic_padding_row(pytorch_figures, tmp_path):
     """The longest batch of real, variable-length data through
     DataCollatorWithPadding: the plan takes the same longest example, and its
@@ -207,6 +231,8 @@ def check_peaks(name, got, ref, keys=("peak_allocated", "first_step_peak_allocat
     for key in keys:
         ratio = got[key] / ref[key]
         print(f"{name}: {key} planned {got[key]} torch {ref.get('torch', '')} {ref[key]} ratio {ratio:.4f}")
+        if "onednn" in ref:  # a bf16 row: what oneDNN's GEMMs add on this CPU (not planned: see the top)
+            print(f"{name}: {key} with oneDNN's GEMMs {ref['onednn'][key]} (ratio {got[key] / ref['onednn'][key]:.4f})")
         assert 0.99 <= ratio <= 1.03, f"{name}: {key} planned {got[key]} B, torch {ref[key]} B (ratio {ratio:.4f})"
 
 

@@ -16,7 +16,10 @@ posix_memalign() and returns it with free(), and the library records both.
    the version's own zero_grad() (it fills the gradients with zeros and keeps
    them), and `txk plan` of the same config with `torch_version: 1.13` must
    give a steady-step and a first-step peak within 3 % of torch's and never
-   under it by more than 1 %, as on the torch 2.x row.
+   under it by more than 1 %, as on the torch 2.x row. A bf16 row's figure
+   is torch's with its oneDNN GEMMs off, as on the torch 2.x row (the
+   default run's is printed beside it: oneDNN's scratchpad comes through
+   c10's allocator on a CPU with AVX-512 and its size is that CPU's).
 """
 import os, time
 

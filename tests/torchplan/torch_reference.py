@@ -24,6 +24,27 @@ data loader's collate makes them), `accumulate` forward/backward passes
 torch.optim.AdamW as torch picks it for CPU tensors (its single-tensor
 loop). bf16 runs the forward under torch.autocast("cpu", torch.bfloat16).
 
+oneDNN's bf16 matmul scratch. Under bf16 autocast PyTorch sends the CPU's
+GEMMs (aten::mm/addmm) to oneDNN when the CPU has AVX-512 (its bf16 device
+check), and PyTorch asks oneDNN for a user scratchpad that it allocates
+through c10's CPU allocator for the length of the op (per-thread packed A/B
+blocks and AMX tile buffers: `attr-scratchpad:user` in ONEDNN_VERBOSE). Its
+size is this CPU's: on an AMX CPU bert-tiny 2 x 128's output-dense weight
+gradient took 206848 B, and the step's peak was 11027968 B under AMX
+(brg_matmul:avx10_1_512_amx), 10987008 B under ONEDNN_MAX_CPU_ISA=
+AVX512_CORE_BF16, 11214848 B under AVX512_CORE (gemm:jit:bf16) and
+10896384 B under AVX2 (no oneDNN: ATen's own bf16 GEMM, no scratch). A CUDA
+card runs the same GEMMs in cuBLAS, whose workspaces the plan takes from
+torchplan/blas_rules.c, so none of it is PyTorch's step as a card would run
+it. A bf16 row is therefore run twice: its figures come from the run with
+torch.backends.mkldnn.enabled = False (ATen's GEMMs, the allocation sequence
+every CPU without AVX-512 has), and "onednn" holds the default run's own
+(oneDNN's GEMMs as PyTorch picks them here), with, from the profiler, the
+largest scratch one GEMM op allocated and freed inside itself
+(gemm_scratch) and the default run's peaks without those buffers
+(peak_allocated_without_gemm_scratch), so that the difference is accounted
+for by the op that made it. fp32 rows run once (their GEMMs are ATen's).
+
 --shim reads the same events without the profiler, from
 tests/torchplan/alloc_events.c LD_PRELOAD'ed into this Python (it records
 c10's CPU allocator's posix_memalign/free calls): the torch 1.13 row's
@@ -175,9 +196,9 @@ def run(a, rank=0):
             opt.step()
         mark(len(makers))
 
-    if a.shim:
-        events = shim_events(steps)
-    else:
+    def events_of():
+        if a.shim:
+            return shim_events(steps)
         trace = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
         trace.close()
         try:
@@ -187,11 +208,24 @@ def run(a, rank=0):
             prof.export_chrome_trace(trace.name)
             with open(trace.name) as f:
                 events = json.load(f)
-            if isinstance(events, dict):  # torch 1.13 writes the bare list
-                events = events["traceEvents"]
+            return events["traceEvents"] if isinstance(events, dict) else events  # torch 1.13: the bare list
         finally:
             os.unlink(trace.name)
-    r = replay(events, a, len(makers))
+
+    if a.precision == "bf16":  # oneDNN's GEMMs as PyTorch picks them on this CPU, then ATen's (see the top)
+        seqs_before = len(seqs)
+        onednn = replay(events_of(), a, len(makers), gemm_scratch=not a.shim,
+                        events_file=a.events and a.events + ".onednn")
+        del seqs[seqs_before:]
+        was = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = False
+        try:
+            r = replay(events_of(), a, len(makers), events_file=a.events)
+        finally:
+            torch.backends.mkldnn.enabled = was
+        r["onednn"] = {k: v for k, v in onednn.items() if k != "n_events"}
+    else:
+        r = replay(events_of(), a, len(makers), events_file=a.events)
     if a.data:
         r["seqs"] = seqs
     return r, torch.__version__, transformers.__version__
@@ -263,24 +297,44 @@ def shim_events(steps):
             for i in range(n)]
 
 
-def replay(events, a, n_steps):
+GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def replay(events, a, n_steps, gemm_scratch=False, events_file=None):
     """Each step's peak live total (rounded events) from the step marks:
     first_step_peak_allocated is step 0's, peak_allocated the largest of the
     later steps' (what max_memory_allocated() reports with the peak reset
-    before each step)."""
+    before each step). gemm_scratch (the profiler's events only): also the
+    largest buffer a GEMM op (GEMMS) allocated and freed inside itself, and
+    the peaks without such buffers."""
     mem = [e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
     ops = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
-                 if e.get("ph") == "X" and a.events)
+                 if e.get("ph") == "X" and (events_file or gemm_scratch))
     starts = [o[0] for o in ops]
 
-    def op_at(e):  # the innermost op running when e happened (only for --events)
-        if not a.events:
-            return ""
+    def op_at(e):  # the innermost op (start, end, name) running when e happened
         i = bisect.bisect_right(starts, e["ts"]) - 1
         for j in range(i, max(i - 400, -1), -1):
             if ops[j][1] >= e["ts"]:
-                return ops[j][2]
-        return "?"
+                return ops[j]
+        return (0, 0, "?")
+
+    if gemm_scratch:  # a GEMM op's own buffers: allocated inside it, freed before it returns
+        scratch, opened, largest = set(), {}, 0
+        for k, e in enumerate(mem):
+            addr, nbytes = e["args"]["Addr"], e["args"]["Bytes"]
+            if nbytes > 0:
+                opened[addr] = (k, op_at(e), nbytes)
+            elif addr in opened:
+                k0, op, n = opened.pop(addr)
+                if op[2] in GEMMS and op[0] <= e["ts"] <= op[1]:
+                    scratch.update((k0, k))
+                    largest = max(largest, rounded(n))
+        without = replay([e for k, e in enumerate(mem) if k not in scratch], a, n_steps)
+        r = replay(events, a, n_steps, events_file=events_file)
+        r.update(gemm_scratch=largest, peak_allocated_without_gemm_scratch=without["peak_allocated"],
+                 first_step_peak_allocated_without_gemm_scratch=without["first_step_peak_allocated"])
+        return r
 
     live, cur, step = {}, 0, -1
     peaks = [0] * n_steps
@@ -299,19 +353,19 @@ def replay(events, a, n_steps):
             cur += live[addr]
             if 0 <= step < n_steps:
                 peaks[step] = max(peaks[step], cur)
-            lines.append((step, live[addr], cur, op_at(e)))
+            lines.append((step, live[addr], cur, e))
         else:
             if mark_step(-nbytes, n_steps) is not None or addr not in live:
                 continue
             freed = live.pop(addr)
             cur -= freed
-            lines.append((step, -freed, cur, op_at(e)))
+            lines.append((step, -freed, cur, e))
     if step != n_steps:
         raise SystemExit("the step marks were not all found in the profiler's trace")
-    if a.events:
-        with open(a.events, "w") as f:
-            for s, b, c, op in lines:
-                f.write(f"{s} {b:+d} {c} {op}\n")
+    if events_file:
+        with open(events_file, "w") as f:
+            for s, b, c, e in lines:
+                f.write(f"{s} {b:+d} {c} {op_at(e)[2]}\n")
     return {"first_step_peak_allocated": peaks[0], "peak_allocated": max(peaks[1:]), "step_peaks": peaks,
             "n_events": len(lines)}
 

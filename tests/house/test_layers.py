@@ -1,14 +1,15 @@
 """The house's map, checked on the built objects and the sources (issue 18):
 no circle between files in the call graph (who calls whom, from `nm` of each
 release object) nor in the include graph, calls and includes only go down
-the module stack (cli -> magics -> advisor -> torchplan -> bert -> gpu / kernel), and no
+the module stack (cli -> magics -> app -> advisor -> torchplan -> bert -> gpu / kernel;
+app/ is the request layer under both front doors, issue 39), and no
 file outside gpu/ includes the cuda plugin's header; the PyTorch snapshot
 reader's files go one way, decode -> trace -> owners and frames -> peak ->
 leak -> diagnosis (issue 35)."""
 import collections, functools, glob, os, re, subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RANK = {"cli": 6, "magics": 5, "advisor": 4, "torchplan": 3, "bert": 2, "gpu": 1, "kernel": 1}
+RANK = {"cli": 7, "magics": 6, "app": 5, "advisor": 4, "torchplan": 3, "bert": 2, "gpu": 1, "kernel": 1}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tk_app.h"
 #include "tk_magics.h"
 #include "tk_model.h"
 #include "tk_oom_message.h"
@@ -336,7 +337,7 @@ static int run_txplan(tk_magic_ctx *m) {
     if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     char **argv = NULL;
     int argc = 0, json_only = 0, max_batch = 0, sweep = 0, measure = 0, epoch = 0, rc = 0;
-    char gpus[16] = "";
+    char gpus[16] = "", snap[1024] = "";
     tk_err err = {0};
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     for (int i = 0; i < argc && !rc; i++) {
@@ -345,6 +346,10 @@ static int run_txplan(tk_magic_ctx *m) {
         else if (!strcmp(argv[i], "--sweep")) sweep = 1;
         else if (!strcmp(argv[i], "--epoch")) epoch = 1;
         else if (!strcmp(argv[i], "--measure")) measure = sweep = 1;
+        else if (!strcmp(argv[i], "--snapshot")) {
+            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--snapshot needs a file name (FILE.pickle)");
+            else snprintf(snap, sizeof snap, "%s", argv[++i]);
+        }
         else if (!strcmp(argv[i], "--gpus")) {
             /* checked here, before the session's last config is read: a bad
              * flag is named even when that config would fail (a failed cell) */
@@ -360,35 +365,28 @@ static int run_txplan(tk_magic_ctx *m) {
                 if (tk_config_set(&c, "gpu", argv[++i], &err) != TK_OK) rc = tk_magic_error(m, "ConfigError", "%s", err.msg);
             } else {
                 /* a YAML file read under the overrides already applied: re-apply */
-                FILE *f = fopen(argv[++i], "rb");
-                if (!f) {
-                    rc = tk_magic_error(m, "ConfigError", "%s: cannot open", argv[i]);
-                } else {
-                    char *buf = NULL;
-                    size_t len = 0;
-                    FILE *mem = open_memstream(&buf, &len);
-                    char chunk[4096];
-                    size_t k;
-                    while (mem && (k = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, k, mem);
-                    if (mem) fclose(mem);
-                    fclose(f);
-                    tk_config fresh;
-                    tk_config_defaults(&fresh);
-                    if (tk_config_parse_yaml(&fresh, buf ? buf : "", len, argv[i], &err) != TK_OK)
-                        rc = tk_magic_error(m, "ConfigError", "%s", err.msg);
-                    else if (tk_txconfig_from_cell(m, &fresh, &c, 1))
-                        rc = -1;
-                    free(buf);
-                }
+                tk_config fresh;
+                tk_config_defaults(&fresh);
+                if (tk_app_config_file(&fresh, argv[++i], &err) != TK_OK)
+                    rc = tk_magic_error(m, "ConfigError", "%s", err.msg);
+                else if (tk_txconfig_from_cell(m, &fresh, &c, 1))
+                    rc = -1;
             }
         } else if (!strncmp(argv[i], "--", 2)) {
             rc = tk_magic_error(m, "UsageError", "%%txplan: unknown option %s\nusage: %%txplan [key=value ...] "
-                                                  "[--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--epoch] [--json]", argv[i]);
+                                                  "[--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--epoch] [--snapshot FILE] [--json]", argv[i]);
         }
     }
     tk_txargs_free(argv, argc);
     if (rc) return rc;
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
+    /* --gpus P: the session remembers the platform, so %txadvise and %txfix
+     * advise for its smallest card; a new config (a cell) forgets it */
+    if (gpus[0]) tk_session_set_platform(s, gpus);
+    else if (m->is_cell) tk_session_set_platform(s, NULL);
+    if (snap[0] && (c.engine == TK_ENGINE_PYTORCH || gpus[0] || max_batch || sweep))
+        return tk_magic_error(m, "UsageError", "--snapshot writes txkernel's planned step: not with engine: pytorch, "
+                                               "--gpus, --max-batch or --sweep");
     if (c.engine == TK_ENGINE_PYTORCH) {
         /* the user's PyTorch step: the same plan and report as `txk plan` */
         if (max_batch || sweep || epoch)
@@ -433,21 +431,25 @@ static int run_txplan(tk_magic_ctx *m) {
         int n = 0;
         const int *len = tk_session_lengths(s, &n);
         tk_plan_result p;
-        tk_dev *sd = tk_session_current_device(s);
-        if (c.capacity == 0 && !c.gpu[0]) {
-            /* plan against the session device's capacity when it has one */
-            tk_dev_info info;
-            tk_dev_info_get(sd, &info);
-            if (sd && tk_dev_kind_of(sd) == TK_DEV_CUDA) c.capacity = info.total;
-        }
-        /* attention: auto as the session's device would run it (a run
-         * decides it the same way; without a device, from the config) */
-        const char *attn_why = NULL;
-        c.attention = tk_config_attention(&c, sd ? tk_dev_kind_of(sd) : TK_DEV_META, &attn_why);
+        /* the run resolved once, as %%txtrain and `txk train` resolve it:
+         * the session's device (else the one a run would get), its
+         * capacity on cuda, its attention; a plan is of the config as
+         * given, so no platform card */
+        tk_run_where where;
+        tk_session_where(s, &where);
+        where.platform = NULL;
+        tk_run_spec spec;
+        if (tk_run_spec_resolve(&c, &where, &spec, &err) != TK_OK || tk_run_spec_apply(&spec, &c, &err) != TK_OK)
+            goto plan_error;
         /* --epoch: the run's first epoch, its own batches in its order */
         tk_plan_batches run = {.train = data.train, .n_train = data.n_train, .dev = data.dev, .n_dev = data.n_dev};
-        if ((epoch ? tk_plan_epoch(&c, &run, NULL, &p, &err) : tk_plan(&c, len, n, &p, &err)) != TK_OK) goto plan_error;
-        snprintf(p.attention_why, sizeof p.attention_why, "%s", attn_why);
+        tk_plan_snapshot ps = {.path = snap};
+        tk_plan_watch w;
+        tk_plan_snapshot_watch(&ps, &w);
+        if ((epoch ? tk_plan_epoch(&c, &run, snap[0] ? &w : NULL, &p, &err)
+                   : tk_plan_watched(&c, len, n, snap[0] ? &w : NULL, &p, &err)) != TK_OK)
+            goto plan_error;
+        snprintf(p.attention_why, sizeof p.attention_why, "%s", spec.attention_why);
         tk_session_set_config(s, &c);
         tk_session_set_plan(s, &p);
         /* PyTorch in the same process (the companion) takes its reserved
@@ -459,6 +461,7 @@ static int run_txplan(tk_magic_ctx *m) {
             plan_free = fr ? fr + ours : 0;
         }
         bundle = tk_report_plan(&p, plan_free);
+        json_object_set_new(json_object_get(bundle, "application/json"), "run", tk_run_spec_json(&spec));
         tk_report_add_holder(bundle, tk_session_holder(s), 0);
         tk_report_add_head_note(bundle, &c, &p);
         tk_tensor_info big[8];
@@ -467,6 +470,15 @@ static int run_txplan(tk_magic_ctx *m) {
                    : tk_plan_tensors_at_peak(&c, len, n, big, 8, &nb, &err)) == TK_OK)
             tk_report_add_tensors(bundle, big, nb);
         tk_report_add_data(bundle, &data);
+        if (snap[0]) {
+            char said[1200];
+            if (tk_plan_snapshot_said(&ps, said, sizeof said)) {
+                json_decref(bundle);
+                tk_run_data_clear(&data);
+                return tk_magic_error(m, "SnapshotError", "%s", said);
+            }
+            tk_magic_printf(m, "stdout", "%s\n", said);
+        }
     }
     tk_run_data_clear(&data);
     tk_txemit(m, bundle, json_only);
@@ -479,7 +491,7 @@ plan_error:
 
 static const tk_magic_def TXPLAN[] = {
     {"txplan", TK_MAGIC_BOTH, run_txplan, "predicted peak memory of a run and who takes it, without training",
-     "%txplan [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--epoch] [--json]\n"
+     "%txplan [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--epoch] [--snapshot FILE] [--json]\n"
      "%%txplan [key=value ...]\n<YAML config>\n\n"
      "Runs one training step (and an eval step) of the config on the meta device: no\n"
      "arithmetic, same allocator, same allocation order as a real run. Shows the peak\n"
@@ -498,7 +510,10 @@ static const tk_magic_def TXPLAN[] = {
      "and CUPTI's device peak is set against the plan plus the plugin's own buffers.\n"
      "--gpus colab|kaggle|colab-2020|all: the config planned on each card the platform hands out\n"
      "(its capacity, as `gpu: CARD` gives): fits, margin, predicted step time, and one\n"
-     "sentence saying on which cards it fits.\n"
+     "sentence saying on which cards it fits; %txadvise and %txfix then advise for the\n"
+     "platform's smallest card when the config names none, and say so.\n"
+     "--snapshot FILE: the planned step's allocations written as a PyTorch memory snapshot\n"
+     "(.pickle), as `txk plan --snapshot` writes it.\n"
      "engine: pytorch in the config plans the user's transformers BERT step as PyTorch runs\n"
      "it instead (torchplan/): peak allocated, first step, reserved, device used (alone or\n"
      "with --gpus); in the companion, %txplan --torch-model NAME / --trainer NAME reads a\n"

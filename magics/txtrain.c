@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tk_app.h"
 #include "tk_magics.h"
 #include "tk_render.h"
 #include "tk_session.h"
@@ -118,34 +119,72 @@ static void on_note(void *ud, const char *line) {
     tk_magic_printf(v->m, "stdout", "%s\n", line);
 }
 
+/* The flags of %%txtrain, read by the option table (app/): --no-plan,
+ * --snapshot FILE, --file CFG.yaml. 0, or -1 after the error. */
+static int txtrain_flags(tk_magic_ctx *m, int *ignore_plan, char *snap, size_t sn, char *file, size_t fn) {
+    char **argv = NULL;
+    int argc = 0;
+    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
+    tk_app_args a;
+    tk_err err = {0};
+    int rc = 0;
+    if (tk_app_args_parse(TK_VERB_TRAIN, TK_DOOR_CELL, m->is_cell ? "%%txtrain" : "%txtrain", argv, argc, &a, &err))
+        rc = tk_magic_error(m, "UsageError", "%s", err.msg);
+    else if (a.n_plain)
+        rc = tk_magic_error(m, "UsageError", "%s%s: expected key=value, got '%s'", m->is_cell ? "%%" : "%", m->name,
+                            a.plain[0]);
+    if (!rc) {
+        *ignore_plan = tk_app_has(&a, "--no-plan");
+        snprintf(snap, sn, "%s", tk_app_arg(&a, "--snapshot") ? tk_app_arg(&a, "--snapshot") : "");
+        snprintf(file, fn, "%s", tk_app_arg(&a, "--file") ? tk_app_arg(&a, "--file") : "");
+    }
+    tk_txargs_free(argv, argc);
+    return rc;
+}
+
 static int run_txtrain(tk_magic_ctx *m) {
     tk_config c;
     tk_config base;
-    const tk_config *last = tk_session_config(m->session);
-    if (!m->is_cell && !last)
-        return tk_magic_error(m, "UsageError", "%%txtrain (the line form) trains the session's last config, and there "
-                                               "is none yet: use %%%%txtrain with a YAML body");
-    if (!m->is_cell) base = *last; /* the line form: the last config (from %%txtrain, %txplan, %txfix) */
-    else tk_config_defaults(&base);
-    if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     int ignore_plan = 0;
-    {
-        char **argv = NULL;
-        int argc = 0;
-        if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
-        for (int i = 0; i < argc; i++) {
-            if (!strcmp(argv[i], "--no-plan")) ignore_plan = 1;
-            else if (!strncmp(argv[i], "--", 2)) {
-                tk_magic_error(m, "UsageError", "%%%%txtrain: unknown option %s (known: --no-plan)", argv[i]);
-                tk_txargs_free(argv, argc);
-                return -1;
-            }
-        }
-        tk_txargs_free(argv, argc);
-    }
+    char snap[1024], file[1024];
+    if (txtrain_flags(m, &ignore_plan, snap, sizeof snap, file, sizeof file)) return -1;
     tk_err err = {0};
+    const tk_config *last = tk_session_config(m->session);
+    if (file[0]) {
+        /* --file: the YAML file is the base, the cell's body and key=value go over it */
+        tk_config_defaults(&base);
+        if (tk_app_config_file(&base, file, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
+    } else if (!m->is_cell && !last) {
+        return tk_magic_error(m, "UsageError", "%%txtrain (the line form) trains the session's last config, and there "
+                                               "is none yet: use %%%%txtrain with a YAML body (or --file cfg.yaml)");
+    } else if (!m->is_cell) {
+        base = *last; /* the line form: the last config (from %%txtrain, %txplan, %txfix) */
+    } else {
+        tk_config_defaults(&base);
+    }
+    if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
-    return tk_txtrain_run_config(m, &c, ignore_plan);
+    if (m->is_cell || file[0]) tk_session_set_platform(m->session, NULL); /* a new config: no planned platform */
+    if (!snap[0]) return tk_txtrain_run_config(m, &c, ignore_plan);
+    /* --snapshot FILE: the session's device records the whole run (model
+     * load included), written as a PyTorch snapshot after it, as `txk train
+     * --snapshot` writes it */
+    if (tk_config_world_size(&c) > 1)
+        return tk_magic_error(m, "UsageError", "--snapshot records one device: not with world_size %d",
+                              tk_config_world_size(&c));
+    tk_dev *d = tk_session_device(m->session, &c, NULL, &err);
+    if (!d) return tk_magic_error(m, "DeviceError", "%s", err.msg);
+    if (tk_alloc_record_history(tk_dev_alloc(d), TK_APP_SNAPSHOT_EVENTS))
+        return tk_magic_error(m, "MemoryError", "out of host memory for the allocator history");
+    int rc = tk_txtrain_run_config(m, &c, ignore_plan);
+    const tk_run_report *r = tk_session_last_run(m->session);
+    if (!r || r->end == TK_RUN_PLANNED_OOM) return rc; /* nothing ran: nothing to write */
+    char said[1400];
+    if (tk_run_snapshot_write(tk_session_current_device(m->session), r->end == TK_RUN_OOM && r->have_oom ? &r->oom : NULL,
+                              snap, said, sizeof said, &err) != TK_OK)
+        return tk_magic_error(m, "SnapshotError", "%s", err.msg);
+    tk_magic_printf(m, "stdout", "%s\n", said);
+    return rc;
 }
 
 int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan) {
@@ -281,10 +320,8 @@ int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out
     int rc = 0;
     for (int i = 0; i < argc && !rc; i++) {
         if (skip_flags && !strncmp(argv[i], "--", 2)) {
-            /* flags that take a value (%txplan, %txadvise) */
-            if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--gpus") || !strcmp(argv[i], "--file") || !strcmp(argv[i], "--top") ||
-                !strcmp(argv[i], "--margin") || !strcmp(argv[i], "--for"))
-                i++;
+            /* the caller's flags: the option table says which read the next word */
+            if (tk_app_option_valued(tk_app_option_find(argv[i]), TK_DOOR_CELL)) i++;
             continue;
         }
         char *eq = strchr(argv[i], '=');
@@ -364,8 +401,9 @@ static void session_free(void *p) {
 
 static const tk_magic_def TXTRAIN[] = {
     {"txtrain", TK_MAGIC_BOTH, run_txtrain, "plan, then fine-tune BERT from a YAML config (live progress, OOM autopsy)",
-     "%%txtrain [key=value ...] [--no-plan]\n<YAML config>\n"
-     "%txtrain [key=value ...] [--no-plan]   (the session's last config, e.g. after %txfix)\n\n"
+     "%%txtrain [key=value ...] [--no-plan] [--snapshot FILE] [--file cfg.yaml]\n<YAML config>\n"
+     "%txtrain [key=value ...] [--no-plan] [--snapshot FILE] [--file cfg.yaml]   (the session's last config, e.g. "
+     "after %txfix)\n\n"
      "Example:\n  %%txtrain\n  model: bert-mini\n  train_file: train.csv\n  max_len: 128\n  batch_size: 16\n"
      "  epochs: 2\n  device: {capacity: 800MiB}\n\n"
      "First plans the run on the meta device at the worst-case batch. If the predicted\n"
@@ -374,6 +412,8 @@ static const tk_magic_def TXTRAIN[] = {
      "samples/s, ETA, memory), then shows a per-epoch table. A run-time OOM ends the cell\n"
      "with an autopsy and releases the run's memory. Interrupt stops at the next step.\n"
      "--no-plan trains even when the plan says it will not fit (to see where it breaks).\n"
+     "--snapshot FILE writes the run's allocations as a PyTorch memory snapshot (.pickle);\n"
+     "--file cfg.yaml trains that file's config (the body and key=value go over it).\n"
      "Keys: %txkeys, or Tab inside the body; Shift-Tab on a key shows its help."},
     {"txkeys", TK_MAGIC_LINE, run_txkeys, "every config key of %%txtrain with its help",
      "%txkeys\n\nThe keys a %%txtrain body (YAML) or a %txplan key=value override can set, with\n"

@@ -1,10 +1,12 @@
-/* txplan.c — `%txplan` / `%%txplan`: the planned peak of a run and where it
- * goes, without training; `--max-batch`: the largest batch per sequence
- * length that fits a capacity.
+/* plan.c — the plan verb of the request layer (issue 39): `txk plan` and
+ * `%txplan` / `%%txplan` both call tk_app_plan with a typed request and
+ * print or show the bundle it returns: the planned peak of a run and where
+ * it goes, without training; `--max-batch`: the largest batch per sequence
+ * length that fits a capacity; `--sweep`: each memory-saving technique;
+ * `--gpus`: each card of a platform; engine: pytorch's own plan.
  *
- * The base config is the session's last one (from %%txtrain, %txplan or
- * %txfix), so `%txplan batch_size=8` asks "and with batch 8?". The plan and
- * the config become the session's last, for %txadvise.
+ * The plan and the config become the session's last, for %txadvise; --gpus
+ * makes the session remember the platform.
  *
  * Guarantees: planning runs on a private meta device; the session's device
  * is never touched.
@@ -15,7 +17,6 @@
 #include <time.h>
 
 #include "tk_app.h"
-#include "tk_magics.h"
 #include "tk_model.h"
 #include "tk_oom_message.h"
 #include "tk_pipeline.h"
@@ -24,7 +25,6 @@
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_train.h"
-#include "tk_txmagics.h"
 
 /* Largest batch in [1, hi] whose plan fits `cap`, by bisection (a plan's
  * peak grows with the batch). 0 when batch 1 does not fit. */
@@ -327,197 +327,139 @@ tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bund
     return TK_OK;
 }
 
-static int run_txplan(tk_magic_ctx *m) {
-    tk_session *s = m->session;
-    tk_config base;
-    const tk_config *last = tk_session_config(s);
-    if (last && !m->is_cell) base = *last;
-    else tk_config_defaults(&base);
-    tk_config c;
-    if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
-    char **argv = NULL;
-    int argc = 0, json_only = 0, max_batch = 0, sweep = 0, measure = 0, epoch = 0, rc = 0;
-    char gpus[16] = "", snap[1024] = "";
-    tk_err err = {0};
-    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
-    for (int i = 0; i < argc && !rc; i++) {
-        if (!strcmp(argv[i], "--json")) json_only = 1;
-        else if (!strcmp(argv[i], "--max-batch")) max_batch = 1;
-        else if (!strcmp(argv[i], "--sweep")) sweep = 1;
-        else if (!strcmp(argv[i], "--epoch")) epoch = 1;
-        else if (!strcmp(argv[i], "--measure")) measure = sweep = 1;
-        else if (!strcmp(argv[i], "--snapshot")) {
-            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--snapshot needs a file name (FILE.pickle)");
-            else snprintf(snap, sizeof snap, "%s", argv[++i]);
-        }
-        else if (!strcmp(argv[i], "--gpus")) {
-            /* checked here, before the session's last config is read: a bad
-             * flag is named even when that config would fail (a failed cell) */
-            const tk_gpu_profile *probe[16];
-            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--gpus needs %s", tk_gpu_platform_names());
-            else if (tk_gpu_platform_cards(argv[i + 1], probe, 16) < 0)
-                rc = tk_magic_error(m, "UsageError", "--gpus %s: expected %s", argv[i + 1], tk_gpu_platform_names());
-            else snprintf(gpus, sizeof gpus, "%s", argv[++i]);
-        } else if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--file")) {
-            if (i + 1 >= argc) {
-                rc = tk_magic_error(m, "UsageError", "%s needs a value", argv[i]);
-            } else if (!strcmp(argv[i], "--gpu")) {
-                if (tk_config_set(&c, "gpu", argv[++i], &err) != TK_OK) rc = tk_magic_error(m, "ConfigError", "%s", err.msg);
-            } else {
-                /* a YAML file read under the overrides already applied: re-apply */
-                tk_config fresh;
-                tk_config_defaults(&fresh);
-                if (tk_app_config_file(&fresh, argv[++i], &err) != TK_OK)
-                    rc = tk_magic_error(m, "ConfigError", "%s", err.msg);
-                else if (tk_txconfig_from_cell(m, &fresh, &c, 1))
-                    rc = -1;
-            }
-        } else if (!strncmp(argv[i], "--", 2)) {
-            rc = tk_magic_error(m, "UsageError", "%%txplan: unknown option %s\nusage: %%txplan [key=value ...] "
-                                                  "[--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--epoch] [--snapshot FILE] [--json]", argv[i]);
-        }
+/* engine: pytorch: the user's PyTorch step, one card or each of a platform's */
+static tk_status plan_torch(tk_session *s, const tk_plan_request *rq, tk_config *c, tk_plan_reply *out, tk_err *err) {
+    const char *only = rq->max_batch ? "--max-batch" : rq->sweep ? "--sweep" : rq->epoch ? "--epoch" : NULL;
+    if (only) {
+        out->ename = "UsageError";
+        tk_err_set(err, TK_EINVAL, "%s plans txkernel's own engine; engine: pytorch plans one step (drop %s)", only,
+                   only);
+        return TK_EINVAL;
     }
-    tk_txargs_free(argv, argc);
-    if (rc) return rc;
-    if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
-    /* --gpus P: the session remembers the platform, so %txadvise and %txfix
-     * advise for its smallest card; a new config (a cell) forgets it */
-    if (gpus[0]) tk_session_set_platform(s, gpus);
-    else if (m->is_cell) tk_session_set_platform(s, NULL);
-    if (snap[0] && (c.engine == TK_ENGINE_PYTORCH || gpus[0] || max_batch || sweep))
-        return tk_magic_error(m, "UsageError", "--snapshot writes txkernel's planned step: not with engine: pytorch, "
-                                               "--gpus, --max-batch or --sweep");
-    if (c.engine == TK_ENGINE_PYTORCH) {
-        /* the user's PyTorch step: the same plan and report as `txk plan` */
-        if (max_batch || sweep || epoch)
-            return tk_magic_error(m, "UsageError", "--max-batch, --sweep and --epoch plan txkernel's own engine; "
-                                                   "engine: pytorch plans one step (or --gpus)");
-        if (gpus[0]) {
-            json_t *gb = NULL;
-            if (tk_torchplan_gpus_report(&c, gpus, &gb, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
-            tk_session_set_config(s, &c);
-            tk_txemit(m, gb, json_only);
-            json_decref(gb);
-            return 0;
-        }
-        /* batching: dynamic / buckets plan the corpus' longest batch, as
-         * txkernel's own plan takes it (the config's data, else %txdata's) */
-        tk_run_data data;
-        if (tk_session_load_data(s, &c, &data, &err) != TK_OK) return tk_magic_error(m, "DataError", "%s", err.msg);
-        tk_run_data_clear(&data);
-        int nl = 0;
-        const int *len = tk_session_lengths(s, &nl);
-        tk_torchplan_result r;
-        if (tk_torchplan_data(&c, len, nl, &r, &err) != TK_OK) return tk_magic_error(m, "PlanError", "%s", err.msg);
-        json_t *tb = tk_report_torchplan(&r);
-        if (!tb) return tk_magic_error(m, "MemoryError", "out of host memory");
-        tk_session_set_config(s, &c);
-        tk_txemit(m, tb, json_only);
-        json_decref(tb);
-        return 0;
+    if (rq->gpus) {
+        if (tk_torchplan_gpus_report(c, rq->gpus, &out->bundle, err) != TK_OK) return err->status;
+        tk_session_set_config(s, c);
+        return TK_OK;
     }
-    /* a config with a train_file plans the run's model and corpus */
+    /* batching: dynamic / buckets plan the corpus' longest batch, as
+     * txkernel's own plan takes it (the config's data, else %txdata's) */
     tk_run_data data;
-    if (tk_session_load_data(s, &c, &data, &err) != TK_OK) return tk_magic_error(m, "DataError", "%s", err.msg);
-    json_t *bundle = NULL;
-    if (gpus[0]) {
-        if (tk_gpus_report(&c, gpus, &bundle, &err) != TK_OK) goto plan_error;
-        tk_session_set_config(s, &c);
-    } else if (max_batch) {
-        if (tk_max_batch_report(&c, &bundle, &err) != TK_OK) goto plan_error;
-    } else if (sweep) {
-        if (tk_sweep_report(&c, measure, &bundle, &err) != TK_OK) goto plan_error;
-    } else {
-        int n = 0;
-        const int *len = tk_session_lengths(s, &n);
-        tk_plan_result p;
-        /* the run resolved once, as %%txtrain and `txk train` resolve it:
-         * the session's device (else the one a run would get), its
-         * capacity on cuda, its attention; a plan is of the config as
-         * given, so no platform card */
-        tk_run_where where;
-        tk_session_where(s, &where);
-        where.platform = NULL;
-        tk_run_spec spec;
-        if (tk_run_spec_resolve(&c, &where, &spec, &err) != TK_OK || tk_run_spec_apply(&spec, &c, &err) != TK_OK)
-            goto plan_error;
-        /* --epoch: the run's first epoch, its own batches in its order */
-        tk_plan_batches run = {.train = data.train, .n_train = data.n_train, .dev = data.dev, .n_dev = data.n_dev};
-        tk_plan_snapshot ps = {.path = snap};
-        tk_plan_watch w;
-        tk_plan_snapshot_watch(&ps, &w);
-        if ((epoch ? tk_plan_epoch(&c, &run, snap[0] ? &w : NULL, &p, &err)
-                   : tk_plan_watched(&c, len, n, snap[0] ? &w : NULL, &p, &err)) != TK_OK)
-            goto plan_error;
-        snprintf(p.attention_why, sizeof p.attention_why, "%s", spec.attention_why);
-        tk_session_set_config(s, &c);
-        tk_session_set_plan(s, &p);
-        /* PyTorch in the same process (the companion) takes its reserved
-         * bytes from what the plan can have: then it is planned against free */
-        size_t plan_free = 0;
-        if (tk_session_held_in_process(s)) {
-            size_t fr, ours; /* what the session itself holds is this plan's to use */
-            tk_session_device_now(s, &c, &fr, &ours);
-            plan_free = fr ? fr + ours : 0;
-        }
-        bundle = tk_report_plan(&p, plan_free);
-        json_object_set_new(json_object_get(bundle, "application/json"), "run", tk_run_spec_json(&spec));
-        tk_report_add_holder(bundle, tk_session_holder(s), 0);
-        tk_report_add_head_note(bundle, &c, &p);
-        tk_tensor_info big[8];
-        int nb = 0;
-        if ((epoch ? tk_plan_epoch_tensors_at_peak(&c, &run, big, 8, &nb, &err)
-                   : tk_plan_tensors_at_peak(&c, len, n, big, 8, &nb, &err)) == TK_OK)
-            tk_report_add_tensors(bundle, big, nb);
-        tk_report_add_data(bundle, &data);
-        if (snap[0]) {
-            char said[1200];
-            if (tk_plan_snapshot_said(&ps, said, sizeof said)) {
-                json_decref(bundle);
-                tk_run_data_clear(&data);
-                return tk_magic_error(m, "SnapshotError", "%s", said);
-            }
-            tk_magic_printf(m, "stdout", "%s\n", said);
-        }
-    }
+    out->ename = "DataError";
+    if (tk_session_load_data(s, c, &data, err) != TK_OK) return err->status;
     tk_run_data_clear(&data);
-    tk_txemit(m, bundle, json_only);
-    json_decref(bundle);
-    return 0;
-plan_error:
-    tk_run_data_clear(&data);
-    return tk_magic_error(m, "PlanError", "%s", err.msg);
+    out->ename = "PlanError";
+    int nl = 0;
+    const int *len = tk_session_lengths(s, &nl);
+    tk_torchplan_result r;
+    if (tk_torchplan_data(c, len, nl, &r, err) != TK_OK) return err->status;
+    if (!(out->bundle = tk_report_torchplan(&r))) return tk_err_nomem(err, "the plan's report");
+    out->fits = r.fits;
+    tk_session_set_config(s, c);
+    return TK_OK;
 }
 
-static const tk_magic_def TXPLAN[] = {
-    {"txplan", TK_MAGIC_BOTH, run_txplan, "predicted peak memory of a run and who takes it, without training",
-     "%txplan [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--epoch] [--snapshot FILE] [--json]\n"
-     "%%txplan [key=value ...]\n<YAML config>\n\n"
-     "Runs one training step (and an eval step) of the config on the meta device: no\n"
-     "arithmetic, same allocator, same allocation order as a real run. Shows the peak\n"
-     "(allocated and reserved) against the capacity, the bytes per category at the peak\n"
-     "and the top owners (HF module names). The line form starts from the last config of\n"
-     "the session and applies key=value overrides: %txplan batch_size=8 precision=fp16.\n"
-     "--epoch: the run's first epoch instead of the worst-case batch: its own batches in the\n"
-     "run's order through the run's step (empty_cache, the on_oom retry), then every dev\n"
-     "batch, so the cache that dynamic padding fragments is planned too (needs train_file).\n"
-     "--max-batch: the largest batch for max_len 64..512 that fits the capacity.\n"
-     "--sweep: the peak (and its categories) with each memory-saving technique and a few\n"
-     "combinations: recompute, fused attention, fp16/bf16, 8-bit AdamW, frozen embeddings,\n"
-     "accumulation. --measure also runs each row for two steps on the config's device\n"
-     "(the cpu: keep the model small; cuda for device: cuda) and shows the measured\n"
-     "peak, whether it equals the plan, and ms/step; on cuda ten more steps are timed\n"
-     "and CUPTI's device peak is set against the plan plus the plugin's own buffers.\n"
-     "--gpus colab|kaggle|colab-2020|all: the config planned on each card the platform hands out\n"
-     "(its capacity, as `gpu: CARD` gives): fits, margin, predicted step time, and one\n"
-     "sentence saying on which cards it fits; %txadvise and %txfix then advise for the\n"
-     "platform's smallest card when the config names none, and say so.\n"
-     "--snapshot FILE: the planned step's allocations written as a PyTorch memory snapshot\n"
-     "(.pickle), as `txk plan --snapshot` writes it.\n"
-     "engine: pytorch in the config plans the user's transformers BERT step as PyTorch runs\n"
-     "it instead (torchplan/): peak allocated, first step, reserved, device used (alone or\n"
-     "with --gpus); in the companion, %txplan --torch-model NAME / --trainer NAME reads a\n"
-     "live model or Trainer [--batch B --seq T --gpu P --precision P --optimizer O --show-config]."},
-};
+/* txkernel's own step on meta: the run resolved once (as %%txtrain and `txk
+ * train` resolve it), the worst-case batch or the first epoch, its report. */
+static tk_status plan_step(tk_session *s, const tk_plan_request *rq, tk_config *c, tk_run_data *data,
+                           tk_plan_reply *out, tk_err *err) {
+    tk_run_where where;
+    tk_session_where(s, &where);
+    where.platform = NULL; /* a plan is of the config as given: no platform card */
+    tk_run_spec spec;
+    if (tk_run_spec_resolve(c, &where, &spec, err) != TK_OK || tk_run_spec_apply(&spec, c, err) != TK_OK)
+        return err->status;
+    int n = 0;
+    const int *len = tk_session_lengths(s, &n);
+    tk_plan_result p;
+    tk_plan_batches run = {.train = data->train, .n_train = data->n_train, .dev = data->dev, .n_dev = data->n_dev};
+    tk_plan_snapshot ps = {.path = rq->snapshot};
+    tk_plan_watch w;
+    tk_plan_snapshot_watch(&ps, &w);
+    if ((rq->epoch ? tk_plan_epoch(c, &run, rq->snapshot ? &w : NULL, &p, err)
+                   : tk_plan_watched(c, len, n, rq->snapshot ? &w : NULL, &p, err)) != TK_OK)
+        return err->status;
+    snprintf(p.attention_why, sizeof p.attention_why, "%s", spec.attention_why);
+    tk_session_set_config(s, c);
+    tk_session_set_plan(s, &p);
+    /* PyTorch in the same process (the companion) takes its reserved bytes
+     * from what the plan can have: then it is planned against free */
+    size_t plan_free = 0;
+    if (tk_session_held_in_process(s)) {
+        size_t fr, ours; /* what the session itself holds is this plan's to use */
+        tk_session_device_now(s, c, &fr, &ours);
+        plan_free = fr ? fr + ours : 0;
+    }
+    if (!(out->bundle = tk_report_plan(&p, plan_free))) return tk_err_nomem(err, "the plan's report");
+    json_object_set_new(json_object_get(out->bundle, "application/json"), "run", tk_run_spec_json(&spec));
+    tk_report_add_holder(out->bundle, tk_session_holder(s), 0);
+    tk_report_add_head_note(out->bundle, c, &p);
+    tk_tensor_info big[8];
+    int nb = 0;
+    tk_err terr = {0};
+    if ((rq->epoch ? tk_plan_epoch_tensors_at_peak(c, &run, big, 8, &nb, &terr)
+                   : tk_plan_tensors_at_peak(c, len, n, big, 8, &nb, &terr)) == TK_OK)
+        tk_report_add_tensors(out->bundle, big, nb);
+    tk_report_add_data(out->bundle, data);
+    out->fits = p.fits;
+    if (rq->snapshot && tk_plan_snapshot_said(&ps, out->said, sizeof out->said)) {
+        out->ename = "SnapshotError";
+        tk_err_set(err, TK_EIO, "%s", out->said);
+        out->said[0] = 0;
+        return TK_EIO;
+    }
+    return TK_OK;
+}
 
-int tk_magics_register_txplan(tk_magics *m) { return tk_magics_add_table(m, TXPLAN, 1); }
+tk_status tk_app_check_platform(const char *gpus, tk_err *err) {
+    const tk_gpu_profile *probe[16];
+    if (gpus && tk_gpu_platform_cards(gpus, probe, 16) < 0) {
+        tk_err_set(err, TK_EINVAL, "--gpus %s: expected %s", gpus, tk_gpu_platform_names());
+        return TK_EINVAL;
+    }
+    return TK_OK;
+}
+
+tk_status tk_app_plan(tk_session *s, const tk_plan_request *rq, tk_plan_reply *out, tk_err *err) {
+    memset(out, 0, sizeof *out);
+    out->fits = 1;
+    out->ename = "ConfigError";
+    if (tk_app_check_platform(rq->gpus, err) != TK_OK) {
+        out->ename = "UsageError";
+        return TK_EINVAL;
+    }
+    tk_config c = rq->config;
+    if (rq->gpu && tk_config_set(&c, "gpu", rq->gpu, err) != TK_OK) return err->status;
+    if (tk_config_validate(&c, err) != TK_OK) return err->status;
+    /* --gpus P: the session remembers the platform, so %txadvise and %txfix
+     * advise for its smallest card; a new config forgets it */
+    if (rq->gpus) tk_session_set_platform(s, rq->gpus);
+    else if (rq->new_config) tk_session_set_platform(s, NULL);
+    if (rq->snapshot && (c.engine == TK_ENGINE_PYTORCH || rq->gpus || rq->max_batch || rq->sweep)) {
+        out->ename = "UsageError";
+        tk_err_set(err, TK_EINVAL, "--snapshot writes txkernel's planned step: not with engine: pytorch, --gpus, "
+                   "--max-batch or --sweep");
+        return TK_EINVAL;
+    }
+    if (c.engine == TK_ENGINE_PYTORCH) return plan_torch(s, rq, &c, out, err);
+    /* a config with a train_file plans the run's model and corpus */
+    tk_run_data data;
+    out->ename = "DataError";
+    if (tk_session_load_data(s, &c, &data, err) != TK_OK) return err->status;
+    out->ename = "PlanError";
+    tk_status st;
+    if (rq->gpus) {
+        if ((st = tk_gpus_report(&c, rq->gpus, &out->bundle, err)) == TK_OK) tk_session_set_config(s, &c);
+    } else if (rq->max_batch) {
+        st = tk_max_batch_report(&c, &out->bundle, err);
+    } else if (rq->sweep) {
+        st = tk_sweep_report(&c, rq->measure, &out->bundle, err);
+    } else {
+        st = plan_step(s, rq, &c, &data, out, err);
+    }
+    tk_run_data_clear(&data);
+    if (st != TK_OK) {
+        json_decref(out->bundle);
+        out->bundle = NULL;
+    }
+    return st;
+}

@@ -155,6 +155,55 @@ json_t *tk_run_spec_json(const tk_run_spec *s);
 /* One line a person reads: "for t4, the smallest card colab hands out (...)". */
 void tk_run_spec_card_line(const tk_run_spec *s, char *buf, size_t n);
 
+/* ---- the plan verb ----------------------------------------------------------- */
+
+struct tk_session; /* tk_session.h */
+typedef struct tk_plan_request {
+    tk_config config;      /* the file or the cell, then key=value (validated here, after --gpu) */
+    const char *gpu;       /* --gpu PROFILE, or NULL */
+    const char *gpus;      /* --gpus PLATFORM: each card the platform hands out, or NULL */
+    int max_batch, sweep, measure, epoch;
+    const char *snapshot;  /* --snapshot FILE, or NULL */
+    int new_config;        /* a new config (a cell body, a file): the session forgets the platform it planned on */
+} tk_plan_request;
+
+typedef struct tk_plan_reply {
+    json_t *bundle;        /* new reference: text/plain, text/html, ..., application/json */
+    int fits;              /* 0: the plan does not fit (txk exits 3); 1 for the tables */
+    const char *ename;     /* on error: UsageError, ConfigError, DataError, PlanError, SnapshotError */
+    char said[1200];       /* the --snapshot sentence; "" without one */
+} tk_plan_reply;
+
+/* The plan verb for both front doors: the session's plan and config (and
+ * platform, for --gpus) are set as %txadvise reads them. TK_OK with
+ * out->bundle, or the error (out->ename says which kind). */
+tk_status tk_app_plan(struct tk_session *s, const tk_plan_request *rq, tk_plan_reply *out, tk_err *err);
+/* --gpus PLATFORM's value checked (NULL is fine): TK_EINVAL naming the
+ * accepted platforms. A cell checks it before it reads its config, so a bad
+ * flag is named even when that config would fail. */
+tk_status tk_app_check_platform(const char *gpus, tk_err *err);
+
+/* Largest batch size per sequence length (64..512) that fits the config's
+ * capacity, found by bisection over plans on meta. A table bundle. */
+tk_status tk_max_batch_report(const tk_config *c, json_t **bundle, tk_err *err);
+/* The planned peak, and its categories at the peak, of config c with each
+ * memory-saving technique and a few combinations (recompute layers/attention,
+ * fused attention, fp16, bf16, 8-bit AdamW, frozen embeddings, accumulate x4
+ * at a quarter of the batch, ...): a table bundle; application/json is one
+ * row per technique with peak_reserved, peak_allocated, at_peak per
+ * category, optim_bytes, grad_bytes, n_params. measure: also run each row
+ * for two optimizer steps (+ one eval batch) of synthetic data on a fresh
+ * cpu device: measured peaks, whether they equal the plan, and ms per step
+ * (rows gain measured_peak_allocated/_reserved, measured_equals_plan,
+ * ms_per_step). */
+tk_status tk_sweep_report(const tk_config *c, int measure, json_t **bundle, tk_err *err);
+/* Config c planned on each card a platform ("colab", "kaggle", "all") hands
+ * out, each as `gpu: CARD` without `capacity:` plans it: a table (card,
+ * capacity, budget, planned peak, fits, margin, predicted step) and one
+ * sentence; application/json is {platform, cards: [{card, long_name,
+ * capacity, budget, peak_reserved, fits, margin, step_seconds}], sentence}. */
+tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bundle, tk_err *err);
+
 /* ---- --snapshot on plan and train, the same in a shell and a cell ---------- */
 
 struct tk_plan_watch; /* tk_plan.h */

@@ -44,8 +44,6 @@
 #include "tk_magics.h"
 #include "tk_pipeline.h"
 #include "tk_predict.h"
-#include "tk_plan.h"
-#include "tk_torchplan.h"
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_snapshot.h"
@@ -180,117 +178,29 @@ static int request(tk_verb verb, int argc, char **argv, tk_app_args *a, tk_confi
 
 static int cmd_plan(int argc, char **argv) {
     tk_app_args args;
-    tk_config c;
-    int rc = request(TK_VERB_PLAN, argc, argv, &args, &c, NULL);
+    tk_plan_request rq = {.new_config = 1};
+    int rc = request(TK_VERB_PLAN, argc, argv, &args, &rq.config, NULL);
     if (rc) return rc;
-    tk_err err = {0};
-    const char *gpu = tk_app_arg(&args, "--gpu"), *gpus = tk_app_arg(&args, "--gpus");
-    if (gpus) {
-        json_t *gb = NULL;
-        if ((c.engine == TK_ENGINE_PYTORCH ? tk_torchplan_gpus_report(&c, gpus, &gb, &err)
-                                           : tk_gpus_report(&c, gpus, &gb, &err)) != TK_OK) {
-            fprintf(stderr, "txk: %s\n", err.msg);
-            return EXIT_ERR;
-        }
-        emit(gb, tk_app_has(&args, "--json"));
-        json_decref(gb);
-        return EXIT_OK;
-    }
-    if (gpu && tk_config_set(&c, "gpu", gpu, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
-    }
-    int json = tk_app_has(&args, "--json");
-    json_t *b = NULL;
-    if (c.engine == TK_ENGINE_PYTORCH) {
-        static const char *const txkernel_only[] = {"--max-batch", "--sweep", "--measure", "--epoch", "--snapshot", NULL};
-        for (int i = 0; txkernel_only[i]; i++)
-            if (tk_app_has(&args, txkernel_only[i])) {
-                fprintf(stderr, "txk: %s plans txkernel's own engine; engine: pytorch plans one step (drop %s)\n",
-                        txkernel_only[i], txkernel_only[i]);
-                return EXIT_USAGE;
-            }
-        /* with a train_file, the run's corpus gives batching: dynamic /
-         * buckets their longest batch, as txkernel's own plan takes it */
-        tk_session *s = tk_session_new();
-        tk_run_data data;
-        memset(&data, 0, sizeof data);
-        tk_torchplan_result r;
-        tk_status pst = s ? tk_session_load_data(s, &c, &data, &err) : tk_err_nomem(&err, "txk plan");
-        if (pst == TK_OK) pst = tk_torchplan_data(&c, data.lengths, data.n_lengths, &r, &err);
-        tk_run_data_clear(&data);
-        tk_session_destroy(&s);
-        if (pst != TK_OK || !(b = tk_report_torchplan(&r))) {
-            fprintf(stderr, "txk: %s\n", err.msg[0] ? err.msg : "out of host memory");
-            return EXIT_ERR;
-        }
-        emit(b, json);
-        json_decref(b);
-        return r.fits ? EXIT_OK : EXIT_PLAN_OOM;
-    }
-    if (tk_app_has(&args, "--max-batch") || tk_app_has(&args, "--sweep") || tk_app_has(&args, "--measure")) {
-        tk_status st = tk_app_has(&args, "--sweep") || tk_app_has(&args, "--measure")
-                             ? tk_sweep_report(&c, tk_app_has(&args, "--measure"), &b, &err) : tk_max_batch_report(&c, &b, &err);
-        if (st != TK_OK) {
-            fprintf(stderr, "txk: %s\n", err.msg);
-            return EXIT_ERR;
-        }
-        emit(b, json);
-        json_decref(b);
-        return EXIT_OK;
-    }
-    /* with a train_file, the plan is of the run's model and corpus (labels,
-     * longest example), made by the same pipeline as `txk train` */
+    rq.gpu = tk_app_arg(&args, "--gpu");
+    rq.gpus = tk_app_arg(&args, "--gpus");
+    rq.snapshot = tk_app_arg(&args, "--snapshot");
+    rq.max_batch = tk_app_has(&args, "--max-batch");
+    rq.measure = tk_app_has(&args, "--measure");
+    rq.sweep = rq.measure || tk_app_has(&args, "--sweep");
+    rq.epoch = tk_app_has(&args, "--epoch");
     tk_session *s = tk_session_new();
-    tk_run_data data;
-    tk_plan_result p;
-    tk_plan_snapshot ps = {.path = tk_app_arg(&args, "--snapshot")};
-    tk_plan_watch w;
-    tk_plan_snapshot_watch(&ps, &w);
-    /* the run resolved once, as `txk train` of this config resolves it */
-    tk_run_spec spec;
-    if (tk_run_spec_resolve(&c, NULL, &spec, &err) != TK_OK || tk_run_spec_apply(&spec, &c, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        tk_session_destroy(&s);
-        return EXIT_ERR;
-    }
-    /* --epoch: the run's first epoch as it will happen, its own batches in
-     * its order, instead of the worst-case batch */
-    int epoch = tk_app_has(&args, "--epoch");
-    tk_plan_batches run = {0};
-    tk_status pst = TK_OK;
-    if (s && (pst = tk_session_load_data(s, &c, &data, &err)) == TK_OK) {
-        run = (tk_plan_batches){.train = data.train, .n_train = data.n_train, .dev = data.dev, .n_dev = data.n_dev};
-        pst = epoch ? tk_plan_epoch(&c, &run, ps.path ? &w : NULL, &p, &err)
-                    : tk_plan_watched(&c, data.lengths, data.n_lengths, ps.path ? &w : NULL, &p, &err);
-    }
-    if (!s || pst != TK_OK) {
-        fprintf(stderr, "txk: %s\n", s ? err.msg : "out of host memory");
-        if (s) tk_run_data_clear(&data);
-        tk_session_destroy(&s);
-        return EXIT_ERR;
-    }
-    snprintf(p.attention_why, sizeof p.attention_why, "%s", spec.attention_why);
-    b = tk_report_plan(&p, 0);
-    json_object_set_new(json_object_get(b, "application/json"), "run", tk_run_spec_json(&spec));
-    tk_report_add_head_note(b, &c, &p);
-    tk_tensor_info big[8];
-    int nb = 0;
-    if ((epoch ? tk_plan_epoch_tensors_at_peak(&c, &run, big, 8, &nb, &err)
-               : tk_plan_tensors_at_peak(&c, data.lengths, data.n_lengths, big, 8, &nb, &err)) == TK_OK)
-        tk_report_add_tensors(b, big, nb);
-    tk_report_add_data(b, &data);
-    emit(b, json);
-    json_decref(b);
-    tk_run_data_clear(&data);
+    tk_plan_reply r = {0};
+    tk_err err = {0};
+    tk_status st = s ? tk_app_plan(s, &rq, &r, &err) : tk_err_nomem(&err, "txk plan");
     tk_session_destroy(&s);
-    if (ps.path) {
-        char said[600];
-        int bad = tk_plan_snapshot_said(&ps, said, sizeof said);
-        fprintf(stderr, "txk: %s\n", said);
-        if (bad) return EXIT_ERR;
+    if (st != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return r.ename && !strcmp(r.ename, "UsageError") ? EXIT_USAGE : EXIT_ERR;
     }
-    return p.fits ? EXIT_OK : EXIT_PLAN_OOM;
+    emit(r.bundle, tk_app_has(&args, "--json"));
+    json_decref(r.bundle);
+    if (r.said[0]) fprintf(stderr, "txk: %s\n", r.said);
+    return r.fits ? EXIT_OK : EXIT_PLAN_OOM;
 }
 
 /* ---- train ------------------------------------------------------------------------- */

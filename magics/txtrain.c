@@ -142,6 +142,8 @@ static int txtrain_flags(tk_magic_ctx *m, int *ignore_plan, char *snap, size_t s
     return rc;
 }
 
+static int train_with_snapshot(tk_magic_ctx *m, const tk_config *c, int ignore_plan, const char *snap);
+
 static int run_txtrain(tk_magic_ctx *m) {
     tk_config c;
     tk_config base;
@@ -165,10 +167,15 @@ static int run_txtrain(tk_magic_ctx *m) {
     if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
     if (m->is_cell || file[0]) tk_session_set_platform(m->session, NULL); /* a new config: no planned platform */
-    if (!snap[0]) return tk_txtrain_run_config(m, &c, ignore_plan);
-    /* --snapshot FILE: the session's device records the whole run (model
-     * load included), written as a PyTorch snapshot after it, as `txk train
-     * --snapshot` writes it */
+    return snap[0] ? train_with_snapshot(m, &c, ignore_plan, snap) : tk_txtrain_run_config(m, &c, ignore_plan);
+}
+
+/* --snapshot FILE: the session's device records the whole run (model load
+ * included), written as a PyTorch snapshot after it, as `txk train
+ * --snapshot` writes it. */
+static int train_with_snapshot(tk_magic_ctx *m, const tk_config *cp, int ignore_plan, const char *snap) {
+    tk_config c = *cp;
+    tk_err err = {0};
     if (tk_config_world_size(&c) > 1)
         return tk_magic_error(m, "UsageError", "--snapshot records one device: not with world_size %d",
                               tk_config_world_size(&c));

@@ -64,6 +64,7 @@ static const tk_option OPTIONS[] = {
                                              {TK_VERB_DATA, CE}}},
     {"--pair", "COL", 0, "the second text column of a pair", {{TK_VERB_PREDICT | TK_VERB_DATA, SH},
                                                               {TK_VERB_DATA, CE}}},
+    {"--rows", "N", 0, "rows shown in the table (the file gets every row)", {{TK_VERB_PREDICT, SH}}},
     {"--label", "COL", 0, "the label column (scored when present)", {{TK_VERB_PREDICT, SH}}},
     {"--id", "COL", 0, "the id column carried into the predictions", {{TK_VERB_PREDICT, SH}}},
     {"--model", "M", 0, "the model whose tokenizer counts tokens", {{TK_VERB_DATA | TK_VERB_MEM, SH},

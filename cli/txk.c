@@ -14,6 +14,7 @@
  *   txk mem --snapshot FILE [--gpu P | --capacity SIZE] [--model M] [--data FILE [--text COL]]
  *           [--batch N --seq N] [--json]
  *   txk keys
+ *   txk options      (every flag and config key as JSON: the reference pages' source)
  *   txk kernel -f CONNECTION_FILE
  *
  * Subcommands dispatch through one table. Exit status: 0 success; 1 error;
@@ -131,17 +132,21 @@ static const char *flag_value(char **argv, int argc, const char *flag) {
     return NULL;
 }
 
-/* Words that are neither flags, flag values nor key=value. */
-static int check_words(char **argv, int argc, const char *const *valued, const char *const *bare) {
-    for (int i = 0; i < argc; i++) {
-        int ok = strchr(argv[i], '=') && argv[i][0] != '-';
-        for (int k = 0; valued && valued[k] && !ok; k++)
-            if (!strcmp(argv[i], valued[k])) { ok = 1; i++; }
-        for (int k = 0; bare && bare[k] && !ok; k++) ok = !strcmp(argv[i], bare[k]);
-        if (!ok) {
-            fprintf(stderr, "txk: unexpected '%s' (see txk --help)\n", argv[i]);
-            return EXIT_USAGE;
-        }
+/* The words of `txk VERB` checked against the option table: every flag one
+ * the verb takes in a shell (with its value), the rest key=value. 0, or
+ * EXIT_USAGE after saying which word. */
+static int check_words(tk_verb verb, char **argv, int argc) {
+    tk_app_args a;
+    tk_err err = {0};
+    char who[32];
+    snprintf(who, sizeof who, "txk %s", tk_app_verb_name(verb));
+    if (tk_app_args_parse(verb, TK_DOOR_SHELL, who, argv, argc, &a, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_USAGE;
+    }
+    if (a.n_plain) {
+        fprintf(stderr, "txk: unexpected '%s' (see txk --help)\n", a.plain[0]);
+        return EXIT_USAGE;
     }
     return 0;
 }
@@ -468,9 +473,8 @@ static int advise_flags(char **argv, int argc, const char **platform, tk_api *ap
  * each card of its platform. Exit 1 with "no OOM message found" when the
  * text holds none. */
 static int advise_from_error(int argc, char **argv) {
-    static const char *const valued[] = {"--from-error", "--data", "--for", "--api", NULL}, *const bare[] = {"--json", NULL};
     int has_cfg = argc > 0 && argv[0][0] != '-' && !strchr(argv[0], '=');
-    int rc = check_words(argv + has_cfg, argc - has_cfg, valued, bare);
+    int rc = check_words(TK_VERB_ADVISE, argv + has_cfg, argc - has_cfg);
     if (rc) return rc;
     tk_oom_report_opts opts = {.cli_config = has_cfg ? argv[0] : "CFG"};
     if ((rc = advise_flags(argv, argc, &opts.platform, &opts.api, 0))) return rc;
@@ -812,9 +816,7 @@ static int cmd_predict(int argc, char **argv) {
                         "[--id COL] [-o OUT.csv|OUT.jsonl] [--rows N] [key=value ...] [--json]\n");
         return EXIT_USAGE;
     }
-    static const char *const valued[] = {"--input", "--text", "--pair", "--label", "--id", "-o", "--rows", NULL};
-    static const char *const bare[] = {"--json", NULL};
-    int rc = check_words(argv + 1, argc - 1, valued, bare);
+    int rc = check_words(TK_VERB_PREDICT, argv + 1, argc - 1);
     if (rc) return rc;
     const char *input = flag_value(argv, argc, "--input"), *out_path = flag_value(argv, argc, "-o");
     if (!input) {
@@ -902,9 +904,7 @@ static int cmd_predict(int argc, char **argv) {
 
 static int cmd_data(int argc, char **argv) {
     if (argc < 1) { fprintf(stderr, "usage: %s\n", TXDATA_USAGE + 1); return EXIT_USAGE; }
-    static const char *const valued[] = {"--text", "--pair", "--model", "--vocab", "--max-len", "--batch", NULL};
-    static const char *const bare[] = {"--json", NULL};
-    int rc = check_words(argv + 1, argc - 1, valued, bare);
+    int rc = check_words(TK_VERB_DATA, argv + 1, argc - 1);
     if (rc) return rc;
     const char *ml = flag_value(argv, argc, "--max-len"), *bs = flag_value(argv, argc, "--batch");
     tk_data_report_opts o = {.path = argv[0], .text_col = flag_value(argv, argc, "--text"),
@@ -923,10 +923,8 @@ static int cmd_data(int argc, char **argv) {
 }
 
 static int cmd_vocab(int argc, char **argv) {
-    static const char *const valued[] = {"-o", "--size", "--text", NULL};
-    static const char *const bare[] = {"--lowercase", NULL};
     const char *out = flag_value(argv, argc, "-o"), *size = flag_value(argv, argc, "--size");
-    if (argc < 1 || !out || !size || atoi(size) < 10 || check_words(argv + 1, argc - 1, valued, bare)) {
+    if (argc < 1 || !out || !size || atoi(size) < 10 || check_words(TK_VERB_VOCAB, argv + 1, argc - 1)) {
         fprintf(stderr, "usage: txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]\n");
         return EXIT_USAGE;
     }
@@ -987,10 +985,7 @@ static int mem_snapshot(const char *path, char **argv, int argc) {
 }
 
 static int cmd_mem(int argc, char **argv) {
-    static const char *const valued[] = {"--device", "--capacity", "--snapshot", "--gpu", "--model", "--data",
-                                         "--text", "--batch", "--seq", NULL},
-                             *const bare[] = {"--json", NULL};
-    int rc = check_words(argv, argc, valued, bare);
+    int rc = check_words(TK_VERB_MEM, argv, argc);
     if (rc) return rc;
     if (flag_value(argv, argc, "--snapshot")) return mem_snapshot(flag_value(argv, argc, "--snapshot"), argv, argc);
     tk_config c;
@@ -1055,27 +1050,57 @@ static int cmd_kernel(int argc, char **argv) {
 
 /* ---- dispatch ------------------------------------------------------------------------ */
 
-typedef struct { const char *name; int (*run)(int argc, char **argv); const char *summary; } txk_cmd;
+/* The words before the flags and what the command does; the flags
+ * themselves are printed from the option table (app/options.c). */
+typedef struct { const char *name; int (*run)(int argc, char **argv); const char *words, *summary; } txk_cmd;
+
+static int cmd_options(int argc, char **argv);
 
 static const txk_cmd CMDS[] = {
-    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch|--sweep] [--epoch] [--snapshot FILE] [--json]   planned peak memory, no training (--epoch: the first epoch's own batches in the run's order, so dynamic padding's and empty_cache's reserved peak is planned too; --snapshot: the planned step as a PyTorch snapshot)"},
-    {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--for colab|kaggle] [--api trainer|loop|txkernel] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes, each as code in your API; --fix -o writes your config with the change;\n"
-                           "           [cfg.yaml [--data FILE]] --from-error FILE|- [--for colab|kaggle] [--api A]   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it; --data: the corpus whose p99 the max_length fix carries"},
-    {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
-    {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [--id C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels (the run's label column by default); -o rows keyed by the input's id column (id/ID or --id)"},
-    {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
-    {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
-    {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory;\n"
-                     "          --snapshot FILE [--gpu P|--capacity SIZE] [--model NAME|DIR] [--data FILE [--text COL]]\n"
-                     "                          [--batch N --seq N] [--json]   a PyTorch memory snapshot diagnosed; a BERT\n"
-                     "                          (recognised from block sizes, or --model) gets each fix planned"},
-    {"keys", cmd_keys, "   every config key with its help"},
-    {"kernel", cmd_kernel, "-f CONNECTION_FILE   serve as a Jupyter kernel"},
+    {"plan", cmd_plan, "cfg.yaml [key=value ...]", "planned peak memory, no training (--epoch: the first epoch's own "
+     "batches in the run's order, so dynamic padding's and empty_cache's reserved peak is planned too; --snapshot: the "
+     "planned step as a PyTorch snapshot)"},
+    {"advise", cmd_advise, "cfg.yaml [key=value ...]", "why it does not fit, ranked fixes, each as code in your API; "
+     "--fix -o writes your config with the change; [cfg.yaml [--data FILE]] --from-error FILE|-: read a pasted OOM "
+     "message (PyTorch or TensorFlow) and diagnose it; --data: the corpus whose p99 the max_length fix carries"},
+    {"train", cmd_train, "cfg.yaml [key=value ...]", "plan, then train (stops before allocating if it won't fit; "
+     "--no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
+    {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml", "(--input FILE is needed) labels and probabilities (answers for QA); "
+     "metrics with gold labels (the run's label column by default); -o rows keyed by the input's id column (id/ID or "
+     "--id)"},
+    {"data", cmd_data, "FILE", "token lengths, truncation, padding"},
+    {"vocab", cmd_vocab, "CORPUS", "learn a WordPiece vocabulary (-o vocab.txt and --size N are needed)"},
+    {"mem", cmd_mem, "", "the device and its memory; --snapshot FILE: a PyTorch memory snapshot diagnosed; a BERT "
+     "(recognised from block sizes, or --model) gets each fix planned"},
+    {"keys", cmd_keys, "", "every config key with its help"},
+    {"options", cmd_options, "", "every flag of txk, the magics and the companion, and every config key, as JSON "
+     "(what the reference pages are made from)"},
+    {"kernel", cmd_kernel, "-f CONNECTION_FILE", "serve as a Jupyter kernel"},
 };
+
+/* txk options: the option table and the config key table as one JSON
+ * object {options: [...], keys: [{key, help}]}. */
+static int cmd_options(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    json_t *keys = json_array();
+    for (const char *const *k = tk_config_keys(); keys && *k; k++)
+        json_array_append_new(keys, json_pack("{s:s, s:s}", "key", *k, "help", tk_config_key_help(*k)));
+    json_t *j = json_pack("{s:o, s:o}", "options", tk_app_options_json(), "keys", keys);
+    emit_json(j);
+    json_decref(j);
+    return j ? EXIT_OK : EXIT_ERR;
+}
 
 static int usage(FILE *f) {
     fprintf(f, "txk — BERT fine-tuning memory planner and trainer (txkernel)\n\nusage:\n");
-    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) fprintf(f, "  txk %-7s %s\n", CMDS[i].name, CMDS[i].summary);
+    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) {
+        tk_verb v = tk_app_verb_find(CMDS[i].name);
+        char *flags = v ? tk_app_usage_flags(v, TK_DOOR_SHELL) : NULL;
+        fprintf(f, "  txk %s%s%s%s%s\n            %s\n", CMDS[i].name, CMDS[i].words[0] ? " " : "", CMDS[i].words,
+                flags && *flags ? " " : "", flags ? flags : "", CMDS[i].summary);
+        free(flags);
+    }
     fprintf(f, "\nexit status: 0 ok, 1 error, 2 usage, 3 plan does not fit, 4 out of memory, 130 interrupted\n");
     return f == stdout ? EXIT_OK : EXIT_USAGE;
 }

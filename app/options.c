@@ -28,7 +28,8 @@
 static const tk_option OPTIONS[] = {
     {"--json", NULL, 0, "print (or show) the result's JSON only, the same object in a shell and a cell",
      {{TK_VERB_PLAN | TK_VERB_TRAIN | TK_VERB_ADVISE | TK_VERB_PREDICT | TK_VERB_DATA | TK_VERB_MEM, SH},
-      {TK_VERB_PLAN | TK_VERB_ADVISE | TK_VERB_FIX | TK_VERB_PREDICT | TK_VERB_DATA | TK_VERB_MEM | TK_VERB_DEVICE, CE},
+      {TK_VERB_PLAN | TK_VERB_TRAIN | TK_VERB_ADVISE | TK_VERB_FIX | TK_VERB_PREDICT | TK_VERB_DATA | TK_VERB_MEM |
+       TK_VERB_DEVICE, CE},
       {TK_VERB_PLAN, CO}}},
     {"--file", "CFG.yaml", 0, "read the config from a YAML file (the shell also takes it as the first word)",
      {{TK_VERB_PLAN | TK_VERB_TRAIN | TK_VERB_ADVISE, SH}, {TK_VERB_PLAN | TK_VERB_TRAIN, CE}}},

@@ -43,7 +43,8 @@ int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out
  * progress, per-epoch table or OOM autopsy) and reports through m's sink.
  * ignore_plan: train even when the plan does not fit. The run's report stays
  * in the session (tk_session_last_run). 0, or -1 after reporting an error. */
-int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan);
+/* json_only: the epochs' JSON (or the plan's) instead of the rich bundles, as `txk train --json` prints it. */
+int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan, int json_only);
 /* world_size > 1 on the cpu (txtrain_ranks.c): the config as `txk train`
  * ranks under mpirun, their output (rank 0's progress) streamed into the
  * cell, an interrupt forwarded to every rank (SIGUSR1 through mpirun). 0, or

@@ -663,7 +663,7 @@ static void apply_config_fix(tk_magic_ctx *m, const tk_advice *a, const tk_candi
 static int train_and_compare(tk_magic_ctx *m, const tk_config *after, size_t predicted) {
     tk_session *s = m->session;
     char b1[32], b2[32], b3[32], b4[32];
-    if (tk_txtrain_run_config(m, after, 0)) return -1;
+    if (tk_txtrain_run_config(m, after, 0, 0)) return -1;
     const tk_run_report *r = tk_session_last_run(s);
     if (!r) return 0;
     /* reserved is the figure the advice ranks by; allocated is shown too.

@@ -120,8 +120,8 @@ static void on_note(void *ud, const char *line) {
 }
 
 /* The flags of %%txtrain, read by the option table (app/): --no-plan,
- * --snapshot FILE, --file CFG.yaml. 0, or -1 after the error. */
-static int txtrain_flags(tk_magic_ctx *m, int *ignore_plan, char *snap, size_t sn, char *file, size_t fn) {
+ * --json, --snapshot FILE, --file CFG.yaml. 0, or -1 after the error. */
+static int txtrain_flags(tk_magic_ctx *m, int *ignore_plan, int *json, char *snap, size_t sn, char *file, size_t fn) {
     char **argv = NULL;
     int argc = 0;
     if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
@@ -135,6 +135,7 @@ static int txtrain_flags(tk_magic_ctx *m, int *ignore_plan, char *snap, size_t s
                             a.plain[0]);
     if (!rc) {
         *ignore_plan = tk_app_has(&a, "--no-plan");
+        *json = tk_app_has(&a, "--json");
         snprintf(snap, sn, "%s", tk_app_arg(&a, "--snapshot") ? tk_app_arg(&a, "--snapshot") : "");
         snprintf(file, fn, "%s", tk_app_arg(&a, "--file") ? tk_app_arg(&a, "--file") : "");
     }
@@ -142,14 +143,15 @@ static int txtrain_flags(tk_magic_ctx *m, int *ignore_plan, char *snap, size_t s
     return rc;
 }
 
-static int train_with_snapshot(tk_magic_ctx *m, const tk_config *c, int ignore_plan, const char *snap);
+static int train_with_snapshot(tk_magic_ctx *m, const tk_config *c, int ignore_plan, const char *snap, int json);
+static void show_result(tk_magic_ctx *m, const tk_run_report *r);
 
 static int run_txtrain(tk_magic_ctx *m) {
     tk_config c;
     tk_config base;
-    int ignore_plan = 0;
+    int ignore_plan = 0, json = 0;
     char snap[1024], file[1024];
-    if (txtrain_flags(m, &ignore_plan, snap, sizeof snap, file, sizeof file)) return -1;
+    if (txtrain_flags(m, &ignore_plan, &json, snap, sizeof snap, file, sizeof file)) return -1;
     tk_err err = {0};
     const tk_config *last = tk_session_config(m->session);
     if (file[0]) {
@@ -167,13 +169,13 @@ static int run_txtrain(tk_magic_ctx *m) {
     if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
     if (m->is_cell || file[0]) tk_session_set_platform(m->session, NULL); /* a new config: no planned platform */
-    return snap[0] ? train_with_snapshot(m, &c, ignore_plan, snap) : tk_txtrain_run_config(m, &c, ignore_plan);
+    return snap[0] ? train_with_snapshot(m, &c, ignore_plan, snap, json) : tk_txtrain_run_config(m, &c, ignore_plan, json);
 }
 
 /* --snapshot FILE: the session's device records the whole run (model load
  * included), written as a PyTorch snapshot after it, as `txk train
  * --snapshot` writes it. */
-static int train_with_snapshot(tk_magic_ctx *m, const tk_config *cp, int ignore_plan, const char *snap) {
+static int train_with_snapshot(tk_magic_ctx *m, const tk_config *cp, int ignore_plan, const char *snap, int json) {
     tk_config c = *cp;
     tk_err err = {0};
     if (tk_config_world_size(&c) > 1)
@@ -183,7 +185,7 @@ static int train_with_snapshot(tk_magic_ctx *m, const tk_config *cp, int ignore_
     if (!d) return tk_magic_error(m, "DeviceError", "%s", err.msg);
     if (tk_alloc_record_history(tk_dev_alloc(d), TK_APP_SNAPSHOT_EVENTS))
         return tk_magic_error(m, "MemoryError", "out of host memory for the allocator history");
-    int rc = tk_txtrain_run_config(m, &c, ignore_plan);
+    int rc = tk_txtrain_run_config(m, &c, ignore_plan, json);
     const tk_run_report *r = tk_session_last_run(m->session);
     if (!r || r->end == TK_RUN_PLANNED_OOM) return rc; /* nothing ran: nothing to write */
     char said[1400];
@@ -194,7 +196,7 @@ static int train_with_snapshot(tk_magic_ctx *m, const tk_config *cp, int ignore_
     return rc;
 }
 
-int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan) {
+int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan, int json_only) {
     if (tk_config_world_size(cfg) > 1 && cfg->device != TK_DEVICE_CUDA && tk_coll_env_size() == 1)
         return tk_txtrain_ranks(m, cfg, ignore_plan);
     tk_session *s = m->session;
@@ -209,7 +211,7 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
                       .ignore_plan = ignore_plan};
     tk_run_report r;
     tk_status st = tk_session_train(s, &c, &h, &r, &err);
-    char b1[32], b2[32], b3[32], b4[32];
+    char b1[32], b2[32];
     int rc = 0;
     if (st != TK_OK) {
         rc = tk_magic_error(m, r.save_stopped ? "SaveError" : st == TK_EFORMAT || st == TK_EIO ? "DataError" : "RunError",
@@ -228,7 +230,8 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
         int nb = 0;
         tk_err terr = {0};
         if (tk_plan_tensors_at_peak(&c, len, nl, big, 8, &nb, &terr) == TK_OK) tk_report_add_tensors(pb, big, nb);
-        tk_txshow(m, pb, "plan", NULL, 0, 0);
+        if (json_only) tk_txemit_as(m, pb, 1, "plan"); /* what `txk train --json` prints */
+        else tk_txshow(m, pb, "plan", NULL, 0, 0);
         json_decref(pb);
         size_t held = tk_session_held_in_process(s);
         char b3[32];
@@ -263,40 +266,12 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
     case TK_RUN_DONE: {
         if (v.have_p) show_progress(&v, 1);
         json_t *hb = tk_report_history(r.history, r.n_history, c.task);
-        tk_txshow(m, hb, "epochs", NULL, 0, 0);
+        if (json_only) /* the epochs' JSON, as `txk train --json` prints it */
+            tk_txemit_as(m, hb, 1, "epochs");
+        else
+            tk_txshow(m, hb, "epochs", NULL, 0, 0);
         json_decref(hb);
-        char line[1024];
-        snprintf(line, sizeof line,
-                 "Trained %lld steps in %.1f s. Peak %s allocated, %s reserved (planned %s). Allocated now %s.%s%s",
-                 (long long)r.steps, r.seconds, tk_format_bytes(r.peak_allocated, b1, sizeof b1),
-                 tk_format_bytes(r.peak_reserved, b2, sizeof b2),
-                 tk_format_bytes(r.plan.peak_allocated, b3, sizeof b3),
-                 tk_format_bytes(r.allocated_after, b4, sizeof b4), r.checkpoint[0] ? " Checkpoint: " : "",
-                 r.checkpoint);
-        if (r.have_device_peak) {
-            size_t l = strlen(line);
-            snprintf(line + l, sizeof line - l, " Device peak (CUPTI) %s, of which outside the allocator at least "
-                     "the plugin's %s.", tk_format_bytes(r.device_peak, b1, sizeof b1),
-                     tk_format_bytes(r.plugin_bytes, b2, sizeof b2));
-        }
-        json_t *res = tk_bundle_new(line);
-        const tk_epoch_stats *last = r.n_history ? &r.history[r.n_history - 1] : NULL;
-        json_t *rj = json_pack("{s:I, s:f, s:I, s:I, s:I, s:I, s:s}", "steps", (json_int_t)r.steps, "seconds",
-                               r.seconds, "peak_allocated", (json_int_t)r.peak_allocated, "peak_reserved",
-                               (json_int_t)r.peak_reserved, "planned_peak_allocated",
-                               (json_int_t)r.plan.peak_allocated, "allocated_after", (json_int_t)r.allocated_after,
-                               "checkpoint", r.checkpoint);
-        /* metrics are NaN when there is no dev set: JSON has no NaN, say null */
-        if (r.have_device_peak) {
-            json_object_set_new(rj, "device_peak", json_integer((json_int_t)r.device_peak));
-            json_object_set_new(rj, "plugin_bytes", json_integer((json_int_t)r.plugin_bytes));
-        }
-        json_object_set_new(rj, "train_loss", last && isfinite(last->train_loss) ? json_real(last->train_loss) : json_null());
-        json_object_set_new(rj, "dev_loss", last && isfinite(last->dev_loss) ? json_real(last->dev_loss) : json_null());
-        json_object_set_new(rj, "dev_acc", last && isfinite(last->dev_acc) ? json_real(last->dev_acc) : json_null());
-        json_object_set_new(res, "application/json", rj);
-        tk_txshow(m, res, "result", NULL, 0, 1);
-        json_decref(res);
+        if (!json_only) show_result(m, &r);
         /* save_error: continue went on past a failed save: the cell still
          * fails, so Run All stops and nobody takes the run as saved */
         if (r.failed_saves)
@@ -311,6 +286,44 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
     }
     tk_run_report_clear(&r);
     return rc;
+}
+
+/* The run's one-line summary and its figures as the cell's result. */
+static void show_result(tk_magic_ctx *m, const tk_run_report *rp) {
+    const tk_run_report r = *rp;
+    char b1[32], b2[32], b3[32], b4[32];
+    char line[1024];
+    snprintf(line, sizeof line,
+             "Trained %lld steps in %.1f s. Peak %s allocated, %s reserved (planned %s). Allocated now %s.%s%s",
+             (long long)r.steps, r.seconds, tk_format_bytes(r.peak_allocated, b1, sizeof b1),
+             tk_format_bytes(r.peak_reserved, b2, sizeof b2),
+             tk_format_bytes(r.plan.peak_allocated, b3, sizeof b3),
+             tk_format_bytes(r.allocated_after, b4, sizeof b4), r.checkpoint[0] ? " Checkpoint: " : "",
+             r.checkpoint);
+    if (r.have_device_peak) {
+        size_t l = strlen(line);
+        snprintf(line + l, sizeof line - l, " Device peak (CUPTI) %s, of which outside the allocator at least "
+                 "the plugin's %s.", tk_format_bytes(r.device_peak, b1, sizeof b1),
+                 tk_format_bytes(r.plugin_bytes, b2, sizeof b2));
+    }
+    json_t *res = tk_bundle_new(line);
+    const tk_epoch_stats *last = r.n_history ? &r.history[r.n_history - 1] : NULL;
+    json_t *rj = json_pack("{s:I, s:f, s:I, s:I, s:I, s:I, s:s}", "steps", (json_int_t)r.steps, "seconds",
+                           r.seconds, "peak_allocated", (json_int_t)r.peak_allocated, "peak_reserved",
+                           (json_int_t)r.peak_reserved, "planned_peak_allocated",
+                           (json_int_t)r.plan.peak_allocated, "allocated_after", (json_int_t)r.allocated_after,
+                           "checkpoint", r.checkpoint);
+    /* metrics are NaN when there is no dev set: JSON has no NaN, say null */
+    if (r.have_device_peak) {
+        json_object_set_new(rj, "device_peak", json_integer((json_int_t)r.device_peak));
+        json_object_set_new(rj, "plugin_bytes", json_integer((json_int_t)r.plugin_bytes));
+    }
+    json_object_set_new(rj, "train_loss", last && isfinite(last->train_loss) ? json_real(last->train_loss) : json_null());
+    json_object_set_new(rj, "dev_loss", last && isfinite(last->dev_loss) ? json_real(last->dev_loss) : json_null());
+    json_object_set_new(rj, "dev_acc", last && isfinite(last->dev_acc) ? json_real(last->dev_acc) : json_null());
+    json_object_set_new(res, "application/json", rj);
+    tk_txshow(m, res, "result", NULL, 0, 1);
+    json_decref(res);
 }
 
 /* ---- config from a cell ------------------------------------------------------- */
@@ -408,7 +421,7 @@ static void session_free(void *p) {
 
 static const tk_magic_def TXTRAIN[] = {
     {"txtrain", TK_MAGIC_BOTH, run_txtrain, "plan, then fine-tune BERT from a YAML config (live progress, OOM autopsy)",
-     "%%txtrain [key=value ...] [--no-plan] [--snapshot FILE] [--file cfg.yaml]\n<YAML config>\n"
+     "%%txtrain [key=value ...] [--no-plan] [--snapshot FILE] [--file cfg.yaml] [--json]\n<YAML config>\n"
      "%txtrain [key=value ...] [--no-plan] [--snapshot FILE] [--file cfg.yaml]   (the session's last config, e.g. "
      "after %txfix)\n\n"
      "Example:\n  %%txtrain\n  model: bert-mini\n  train_file: train.csv\n  max_len: 128\n  batch_size: 16\n"
@@ -421,6 +434,7 @@ static const tk_magic_def TXTRAIN[] = {
      "--no-plan trains even when the plan says it will not fit (to see where it breaks).\n"
      "--snapshot FILE writes the run's allocations as a PyTorch memory snapshot (.pickle);\n"
      "--file cfg.yaml trains that file's config (the body and key=value go over it).\n"
+     "--json shows the epochs' JSON (or the plan's, when it does not fit), as `txk train --json`.\n"
      "Keys: %txkeys, or Tab inside the body; Shift-Tab on a key shows its help."},
     {"txkeys", TK_MAGIC_LINE, run_txkeys, "every config key of %%txtrain with its help",
      "%txkeys\n\nThe keys a %%txtrain body (YAML) or a %txplan key=value override can set, with\n"

@@ -171,3 +171,33 @@ def test_plan_and_train_name_the_same_attention_and_capacity(tmp_path, extra):
     for k in ("attention", "attention_why", "capacity"):
         assert p[k] == t[k], (k, p[k], t[k])
     assert p["run"]["attention"] == p["attention"] and p["run"]["capacity"] == p["capacity"], p["run"]
+
+
+TIMINGS = ("plan_ms", "samples_per_s", "seconds", "step_gflop_s")
+
+
+def untimed_json(j):
+    """The JSON without timings, which no two runs share."""
+    if isinstance(j, dict):
+        return {k: untimed_json(v) for k, v in j.items() if k not in TIMINGS}
+    if isinstance(j, list):
+        return [untimed_json(v) for v in j]
+    return j
+
+
+@pytest.mark.parametrize("extra", ["", "batching: dynamic\n", "gpu: t4\n"])
+def test_plan_and_train_json_are_the_same_both_ways(shell, tmp_path, extra):
+    """`txk plan/train CFG --json` and `%txplan/%%txtrain --file CFG --json`
+    give the same JSON but for timings (step 4 for plan and train)."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY.format(root=ROOT) + extra)
+    sh = txk("plan", str(cfg), "--json")
+    assert sh.returncode == 0, sh.stderr
+    shell.run_line_magic("txreset", "")
+    cell = last_json(outputs(shell, f"txplan --file {cfg} --json")[0])
+    assert untimed_json(json.loads(sh.stdout)) == untimed_json(cell)
+    sh = txk("train", str(cfg), "--json")
+    assert sh.returncode == 0, sh.stderr
+    shell.run_line_magic("txreset", "")
+    cell = last_json(outputs(shell, f"txtrain --file {cfg} --json")[0])
+    assert untimed_json(json.loads(sh.stdout)) == untimed_json(cell)

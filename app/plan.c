@@ -366,6 +366,7 @@ static tk_status plan_step(tk_session *s, const tk_plan_request *rq, tk_config *
     tk_session_where(s, &where);
     where.platform = NULL; /* a plan is of the config as given: no platform card */
     tk_run_spec spec;
+    tk_config given = *c; /* the session keeps the config as given: every later request resolves it again */
     if (tk_run_spec_resolve(c, &where, &spec, err) != TK_OK || tk_run_spec_apply(&spec, c, err) != TK_OK)
         return err->status;
     int n = 0;
@@ -379,7 +380,7 @@ static tk_status plan_step(tk_session *s, const tk_plan_request *rq, tk_config *
                    : tk_plan_watched(c, len, n, rq->snapshot ? &w : NULL, &p, err)) != TK_OK)
         return err->status;
     snprintf(p.attention_why, sizeof p.attention_why, "%s", spec.attention_why);
-    tk_session_set_config(s, c);
+    tk_session_set_config(s, &given);
     tk_session_set_plan(s, &p);
     /* PyTorch in the same process (the companion) takes its reserved bytes
      * from what the plan can have: then it is planned against free */
@@ -462,4 +463,17 @@ tk_status tk_app_plan(tk_session *s, const tk_plan_request *rq, tk_plan_reply *o
         out->bundle = NULL;
     }
     return st;
+}
+
+json_t *tk_app_planned_oom_report(tk_session *s, const tk_config *c, const tk_run_report *r) {
+    json_t *pb = tk_report_plan(&r->plan, r->free_before);
+    tk_report_add_holder(pb, tk_session_holder(s), 0);
+    tk_report_add_head_note(pb, c, &r->plan);
+    int nl = 0;
+    const int *len = tk_session_lengths(s, &nl);
+    tk_tensor_info big[8];
+    int nb = 0;
+    tk_err terr = {0};
+    if (tk_plan_tensors_at_peak(c, len, nl, big, 8, &nb, &terr) == TK_OK) tk_report_add_tensors(pb, big, nb);
+    return pb;
 }

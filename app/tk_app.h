@@ -183,6 +183,12 @@ tk_status tk_app_plan(struct tk_session *s, const tk_plan_request *rq, tk_plan_r
  * flag is named even when that config would fail. */
 tk_status tk_app_check_platform(const char *gpus, tk_err *err);
 
+struct tk_run_report; /* tk_session.h */
+/* The plan a run stopped at (TK_RUN_PLANNED_OOM), as `txk train` and
+ * %%txtrain both show it: the plan against what was free, the head note,
+ * the largest tensors at the peak. New reference. */
+json_t *tk_app_planned_oom_report(struct tk_session *s, const tk_config *c, const struct tk_run_report *r);
+
 /* Largest batch size per sequence length (64..512) that fits the config's
  * capacity, found by bisection over plans on meta. A table bundle. */
 tk_status tk_max_batch_report(const tk_config *c, json_t **bundle, tk_err *err);

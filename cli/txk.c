@@ -356,7 +356,7 @@ static int cmd_train(int argc, char **argv) {
         fprintf(stderr, "txk: %s%s\n", who, err.msg);
         rc = EXIT_ERR;
     } else if (r.end == TK_RUN_PLANNED_OOM) {
-        json_t *b = tk_report_plan(&r.plan, r.free_before);
+        json_t *b = tk_app_planned_oom_report(s, &c, &r);
         emit(b, json);
         json_decref(b);
         fprintf(stderr, "txk: %sthe plan needs %s but %s is free: stopped before allocating anything\n", who,

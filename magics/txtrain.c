@@ -221,15 +221,7 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
     }
     switch (r.end) {
     case TK_RUN_PLANNED_OOM: {
-        json_t *pb = tk_report_plan(&r.plan, r.free_before);
-        tk_report_add_holder(pb, tk_session_holder(s), 0);
-        tk_report_add_head_note(pb, &c, &r.plan);
-        int nl = 0;
-        const int *len = tk_session_lengths(s, &nl);
-        tk_tensor_info big[8];
-        int nb = 0;
-        tk_err terr = {0};
-        if (tk_plan_tensors_at_peak(&c, len, nl, big, 8, &nb, &terr) == TK_OK) tk_report_add_tensors(pb, big, nb);
+        json_t *pb = tk_app_planned_oom_report(s, &c, &r);
         if (json_only) tk_txemit_as(m, pb, 1, "plan"); /* what `txk train --json` prints */
         else tk_txshow(m, pb, "plan", NULL, 0, 0);
         json_decref(pb);

@@ -11,7 +11,7 @@
 CC       ?= gcc
 PREFIX   ?= /usr/local
 BUILD    := build
-MODULES  := kernel magics gpu bert torchplan advisor
+MODULES  := kernel magics app gpu bert torchplan advisor
 PKGCFG   := libzmq libsodium jansson yaml-0.1 libutf8proc libcurl
 VENV     := .venv
 PY       := $(VENV)/bin/python
@@ -21,7 +21,7 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGCFG) 2>/dev/null)
 
 WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
 CSTD     := -std=gnu11 -fopenmp
-INCS     := -I. -Igpu -Ikernel -Imagics -Ibert -Itorchplan -Iadvisor
+INCS     := -I. -Igpu -Ikernel -Imagics -Iapp -Ibert -Itorchplan -Iadvisor
 REL_CFLAGS  := $(CSTD) -O2 -g $(WARN) $(INCS) $(PKG_CFLAGS) -MMD -MP
 ASAN_CFLAGS := $(CSTD) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
                -fno-sanitize-recover=undefined -DTK_HOST_CHAOS $(WARN) $(INCS) $(PKG_CFLAGS) -MMD -MP

@@ -14,6 +14,7 @@
  *   txk mem --snapshot FILE [--gpu P | --capacity SIZE] [--model M] [--data FILE [--text COL]]
  *           [--batch N --seq N] [--json]
  *   txk keys
+ *   txk options      (every flag and config key as JSON: the reference pages' source)
  *   txk kernel -f CONNECTION_FILE
  *
  * Subcommands dispatch through one table. Exit status: 0 success; 1 error;
@@ -34,6 +35,7 @@
 #include <unistd.h>
 
 #include "tk_advisor.h"
+#include "tk_app.h"
 #include "tk_collective.h"
 #include "tk_config.h"
 #include "tk_config_edit.h"
@@ -43,8 +45,6 @@
 #include "tk_magics.h"
 #include "tk_pipeline.h"
 #include "tk_predict.h"
-#include "tk_plan.h"
-#include "tk_torchplan.h"
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_snapshot.h"
@@ -54,13 +54,17 @@
 
 enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_PLAN_OOM = 3, EXIT_OOM = 4, EXIT_INT = 130 };
 
+/* Prints JSON as --json prints it (indented, keys sorted). */
+static void emit_json(const json_t *j) {
+    char *s = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    puts(s ? s : "{}");
+    free(s);
+}
+
 /* Prints a bundle: its text/plain, or its application/json with --json. */
 static void emit(json_t *bundle, int json) {
     if (json) {
-        json_t *j = json_object_get(bundle, "application/json");
-        char *s = json_dumps(j ? j : json_object(), JSON_INDENT(2) | JSON_SORT_KEYS);
-        if (s) puts(s);
-        free(s);
+        emit_json(json_object_get(bundle, "application/json"));
     } else {
         const char *t = json_string_value(json_object_get(bundle, "text/plain"));
         if (t) fputs(t, stdout);
@@ -128,160 +132,80 @@ static const char *flag_value(char **argv, int argc, const char *flag) {
     return NULL;
 }
 
-/* Words that are neither flags, flag values nor key=value. */
-static int check_words(char **argv, int argc, const char *const *valued, const char *const *bare) {
-    for (int i = 0; i < argc; i++) {
-        int ok = strchr(argv[i], '=') && argv[i][0] != '-';
-        for (int k = 0; valued && valued[k] && !ok; k++)
-            if (!strcmp(argv[i], valued[k])) { ok = 1; i++; }
-        for (int k = 0; bare && bare[k] && !ok; k++) ok = !strcmp(argv[i], bare[k]);
-        if (!ok) {
-            fprintf(stderr, "txk: unexpected '%s' (see txk --help)\n", argv[i]);
-            return EXIT_USAGE;
-        }
+/* The words of `txk VERB` checked against the option table: every flag one
+ * the verb takes in a shell (with its value), the rest key=value. 0, or
+ * EXIT_USAGE after saying which word. */
+static int check_words(tk_verb verb, char **argv, int argc) {
+    tk_app_args a;
+    tk_err err = {0};
+    char who[32];
+    snprintf(who, sizeof who, "txk %s", tk_app_verb_name(verb));
+    if (tk_app_args_parse(verb, TK_DOOR_SHELL, who, argv, argc, &a, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_USAGE;
+    }
+    if (a.n_plain) {
+        fprintf(stderr, "txk: unexpected '%s' (see txk --help)\n", a.plain[0]);
+        return EXIT_USAGE;
     }
     return 0;
 }
 
+/* The words of `txk VERB` read by the option table (app/): the config is
+ * the first plain word or --file, then the key=value words apply. 0, or an
+ * exit status after saying why. */
+static int request(tk_verb verb, int argc, char **argv, tk_app_args *a, tk_config *c, const char **cfg_path) {
+    char who[32];
+    snprintf(who, sizeof who, "txk %s", tk_app_verb_name(verb));
+    tk_err err = {0};
+    if (tk_app_args_parse(verb, TK_DOOR_SHELL, who, argv, argc, a, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_USAGE;
+    }
+    const char *path = tk_app_arg(a, "--file");
+    if ((path && a->n_plain) || a->n_plain > 1) {
+        fprintf(stderr, "txk: unexpected '%s' (%s takes one config: cfg.yaml or --file cfg.yaml)\n",
+                a->plain[a->n_plain - 1], who);
+        return EXIT_USAGE;
+    }
+    if (!path && a->n_plain) path = a->plain[0];
+    if (cfg_path) *cfg_path = path;
+    if (!path) {
+        char *u = tk_app_usage_flags(verb, TK_DOOR_SHELL);
+        fprintf(stderr, "usage: %s cfg.yaml [key=value ...] %s\n", who, u ? u : "");
+        free(u);
+        return EXIT_USAGE;
+    }
+    return load_config(path, (char **)a->kv, a->n_kv, c);
+}
+
 /* ---- plan ------------------------------------------------------------------------ */
 
-/* The allocator history kept for --snapshot: the last this many events
- * (32 bytes each, 32 MiB at most), as PyTorch's max_entries bounds its own. */
-#define TXK_SNAPSHOT_EVENTS ((size_t)1 << 20)
-
-/* txk plan --snapshot: the planned step's meta allocator recorded and
- * written as a PyTorch snapshot (a plan to open in PyTorch's viewer before
- * anything runs). */
-typedef struct {
-    const char *path;
-    int rc, oom;
-    size_t reserved, allocated, peak;
-    tk_err err;
-} plan_snap;
-
-static void plan_snap_opened(tk_alloc *a, void *ud) {
-    (void)ud;
-    tk_alloc_record_history(a, TXK_SNAPSHOT_EVENTS);
-}
-
-static void plan_snap_closing(tk_alloc *a, const tk_oom *oom, void *ud) {
-    plan_snap *ps = ud;
-    ps->rc = tk_snap_write(a, oom, ps->path, &ps->err);
-    tk_alloc_stats st;
-    tk_alloc_stats_get(a, &st);
-    ps->reserved = st.reserved;
-    ps->allocated = st.allocated;
-    ps->peak = st.allocated_peak;
-    ps->oom = oom != NULL;
-}
-
 static int cmd_plan(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: txk plan cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch] [--sweep] [--epoch] [--snapshot FILE] [--json]\n"); return EXIT_USAGE; }
-    static const char *const valued[] = {"--gpu", "--gpus", "--snapshot", NULL}, *const bare[] = {"--json", "--max-batch", "--sweep", "--measure", "--epoch", NULL};
-    int rc = check_words(argv + 1, argc - 1, valued, bare);
+    tk_app_args args;
+    tk_plan_request rq = {.new_config = 1};
+    int rc = request(TK_VERB_PLAN, argc, argv, &args, &rq.config, NULL);
     if (rc) return rc;
-    tk_config c;
-    if ((rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
-    tk_err err = {0};
-    const char *gpu = flag_value(argv, argc, "--gpu"), *gpus = flag_value(argv, argc, "--gpus");
-    if (gpus) {
-        json_t *gb = NULL;
-        if ((c.engine == TK_ENGINE_PYTORCH ? tk_torchplan_gpus_report(&c, gpus, &gb, &err)
-                                           : tk_gpus_report(&c, gpus, &gb, &err)) != TK_OK) {
-            fprintf(stderr, "txk: %s\n", err.msg);
-            return EXIT_ERR;
-        }
-        emit(gb, has_flag(argv, argc, "--json"));
-        json_decref(gb);
-        return EXIT_OK;
-    }
-    if (gpu && tk_config_set(&c, "gpu", gpu, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
-    }
-    int json = has_flag(argv, argc, "--json");
-    json_t *b = NULL;
-    if (c.engine == TK_ENGINE_PYTORCH) {
-        static const char *const txkernel_only[] = {"--max-batch", "--sweep", "--measure", "--epoch", "--snapshot", NULL};
-        for (int i = 0; txkernel_only[i]; i++)
-            if (has_flag(argv, argc, txkernel_only[i])) {
-                fprintf(stderr, "txk: %s plans txkernel's own engine; engine: pytorch plans one step (drop %s)\n",
-                        txkernel_only[i], txkernel_only[i]);
-                return EXIT_USAGE;
-            }
-        /* with a train_file, the run's corpus gives batching: dynamic /
-         * buckets their longest batch, as txkernel's own plan takes it */
-        tk_session *s = tk_session_new();
-        tk_run_data data;
-        memset(&data, 0, sizeof data);
-        tk_torchplan_result r;
-        tk_status pst = s ? tk_session_load_data(s, &c, &data, &err) : tk_err_nomem(&err, "txk plan");
-        if (pst == TK_OK) pst = tk_torchplan_data(&c, data.lengths, data.n_lengths, &r, &err);
-        tk_run_data_clear(&data);
-        tk_session_destroy(&s);
-        if (pst != TK_OK || !(b = tk_report_torchplan(&r))) {
-            fprintf(stderr, "txk: %s\n", err.msg[0] ? err.msg : "out of host memory");
-            return EXIT_ERR;
-        }
-        emit(b, json);
-        json_decref(b);
-        return r.fits ? EXIT_OK : EXIT_PLAN_OOM;
-    }
-    if (has_flag(argv, argc, "--max-batch") || has_flag(argv, argc, "--sweep") || has_flag(argv, argc, "--measure")) {
-        tk_status st = has_flag(argv, argc, "--sweep") || has_flag(argv, argc, "--measure")
-                             ? tk_sweep_report(&c, has_flag(argv, argc, "--measure"), &b, &err) : tk_max_batch_report(&c, &b, &err);
-        if (st != TK_OK) {
-            fprintf(stderr, "txk: %s\n", err.msg);
-            return EXIT_ERR;
-        }
-        emit(b, json);
-        json_decref(b);
-        return EXIT_OK;
-    }
-    /* with a train_file, the plan is of the run's model and corpus (labels,
-     * longest example), made by the same pipeline as `txk train` */
+    rq.gpu = tk_app_arg(&args, "--gpu");
+    rq.gpus = tk_app_arg(&args, "--gpus");
+    rq.snapshot = tk_app_arg(&args, "--snapshot");
+    rq.max_batch = tk_app_has(&args, "--max-batch");
+    rq.measure = tk_app_has(&args, "--measure");
+    rq.sweep = rq.measure || tk_app_has(&args, "--sweep");
+    rq.epoch = tk_app_has(&args, "--epoch");
     tk_session *s = tk_session_new();
-    tk_run_data data;
-    tk_plan_result p;
-    plan_snap ps = {.path = flag_value(argv, argc, "--snapshot")};
-    tk_plan_watch w = {.opened = plan_snap_opened, .closing = plan_snap_closing, .ud = &ps};
-    /* --epoch: the run's first epoch as it will happen, its own batches in
-     * its order, instead of the worst-case batch */
-    int epoch = has_flag(argv, argc, "--epoch");
-    tk_plan_batches run = {0};
-    tk_status pst = TK_OK;
-    if (s && (pst = tk_session_load_data(s, &c, &data, &err)) == TK_OK) {
-        run = (tk_plan_batches){.train = data.train, .n_train = data.n_train, .dev = data.dev, .n_dev = data.n_dev};
-        pst = epoch ? tk_plan_epoch(&c, &run, ps.path ? &w : NULL, &p, &err)
-                    : tk_plan_watched(&c, data.lengths, data.n_lengths, ps.path ? &w : NULL, &p, &err);
-    }
-    if (!s || pst != TK_OK) {
-        fprintf(stderr, "txk: %s\n", s ? err.msg : "out of host memory");
-        if (s) tk_run_data_clear(&data);
-        tk_session_destroy(&s);
-        return EXIT_ERR;
-    }
-    b = tk_report_plan(&p, 0);
-    tk_report_add_head_note(b, &c, &p);
-    tk_tensor_info big[8];
-    int nb = 0;
-    if ((epoch ? tk_plan_epoch_tensors_at_peak(&c, &run, big, 8, &nb, &err)
-               : tk_plan_tensors_at_peak(&c, data.lengths, data.n_lengths, big, 8, &nb, &err)) == TK_OK)
-        tk_report_add_tensors(b, big, nb);
-    tk_report_add_data(b, &data);
-    emit(b, json);
-    json_decref(b);
-    tk_run_data_clear(&data);
+    tk_plan_reply r = {0};
+    tk_err err = {0};
+    tk_status st = s ? tk_app_plan(s, &rq, &r, &err) : tk_err_nomem(&err, "txk plan");
     tk_session_destroy(&s);
-    if (ps.path && ps.rc) {
-        fprintf(stderr, "txk: %s\n", ps.err.msg);
-        return EXIT_ERR;
+    if (st != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return r.ename && !strcmp(r.ename, "UsageError") ? EXIT_USAGE : EXIT_ERR;
     }
-    if (ps.path)
-        fprintf(stderr, "txk: PyTorch snapshot of the planned step written to %s: reserved %zu B, allocated %zu B, "
-                        "peak allocated %zu B%s\n", ps.path, ps.reserved, ps.allocated, ps.peak,
-                ps.oom ? ", with the oom event" : "");
-    return p.fits ? EXIT_OK : EXIT_PLAN_OOM;
+    emit(r.bundle, tk_app_has(&args, "--json"));
+    json_decref(r.bundle);
+    if (r.said[0]) fprintf(stderr, "txk: %s\n", r.said);
+    return r.fits ? EXIT_OK : EXIT_PLAN_OOM;
 }
 
 /* ---- train ------------------------------------------------------------------------- */
@@ -320,31 +244,6 @@ static int train_progress(void *ud, const struct tk_progress *p) {
     return atomic_load(&g_cancel);
 }
 
-
-/* Writes the session device's allocator as a PyTorch snapshot and says what
- * it holds (exact bytes, for scripts and tests). */
-static int write_snapshot(tk_session *s, const char *path, const tk_oom *oom) {
-    tk_dev *d = tk_session_current_device(s);
-    tk_err err = {0};
-    if (!d) {
-        fprintf(stderr, "txk: %s: no device was opened, no snapshot written\n", path);
-        return EXIT_ERR;
-    }
-    tk_alloc *a = tk_dev_alloc(d);
-    if (tk_snap_write(a, oom, path, &err)) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
-    }
-    tk_alloc_stats st;
-    tk_alloc_stats_get(a, &st);
-    uint64_t dropped = 0;
-    tk_alloc_history(a, NULL, 0, &dropped);
-    fprintf(stderr, "txk: PyTorch snapshot written to %s: reserved %zu B, allocated %zu B, peak allocated %zu B, "
-                    "%zu trace events%s%s\n",
-            path, st.reserved, st.allocated, st.allocated_peak, tk_alloc_history_len(a),
-            dropped ? " (the oldest dropped)" : "", oom ? ", with the oom event" : "");
-    return EXIT_OK;
-}
 
 static int train_download(void *ud, const char *file, int64_t done, int64_t total) {
     train_view *v = ud;
@@ -417,17 +316,11 @@ static int launch_ranks(const tk_config *c, int argc, char **argv) {
 }
 
 static int cmd_train(int argc, char **argv) {
-    if (argc < 1) {
-        fprintf(stderr, "usage: txk train cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]\n");
-        return EXIT_USAGE;
-    }
-    static const char *const valued[] = {"--snapshot", NULL};
-    static const char *const bare[] = {"--json", "--no-plan", NULL};
-    int rc = check_words(argv + 1, argc - 1, valued, bare);
-    if (rc) return rc;
+    tk_app_args args;
     tk_config c;
-    if ((rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
-    int json = has_flag(argv, argc, "--json");
+    int rc = request(TK_VERB_TRAIN, argc, argv, &args, &c, NULL);
+    if (rc) return rc;
+    int json = tk_app_has(&args, "--json");
     if (tk_config_world_size(&c) > 1 && c.device != TK_DEVICE_CUDA && tk_coll_env_size() == 1)
         return launch_ranks(&c, argc, argv);
     int rank = tk_coll_env_rank();
@@ -437,16 +330,16 @@ static int cmd_train(int argc, char **argv) {
     if (tk_coll_env_size() > 1) signal(SIGUSR1, on_sigint); /* the launcher's interrupt, through mpirun */
     train_view v = {isatty(2) && rank == 0, 0, rank > 0};
     tk_run_hooks h = {.on_note = train_note, .on_progress = train_progress, .on_download = train_download, .ud = &v,
-                      .ignore_plan = has_flag(argv, argc, "--no-plan")};
+                      .ignore_plan = tk_app_has(&args, "--no-plan")};
     tk_run_report r;
     tk_err err = {0};
-    const char *snap = flag_value(argv, argc, "--snapshot");
+    const char *snap = tk_app_arg(&args, "--snapshot");
     if (snap) {
         /* The run reuses the session's device for this config, so recording
          * switched on here covers the whole run, model load included. */
         char note[256];
         tk_dev *d = tk_session_device(s, &c, note, &err);
-        if (!d || tk_alloc_record_history(tk_dev_alloc(d), TXK_SNAPSHOT_EVENTS)) {
+        if (!d || tk_alloc_record_history(tk_dev_alloc(d), TK_APP_SNAPSHOT_EVENTS)) {
             fprintf(stderr, "txk: %s\n", d ? "out of host memory for the allocator history" : err.msg);
             tk_session_destroy(&s);
             return EXIT_ERR;
@@ -463,7 +356,7 @@ static int cmd_train(int argc, char **argv) {
         fprintf(stderr, "txk: %s%s\n", who, err.msg);
         rc = EXIT_ERR;
     } else if (r.end == TK_RUN_PLANNED_OOM) {
-        json_t *b = tk_report_plan(&r.plan, r.free_before);
+        json_t *b = tk_app_planned_oom_report(s, &c, &r);
         emit(b, json);
         json_decref(b);
         fprintf(stderr, "txk: %sthe plan needs %s but %s is free: stopped before allocating anything\n", who,
@@ -512,8 +405,15 @@ static int cmd_train(int argc, char **argv) {
         }
     }
     if (snap && st == TK_OK && r.end != TK_RUN_PLANNED_OOM) {
-        int wrc = write_snapshot(s, snap, r.end == TK_RUN_OOM && r.have_oom ? &r.oom : NULL);
-        if (wrc && !rc) rc = wrc;
+        char said[600];
+        tk_err serr = {0};
+        if (tk_run_snapshot_write(tk_session_current_device(s), r.end == TK_RUN_OOM && r.have_oom ? &r.oom : NULL, snap,
+                                  said, sizeof said, &serr) != TK_OK) {
+            fprintf(stderr, "txk: %s\n", serr.msg);
+            if (!rc) rc = EXIT_ERR;
+        } else {
+            fprintf(stderr, "txk: %s\n", said);
+        }
     }
     if (who[0] && rc != EXIT_OK && rc != EXIT_INT) {
         /* the other ranks would wait for this one in their next collective */
@@ -573,9 +473,8 @@ static int advise_flags(char **argv, int argc, const char **platform, tk_api *ap
  * each card of its platform. Exit 1 with "no OOM message found" when the
  * text holds none. */
 static int advise_from_error(int argc, char **argv) {
-    static const char *const valued[] = {"--from-error", "--data", "--for", "--api", NULL}, *const bare[] = {"--json", NULL};
     int has_cfg = argc > 0 && argv[0][0] != '-' && !strchr(argv[0], '=');
-    int rc = check_words(argv + has_cfg, argc - has_cfg, valued, bare);
+    int rc = check_words(TK_VERB_ADVISE, argv + has_cfg, argc - has_cfg);
     if (rc) return rc;
     tk_oom_report_opts opts = {.cli_config = has_cfg ? argv[0] : "CFG"};
     if ((rc = advise_flags(argv, argc, &opts.platform, &opts.api, 0))) return rc;
@@ -662,19 +561,18 @@ static int cmd_advise(int argc, char **argv) {
                         "[--json]\n");
         return EXIT_USAGE;
     }
-    static const char *const valued[] = {"--gpu", "--top", "--margin", "--fix", "-o", "--for", "--api", NULL};
-    static const char *const bare[] = {"--json", NULL};
-    int rc = check_words(argv + 1, argc - 1, valued, bare);
+    tk_app_args args;
+    tk_config c;
+    const char *cfg_path = NULL;
+    int rc = request(TK_VERB_ADVISE, argc, argv, &args, &c, &cfg_path);
     if (rc) return rc;
     const char *plat = NULL;
     tk_api api = TK_API_AUTO;
     if ((rc = advise_flags(argv, argc, &plat, &api, 1))) return rc;
-    tk_config c;
-    if ((rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
     tk_err err = {0};
-    const char *gpu = flag_value(argv, argc, "--gpu"), *top_s = flag_value(argv, argc, "--top");
-    const char *margin_s = flag_value(argv, argc, "--margin"), *fix = flag_value(argv, argc, "--fix");
-    const char *out_path = flag_value(argv, argc, "-o");
+    const char *gpu = tk_app_arg(&args, "--gpu"), *top_s = tk_app_arg(&args, "--top");
+    const char *margin_s = tk_app_arg(&args, "--margin"), *fix = tk_app_arg(&args, "--fix");
+    const char *out_path = tk_app_arg(&args, "-o");
     if (gpu && tk_config_set(&c, "gpu", gpu, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", err.msg);
         return EXIT_ERR;
@@ -685,7 +583,7 @@ static int cmd_advise(int argc, char **argv) {
         fprintf(stderr, "txk: --top wants 1 or more, --margin a share of capacity in [0, 0.5)\n");
         return EXIT_USAGE;
     }
-    if ((has_flag(argv, argc, "--fix") && !fix) || (has_flag(argv, argc, "-o") && !out_path)) {
+    if ((tk_app_has(&args, "--fix") && !fix) || (tk_app_has(&args, "-o") && !out_path)) {
         fprintf(stderr, "txk: --fix needs N or auto, -o a file name\n");
         return EXIT_USAGE;
     }
@@ -705,8 +603,19 @@ static int cmd_advise(int argc, char **argv) {
         fprintf(stderr, "txk: %s\n", err.msg[0] ? err.msg : "out of host memory");
         return EXIT_ERR;
     }
-    tk_advise_input in = {.config = &c, .lengths = (const int32_t *)data.lengths, .n_lengths = data.n_lengths,
-                          .margin_frac = margin, .platform = plat && strcasecmp(plat, "all") ? plat : NULL, .api = api};
+    /* the run resolved once, as %txadvise resolves it: the config's card,
+     * else the smallest card of --for (said) */
+    tk_run_where where = {.platform = plat && strcasecmp(plat, "all") ? plat : NULL};
+    tk_run_spec spec;
+    tk_config on = c;
+    if (tk_run_spec_resolve(&c, &where, &spec, &err) != TK_OK || tk_run_spec_apply(&spec, &on, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        tk_run_data_clear(&data);
+        return EXIT_ERR;
+    }
+    if (!c.gpu[0] && on.gpu[0] && !tk_app_has(&args, "--json")) printf("Advised for %s.\n", spec.card_why);
+    tk_advise_input in = {.config = &on, .lengths = (const int32_t *)data.lengths, .n_lengths = data.n_lengths,
+                          .margin_frac = margin, .platform = spec.platform[0] ? spec.platform : NULL, .api = api};
     tk_advice *a = malloc(sizeof *a);
     if (!a || tk_advise(&in, a, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", a ? err.msg : "out of host memory");
@@ -729,12 +638,15 @@ static int cmd_advise(int argc, char **argv) {
         }
     }
     tk_run_data_clear(&data);
-    if (has_flag(argv, argc, "--json")) {
-        char *j = tk_advice_json(a);
-        if (j) puts(j);
-        free(j);
+    if (tk_app_has(&args, "--json")) {
+        char *js = tk_advice_json(a);
+        json_t *j = js ? json_loads(js, 0, NULL) : NULL;
+        free(js);
+        if (j) json_object_set_new(j, "run", tk_run_spec_json(&spec));
+        emit_json(j);
+        json_decref(j);
     } else if (!fix || out_path) {
-        char *t = tk_advice_format_cli(a, top, argv[0]);
+        char *t = tk_advice_format_cli(a, top, cfg_path);
         if (t) fputs(t, stdout);
         free(t);
     }
@@ -745,7 +657,9 @@ static int cmd_advise(int argc, char **argv) {
         rc = EXIT_PLAN_OOM;
     } else if (fix) {
         size_t yn = 0;
-        char *y = fixed_file(argv[0], &a->cand[pick].config, &yn);
+        tk_config fixed = a->cand[pick].config;
+        tk_run_spec_unapply(&fixed, &on, &c);
+        char *y = fixed_file(cfg_path, &fixed, &yn);
         FILE *f = y && out_path ? fopen(out_path, "w") : stdout;
         if (!y) {
             rc = EXIT_ERR;
@@ -753,7 +667,7 @@ static int cmd_advise(int argc, char **argv) {
             fprintf(stderr, "txk: %s: cannot write the fixed config\n", out_path ? out_path : "stdout");
             rc = EXIT_ERR;
         } else if (out_path) {
-            fprintf(stderr, "txk: wrote %s: %s with #%d (%s)%s\n", out_path, argv[0], pick + 1, a->cand[pick].label,
+            fprintf(stderr, "txk: wrote %s: %s with #%d (%s)%s\n", out_path, cfg_path, pick + 1, a->cand[pick].label,
                     tk_config_plan_only(&a->cand[pick].config)
                         ? "; a plan only: txk does not start several GPUs on cuda (the advice's code gives the PyTorch "
                           "recipe)" : "");
@@ -902,9 +816,7 @@ static int cmd_predict(int argc, char **argv) {
                         "[--id COL] [-o OUT.csv|OUT.jsonl] [--rows N] [key=value ...] [--json]\n");
         return EXIT_USAGE;
     }
-    static const char *const valued[] = {"--input", "--text", "--pair", "--label", "--id", "-o", "--rows", NULL};
-    static const char *const bare[] = {"--json", NULL};
-    int rc = check_words(argv + 1, argc - 1, valued, bare);
+    int rc = check_words(TK_VERB_PREDICT, argv + 1, argc - 1);
     if (rc) return rc;
     const char *input = flag_value(argv, argc, "--input"), *out_path = flag_value(argv, argc, "-o");
     if (!input) {
@@ -992,9 +904,7 @@ static int cmd_predict(int argc, char **argv) {
 
 static int cmd_data(int argc, char **argv) {
     if (argc < 1) { fprintf(stderr, "usage: %s\n", TXDATA_USAGE + 1); return EXIT_USAGE; }
-    static const char *const valued[] = {"--text", "--pair", "--model", "--vocab", "--max-len", "--batch", NULL};
-    static const char *const bare[] = {"--json", NULL};
-    int rc = check_words(argv + 1, argc - 1, valued, bare);
+    int rc = check_words(TK_VERB_DATA, argv + 1, argc - 1);
     if (rc) return rc;
     const char *ml = flag_value(argv, argc, "--max-len"), *bs = flag_value(argv, argc, "--batch");
     tk_data_report_opts o = {.path = argv[0], .text_col = flag_value(argv, argc, "--text"),
@@ -1013,10 +923,8 @@ static int cmd_data(int argc, char **argv) {
 }
 
 static int cmd_vocab(int argc, char **argv) {
-    static const char *const valued[] = {"-o", "--size", "--text", NULL};
-    static const char *const bare[] = {"--lowercase", NULL};
     const char *out = flag_value(argv, argc, "-o"), *size = flag_value(argv, argc, "--size");
-    if (argc < 1 || !out || !size || atoi(size) < 10 || check_words(argv + 1, argc - 1, valued, bare)) {
+    if (argc < 1 || !out || !size || atoi(size) < 10 || check_words(TK_VERB_VOCAB, argv + 1, argc - 1)) {
         fprintf(stderr, "usage: txk vocab CORPUS -o vocab.txt --size N [--text COL] [--lowercase]\n");
         return EXIT_USAGE;
     }
@@ -1077,10 +985,7 @@ static int mem_snapshot(const char *path, char **argv, int argc) {
 }
 
 static int cmd_mem(int argc, char **argv) {
-    static const char *const valued[] = {"--device", "--capacity", "--snapshot", "--gpu", "--model", "--data",
-                                         "--text", "--batch", "--seq", NULL},
-                             *const bare[] = {"--json", NULL};
-    int rc = check_words(argv, argc, valued, bare);
+    int rc = check_words(TK_VERB_MEM, argv, argc);
     if (rc) return rc;
     if (flag_value(argv, argc, "--snapshot")) return mem_snapshot(flag_value(argv, argc, "--snapshot"), argv, argc);
     tk_config c;
@@ -1145,27 +1050,57 @@ static int cmd_kernel(int argc, char **argv) {
 
 /* ---- dispatch ------------------------------------------------------------------------ */
 
-typedef struct { const char *name; int (*run)(int argc, char **argv); const char *summary; } txk_cmd;
+/* The words before the flags and what the command does; the flags
+ * themselves are printed from the option table (app/options.c). */
+typedef struct { const char *name; int (*run)(int argc, char **argv); const char *words, *summary; } txk_cmd;
+
+static int cmd_options(int argc, char **argv);
 
 static const txk_cmd CMDS[] = {
-    {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch|--sweep] [--epoch] [--snapshot FILE] [--json]   planned peak memory, no training (--epoch: the first epoch's own batches in the run's order, so dynamic padding's and empty_cache's reserved peak is planned too; --snapshot: the planned step as a PyTorch snapshot)"},
-    {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--for colab|kaggle] [--api trainer|loop|txkernel] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes, each as code in your API; --fix -o writes your config with the change;\n"
-                           "           [cfg.yaml [--data FILE]] --from-error FILE|- [--for colab|kaggle] [--api A]   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it; --data: the corpus whose p99 the max_length fix carries"},
-    {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
-    {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [--id C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels (the run's label column by default); -o rows keyed by the input's id column (id/ID or --id)"},
-    {"data", cmd_data, "FILE [--text COL] [--model M] [--max-len N] [--batch N] [--json]   token lengths, truncation, padding"},
-    {"vocab", cmd_vocab, "CORPUS -o vocab.txt --size N [--text COL] [--lowercase]   learn a WordPiece vocabulary"},
-    {"mem", cmd_mem, "[--device cpu|cuda|meta] [--capacity SIZE] [--json]   the device and its memory;\n"
-                     "          --snapshot FILE [--gpu P|--capacity SIZE] [--model NAME|DIR] [--data FILE [--text COL]]\n"
-                     "                          [--batch N --seq N] [--json]   a PyTorch memory snapshot diagnosed; a BERT\n"
-                     "                          (recognised from block sizes, or --model) gets each fix planned"},
-    {"keys", cmd_keys, "   every config key with its help"},
-    {"kernel", cmd_kernel, "-f CONNECTION_FILE   serve as a Jupyter kernel"},
+    {"plan", cmd_plan, "cfg.yaml [key=value ...]", "planned peak memory, no training (--epoch: the first epoch's own "
+     "batches in the run's order, so dynamic padding's and empty_cache's reserved peak is planned too; --snapshot: the "
+     "planned step as a PyTorch snapshot)"},
+    {"advise", cmd_advise, "cfg.yaml [key=value ...]", "why it does not fit, ranked fixes, each as code in your API; "
+     "--fix -o writes your config with the change; [cfg.yaml [--data FILE]] --from-error FILE|-: read a pasted OOM "
+     "message (PyTorch or TensorFlow) and diagnose it; --data: the corpus whose p99 the max_length fix carries"},
+    {"train", cmd_train, "cfg.yaml [key=value ...]", "plan, then train (stops before allocating if it won't fit; "
+     "--no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
+    {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml", "(--input FILE is needed) labels and probabilities (answers for QA); "
+     "metrics with gold labels (the run's label column by default); -o rows keyed by the input's id column (id/ID or "
+     "--id)"},
+    {"data", cmd_data, "FILE", "token lengths, truncation, padding"},
+    {"vocab", cmd_vocab, "CORPUS", "learn a WordPiece vocabulary (-o vocab.txt and --size N are needed)"},
+    {"mem", cmd_mem, "", "the device and its memory; --snapshot FILE: a PyTorch memory snapshot diagnosed; a BERT "
+     "(recognised from block sizes, or --model) gets each fix planned"},
+    {"keys", cmd_keys, "", "every config key with its help"},
+    {"options", cmd_options, "", "every flag of txk, the magics and the companion, and every config key, as JSON "
+     "(what the reference pages are made from)"},
+    {"kernel", cmd_kernel, "-f CONNECTION_FILE", "serve as a Jupyter kernel"},
 };
+
+/* txk options: the option table and the config key table as one JSON
+ * object {options: [...], keys: [{key, help}]}. */
+static int cmd_options(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    json_t *keys = json_array();
+    for (const char *const *k = tk_config_keys(); keys && *k; k++)
+        json_array_append_new(keys, json_pack("{s:s, s:s}", "key", *k, "help", tk_config_key_help(*k)));
+    json_t *j = json_pack("{s:o, s:o}", "options", tk_app_options_json(), "keys", keys);
+    emit_json(j);
+    json_decref(j);
+    return j ? EXIT_OK : EXIT_ERR;
+}
 
 static int usage(FILE *f) {
     fprintf(f, "txk — BERT fine-tuning memory planner and trainer (txkernel)\n\nusage:\n");
-    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) fprintf(f, "  txk %-7s %s\n", CMDS[i].name, CMDS[i].summary);
+    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) {
+        tk_verb v = tk_app_verb_find(CMDS[i].name);
+        char *flags = v ? tk_app_usage_flags(v, TK_DOOR_SHELL) : NULL;
+        fprintf(f, "  txk %s%s%s%s%s\n            %s\n", CMDS[i].name, CMDS[i].words[0] ? " " : "", CMDS[i].words,
+                flags && *flags ? " " : "", flags ? flags : "", CMDS[i].summary);
+        free(flags);
+    }
     fprintf(f, "\nexit status: 0 ok, 1 error, 2 usage, 3 plan does not fit, 4 out of memory, 130 interrupted\n");
     return f == stdout ? EXIT_OK : EXIT_USAGE;
 }

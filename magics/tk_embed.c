@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include "tk_embed.h"
+#include "tk_app.h"
 #include "tk_host_mem.h"
 #include "tk_magics.h"
 #include "tk_session.h"
@@ -162,6 +163,13 @@ char *tk_embed_magics_json(tk_embed *e) {
         json_array_append_new(arr, json_pack("{s:s,s:s,s:s,s:s}", "name", d->name, "kind", kind, "summary",
                                              d->summary, "help", d->help ? d->help : d->summary));
     }
+    char *txt = arr ? json_dumps(arr, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    json_decref(arr);
+    return txt;
+}
+
+char *tk_embed_options_json(void) {
+    json_t *arr = tk_app_options_json();
     char *txt = arr ? json_dumps(arr, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
     json_decref(arr);
     return txt;

@@ -60,6 +60,10 @@ int tk_embed_set_holder(tk_embed *e, int state, unsigned long long reserved, uns
 /* Every registered magic as a JSON array of {"name","kind":"line"|"cell"|"both",
  * "summary","help"}: a new string, release it with tk_embed_free. */
 char *tk_embed_magics_json(tk_embed *e);
+/* The option table of every front door (app/tk_app.h, tk_app_options_json):
+ * the companion's own flags are read by it, so a flag means the same in a
+ * shell, a cell and the companion. New string (tk_embed_free). */
+char *tk_embed_options_json(void);
 
 /* Completion matches for code at byte offset cursor, as JSON
  * {"matches":[...],"start":N,"end":N}; new string (tk_embed_free). */

@@ -12,6 +12,7 @@
 #include <jansson.h>
 #include "tk_config.h"
 #include "tk_gpu.h"
+#include "tk_app.h"
 #include "tk_magics.h"
 
 /* Splits a magic's argument line like a shell: blanks separate words, single
@@ -42,7 +43,8 @@ int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out
  * progress, per-epoch table or OOM autopsy) and reports through m's sink.
  * ignore_plan: train even when the plan does not fit. The run's report stays
  * in the session (tk_session_last_run). 0, or -1 after reporting an error. */
-int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan);
+/* json_only: the epochs' JSON (or the plan's) instead of the rich bundles, as `txk train --json` prints it. */
+int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan, int json_only);
 /* world_size > 1 on the cpu (txtrain_ranks.c): the config as `txk train`
  * ranks under mpirun, their output (rank 0's progress) streamed into the
  * cell, an interrupt forwarded to every rank (SIGUSR1 through mpirun). 0, or
@@ -67,28 +69,7 @@ tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **le
 tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, int lowercase,
                              const char *out_path, int *n_texts, int *n_tokens, tk_err *err);
 
-/* Largest batch size per sequence length (64..512) that fits the config's
- * capacity, found by bisection over plans on meta. A table bundle. */
-tk_status tk_max_batch_report(const tk_config *c, json_t **bundle, tk_err *err);
-
-/* The planned peak, and its categories at the peak, of config c with each
- * memory-saving technique and a few combinations (recompute layers/attention,
- * fused attention, fp16, bf16, 8-bit AdamW, frozen embeddings, accumulate x4
- * at a quarter of the batch, ...): a table bundle; application/json is one
- * row per technique with peak_reserved, peak_allocated, at_peak per
- * category, optim_bytes, grad_bytes, n_params. */
-/* measure: also run each row for two optimizer steps (+ one eval batch) of
- * synthetic data on a fresh cpu device: measured peaks, whether they equal
- * the plan, and ms per step (rows gain measured_peak_allocated/_reserved,
- * measured_equals_plan, ms_per_step). */
-tk_status tk_sweep_report(const tk_config *c, int measure, json_t **bundle, tk_err *err);
-
-/* Config c planned on each card a platform ("colab", "kaggle", "all") hands
- * out, each as `gpu: CARD` without `capacity:` plans it: a table (card,
- * capacity, budget, planned peak, fits, margin, predicted step) and one
- * sentence; application/json is {platform, cards: [{card, long_name,
- * capacity, budget, peak_reserved, fits, margin, step_seconds}], sentence}. */
-tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bundle, tk_err *err);
+/* tk_max_batch_report, tk_sweep_report, tk_gpus_report: app/tk_app.h (the plan verb's). */
 /* How a pasted message's report is written. */
 typedef struct tk_oom_report_opts {
     const char *platform;   /* --for: "colab", "kaggle", "colab-2020"; NULL: what the message's paths show */

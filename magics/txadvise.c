@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tk_app.h"
 #include "tk_data.h"
 #include "tk_advisor.h"
 #include "tk_host_mem.h"
@@ -28,15 +29,27 @@
 #include "tk_session.h"
 #include "tk_txmagics.h"
 
-#define TXADVISE_USAGE "%txadvise [key=value ...] [--top N] [--margin F] [--for colab|kaggle] [--api trainer|loop|txkernel] [--json]; %%txadvise --from-error [--for colab|kaggle] [--api ...] + the pasted message"
+#define TXADVISE_USAGE "%txadvise [key=value ...] [--gpu PROFILE] [--top N] [--margin F] [--for colab|kaggle] [--api trainer|loop|txkernel] [--json]; %%txadvise --from-error [--for colab|kaggle] [--api ...] + the pasted message"
 #define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--for colab|kaggle|colab-2020|all] [--run] [--json]"
 
-static json_t *advice_bundle(const tk_advice *a, int top) {
+/* card_note: the line saying which card the advice is for when the config
+ * names none (the platform's smallest); "" otherwise. */
+static json_t *advice_bundle(const tk_advice *a, int top, const char *card_note, const tk_run_spec *spec) {
     char *txt = tk_advice_format(a, top);
+    tk_sb tt = {0};
+    if (card_note[0]) tk_sb_addf(&tt, "%s\n", card_note);
+    tk_sb_add(&tt, txt ? txt : "");
+    free(txt);
+    txt = tk_sb_take(&tt);
     json_t *b = tk_bundle_new(txt ? txt : "");
     free(txt);
     char b1[32], b2[32], b3[32];
     tk_sb h = {0};
+    if (card_note[0]) {
+        tk_sb_add(&h, "<p>");
+        tk_sb_add_html(&h, card_note);
+        tk_sb_add(&h, "</p>");
+    }
     int limited = a->free_now > 0;
     if (limited)
         tk_sb_addf(&h, "<div><p><b>Planned peak %s</b> of %s available - %s.</p>",
@@ -93,6 +106,7 @@ static json_t *advice_bundle(const tk_advice *a, int top) {
     char *js = tk_advice_json(a);
     json_t *j = js ? json_loads(js, 0, NULL) : NULL;
     free(js);
+    if (j) json_object_set_new(j, "run", tk_run_spec_json(spec));
     tk_bundle_take_json(b, "application/json", j);
     return b;
 }
@@ -357,6 +371,12 @@ static int run_txadvise(tk_magic_ctx *m) {
         if (!strcmp(argv[i], "--json")) json_only = 1;
         else if (platform_api_flag(m, argv, argc, &i, platform, sizeof platform, &api, &rc)) {
         }
+        else if (!strcmp(argv[i], "--gpu")) {
+            /* the card to advise for, as `txk advise --gpu` and %txplan --gpu take it */
+            tk_err ge = {0};
+            if (i + 1 >= argc) rc = tk_magic_error(m, "UsageError", "--gpu needs a value\nusage: %s", TXADVISE_USAGE);
+            else if (tk_config_set(&c, "gpu", argv[++i], &ge) != TK_OK) rc = tk_magic_error(m, "ConfigError", "%s", ge.msg);
+        }
         else if (!strcmp(argv[i], "--top") || !strcmp(argv[i], "--margin")) {
             if (i + 1 >= argc) {
                 rc = tk_magic_error(m, "UsageError", "%s needs a value\nusage: %s", argv[i], TXADVISE_USAGE);
@@ -384,7 +404,20 @@ static int run_txadvise(tk_magic_ctx *m) {
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
 
     if (api != TK_API_AUTO) c.api = api; /* --api is the config's key: the session's config keeps it */
-    tk_advise_input in = {.config = &c, .margin_frac = margin, .platform = platform[0] ? platform : NULL};
+    /* the run resolved once: the session's device, the card of the config,
+     * else the smallest card of --for or of the platform %txplan --gpus
+     * planned on (said, never silent); the session's config stays as given */
+    tk_run_where where;
+    tk_session_where(s, &where);
+    if (platform[0]) where.platform = platform;
+    tk_run_spec spec;
+    tk_config on = c;
+    if (tk_run_spec_resolve(&c, &where, &spec, &err) != TK_OK || tk_run_spec_apply(&spec, &on, &err) != TK_OK)
+        return tk_magic_error(m, "ConfigError", "%s", err.msg);
+    char card_note[256] = "";
+    if (!c.gpu[0] && on.gpu[0])
+        snprintf(card_note, sizeof card_note, "Advised for %s.", spec.card_why);
+    tk_advise_input in = {.config = &on, .margin_frac = margin, .platform = spec.platform[0] ? spec.platform : NULL};
     const tk_run_report *lr = tk_session_last_run(s);
     /* the OOM record counts only for the config that ran out (--api is how
      * the advice is written, not the run) */
@@ -400,7 +433,7 @@ static int run_txadvise(tk_magic_ctx *m) {
     const int *len = tk_session_lengths(s, &nl);
     in.lengths = (const int32_t *)len;
     in.n_lengths = nl;
-    tk_session_device_now(s, &c, &in.free_now, &in.held_by_session);
+    tk_session_device_now(s, &on, &in.free_now, &in.held_by_session);
     in.held_in_process = tk_session_held_in_process(s);
     int nt = 0;
     const tk_mem_sample *tl = tk_session_timeline(s, &nt);
@@ -422,8 +455,9 @@ static int run_txadvise(tk_magic_ctx *m) {
     }
     tk_session_set_config(s, &c);
     tk_session_set_plan(s, &a->base);
-    json_t *b = advice_bundle(a, top);
+    json_t *b = advice_bundle(a, top, card_note, &spec);
     tk_session_take_advice(s, a);
+    tk_session_set_advice_config(s, &c);
     tk_txemit(m, b, json_only);
     json_decref(b);
     return 0;
@@ -629,7 +663,7 @@ static void apply_config_fix(tk_magic_ctx *m, const tk_advice *a, const tk_candi
 static int train_and_compare(tk_magic_ctx *m, const tk_config *after, size_t predicted) {
     tk_session *s = m->session;
     char b1[32], b2[32], b3[32], b4[32];
-    if (tk_txtrain_run_config(m, after, 0)) return -1;
+    if (tk_txtrain_run_config(m, after, 0, 0)) return -1;
     const tk_run_report *r = tk_session_last_run(s);
     if (!r) return 0;
     /* reserved is the figure the advice ranks by; allocated is shown too.
@@ -671,6 +705,11 @@ static int run_txfix(tk_magic_ctx *m) {
     const tk_candidate *cand = &a->cand[i];
     const tk_config *old = tk_session_config(m->session);
     tk_config before = old ? *old : cand->config, after = cand->config;
+    /* the advice planned the config as the run resolved it (the card of a
+     * platform, the device's attention): what no fix changed goes back to
+     * the session's config as the user gave it */
+    const tk_config *asked = tk_session_advice_config(m->session);
+    if (asked) tk_run_spec_unapply(&after, &a->given, asked);
     size_t predicted = cand->peak;
     if (run && tk_config_plan_only(&after)) {
         tk_magic_printf(m, "stdout", "Not training (--run): txkernel does not start %d GPUs on cuda; the fix below is "

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tk_app.h"
 #include "tk_magics.h"
 #include "tk_render.h"
 #include "tk_session.h"
@@ -118,37 +119,84 @@ static void on_note(void *ud, const char *line) {
     tk_magic_printf(v->m, "stdout", "%s\n", line);
 }
 
+/* The flags of %%txtrain, read by the option table (app/): --no-plan,
+ * --json, --snapshot FILE, --file CFG.yaml. 0, or -1 after the error. */
+static int txtrain_flags(tk_magic_ctx *m, int *ignore_plan, int *json, char *snap, size_t sn, char *file, size_t fn) {
+    char **argv = NULL;
+    int argc = 0;
+    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
+    tk_app_args a;
+    tk_err err = {0};
+    int rc = 0;
+    if (tk_app_args_parse(TK_VERB_TRAIN, TK_DOOR_CELL, m->is_cell ? "%%txtrain" : "%txtrain", argv, argc, &a, &err))
+        rc = tk_magic_error(m, "UsageError", "%s", err.msg);
+    else if (a.n_plain)
+        rc = tk_magic_error(m, "UsageError", "%s%s: expected key=value, got '%s'", m->is_cell ? "%%" : "%", m->name,
+                            a.plain[0]);
+    if (!rc) {
+        *ignore_plan = tk_app_has(&a, "--no-plan");
+        *json = tk_app_has(&a, "--json");
+        snprintf(snap, sn, "%s", tk_app_arg(&a, "--snapshot") ? tk_app_arg(&a, "--snapshot") : "");
+        snprintf(file, fn, "%s", tk_app_arg(&a, "--file") ? tk_app_arg(&a, "--file") : "");
+    }
+    tk_txargs_free(argv, argc);
+    return rc;
+}
+
+static int train_with_snapshot(tk_magic_ctx *m, const tk_config *c, int ignore_plan, const char *snap, int json);
+static void show_result(tk_magic_ctx *m, const tk_run_report *r);
+
 static int run_txtrain(tk_magic_ctx *m) {
     tk_config c;
     tk_config base;
-    const tk_config *last = tk_session_config(m->session);
-    if (!m->is_cell && !last)
-        return tk_magic_error(m, "UsageError", "%%txtrain (the line form) trains the session's last config, and there "
-                                               "is none yet: use %%%%txtrain with a YAML body");
-    if (!m->is_cell) base = *last; /* the line form: the last config (from %%txtrain, %txplan, %txfix) */
-    else tk_config_defaults(&base);
-    if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
-    int ignore_plan = 0;
-    {
-        char **argv = NULL;
-        int argc = 0;
-        if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
-        for (int i = 0; i < argc; i++) {
-            if (!strcmp(argv[i], "--no-plan")) ignore_plan = 1;
-            else if (!strncmp(argv[i], "--", 2)) {
-                tk_magic_error(m, "UsageError", "%%%%txtrain: unknown option %s (known: --no-plan)", argv[i]);
-                tk_txargs_free(argv, argc);
-                return -1;
-            }
-        }
-        tk_txargs_free(argv, argc);
-    }
+    int ignore_plan = 0, json = 0;
+    char snap[1024], file[1024];
+    if (txtrain_flags(m, &ignore_plan, &json, snap, sizeof snap, file, sizeof file)) return -1;
     tk_err err = {0};
+    const tk_config *last = tk_session_config(m->session);
+    if (file[0]) {
+        /* --file: the YAML file is the base, the cell's body and key=value go over it */
+        tk_config_defaults(&base);
+        if (tk_app_config_file(&base, file, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
+    } else if (!m->is_cell && !last) {
+        return tk_magic_error(m, "UsageError", "%%txtrain (the line form) trains the session's last config, and there "
+                                               "is none yet: use %%%%txtrain with a YAML body (or --file cfg.yaml)");
+    } else if (!m->is_cell) {
+        base = *last; /* the line form: the last config (from %%txtrain, %txplan, %txfix) */
+    } else {
+        tk_config_defaults(&base);
+    }
+    if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
-    return tk_txtrain_run_config(m, &c, ignore_plan);
+    if (m->is_cell || file[0]) tk_session_set_platform(m->session, NULL); /* a new config: no planned platform */
+    return snap[0] ? train_with_snapshot(m, &c, ignore_plan, snap, json) : tk_txtrain_run_config(m, &c, ignore_plan, json);
 }
 
-int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan) {
+/* --snapshot FILE: the session's device records the whole run (model load
+ * included), written as a PyTorch snapshot after it, as `txk train
+ * --snapshot` writes it. */
+static int train_with_snapshot(tk_magic_ctx *m, const tk_config *cp, int ignore_plan, const char *snap, int json) {
+    tk_config c = *cp;
+    tk_err err = {0};
+    if (tk_config_world_size(&c) > 1)
+        return tk_magic_error(m, "UsageError", "--snapshot records one device: not with world_size %d",
+                              tk_config_world_size(&c));
+    tk_dev *d = tk_session_device(m->session, &c, NULL, &err);
+    if (!d) return tk_magic_error(m, "DeviceError", "%s", err.msg);
+    if (tk_alloc_record_history(tk_dev_alloc(d), TK_APP_SNAPSHOT_EVENTS))
+        return tk_magic_error(m, "MemoryError", "out of host memory for the allocator history");
+    int rc = tk_txtrain_run_config(m, &c, ignore_plan, json);
+    const tk_run_report *r = tk_session_last_run(m->session);
+    if (!r || r->end == TK_RUN_PLANNED_OOM) return rc; /* nothing ran: nothing to write */
+    char said[1400];
+    if (tk_run_snapshot_write(tk_session_current_device(m->session), r->end == TK_RUN_OOM && r->have_oom ? &r->oom : NULL,
+                              snap, said, sizeof said, &err) != TK_OK)
+        return tk_magic_error(m, "SnapshotError", "%s", err.msg);
+    tk_magic_printf(m, "stdout", "%s\n", said);
+    return rc;
+}
+
+int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan, int json_only) {
     if (tk_config_world_size(cfg) > 1 && cfg->device != TK_DEVICE_CUDA && tk_coll_env_size() == 1)
         return tk_txtrain_ranks(m, cfg, ignore_plan);
     tk_session *s = m->session;
@@ -163,7 +211,7 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
                       .ignore_plan = ignore_plan};
     tk_run_report r;
     tk_status st = tk_session_train(s, &c, &h, &r, &err);
-    char b1[32], b2[32], b3[32], b4[32];
+    char b1[32], b2[32];
     int rc = 0;
     if (st != TK_OK) {
         rc = tk_magic_error(m, r.save_stopped ? "SaveError" : st == TK_EFORMAT || st == TK_EIO ? "DataError" : "RunError",
@@ -173,16 +221,9 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
     }
     switch (r.end) {
     case TK_RUN_PLANNED_OOM: {
-        json_t *pb = tk_report_plan(&r.plan, r.free_before);
-        tk_report_add_holder(pb, tk_session_holder(s), 0);
-        tk_report_add_head_note(pb, &c, &r.plan);
-        int nl = 0;
-        const int *len = tk_session_lengths(s, &nl);
-        tk_tensor_info big[8];
-        int nb = 0;
-        tk_err terr = {0};
-        if (tk_plan_tensors_at_peak(&c, len, nl, big, 8, &nb, &terr) == TK_OK) tk_report_add_tensors(pb, big, nb);
-        tk_txshow(m, pb, "plan", NULL, 0, 0);
+        json_t *pb = tk_app_planned_oom_report(s, &c, &r);
+        if (json_only) tk_txemit_as(m, pb, 1, "plan"); /* what `txk train --json` prints */
+        else tk_txshow(m, pb, "plan", NULL, 0, 0);
         json_decref(pb);
         size_t held = tk_session_held_in_process(s);
         char b3[32];
@@ -217,40 +258,12 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
     case TK_RUN_DONE: {
         if (v.have_p) show_progress(&v, 1);
         json_t *hb = tk_report_history(r.history, r.n_history, c.task);
-        tk_txshow(m, hb, "epochs", NULL, 0, 0);
+        if (json_only) /* the epochs' JSON, as `txk train --json` prints it */
+            tk_txemit_as(m, hb, 1, "epochs");
+        else
+            tk_txshow(m, hb, "epochs", NULL, 0, 0);
         json_decref(hb);
-        char line[1024];
-        snprintf(line, sizeof line,
-                 "Trained %lld steps in %.1f s. Peak %s allocated, %s reserved (planned %s). Allocated now %s.%s%s",
-                 (long long)r.steps, r.seconds, tk_format_bytes(r.peak_allocated, b1, sizeof b1),
-                 tk_format_bytes(r.peak_reserved, b2, sizeof b2),
-                 tk_format_bytes(r.plan.peak_allocated, b3, sizeof b3),
-                 tk_format_bytes(r.allocated_after, b4, sizeof b4), r.checkpoint[0] ? " Checkpoint: " : "",
-                 r.checkpoint);
-        if (r.have_device_peak) {
-            size_t l = strlen(line);
-            snprintf(line + l, sizeof line - l, " Device peak (CUPTI) %s, of which outside the allocator at least "
-                     "the plugin's %s.", tk_format_bytes(r.device_peak, b1, sizeof b1),
-                     tk_format_bytes(r.plugin_bytes, b2, sizeof b2));
-        }
-        json_t *res = tk_bundle_new(line);
-        const tk_epoch_stats *last = r.n_history ? &r.history[r.n_history - 1] : NULL;
-        json_t *rj = json_pack("{s:I, s:f, s:I, s:I, s:I, s:I, s:s}", "steps", (json_int_t)r.steps, "seconds",
-                               r.seconds, "peak_allocated", (json_int_t)r.peak_allocated, "peak_reserved",
-                               (json_int_t)r.peak_reserved, "planned_peak_allocated",
-                               (json_int_t)r.plan.peak_allocated, "allocated_after", (json_int_t)r.allocated_after,
-                               "checkpoint", r.checkpoint);
-        /* metrics are NaN when there is no dev set: JSON has no NaN, say null */
-        if (r.have_device_peak) {
-            json_object_set_new(rj, "device_peak", json_integer((json_int_t)r.device_peak));
-            json_object_set_new(rj, "plugin_bytes", json_integer((json_int_t)r.plugin_bytes));
-        }
-        json_object_set_new(rj, "train_loss", last && isfinite(last->train_loss) ? json_real(last->train_loss) : json_null());
-        json_object_set_new(rj, "dev_loss", last && isfinite(last->dev_loss) ? json_real(last->dev_loss) : json_null());
-        json_object_set_new(rj, "dev_acc", last && isfinite(last->dev_acc) ? json_real(last->dev_acc) : json_null());
-        json_object_set_new(res, "application/json", rj);
-        tk_txshow(m, res, "result", NULL, 0, 1);
-        json_decref(res);
+        if (!json_only) show_result(m, &r);
         /* save_error: continue went on past a failed save: the cell still
          * fails, so Run All stops and nobody takes the run as saved */
         if (r.failed_saves)
@@ -267,6 +280,44 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
     return rc;
 }
 
+/* The run's one-line summary and its figures as the cell's result. */
+static void show_result(tk_magic_ctx *m, const tk_run_report *rp) {
+    const tk_run_report r = *rp;
+    char b1[32], b2[32], b3[32], b4[32];
+    char line[1024];
+    snprintf(line, sizeof line,
+             "Trained %lld steps in %.1f s. Peak %s allocated, %s reserved (planned %s). Allocated now %s.%s%s",
+             (long long)r.steps, r.seconds, tk_format_bytes(r.peak_allocated, b1, sizeof b1),
+             tk_format_bytes(r.peak_reserved, b2, sizeof b2),
+             tk_format_bytes(r.plan.peak_allocated, b3, sizeof b3),
+             tk_format_bytes(r.allocated_after, b4, sizeof b4), r.checkpoint[0] ? " Checkpoint: " : "",
+             r.checkpoint);
+    if (r.have_device_peak) {
+        size_t l = strlen(line);
+        snprintf(line + l, sizeof line - l, " Device peak (CUPTI) %s, of which outside the allocator at least "
+                 "the plugin's %s.", tk_format_bytes(r.device_peak, b1, sizeof b1),
+                 tk_format_bytes(r.plugin_bytes, b2, sizeof b2));
+    }
+    json_t *res = tk_bundle_new(line);
+    const tk_epoch_stats *last = r.n_history ? &r.history[r.n_history - 1] : NULL;
+    json_t *rj = json_pack("{s:I, s:f, s:I, s:I, s:I, s:I, s:s}", "steps", (json_int_t)r.steps, "seconds",
+                           r.seconds, "peak_allocated", (json_int_t)r.peak_allocated, "peak_reserved",
+                           (json_int_t)r.peak_reserved, "planned_peak_allocated",
+                           (json_int_t)r.plan.peak_allocated, "allocated_after", (json_int_t)r.allocated_after,
+                           "checkpoint", r.checkpoint);
+    /* metrics are NaN when there is no dev set: JSON has no NaN, say null */
+    if (r.have_device_peak) {
+        json_object_set_new(rj, "device_peak", json_integer((json_int_t)r.device_peak));
+        json_object_set_new(rj, "plugin_bytes", json_integer((json_int_t)r.plugin_bytes));
+    }
+    json_object_set_new(rj, "train_loss", last && isfinite(last->train_loss) ? json_real(last->train_loss) : json_null());
+    json_object_set_new(rj, "dev_loss", last && isfinite(last->dev_loss) ? json_real(last->dev_loss) : json_null());
+    json_object_set_new(rj, "dev_acc", last && isfinite(last->dev_acc) ? json_real(last->dev_acc) : json_null());
+    json_object_set_new(res, "application/json", rj);
+    tk_txshow(m, res, "result", NULL, 0, 1);
+    json_decref(res);
+}
+
 /* ---- config from a cell ------------------------------------------------------- */
 
 int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out, int skip_flags) {
@@ -281,10 +332,8 @@ int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out
     int rc = 0;
     for (int i = 0; i < argc && !rc; i++) {
         if (skip_flags && !strncmp(argv[i], "--", 2)) {
-            /* flags that take a value (%txplan, %txadvise) */
-            if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--gpus") || !strcmp(argv[i], "--file") || !strcmp(argv[i], "--top") ||
-                !strcmp(argv[i], "--margin") || !strcmp(argv[i], "--for"))
-                i++;
+            /* the caller's flags: the option table says which read the next word */
+            if (tk_app_option_valued(tk_app_option_find(argv[i]), TK_DOOR_CELL)) i++;
             continue;
         }
         char *eq = strchr(argv[i], '=');
@@ -364,8 +413,9 @@ static void session_free(void *p) {
 
 static const tk_magic_def TXTRAIN[] = {
     {"txtrain", TK_MAGIC_BOTH, run_txtrain, "plan, then fine-tune BERT from a YAML config (live progress, OOM autopsy)",
-     "%%txtrain [key=value ...] [--no-plan]\n<YAML config>\n"
-     "%txtrain [key=value ...] [--no-plan]   (the session's last config, e.g. after %txfix)\n\n"
+     "%%txtrain [key=value ...] [--no-plan] [--snapshot FILE] [--file cfg.yaml] [--json]\n<YAML config>\n"
+     "%txtrain [key=value ...] [--no-plan] [--snapshot FILE] [--file cfg.yaml]   (the session's last config, e.g. "
+     "after %txfix)\n\n"
      "Example:\n  %%txtrain\n  model: bert-mini\n  train_file: train.csv\n  max_len: 128\n  batch_size: 16\n"
      "  epochs: 2\n  device: {capacity: 800MiB}\n\n"
      "First plans the run on the meta device at the worst-case batch. If the predicted\n"
@@ -374,6 +424,9 @@ static const tk_magic_def TXTRAIN[] = {
      "samples/s, ETA, memory), then shows a per-epoch table. A run-time OOM ends the cell\n"
      "with an autopsy and releases the run's memory. Interrupt stops at the next step.\n"
      "--no-plan trains even when the plan says it will not fit (to see where it breaks).\n"
+     "--snapshot FILE writes the run's allocations as a PyTorch memory snapshot (.pickle);\n"
+     "--file cfg.yaml trains that file's config (the body and key=value go over it).\n"
+     "--json shows the epochs' JSON (or the plan's, when it does not fit), as `txk train --json`.\n"
      "Keys: %txkeys, or Tab inside the body; Shift-Tab on a key shows its help."},
     {"txkeys", TK_MAGIC_LINE, run_txkeys, "every config key of %%txtrain with its help",
      "%txkeys\n\nThe keys a %%txtrain body (YAML) or a %txplan key=value override can set, with\n"

@@ -15,7 +15,7 @@
 # kernel/ is left out on purpose: the host (IPython) is the kernel, and the
 # magics use only kernel/tk_kernel.h's types.
 
-EMBED_MODULES := magics gpu bert torchplan advisor
+EMBED_MODULES := magics app gpu bert torchplan advisor
 EMBED_SRCS    := $(wildcard $(addsuffix /*.c,$(EMBED_MODULES)))
 EMBED_OBJS    := $(EMBED_SRCS:%.c=$(BUILD)/pic/%.o)
 EMBED_LIB     := $(BUILD)/libtxk.so

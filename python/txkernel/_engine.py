@@ -91,6 +91,8 @@ def _load():
     lib.tk_embed_complete_json.argtypes = [vp, cp, ctypes.c_int]
     lib.tk_embed_set_holder.restype = ctypes.c_int
     lib.tk_embed_set_holder.argtypes = [vp, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
+    lib.tk_embed_options_json.restype = vp
+    lib.tk_embed_options_json.argtypes = []
     lib.tk_embed_free.restype = None
     lib.tk_embed_free.argtypes = [vp]
     lib.tk_embed_version.restype = cp
@@ -165,6 +167,19 @@ class Engine:
             self.close()
         except Exception:
             pass
+
+
+def options():
+    """The engine's option table (app/options.c): [{name, metavar, bare_in,
+    help, uses: [{verbs, doors}]}], the one source every front door's flags
+    come from, the companion's own among them."""
+    ptr = lib().tk_embed_options_json()
+    if not ptr:
+        raise MemoryError("txkernel: out of memory in the engine")
+    try:
+        return json.loads(ctypes.string_at(ptr).decode("utf-8"))
+    finally:
+        lib().tk_embed_free(ptr)
 
 
 def version():

@@ -33,25 +33,35 @@ USAGE = ("%txplan --torch-model NAME | --trainer NAME [--batch B] [--seq T] [--g
          "[--precision fp32|fp16|bf16] [--optimizer adamw|adamw8bit|adamw_torch_fused] [--json] [--show-config]")
 
 
+# the key parse() keeps a flag under, where it is not the flag's name without "--"
+_KEYS = {"--torch-model": "model", "--show-config": "show"}
+
+
+def _flags():
+    """{flag: takes a value} for %txplan in the companion, from the engine's
+    one option table (app/options.c): the same flags, values and help as
+    `txk` and the cells."""
+    from ._engine import options
+    return {o["name"]: o["metavar"] is not None and "companion" not in o["bare_in"] for o in options()
+            if any("plan" in u["verbs"] and "companion" in u["doors"] for u in o["uses"])}
+
+
 def parse(words):
     """--torch-model NAME | --trainer NAME, --batch, --seq, --gpu, --gpus,
     --precision, --optimizer, --json, --show-config -> dict."""
     out = {"json": False, "show": False}
-    valued = {"--torch-model": "model", "--trainer": "trainer", "--batch": "batch", "--seq": "seq", "--gpu": "gpu",
-              "--gpus": "gpus", "--precision": "precision", "--optimizer": "optimizer"}
+    flags = _flags()
     i = 0
     while i < len(words):
         w = words[i]
-        if w in valued:
+        key = _KEYS.get(w, w[2:])
+        if flags.get(w):
             if i + 1 >= len(words):
                 raise PlanArgsError(f"{w} needs a value")
-            out[valued[w]] = words[i + 1]
+            out[key] = words[i + 1]
             i += 2
-        elif w == "--json":
-            out["json"] = True
-            i += 1
-        elif w == "--show-config":
-            out["show"] = True
+        elif w in flags:
+            out[key] = True
             i += 1
         else:
             raise PlanArgsError(f"%txplan --torch-model: unexpected '{w}' (usage: {USAGE})")

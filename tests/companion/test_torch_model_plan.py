@@ -212,6 +212,7 @@ def test_checkpointing_is_read_without_a_future_warning():
     (FutureWarning: use is_activation_checkpointing); the config is read from
     the current attribute, on each row's transformers."""
     sys.path.insert(0, os.path.join(ROOT, "python"))
+    os.environ.setdefault("TXK_ENGINE_LIB", LIB)  # the flags are read from the engine's option table
     from txkernel import torch_model
     from transformers import BertConfig, BertForSequenceClassification
     m = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,

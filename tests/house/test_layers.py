@@ -1,14 +1,17 @@
 """The house's map, checked on the built objects and the sources (issue 18):
 no circle between files in the call graph (who calls whom, from `nm` of each
 release object) nor in the include graph, calls and includes only go down
-the module stack (cli -> magics -> advisor -> torchplan -> bert -> gpu / kernel), and no
+the module stack (cli -> magics -> app -> advisor -> torchplan -> bert -> gpu / kernel;
+app/ is the request layer under both front doors, issue 39), the front doors'
+cmd_* / run_tx* functions are short and include no engine header but the
+config's (issue 39; what is not thin yet is listed), and no
 file outside gpu/ includes the cuda plugin's header; the PyTorch snapshot
 reader's files go one way, decode -> trace -> owners and frames -> peak ->
 leak -> diagnosis (issue 35)."""
 import collections, functools, glob, os, re, subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RANK = {"cli": 6, "magics": 5, "advisor": 4, "torchplan": 3, "bert": 2, "gpu": 1, "kernel": 1}
+RANK = {"cli": 7, "magics": 6, "app": 5, "advisor": 4, "torchplan": 3, "bert": 2, "gpu": 1, "kernel": 1}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -141,3 +144,58 @@ def test_the_cuda_plugins_header_stays_in_gpu():
                 if "tk_cuda.h" in " ".join(INCLUDE.findall(fh.read())):
                     leaks.append(rel)
     assert leaks == []
+
+
+# Issue 39: the front doors are thin: parse my syntax -> request -> app/ -> print or display. No cmd_* or
+# run_tx* function of cli/txk.c or magics/tx*.c over about 40 lines, and no front-door file includes an
+# advisor/, torchplan/ or bert/ header but the config's. What is not thin yet is listed by name, so a new
+# fat function or include fails today, and the lists only shrink: an entry that has become thin fails too
+# until it is taken off.
+FRONT_DOORS = ["cli/txk.c"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "magics", "tx*.c")))
+MAX_LINES = 40
+NOT_THIN_YET = {"cli/txk.c": {"cmd_train", "cmd_advise", "cmd_predict"},
+                "magics/txadvise.c": {"run_txadvise"}, "magics/txdata.c": {"run_txdata"},
+                "magics/txmem.c": {"run_txmem"},
+                "magics/txpredict.c": {"run_txpredict"}}
+INCLUDES_NOT_YET = {
+    "cli/txk.c": {"tk_advisor.h", "tk_config_edit.h", "tk_data.h", "tk_hub.h", "tk_pipeline.h", "tk_predict.h",
+                  "tk_snapshot.h", "tk_oom_message.h", "tk_train.h"},
+    "magics/txadvise.c": {"tk_data.h", "tk_advisor.h", "tk_oom_message.h", "tk_pipeline.h"},
+    "magics/txdata.c": {"tk_data.h", "tk_pipeline.h"}, "magics/txmem.c": {"tk_snapshot.h"},
+    "magics/txtrain.c": {"tk_train.h"}, "magics/txtrain_ranks.c": {"tk_train.h"}}
+DOOR_FN = re.compile(r"^(?:static\s+)?[a-z_][\w \*]*?\b((?:cmd|run_tx)\w*)\s*\([^;{]*\)\s*\{", re.M)
+
+
+def door_functions(path):
+    """{name: lines} of a front door's cmd_* / run_tx* functions (a function ends at the first
+    column-0 closing brace)."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
+        src = fh.read()
+    out = {}
+    for m in DOOR_FN.finditer(src):
+        end = src.find("\n}\n", m.end())
+        assert end > 0, f"{path}: {m.group(1)} has no closing brace at column 0"
+        out[m.group(1)] = src.count("\n", m.start(), end) + 1
+    return out
+
+
+def test_front_door_functions_are_short():
+    fat = {f"{p}:{name} ({n} lines)" for p in FRONT_DOORS for name, n in door_functions(p).items()
+           if n > MAX_LINES and name not in NOT_THIN_YET.get(p, set())}
+    assert fat == set(), "a front-door function over 40 lines: move the request's work into app/"
+    thin = {f"{p}:{name}" for p, names in NOT_THIN_YET.items() for name in names
+            if door_functions(p).get(name, 0) <= MAX_LINES}
+    assert thin == set(), "thin now: take it off NOT_THIN_YET"
+
+
+def test_front_doors_include_no_engine_header_but_the_configs():
+    below = ("advisor", "torchplan", "bert")
+    bad, done = set(), set()
+    for p in FRONT_DOORS:
+        with open(os.path.join(ROOT, p), encoding="utf-8") as fh:
+            incs = {os.path.basename(i) for i in INCLUDE.findall(fh.read())}
+        engine = {i for i in incs if i != "tk_config.h" and any(os.path.exists(os.path.join(ROOT, m, i)) for m in below)}
+        bad |= {f"{p}: {i}" for i in engine - INCLUDES_NOT_YET.get(p, set())}
+        done |= {f"{p}: {i}" for i in INCLUDES_NOT_YET.get(p, set()) - engine}
+    assert bad == set(), "a front door includes an engine header: call app/ instead"
+    assert done == set(), "no longer included: take it off INCLUDES_NOT_YET"

@@ -161,7 +161,8 @@ def test_gpus_colab_equals_gpu_profile_plans():
         assert [c["card"] for c in d["cards"]] == cards
         assert all(c["source"] for c in d["cards"]), d["cards"]
     r = txk("plan", SEED, "--gpus", "mars")
-    assert r.returncode == 1 and b"colab, kaggle, colab-2020 or all" in r.stderr
+    # a bad platform is a usage error (2), as `txk advise --for mars` and the cell's UsageError say (issue 39)
+    assert r.returncode == 2 and b"colab, kaggle, colab-2020 or all" in r.stderr
 
 
 def test_fix_auto_for_colab_fits_every_card(tmp_path):

@@ -51,6 +51,15 @@ tk_dev *tk_session_current_device(tk_session *s); /* borrowed; NULL if none yet 
  * and so does txk train --snapshot. TK_ENOMEM when the ring cannot be had. */
 tk_status tk_session_record_history(tk_session *s, size_t max_events, tk_err *err);
 size_t tk_session_recording(const tk_session *s); /* events asked for; 0: off */
+/* The platform the user last planned on (%txplan --gpus P; NULL: none):
+ * %txadvise and %txfix advise for its smallest card when the config names
+ * no card (tk_run_spec_resolve). Cleared by a reset. */
+const char *tk_session_platform(const tk_session *s);
+void tk_session_set_platform(tk_session *s, const char *platform);
+struct tk_run_where; /* tk_app.h */
+/* Where a request of this session is made: its device when one is open,
+ * and its platform. */
+void tk_session_where(tk_session *s, struct tk_run_where *w);
 /* Capacity a config runs against: capacity, else its GPU profile's, else 0. */
 size_t tk_session_capacity_of(const tk_config *c);
 
@@ -189,6 +198,12 @@ const tk_run_report *tk_session_last_run(const tk_session *s);
 struct tk_advice;
 const struct tk_advice *tk_session_advice(const tk_session *s);
 void tk_session_take_advice(tk_session *s, struct tk_advice *a);
+/* The config the last advice was asked for, as the user gave it (before
+ * tk_run_spec_apply gave it the platform's card and the device's
+ * attention): %txfix brings a fixed config back to it
+ * (tk_run_spec_unapply). NULL without advice. */
+const tk_config *tk_session_advice_config(const tk_session *s);
+void tk_session_set_advice_config(tk_session *s, const tk_config *as_given);
 
 /* Runs config c (already parsed and validated) in the session. Returns TK_OK
  * when the pipeline ran to an end described in r->end (including planned and

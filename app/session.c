@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "tk_app.h"
 #include "tk_checkpoint.h"
 #include "tk_files.h"
 #include "tk_hub.h"
@@ -47,8 +48,10 @@ struct tk_session {
     tk_mem_sample *tl;
     int ntl, captl;
     struct tk_advice *advice;  /* the last %txadvise (malloc'd, owned) */
+    tk_config advice_config;   /* what that advice was asked for, as given */
     tk_holder holder;          /* the host's report; survives a reset */
     size_t record_events;      /* the allocator's history asked for (events; 0: off); survives a reset */
+    char platform[16];         /* the platform the last %txplan --gpus planned on; "" none */
 };
 
 tk_session *tk_session_new(void) { return tk_calloc(1, sizeof(tk_session)); }
@@ -200,6 +203,21 @@ tk_status tk_session_record_history(tk_session *s, size_t max_events, tk_err *er
 }
 
 size_t tk_session_recording(const tk_session *s) { return s->record_events; }
+const char *tk_session_platform(const tk_session *s) { return s && s->platform[0] ? s->platform : NULL; }
+void tk_session_set_platform(tk_session *s, const char *platform) {
+    snprintf(s->platform, sizeof s->platform, "%s", platform ? platform : "");
+}
+
+void tk_session_where(tk_session *s, tk_run_where *w) {
+    memset(w, 0, sizeof *w);
+    w->platform = tk_session_platform(s);
+    if (!s->dev) return;
+    tk_dev_info info;
+    tk_dev_info_get(s->dev, &info);
+    w->device_known = 1;
+    w->device = tk_dev_kind_of(s->dev);
+    w->device_total = info.total;
+}
 
 const tk_config *tk_session_config(const tk_session *s) { return s->have_config ? &s->config : NULL; }
 void tk_session_set_config(tk_session *s, const tk_config *c) {
@@ -213,6 +231,8 @@ void tk_session_set_plan(tk_session *s, const tk_plan_result *p) {
 }
 const tk_oom *tk_session_oom(const tk_session *s) { return s->have_oom ? &s->oom : NULL; }
 const struct tk_advice *tk_session_advice(const tk_session *s) { return s->advice; }
+const tk_config *tk_session_advice_config(const tk_session *s) { return s->advice ? &s->advice_config : NULL; }
+void tk_session_set_advice_config(tk_session *s, const tk_config *as_given) { s->advice_config = *as_given; }
 void tk_session_take_advice(tk_session *s, struct tk_advice *a) {
     if (s->advice != a) free(s->advice);
     s->advice = a;
@@ -384,10 +404,19 @@ static tk_status plan_run(tk_session *s, tk_config *cc, tk_dev *d, const tk_run_
     note(h, "data: %d training examples in %d batches, %d dev examples (digest %016llx)", data->n_examples,
          data->n_train, data->n_dev_examples, (unsigned long long)data->digest);
     if (data->n_truncated) note(h, "data: %d examples were truncated to max_len %d", data->n_truncated, cc->max_len);
-    /* attention: auto is decided by the device the run got (device: auto
-     * may have found cuda); the plan and the model then use the same. */
-    const char *attn_why = NULL;
-    cc->attention = tk_config_attention(cc, tk_dev_kind_of(d), &attn_why);
+    /* the run resolved once for the device it got (device: auto may have
+     * found cuda): the plan and the model use the spec's attention, as
+     * `txk plan` and %txplan of the same config do */
+    tk_dev_info info;
+    tk_dev_info_get(d, &info);
+    tk_run_where where = {.device_known = 1, .device = tk_dev_kind_of(d), .device_total = info.total};
+    tk_run_spec spec;
+    if ((rc = tk_run_spec_resolve(cc, &where, &spec, err)) != TK_OK) {
+        tk_run_data_clear(data);
+        return rc;
+    }
+    const char *attn_why = spec.attention_why;
+    cc->attention = spec.attention;
     /* device: auto that found cuda is planned as the card's run it is */
     tk_config pc = *cc;
     if (tk_dev_kind_of(d) == TK_DEV_CUDA) pc.device = TK_DEVICE_CUDA;
@@ -746,8 +775,13 @@ tk_status tk_session_predict(tk_session *s, const tk_config *c0, tk_predict_repo
     r->digest = data.digest;
     /* planned like a run: the weights and one eval batch, with the
      * attention of the device it got */
-    const char *attn_why = NULL;
-    c.attention = tk_config_attention(&c, tk_dev_kind_of(d), &attn_why);
+    tk_dev_info info;
+    tk_dev_info_get(d, &info);
+    tk_run_where where = {.device_known = 1, .device = tk_dev_kind_of(d), .device_total = info.total};
+    tk_run_spec spec;
+    if ((rc = tk_run_spec_resolve(&c, &where, &spec, err)) != TK_OK) goto out;
+    const char *attn_why = spec.attention_why;
+    c.attention = spec.attention;
     tk_config pc = c;
     if (tk_dev_kind_of(d) == TK_DEV_CUDA) pc.device = TK_DEVICE_CUDA; /* as plan_run: the card's run */
     if ((rc = tk_plan_inference(&pc, data.lengths, data.n_lengths, &r->plan, err)) != TK_OK) goto out;

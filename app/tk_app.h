@@ -1,0 +1,237 @@
+/* tk_app.h — the request layer (issue 39): what a shell line, a magic's
+ * argument line and the Python companion all mean by the same words.
+ *
+ * Two things live here so that no front door keeps its own copy:
+ *  - the option table: every flag declared once, with the verbs that take it
+ *    in each door (shell `txk VERB`, a txkernel cell `%txVERB`, the Python
+ *    companion); one parser reads argv and a magic's split argument line the
+ *    same way; the usage lines and the reference pages are generated from it;
+ *  - the resolved run spec: a config, the device found and the platform the
+ *    user planned on, resolved once into the device kind, card, capacity,
+ *    attention (and why), world size, labels, api and platform that the plan,
+ *    the run, the advice and the fixes all read.
+ *
+ * Ownership: tables and option records are static; tk_app_args holds
+ * borrowed pointers into the argv it was parsed from.
+ */
+#ifndef TK_APP_H
+#define TK_APP_H
+
+#include <stddef.h>
+#include <jansson.h>
+#include "tk_config.h"
+#include "tk_gpu.h"
+
+/* ---- the option table ------------------------------------------------------ */
+
+typedef enum {
+    TK_VERB_PLAN = 1u << 0,
+    TK_VERB_TRAIN = 1u << 1,
+    TK_VERB_ADVISE = 1u << 2,
+    TK_VERB_FIX = 1u << 3,
+    TK_VERB_PREDICT = 1u << 4,
+    TK_VERB_DATA = 1u << 5,
+    TK_VERB_MEM = 1u << 6,
+    TK_VERB_DEVICE = 1u << 7,
+    TK_VERB_VOCAB = 1u << 8,
+} tk_verb;
+
+typedef enum {
+    TK_DOOR_SHELL = 1u << 0,     /* txk VERB ... */
+    TK_DOOR_CELL = 1u << 1,      /* %txVERB / %%txVERB in txkernel or the companion */
+    TK_DOOR_COMPANION = 1u << 2, /* the companion's own flags (python/txkernel/), handled in Python */
+} tk_door;
+
+/* One use of a flag: the verbs that take it through these doors. */
+typedef struct tk_option_use {
+    unsigned verbs, doors;
+} tk_option_use;
+
+typedef struct tk_option {
+    const char *name;    /* "--gpu", "-o" */
+    const char *metavar; /* the value's name ("PROFILE"); NULL: the flag takes no value */
+    unsigned bare_doors; /* doors where it takes no value although metavar is set (%%txadvise --from-error:
+                            the cell body is the message) */
+    const char *help;
+    tk_option_use use[4]; /* {0, 0} ends */
+} tk_option;
+
+/* The whole table (borrowed, static) and its length. */
+const tk_option *tk_app_options(int *n);
+/* The entry for `name`, or NULL. */
+const tk_option *tk_app_option_find(const char *name);
+/* 1 when `name` is taken by `verb` through `door`. */
+int tk_app_option_takes(const tk_option *o, tk_verb verb, tk_door door);
+/* 1 when the flag reads the next word as its value through `door`. */
+int tk_app_option_valued(const tk_option *o, tk_door door);
+/* A verb's name ("plan") and the verb a name is (0: none). */
+const char *tk_app_verb_name(tk_verb verb);
+tk_verb tk_app_verb_find(const char *name);
+/* The table as JSON for the companion and the reference pages: [{name,
+ * metavar, bare_in: [door...], help, uses: [{verbs: [...], doors: [...]}]}].
+ * New reference. */
+json_t *tk_app_options_json(void);
+/* "[--gpu PROFILE] [--gpus PLATFORM] ..." for a verb through a door (new
+ * string, NULL when out of host memory). */
+char *tk_app_usage_flags(tk_verb verb, tk_door door);
+
+/* The words of one request: key=value overrides, flags with their values,
+ * and plain words (a config path, a fix number), in order. */
+#define TK_APP_MAX_WORDS 64
+typedef struct tk_app_args {
+    int n_kv, n_flags, n_plain;
+    const char *kv[TK_APP_MAX_WORDS];          /* "key=value", borrowed */
+    const tk_option *flag[TK_APP_MAX_WORDS];   /* in the order given */
+    const char *value[TK_APP_MAX_WORDS];       /* the flag's value, NULL for a bare flag */
+    const char *plain[TK_APP_MAX_WORDS];
+} tk_app_args;
+
+/* Reads argv as `verb` through `door` takes it: each flag must be in the
+ * table for that verb and door (else TK_EINVAL naming the flag and the
+ * verb's flags), a valued flag takes the next word (TK_EINVAL when there is
+ * none); a word with '=' that is not a flag's value is a key=value override;
+ * anything else is plain. `who` names the front door in errors ("txk plan",
+ * "%txadvise"). */
+tk_status tk_app_args_parse(tk_verb verb, tk_door door, const char *who, char **argv, int argc, tk_app_args *out,
+                            tk_err *err);
+/* The last value given for `name`, or NULL (also NULL for a bare flag). */
+const char *tk_app_arg(const tk_app_args *a, const char *name);
+/* 1 when `name` was given. */
+int tk_app_has(const tk_app_args *a, const char *name);
+/* Applies the key=value overrides to *c in order; TK_OK or the key's error. */
+tk_status tk_app_args_apply(const tk_app_args *a, tk_config *c, tk_err *err);
+
+/* A YAML config file read over *c (its defaults, or a base): --file and
+ * `txk VERB cfg.yaml` read it the same way. TK_EIO naming the file when it
+ * cannot be read; the parser's error (file, line, key) otherwise. */
+tk_status tk_app_config_file(tk_config *c, const char *path, tk_err *err);
+
+/* ---- the run resolved once ------------------------------------------------- */
+
+/* Where a request is made: the device a run has (or would get) and what the
+ * user said about the card beyond the config. */
+typedef struct tk_run_where {
+    int device_known;      /* 1: `device` below is the device the run has or gets; 0: not opened, probe it */
+    tk_dev_kind device;    /* meta, cpu or cuda */
+    size_t device_total;   /* that device's total bytes (cuda: the card's) */
+    const char *platform;  /* a platform the user planned on (%txplan --gpus P) or named (--for P); NULL */
+} tk_run_where;
+
+typedef struct tk_run_spec {
+    tk_dev_kind device;          /* where the run trains (device: auto resolved) */
+    char device_why[96];
+    char card[32];               /* the GPU profile planned for: gpu:, else the platform's smallest card; "" */
+    char card_why[160];
+    char platform[16];           /* "colab", "kaggle", ...; "" when none */
+    size_t capacity;             /* usable bytes the plan fits against; 0: no limit known */
+    char capacity_why[96];
+    tk_attention attention;      /* standard or fused, as tk_config_attention decides it */
+    const char *attention_why;   /* static */
+    int world_size;
+    int labels;                  /* num_labels (0: from the data) */
+    tk_api api;                  /* as given (TK_API_AUTO: the advisor picks by engine) */
+} tk_run_spec;
+
+/* What device: auto finds here without training: cuda when the NVIDIA
+ * driver's device node is present and the cuda plugin opens a device (its
+ * total in *total), else the cpu. device: cpu/cuda/meta are taken as set. */
+tk_dev_kind tk_app_device_probe(const tk_config *c, size_t *total);
+/* Resolves c (validated) where it is asked. TK_OK, or TK_EINVAL when the
+ * platform is unknown. */
+tk_status tk_run_spec_resolve(const tk_config *c, const tk_run_where *w, tk_run_spec *out, tk_err *err);
+/* The config as the spec resolved it: attention: auto replaced by the
+ * spec's, the platform's card set as gpu: when the config named none, and
+ * a cuda device's total as capacity: when nothing else gives one. */
+tk_status tk_run_spec_apply(const tk_run_spec *s, tk_config *c, tk_err *err);
+/* A fixed config planned from `resolved` (the config after
+ * tk_run_spec_apply) brought back to the config as the user gave it
+ * (`given`): what no fix changed (attention, gpu, capacity) goes back to
+ * the user's own setting, so a fix's diff and its YAML hold the fix only. */
+void tk_run_spec_unapply(tk_config *fixed, const tk_config *resolved, const tk_config *given);
+/* The spec as JSON {device, device_why, card, card_why, platform, capacity,
+ * capacity_why, attention, attention_why, world_size, labels, api}: the same
+ * object in every verb's --json. New reference. */
+json_t *tk_run_spec_json(const tk_run_spec *s);
+/* One line a person reads: "for t4, the smallest card colab hands out (...)". */
+void tk_run_spec_card_line(const tk_run_spec *s, char *buf, size_t n);
+
+/* ---- the plan verb ----------------------------------------------------------- */
+
+struct tk_session; /* tk_session.h */
+typedef struct tk_plan_request {
+    tk_config config;      /* the file or the cell, then key=value (validated here, after --gpu) */
+    const char *gpu;       /* --gpu PROFILE, or NULL */
+    const char *gpus;      /* --gpus PLATFORM: each card the platform hands out, or NULL */
+    int max_batch, sweep, measure, epoch;
+    const char *snapshot;  /* --snapshot FILE, or NULL */
+    int new_config;        /* a new config (a cell body, a file): the session forgets the platform it planned on */
+} tk_plan_request;
+
+typedef struct tk_plan_reply {
+    json_t *bundle;        /* new reference: text/plain, text/html, ..., application/json */
+    int fits;              /* 0: the plan does not fit (txk exits 3); 1 for the tables */
+    const char *ename;     /* on error: UsageError, ConfigError, DataError, PlanError, SnapshotError */
+    char said[1200];       /* the --snapshot sentence; "" without one */
+} tk_plan_reply;
+
+/* The plan verb for both front doors: the session's plan and config (and
+ * platform, for --gpus) are set as %txadvise reads them. TK_OK with
+ * out->bundle, or the error (out->ename says which kind). */
+tk_status tk_app_plan(struct tk_session *s, const tk_plan_request *rq, tk_plan_reply *out, tk_err *err);
+/* --gpus PLATFORM's value checked (NULL is fine): TK_EINVAL naming the
+ * accepted platforms. A cell checks it before it reads its config, so a bad
+ * flag is named even when that config would fail. */
+tk_status tk_app_check_platform(const char *gpus, tk_err *err);
+
+struct tk_run_report; /* tk_session.h */
+/* The plan a run stopped at (TK_RUN_PLANNED_OOM), as `txk train` and
+ * %%txtrain both show it: the plan against what was free, the head note,
+ * the largest tensors at the peak. New reference. */
+json_t *tk_app_planned_oom_report(struct tk_session *s, const tk_config *c, const struct tk_run_report *r);
+
+/* Largest batch size per sequence length (64..512) that fits the config's
+ * capacity, found by bisection over plans on meta. A table bundle. */
+tk_status tk_max_batch_report(const tk_config *c, json_t **bundle, tk_err *err);
+/* The planned peak, and its categories at the peak, of config c with each
+ * memory-saving technique and a few combinations (recompute layers/attention,
+ * fused attention, fp16, bf16, 8-bit AdamW, frozen embeddings, accumulate x4
+ * at a quarter of the batch, ...): a table bundle; application/json is one
+ * row per technique with peak_reserved, peak_allocated, at_peak per
+ * category, optim_bytes, grad_bytes, n_params. measure: also run each row
+ * for two optimizer steps (+ one eval batch) of synthetic data on a fresh
+ * cpu device: measured peaks, whether they equal the plan, and ms per step
+ * (rows gain measured_peak_allocated/_reserved, measured_equals_plan,
+ * ms_per_step). */
+tk_status tk_sweep_report(const tk_config *c, int measure, json_t **bundle, tk_err *err);
+/* Config c planned on each card a platform ("colab", "kaggle", "all") hands
+ * out, each as `gpu: CARD` without `capacity:` plans it: a table (card,
+ * capacity, budget, planned peak, fits, margin, predicted step) and one
+ * sentence; application/json is {platform, cards: [{card, long_name,
+ * capacity, budget, peak_reserved, fits, margin, step_seconds}], sentence}. */
+tk_status tk_gpus_report(const tk_config *c, const char *platform, json_t **bundle, tk_err *err);
+
+/* ---- --snapshot on plan and train, the same in a shell and a cell ---------- */
+
+struct tk_plan_watch; /* tk_plan.h */
+/* The allocator history kept for --snapshot: the last this many events
+ * (32 bytes each, 32 MiB at most), as PyTorch's max_entries bounds its own. */
+#define TK_APP_SNAPSHOT_EVENTS ((size_t)1 << 20)
+/* plan --snapshot FILE: the planned step's meta allocator recorded and
+ * written as a PyTorch snapshot when the plan closes it. */
+typedef struct tk_plan_snapshot {
+    const char *path;
+    int rc, oom;
+    size_t reserved, allocated, peak;
+    tk_err err;
+} tk_plan_snapshot;
+/* Fills *w so that a plan given it records and writes ps->path. */
+void tk_plan_snapshot_watch(tk_plan_snapshot *ps, struct tk_plan_watch *w);
+/* The sentence a front door prints after the plan: where it was written and
+ * what it holds (exact bytes), or the error. 0, or -1 when writing failed
+ * (the sentence is the error). */
+int tk_plan_snapshot_said(const tk_plan_snapshot *ps, char *buf, size_t n);
+/* train --snapshot FILE: the run's device allocator as a PyTorch snapshot
+ * (with the OOM event when the run ran out); *said gets the sentence. */
+tk_status tk_run_snapshot_write(tk_dev *d, const tk_oom *oom, const char *path, char *said, size_t n, tk_err *err);
+
+#endif

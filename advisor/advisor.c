@@ -24,14 +24,6 @@
 #include "tk_advisor_impl.h"
 #include "tk_oom_message.h"
 
-static const char *const DIAG_NAMES[TK_DIAG_COUNT] = {
-    "capacity", "headroom", "fragmentation", "dominant layer", "dominant category",
-    "padding", "data spike", "leak", "card lottery", "card choice",
-};
-const char *tk_diag_name(tk_diag_kind k) {
-    return (unsigned)k < TK_DIAG_COUNT ? DIAG_NAMES[k] : "?";
-}
-
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -439,6 +431,15 @@ static int cmp_cand(const void *pa, const void *pb) {
         return b->addresses_cause - a->addresses_cause;
     if (a->n_fixes != b->n_fixes)
         return a->n_fixes - b->n_fixes;
+    /* the same single fix with two parameters: the smaller change first
+     * (accumulate x2 before x8, fewer frozen layers, the larger batch) */
+    if (a->n_fixes == 1 && b->n_fixes == 1 && a->fixes[0].kind == b->fixes[0].kind && a->fixes[0].value != b->fixes[0].value) {
+        tk_fix_kind k = a->fixes[0].kind;
+        if (k == TK_FIX_ACCUMULATE || k == TK_FIX_FREEZE_LAYERS)
+            return a->fixes[0].value < b->fixes[0].value ? -1 : 1;
+        if (k == TK_FIX_BATCH || k == TK_FIX_EVAL_BATCH)
+            return a->fixes[0].value > b->fixes[0].value ? -1 : 1;
+    }
     /* a fix that puts more than 2% of results at risk (truncated examples,
      * frozen weights) ranks after those that do not */
     if ((a->risk > 0.02) != (b->risk > 0.02))
@@ -449,6 +450,22 @@ static int cmp_cand(const void *pa, const void *pb) {
     if (a->risk != b->risk)
         return a->risk < b->risk ? -1 : 1;
     return a->peak < b->peak ? -1 : a->peak > b->peak;
+}
+
+/* 1: the candidate saves nothing against `than` (its plan's peak is not
+ * below it), frees nothing outside the config and removes no diagnosed
+ * cause: not worth listing. */
+static int saves_nothing(const adv_ctx *x, const tk_candidate *c, size_t than) {
+    if (c->action_only || c->peak < than || c->addresses_cause)
+        return 0; /* a diagnosed cause's own fix (empty_cache for fragmentation) stays */
+    for (int i = 0; i < c->n_fixes; i++) {
+        const tk_fix_def *d = tk_fix_def_of(c->fixes[i].kind);
+        if (d->frees && d->frees(&c->fixes[i], x->in))
+            return 0;
+        if (c->fixes[i].kind == TK_FIX_DATA_PARALLEL)
+            return 0; /* its peak is each GPU's: the split is the saving */
+    }
+    return 1;
 }
 
 /* The single fixes worth trying for this config: each row's proposals, in
@@ -519,10 +536,14 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     /* which singles were planned, and which fit with margin (supersets of a
      * set that fits already are not searched: they only add change) */
     int ok1[32] = { 0 }, fit1[32] = { 0 };
+    size_t peak1[32] = { 0 };
     for (int i = 0; i < ns && out->n_planned < budget; i++) {
         if (evaluate(&x, &singles[i], 1, &c) == 0) {
             ok1[i] = 1;
             fit1[i] = c.fits_margin;
+            peak1[i] = c.peak;
+            if (saves_nothing(&x, &c, out->base.peak_reserved))
+                continue; /* a fix that saves nothing is not listed */
             if (push(&all, &c))
                 goto nomem;
         }
@@ -539,6 +560,9 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
             tk_fix f[2] = { singles[i], singles[j] };
             if (evaluate(&x, f, 2, &c) == 0) {
                 pair_fit[i][j] = c.fits_margin ? 1 : -1;
+                /* a pair one of whose fixes adds nothing to the other is that other alone */
+                if (saves_nothing(&x, &c, peak1[i] < peak1[j] ? peak1[i] : peak1[j]))
+                    continue;
                 if (push(&all, &c))
                     goto nomem;
             }

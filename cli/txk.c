@@ -560,7 +560,7 @@ static int advise_flags(char **argv, int argc, const char **platform, tk_api *ap
         tk_config probe;
         tk_config_defaults(&probe);
         if (!a || tk_config_set(&probe, "api", a, NULL) != TK_OK || probe.api == TK_API_AUTO) {
-            fprintf(stderr, "txk: --api %s: expected trainer, loop or txkernel\n", a ? a : "");
+            fprintf(stderr, "txk: --api %s: expected trainer, loop, txkernel or keras\n", a ? a : "");
             return EXIT_USAGE;
         }
         *api = probe.api;
@@ -657,7 +657,7 @@ static int cmd_advise(int argc, char **argv) {
     if (has_flag(argv, argc, "--from-error")) return advise_from_error(argc, argv);
     if (argc < 1) {
         fprintf(stderr, "usage: txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--for colab|kaggle] "
-                        "[--api trainer|loop|txkernel] [--fix N|auto [-o fixed.yaml]] [--json]\n"
+                        "[--api trainer|loop|txkernel|keras] [--fix N|auto [-o fixed.yaml]] [--json]\n"
                         "       txk advise [cfg.yaml [--data FILE]] --from-error FILE|- [--for colab|kaggle] [--api A] "
                         "[--json]\n");
         return EXIT_USAGE;
@@ -1149,7 +1149,7 @@ typedef struct { const char *name; int (*run)(int argc, char **argv); const char
 
 static const txk_cmd CMDS[] = {
     {"plan", cmd_plan, "cfg.yaml [key=value ...] [--gpu P | --gpus colab|kaggle|colab-2020|all] [--max-batch|--sweep] [--epoch] [--snapshot FILE] [--json]   planned peak memory, no training (--epoch: the first epoch's own batches in the run's order, so dynamic padding's and empty_cache's reserved peak is planned too; --snapshot: the planned step as a PyTorch snapshot)"},
-    {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--for colab|kaggle] [--api trainer|loop|txkernel] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes, each as code in your API; --fix -o writes your config with the change;\n"
+    {"advise", cmd_advise, "cfg.yaml [key=value ...] [--gpu P] [--top N] [--for colab|kaggle] [--api trainer|loop|txkernel|keras] [--fix N|auto [-o F]] [--json]   why it does not fit, ranked fixes, each as code in your API; --fix -o writes your config with the change;\n"
                            "           [cfg.yaml [--data FILE]] --from-error FILE|- [--for colab|kaggle] [--api A]   read a pasted OOM message (PyTorch or TensorFlow) and diagnose it; --data: the corpus whose p99 the max_length fix carries"},
     {"train", cmd_train, "cfg.yaml [key=value ...] [--no-plan] [--snapshot FILE] [--json]   plan, then train (stops before allocating if it won't fit; --no-plan: train anyway; --snapshot: the allocator's history as a PyTorch snapshot, at the end or at an OOM)"},
     {"predict", cmd_predict, "MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text C] [--pair C] [--label C] [--id C] [-o OUT] [--json]   labels and probabilities (answers for QA); metrics with gold labels (the run's label column by default); -o rows keyed by the input's id column (id/ID or --id)"},

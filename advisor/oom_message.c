@@ -1248,11 +1248,11 @@ static void say_other(tk_oom_message *m, const tk_facts *f) {
     const tk_oommsg_process *o = &m->proc[f->other];
     char own[200] = "";
     if (f->own >= 0)
-        snprintf(own, sizeof own, " Process %d (%s) is your own kernel: its figure holds PyTorch's %s reserved plus the "
-                 "context.", m->proc[f->own].pid, m->proc[f->own].mem.text, f->V ? f->V->text : "?");
+        snprintf(own, sizeof own, ", while process %d (%s) is your own kernel, whose figure holds PyTorch's %s reserved "
+                 "plus the context", m->proc[f->own].pid, m->proc[f->own].mem.text, f->V ? f->V->text : "?");
     add_diag(m, TK_DIAG_OTHER_PROCESS,
              "another process: process %d held %s of the %s card when yours asked for %s, memory your run could not "
-             "use.%s",
+             "use%s.",
              o->pid, o->mem.text, f->T ? f->T->text : "?", f->R ? f->R->text : "more", own);
 }
 static void fix_other(tk_oom_message *m, const tk_facts *f, tk_finding *d) {

@@ -179,7 +179,8 @@ def test_another_process_is_named_never_the_users_own(cfgs):
         d = advise("24_colab_other_process_t4", cfg, "--for", "colab")
         first = d["diagnoses"][0]
         assert first["id"] == "another_process" and "3377" in first["text"] and "8.41 GiB" in first["text"], first
-        assert "Process 2210 (6.29 GiB) is your own kernel" in first["text"], first
+        assert "process 2210 (6.29 GiB) is your own kernel" in first["text"], first
+        assert first["text"].count(". ") == 0 and first["text"].endswith("."), first  # one sentence
         for x in d["diagnoses"][1:]:
             assert not (x["id"] == "another_process"), d["diagnoses"]
         assert "3377" in d["fixes"][0]["text"] and "2210" not in d["fixes"][0]["text"], d["fixes"][0]

@@ -790,7 +790,7 @@ static void why_kaggle(tk_oom_message *m, uint64_t here, int platform_unknown) {
                  fmt(tk_gpu_profile_budget(m->card), b1, sizeof b1), fmt(here, b2, sizeof b2));
     add_diag(m, TK_DIAG_PLATFORM,
              "kaggle%s: the accelerator is the notebook's own setting (Settings > Accelerator), your choice and not a "
-             "lottery%s; the other choices are %s",
+             "lottery%s; the other choices are %s.",
              platform_unknown ? " (if this ran on Kaggle)" : "", got, list);
 }
 
@@ -815,26 +815,26 @@ static void config_on_cards(tk_oom_message *m, const char *platform, const tk_ca
     if (m->have_plan && A && m->card) {
         if (A->bytes > planned + planned / 4 && pytorch)
             snprintf(gap, sizeof gap,
-                     " Whose numbers: your PyTorch run had %s allocated when it failed on the %s, where %s plans a "
-                     "peak of %s %s for one training step of this config: %s more. A plan of the step counts its "
-                     "weights, gradients, optimizer state and activations; the message's figure also counts every "
-                     "other tensor your Python process held on the card (an earlier cell's model, optimizer or "
-                     "outputs), which is where to look.",
+                     "; whose numbers: your PyTorch run had %s allocated when it failed on the %s, where %s plans a "
+                     "peak of %s %s for one training step of this config: %s more, and while a plan of the step "
+                     "counts its weights, gradients, optimizer state and activations, the message's figure also counts "
+                     "every other tensor your Python process held on the card (an earlier cell's model, optimizer or "
+                     "outputs), which is where to look",
                      A->text, nm, who, fmt(planned, b1, sizeof b1), what, fmt(A->bytes - planned, b2, sizeof b2));
         else if (A->bytes > planned + planned / 4)
             snprintf(gap, sizeof gap,
-                     " Whose numbers: your PyTorch run had %s allocated when it failed on the %s (its peak was higher "
-                     "still), where %s plans a peak of %s for this config: %s more. The message's figure counts every "
-                     "tensor your Python process held on the card (an earlier cell's model or optimizer included) and "
-                     "PyTorch's own way of running the step (its attention and optimizer code), which txkernel's "
-                     "trainer does not plan: `engine: pytorch` does.",
+                     "; whose numbers: your PyTorch run had %s allocated when it failed on the %s (its peak was higher "
+                     "still), where %s plans a peak of %s for this config: %s more, as the message's figure counts "
+                     "every tensor your Python process held on the card (an earlier cell's model or optimizer "
+                     "included) and PyTorch's own way of running the step (its attention and optimizer code), which "
+                     "txkernel's trainer does not plan: `engine: pytorch` does",
                      A->text, nm, who, fmt(planned, b1, sizeof b1), fmt(A->bytes - planned, b2, sizeof b2));
         else
-            snprintf(gap, sizeof gap, " Whose numbers: your PyTorch run had %s allocated when it failed on the %s; %s "
-                     "plans a peak of %s %s for this config.", A->text, nm, who, fmt(planned, b3, sizeof b3), what);
+            snprintf(gap, sizeof gap, "; whose numbers: your PyTorch run had %s allocated when it failed on the %s, "
+                     "and %s plans a peak of %s %s for this config", A->text, nm, who, fmt(planned, b3, sizeof b3), what);
     }
     int kaggle = platform && !strcmp(platform, "kaggle");
-    add_diag(m, kaggle ? TK_DIAG_PLATFORM : TK_DIAG_LOTTERY, "%s %s, your config as %s plans it: %s%s%s%s%s.%s",
+    add_diag(m, kaggle ? TK_DIAG_PLATFORM : TK_DIAG_LOTTERY, "%s %s, your config as %s plans it: %s%s%s%s%s%s.",
              kaggle ? "kaggle: on the accelerators" : "card lottery on", platform, who, s,
              nm[0] ? "; this message came from a " : "", nm,
              near && !kaggle ? "; within 5% of a card's budget a run can fit one day and not the next" : "",
@@ -943,9 +943,10 @@ static void capacity_fixes(tk_oom_message *m, tk_api api, tk_finding *d) {
         w += (size_t)snprintf(on + w, sizeof on - w, "%s mixed precision",
                               m->user_precision == TK_PREC_BF16 ? "bf16" : "fp16");
     if (ckpt_on) snprintf(on + w, sizeof on - w, "%sgradient checkpointing", w ? ", " : "");
-    if (on[0] && d) {
+    if (on[0] && d) { /* a clause of the diagnosis' one sentence */
         size_t l = strlen(d->text);
-        snprintf(d->text + l, sizeof d->text - l, " What is already on in your config is not offered again: %s.", on);
+        if (l && d->text[l - 1] == '.') l--;
+        snprintf(d->text + l, sizeof d->text - l, "; what is already on in your config is not offered again: %s.", on);
     }
     if (!prec_on) {
         if (api == TK_API_TXKERNEL) snprintf(code, sizeof code, "precision: fp16");
@@ -988,12 +989,12 @@ static void multi_gpu_diagnosis(tk_oom_message *m) {
         if (m->gpu_index >= 0 && m->gpu_index != m->replica_device)
             snprintf(dev, sizeof dev, "; the figures below are GPU %d's, where it ran out", m->gpu_index);
         add_diag(m, TK_DIAG_MULTI_GPU,
-                 "multi_gpu: a DataParallel run over several GPUs (replica %d on device %d failed): one process, the "
-                 "model copied to each GPU at every step. The HF Trainer does this by itself when it sees two GPUs "
-                 "and no launcher (torchrun, accelerate launch), as on Kaggle's T4 x2. GPU 0 holds more than the "
-                 "others: the model's own weights with their gradients and the optimizer state, the whole batch "
-                 "before it is scattered, and every replica's outputs gathered back for the loss, so GPU 0 runs out "
-                 "first%s",
+                 "multi_gpu: a DataParallel run over several GPUs (replica %d on device %d failed), one process with "
+                 "the model copied to each GPU at every step, which the HF Trainer does by itself when it sees two "
+                 "GPUs and no launcher (torchrun, accelerate launch), as on Kaggle's T4 x2; GPU 0 holds more than the "
+                 "others (the model's own weights with their gradients and the optimizer state, the whole batch "
+                 "before it is scattered, and every replica's outputs gathered back for the loss), so GPU 0 runs out "
+                 "first%s.",
                  m->replica, m->replica_device, dev);
         return;
     }
@@ -1008,7 +1009,7 @@ static void multi_gpu_diagnosis(tk_oom_message *m) {
              "multi_gpu: a DDP run (one process per GPU%s): each rank holds a whole copy of the weights, their "
              "gradients and the optimizer state, plus DDP's gradient buckets (bucket_cap_mb, 25 MB by default) and, "
              "outside PyTorch's cache, NCCL's buffers; a smaller per-GPU batch leaves the copies, ZeRO-2 (DeepSpeed) "
-             "shards the gradients and optimizer state over the ranks%s",
+             "shards the gradients and optimizer state over the ranks%s.",
              who, dev);
 }
 
@@ -1047,9 +1048,9 @@ static void no_kernel_diagnosis(tk_oom_message *m) {
     else
         dev[0] = 0;
     add_diag(m, TK_DIAG_NO_KERNEL_IMAGE,
-             "no_kernel_image: not an out-of-memory error: the installed torch has no GPU code for this card%s%s%s%s. "
-             "Memory settings, a smaller batch or a restart cannot help. Kaggle's P100 with its cu128 torch is the "
-             "known case (Kaggle/docker-python#1546)",
+             "no_kernel_image: not an out-of-memory error: the installed torch has no GPU code for this card%s%s%s%s, "
+             "so memory settings, a smaller batch or a restart cannot help (Kaggle's P100 with its cu128 torch is the "
+             "known case, Kaggle/docker-python#1546).",
              dev, m->supported_sm[0] ? "; this torch has kernels for " : "", m->supported_sm,
              m->supported_sm[0] ? " only" : "");
     add_fix(m, "switch the notebook to a T4 (Kaggle: Settings > Accelerator > GPU T4 x2; Colab: Runtime > Change "
@@ -1085,7 +1086,7 @@ static void platform_diagnoses(tk_oom_message *m, uint64_t here) {
         add_diag(m, TK_DIAG_PLATFORM,
                  "platform: the message does not show where it ran (no /kaggle/ or /content/ path; the dist-packages "
                  "paths are the same on both, as Kaggle's image is built on Colab's), so each platform gets its line "
-                 "below; --for colab or --for kaggle keeps one");
+                 "below; --for colab or --for kaggle keeps one.");
     if (colab) {
         const char *own = platform_has("colab", m->card) ? "colab" : "colab-2020";
         why_intermittent(m, m->platform[0] ? m->platform : own, here, unknown);
@@ -1435,7 +1436,7 @@ static void say_dominant(tk_oom_message *m, const tk_facts *f) {
         uint64_t train = R->overflow ? 0 : R->bytes * 4;
         add_diag(m, TK_DIAG_DOMINANT_LAYER,
                  "dominant_layer: the tensor [%lld,%lld] of %s is a Dense kernel%s%s%s over %lld = %d x %d x %d inputs, "
-                 "i.e. %d flattened tower%s of %d tokens x %d hidden units, into %lld units: %s of weights alone%s, "
+                 "that is %d flattened tower%s of %d tokens x %d hidden units, into %lld units: %s of weights alone%s, "
                  "and training adds its gradient and Adam's two moments (%s in fp32), more than a 16 GB card holds.",
                  (long long)m->shape[0], (long long)m->shape[1], R->text, m->node[0] ? " (node " : "", m->node,
                  m->node[0] ? ")" : "", (long long)m->shape[0], f->dom_seq, f->dom_hidden, f->dom_towers, f->dom_towers,

@@ -417,7 +417,7 @@ static void test_multi_gpu(void) {
              m->replica == 3 && m->replica_device == 3 && m->gpu_index == 0);
     tk_oom_message_diagnose(m, NULL, 0, NULL);
     TK_CHECK_MSG(m->diag[0].kind == TK_DIAG_MULTI_GPU &&
-                 strstr(m->diag[0].text, "The HF Trainer does this by itself when it sees two GPUs and no launcher") &&
+                 strstr(m->diag[0].text, "which the HF Trainer does by itself when it sees two GPUs and no launcher") &&
                  strstr(m->diag[0].text, "GPU 0 holds more than the others") &&
                  strstr(m->diag[0].text, "the figures below are GPU 0's"), "%s", m->diag[0].text);
     TK_CHECK(m->n_fixes && strstr(m->fixes[0].text, "DDP instead of DataParallel") &&

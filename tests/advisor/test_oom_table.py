@@ -209,3 +209,13 @@ def test_a_tensorflow_message_gets_keras_code():
     assert "float32 assumed" not in d["diagnoses"][0]["text"]  # the translation names float
     for f in d["fixes"]:
         assert "torch" not in f["code"] and "TrainingArguments" not in f["code"], f
+
+
+def test_one_sentence_per_diagnosis(cfgs):
+    """Item 4: each diagnosis is one sentence (no full stop inside, one at the
+    end), for every message alone and for the issue's cases with a config."""
+    runs = [(os.path.splitext(f)[0], None, []) for f in sorted(os.listdir(MSGS)) if f.endswith(".txt")]
+    runs += [(r[0], r[1], r[2]) for r in TABLE if r[1]]
+    for msg, cfg, args in runs:
+        for x in advise(msg, cfgs[cfg] if cfg else None, *args)["diagnoses"]:
+            assert x["text"].count(". ") == 0 and x["text"].endswith("."), (msg, cfg, x)

@@ -1600,14 +1600,16 @@ char *tk_oom_message_format(const tk_oom_message *m) {
         fclose(f);
         return buf;
     }
-    fprintf(f, "%s: %s%s", m->format == TK_OOMMSG_NO_KERNEL_IMAGE ? "Message" : "OOM message", format_name(m->format),
+    fprintf(f, "%s: %s%s%s", m->format == TK_OOMMSG_NO_KERNEL_IMAGE ? "Message" : "OOM message", format_name(m->format),
+            m->translated ? " (in translation: ResourceExhaustedError ... OOM)" : "",
             m->spelled_capacty ? ", spelled \"capacty\"" : "");
     if (m->gpu_index >= 0) fprintf(f, ", GPU %d", m->gpu_index);
     fputc('\n', f);
     if (m->format == TK_OOMMSG_TF) {
         fputs("  tensor                shape [", f);
         for (int i = 0; i < m->rank && i < TK_OOMMSG_MAX_DIMS; i++) fprintf(f, "%s%lld", i ? "," : "", (long long)m->shape[i]);
-        fprintf(f, "] type %s%s%s\n", m->dtype[0] ? m->dtype : "?", m->node[0] ? ", node " : "", m->node);
+        fprintf(f, "] type %s%s%s%s%s%s\n", m->dtype[0] ? m->dtype : "?", m->dtype_assumed ? " (assumed: no type named)" : "",
+                m->node[0] ? ", node " : "", m->node, m->allocator[0] ? ", allocator " : "", m->allocator);
     }
     static const char *const labels[TK_OOMFIG_COUNT] = {
         "requested", "total capacity", "allocated", "reserved", "reserved-unallocated", "free", "process in use",

@@ -500,6 +500,19 @@ static void test_seed_tf_dense(void) {
     TK_CHECK(parse_file("14_tf_conv_node", m) == 0 && m->rank == 4 &&
              m->fig[TK_OOMFIG_REQUESTED].bytes == 64ull * 2016 * 9 * 9 * 4);
     TK_CHECK_STR(m->node, "SecondStageFeatureExtractor/cell_12/AvgPool_1");
+    /* TensorFlow's message in translation (issue 40): the shape, OOM and the allocator; no type
+     * named, so float is assumed and said; the file's translation names float (test input: the
+     * issue's example words with a smaller shape and no type) */
+    static const char zh[] = "ResourceExhaustedError:\xe5\x9c\xa8\xe5\x88\x86\xe9\x85\x8d [1024,768] OOM ... GPU_0_bfc";
+    TK_CHECK(tk_oom_message_parse(zh, sizeof zh - 1, m) == 0 && m->format == TK_OOMMSG_TF && m->translated &&
+             m->dtype_assumed && m->rank == 2 && m->fig[TK_OOMFIG_REQUESTED].bytes == 1024ull * 768 * 4);
+    TK_CHECK_STR(m->allocator, "GPU_0_bfc");
+    TK_CHECK(m->gpu_index == 0);
+    TK_CHECK(parse_file("26_tf_translated_dense", m) == 0 && m->translated && !m->dtype_assumed &&
+             m->fig[TK_OOMFIG_REQUESTED].bytes == 786432ull * 1604 * 4);
+    /* without OOM on its line, a ResourceExhaustedError is not read as one */
+    static const char other[] = "ResourceExhaustedError: [1024,768] quota exceeded\nOOM";
+    TK_CHECK(tk_oom_message_parse(other, sizeof other - 1, m) != 0 || m->format != TK_OOMMSG_TF);
     free(m);
 }
 

@@ -206,6 +206,10 @@ def test_a_tensorflow_message_gets_keras_code():
     allocator; its fixes are Keras code (api: keras chosen by the message)."""
     d = advise("26_tf_translated_dense")
     assert d["requested"] == 786432 * 1604 * 4, d["requested"]
+    r = subprocess.run([TXK, "advise", "--from-error", os.path.join(MSGS, "26_tf_translated_dense.txt")],
+                       stdout=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)
+    assert "TensorFlow (in translation" in r.stdout and "shape [786432,1604] type float" in r.stdout, r.stdout
+    assert "allocator GPU_0_bfc" in r.stdout and ", GPU 0" in r.stdout, r.stdout
     assert "float32 assumed" not in d["diagnoses"][0]["text"]  # the translation names float
     for f in d["fixes"]:
         assert "torch" not in f["code"] and "TrainingArguments" not in f["code"], f

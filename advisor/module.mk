@@ -38,7 +38,7 @@ OOMMSG_FUZZ_BIN := $(BUILD)/fuzz/fuzz_oom_message
 OOMMSG_FUZZ_SRCS := tests/advisor/fuzz_oom_message.c advisor/oom_message.c advisor/diagnoses.c gpu/profile.c
 
 all: $(OOMMSG_FUZZ_BIN)
-$(OOMMSG_FUZZ_BIN): $(OOMMSG_FUZZ_SRCS) advisor/tk_oom_message.h advisor/tk_advisor.h gpu/tk_gpu.h
+$(OOMMSG_FUZZ_BIN): $(OOMMSG_FUZZ_SRCS) advisor/tk_oom_message.h advisor/tk_facts.h advisor/tk_advisor.h gpu/tk_gpu.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	    -Wall -Wextra -Werror -Wno-unused-parameter -I. -Igpu -Ibert -Iadvisor $(PKG_CFLAGS) \

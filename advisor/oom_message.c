@@ -47,6 +47,7 @@
 #include <strings.h>
 
 #include "tk_oom_message.h"
+#include "tk_facts.h"
 #include "tk_fix_code.h"
 
 #define MIB ((uint64_t)1 << 20)
@@ -1096,36 +1097,6 @@ static void platform_diagnoses(tk_oom_message *m, uint64_t here) {
 
 /* ---- the facts and the one ordered table of diagnoses ------------------------------- */
 
-/* What every reader fills before the table runs: the message's reliable
- * figures, the processes it lists, the plan of the user's config on the
- * message's card (when a config was given), the card, the platform in the
- * message's era and the API; then what the figures prove, computed once. */
-typedef struct tk_facts {
-    const tk_oommsg_figure *R, *T, *A, *U, *F, *P, *V; /* reliable figures, or NULL */
-    int torch;                    /* PyTorch's message (not TensorFlow's) */
-    uint64_t ctx;                 /* the card's context and library buffers (its profile's default) */
-    int own, other;               /* proc[] of the user's own process and of the largest other one; -1: none */
-    /* the plan of the user's config on the message's card */
-    int have_plan;
-    uint64_t plan;                /* planned peak allocated (engine: pytorch), else reserved */
-    const char *plan_what, *engine;
-    int plan_on_card;             /* 1: the card's budget and the plan's fit are known */
-    int plan_fits;
-    uint64_t plan_reserved, budget;
-    tk_api api;
-    const char *platform;         /* the message's era: a P4 or K80 is 2020's Colab even under --for colab */
-    const tk_card_fit *cards;
-    int n_cards;
-    /* what the figures prove */
-    int request_over_card;        /* the request alone is larger than the card */
-    int held;                     /* allocated exceeds the plan by > 10 % of it and 256 MiB */
-    uint64_t held_bytes;
-    int step_over_card;           /* the plan exceeds the card's usable memory */
-    int frag;                     /* reserved-but-unallocated holds the request, allocated matches the plan */
-    int outside;                  /* by the card's profile: reserved + request + context below the total */
-    int filled;                   /* PyTorch filled the card, no plan says by what */
-    int tf_dense, dom_seq, dom_hidden, dom_towers;
-} tk_facts;
 
 /* The era's platform: Colab's cards of 2020 (K80, P4) are not today's. */
 static const char *platform_era(const char *platform, const tk_gpu_profile *card) {

@@ -2,9 +2,12 @@
  * fix of the catalogue (fixes.c, one table) and combinations of them on the
  * meta device, then ranks them.
  *
- * Each diagnosis is its own function (DIAGNOSES below, in report order): it
- * adds its finding with the numbers behind it and marks the fixes that
- * remove its cause.
+ * The plan's room reads one way: read -> facts -> diagnose -> fixes -> code.
+ * read_plan_facts fills the one facts record (tk_facts.h) that the pasted
+ * message's reader fills too, with what the figures prove; an ordered table
+ * of rules (PLAN_RULES, the pasted message's shape: proves, say, fix) adds
+ * each finding with the numbers behind it and marks the fixes that remove
+ * its cause.
  *
  * Guarantees: every candidate offered was planned by tk_plan with the config
  * it shows (a config the trainer rejects is dropped, never offered); the
@@ -23,14 +26,7 @@
 #include "tk_host_mem.h"
 #include "tk_advisor_impl.h"
 #include "tk_oom_message.h"
-
-static const char *const DIAG_NAMES[TK_DIAG_COUNT] = {
-    "capacity", "headroom", "fragmentation", "dominant layer", "dominant category",
-    "padding", "data spike", "leak", "card lottery", "card choice",
-};
-const char *tk_diag_name(tk_diag_kind k) {
-    return (unsigned)k < TK_DIAG_COUNT ? DIAG_NAMES[k] : "?";
-}
+#include "tk_facts.h"
 
 static double now_ms(void) {
     struct timespec ts;
@@ -69,7 +65,7 @@ typedef struct {
     int cause[TK_FIX_MAX_KINDS]; /* 1: this kind removes a diagnosed cause */
     double base_tps;
     int nomem;                 /* a plan ran out of host memory: the advice fails with TK_ENOMEM */
-    int p50, p99, len_max;     /* the corpus' token lengths (nearest rank), taken once; 0 without lengths */
+    tk_card_fit cards[16];     /* the config on each card of the platform (the facts' cards) */
 } adv_ctx;
 
 static void add_diag(tk_advice *a, tk_diag_kind k, const char *title, const char *evidence) {
@@ -81,251 +77,300 @@ static void add_diag(tk_advice *a, tk_diag_kind k, const char *title, const char
     snprintf(d->evidence, sizeof d->evidence, "%s", evidence);
 }
 
-/* capacity: the run needs more than the card; headroom: it fits the card
- * but not what is free now (an earlier run, PyTorch in this process,
- * another process) */
-static void diag_room(adv_ctx *x) {
+/* The plan's reader: the facts record (tk_facts.h) from the config as
+ * given, its plan, what is free and held, the session's OOM record, the
+ * corpus' lengths, the allocated bytes at step boundaries and the config
+ * planned on each card of the platform; then what those figures prove,
+ * once. The rules below only test and say it. */
+static void read_plan_facts(adv_ctx *x, tk_facts *f) {
     const tk_advise_input *in = x->in;
-    tk_advice *a = x->out;
+    const tk_advice *a = x->out;
+    const tk_config *c = in->config;
     const tk_plan_result *p = &a->base;
+    memset(f, 0, sizeof *f);
+    f->own = f->other = -1;
+    f->lottery_near = -1;
+    f->api = a->api;
+    f->config = c, f->base = p;
+    f->capacity = a->capacity, f->available = x->available;
+    f->held_in_process = in->held_in_process, f->held_by_session = in->held_by_session;
+    f->oom = in->oom;
+    f->step_allocated = in->step_allocated, f->n_steps = in->n_steps, f->leak_owner = in->leak_owner;
+    if (in->lengths && in->n_lengths > 0) {
+        f->lengths = in->lengths, f->n_lengths = in->n_lengths;
+        f->p50 = tk_adv_quantile(in->lengths, in->n_lengths, 0.50);
+        f->p99 = tk_adv_quantile(in->lengths, in->n_lengths, 0.99);
+        f->len_max = tk_adv_quantile(in->lengths, in->n_lengths, 1.0);
+    }
+    /* room: capacity, or headroom (fits the card, not what is free now) */
+    size_t need = p->peak_reserved;
+    f->over_capacity = a->capacity && need > a->capacity;
+    f->over_free = !f->over_capacity && a->capacity && need > x->available;
+    f->oom_frag = in->oom && in->oom->fragmentation;
+    /* the peak's owners and categories */
+    if (p->n_top > 0 && p->peak_allocated > 0) f->top_share = (double)p->top[0].bytes / (double)p->peak_allocated;
+    if (p->peak_allocated > 0) {
+        f->states = p->by_cat_at_peak[TK_CAT_PARAM] + p->by_cat_at_peak[TK_CAT_GRAD] + p->by_cat_at_peak[TK_CAT_OPTIM];
+        f->act = p->by_cat_at_peak[TK_CAT_ACT] + p->by_cat_at_peak[TK_CAT_TEMP];
+        f->act_share = (double)f->act / (double)p->peak_allocated;
+        f->states_share = (double)f->states / (double)p->peak_allocated;
+    }
+    /* the corpus: padding far above what it needs, or a spike under dynamic padding */
+    if (f->lengths) {
+        if (c->batching == TK_BATCH_FIXED && c->max_len >= 2 * tk_adv_round_up8(f->p99)) {
+            double real = 0;
+            for (int i = 0; i < f->n_lengths; i++)
+                real += f->lengths[i] < c->max_len ? f->lengths[i] : c->max_len;
+            f->padded = 1;
+            f->pad_waste = 1.0 - real / ((double)f->n_lengths * c->max_len);
+        }
+        if (c->batching != TK_BATCH_FIXED && f->len_max > 2 * f->p99 && f->len_max > 2 * f->p50) {
+            f->spike = 1;
+            f->spike_cap = f->len_max < c->max_len ? f->len_max : c->max_len;
+            /* a dynamic batch of B random examples pads to the longest of B:
+             * its median is the 0.5^(1/B) quantile of the lengths; a bucket's
+             * batch holds similar lengths, about the median one */
+            f->spike_typical = c->batching == TK_BATCH_BUCKETS
+                                   ? f->p50
+                                   : tk_adv_quantile(f->lengths, f->n_lengths,
+                                                     pow(0.5, 1.0 / (c->batch_size > 0 ? c->batch_size : 1)));
+            if (f->spike_typical > f->spike_cap) f->spike_typical = f->spike_cap;
+        }
+    }
+    /* a leak: allocated at step boundaries keeps growing */
+    if (f->step_allocated && f->n_steps >= 3) {
+        int up = 0;
+        for (int i = 1; i < f->n_steps; i++)
+            up += f->step_allocated[i] > f->step_allocated[i - 1];
+        f->leak_first = f->step_allocated[0], f->leak_last = f->step_allocated[f->n_steps - 1];
+        if (f->leak_last > f->leak_first && up >= (f->n_steps - 1) * 3 / 4) {
+            f->leak = 1;
+            f->leak_per = (f->leak_last - f->leak_first) / (size_t)(f->n_steps - 1);
+        }
+    }
+    /* the same config on each card the platform hands out (the card lottery);
+     * on Kaggle the card is the notebook's setting (card choice) */
+    f->gpu = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
+    f->platform = in->platform ? in->platform : tk_gpu_platform_of(f->gpu);
+    int nc = 0;
+    tk_err ce = { 0 };
+    tk_status cst = f->platform ? tk_plan_cards(c, in->lengths, in->n_lengths, f->platform, x->cards, 16, &nc, &ce)
+                                : TK_EINVAL;
+    if (cst == TK_ENOMEM) x->nomem = 1;
+    if (cst == TK_OK) {
+        f->cards = x->cards, f->n_cards = nc;
+        int any = 0, fits_cur = a->base.fits;
+        for (int i = 0; i < nc; i++) {
+            any |= x->cards[i].fits;
+            if (x->cards[i].card == f->gpu) fits_cur = x->cards[i].fits;
+            if (x->cards[i].fits && x->cards[i].margin < (int64_t)(x->cards[i].budget / 20) && f->lottery_near < 0)
+                f->lottery_near = i;
+        }
+        f->lottery = any && (!fits_cur || f->lottery_near >= 0);
+    }
+}
+
+/* capacity: the run needs more than the card */
+static int proves_capacity(const tk_facts *f) { return f->over_capacity; }
+static void say_capacity(adv_ctx *x, const tk_facts *f) {
+    const tk_plan_result *p = f->base;
     char b1[32], b2[32], b3[32], b4[32], t[160], e[768];
     size_t need = p->peak_reserved;
-    if (a->capacity && need > a->capacity) {
-        snprintf(t, sizeof t, "the run needs %s; the device has %s", fmtb(need, b1),
-                 fmtb(a->capacity, b2));
-        snprintf(e, sizeof e,
-                 "planned peak %s reserved (%s allocated) at batch %d x %d tokens; capacity %s; short by %s",
-                 fmtb(need, b1), fmtb(p->peak_allocated, b2), p->batch, p->seq,
-                 fmtb(a->capacity, b3), fmtb(need - a->capacity, b4));
-        add_diag(a, TK_DIAG_CAPACITY, t, e);
-    } else if (a->capacity && need > x->available) {
-        snprintf(t, sizeof t, "the run fits the device (%s of %s) but only %s is free now",
-                 fmtb(need, b1), fmtb(a->capacity, b2), fmtb(x->available, b3));
-        if (in->held_in_process)
-            snprintf(e, sizeof e, "PyTorch's caching allocator in this process holds %s of it%s%s%s: "
-                     "del what you no longer need, gc.collect(), torch.cuda.empty_cache()",
-                     fmtb(in->held_in_process, b1), in->held_by_session ? " and an earlier run in this session " : "",
-                     in->held_by_session ? fmtb(in->held_by_session, b2) : "",
-                     in->held_by_session ? " (%txreset)" : "");
-        else if (in->held_by_session)
-            snprintf(e, sizeof e, "an earlier run in this session still holds %s; %%txreset releases it",
-                     fmtb(in->held_by_session, b1));
-        else
-            snprintf(e, sizeof e, "%s of the device is taken outside this run (another process or the CUDA context)",
-                     fmtb(a->capacity - x->available, b1));
-        add_diag(a, TK_DIAG_HEADROOM, t, e);
-        if (in->held_by_session || in->held_in_process)
-            x->cause[TK_FIX_RELEASE] = 1;
-    }
+    snprintf(t, sizeof t, "the run needs %s; the device has %s", fmtb(need, b1), fmtb(f->capacity, b2));
+    snprintf(e, sizeof e, "planned peak %s reserved (%s allocated) at batch %d x %d tokens; capacity %s; short by %s",
+             fmtb(need, b1), fmtb(p->peak_allocated, b2), p->batch, p->seq, fmtb(f->capacity, b3),
+             fmtb(need - f->capacity, b4));
+    add_diag(x->out, TK_DIAG_CAPACITY, t, e);
+}
+
+/* headroom: it fits the card but not what is free now (an earlier run,
+ * PyTorch in this process, another process) */
+static int proves_headroom(const tk_facts *f) { return f->over_free; }
+static void say_headroom(adv_ctx *x, const tk_facts *f) {
+    char b1[32], b2[32], b3[32], t[160], e[768];
+    snprintf(t, sizeof t, "the run fits the device (%s of %s) but only %s is free now",
+             fmtb(f->base->peak_reserved, b1), fmtb(f->capacity, b2), fmtb(f->available, b3));
+    if (f->held_in_process)
+        snprintf(e, sizeof e, "PyTorch's caching allocator in this process holds %s of it%s%s%s: "
+                 "del what you no longer need, gc.collect(), torch.cuda.empty_cache()",
+                 fmtb(f->held_in_process, b1), f->held_by_session ? " and an earlier run in this session " : "",
+                 f->held_by_session ? fmtb(f->held_by_session, b2) : "", f->held_by_session ? " (%txreset)" : "");
+    else if (f->held_by_session)
+        snprintf(e, sizeof e, "an earlier run in this session still holds %s; %%txreset releases it",
+                 fmtb(f->held_by_session, b1));
+    else
+        snprintf(e, sizeof e, "%s of the device is taken outside this run (another process or the CUDA context)",
+                 fmtb(f->capacity - f->available, b1));
+    add_diag(x->out, TK_DIAG_HEADROOM, t, e);
+}
+static void fix_headroom(adv_ctx *x, const tk_facts *f) {
+    if (f->held_by_session || f->held_in_process) x->cause[TK_FIX_RELEASE] = 1;
 }
 
 /* fragmentation: an OOM with enough cached bytes but no block that fits */
-static void diag_fragmentation(adv_ctx *x) {
-    const tk_advise_input *in = x->in;
+static int proves_oom_frag(const tk_facts *f) { return f->oom_frag; }
+static void say_oom_frag(adv_ctx *x, const tk_facts *f) {
+    const tk_oom *o = f->oom;
     char b1[32], b2[32], b3[32], b4[32], t[160], e[768];
-    if (in->oom && in->oom->fragmentation) {
-        const tk_oom *o = in->oom;
-        snprintf(t, sizeof t, "fragmentation: %s cached but no free block of %s",
-                 fmtb(o->reserved - o->allocated, b1), fmtb(o->rounded, b2));
-        snprintf(e, sizeof e,
-                 "asked %s for %s (%s); reserved %s, allocated %s, largest free block %s",
-                 fmtb(o->requested, b1), o->owner_name, tk_cat_name(o->tag.cat),
-                 fmtb(o->reserved, b2), fmtb(o->allocated, b3), fmtb(o->largest_free_block, b4));
-        add_diag(x->out, TK_DIAG_FRAGMENTATION, t, e);
-        x->cause[TK_FIX_EMPTY_CACHE] = 1;
-    }
+    snprintf(t, sizeof t, "fragmentation: %s cached but no free block of %s", fmtb(o->reserved - o->allocated, b1),
+             fmtb(o->rounded, b2));
+    snprintf(e, sizeof e, "asked %s for %s (%s); reserved %s, allocated %s, largest free block %s",
+             fmtb(o->requested, b1), o->owner_name, tk_cat_name(o->tag.cat), fmtb(o->reserved, b2),
+             fmtb(o->allocated, b3), fmtb(o->largest_free_block, b4));
+    add_diag(x->out, TK_DIAG_FRAGMENTATION, t, e);
 }
+static void fix_oom_frag(adv_ctx *x, const tk_facts *f) { (void)f; x->cause[TK_FIX_EMPTY_CACHE] = 1; }
 
 /* dominant layer: one owner's bytes at the peak (params, grads, state) */
-static void diag_dominant_layer(adv_ctx *x) {
-    tk_advice *a = x->out;
-    const tk_plan_result *p = &a->base;
-    const tk_config *c = x->in->config;
+static int head_dominates(const tk_facts *f) {
+    return f->config->head == TK_HEAD_FLATTEN_DENSE && strncmp(f->base->top[0].owner, "bert.", 5) != 0;
+}
+static int proves_dominant_layer(const tk_facts *f) { return f->top_share >= 0.25; }
+static void say_dominant_layer(adv_ctx *x, const tk_facts *f) {
+    const tk_plan_result *p = f->base;
     char b1[32], b2[32], b3[32], t[160], e[768];
-    if (p->n_top > 0 && p->peak_allocated > 0) {
-        double share = (double)p->top[0].bytes / (double)p->peak_allocated;
-        if (share >= 0.25) {
-            snprintf(t, sizeof t, "%s holds %.0f%% of the peak (%s)", p->top[0].owner, 100 * share,
-                     fmtb(p->top[0].bytes, b1));
-            int is_head = c->head == TK_HEAD_FLATTEN_DENSE &&
-                          strncmp(p->top[0].owner, "bert.", 5) != 0;
-            if (is_head) {
-                tk_config dc = tk_adv_dims_of(c);
-                const tk_config *hc = &dc;
-                int64_t in_f = (int64_t)(hc->towers > 0 ? hc->towers : 1) * hc->max_len * hc->hidden;
-                size_t w = (size_t)in_f * (size_t)(hc->head_units > 0 ? hc->head_units : 1) * 4;
-                snprintf(e, sizeof e,
-                         "the flatten_dense head's weight is [%d x %lld] = %s in fp32; with its gradient and "
-                         "two Adam moments %s. A per-token span head needs %s",
-                         hc->head_units, (long long)in_f, fmtb(w, b1), fmtb(4 * w, b2),
-                         fmtb((size_t)(2 * hc->hidden + 2) * 4, b3));
-                x->cause[TK_FIX_HEAD] = 1;
-            } else {
-                snprintf(e, sizeof e, "%s of %s allocated at the peak belong to %s",
-                         fmtb(p->top[0].bytes, b1), fmtb(p->peak_allocated, b2), p->top[0].owner);
-            }
-            add_diag(a, TK_DIAG_DOMINANT_LAYER, t, e);
-        }
+    snprintf(t, sizeof t, "%s holds %.0f%% of the peak (%s)", p->top[0].owner, 100 * f->top_share,
+             fmtb(p->top[0].bytes, b1));
+    if (head_dominates(f)) {
+        tk_config hc = tk_adv_dims_of(f->config);
+        int64_t in_f = (int64_t)(hc.towers > 0 ? hc.towers : 1) * hc.max_len * hc.hidden;
+        size_t w = (size_t)in_f * (size_t)(hc.head_units > 0 ? hc.head_units : 1) * 4;
+        snprintf(e, sizeof e,
+                 "the flatten_dense head's weight is [%d x %lld] = %s in fp32; with its gradient and "
+                 "two Adam moments %s. A per-token span head needs %s",
+                 hc.head_units, (long long)in_f, fmtb(w, b1), fmtb(4 * w, b2), fmtb((size_t)(2 * hc.hidden + 2) * 4, b3));
+    } else {
+        snprintf(e, sizeof e, "%s of %s allocated at the peak belong to %s", fmtb(p->top[0].bytes, b1),
+                 fmtb(p->peak_allocated, b2), p->top[0].owner);
     }
+    add_diag(x->out, TK_DIAG_DOMINANT_LAYER, t, e);
+}
+static void fix_dominant_layer(adv_ctx *x, const tk_facts *f) {
+    if (head_dominates(f)) x->cause[TK_FIX_HEAD] = 1;
 }
 
 /* dominant category: activations, or the model states */
-static void diag_dominant_category(adv_ctx *x) {
-    tk_advice *a = x->out;
-    const tk_plan_result *p = &a->base;
+static int proves_dominant_category(const tk_facts *f) { return f->act_share >= 0.5 || f->states_share >= 0.6; }
+static void say_dominant_category(adv_ctx *x, const tk_facts *f) {
+    const tk_plan_result *p = f->base;
     char b1[32], b2[32], b3[32], b4[32], t[160], e[768];
-    if (p->peak_allocated > 0) {
-        size_t states = p->by_cat_at_peak[TK_CAT_PARAM] + p->by_cat_at_peak[TK_CAT_GRAD] +
-                        p->by_cat_at_peak[TK_CAT_OPTIM];
-        size_t act = p->by_cat_at_peak[TK_CAT_ACT] + p->by_cat_at_peak[TK_CAT_TEMP];
-        double sa = (double)act / (double)p->peak_allocated;
-        double ss = (double)states / (double)p->peak_allocated;
-        if (sa >= 0.5) {
-            snprintf(t, sizeof t, "activations are %.0f%% of the peak (%s)", 100 * sa, fmtb(act, b1));
-            snprintf(e, sizeof e,
-                     "batch %d x %d tokens: activations %s vs params+grads+optimizer %s; they scale "
-                     "with batch x max_len (attention with max_len squared)",
-                     p->batch, p->seq, fmtb(act, b1), fmtb(states, b2));
-            add_diag(a, TK_DIAG_DOMINANT_CATEGORY, t, e);
-        } else if (ss >= 0.6) {
-            snprintf(t, sizeof t, "model states are %.0f%% of the peak (%s)", 100 * ss, fmtb(states, b1));
-            snprintf(e, sizeof e, "params %s, grads %s, optimizer %s; activations %s",
-                     fmtb(p->by_cat_at_peak[TK_CAT_PARAM], b1), fmtb(p->by_cat_at_peak[TK_CAT_GRAD], b2),
-                     fmtb(p->by_cat_at_peak[TK_CAT_OPTIM], b3), fmtb(act, b4));
-            add_diag(a, TK_DIAG_DOMINANT_CATEGORY, t, e);
-        }
+    if (f->act_share >= 0.5) {
+        snprintf(t, sizeof t, "activations are %.0f%% of the peak (%s)", 100 * f->act_share, fmtb(f->act, b1));
+        snprintf(e, sizeof e,
+                 "batch %d x %d tokens: activations %s vs params+grads+optimizer %s; they scale "
+                 "with batch x max_len (attention with max_len squared)",
+                 p->batch, p->seq, fmtb(f->act, b1), fmtb(f->states, b2));
+    } else {
+        snprintf(t, sizeof t, "model states are %.0f%% of the peak (%s)", 100 * f->states_share, fmtb(f->states, b1));
+        snprintf(e, sizeof e, "params %s, grads %s, optimizer %s; activations %s",
+                 fmtb(p->by_cat_at_peak[TK_CAT_PARAM], b1), fmtb(p->by_cat_at_peak[TK_CAT_GRAD], b2),
+                 fmtb(p->by_cat_at_peak[TK_CAT_OPTIM], b3), fmtb(f->act, b4));
     }
+    add_diag(x->out, TK_DIAG_DOMINANT_CATEGORY, t, e);
 }
 
 /* padding: fixed padding to a max_len far above what the corpus needs */
-static void diag_padding(adv_ctx *x) {
-    const tk_advise_input *in = x->in;
-    const tk_config *c = in->config;
-    tk_advice *a = x->out;
+static int proves_padding(const tk_facts *f) { return f->padded; }
+static void say_padding(adv_ctx *x, const tk_facts *f) {
     char t[160], e[768];
-    if (!in->lengths || in->n_lengths <= 0)
-        return;
-    int p50 = x->p50, p99 = x->p99, mx = x->len_max;
-    if (c->batching == TK_BATCH_FIXED && c->max_len >= 2 * tk_adv_round_up8(p99)) {
-        double real = 0;
-        for (int i = 0; i < in->n_lengths; i++)
-            real += in->lengths[i] < c->max_len ? in->lengths[i] : c->max_len;
-        double waste = 1.0 - real / ((double)in->n_lengths * c->max_len);
-        snprintf(t, sizeof t, "99%% of examples are at most %d tokens; max_len %d pads them", p99,
-                 c->max_len);
-        snprintf(e, sizeof e,
-                 "%d examples: p50 %d, p99 %d, max %d tokens; with fixed padding %.0f%% of every "
-                 "batch is padding",
-                 in->n_lengths, p50, p99, mx, 100 * waste);
-        add_diag(a, TK_DIAG_PADDING, t, e);
-        x->cause[TK_FIX_MAX_LEN] = 1;
-        x->cause[TK_FIX_PADDING] = 1;
-    }
+    snprintf(t, sizeof t, "99%% of examples are at most %d tokens; max_len %d pads them", f->p99, f->config->max_len);
+    snprintf(e, sizeof e,
+             "%d examples: p50 %d, p99 %d, max %d tokens; with fixed padding %.0f%% of every "
+             "batch is padding",
+             f->n_lengths, f->p50, f->p99, f->len_max, 100 * f->pad_waste);
+    add_diag(x->out, TK_DIAG_PADDING, t, e);
+}
+static void fix_padding(adv_ctx *x, const tk_facts *f) {
+    (void)f;
+    x->cause[TK_FIX_MAX_LEN] = 1;
+    x->cause[TK_FIX_PADDING] = 1;
 }
 
 /* data spike: under dynamic padding or buckets the longest batch is far
  * above the typical one */
-static void diag_data_spike(adv_ctx *x) {
-    const tk_advise_input *in = x->in;
-    const tk_config *c = in->config;
-    tk_advice *a = x->out;
+static int proves_spike(const tk_facts *f) { return f->spike; }
+static void say_spike(adv_ctx *x, const tk_facts *f) {
     char t[160], e[768];
-    if (!in->lengths || in->n_lengths <= 0)
-        return;
-    int p50 = x->p50, p99 = x->p99, mx = x->len_max;
-    if (c->batching != TK_BATCH_FIXED && mx > 2 * p99 && mx > 2 * p50) {
-        int cap = mx < c->max_len ? mx : c->max_len;
-        /* a dynamic batch of B random examples pads to the longest of B:
-         * its median is the 0.5^(1/B) quantile of the lengths; a bucket's
-         * batch holds similar lengths, about the median one */
-        int typical = c->batching == TK_BATCH_BUCKETS
-                          ? p50
-                          : tk_adv_quantile(in->lengths, in->n_lengths, pow(0.5, 1.0 / (c->batch_size > 0 ? c->batch_size : 1)));
-        if (typical > cap)
-            typical = cap;
-        snprintf(t, sizeof t, "the longest batch pads to %d tokens; the typical one to about %d", cap,
-                 typical);
-        snprintf(e, sizeof e,
-                 "with %s batching memory follows the longest batch: p50 %d, p99 %d, max %d; the "
-                 "peak comes only when that batch comes, so the OOM looks intermittent",
-                 c->batching == TK_BATCH_BUCKETS ? "bucketed" : "dynamic", p50, p99, mx);
-        add_diag(a, TK_DIAG_DATA_SPIKE, t, e);
-        x->cause[TK_FIX_MAX_LEN] = 1;
-    }
+    snprintf(t, sizeof t, "the longest batch pads to %d tokens; the typical one to about %d", f->spike_cap,
+             f->spike_typical);
+    snprintf(e, sizeof e,
+             "with %s batching memory follows the longest batch: p50 %d, p99 %d, max %d; the "
+             "peak comes only when that batch comes, so the OOM looks intermittent",
+             f->config->batching == TK_BATCH_BUCKETS ? "bucketed" : "dynamic", f->p50, f->p99, f->len_max);
+    add_diag(x->out, TK_DIAG_DATA_SPIKE, t, e);
 }
+static void fix_spike(adv_ctx *x, const tk_facts *f) { (void)f; x->cause[TK_FIX_MAX_LEN] = 1; }
 
 /* leak: allocated at step boundaries keeps growing */
-static void diag_leak(adv_ctx *x) {
-    const tk_advise_input *in = x->in;
+static int proves_leak(const tk_facts *f) { return f->leak; }
+static void say_leak(adv_ctx *x, const tk_facts *f) {
     char b1[32], b2[32], t[160], e[768];
-    if (in->step_allocated && in->n_steps >= 3) {
-        int up = 0;
-        for (int i = 1; i < in->n_steps; i++)
-            up += in->step_allocated[i] > in->step_allocated[i - 1];
-        size_t first = in->step_allocated[0], last = in->step_allocated[in->n_steps - 1];
-        if (last > first && up >= (in->n_steps - 1) * 3 / 4) {
-            size_t per = (last - first) / (size_t)(in->n_steps - 1);
-            snprintf(t, sizeof t, "allocated grows by %s per step%s%s", fmtb(per, b1),
-                     in->leak_owner ? " in " : "", in->leak_owner ? in->leak_owner : "");
-            snprintf(e, sizeof e,
-                     "allocated at step boundaries went from %s to %s over %d steps; something keeps a "
-                     "reference each step%s%s",
-                     fmtb(first, b1), fmtb(last, b2), in->n_steps, in->leak_owner ? ": " : "",
-                     in->leak_owner ? in->leak_owner : "");
-            add_diag(x->out, TK_DIAG_LEAK, t, e);
-        }
-    }
+    snprintf(t, sizeof t, "allocated grows by %s per step%s%s", fmtb(f->leak_per, b1), f->leak_owner ? " in " : "",
+             f->leak_owner ? f->leak_owner : "");
+    snprintf(e, sizeof e,
+             "allocated at step boundaries went from %s to %s over %d steps; something keeps a "
+             "reference each step%s%s",
+             fmtb(f->leak_first, b1), fmtb(f->leak_last, b2), f->n_steps, f->leak_owner ? ": " : "",
+             f->leak_owner ? f->leak_owner : "");
+    add_diag(x->out, TK_DIAG_LEAK, t, e);
 }
 
 /* the card lottery: the same config on each card the platform hands out;
  * on Kaggle the card is the notebook's setting, so the same plans say which
  * to choose (card choice) */
-static void diag_lottery(adv_ctx *x) {
-    const tk_advise_input *in = x->in;
-    tk_advice *a = x->out;
-    const tk_config *c = in->config;
+static int proves_lottery(const tk_facts *f) { return f->lottery; }
+static void say_lottery(adv_ctx *x, const tk_facts *f) {
     char b1[32], t[160], e[768];
-    const tk_gpu_profile *cur = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
-    const char *plat = in->platform ? in->platform : tk_gpu_platform_of(cur);
-    tk_card_fit cards[16];
-    int nc = 0;
-    tk_err ce = { 0 };
-    tk_status cst = plat ? tk_plan_cards(c, in->lengths, in->n_lengths, plat, cards, 16, &nc, &ce) : TK_EINVAL;
-    if (cst == TK_ENOMEM) x->nomem = 1;
-    if (cst == TK_OK) {
-        int any = 0, fits_cur = a->base.fits, near = -1;
-        for (int i = 0; i < nc; i++) {
-            any |= cards[i].fits;
-            if (cards[i].card == cur) fits_cur = cards[i].fits;
-            if (cards[i].fits && cards[i].margin < (int64_t)(cards[i].budget / 20) && near < 0) near = i;
-        }
-        if (any && (!fits_cur || near >= 0)) {
-            tk_cards_sentence(cards, nc, plat, t, sizeof t);
-            size_t w = (size_t)snprintf(e, sizeof e, "planned on each card %s hands out (its capacity less its "
-                                                  "context):", plat);
-            for (int i = 0; i < nc && w < sizeof e; i++) {
-                int64_t mg = cards[i].margin;
-                w += (size_t)snprintf(e + w, sizeof e - w, " %s %s%s%s", cards[i].card->name, mg < 0 ? "short by " : "margin ",
-                                      fmtb((size_t)(mg < 0 ? -mg : mg), b1), i + 1 < nc ? ";" : "");
-            }
-            if (near >= 0 && w < sizeof e)
-                snprintf(e + w, sizeof e - w, "; on the %s it fits within 5%% of the budget, so a little more memory "
-                         "held elsewhere (an earlier cell, a longer batch) makes it fail",
-                         cards[near].card->name);
-            add_diag(a, strcmp(plat, "kaggle") ? TK_DIAG_LOTTERY : TK_DIAG_CHOICE, t, e);
-        }
+    const tk_card_fit *cards = f->cards;
+    int nc = f->n_cards, near = f->lottery_near;
+    tk_cards_sentence(cards, nc, f->platform, t, sizeof t);
+    size_t w = (size_t)snprintf(e, sizeof e, "planned on each card %s hands out (its capacity less its context):",
+                                f->platform);
+    for (int i = 0; i < nc && w < sizeof e; i++) {
+        int64_t mg = cards[i].margin;
+        w += (size_t)snprintf(e + w, sizeof e - w, " %s %s%s%s", cards[i].card->name, mg < 0 ? "short by " : "margin ",
+                              fmtb((size_t)(mg < 0 ? -mg : mg), b1), i + 1 < nc ? ";" : "");
     }
+    if (near >= 0 && w < sizeof e)
+        snprintf(e + w, sizeof e - w, "; on the %s it fits within 5%% of the budget, so a little more memory "
+                 "held elsewhere (an earlier cell, a longer batch) makes it fail",
+                 cards[near].card->name);
+    add_diag(x->out, strcmp(f->platform, "kaggle") ? TK_DIAG_LOTTERY : TK_DIAG_CHOICE, t, e);
 }
 
-/* The diagnoses, in the order a report lists them. */
-static void (*const DIAGNOSES[])(adv_ctx *) = {
-    diag_room, diag_fragmentation, diag_dominant_layer, diag_dominant_category,
-    diag_padding, diag_data_spike, diag_leak, diag_lottery,
+/* One rule of the plan's table, the same shape as the pasted message's
+ * (oom_message.c): whether the facts prove it, its finding, and the fix
+ * kinds whose cause it names. */
+typedef struct {
+    tk_diag_kind kind;
+    int (*proves)(const tk_facts *f);
+    void (*say)(adv_ctx *x, const tk_facts *f);
+    void (*fix)(adv_ctx *x, const tk_facts *f);
+} plan_rule;
+
+/* The plan's diagnoses, in the order a report lists them. */
+static const plan_rule PLAN_RULES[] = {
+    {TK_DIAG_CAPACITY, proves_capacity, say_capacity, NULL},
+    {TK_DIAG_HEADROOM, proves_headroom, say_headroom, fix_headroom},
+    {TK_DIAG_FRAGMENTATION, proves_oom_frag, say_oom_frag, fix_oom_frag},
+    {TK_DIAG_DOMINANT_LAYER, proves_dominant_layer, say_dominant_layer, fix_dominant_layer},
+    {TK_DIAG_DOMINANT_CATEGORY, proves_dominant_category, say_dominant_category, NULL},
+    {TK_DIAG_PADDING, proves_padding, say_padding, fix_padding},
+    {TK_DIAG_DATA_SPIKE, proves_spike, say_spike, fix_spike},
+    {TK_DIAG_LEAK, proves_leak, say_leak, NULL},
+    {TK_DIAG_LOTTERY, proves_lottery, say_lottery, NULL},
 };
 
+/* read -> facts -> diagnose: the table over the facts, then the fix kinds
+ * whose cause a diagnosis names */
 static void diagnose(adv_ctx *x) {
-    for (size_t i = 0; i < sizeof DIAGNOSES / sizeof DIAGNOSES[0]; i++)
-        DIAGNOSES[i](x);
+    tk_facts f;
+    read_plan_facts(x, &f);
+    for (size_t i = 0; i < sizeof PLAN_RULES / sizeof PLAN_RULES[0]; i++) {
+        if (!PLAN_RULES[i].proves(&f)) continue;
+        PLAN_RULES[i].say(x, &f);
+        if (PLAN_RULES[i].fix) PLAN_RULES[i].fix(x, &f);
+    }
     /* a registered fix names the diagnoses whose cause it removes */
     for (int k = TK_FIX_COUNT; k < tk_fix_n_kinds(); k++)
         for (int i = 0; i < x->out->n_diag; i++)
@@ -439,6 +484,15 @@ static int cmp_cand(const void *pa, const void *pb) {
         return b->addresses_cause - a->addresses_cause;
     if (a->n_fixes != b->n_fixes)
         return a->n_fixes - b->n_fixes;
+    /* the same single fix with two parameters: the smaller change first
+     * (accumulate x2 before x8, fewer frozen layers, the larger batch) */
+    if (a->n_fixes == 1 && b->n_fixes == 1 && a->fixes[0].kind == b->fixes[0].kind && a->fixes[0].value != b->fixes[0].value) {
+        tk_fix_kind k = a->fixes[0].kind;
+        if (k == TK_FIX_ACCUMULATE || k == TK_FIX_FREEZE_LAYERS)
+            return a->fixes[0].value < b->fixes[0].value ? -1 : 1;
+        if (k == TK_FIX_BATCH || k == TK_FIX_EVAL_BATCH)
+            return a->fixes[0].value > b->fixes[0].value ? -1 : 1;
+    }
     /* a fix that puts more than 2% of results at risk (truncated examples,
      * frozen weights) ranks after those that do not */
     if ((a->risk > 0.02) != (b->risk > 0.02))
@@ -449,6 +503,22 @@ static int cmp_cand(const void *pa, const void *pb) {
     if (a->risk != b->risk)
         return a->risk < b->risk ? -1 : 1;
     return a->peak < b->peak ? -1 : a->peak > b->peak;
+}
+
+/* 1: the candidate saves nothing against `than` (its plan's peak is not
+ * below it), frees nothing outside the config and removes no diagnosed
+ * cause: not worth listing. */
+static int saves_nothing(const adv_ctx *x, const tk_candidate *c, size_t than) {
+    if (c->action_only || c->peak < than || c->addresses_cause)
+        return 0; /* a diagnosed cause's own fix (empty_cache for fragmentation) stays */
+    for (int i = 0; i < c->n_fixes; i++) {
+        const tk_fix_def *d = tk_fix_def_of(c->fixes[i].kind);
+        if (d->frees && d->frees(&c->fixes[i], x->in))
+            return 0;
+        if (c->fixes[i].kind == TK_FIX_DATA_PARALLEL)
+            return 0; /* its peak is each GPU's: the split is the saving */
+    }
+    return 1;
 }
 
 /* The single fixes worth trying for this config: each row's proposals, in
@@ -487,11 +557,6 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
         out->n_planned++;
     }
     adv_ctx x = { .in = in, .out = out };
-    if (in->lengths && in->n_lengths > 0) {
-        x.p50 = tk_adv_quantile(in->lengths, in->n_lengths, 0.50);
-        x.p99 = tk_adv_quantile(in->lengths, in->n_lengths, 0.99);
-        x.len_max = tk_adv_quantile(in->lengths, in->n_lengths, 1.0);
-    }
     out->capacity = out->base.capacity;
     if (in->oom && !out->capacity)
         out->capacity = in->oom->capacity;
@@ -519,10 +584,14 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     /* which singles were planned, and which fit with margin (supersets of a
      * set that fits already are not searched: they only add change) */
     int ok1[32] = { 0 }, fit1[32] = { 0 };
+    size_t peak1[32] = { 0 };
     for (int i = 0; i < ns && out->n_planned < budget; i++) {
         if (evaluate(&x, &singles[i], 1, &c) == 0) {
             ok1[i] = 1;
             fit1[i] = c.fits_margin;
+            peak1[i] = c.peak;
+            if (saves_nothing(&x, &c, out->base.peak_reserved))
+                continue; /* a fix that saves nothing is not listed */
             if (push(&all, &c))
                 goto nomem;
         }
@@ -539,6 +608,9 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
             tk_fix f[2] = { singles[i], singles[j] };
             if (evaluate(&x, f, 2, &c) == 0) {
                 pair_fit[i][j] = c.fits_margin ? 1 : -1;
+                /* a pair one of whose fixes adds nothing to the other is that other alone */
+                if (saves_nothing(&x, &c, peak1[i] < peak1[j] ? peak1[i] : peak1[j]))
+                    continue;
                 if (push(&all, &c))
                     goto nomem;
             }

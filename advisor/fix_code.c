@@ -32,6 +32,7 @@ const char *tk_api_name(tk_api a) {
     case TK_API_TRAINER: return "trainer";
     case TK_API_LOOP: return "loop";
     case TK_API_TXKERNEL: return "txkernel";
+    case TK_API_KERAS: return "keras";
     default: return "auto";
     }
 }
@@ -180,26 +181,20 @@ static void trainer_code(code_buf *b, const tk_config *from, const tk_config *to
     model_lines(b, from, to, TK_API_TRAINER);
 }
 
+/* A plain loop: the lines outside the loop (bucketed sampler, 8-bit AdamW,
+ * eval batch, frozen weights, attention), then the whole loop body as the
+ * fix leaves it (tk_loop_code) when the batch, the accumulation, the
+ * padding, the precision or recompute change. */
 static void loop_code(code_buf *b, const tk_config *from, const tk_config *to) {
     int dyn = to->batching != TK_BATCH_FIXED && from->batching == TK_BATCH_FIXED;
     int batch = to->batch_size != from->batch_size || acc_of(to) != acc_of(from);
-    if (to->batching == TK_BATCH_BUCKETS && from->batching != TK_BATCH_BUCKETS)
+    int buckets = to->batching == TK_BATCH_BUCKETS && from->batching != TK_BATCH_BUCKETS;
+    int prec = to->precision != from->precision;
+    int ckpt = to->recompute != TK_RECOMPUTE_NONE && from->recompute == TK_RECOMPUTE_NONE;
+    if (buckets)
         put(b, "sampler = LengthGroupedSampler(%d, lengths=lengths)   # transformers.trainer_pt_utils; lengths: each "
                "example's token count\nloader = DataLoader(train_ds, batch_size=%d, sampler=sampler, "
                "collate_fn=DataCollatorWithPadding(tokenizer))", to->batch_size, to->batch_size);
-    else if (batch || dyn)
-        put(b, "loader = DataLoader(train_ds, batch_size=%d, shuffle=True%s)", to->batch_size,
-            to->batching != TK_BATCH_FIXED ? ", collate_fn=DataCollatorWithPadding(tokenizer)" : "");
-    if (batch && acc_of(to) > 1)
-        put(b, "# optimizer.step() and zero_grad() every %d batches, the loss divided by %d: %d examples per step "
-               "(yours: %d x %d)", acc_of(to), acc_of(to), to->batch_size * acc_of(to), from->batch_size, acc_of(from));
-    if (to->precision != from->precision && to->precision == TK_PREC_FP16)
-        put(b, "scaler = torch.amp.GradScaler(\"cuda\")\nwith torch.autocast(\"cuda\", dtype=torch.float16):\n"
-               "    loss = model(**batch).loss\nscaler.scale(loss).backward()\nscaler.step(optimizer)\nscaler.update()");
-    else if (to->precision != from->precision && to->precision == TK_PREC_BF16)
-        put(b, "with torch.autocast(\"cuda\", dtype=torch.bfloat16):\n    loss = model(**batch).loss\nloss.backward()");
-    if (to->recompute != TK_RECOMPUTE_NONE && from->recompute == TK_RECOMPUTE_NONE)
-        put(b, "model.gradient_checkpointing_enable()");
     if (to->optimizer == TK_OPTIM_ADAMW8 && from->optimizer != TK_OPTIM_ADAMW8)
         put(b, "import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit(model.parameters(), lr=%g, weight_decay=%g)",
             (double)to->lr, (double)to->weight_decay);
@@ -208,7 +203,40 @@ static void loop_code(code_buf *b, const tk_config *from, const tk_config *to) {
         put(b, "eval_loader = DataLoader(eval_ds, batch_size=%d)", to->eval_batch_size);
     if (to->empty_cache == TK_EMPTY_EVERY && from->empty_cache != TK_EMPTY_EVERY)
         put(b, "torch.cuda.empty_cache()   # after every %d optimizer.step()", to->empty_cache_every);
-    model_lines(b, from, to, TK_API_LOOP);
+    /* the tokenizer line only when the loop does not write its own */
+    tk_config mto = *to;
+    if (dyn && !buckets) mto.max_len = from->max_len, mto.batching = from->batching;
+    model_lines(b, from, &mto, TK_API_LOOP);
+    if (!(batch || (dyn && !buckets) || prec || ckpt)) return;
+    char body[2400];
+    tk_loop_fix o = {.batch = to->batch_size, .from_batch = from->batch_size, .from_accum = acc_of(from),
+                     .accum = acc_of(to), .loader = batch && !buckets, .dynamic = dyn && !buckets,
+                     .max_len = to->max_len, .precision = to->precision, .checkpointing = ckpt,
+                     .torch = to->torch_version};
+    if (tk_loop_code(body, sizeof body, &o) >= (int)sizeof body) {
+        if (b->f) fclose(b->f), b->f = NULL; /* never a cut snippet */
+        return;
+    }
+    put(b, "%s", body);
+}
+
+/* Keras (api: keras): model.fit's batch, Keras 3's accumulation on the
+ * optimizer, the global mixed-precision policy, the tokenizer's length. */
+static void keras_code(code_buf *b, const tk_config *from, const tk_config *to) {
+    int batch = to->batch_size != from->batch_size || acc_of(to) != acc_of(from);
+    if (to->precision != from->precision)
+        put(b, "tf.keras.mixed_precision.set_global_policy(\"%s\")   # before the model is built",
+            to->precision == TK_PREC_BF16 ? "mixed_bfloat16" : "mixed_float16");
+    if (to->max_len != from->max_len)
+        put(b, "enc = tokenizer(texts, truncation=True, padding=\"max_length\", max_length=%d, return_tensors=\"tf\")"
+               "   # yours: %d", to->max_len, from->max_len);
+    if (batch && acc_of(to) > 1)
+        put(b, "optimizer = keras.optimizers.AdamW(learning_rate=%g, gradient_accumulation_steps=%d)   # Keras 3: %d x %d "
+               "examples per step (yours: %d x %d)", (double)to->lr, acc_of(to), to->batch_size, acc_of(to),
+            from->batch_size, acc_of(from));
+    if (batch) put(b, "model.fit(x, y, batch_size=%d, epochs=epochs)", to->batch_size);
+    if (to->freeze_embeddings && !from->freeze_embeddings)
+        put(b, "model.layers[0].trainable = False   # the embeddings; compile again after changing trainable");
 }
 
 char *tk_fix_code(const tk_config *from, const tk_config *to, tk_api api) {
@@ -218,6 +246,8 @@ char *tk_fix_code(const tk_config *from, const tk_config *to, tk_api api) {
     if (api == TK_API_AUTO) api = tk_config_api(to);
     if (api == TK_API_TXKERNEL) {
         txkernel_code(&b, from, to);
+    } else if (api == TK_API_KERAS) {
+        keras_code(&b, from, to);
     } else {
         if (api == TK_API_TRAINER) trainer_code(&b, from, to);
         else loop_code(&b, from, to);

@@ -4,8 +4,8 @@
 #   bench-advisor  builds $(BUILD)/bench/advisor_bench and runs it; figures in
 #                  bench/RESULTS.md ("## advisor").
 #   $(BUILD)/fuzz/fuzz_oom_message  tests/advisor/fuzz_oom_message.c with clang,
-#                  ASan+UBSan, from advisor/oom_message.c and gpu/profile.c
-#                  alone; tests/suites/oom_message_fuzz.sh runs it for 30 s.
+#                  ASan+UBSan, from advisor/oom_message.c, advisor/diagnoses.c
+#                  and gpu/profile.c alone; tests/suites/oom_message_fuzz.sh runs it for 30 s.
 ADVISOR_BENCH := $(BUILD)/bench/advisor_bench
 
 $(ADVISOR_BENCH): bench/advisor_bench.c $(LIB_REL)
@@ -24,7 +24,7 @@ bench: bench-advisor
 SNAP_FUZZ_BIN  := $(BUILD)/fuzz/fuzz_snapshot
 SNAP_FUZZ_SRCS := bert/pickle.c bert/torchbin.c bert/safetensors.c advisor/snapshot_decode.c advisor/snapshot_trace.c \
                   advisor/snapshot_frames.c advisor/snapshot_peak.c advisor/snapshot_leak.c advisor/snapshot_diagnose.c \
-                  advisor/snapshot.c advisor/snapshot_report.c gpu/dtype.c gpu/profile.c
+                  advisor/snapshot.c advisor/snapshot_report.c advisor/diagnoses.c gpu/dtype.c gpu/profile.c
 SNAP_FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                    -Wall -Wextra -Werror -Wno-unused-parameter -Igpu -Ibert -Iadvisor $(PKG_CFLAGS)
 
@@ -35,10 +35,10 @@ $(SNAP_FUZZ_BIN): tests/advisor/fuzz_snapshot.c $(SNAP_FUZZ_SRCS) bert/tk_pickle
 
 FUZZ_CC ?= clang
 OOMMSG_FUZZ_BIN := $(BUILD)/fuzz/fuzz_oom_message
-OOMMSG_FUZZ_SRCS := tests/advisor/fuzz_oom_message.c advisor/oom_message.c gpu/profile.c
+OOMMSG_FUZZ_SRCS := tests/advisor/fuzz_oom_message.c advisor/oom_message.c advisor/diagnoses.c gpu/profile.c
 
 all: $(OOMMSG_FUZZ_BIN)
-$(OOMMSG_FUZZ_BIN): $(OOMMSG_FUZZ_SRCS) advisor/tk_oom_message.h advisor/tk_advisor.h gpu/tk_gpu.h
+$(OOMMSG_FUZZ_BIN): $(OOMMSG_FUZZ_SRCS) advisor/tk_oom_message.h advisor/tk_facts.h advisor/tk_advisor.h gpu/tk_gpu.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	    -Wall -Wextra -Werror -Wno-unused-parameter -I. -Igpu -Ibert -Iadvisor $(PKG_CFLAGS) \

@@ -47,6 +47,7 @@
 #include <strings.h>
 
 #include "tk_oom_message.h"
+#include "tk_facts.h"
 #include "tk_fix_code.h"
 
 #define MIB ((uint64_t)1 << 20)
@@ -214,7 +215,7 @@ static void parse_torch_21(const char *p, const char *end, tk_oom_message *m) {
         if (r > q + 8 && starts(r, end, " has ")) {
             tk_oommsg_figure f;
             if (read_size(r + 5, end, &f)) {
-                if (!m->n_processes) m->other_processes_pid = pid;
+                if (m->n_processes < TK_OOMMSG_MAX_PROCS) m->proc[m->n_processes] = (tk_oommsg_process){pid, f};
                 if (!m->fig[TK_OOMFIG_PROCESS_IN_USE].present) m->fig[TK_OOMFIG_PROCESS_IN_USE] = f;
                 m->n_processes++;
             }
@@ -243,10 +244,28 @@ static int tf_dtype_bytes(const char *t) {
     return 0;
 }
 
-static int parse_tf(const char *p, const char *end, tk_oom_message *m) {
-    const char *s = find_in(p, end, "shape[");
+/* A word of ASCII letters, digits and '_' at p (at most n - 1 bytes) into out. */
+static void copy_word(char *out, size_t n, const char *p, const char *end) {
+    size_t k = 0;
+    while (p + k < end && (isalnum((unsigned char)p[k]) || p[k] == '_') && k < n - 1) k++;
+    memcpy(out, p, k);
+    out[k] = 0;
+}
+
+/* The message at p: "shape[d0,d1] and type T on ... by allocator A" in
+ * English; in a translation (`translated`), the bracketed shape after p
+ * ("在分配形狀為 [786432,1604] 的張量時出現 OOM"), the type after "type" or
+ * 類型為/类型为 when given, and the allocator as its name (GPU_0_bfc). */
+static int parse_tf_at(const char *p, const char *end, tk_oom_message *m, int translated) {
+    const char *s = NULL;
+    if (!translated) {
+        s = find_in(p, end, "shape[");
+        if (s) s += 6;
+    } else {
+        for (const char *q = p; q < end && !s; q++)
+            if (*q == '[' && q + 1 < end && isdigit((unsigned char)q[1])) s = q + 1;
+    }
     if (!s) return -1;
-    s += 6;
     m->rank = 0;
     unsigned __int128 elems = 1;
     int overflow = 0;
@@ -271,13 +290,19 @@ static int parse_tf(const char *p, const char *end, tk_oom_message *m) {
     if (s >= end || m->rank == 0 || m->rank > TK_OOMMSG_MAX_DIMS) return -1;
     m->format = TK_OOMMSG_TF;
     const char *ty = find_in(s, end, "and type ");
+    if (ty) ty += 9;
+    else if (translated && (ty = find_in(s, end, "\xe9\xa1\x9e\xe5\x9e\x8b\xe7\x82\xba")) != NULL) ty += 9; /* 類型為 */
+    else if (translated && (ty = find_in(s, end, "\xe7\xb1\xbb\xe5\x9e\x8b\xe4\xb8\xba")) != NULL) ty += 9; /* 类型为 */
+    else if (translated && (ty = find_in(s, end, "type ")) != NULL) ty += 5;
     if (ty) {
-        ty += 9;
-        size_t k = 0;
-        while (ty + k < end && (isalnum((unsigned char)ty[k]) || ty[k] == '_') && k < sizeof m->dtype - 1) k++;
-        memcpy(m->dtype, ty, k);
-        m->dtype[k] = 0;
+        ty = skip_spaces(ty, end);
+        copy_word(m->dtype, sizeof m->dtype, ty, end);
         m->dtype_bytes = tf_dtype_bytes(m->dtype);
+    } else if (translated) {
+        /* no type in the words: TensorFlow's default, said as assumed */
+        snprintf(m->dtype, sizeof m->dtype, "float");
+        m->dtype_bytes = 4;
+        m->dtype_assumed = 1;
     }
     const char *dev = find_in(s, end, "device:GPU:");
     if (dev) m->gpu_index = read_index(dev + 11, end);
@@ -288,6 +313,12 @@ static int parse_tf(const char *p, const char *end, tk_oom_message *m) {
         while (al + k < end && !isspace((unsigned char)al[k]) && k < sizeof m->allocator - 1) k++;
         memcpy(m->allocator, al, k);
         m->allocator[k] = 0;
+    } else if (translated && (al = find_in(s, end, "_bfc")) != NULL) {
+        /* the allocator's own name, whatever the words around it */
+        const char *b = al;
+        while (b > s && (isalnum((unsigned char)b[-1]) || b[-1] == '_')) b--;
+        copy_word(m->allocator, sizeof m->allocator, b, end);
+        if (m->gpu_index < 0 && starts(b, end, "GPU_")) m->gpu_index = read_index(b + 4, end);
     }
     const char *nd = find_in(s, end, "{{node ");
     if (!nd) nd = find_in(s, end, "[[Node: ");
@@ -530,6 +561,15 @@ int tk_oom_message_parse(const char *text, size_t len, tk_oom_message *m) {
     const char *torch = find_last(text, len, "Tried to allocate ");
     const char *tf = find_last(text, len, "OOM when allocating tensor");
     const char *end_all = text + len;
+    /* TensorFlow's message in a translation: its error's name, then a
+     * bracketed shape and "OOM" in the words that follow */
+    int translated = 0;
+    const char *rx = tf ? NULL : find_last(text, len, "ResourceExhaustedError");
+    if (rx && (!torch || rx > torch)) {
+        const char *w = (size_t)(end_all - rx) > WINDOW ? rx + WINDOW : end_all;
+        const char *eol = find_in(rx, w, "\n");
+        if (find_in(rx, eol ? eol : w, "OOM")) tf = rx, translated = 1;
+    }
     if (torch && (!tf || torch > tf)) {
         const char *p = torch + 18, *end = (size_t)(end_all - p) > WINDOW ? p + WINDOW : end_all;
         const char *e = read_size(p, end, &m->fig[TK_OOMFIG_REQUESTED]);
@@ -540,7 +580,8 @@ int tk_oom_message_parse(const char *text, size_t len, tk_oom_message *m) {
         }
     } else if (tf) {
         const char *end = (size_t)(end_all - tf) > WINDOW ? tf + WINDOW : end_all;
-        if (parse_tf(tf, end, m)) m->format = TK_OOMMSG_NONE;
+        if (parse_tf_at(tf, end, m, translated)) m->format = TK_OOMMSG_NONE;
+        m->translated = translated;
     }
     int any = 0;
     for (int i = 0; i < TK_OOMFIG_COUNT; i++) any |= m->fig[i].present;
@@ -571,7 +612,7 @@ static char *fmt(uint64_t b, char *buf, size_t n) {
 static void add_diag(tk_oom_message *m, tk_diag_kind k, const char *f, ...) __attribute__((format(printf, 3, 4)));
 static void add_diag(tk_oom_message *m, tk_diag_kind k, const char *f, ...) {
     if (m->n_diag >= TK_OOMMSG_MAX_DIAG) return;
-    tk_oommsg_diag *d = &m->diag[m->n_diag++];
+    tk_finding *d = &m->diag[m->n_diag++];
     d->kind = k;
     va_list ap;
     va_start(ap, f);
@@ -583,7 +624,7 @@ static void add_fix(tk_oom_message *m, const char *text, const char *code) {
     for (int i = 0; i < m->n_fixes; i++)
         if (!strcmp(m->fixes[i].code, code)) return;
     if (m->n_fixes >= TK_OOMMSG_MAX_FIXES) return;
-    tk_oommsg_fix *x = &m->fixes[m->n_fixes++];
+    tk_fix_note *x = &m->fixes[m->n_fixes++];
     snprintf(x->text, sizeof x->text, "%s", text);
     snprintf(x->code, sizeof x->code, "%s", code);
 }
@@ -707,8 +748,8 @@ static void why_intermittent(tk_oom_message *m, const char *platform, uint64_t h
                  "in this one, such as TensorFlow)",
                  inside, fmt(budget - here, b3, sizeof b3));
     else
-        snprintf(held, sizeof held, "; and what else is on the card changes from run to run: %sabout that default was "
-                 "held outside PyTorch", inside);
+        snprintf(held, sizeof held, "; and what else is on the card changes from run to run: %son this run no more "
+                 "than the context and buffers were held outside PyTorch", inside);
     char nm[40];
     a_card(card, nm, sizeof nm);
     add_diag(m, TK_DIAG_LOTTERY,
@@ -748,9 +789,9 @@ static void why_kaggle(tk_oom_message *m, uint64_t here, int platform_unknown) {
     if (m->card && here)
         snprintf(got, sizeof got, ": this run got %s (%s usable) and PyTorch had %s of it", a_card(m->card, c1, sizeof c1),
                  fmt(tk_gpu_profile_budget(m->card), b1, sizeof b1), fmt(here, b2, sizeof b2));
-    add_diag(m, TK_OOMMSG_DIAG_PLATFORM,
+    add_diag(m, TK_DIAG_PLATFORM,
              "kaggle%s: the accelerator is the notebook's own setting (Settings > Accelerator), your choice and not a "
-             "lottery%s; the other choices are %s",
+             "lottery%s; the other choices are %s.",
              platform_unknown ? " (if this ran on Kaggle)" : "", got, list);
 }
 
@@ -775,26 +816,26 @@ static void config_on_cards(tk_oom_message *m, const char *platform, const tk_ca
     if (m->have_plan && A && m->card) {
         if (A->bytes > planned + planned / 4 && pytorch)
             snprintf(gap, sizeof gap,
-                     " Whose numbers: your PyTorch run had %s allocated when it failed on the %s, where %s plans a "
-                     "peak of %s %s for one training step of this config: %s more. A plan of the step counts its "
-                     "weights, gradients, optimizer state and activations; the message's figure also counts every "
-                     "other tensor your Python process held on the card (an earlier cell's model, optimizer or "
-                     "outputs), which is where to look.",
+                     "; whose numbers: your PyTorch run had %s allocated when it failed on the %s, where %s plans a "
+                     "peak of %s %s for one training step of this config: %s more, and while a plan of the step "
+                     "counts its weights, gradients, optimizer state and activations, the message's figure also counts "
+                     "every other tensor your Python process held on the card (an earlier cell's model, optimizer or "
+                     "outputs), which is where to look",
                      A->text, nm, who, fmt(planned, b1, sizeof b1), what, fmt(A->bytes - planned, b2, sizeof b2));
         else if (A->bytes > planned + planned / 4)
             snprintf(gap, sizeof gap,
-                     " Whose numbers: your PyTorch run had %s allocated when it failed on the %s (its peak was higher "
-                     "still), where %s plans a peak of %s for this config: %s more. The message's figure counts every "
-                     "tensor your Python process held on the card (an earlier cell's model or optimizer included) and "
-                     "PyTorch's own way of running the step (its attention and optimizer code), which txkernel's "
-                     "trainer does not plan: `engine: pytorch` does.",
+                     "; whose numbers: your PyTorch run had %s allocated when it failed on the %s (its peak was higher "
+                     "still), where %s plans a peak of %s for this config: %s more, as the message's figure counts "
+                     "every tensor your Python process held on the card (an earlier cell's model or optimizer "
+                     "included) and PyTorch's own way of running the step (its attention and optimizer code), which "
+                     "txkernel's trainer does not plan: `engine: pytorch` does",
                      A->text, nm, who, fmt(planned, b1, sizeof b1), fmt(A->bytes - planned, b2, sizeof b2));
         else
-            snprintf(gap, sizeof gap, " Whose numbers: your PyTorch run had %s allocated when it failed on the %s; %s "
-                     "plans a peak of %s %s for this config.", A->text, nm, who, fmt(planned, b3, sizeof b3), what);
+            snprintf(gap, sizeof gap, "; whose numbers: your PyTorch run had %s allocated when it failed on the %s, "
+                     "and %s plans a peak of %s %s for this config", A->text, nm, who, fmt(planned, b3, sizeof b3), what);
     }
     int kaggle = platform && !strcmp(platform, "kaggle");
-    add_diag(m, kaggle ? TK_OOMMSG_DIAG_PLATFORM : TK_DIAG_LOTTERY, "%s %s, your config as %s plans it: %s%s%s%s%s.%s",
+    add_diag(m, kaggle ? TK_DIAG_PLATFORM : TK_DIAG_LOTTERY, "%s %s, your config as %s plans it: %s%s%s%s%s%s.",
              kaggle ? "kaggle: on the accelerators" : "card lottery on", platform, who, s,
              nm[0] ? "; this message came from a " : "", nm,
              near && !kaggle ? "; within 5% of a card's budget a run can fit one day and not the next" : "",
@@ -807,14 +848,30 @@ static const char *ta(const tk_oom_message *m, char *buf, size_t n) {
     return tk_ta_open(buf, n, m->user_output_dir, m->user_torch);
 }
 
-/* The capacity fixes as code in the API the user runs (the Trainer's
- * TrainingArguments, a plain loop, or txkernel's YAML), carrying the user's
- * own numbers when a config gave them and named placeholders otherwise:
- * never an example value. A fix the config has on already is not offered;
- * the capacity diagnosis `d` says so. */
-static void capacity_fixes(tk_oom_message *m, tk_api api, tk_oommsg_diag *d) {
-    char code[1100], text[240], op[TK_PATH_MAX + 48];
+/* The loop the user runs, as a fix leaves it: their own numbers where a
+ * config gave them, named placeholders otherwise (tk_loop_code). */
+static void loop_fix(const tk_oom_message *m, tk_loop_fix *o) {
+    memset(o, 0, sizeof *o);
+    o->batch = m->user_batch;
+    o->batch_s = "B";
+    o->from_batch = m->user_batch;
+    o->from_accum = m->user_accumulate;
+    o->accum = m->user_batch ? (m->user_accumulate > 1 ? m->user_accumulate : 1) : 1;
+    o->precision = m->have_user_config ? m->user_precision : TK_PREC_FP32;
+    o->checkpointing = 0;
+    o->torch = m->have_user_config ? m->user_torch : TK_TORCH_2;
+}
+
+/* The fixes that make the step itself smaller, as code in the API the user
+ * runs (the Trainer's TrainingArguments, a plain loop's whole body, Keras,
+ * or txkernel's YAML), smallest change first, carrying the user's own
+ * numbers when a config gave them and named placeholders otherwise: never
+ * an example value. A fix the config has on already is not offered; the
+ * diagnosis `d` says so. */
+static void capacity_fixes(tk_oom_message *m, tk_api api, tk_finding *d) {
+    char code[1400], text[240], op[TK_PATH_MAX + 48];
     int B = m->user_batch, A = m->user_accumulate > 1 ? m->user_accumulate : 1;
+    tk_loop_fix lf;
     if (api == TK_API_TXKERNEL && B >= 2)
         snprintf(code, sizeof code, "batch_size: %d\naccumulate: %d   # your %d x %d: the same effective batch of %d",
                  B / 2, 2 * A, B, A, B * A);
@@ -828,14 +885,20 @@ static void capacity_fixes(tk_oom_message *m, tk_api api, tk_oommsg_diag *d) {
         snprintf(code, sizeof code, "TrainingArguments(..., per_device_train_batch_size=B // 2, "
                  "gradient_accumulation_steps=A * 2)\n"
                  "# B, A: your batch size and accumulation now (txk advise CFG --from-error fills them in)");
-    else if (B >= 2)
-        snprintf(code, sizeof code, "loader = DataLoader(train_ds, batch_size=%d, shuffle=True)\n"
-                 "# optimizer.step() and zero_grad() every %d batches, the loss divided by %d: your batch %d x "
-                 "accumulation %d, the same effective batch of %d", B / 2, 2 * A, 2 * A, B, A, B * A);
-    else
-        snprintf(code, sizeof code, "loader = DataLoader(train_ds, batch_size=B // 2, shuffle=True)\n"
-                 "# optimizer.step() every A * 2 batches, the loss divided by A * 2\n"
-                 "# B, A: your batch size and accumulation now (txk advise CFG --from-error fills them in)");
+    else if (api == TK_API_KERAS && B >= 2)
+        snprintf(code, sizeof code, "optimizer = keras.optimizers.AdamW(learning_rate=lr, gradient_accumulation_steps=%d)"
+                 "   # Keras 3\nmodel.fit(x, y, batch_size=%d)   # your %d x %d examples per step, kept", 2 * A, B / 2, B, A);
+    else if (api == TK_API_KERAS)
+        snprintf(code, sizeof code, "optimizer = keras.optimizers.AdamW(learning_rate=lr, gradient_accumulation_steps=2)"
+                 "   # Keras 3\nmodel.fit(x, y, batch_size=B // 2)   # B: your batch size now");
+    else {
+        loop_fix(m, &lf);
+        lf.loader = 1;
+        if (B >= 2) lf.batch = B / 2, lf.accum = 2 * A;
+        else lf.batch = 0, lf.batch_s = "B // 2", lf.accum = 0, lf.accum_s = "2 * A   # B, A: your batch size and "
+                                                                            "accumulation now";
+        tk_loop_code(code, sizeof code, &lf);
+    }
     add_fix(m, api == TK_API_TRAINER ? "half the batch per step, same effective batch (transformers)"
                                      : "half the batch per step, same effective batch", code);
     /* the length: the corpus' p99 when given, else the config's max_len, else a named placeholder */
@@ -853,16 +916,26 @@ static void capacity_fixes(tk_oom_message *m, tk_api api, tk_oommsg_diag *d) {
         snprintf(why, sizeof why, "# %d: your config's max_len; lower it to your data's p99 (txk data FILE prints it)", L);
     else
         snprintf(why, sizeof why, "# N: your data's p99 token length (txk data FILE prints it)");
+    int dyn_on = m->have_user_config && m->user_batching != TK_BATCH_FIXED;
     if (api == TK_API_TXKERNEL)
         snprintf(code, sizeof code, "max_len: %s\nbatching: dynamic\n%s", len_s, why);
     else if (api == TK_API_TRAINER)
         snprintf(code, sizeof code, "enc = tokenizer(texts, truncation=True, max_length=%s)   # no padding here\n"
                  "trainer = Trainer(model=model, args=args, train_dataset=train_ds, "
                  "data_collator=DataCollatorWithPadding(tokenizer))\n%s", len_s, why);
-    else
-        snprintf(code, sizeof code, "enc = tokenizer(texts, truncation=True, max_length=%s, padding=\"longest\")\n%s",
-                 len_s, why);
-    add_fix(m, "shorter sequences: pad each batch to its longest text, and truncate at what your texts need", code);
+    else if (api == TK_API_KERAS)
+        snprintf(code, sizeof code, "enc = tokenizer(texts, truncation=True, padding=\"max_length\", max_length=%s, "
+                 "return_tensors=\"tf\")\n%s", len_s, why);
+    else {
+        loop_fix(m, &lf);
+        lf.dynamic = 1;
+        if (L > 0) lf.max_len = L;
+        else lf.max_len_s = "N";
+        int k = tk_loop_code(code, sizeof code, &lf);
+        if (k >= 0 && (size_t)k < sizeof code) snprintf(code + k, sizeof code - (size_t)k, "\n%s", why);
+    }
+    if (!(dyn_on && api != TK_API_TXKERNEL && L == m->user_max_len))
+        add_fix(m, "shorter sequences: pad each batch to its longest text, and truncate at what your texts need", code);
     char on[160] = "";
     size_t w = 0;
     int prec_on = m->have_user_config && m->user_precision != TK_PREC_FP32;
@@ -871,17 +944,22 @@ static void capacity_fixes(tk_oom_message *m, tk_api api, tk_oommsg_diag *d) {
         w += (size_t)snprintf(on + w, sizeof on - w, "%s mixed precision",
                               m->user_precision == TK_PREC_BF16 ? "bf16" : "fp16");
     if (ckpt_on) snprintf(on + w, sizeof on - w, "%sgradient checkpointing", w ? ", " : "");
-    if (on[0] && d) {
+    if (on[0] && d) { /* a clause of the diagnosis' one sentence */
         size_t l = strlen(d->text);
-        snprintf(d->text + l, sizeof d->text - l, "; already on in your config, so not offered again: %s", on);
+        if (l && d->text[l - 1] == '.') l--;
+        snprintf(d->text + l, sizeof d->text - l, "; what is already on in your config is not offered again: %s.", on);
     }
     if (!prec_on) {
-        static const char amp[] = "scaler = torch.amp.GradScaler(\"cuda\")\nwith torch.autocast(\"cuda\", "
-                                  "dtype=torch.float16):\n    loss = model(**batch).loss\nscaler.scale(loss).backward()\n"
-                                  "scaler.step(optimizer)\nscaler.update()";
         if (api == TK_API_TXKERNEL) snprintf(code, sizeof code, "precision: fp16");
         else if (api == TK_API_TRAINER) snprintf(code, sizeof code, "%sfp16=True)", ta(m, op, sizeof op));
-        else snprintf(code, sizeof code, "%s", amp);
+        else if (api == TK_API_KERAS)
+            snprintf(code, sizeof code, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")   # before the "
+                     "model is built");
+        else {
+            loop_fix(m, &lf);
+            lf.precision = TK_PREC_FP16;
+            tk_loop_code(code, sizeof code, &lf);
+        }
         if (m->card && !tk_gpu_profile_fast_fp16(m->card))
             snprintf(text, sizeof text, "mixed precision: on a %s (no tensor cores) fp16 saves activation memory but no time",
                      m->card->name);
@@ -889,10 +967,11 @@ static void capacity_fixes(tk_oom_message *m, tk_api api, tk_oommsg_diag *d) {
             snprintf(text, sizeof text, "mixed precision (fp16 halves activations and is faster on tensor cores)");
         add_fix(m, text, code);
     }
-    if (!ckpt_on) {
+    if (!ckpt_on && api != TK_API_KERAS) {
         if (api == TK_API_TXKERNEL) snprintf(code, sizeof code, "recompute: layers");
         else if (api == TK_API_TRAINER) snprintf(code, sizeof code, "%sgradient_checkpointing=True)", ta(m, op, sizeof op));
-        else snprintf(code, sizeof code, "model.gradient_checkpointing_enable()");
+        else snprintf(code, sizeof code, "(model if hasattr(model, \"gradient_checkpointing_enable\") else model.bert)"
+                      ".gradient_checkpointing_enable()   # the module that has it: model.bert inside a wrapper");
         add_fix(m, "recompute activations in the backward pass (about 30% slower, far less memory)", code);
     }
 }
@@ -910,13 +989,13 @@ static void multi_gpu_diagnosis(tk_oom_message *m) {
     if (m->parallel == TK_OOMMSG_DATAPARALLEL) {
         if (m->gpu_index >= 0 && m->gpu_index != m->replica_device)
             snprintf(dev, sizeof dev, "; the figures below are GPU %d's, where it ran out", m->gpu_index);
-        add_diag(m, TK_OOMMSG_DIAG_MULTI_GPU,
-                 "multi_gpu: a DataParallel run over several GPUs (replica %d on device %d failed): one process, the "
-                 "model copied to each GPU at every step. The HF Trainer does this by itself when it sees two GPUs "
-                 "and no launcher (torchrun, accelerate launch), as on Kaggle's T4 x2. GPU 0 holds more than the "
-                 "others: the model's own weights with their gradients and the optimizer state, the whole batch "
-                 "before it is scattered, and every replica's outputs gathered back for the loss, so GPU 0 runs out "
-                 "first%s",
+        add_diag(m, TK_DIAG_MULTI_GPU,
+                 "multi_gpu: a DataParallel run over several GPUs (replica %d on device %d failed), one process with "
+                 "the model copied to each GPU at every step, which the HF Trainer does by itself when it sees two "
+                 "GPUs and no launcher (torchrun, accelerate launch), as on Kaggle's T4 x2; GPU 0 holds more than the "
+                 "others (the model's own weights with their gradients and the optimizer state, the whole batch "
+                 "before it is scattered, and every replica's outputs gathered back for the loss), so GPU 0 runs out "
+                 "first%s.",
                  m->replica, m->replica_device, dev);
         return;
     }
@@ -927,11 +1006,11 @@ static void multi_gpu_diagnosis(tk_oom_message *m) {
                  m->ddp_rank, m->gpu_index);
     char who[48] = "";
     if (m->ddp_rank >= 0) snprintf(who, sizeof who, ", rank %d's message", m->ddp_rank);
-    add_diag(m, TK_OOMMSG_DIAG_MULTI_GPU,
+    add_diag(m, TK_DIAG_MULTI_GPU,
              "multi_gpu: a DDP run (one process per GPU%s): each rank holds a whole copy of the weights, their "
              "gradients and the optimizer state, plus DDP's gradient buckets (bucket_cap_mb, 25 MB by default) and, "
              "outside PyTorch's cache, NCCL's buffers; a smaller per-GPU batch leaves the copies, ZeRO-2 (DeepSpeed) "
-             "shards the gradients and optimizer state over the ranks%s",
+             "shards the gradients and optimizer state over the ranks%s.",
              who, dev);
 }
 
@@ -969,10 +1048,10 @@ static void no_kernel_diagnosis(tk_oom_message *m) {
         snprintf(dev, sizeof dev, " (%s%s%s)", m->device_name, m->device_sm[0] ? ", " : "", m->device_sm);
     else
         dev[0] = 0;
-    add_diag(m, TK_OOMMSG_DIAG_NO_KERNEL_IMAGE,
-             "no_kernel_image: not an out-of-memory error: the installed torch has no GPU code for this card%s%s%s%s. "
-             "Memory settings, a smaller batch or a restart cannot help. Kaggle's P100 with its cu128 torch is the "
-             "known case (Kaggle/docker-python#1546)",
+    add_diag(m, TK_DIAG_NO_KERNEL_IMAGE,
+             "no_kernel_image: not an out-of-memory error: the installed torch has no GPU code for this card%s%s%s%s, "
+             "so memory settings, a smaller batch or a restart cannot help (Kaggle's P100 with its cu128 torch is the "
+             "known case, Kaggle/docker-python#1546).",
              dev, m->supported_sm[0] ? "; this torch has kernels for " : "", m->supported_sm,
              m->supported_sm[0] ? " only" : "");
     add_fix(m, "switch the notebook to a T4 (Kaggle: Settings > Accelerator > GPU T4 x2; Colab: Runtime > Change "
@@ -1005,10 +1084,10 @@ static void platform_diagnoses(tk_oom_message *m, uint64_t here) {
     int colab = unknown ? platform_has("colab", m->card) || platform_has("colab-2020", m->card) : is_colab(m->platform);
     int kaggle = unknown ? platform_has("kaggle", m->card) : !strcmp(m->platform, "kaggle");
     if (unknown && (colab || kaggle))
-        add_diag(m, TK_OOMMSG_DIAG_PLATFORM,
+        add_diag(m, TK_DIAG_PLATFORM,
                  "platform: the message does not show where it ran (no /kaggle/ or /content/ path; the dist-packages "
                  "paths are the same on both, as Kaggle's image is built on Colab's), so each platform gets its line "
-                 "below; --for colab or --for kaggle keeps one");
+                 "below; --for colab or --for kaggle keeps one.");
     if (colab) {
         const char *own = platform_has("colab", m->card) ? "colab" : "colab-2020";
         why_intermittent(m, m->platform[0] ? m->platform : own, here, unknown);
@@ -1016,205 +1095,456 @@ static void platform_diagnoses(tk_oom_message *m, uint64_t here) {
     if (kaggle) why_kaggle(m, here, unknown);
 }
 
-void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n, const char *platform) {
-    if (!m || m->format == TK_OOMMSG_NONE) return;
-    m->n_diag = m->n_fixes = 0;
-    char b1[32], b2[32], b3[32], b4[32];
-    const tk_oommsg_figure *R = ok_fig(m, TK_OOMFIG_REQUESTED), *T = ok_fig(m, TK_OOMFIG_TOTAL),
-                           *A = ok_fig(m, TK_OOMFIG_ALLOCATED), *U = ok_fig(m, TK_OOMFIG_RESERVED_UNALLOCATED),
-                           *F = ok_fig(m, TK_OOMFIG_FREE), *P = ok_fig(m, TK_OOMFIG_PROCESS_IN_USE),
-                           *V = ok_fig(m, TK_OOMFIG_RESERVED);
-    if (m->format == TK_OOMMSG_NO_KERNEL_IMAGE) {
-        no_kernel_diagnosis(m);
-        return;
+/* ---- the facts and the one ordered table of diagnoses ------------------------------- */
+
+
+/* The era's platform: Colab's cards of 2020 (K80, P4) are not today's. */
+static const char *platform_era(const char *platform, const tk_gpu_profile *card) {
+    if (platform && !strcmp(platform, "colab") && card && !platform_has("colab", card) && platform_has("colab-2020", card))
+        return "colab-2020";
+    return platform;
+}
+
+const char *tk_oom_message_platform(const tk_oom_message *m) {
+    const char *own = tk_gpu_platform_of(m->card);
+    if (own && !strcmp(own, "colab") && m->card && !platform_has("colab", m->card)) own = "colab-2020";
+    return platform_era(m->platform[0] ? m->platform : own ? own : "colab", m->card);
+}
+
+/* Which listed process is the user's own: the one whose bytes hold
+ * PyTorch's reserved plus the card's context (in Colab's and Kaggle's
+ * containers the user's kernel appears as "Process P has ..."). Another
+ * process is one whose bytes cannot contain the reserved memory, or, with
+ * several listed, any but the one that matches. */
+static void read_processes(const tk_oom_message *m, tk_facts *f) {
+    f->own = f->other = -1;
+    int n = m->n_processes < TK_OOMMSG_MAX_PROCS ? m->n_processes : TK_OOMMSG_MAX_PROCS;
+    uint64_t lim = f->T ? f->T->bytes + f->T->bytes / 100 + 16 * MIB : UINT64_MAX;
+    uint64_t want = (f->V ? f->V->bytes : 0) + f->ctx, best = UINT64_MAX;
+    for (int i = 0; i < n; i++) {
+        const tk_oommsg_figure *b = &m->proc[i].mem;
+        if (b->overflow || b->bytes > lim || !f->V || b->bytes < f->V->bytes) continue;
+        uint64_t d = b->bytes > want ? b->bytes - want : want - b->bytes;
+        if (d < best) best = d, f->own = i;
     }
-    int torch = m->format != TK_OOMMSG_TF;
-    /* the API the fix code is written in: the caller's (a config's api:),
-     * else the traceback's Trainer, else a plain loop (the message is
-     * PyTorch's); without a config, the versions a 2.1+ message implies */
-    tk_api api = m->api != TK_API_AUTO ? m->api : m->trainer ? TK_API_TRAINER : TK_API_LOOP;
-    if (!m->have_user_config) m->user_torch = m->format == TK_OOMMSG_TORCH_21 ? TK_TORCH_2 : TK_TORCH_1_13;
-    int cap_first = R && T && R->bytes > T->bytes;
-    /* several GPUs first: the message is one GPU's of a run over several */
-    if (torch && m->parallel != TK_OOMMSG_ONE_GPU) multi_gpu_diagnosis(m);
-    /* fragmentation ranks first only when the split cache is the larger loss:
-     * 379 MiB of scraps beside 1.6 GiB held outside the cache is not the cause */
-    int frag = torch && R && U && U->bytes >= R->bytes && !cap_first;
-    int frag_first = frag && (!m->have_outside || U->bytes >= m->outside);
-    if (cap_first)
-        add_diag(m, TK_DIAG_CAPACITY,
-                 "capacity: the single request (%s) is larger than the whole card (%s): no setting of the cache or "
-                 "restart makes it fit; the tensor itself must shrink (batch, sequence length, precision) or be split",
-                 R->text, T->text);
-    if (frag_first)
+    for (int i = 0; i < n; i++) {
+        const tk_oommsg_figure *b = &m->proc[i].mem;
+        if (i == f->own || b->overflow || b->bytes > lim) continue;
+        if (f->other < 0 || b->bytes > m->proc[f->other].mem.bytes) f->other = i;
+    }
+}
+
+static void read_facts(const tk_oom_message *m, const tk_card_fit *cards, int n, const char *platform, tk_facts *f) {
+    memset(f, 0, sizeof *f);
+    f->R = ok_fig(m, TK_OOMFIG_REQUESTED), f->T = ok_fig(m, TK_OOMFIG_TOTAL), f->A = ok_fig(m, TK_OOMFIG_ALLOCATED);
+    f->U = ok_fig(m, TK_OOMFIG_RESERVED_UNALLOCATED), f->F = ok_fig(m, TK_OOMFIG_FREE);
+    f->P = ok_fig(m, TK_OOMFIG_PROCESS_IN_USE), f->V = ok_fig(m, TK_OOMFIG_RESERVED);
+    f->torch = m->format != TK_OOMMSG_TF;
+    f->ctx = card_outside(m->card);
+    /* the API: the caller's (a config's api:), else a TensorFlow message's
+     * Keras, the traceback's Trainer, else a plain loop */
+    f->api = m->api != TK_API_AUTO ? m->api : !f->torch ? TK_API_KERAS : m->trainer ? TK_API_TRAINER : TK_API_LOOP;
+    f->platform = platform_era(platform, m->card);
+    f->cards = cards, f->n_cards = n;
+    read_processes(m, f);
+    f->have_plan = m->have_plan;
+    f->plan = m->plan_allocated ? m->plan_allocated : m->plan_peak;
+    f->plan_what = m->plan_allocated ? "allocated" : "reserved";
+    f->engine = m->plan_engine[0] ? m->plan_engine : "txkernel's trainer";
+    for (int i = 0; i < n; i++)
+        if (m->have_plan && cards[i].card == m->card && cards[i].budget) {
+            f->plan_on_card = 1, f->plan_fits = cards[i].fits;
+            f->plan_reserved = cards[i].peak, f->budget = cards[i].budget;
+        }
+    f->request_over_card = f->R && f->T && f->R->bytes > f->T->bytes;
+    if (f->have_plan && f->A && f->plan) {
+        uint64_t slack = f->plan / 10 > 256 * MIB ? f->plan / 10 : 256 * MIB;
+        f->held = f->A->bytes > f->plan + slack;
+        f->held_bytes = f->held ? f->A->bytes - f->plan : 0;
+    }
+    f->step_over_card = f->plan_on_card && !f->plan_fits;
+    int frag_fits = f->torch && f->R && f->U && f->U->bytes >= f->R->bytes && !f->request_over_card;
+    if (f->have_plan) f->frag = frag_fits && !f->held && !f->step_over_card;
+    else f->frag = frag_fits && (!m->have_outside || f->U->bytes >= m->outside);
+    /* without a plan, the split cache as the larger loss stands alone (its own rule decided that) */
+    int frag_alone = f->frag && !f->have_plan;
+    if (f->torch && m->card && f->T && f->V && f->R && !f->request_over_card && !frag_alone)
+        f->outside = f->V->bytes + f->R->bytes + f->ctx < f->T->bytes;
+    else if (f->torch && m->have_outside && m->outside >= 256 * MIB && f->T && m->outside * 20 >= f->T->bytes &&
+             !(m->card && m->outside <= f->ctx + 128 * MIB) && !f->request_over_card && !frag_alone)
+        f->outside = 1;
+    if (f->torch && !f->request_over_card && !f->frag && f->T) {
+        if (m->card && f->V && f->R) f->filled = !f->outside; /* the profile's sum reached the total */
+        else if (f->A && (f->A->bytes * 2 >= f->T->bytes || (f->R && f->A->bytes + f->R->bytes > f->T->bytes))) f->filled = 1;
+    }
+    f->tf_dense = !f->torch && flattened_dense(m, &f->dom_seq, &f->dom_hidden, &f->dom_towers);
+}
+
+/* One rule of the table: whether the facts prove it, its sentence, and its
+ * fixes (the first rule's fixes come first). */
+typedef struct tk_rule {
+    tk_diag_kind kind;
+    int (*proves)(const tk_oom_message *m, const tk_facts *f);
+    void (*say)(tk_oom_message *m, const tk_facts *f);
+    void (*fix)(tk_oom_message *m, const tk_facts *f, tk_finding *d);
+} tk_rule;
+
+static void say_no_kernel(tk_oom_message *m, const tk_facts *f) { (void)f; no_kernel_diagnosis(m); }
+static int proves_no_kernel(const tk_oom_message *m, const tk_facts *f) {
+    (void)f;
+    return m->format == TK_OOMMSG_NO_KERNEL_IMAGE;
+}
+
+static int proves_multi_gpu(const tk_oom_message *m, const tk_facts *f) { return f->torch && m->parallel != TK_OOMMSG_ONE_GPU; }
+static void say_multi_gpu(tk_oom_message *m, const tk_facts *f) { (void)f; multi_gpu_diagnosis(m); }
+static void fix_multi_gpu(tk_oom_message *m, const tk_facts *f, tk_finding *d) { (void)d; multi_gpu_fixes(m, f->api); }
+
+static int proves_request_over(const tk_oom_message *m, const tk_facts *f) { (void)m; return f->request_over_card; }
+static void say_request_over(tk_oom_message *m, const tk_facts *f) {
+    add_diag(m, TK_DIAG_CAPACITY,
+             "capacity: the single request (%s) is larger than the whole card (%s), so no setting of the cache and no "
+             "restart makes it fit: the tensor itself must shrink (batch, sequence length, precision) or be split.",
+             f->R->text, f->T->text);
+}
+
+/* the shrinking fixes, once, after the first diagnosis that calls for them */
+static void fix_capacity(tk_oom_message *m, const tk_facts *f, tk_finding *d) {
+    if (f->torch) capacity_fixes(m, f->api, d);
+}
+
+static int proves_other(const tk_oom_message *m, const tk_facts *f) {
+    (void)m;
+    return f->torch && f->other >= 0 && m->proc[f->other].mem.bytes >= 256 * MIB && !f->request_over_card;
+}
+static void say_other(tk_oom_message *m, const tk_facts *f) {
+    const tk_oommsg_process *o = &m->proc[f->other];
+    char own[200] = "";
+    if (f->own >= 0)
+        snprintf(own, sizeof own, ", while process %d (%s) is your own kernel, whose figure holds PyTorch's %s reserved "
+                 "plus the context", m->proc[f->own].pid, m->proc[f->own].mem.text, f->V ? f->V->text : "?");
+    add_diag(m, TK_DIAG_OTHER_PROCESS,
+             "another process: process %d held %s of the %s card when yours asked for %s, memory your run could not "
+             "use%s.",
+             o->pid, o->mem.text, f->T ? f->T->text : "?", f->R ? f->R->text : "more", own);
+}
+static void fix_other(tk_oom_message *m, const tk_facts *f, tk_finding *d) {
+    (void)d;
+    const tk_oommsg_process *o = &m->proc[f->other];
+    char text[240], code[600];
+    snprintf(text, sizeof text, "stop process %d, which holds %s of the card (another notebook or job), then run again",
+             o->pid, o->mem.text);
+    snprintf(code, sizeof code,
+             "!nvidia-smi --query-compute-apps=pid,used_memory --format=csv   # process %d: %s\n"
+             "# end it where it runs: its notebook's Runtime > Manage sessions > Terminate, or kill %d in its shell",
+             o->pid, o->mem.text, o->pid);
+    add_fix(m, text, code);
+}
+
+static const char FREE_CODE[] = "import gc, torch\ndel model, optimizer   # whatever an earlier cell left on the GPU\n"
+                                "gc.collect()\ntorch.cuda.empty_cache()";
+
+static int proves_held(const tk_oom_message *m, const tk_facts *f) { (void)m; return f->torch && f->held; }
+static void say_held(tk_oom_message *m, const tk_facts *f) {
+    char b1[32], b2[32];
+    add_diag(m, TK_DIAG_HELD,
+             "held outside the step: your run had %s allocated by PyTorch when it failed, while one training step of "
+             "this config needs %s %s as %s plans it, so %s was held by something other than the step: tensors that "
+             "earlier cells still hold (a model and optimizer from a run before this one), or a config different from "
+             "the one given.",
+             f->A->text, fmt(f->plan, b1, sizeof b1), f->plan_what, f->engine, fmt(f->held_bytes, b2, sizeof b2));
+}
+static void fix_held(tk_oom_message *m, const tk_facts *f, tk_finding *d) {
+    (void)d;
+    char text[240], b1[32];
+    snprintf(text, sizeof text, "free what earlier cells hold on the card (%s more than the step needs), or restart "
+             "the runtime, then run the training cell once", fmt(f->held_bytes, b1, sizeof b1));
+    add_fix(m, text, FREE_CODE);
+}
+
+static int proves_step_over(const tk_oom_message *m, const tk_facts *f) {
+    (void)m;
+    return f->torch && f->step_over_card && !f->request_over_card;
+}
+static void say_step_over(tk_oom_message *m, const tk_facts *f) {
+    char b1[32], b2[32], nm[32] = "card";
+    if (m->card) upper(m->card->name, nm, sizeof nm);
+    add_diag(m, TK_DIAG_CAPACITY,
+             "capacity: one training step of this config needs %s reserved as %s plans it, more than the %s that the "
+             "%s leaves usable after its context and library buffers, so the step itself does not fit this card.",
+             fmt(f->plan_reserved, b1, sizeof b1), f->engine, fmt(f->budget, b2, sizeof b2), nm);
+}
+
+static int proves_frag(const tk_oom_message *m, const tk_facts *f) { (void)m; return f->frag; }
+static void say_frag(tk_oom_message *m, const tk_facts *f) {
+    char b1[32];
+    if (f->have_plan)
+        add_diag(m, TK_DIAG_FRAGMENTATION,
+                 "fragmentation: PyTorch held %s reserved but unallocated, enough for the %s request, while the %s it "
+                 "had allocated matches the %s one step of this config needs, so the cache was split into pieces "
+                 "smaller than the request.",
+                 f->U->text, f->R->text, f->A ? f->A->text : "?", fmt(f->plan, b1, sizeof b1));
+    else
         add_diag(m, TK_DIAG_FRAGMENTATION,
                  "fragmentation: PyTorch holds %s reserved but unallocated, enough for the %s request, yet no cached "
-                 "block is that large: the cache is split into pieces",
-                 U->text, R->text);
-    int dom_seq = 0, dom_hidden = 0, dom_towers = 0;
-    int tf_dense = !torch && flattened_dense(m, &dom_seq, &dom_hidden, &dom_towers);
-    if (tf_dense && R) {
+                 "block is that large, so the cache is split into pieces.",
+                 f->U->text, f->R->text);
+}
+/* 1: the user's torch is known to be older than 2.9 (no PYTORCH_ALLOC_CONF) */
+static int torch_before_2_9(const tk_oom_message *m) {
+    if (!m->have_user_config) return 0;
+    tk_torch_version v = m->user_torch;
+    return v == TK_TORCH_1_13 || v == TK_TORCH_1_10 || (v >= TK_TORCH_2_0 && v < TK_TORCH_2_MINOR(9));
+}
+static void fix_frag(tk_oom_message *m, const tk_facts *f, tk_finding *d) {
+    (void)f, (void)d;
+    if (m->format == TK_OOMMSG_TORCH_21)
+        add_fix(m, "let the cache grow segments instead of splitting them (first cell, before torch is imported)",
+                torch_before_2_9(m)
+                    ? "import os\nos.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"expandable_segments:True\"\nimport torch"
+                    : "import os\nos.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"expandable_segments:True\"   # still "
+                      "read by torch 2.9+, only deprecated\nos.environ[\"PYTORCH_ALLOC_CONF\"] = "
+                      "\"expandable_segments:True\"   # torch 2.9+'s name (2.9.1 ignored it alone: pytorch#183387)\n"
+                      "import torch");
+    else if (m->format == TK_OOMMSG_TORCH_RESERVED)
+        add_fix(m, "stop the cache from splitting large blocks (PyTorch 1.10+; first cell, before torch is imported)",
+                "import os\nos.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"max_split_size_mb:128\"\nimport torch");
+    else
+        add_fix(m, "return the split cache between steps (PyTorch <= 1.3 has no allocator settings)",
+                "optimizer.step()\noptimizer.zero_grad()\ntorch.cuda.empty_cache()");
+}
+
+static int proves_outside(const tk_oom_message *m, const tk_facts *f) {
+    (void)m;
+    return f->outside && !proves_other(m, f) && !f->held;
+}
+static void say_outside(tk_oom_message *m, const tk_facts *f) {
+    char b1[32], b2[32], b3[32], b4[32], cname[32];
+    if (m->card) {
+        upper(m->card->name, cname, sizeof cname);
+        add_diag(m, TK_DIAG_HEADROOM,
+                 "headroom: PyTorch held less than the card: reserved %s + the request %s + %s for the %s's context "
+                 "and library buffers (the profile's default, not measured) come to %s, below the total %s; %s of "
+                 "the card is held outside PyTorch's cache (total %s - reserved %s - free %s), %s beyond that "
+                 "default: another process on the card (a second notebook, a run still alive) or another framework "
+                 "in this one (TensorFlow loaded by an earlier cell).",
+                 f->V->text, f->R->text, fmt(f->ctx, b1, sizeof b1), cname,
+                 fmt(f->V->bytes + f->R->bytes + f->ctx, b2, sizeof b2), f->T->text,
+                 fmt(m->have_outside ? m->outside : 0, b3, sizeof b3), f->T->text, f->V->text, f->F ? f->F->text : "?",
+                 fmt(m->have_outside && m->outside > f->ctx ? m->outside - f->ctx : 0, b4, sizeof b4));
+    } else {
+        add_diag(m, TK_DIAG_HEADROOM,
+                 "headroom: %s of the card is held outside PyTorch's cache (total %s - reserved %s - free %s): the "
+                 "CUDA context and library kernels, and whatever else runs on the card.",
+                 fmt(m->outside, b1, sizeof b1), f->T->text, f->V ? f->V->text : "?", f->F ? f->F->text : "?");
+    }
+}
+static void fix_outside(tk_oom_message *m, const tk_facts *f, tk_finding *d) {
+    add_fix(m, "free what earlier cells hold on the card before building the model (or restart the runtime)",
+            "import gc, torch\ndel model, optimizer   # whatever an earlier cell left on the GPU\ngc.collect()\n"
+            "torch.cuda.empty_cache()\n!nvidia-smi   # any other process on the card?");
+    /* for when what is held outside cannot be freed */
+    fix_capacity(m, f, d);
+}
+
+/* Without a plan and without proof: the card was full, and either the
+ * step or what earlier cells hold filled it; both are named. */
+static int proves_filled(const tk_oom_message *m, const tk_facts *f) {
+    (void)m;
+    return f->filled && !f->have_plan && !proves_other(m, f);
+}
+static void say_filled(tk_oom_message *m, const tk_facts *f) {
+    char b1[32], b2[32], cname[32];
+    char figs[400];
+    if (m->card && f->V && f->R) {
+        upper(m->card->name, cname, sizeof cname);
+        snprintf(figs, sizeof figs, "PyTorch's reserved %s + the request %s + %s for the %s's context and library "
+                 "buffers (the profile's default, not measured) come to %s, at least the total %s",
+                 f->V->text, f->R->text, fmt(f->ctx, b1, sizeof b1), cname,
+                 fmt(f->V->bytes + f->R->bytes + f->ctx, b2, sizeof b2), f->T->text);
+    } else if (f->A && f->A->bytes * 2 >= f->T->bytes) {
+        snprintf(figs, sizeof figs, "your run had %s allocated by PyTorch when it failed, %.0f%% of the card (%s)",
+                 f->A->text, 100.0 * (double)f->A->bytes / (double)f->T->bytes, f->T->text);
+    } else {
+        snprintf(figs, sizeof figs, "live tensors (%s) plus the request (%s) come to %s, more than the whole card (%s)",
+                 f->A->text, f->R ? f->R->text : "?", fmt(f->A->bytes + (f->R ? f->R->bytes : 0), b1, sizeof b1),
+                 f->T->text);
+    }
+    add_diag(m, TK_DIAG_STEP_OR_HELD,
+             "the step or held memory: %s, so PyTorch filled the card; either one training step needs more than this "
+             "card, or tensors that earlier cells still hold take the room, and your config tells which (txk advise "
+             "CFG --from-error MSG).",
+             figs);
+}
+static void fix_filled(tk_oom_message *m, const tk_facts *f, tk_finding *d) {
+    add_fix(m, "if an earlier cell's model or optimizer is still on the card: free it (or restart the runtime), then "
+               "run the training cell once",
+            FREE_CODE);
+    fix_capacity(m, f, d);
+}
+
+/* figures that cannot be true: only free against the request is left */
+static int proves_unreadable(const tk_oom_message *m, const tk_facts *f) {
+    int bad = 0;
+    for (int i = 0; i < TK_OOMFIG_COUNT; i++) bad |= m->fig[i].present && m->fig[i].unreliable;
+    return bad && m->n_diag == 0 && f->R && f->F && f->F->bytes < f->R->bytes;
+}
+static void say_unreadable(tk_oom_message *m, const tk_facts *f) {
+    add_diag(m, TK_DIAG_STEP_OR_HELD,
+             "the step or held memory: the card had %s free for a %s request, and the message's in-use figures cannot "
+             "be true, so who holds the memory cannot be read from it (check with nvidia-smi or "
+             "torch.cuda.memory_summary()).",
+             f->F->text, f->R->text);
+}
+
+static int proves_dominant(const tk_oom_message *m, const tk_facts *f) {
+    (void)m;
+    return f->R && (!f->torch || (f->T && !f->request_over_card && f->R->bytes * 4 >= f->T->bytes));
+}
+static void say_dominant(tk_oom_message *m, const tk_facts *f) {
+    char b1[32], b2[32];
+    const tk_oommsg_figure *R = f->R;
+    if (f->tf_dense) {
         uint64_t train = R->overflow ? 0 : R->bytes * 4;
         add_diag(m, TK_DIAG_DOMINANT_LAYER,
                  "dominant_layer: the tensor [%lld,%lld] of %s is a Dense kernel%s%s%s over %lld = %d x %d x %d inputs, "
-                 "i.e. %d flattened tower%s of %d tokens x %d hidden units, into %lld units: %s of weights alone; "
-                 "training adds its gradient and Adam's two moments (%s in fp32), more than a 16 GB card holds",
+                 "that is %d flattened tower%s of %d tokens x %d hidden units, into %lld units: %s of weights alone%s, "
+                 "and training adds its gradient and Adam's two moments (%s in fp32), more than a 16 GB card holds.",
                  (long long)m->shape[0], (long long)m->shape[1], R->text, m->node[0] ? " (node " : "", m->node,
-                 m->node[0] ? ")" : "",
-                 (long long)m->shape[0], dom_seq, dom_hidden, dom_towers, dom_towers, dom_towers > 1 ? "s" : "", dom_seq,
-                 dom_hidden, (long long)m->shape[1], fmt(R->bytes, b1, sizeof b1), fmt(train, b2, sizeof b2));
-    } else if (!torch && R) {
-        add_diag(m, TK_DIAG_DOMINANT_LAYER, "dominant_layer: one tensor of shape [%lld%s] and type %s needs %s",
+                 m->node[0] ? ")" : "", (long long)m->shape[0], f->dom_seq, f->dom_hidden, f->dom_towers, f->dom_towers,
+                 f->dom_towers > 1 ? "s" : "", f->dom_seq, f->dom_hidden, (long long)m->shape[1],
+                 fmt(R->bytes, b1, sizeof b1), m->dtype_assumed ? " (float32 assumed: the message names no type)" : "",
+                 fmt(train, b2, sizeof b2));
+    } else if (!f->torch) {
+        add_diag(m, TK_DIAG_DOMINANT_LAYER, "dominant_layer: one tensor of shape [%lld%s] and type %s needs %s.",
                  (long long)m->shape[0], m->rank > 1 ? ",..." : "", m->dtype, R->text);
-    }
-    /* With the card's profile the figures decide between the two: what
-     * PyTorch held plus what it asked for plus the card's context and
-     * library buffers, against the total. */
-    uint64_t ctx = card_outside(m->card);
-    int by_profile = torch && m->card && T && V && R && !cap_first && !frag_first;
-    if (by_profile) {
-        uint64_t need = V->bytes + R->bytes + ctx;
-        char cname[32];
-        upper(m->card->name, cname, sizeof cname);
-        if (need < T->bytes)
-            add_diag(m, TK_DIAG_HEADROOM,
-                     "headroom: PyTorch held less than the card: reserved %s + the request %s + %s for the %s's context "
-                     "and library buffers (the profile's default, not measured) come to %s, below the total %s; %s of "
-                     "the card is held outside PyTorch's cache (total %s - reserved %s - free %s), %s beyond that "
-                     "default: another process on the card (a second notebook, a run still alive) or another framework "
-                     "in this one (TensorFlow loaded by an earlier cell)",
-                     V->text, R->text, fmt(ctx, b1, sizeof b1), cname, fmt(need, b2, sizeof b2), T->text,
-                     fmt(m->have_outside ? m->outside : 0, b3, sizeof b3), T->text, V->text, F ? F->text : "?",
-                     fmt(m->have_outside && m->outside > ctx ? m->outside - ctx : 0, b4, sizeof b4));
-        else
-            add_diag(m, TK_DIAG_CAPACITY,
-                     "capacity: PyTorch itself filled the card: reserved %s + the request %s + %s for the %s's context "
-                     "and library buffers (the profile's default, not measured) come to %s, at least the total %s%s%s%s",
-                     V->text, R->text, fmt(ctx, b1, sizeof b1), cname, fmt(need, b2, sizeof b2), T->text,
-                     A ? "; your PyTorch run had " : "", A ? A->text : "", A ? " allocated when it failed" : "");
     } else {
-        if (torch && A && T && !cap_first && A->bytes * 2 >= T->bytes)
-            add_diag(m, TK_DIAG_CAPACITY,
-                     "capacity: when it failed, your PyTorch run had %s allocated, %.0f%% of the card (%s): as PyTorch "
-                     "ran it, the step needed more than this card had for it",
-                     A->text, 100.0 * (double)A->bytes / (double)T->bytes, T->text);
-        else if (torch && A && T && R && !cap_first && A->bytes + R->bytes > T->bytes)
-            add_diag(m, TK_DIAG_CAPACITY,
-                     "capacity: live tensors (%s) plus the request (%s) come to %s, more than the whole card (%s)",
-                     A->text, R->text, fmt(A->bytes + R->bytes, b1, sizeof b1), T->text);
-        if (torch && m->have_outside && m->outside >= 256 * MIB && T && m->outside * 20 >= T->bytes &&
-            !(m->card && m->outside <= ctx + 128 * MIB))
-            add_diag(m, TK_DIAG_HEADROOM,
-                     "headroom: %s of the card is held outside PyTorch's cache (total %s - reserved %s - free %s): the "
-                     "CUDA context and library kernels, and whatever else runs on the card",
-                     fmt(m->outside, b1, sizeof b1), T->text, V ? V->text : "?", F ? F->text : "?");
-        else if (torch && P && T && F && V && m->format == TK_OOMMSG_TORCH_21) {
-            uint64_t used = T->bytes > F->bytes ? T->bytes - F->bytes : 0;
-            if (used > P->bytes + 256 * MIB && m->n_processes == 0)
-                add_diag(m, TK_DIAG_HEADROOM,
-                         "headroom: this process uses %s but %s of the card is in use: %s belongs to other processes",
-                         P->text, fmt(used, b1, sizeof b1), fmt(used - P->bytes, b2, sizeof b2));
-        }
+        add_diag(m, TK_DIAG_DOMINANT_LAYER, "dominant_layer: one tensor of %s is %.0f%% of the card.", R->text,
+                 100.0 * (double)R->bytes / (double)f->T->bytes);
     }
-    if (frag && !frag_first)
-        add_diag(m, TK_DIAG_FRAGMENTATION,
-                 "fragmentation: %s is reserved by PyTorch but unallocated, enough for the %s request, yet no cached "
-                 "block is that large; less than what is held outside the cache, so not the main loss",
-                 U->text, R->text);
-    int any_unreliable = 0;
-    for (int i = 0; i < TK_OOMFIG_COUNT; i++) any_unreliable |= m->fig[i].present && m->fig[i].unreliable;
-    if (!m->n_diag && any_unreliable && R && F && F->bytes < R->bytes)
-        add_diag(m, TK_DIAG_CAPACITY,
-                 "capacity: the card had %s free for a %s request; the message's in-use figures cannot be true, so "
-                 "who holds the memory cannot be read from it (check with nvidia-smi or torch.cuda.memory_summary())",
-                 F->text, R->text);
-    if (torch && R && T && !cap_first && R->bytes * 4 >= T->bytes)
-        add_diag(m, TK_DIAG_DOMINANT_LAYER, "dominant_layer: one tensor of %s is %.0f%% of the card", R->text,
-                 100.0 * (double)R->bytes / (double)T->bytes);
-    /* the user's config on each card, then the platform's paragraphs: never
-     * before what the figures prove */
-    if (platform && n > 0) config_on_cards(m, platform, cards, n);
-    if (torch && m->card && T && m->have_outside) platform_diagnoses(m, T->bytes - m->outside);
+}
+static void fix_dominant(tk_oom_message *m, const tk_facts *f, tk_finding *d) {
+    (void)d;
+    if (f->tf_dense) {
+        add_fix(m, "a per-token span head instead of Dense over the flattened towers (768 x 2 weights, not "
+                   "786432 x 1604)",
+                "start_end = tf.keras.layers.Dense(2)(context_bert_layer)   # [batch, 512, 2]\n"
+                "start_logits, end_logits = tf.unstack(start_end, axis=-1)");
+        add_fix(m, "or pool the towers before the classifier",
+                "q = tf.keras.layers.GlobalAveragePooling1D()(questions_bert_layer)\n"
+                "c = tf.keras.layers.GlobalAveragePooling1D()(context_bert_layer)\n"
+                "out = tf.keras.layers.Dense(1604, activation=\"softmax\")(tf.keras.layers.Concatenate()([q, c]))");
+    } else if (!f->torch) {
+        char code[200];
+        if (m->user_batch >= 2)
+            snprintf(code, sizeof code, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")\n"
+                     "model.fit(x, y, batch_size=%d)   # half your %d", m->user_batch / 2, m->user_batch);
+        else
+            snprintf(code, sizeof code, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")\n"
+                     "model.fit(x, y, batch_size=B // 2)   # B: your batch size now");
+        add_fix(m, "halve the tensor: a smaller batch or mixed precision", code);
+    }
+}
 
-    /* fixes, in the order of the diagnoses they answer; a run held to less
-     * than the card (headroom) gets the capacity fixes after its own, for
-     * when what is held outside cannot be freed */
-    int room = -1, has_capacity = 0;
-    for (int i = 0; i < m->n_diag; i++) {
-        has_capacity |= m->diag[i].kind == TK_DIAG_CAPACITY;
-        if (room < 0 && (m->diag[i].kind == TK_DIAG_CAPACITY || m->diag[i].kind == TK_DIAG_HEADROOM)) room = i;
+/* the user's config planned on the platform's cards */
+static int proves_cards(const tk_oom_message *m, const tk_facts *f) {
+    (void)m;
+    return f->platform && f->n_cards > 0;
+}
+static void say_cards(tk_oom_message *m, const tk_facts *f) { config_on_cards(m, f->platform, f->cards, f->n_cards); }
+
+/* the platform's paragraphs from the figures alone; with a plan only when
+ * the plan shows a lottery too (the config fits some of the platform's cards
+ * and not others): never contradicting it */
+static int proves_platform(const tk_oom_message *m, const tk_facts *f) {
+    if (!(f->torch && m->card && f->T && m->have_outside)) return 0;
+    if (!f->have_plan) return 1;
+    int fit = 0, not_fit = 0;
+    for (int i = 0; i < f->n_cards; i++) fit |= f->cards[i].fits, not_fit |= !f->cards[i].fits;
+    return fit && not_fit;
+}
+static void say_platform(tk_oom_message *m, const tk_facts *f) {
+    char era[16] = "";
+    /* a P4 or K80 message under --for colab is 2020's Colab */
+    if (m->platform[0]) {
+        snprintf(era, sizeof era, "%s", m->platform);
+        snprintf(m->platform, sizeof m->platform, "%s", platform_era(era, m->card));
     }
-    int first_capacity = 1;
+    platform_diagnoses(m, f->T->bytes - m->outside);
+    if (era[0]) snprintf(m->platform, sizeof m->platform, "%s", era);
+}
+static void fix_platform(tk_oom_message *m, const tk_facts *f, tk_finding *d) {
+    if (d->kind == TK_DIAG_LOTTERY) {
+        add_fix(m, "on Colab: see which card the runtime got before training, and plan for the smallest one",
+                "!nvidia-smi --query-gpu=name,memory.total --format=csv");
+        return;
+    }
+    if (d->kind != TK_DIAG_PLATFORM || strncmp(d->text, "kaggle", 6)) return;
+    add_fix(m, "on Kaggle: choose the accelerator in the notebook's Settings > Accelerator (GPU T4 x2, "
+               "GPU P100, RTX PRO 6000); the session restarts on it",
+            "!nvidia-smi --query-gpu=name,memory.total --format=csv   # what the session has");
+    /* one T4 of a pair, or the pair chosen: both cards, each with half the batch */
+    if (m->card && !strcmp(m->card->name, "t4") && m->parallel == TK_OOMMSG_ONE_GPU)
+        add_fix(m, "on Kaggle's GPU T4 x2: both T4s with DDP, each holding the model and half of each batch "
+                   "(not planned from the message alone: txk advise CFG --from-error M --for kaggle plans it "
+                   "for your config)",
+                f->api == TK_API_LOOP ? "!torchrun --nproc_per_node 2 train.py   # the training cell saved as "
+                                        "train.py, with DistributedDataParallel(model, device_ids=[local_rank])"
+                                      : "!accelerate launch --multi_gpu --num_processes 2 train.py   # the "
+                                        "training cell saved as train.py");
+}
+
+/* The one ordered table: the diagnosis the figures prove first. A run on
+ * several GPUs comes before any figure; a request larger than the card,
+ * another process and memory held outside the step before the step's own
+ * size; the platform's paragraphs last. */
+static const tk_rule RULES[] = {
+    {TK_DIAG_NO_KERNEL_IMAGE, proves_no_kernel, say_no_kernel, NULL},
+    {TK_DIAG_MULTI_GPU, proves_multi_gpu, say_multi_gpu, fix_multi_gpu},
+    {TK_DIAG_CAPACITY, proves_request_over, say_request_over, fix_capacity},
+    {TK_DIAG_OTHER_PROCESS, proves_other, say_other, fix_other},
+    {TK_DIAG_HELD, proves_held, say_held, fix_held},
+    {TK_DIAG_CAPACITY, proves_step_over, say_step_over, fix_capacity},
+    {TK_DIAG_FRAGMENTATION, proves_frag, say_frag, fix_frag},
+    {TK_DIAG_STEP_OR_HELD, proves_filled, say_filled, fix_filled},
+    {TK_DIAG_HEADROOM, proves_outside, say_outside, fix_outside},
+    {TK_DIAG_STEP_OR_HELD, proves_unreadable, say_unreadable, fix_filled},
+    {TK_DIAG_DOMINANT_LAYER, proves_dominant, say_dominant, fix_dominant},
+    {TK_DIAG_LOTTERY, proves_cards, say_cards, fix_platform},
+    {TK_DIAG_PLATFORM, proves_platform, say_platform, fix_platform},
+};
+
+void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n, const char *platform) {
+    if (!m || m->format == TK_OOMMSG_NONE) return;
+    m->n_diag = m->n_fixes = 0;
+    if (!m->have_user_config) m->user_torch = m->format == TK_OOMMSG_TORCH_21 ? TK_TORCH_2 : TK_TORCH_1_13;
+    tk_facts f;
+    read_facts(m, n > 0 ? cards : NULL, n > 0 ? n : 0, platform, &f);
+    /* which rule wrote each diagnosis, for its fixes */
+    const tk_rule *by[TK_OOMMSG_MAX_DIAG] = {0};
+    for (size_t r = 0; r < sizeof RULES / sizeof RULES[0]; r++) {
+        if (!RULES[r].proves(m, &f)) continue;
+        int before = m->n_diag;
+        RULES[r].say(m, &f);
+        for (int i = before; i < m->n_diag; i++) by[i] = &RULES[r];
+        if (RULES[r].kind == TK_DIAG_NO_KERNEL_IMAGE) break; /* not an OOM: nothing else applies */
+    }
+    /* fixes in the order of the diagnoses they answer; the shrinking ones
+     * once, answering the first diagnosis that calls for them */
+    int shrunk = 0;
     for (int i = 0; i < m->n_diag; i++) {
-        switch (m->diag[i].kind) {
-        case TK_DIAG_FRAGMENTATION:
-            if (m->format == TK_OOMMSG_TORCH_21)
-                add_fix(m, "let the cache grow segments instead of splitting them (first cell, before torch is imported)",
-                        "import os\nos.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"expandable_segments:True\"\nimport torch");
-            else if (m->format == TK_OOMMSG_TORCH_RESERVED)
-                add_fix(m, "stop the cache from splitting large blocks (PyTorch 1.10+; first cell, before torch is imported)",
-                        "import os\nos.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"max_split_size_mb:128\"\nimport torch");
-            else
-                add_fix(m, "return the split cache between steps (PyTorch <= 1.3 has no allocator settings)",
-                        "optimizer.step()\noptimizer.zero_grad()\ntorch.cuda.empty_cache()");
-            break;
-        case TK_DIAG_HEADROOM:
-            add_fix(m, "free what earlier cells hold on the card before building the model (or restart the runtime)",
-                    "import gc, torch\ndel model, optimizer   # whatever an earlier cell left on the GPU\ngc.collect()\n"
-                    "torch.cuda.empty_cache()\n!nvidia-smi   # any other process on the card?");
-            if (torch && !has_capacity && first_capacity) {
-                capacity_fixes(m, api, i == room ? &m->diag[i] : NULL);
-                first_capacity = 0;
-            }
-            break;
-        case TK_DIAG_DOMINANT_LAYER:
-            if (tf_dense) {
-                add_fix(m, "a per-token span head instead of Dense over the flattened towers (768 x 2 weights, not "
-                           "786432 x 1604)",
-                        "start_end = tf.keras.layers.Dense(2)(context_bert_layer)   # [batch, 512, 2]\n"
-                        "start_logits, end_logits = tf.unstack(start_end, axis=-1)");
-                add_fix(m, "or pool the towers before the classifier",
-                        "q = tf.keras.layers.GlobalAveragePooling1D()(questions_bert_layer)\n"
-                        "c = tf.keras.layers.GlobalAveragePooling1D()(context_bert_layer)\n"
-                        "out = tf.keras.layers.Dense(1604, activation=\"softmax\")(tf.keras.layers.Concatenate()([q, c]))");
-            } else if (!torch) {
-                char code[200];
-                if (m->user_batch >= 2)
-                    snprintf(code, sizeof code, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")\n"
-                             "model.fit(x, y, batch_size=%d)   # half your %d", m->user_batch / 2, m->user_batch);
-                else
-                    snprintf(code, sizeof code, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")\n"
-                             "model.fit(x, y, batch_size=B // 2)   # B: your batch size now");
-                add_fix(m, "halve the tensor: a smaller batch or mixed precision", code);
-            }
-            break;
-        case TK_DIAG_CAPACITY:
-            if (!torch) break;
-            capacity_fixes(m, api, first_capacity && i == room ? &m->diag[i] : NULL);
-            first_capacity = 0;
-            break;
-        case TK_DIAG_LOTTERY:
-            add_fix(m, "on Colab: see which card the runtime got before training, and plan for the smallest one",
-                    "!nvidia-smi --query-gpu=name,memory.total --format=csv");
-            break;
-        default:
-            if (m->diag[i].kind == TK_OOMMSG_DIAG_MULTI_GPU) multi_gpu_fixes(m, api);
-            if (m->diag[i].kind == TK_OOMMSG_DIAG_PLATFORM && !strncmp(m->diag[i].text, "kaggle", 6)) {
-                add_fix(m, "on Kaggle: choose the accelerator in the notebook's Settings > Accelerator (GPU T4 x2, "
-                           "GPU P100, RTX PRO 6000); the session restarts on it",
-                        "!nvidia-smi --query-gpu=name,memory.total --format=csv   # what the session has");
-                /* one T4 of a pair, or the pair chosen: both cards, each with half the batch */
-                if (m->card && !strcmp(m->card->name, "t4") && m->parallel == TK_OOMMSG_ONE_GPU)
-                    add_fix(m, "on Kaggle's GPU T4 x2: both T4s with DDP, each holding the model and half of each batch "
-                               "(not planned from the message alone: txk advise CFG --from-error M --for kaggle plans it "
-                               "for your config)",
-                            api == TK_API_LOOP ? "!torchrun --nproc_per_node 2 train.py   # the training cell saved as "
-                                                 "train.py, with DistributedDataParallel(model, device_ids=[local_rank])"
-                                               : "!accelerate launch --multi_gpu --num_processes 2 train.py   # the "
-                                                 "training cell saved as train.py");
-            }
-            break;
+        if (m->diag[i].kind == TK_DIAG_NO_KERNEL_IMAGE) continue; /* its fixes come with its sentence */
+        if (!by[i] || !by[i]->fix) continue;
+        int shrinks = by[i]->fix == fix_capacity || by[i]->fix == fix_outside || by[i]->fix == fix_filled;
+        if (shrinks && shrunk) {
+            if (by[i]->fix == fix_outside)
+                add_fix(m, "free what earlier cells hold on the card before building the model (or restart the "
+                           "runtime)",
+                        "import gc, torch\ndel model, optimizer   # whatever an earlier cell left on the GPU\n"
+                        "gc.collect()\ntorch.cuda.empty_cache()\n!nvidia-smi   # any other process on the card?");
+            continue;
         }
+        by[i]->fix(m, &f, &m->diag[i]);
+        shrunk |= shrinks;
     }
 }
 
@@ -1241,14 +1571,16 @@ char *tk_oom_message_format(const tk_oom_message *m) {
         fclose(f);
         return buf;
     }
-    fprintf(f, "%s: %s%s", m->format == TK_OOMMSG_NO_KERNEL_IMAGE ? "Message" : "OOM message", format_name(m->format),
+    fprintf(f, "%s: %s%s%s", m->format == TK_OOMMSG_NO_KERNEL_IMAGE ? "Message" : "OOM message", format_name(m->format),
+            m->translated ? " (in translation: ResourceExhaustedError ... OOM)" : "",
             m->spelled_capacty ? ", spelled \"capacty\"" : "");
     if (m->gpu_index >= 0) fprintf(f, ", GPU %d", m->gpu_index);
     fputc('\n', f);
     if (m->format == TK_OOMMSG_TF) {
         fputs("  tensor                shape [", f);
         for (int i = 0; i < m->rank && i < TK_OOMMSG_MAX_DIMS; i++) fprintf(f, "%s%lld", i ? "," : "", (long long)m->shape[i]);
-        fprintf(f, "] type %s%s%s\n", m->dtype[0] ? m->dtype : "?", m->node[0] ? ", node " : "", m->node);
+        fprintf(f, "] type %s%s%s%s%s%s\n", m->dtype[0] ? m->dtype : "?", m->dtype_assumed ? " (assumed: no type named)" : "",
+                m->node[0] ? ", node " : "", m->node, m->allocator[0] ? ", allocator " : "", m->allocator);
     }
     static const char *const labels[TK_OOMFIG_COUNT] = {
         "requested", "total capacity", "allocated", "reserved", "reserved-unallocated", "free", "process in use",
@@ -1285,23 +1617,6 @@ char *tk_oom_message_format(const tk_oom_message *m) {
     return buf;
 }
 
-static const char *diag_id(tk_diag_kind k) {
-    switch (k) {
-    case TK_DIAG_DOMINANT_LAYER: return "dominant_layer";
-    case TK_DIAG_DOMINANT_CATEGORY: return "dominant_category";
-    case TK_DIAG_DATA_SPIKE: return "data_spike";
-    case TK_DIAG_LOTTERY: return "card_lottery";
-    case TK_DIAG_CAPACITY: return "capacity";
-    case TK_DIAG_HEADROOM: return "headroom";
-    case TK_DIAG_FRAGMENTATION: return "fragmentation";
-    default:
-        return k == TK_OOMMSG_DIAG_NO_KERNEL_IMAGE ? "no_kernel_image"
-               : k == TK_OOMMSG_DIAG_MULTI_GPU    ? "multi_gpu"
-               : k == TK_OOMMSG_DIAG_PLATFORM     ? "platform"
-                                                  : "other";
-    }
-}
-
 /* Every set and append is checked: a part that could not be built (out of
  * host memory) makes the whole answer NULL, never a shorter object. */
 json_t *tk_oom_message_to_json(const tk_oom_message *m) {
@@ -1314,7 +1629,7 @@ json_t *tk_oom_message_to_json(const tk_oom_message *m) {
         if (g->present && g->unreliable) bad |= json_array_append_new(unrel, json_string(FIG_NAMES[i]));
     }
     for (int i = 0; !bad && m && i < m->n_diag; i++)
-        bad |= json_array_append_new(diags, json_pack("{s:s, s:s}", "id", diag_id(m->diag[i].kind), "text", m->diag[i].text));
+        bad |= json_array_append_new(diags, json_pack("{s:s, s:s}", "id", tk_diag_id(m->diag[i].kind), "text", m->diag[i].text));
     for (int i = 0; !bad && m && i < m->n_fixes; i++)
         bad |= json_array_append_new(fixes, json_pack("{s:s, s:s}", "text", m->fixes[i].text, "code", m->fixes[i].code));
     if (!bad) bad |= json_object_set_new(o, "card", m && m->card_text[0] ? json_string(m->card_text) : json_null());

@@ -11,32 +11,33 @@
  * the user did not give (B // 2, max_length=N with N their data's p99).
  */
 #include "snapshot_diagnose.h"
+#include "tk_fix_code.h"
 
 #include <stdio.h>
 #include <string.h>
 
 static const char *fmtb(size_t b, char buf[32]) { return tk_format_bytes(b, buf, 32); }
 
-static tk_snap_diag *diag(tk_snapshot *s, const char *id) {
+static tk_finding *diag(tk_snapshot *s, tk_diag_kind kind) {
     if (s->n_diag == TK_SNAP_MAX_DIAG) return NULL;
-    tk_snap_diag *d = &s->diag[s->n_diag++];
-    snprintf(d->id, sizeof d->id, "%s", id);
+    tk_finding *d = &s->diag[s->n_diag++];
+    d->kind = kind;
     return d;
 }
 
-tk_snap_fix *snap_fix_find(tk_snapshot *s, const char *id) {
+tk_fix_note *snap_fix_find(tk_snapshot *s, const char *id) {
     for (int i = 0; i < s->n_fixes; i++)
         if (!strcmp(s->fixes[i].id, id)) return &s->fixes[i];
     return NULL;
 }
 
-tk_snap_fix *snap_fix_insert(tk_snapshot *s, const char *id, int pos) {
+tk_fix_note *snap_fix_insert(tk_snapshot *s, const char *id, int pos) {
     if (snap_fix_find(s, id)) return NULL;
     if (s->n_fixes == TK_SNAP_MAX_FIXES) s->n_fixes--;
     if (pos > s->n_fixes) pos = s->n_fixes;
     memmove(&s->fixes[pos + 1], &s->fixes[pos], (size_t)(s->n_fixes - pos) * sizeof *s->fixes);
     s->n_fixes++;
-    tk_snap_fix *f = &s->fixes[pos];
+    tk_fix_note *f = &s->fixes[pos];
     memset(f, 0, sizeof *f);
     snprintf(f->id, sizeof f->id, "%s", id);
     f->saves = -1;
@@ -45,23 +46,23 @@ tk_snap_fix *snap_fix_insert(tk_snapshot *s, const char *id, int pos) {
 
 /* A new fix at the end of the list (NULL when it is there already or the
  * list is full). */
-static tk_snap_fix *fix(tk_snapshot *s, const char *id, int64_t saves) {
+static tk_fix_note *fix(tk_snapshot *s, const char *id, int64_t saves) {
     if (s->n_fixes == TK_SNAP_MAX_FIXES) return NULL;
-    tk_snap_fix *f = snap_fix_insert(s, id, s->n_fixes);
+    tk_fix_note *f = snap_fix_insert(s, id, s->n_fixes);
     if (f) f->saves = saves;
     return f;
 }
 
-static int has_diag(const tk_snapshot *s, const char *id) {
+static int has_diag(const tk_snapshot *s, tk_diag_kind kind) {
     for (int i = 0; i < s->n_diag; i++)
-        if (!strcmp(s->diag[i].id, id)) return 1;
+        if (s->diag[i].kind == kind) return 1;
     return 0;
 }
 
 static void fixes_fragmentation(tk_snapshot *s) {
     char a[32], b[32];
     /* what allocator_settings (or the segments) show is on is not advised again */
-    tk_snap_fix *f = s->expandable_on ? NULL : fix(s, "expandable_segments", (int64_t)(s->free_in_cache - s->largest_free_block));
+    tk_fix_note *f = s->expandable_on ? NULL : fix(s, "expandable_segments", (int64_t)(s->free_in_cache - s->largest_free_block));
     if (f) {
         snprintf(f->text, sizeof f->text,
                  "Let the allocator grow segments instead of stranding free blocks: %s of free cache is in blocks "
@@ -84,7 +85,7 @@ static void fixes_fragmentation(tk_snapshot *s) {
  * fraction of the card: the setting is that fraction. */
 static void fixes_engine_pool(tk_snapshot *s) {
     char a[32], b[32];
-    tk_snap_fix *f = fix(s, "memory_fraction", -1);
+    tk_fix_note *f = fix(s, "memory_fraction", -1);
     if (!f) return;
     snprintf(f->text, sizeof f->text,
              "vLLM preallocated its KV-cache pool at start-up: %s in %d blocks, %.0f%% of what is allocated (%s). "
@@ -99,7 +100,7 @@ static void fixes_engine_pool(tk_snapshot *s) {
 
 static void fixes_capacity(tk_snapshot *s) {
     char a[32];
-    tk_snap_fix *f;
+    tk_fix_note *f;
     const tk_snap_owner *user = NULL;
     /* del is for tensors the user's code keeps: not a pool an engine
      * preallocated, nor what only native code or a library holds */
@@ -120,21 +121,33 @@ static void fixes_capacity(tk_snapshot *s) {
                  "Halve the micro-batch and accumulate twice as many steps: the effective batch stays, the "
                  "activations halve (this snapshot does not separate activations from weights, so it cannot "
                  "say how many bytes that is).");
-        snprintf(f->code, sizeof f->code,
-                 "# B, k: your current per_device_train_batch_size and gradient_accumulation_steps\n"
-                 "TrainingArguments(..., per_device_train_batch_size=B // 2, gradient_accumulation_steps=2 * k)");
+        if (s->trainer)
+            snprintf(f->code, sizeof f->code,
+                     "# B, k: your current per_device_train_batch_size and gradient_accumulation_steps\n"
+                     "TrainingArguments(..., per_device_train_batch_size=B // 2, gradient_accumulation_steps=2 * k)");
+        else /* a plain loop (no Trainer in the frames): its whole body */
+            tk_loop_code(f->code, sizeof f->code,
+                         &(tk_loop_fix){.batch_s = "B // 2", .accum_s = "2 * A   # B, A: your batch size and accumulation now",
+                                        .loader = 1, .precision = TK_PREC_FP32, .torch = TK_TORCH_2});
     }
     if ((f = fix(s, "precision", -1))) {
         snprintf(f->text, sizeof f->text,
                  "Mixed precision keeps activations in 16 bits, about half their bytes (bf16 on Ampere or newer, "
                  "fp16 on a T4 or V100).");
-        snprintf(f->code, sizeof f->code, "TrainingArguments(..., bf16=True)  # or fp16=True");
+        if (s->trainer)
+            snprintf(f->code, sizeof f->code, "TrainingArguments(..., bf16=True)  # or fp16=True");
+        else
+            tk_loop_code(f->code, sizeof f->code,
+                         &(tk_loop_fix){.batch_s = "B", .accum = 1, .precision = TK_PREC_FP16, .torch = TK_TORCH_2});
     }
     if ((f = fix(s, "checkpointing", -1))) {
         snprintf(f->text, sizeof f->text,
                  "Gradient checkpointing keeps one activation per layer and recomputes the rest in backward "
                  "(about 30%% more compute).");
-        snprintf(f->code, sizeof f->code, "model.gradient_checkpointing_enable()");
+        snprintf(f->code, sizeof f->code, "%s",
+                 s->trainer ? "TrainingArguments(..., gradient_checkpointing=True)"
+                            : "(model if hasattr(model, \"gradient_checkpointing_enable\") else model.bert)"
+                              ".gradient_checkpointing_enable()");
     }
     if ((f = fix(s, "max_length", -1))) {
         snprintf(f->text, sizeof f->text,
@@ -149,8 +162,8 @@ static void fixes_capacity(tk_snapshot *s) {
  * would have grown into it. */
 static void diagnose_leak(tk_snapshot *s) {
     char a[32], b[32], c[32];
-    tk_snap_diag *g = diag(s, "leak");
-    tk_snap_fix *f;
+    tk_finding *g = diag(s, TK_DIAG_LEAK);
+    tk_fix_note *f;
     const char *who = s->leak_owner[0] && strncmp(s->leak_owner, "no Python frame", 15) &&
                               strcmp(s->leak_owner, SNAP_BEFORE_HISTORY) ? s->leak_owner : NULL;
     int per_iter_blocks = s->leak_owner_iterations ? s->leak_owner_blocks / s->leak_owner_iterations : 0;
@@ -195,16 +208,16 @@ static void diagnose_leak(tk_snapshot *s) {
 
 void snap_diagnose(tk_snapshot *s) {
     char a[32], b[32], c[32], d[32];
-    tk_snap_diag *g;
+    tk_finding *g;
     size_t need = s->has_oom ? s->oom_size : 0;
     if (s->has_leak) diagnose_leak(s);
-    if (s->has_growth && (g = diag(s, "growth")))
+    if (s->has_growth && (g = diag(s, TK_DIAG_GROWTH)))
         snprintf(g->text, sizeof g->text,
                  "growth, not a leak: allocated rises by %s inside one step (%d rises that keep most of what they "
                  "took: activations kept layer by layer for backward, the optimizer state created at its first "
                  "step); no repeating loop leaves bytes behind in this trace.",
                  fmtb(s->growth_bytes, a), s->growth_rises);
-    if (s->vllm_pool_bytes && s->vllm_pool_bytes >= s->allocated / 2 && (g = diag(s, "engine_pool"))) {
+    if (s->vllm_pool_bytes && s->vllm_pool_bytes >= s->allocated / 2 && (g = diag(s, TK_DIAG_ENGINE_POOL))) {
         snprintf(g->text, sizeof g->text,
                  "engine_pool: an inference engine's KV-cache pool (vLLM's cache engine, allocated at its __init__) "
                  "holds %s of the %s allocated.",
@@ -246,7 +259,7 @@ void snap_diagnose(tk_snapshot *s) {
     int cap = s->has_oom ? !frag
                          : (s->capacity && s->reserved >= s->capacity / 10 * 9 &&
                             s->allocated >= s->reserved / 10 * 9);
-    if (frag && (g = diag(s, "fragmentation"))) {
+    if (frag && (g = diag(s, TK_DIAG_FRAGMENTATION))) {
         int m = snprintf(g->text, sizeof g->text,
                  "fragmentation: %s of the %s PyTorch reserved is free, in %d blocks, but the largest is %s%s%s.",
                  fmtb(s->free_in_cache, a), fmtb(s->reserved, b), s->n_free_blocks, fmtb(s->largest_free_block, c),
@@ -255,7 +268,7 @@ void snap_diagnose(tk_snapshot *s) {
             snprintf(g->text + m, sizeof g->text - (size_t)m,
                      " Expandable segments are already on (allocator_settings), so that setting is not advised.");
     }
-    if (cap && (g = diag(s, "capacity"))) {
+    if (cap && (g = diag(s, TK_DIAG_CAPACITY))) {
         if (s->has_oom) {
             char e[32], f[32];
             snprintf(g->text, sizeof g->text,
@@ -274,7 +287,7 @@ void snap_diagnose(tk_snapshot *s) {
     /* Headroom: with the card's size known, what neither PyTorch holds nor
      * the device reports free is held by someone else. */
     if (s->has_oom && s->capacity && reserved + s->oom_device_free < s->capacity / 100 * 90 &&
-        (g = diag(s, "headroom"))) {
+        (g = diag(s, TK_DIAG_HEADROOM))) {
         size_t other = s->capacity - reserved - s->oom_device_free;
         snprintf(g->text, sizeof g->text,
                  "headroom: %s of the %s device is held outside this process's cache (another process, an earlier "
@@ -284,14 +297,14 @@ void snap_diagnose(tk_snapshot *s) {
     /* the largest owner of what is live at the end, when it is code of the
      * user's (not a library's workspace, nor blocks with no frame) */
     if (s->n_owners && s->allocated && !snap_names_no_code(s->owners[0].owner) &&
-        s->owners[0].bytes >= s->allocated / 5 * 2 && s->n_owners > 1 && (g = diag(s, "dominant_layer"))) {
+        s->owners[0].bytes >= s->allocated / 5 * 2 && s->n_owners > 1 && (g = diag(s, TK_DIAG_DOMINANT_LAYER))) {
         snprintf(g->text, sizeof g->text, "dominant_layer: %s holds %s, %.0f%% of what is allocated.",
                  s->owners[0].owner, fmtb(s->owners[0].bytes, a), 100.0 * (double)s->owners[0].bytes / (double)s->allocated);
     }
-    if (has_diag(s, "fragmentation")) fixes_fragmentation(s);
-    if (has_diag(s, "capacity") || has_diag(s, "dominant_layer")) fixes_capacity(s);
-    if (has_diag(s, "headroom")) {
-        tk_snap_fix *f = fix(s, "release", -1);
+    if (has_diag(s, TK_DIAG_FRAGMENTATION)) fixes_fragmentation(s);
+    if (has_diag(s, TK_DIAG_CAPACITY) || has_diag(s, TK_DIAG_DOMINANT_LAYER)) fixes_capacity(s);
+    if (has_diag(s, TK_DIAG_HEADROOM)) {
+        tk_fix_note *f = fix(s, "release", -1);
         if (f) {
             snprintf(f->text, sizeof f->text,
                      "Free the device of the other holder: restart the runtime (or the process shown by nvidia-smi).");

@@ -12,9 +12,9 @@
 void snap_diagnose(tk_snapshot *s);
 
 /* The fix with this id, or NULL. */
-tk_snap_fix *snap_fix_find(tk_snapshot *s, const char *id);
+tk_fix_note *snap_fix_find(tk_snapshot *s, const char *id);
 /* A new fix (saves -1) at position pos, later ones moved down (past the
  * table's size the last is dropped); NULL when the id is there already. */
-tk_snap_fix *snap_fix_insert(tk_snapshot *s, const char *id, int pos);
+tk_fix_note *snap_fix_insert(tk_snapshot *s, const char *id, int pos);
 
 #endif

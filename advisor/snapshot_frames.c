@@ -197,6 +197,16 @@ static int model_module_of(const snap_dec *d, int32_t st, char *name, size_t nn,
     return 0;
 }
 
+/* 1: the stack passes through transformers' Trainer (trainer.py). */
+static int is_trainer_stack(const snap_dec *d, int32_t st) {
+    char path[TK_PATH_MAX];
+    int n;
+    const int32_t *fs = snap_stack(d, st, &n);
+    for (int i = 0; i < n; i++)
+        if (frame_path(d, fs[i], path, sizeof path) && ends_with(path, "transformers/trainer.py")) return 1;
+    return 0;
+}
+
 /* A block an inference engine preallocated as its KV-cache pool: vLLM's
  * cache engine (v0) or its model runner's initialize_kv_cache (v1). */
 static int is_engine_pool(const snap_dec *d, int32_t st) {
@@ -652,6 +662,7 @@ static int read_owners(snap_dec *d, const snap_replay *r, snap_frames *f) {
         if (ws) snap_ws_name(ws, ev >= 0 ? f->phase[ev] : PH_NONE, ev < 0, owner, sizeof owner);
         else snprintf(owner, sizeof owner, "%s", ev >= 0 ? snap_event_owner(d, f, ev) : snap_owner(d, f, k->stack));
         int pool = is_engine_pool(d, k->stack);
+        if (!s->trainer && is_trainer_stack(d, k->stack)) s->trainer = 1;
         if (add_owner(d, &cap, owner, (size_t)k->size, k->addr, pool)) goto out;
         if (pool) s->vllm_pool_bytes += (size_t)k->size, s->vllm_pool_blocks++;
         if (model_module_of(d, k->stack, mname, sizeof mname, mfile, sizeof mfile)) {

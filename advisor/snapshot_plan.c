@@ -26,6 +26,7 @@
 #include "tk_plan.h"
 #include "tk_advisor.h"
 #include "snapshot_diagnose.h"
+#include "tk_fix_code.h"
 
 /* ---- sizes ---------------------------------------------------------------------------- */
 
@@ -374,7 +375,7 @@ static tk_status plan_one(const tk_config *base, const char *change, tk_plan_res
     return tk_plan_engine(&c, NULL, 0, p, err);
 }
 
-static void set_plan(tk_snap_fix *f, const char *change, const tk_plan_result *p) {
+static void set_plan(tk_fix_note *f, const char *change, const tk_plan_result *p) {
     f->planned = 1;
     f->plan_peak = p->peak_reserved;
     f->plan_fits = p->fits;
@@ -496,7 +497,7 @@ static void weight_fixes(tk_snapshot *s) {
     size_t w = m->param_bytes, w1 = m->copies ? w / (size_t)m->copies : w, need;
     char a[32], b[32], c[32];
     int at_capacity = 0;
-    for (int i = 0; i < s->n_diag; i++) at_capacity |= !strcmp(s->diag[i].id, "capacity");
+    for (int i = 0; i < s->n_diag; i++) at_capacity |= s->diag[i].kind == TK_DIAG_CAPACITY;
     /* "most of the card": the capacity given, else what the process had */
     size_t held = s->capacity ? s->capacity : s->has_oom ? s->reserved + s->oom_device_free : s->reserved;
     if (!at_capacity || !w || !s->allocated || w < s->allocated / 2 || w < held / 2 || !strcmp(m->family, "unknown"))
@@ -506,13 +507,13 @@ static void weight_fixes(tk_snapshot *s) {
     need = s->allocated + (s->has_oom ? s->oom_size : 0);
     size_t want = need + need / 4;
     int elem = m->elem ? m->elem : 2, pos = snap_fix_find(s, "leak") ? 1 : 0; /* a leak stays the first fix */
-    tk_snap_fix *del = snap_fix_find(s, "del");
+    tk_fix_note *del = snap_fix_find(s, "del");
     if (del) {
         int k = (int)(del - s->fixes);
         memmove(&s->fixes[k], &s->fixes[k + 1], (size_t)(s->n_fixes - k - 1) * sizeof *s->fixes);
         s->n_fixes--;
     }
-    tk_snap_fix *f;
+    tk_fix_note *f;
     const char *fam = m->family[0] ? m->family : "the model";
     if ((f = snap_fix_insert(s, "quantize", pos))) {
         pos++;
@@ -678,7 +679,7 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     }
     if (o->data && *o->data && read_data(s, o, model, err)) return -1;
 
-    tk_snap_fix *ml = snap_fix_find(s, "max_length");
+    tk_fix_note *ml = snap_fix_find(s, "max_length");
     if (s->data.have && !ml && (ml = snap_fix_insert(s, "max_length", s->n_fixes)))
         ml->saves = -1;
     if (ml && s->data.have) {
@@ -686,10 +687,15 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
                  "Cut sequences at the data's 99th percentile: %d tokens (%.120s: %d examples, p95 %d, p99 %d, max %d), "
                  "and pad each batch only to its longest.",
                  s->data.max_length, tk_snap_basename(s->data.file), s->data.n, s->data.p95, s->data.p99, s->data.max);
-        snprintf(ml->code, sizeof ml->code,
-                 "tokenizer(texts, truncation=True, max_length=%d)\n"
-                 "collator = DataCollatorWithPadding(tokenizer)   # or tokenizer(..., padding=\"longest\") per batch",
-                 s->data.max_length);
+        if (s->trainer)
+            snprintf(ml->code, sizeof ml->code,
+                     "tokenizer(texts, truncation=True, max_length=%d)\n"
+                     "trainer = Trainer(..., data_collator=DataCollatorWithPadding(tokenizer))   # pads each batch to its "
+                     "longest", s->data.max_length);
+        else
+            tk_loop_code(ml->code, sizeof ml->code,
+                         &(tk_loop_fix){.batch_s = "B", .accum = 1, .dynamic = 1, .max_len = s->data.max_length,
+                                        .precision = TK_PREC_FP32, .torch = TK_TORCH_2});
     }
     weight_fixes(s);
     if (!m->recognised || !m->batch) return 0;
@@ -751,7 +757,7 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
         return 0;
     }
     size_t current = p.peak_reserved;
-    tk_snap_fix *f;
+    tk_fix_note *f;
     if ((f = snap_fix_find(s, "precision")) && c.precision == TK_PREC_FP32 && plan_one(&c, "precision=bf16", &p, err) == TK_OK)
         set_plan(f, "precision=bf16", &p);
     if ((f = snap_fix_find(s, "checkpointing")) && plan_one(&c, "recompute=layers", &p, err) == TK_OK)
@@ -764,9 +770,14 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
         snprintf(f->text, sizeof f->text,
                  "Halve the micro-batch (%d -> %d) and accumulate twice as many steps: the effective batch stays, "
                  "the activations halve.", m->batch, m->batch / 2);
-        snprintf(f->code, sizeof f->code,
-                 "TrainingArguments(..., per_device_train_batch_size=%d, gradient_accumulation_steps=2)  "
-                 "# was %d: the effective batch stays", m->batch / 2, m->batch);
+        if (s->trainer)
+            snprintf(f->code, sizeof f->code,
+                     "TrainingArguments(..., per_device_train_batch_size=%d, gradient_accumulation_steps=2)  "
+                     "# was %d: the effective batch stays", m->batch / 2, m->batch);
+        else /* a plain loop: its whole body at the planned batch */
+            tk_loop_code(f->code, sizeof f->code,
+                         &(tk_loop_fix){.batch = m->batch / 2, .from_batch = m->batch, .from_accum = 1, .accum = 2,
+                                        .loader = 1, .precision = TK_PREC_FP32, .torch = TK_TORCH_2});
     }
     if (ml && s->data.have && s->data.max_length < m->seq) {
         snprintf(ch, sizeof ch, "max_len=%d", s->data.max_length);

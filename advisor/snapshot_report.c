@@ -298,11 +298,11 @@ json_t *tk_snap_json(const tk_snapshot *s, int top) {
     json_object_set_new(o, "workspaces", ws);
     json_t *dg = json_array();
     for (int i = 0; i < s->n_diag; i++)
-        json_array_append_new(dg, json_pack("{s:s, s:s}", "id", s->diag[i].id, "text", s->diag[i].text));
+        json_array_append_new(dg, json_pack("{s:s, s:s}", "id", tk_diag_id(s->diag[i].kind), "text", s->diag[i].text));
     json_object_set_new(o, "diagnoses", dg);
     json_t *fx = json_array();
     for (int i = 0; i < s->n_fixes; i++) {
-        const tk_snap_fix *f = &s->fixes[i];
+        const tk_fix_note *f = &s->fixes[i];
         json_t *x = json_pack("{s:s, s:s, s:s, s:o}", "id", f->id, "text", f->text, "code", f->code, "saves",
                               f->saves >= 0 ? json_integer(f->saves) : json_null());
         if (f->planned)

@@ -43,10 +43,44 @@ typedef enum {
     TK_DIAG_LEAK,           /* allocated grows at step boundaries */
     TK_DIAG_LOTTERY,        /* fits some of the platform's cards, not the one the runtime got (Colab) */
     TK_DIAG_CHOICE,         /* fits some of the cards the user chooses from, not the one chosen (Kaggle) */
+    TK_DIAG_HELD,           /* allocated exceeds the plan of the step: earlier cells' tensors (or another config) */
+    TK_DIAG_OTHER_PROCESS,  /* another process on the card, named with its pid and bytes */
+    TK_DIAG_STEP_OR_HELD,   /* the card was full and nothing tells whether the step or earlier cells filled it */
+    TK_DIAG_NO_KERNEL_IMAGE, /* not an OOM: the installed torch has no kernels for the card */
+    TK_DIAG_MULTI_GPU,      /* a DataParallel or DDP run: one GPU's message of several */
+    TK_DIAG_PLATFORM,       /* what the platform (Kaggle, or one the message does not show) means for it */
+    TK_DIAG_GROWTH,         /* allocated rises inside one step (a snapshot's trace), not a leak */
+    TK_DIAG_ENGINE_POOL,    /* an inference engine's preallocated KV-cache pool (a snapshot) */
     TK_DIAG_COUNT
 } tk_diag_kind;
 
 const char *tk_diag_name(tk_diag_kind k); /* "capacity", "headroom", ... */
+/* The JSON id of a diagnosis ("capacity", "held", "another_process",
+ * "step_or_held", "card_lottery", ...): the one table's ids (diagnoses.c). */
+const char *tk_diag_id(tk_diag_kind k);
+
+/* A diagnosis in one readable sentence, each figure with what it means:
+ * what the ordered diagnoses write for a pasted message (oom_message.c) and
+ * for a snapshot (snapshot_diagnose.c). */
+typedef struct tk_finding {
+    tk_diag_kind kind;
+    char text[1400];
+} tk_finding;
+
+/* A fix written for the user, in the order of the diagnosis it answers:
+ * what to change, in words, and the code in the user's API. A snapshot's
+ * fixes also carry an id, what the snapshot shows they free, and their plan;
+ * a message's leave those zero. */
+typedef struct tk_fix_note {
+    char id[24];          /* "expandable_segments", "del", "batch", ...; "" for a message's */
+    char text[512];
+    char code[1400];
+    int64_t saves;        /* bytes the snapshot shows it frees, or -1 when it cannot tell */
+    int planned;          /* 1: planned on the recognised model (tk_snap_plan) */
+    size_t plan_peak;     /* its planned peak reserved bytes */
+    int plan_fits;        /* 1: plan_peak fits the capacity (or no capacity is known) */
+    char plan_change[96]; /* the planner's keys changed, "precision=bf16" */
+} tk_fix_note;
 
 typedef struct tk_diag {
     tk_diag_kind kind;

@@ -28,15 +28,6 @@ typedef enum {
                                 * PyTorch's warning "<card> with CUDA capability sm_NN is not compatible ..." */
 } tk_oommsg_format;
 
-/* Diagnoses only a pasted message has, beyond the advisor's kinds: the
- * installed torch has no kernels for the card (JSON id "no_kernel_image");
- * the run was on several GPUs, DataParallel's or DDP's (JSON id
- * "multi_gpu"); what the platform (Kaggle, or a platform the message does
- * not show) means for it (JSON id "platform"; Colab's is the card lottery). */
-#define TK_OOMMSG_DIAG_NO_KERNEL_IMAGE ((tk_diag_kind)TK_DIAG_COUNT)
-#define TK_OOMMSG_DIAG_MULTI_GPU ((tk_diag_kind)(TK_DIAG_COUNT + 1))
-#define TK_OOMMSG_DIAG_PLATFORM ((tk_diag_kind)(TK_DIAG_COUNT + 2))
-
 /* How the run that failed spread over GPUs, as the message shows it. */
 typedef enum {
     TK_OOMMSG_ONE_GPU = 0,
@@ -71,15 +62,13 @@ typedef struct tk_oommsg_figure {
 #define TK_OOMMSG_MAX_DIAG 10
 #define TK_OOMMSG_MAX_FIXES 10
 
-typedef struct tk_oommsg_diag {
-    tk_diag_kind kind;
-    char text[1400];
-} tk_oommsg_diag;
+#define TK_OOMMSG_MAX_PROCS 8
 
-typedef struct tk_oommsg_fix {
-    char text[240];    /* what to change, in words */
-    char code[1100];   /* the code the user would write (PyTorch, transformers or Keras) */
-} tk_oommsg_fix;
+/* A "Process P has M memory in use." line (2.1+). */
+typedef struct tk_oommsg_process {
+    int pid;
+    tk_oommsg_figure mem;
+} tk_oommsg_process;
 
 typedef struct tk_oom_message {
     tk_oommsg_format format;
@@ -87,12 +76,14 @@ typedef struct tk_oom_message {
     int spelled_capacty;          /* 1: the 2.1-2.2 misspelling "total capacty" */
     tk_oommsg_figure fig[TK_OOMFIG_COUNT];
     int n_processes;              /* "Process P has M memory in use." lines (2.1+) */
-    int other_processes_pid;      /* the first such P, 0 if none */
+    tk_oommsg_process proc[TK_OOMMSG_MAX_PROCS]; /* the first TK_OOMMSG_MAX_PROCS of them, as listed */
     /* TensorFlow */
     int rank;
     int64_t shape[TK_OOMMSG_MAX_DIMS];
     char dtype[24];               /* "float", "half", ... */
     int dtype_bytes;              /* 0 when the type is unknown */
+    int dtype_assumed;            /* 1: a translation named no type; float (TensorFlow's default) assumed */
+    int translated;               /* 1: TensorFlow's message in another language (ResourceExhaustedError ... OOM) */
     char node[160];               /* the graph node, when the message names it */
     char allocator[40];
     /* the card */
@@ -137,9 +128,9 @@ typedef struct tk_oom_message {
     uint64_t outside;
     /* diagnosis */
     int n_diag;
-    tk_oommsg_diag diag[TK_OOMMSG_MAX_DIAG];
+    tk_finding diag[TK_OOMMSG_MAX_DIAG];
     int n_fixes;
-    tk_oommsg_fix fixes[TK_OOMMSG_MAX_FIXES];
+    tk_fix_note fixes[TK_OOMMSG_MAX_FIXES];
 } tk_oom_message;
 
 /* Finds the last OOM message in text[0..len) (a whole traceback is fine; the
@@ -166,19 +157,29 @@ typedef struct tk_card_fit {
     double step_seconds;          /* predicted, 0 if unknown */
 } tk_card_fit;
 
-/* Diagnoses a parsed message (ranked, best first) and writes its fixes.
- * First a run on several GPUs (DataParallel, DDP), then what the figures
- * prove: a request larger than the whole card is capacity; with the card's
- * profile, reserved + request + the card's context and library buffers
- * (capacity - tk_gpu_profile_budget) below the total is headroom (memory
- * held outside PyTorch), otherwise capacity. After them the platform
- * (m->platform): on Colab the card lottery (why the same notebook fits on
- * some runs and not others); on Kaggle the accelerators the user chooses;
- * when the message does not show it, that is said and each platform gets
- * its line. `cards` (may be NULL, n 0): planned fits of the user's config on
- * a platform's cards, reported card by card; `platform` names those cards
- * ("colab-2020"). */
+/* Diagnoses a parsed message through the one ordered table (oom_message.c,
+ * RULES): the facts record is filled once (the message's figures, its
+ * processes, the plan of the user's config on its card, the card, the
+ * platform in the message's era, the API), then each rule the facts prove
+ * writes one sentence, and the fixes follow the diagnoses in order. First
+ * a run on several GPUs; then a request larger than the card (capacity);
+ * another process (named with pid and bytes; the user's own kernel never);
+ * memory held outside the step (allocated above the plan by > 10 % of it
+ * and 256 MiB: its first fix frees it); the plan above the card's usable
+ * memory (capacity); fragmentation (the unallocated cache holds the request,
+ * allocated matches the plan); memory outside PyTorch (headroom); without a
+ * plan, a full card names both causes (step_or_held); then the platform:
+ * the user's config on each card, or without a plan Colab's card lottery in
+ * the message's era and Kaggle's accelerators. `cards` (may be NULL, n 0):
+ * planned fits of the user's config on a platform's cards; `platform`
+ * names those cards ("colab-2020"). */
 void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n, const char *platform);
+
+/* The platform whose cards a config is planned on for this message: the
+ * one set (--for) or shown, else the one that hands out its card, else
+ * Colab; in the message's era: a P4 or K80 is 2020's Colab ("colab-2020")
+ * even under --for colab. A static string or m->platform. */
+const char *tk_oom_message_platform(const tk_oom_message *m);
 
 /* Text report (new string, free()). */
 char *tk_oom_message_format(const tk_oom_message *m);

@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include "tk_gpu.h"
 #include "tk_config.h"
+#include "tk_advisor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -68,22 +69,6 @@ typedef struct tk_snap_point {
     int64_t time_us;      /* its time_us, or -1 when the file has none */
     size_t allocated, reserved;
 } tk_snap_point;
-
-typedef struct tk_snap_diag {
-    char id[24];          /* the advisor's names: "fragmentation", "capacity", "headroom", "dominant_layer" */
-    char text[640];
-} tk_snap_diag;
-
-typedef struct tk_snap_fix {
-    char id[24];          /* "expandable_segments", "empty_cache", "del", "batch", "precision", "checkpointing", "max_length" */
-    char text[512];       /* what to change and what the snapshot says it saves */
-    char code[512];       /* the PyTorch/transformers code */
-    int64_t saves;        /* bytes the snapshot shows it frees, or -1 when the snapshot cannot tell */
-    int planned;          /* 1: the fix was planned on the recognised model (tk_snap_plan) */
-    size_t plan_peak;     /* its planned peak reserved bytes */
-    int plan_fits;        /* 1: plan_peak fits the capacity (or no capacity is known) */
-    char plan_change[96]; /* the planner's keys changed, "precision=bf16" */
-} tk_snap_fix;
 
 /* A BERT recognised from the live blocks' sizes (or named by --model), and
  * the batch shape the activations imply. */
@@ -199,6 +184,8 @@ typedef struct tk_snapshot {
     int n_device_rows;
     tk_snap_device devices[TK_SNAP_MAX_DEVICES]; /* by device index, ascending */
     int has_oom;
+    int trainer;                 /* 1: a live block's frames pass through transformers/trainer.py: fixes as
+                                    TrainingArguments lines; 0: a plain loop's code */
     int by_txkernel;             /* the live blocks' frames are txkernel's own (txk train/plan --snapshot) */
     int oom_device;              /* the device whose trace holds the oom event */
     size_t oom_size, oom_device_free;
@@ -218,9 +205,9 @@ typedef struct tk_snapshot {
     tk_snap_ws ws[TK_SNAP_MAX_WS]; /* library workspaces, in the trace or before it */
     size_t capacity;             /* the device's, from the caller; 0: unknown */
     int n_diag;
-    tk_snap_diag diag[TK_SNAP_MAX_DIAG];   /* ranked, the cause first */
+    tk_finding diag[TK_SNAP_MAX_DIAG];     /* ranked, the cause first */
     int n_fixes;
-    tk_snap_fix fixes[TK_SNAP_MAX_FIXES];  /* ranked, best first */
+    tk_fix_note fixes[TK_SNAP_MAX_FIXES];  /* ranked, best first */
     /* the leak: allocated between iterations (troughs between peaks of the
      * trace) rising steadily */
     int leak_iterations;         /* iterations the trace shows (troughs); 0 without a trace */

@@ -49,7 +49,7 @@ static const tk_option OPTIONS[] = {
     {"--margin", "F", 0, "safety margin as a share of capacity, in [0, 0.5) (0.05)", {{TK_VERB_ADVISE, BOTH}}},
     {"--for", "PLATFORM", 0, "advise for the cards this platform hands out (colab, kaggle, colab-2020; fix auto "
      "also all)", {{TK_VERB_ADVISE | TK_VERB_FIX, BOTH}}},
-    {"--api", "API", 0, "write the fixes' code for this API: trainer, loop or txkernel",
+    {"--api", "API", 0, "write the fixes' code for this API: trainer, loop, txkernel or keras",
      {{TK_VERB_ADVISE, BOTH}}},
     {"--fix", "N|auto", 0, "write the config with fix N (or the best that keeps the effective batch)",
      {{TK_VERB_ADVISE, SH}}},

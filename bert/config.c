@@ -75,7 +75,7 @@ int tk_torch_minor(tk_torch_version v) {
     if (v == TK_TORCH_1_13 || v == TK_TORCH_1_10) return -1;
     return (int)v - (int)TK_TORCH_2_0;
 }
-static const char *const api_names[] = {"auto", "trainer", "loop", "txkernel", NULL};
+static const char *const api_names[] = {"auto", "trainer", "loop", "txkernel", "keras", NULL};
 static const char *const parallel_names[] = {"dataparallel", "ddp", "zero2", NULL};
 
 /* attention_dropout: a probability, or `dropout` / -1 for the dropout key's */
@@ -341,7 +341,7 @@ static const keydef KEYS[] = {
     ENUM("attn_implementation", "train", attn_implementation, attn_impl_names, "engine pytorch: transformers' attention, sdpa (the default, as transformers 5) or eager"),
     SPEC("attention_dropout", "model", set_attention_dropout, get_attention_dropout, "engine pytorch: attention_probs_dropout_prob, 0 <= p < 1, or dropout (the default: the dropout key's value)"),
     ENUM("torch_version", "train", torch_version, torch_version_names, "engine pytorch: the versions followed, 2 (torch 2.x + transformers 5.x, the default; cuBLAS workspaces as torch 2.11 keeps them) or your torch's minor 2.0 .. 2.15 (where cuBLAS's workspaces live changed across them) or 1.13 (torch 1.13 + transformers 4.40, eager only) or 1.10 (torch 1.10 + transformers 4.15: 1.13's rules, and softmax keeps its input for backward)"),
-    ENUM("api", "train", api, api_names, "the API advice writes fixes in: trainer (TrainingArguments lines), loop (plain PyTorch), txkernel (this YAML) or auto (the default: a pasted traceback's Trainer.train says trainer; otherwise loop for engine pytorch, txkernel for engine txkernel)"),
+    ENUM("api", "train", api, api_names, "the API advice writes fixes in: trainer (TrainingArguments lines), loop (plain PyTorch), txkernel (this YAML), keras (TensorFlow's Keras) or auto (the default: a pasted traceback's Trainer.train says trainer, a TensorFlow message keras; otherwise loop for engine pytorch, txkernel for engine txkernel)"),
     ENUM("batching", "train", batching, batching_names, "fixed (pad to max_len), dynamic (pad per batch) or buckets"),
     INT("buckets", "train", buckets, 1, 4096, "batching buckets: number of length buckets"),
     SPEC("empty_cache", "train", set_empty_cache, get_empty_cache, "release cached device memory: never, on_oom or every:N steps"),

@@ -60,7 +60,7 @@ typedef enum { TK_PAR_DATAPARALLEL = 0, TK_PAR_DDP, TK_PAR_ZERO2 } tk_parallel;
  * say trainer; otherwise loop for engine: pytorch and txkernel for engine:
  * txkernel, tk_config_api), transformers' Trainer (TrainingArguments lines),
  * a plain PyTorch loop, or txkernel's own config (YAML). */
-typedef enum { TK_API_AUTO = 0, TK_API_TRAINER, TK_API_LOOP, TK_API_TXKERNEL } tk_api;
+typedef enum { TK_API_AUTO = 0, TK_API_TRAINER, TK_API_LOOP, TK_API_TXKERNEL, TK_API_KERAS } tk_api;
 
 #define TK_PATH_MAX 512
 

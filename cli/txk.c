@@ -460,7 +460,7 @@ static int advise_flags(char **argv, int argc, const char **platform, tk_api *ap
         tk_config probe;
         tk_config_defaults(&probe);
         if (!a || tk_config_set(&probe, "api", a, NULL) != TK_OK || probe.api == TK_API_AUTO) {
-            fprintf(stderr, "txk: --api %s: expected trainer, loop or txkernel\n", a ? a : "");
+            fprintf(stderr, "txk: --api %s: expected trainer, loop, txkernel or keras\n", a ? a : "");
             return EXIT_USAGE;
         }
         *api = probe.api;
@@ -556,7 +556,7 @@ static int cmd_advise(int argc, char **argv) {
     if (has_flag(argv, argc, "--from-error")) return advise_from_error(argc, argv);
     if (argc < 1) {
         fprintf(stderr, "usage: txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--for colab|kaggle] "
-                        "[--api trainer|loop|txkernel] [--fix N|auto [-o fixed.yaml]] [--json]\n"
+                        "[--api trainer|loop|txkernel|keras] [--fix N|auto [-o fixed.yaml]] [--json]\n"
                         "       txk advise [cfg.yaml [--data FILE]] --from-error FILE|- [--for colab|kaggle] [--api A] "
                         "[--json]\n");
         return EXIT_USAGE;

@@ -29,7 +29,7 @@
 #include "tk_session.h"
 #include "tk_txmagics.h"
 
-#define TXADVISE_USAGE "%txadvise [key=value ...] [--gpu PROFILE] [--top N] [--margin F] [--for colab|kaggle] [--api trainer|loop|txkernel] [--json]; %%txadvise --from-error [--for colab|kaggle] [--api ...] + the pasted message"
+#define TXADVISE_USAGE "%txadvise [key=value ...] [--gpu PROFILE] [--top N] [--margin F] [--for colab|kaggle] [--api trainer|loop|txkernel|keras] [--json]; %%txadvise --from-error [--for colab|kaggle] [--api ...] + the pasted message"
 #define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--for colab|kaggle|colab-2020|all] [--run] [--json]"
 
 /* card_note: the line saying which card the advice is for when the config
@@ -125,6 +125,7 @@ static int lengths_p99(const int32_t *lengths, int n) {
 static tk_api message_api(const tk_oom_report_opts *o, const tk_config *c, const tk_oom_message *msg) {
     if (o && o->api != TK_API_AUTO) return o->api;
     if (c && c->api != TK_API_AUTO) return c->api;
+    if (msg->format == TK_OOMMSG_TF) return TK_API_KERAS;
     if (msg->trainer) return TK_API_TRAINER;
     return c ? tk_config_api(c) : TK_API_LOOP;
 }
@@ -151,8 +152,7 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
     }
     msg->api = message_api(opts, c, msg);
     if (c && msg->format != TK_OOMMSG_NO_KERNEL_IMAGE) { /* no plan answers a missing kernel */
-        const char *own = tk_gpu_platform_of(msg->card);
-        const char *platform = msg->platform[0] ? msg->platform : own ? own : "colab";
+        const char *platform = tk_oom_message_platform(msg);
         tk_card_fit cards[16];
         int n = 0;
         /* The message is PyTorch's: the config is planned as PyTorch runs it
@@ -199,7 +199,7 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         }
         a = tk_malloc(sizeof *a);
         tk_advise_input in = {.config = &on, .lengths = lengths, .n_lengths = n_lengths, .margin_frac = 0.05,
-                              .platform = msg->platform[0] ? msg->platform : NULL, .api = msg->api};
+                              .platform = msg->platform[0] ? platform : NULL, .api = msg->api};
         if (!a || (st = tk_advise(&in, a, err)) != TK_OK) {
             if (!a) tk_err_set(err, st = TK_ENOMEM, "out of host memory advising");
             goto done;
@@ -208,14 +208,24 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         if (!adv_text) goto nomem;
         int au = tk_advice_auto(a);
         if (msg->n_fixes == TK_OOMMSG_MAX_FIXES) msg->n_fixes--;
+        /* the planned fix of the user's own config goes first when the top
+         * diagnosis is the step's own size (capacity); otherwise the top
+         * diagnosis' fix (free what is held, stop the other process,
+         * expandable segments) stays first and the planned one follows it,
+         * and when the config fits the card it goes last: no fix that
+         * shrinks the step ranks above one that frees memory */
+        int fits_card = 0;
+        for (int i = 0; i < n; i++)
+            if (cards[i].card == msg->card) fits_card = cards[i].fits;
+        int at = !msg->n_diag || msg->diag[0].kind == TK_DIAG_CAPACITY ? 0 : fits_card ? msg->n_fixes
+                                                                          : (msg->n_fixes ? 1 : 0);
         for (int i = 0; i < a->n_cand; i++) {
             if (i != au && !(au < 0 && i == 0)) continue;
             char *code = tk_fix_code(&on, &a->cand[i].config, msg->api);
             if (!code) goto nomem;
-            /* the planned fix of the user's own config goes first */
-            memmove(&msg->fixes[1], &msg->fixes[0], (size_t)msg->n_fixes * sizeof msg->fixes[0]);
+            memmove(&msg->fixes[at + 1], &msg->fixes[at], (size_t)(msg->n_fixes - at) * sizeof msg->fixes[0]);
             msg->n_fixes++;
-            tk_oommsg_fix *x = &msg->fixes[0];
+            tk_fix_note *x = &msg->fixes[at];
             char b1[32];
             snprintf(x->text, sizeof x->text, "your config's fix, as %s plans it on %s: %s (peak %s%s)",
                      msg->plan_engine, msg->card ? msg->card->name : "this card", a->cand[i].label,
@@ -276,7 +286,7 @@ static int api_arg(tk_magic_ctx *m, const char *v, tk_api *out) {
     tk_config_defaults(&probe);
     tk_err e = {0};
     if (!v || tk_config_set(&probe, "api", v, &e) != TK_OK)
-        return tk_magic_error(m, "UsageError", "--api %s: expected trainer, loop or txkernel\nusage: %s", v ? v : "",
+        return tk_magic_error(m, "UsageError", "--api %s: expected trainer, loop, txkernel or keras\nusage: %s", v ? v : "",
                               TXADVISE_USAGE);
     *out = probe.api;
     return 0;

@@ -151,6 +151,16 @@ def _snapshot_file(cuda):
     return path
 
 
+def _has_history(cuda):
+    """1 when the live snapshot holds any recorded trace event."""
+    try:
+        snap = cuda.memory._snapshot()
+    except Exception:  # a build without snapshots: nothing recorded
+        return False
+    traces = snap.get("device_traces") if isinstance(snap, dict) else None
+    return bool(traces) and any(len(t) for t in traces)
+
+
 def _with_capacity(cuda, line):
     """line, with this device's total memory as --capacity when the user gave
     neither --gpu nor --capacity: the snapshot is judged against the card it
@@ -187,7 +197,8 @@ def _txwatch(ip, line, cell):
     """%%txwatch: runs the cell with PyTorch's memory history recording on;
     when it raises torch.cuda.OutOfMemoryError, the snapshot of that moment
     is diagnosed (%txmem --snapshot) in place of the bare traceback, which
-    stays available (%tb, sys.last_traceback)."""
+    stays available (%tb, sys.last_traceback); when no history was recorded,
+    the error's message is read as a pasted one (%%txadvise --from-error)."""
     cuda, why = _torch_cuda()
     if cuda is None:
         print(f"%%txwatch: {why}; the cell runs without watching")
@@ -202,6 +213,11 @@ def _txwatch(ip, line, cell):
             raise
         sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
         print(f"CUDA out of memory in this cell: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        if not _has_history(cuda):
+            # nothing recorded (history off, or a build that records none): the
+            # bare message goes to the pasted-message reader, as %%txadvise --from-error
+            print("(the traceback: %tb)")
+            return _run("%%txadvise --from-error\n" + str(e))
         path = _snapshot_file(cuda)
         try:
             return _run(f"%txmem --snapshot {path} {_with_capacity(cuda, line)}".rstrip())

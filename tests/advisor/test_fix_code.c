@@ -77,11 +77,44 @@ static void test_loop_and_yaml(void) {
     tk_config from = base_config("loop", "2"), to = from;
     TK_CHECK(tk_config_api(&from) == TK_API_LOOP);
     to.precision = TK_PREC_FP16, to.recompute = TK_RECOMPUTE_LAYERS, to.batch_size = 16, to.accumulate = 2;
-    const char *const loop[] = {"loader = DataLoader(train_ds, batch_size=16, shuffle=True)",
-                                "optimizer.step() and zero_grad() every 2 batches", "torch.amp.GradScaler(\"cuda\")",
-                                "model.gradient_checkpointing_enable()", NULL};
+    /* one whole loop body (issue 40): accumulation as code, autocast, the scaler around clipping, the
+     * schedule's steps divided by the accumulation, checkpointing on the module that has it */
+    const char *const loop[] = {"loader = DataLoader(train_ds, batch_size=16, shuffle=True, collate_fn=loader.collate_fn)",
+                                "accum = 2   # your 32 x 1 examples per optimizer step, kept",
+                                "len(loader) * num_epochs // accum)", "scaler = torch.amp.GradScaler(\"cuda\")",
+                                "        loss = model(**batch).loss / accum\n    scaler.scale(loss).backward()\n"
+                                "    if (i + 1) % accum == 0:\n        scaler.unscale_(optimizer)",
+                                "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+                                "        scaler.step(optimizer)\n        scaler.update()\n        scheduler.step()\n"
+                                "        optimizer.zero_grad()",
+                                "(model if hasattr(model, \"gradient_checkpointing_enable\") else model.bert)"
+                                ".gradient_checkpointing_enable()", NULL};
     char *c = code_has(&from, &to, TK_API_AUTO, loop);
     TK_CHECK(c && !strstr(c, "TrainingArguments"));
+    free(c);
+    /* torch 1.13: the scaler's old spelling; bf16: no scaler */
+    tk_config o13 = base_config("loop", "1.13"), t13 = o13;
+    t13.precision = TK_PREC_FP16;
+    const char *const old[] = {"scaler = torch.cuda.amp.GradScaler()", NULL};
+    free(code_has(&o13, &t13, TK_API_AUTO, old));
+    t13.precision = TK_PREC_BF16;
+    const char *const bf[] = {"with torch.autocast(\"cuda\", dtype=torch.bfloat16):", "    loss.backward()\n", NULL};
+    c = code_has(&o13, &t13, TK_API_AUTO, bf);
+    TK_CHECK(c && !strstr(c, "scaler"));
+    free(c);
+    /* dynamic padding through the DataLoader's collate_fn, never the whole corpus padded */
+    to = from, to.batching = TK_BATCH_DYNAMIC, to.max_len = 128;
+    const char *const dyn[] = {"dict(tokenizer(t, truncation=True, max_length=128), labels=y)",
+                               "collate_fn=DataCollatorWithPadding(tokenizer)", NULL};
+    c = code_has(&from, &to, TK_API_AUTO, dyn);
+    TK_CHECK(c && !strstr(c, "padding=\"longest\"") && !strstr(c, "enc = tokenizer"));
+    free(c);
+    /* keras: the optimizer's accumulation, the batch, the policy */
+    to = from, to.batch_size = 16, to.accumulate = 2, to.precision = TK_PREC_FP16;
+    const char *const keras[] = {"tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")",
+                                 "gradient_accumulation_steps=2)", "model.fit(x, y, batch_size=16, epochs=epochs)", NULL};
+    c = code_has(&from, &to, TK_API_KERAS, keras);
+    TK_CHECK(c && !strstr(c, "torch"));
     free(c);
     /* txkernel's YAML: the keys that change, nothing else */
     tk_config y = from;

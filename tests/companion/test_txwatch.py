@@ -65,6 +65,26 @@ def test_txwatch_diagnoses_the_oom_of_the_cell(py):
     assert "OutOfMemoryError" in shown(outs)
 
 
+def test_txwatch_without_history_reads_the_message(py):
+    """Issue 40 item 5: nothing recorded (the stand-in's snapshot has no trace
+    events): the bare OutOfMemoryError's message goes to the pasted-message
+    reader (%%txadvise --from-error), the same answer as pasting it."""
+    _, kc = py
+    msg = ("CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 has a total capacity of 14.75 GiB of which "
+           "51.06 MiB is free. Process 2210 has 6.29 GiB memory in use. Process 3377 has 8.41 GiB memory in use. "
+           "Of the allocated memory 5.95 GiB is allocated by PyTorch, and 80.00 MiB is reserved by PyTorch but "
+           "unallocated.")
+    cu.run(kc, "_snap = memory._snapshot\nmemory._snapshot = lambda: {'segments': [], 'device_traces': [[]]}")
+    try:
+        rep, outs = cu.run(kc, f"%%txwatch\nraise torch.cuda.OutOfMemoryError({msg!r})", timeout=120)
+    finally:
+        cu.run(kc, "memory._snapshot = _snap")
+    seen = shown(outs)
+    assert rep["status"] == "ok", seen
+    assert "CUDA out of memory in this cell" in seen and "(the traceback: %tb)" in seen, seen
+    assert "1. another process: process 3377 held 8.41 GiB" in seen, seen
+
+
 def test_other_errors_pass_through(py):
     _, kc = py
     # stop_on_error=False: with it on, ipykernel aborts requests that reach it

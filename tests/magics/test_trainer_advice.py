@@ -78,9 +78,12 @@ def test_trainer_config_gets_trainingarguments_lines(peer_row, tmp_path):
         m = re.search(r"per_device_train_batch_size=(\d+), gradient_accumulation_steps=(\d+)", ln)
         if m and "changes it" not in "".join(lines):
             assert int(m.group(1)) * int(m.group(2)) == 64, ln
-    assert any("max_length=512" in ln for ln in lines), lines
-    # "already on" is said where it helps
-    assert any("already on in your config" in d["text"] for d in message["diagnoses"]), message["diagnoses"]
+    # issue 40: the message's 14.06 GiB allocated is far above the plan of one fp16, checkpointed step of
+    # this config, which fits the T4: memory held outside the step, first, and its fix (free it) first;
+    # no fix that shrinks the step ranks above it
+    assert message["diagnoses"][0]["id"] == "held", message["diagnoses"][0]
+    assert message["fixes"][0]["text"].startswith("free what earlier cells hold"), message["fixes"][0]
+    assert "max_length" not in message["fixes"][1]["code"] if len(message["fixes"]) > 1 else True
     # every TrainingArguments line constructs as printed, in this row's transformers
     from transformers import TrainingArguments
     built = 0

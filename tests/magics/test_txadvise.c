@@ -113,20 +113,28 @@ static void test_every_fix_measured(void) {
     json_t *cands = json_object_get(adv, "candidates");
     size_t n = json_array_size(cands);
     TK_CHECK(n >= 10);
-    /* each kind of fix a small classifier can take is offered at least once */
+    /* each kind of fix a small classifier can take that saves memory here is offered at least once;
+     * empty_cache and a smaller eval batch save nothing in this run's plan (the eval batch is not
+     * the peak, no cached segment is released at it), so they are not listed (issue 40), and no
+     * listed fix leaves the peak where it was unless it removes a diagnosed cause */
     const char *kinds[] = {"max_len", "padding", "precision", "accumulate", "recompute", "attention",
-                           "adamw8bit", "freeze embeddings", "freeze layers", "empty_cache",
-                           "eval_batch_size", "batch_size"};
-    int seen[12] = {0};
+                           "adamw8bit", "freeze embeddings", "freeze layers", "batch_size"};
+    enum { NK = sizeof kinds / sizeof kinds[0] };
+    int seen[NK] = {0};
+    json_int_t base = json_integer_value(json_object_get(adv, "peak"));
     size_t i;
     json_t *cj;
     json_array_foreach(cands, i, cj) {
         size_t k;
         json_t *f;
-        json_array_foreach(json_object_get(cj, "fixes"), k, f) for (int q = 0; q < 12; q++) if (
+        json_array_foreach(json_object_get(cj, "fixes"), k, f) for (int q = 0; q < NK; q++) if (
             !strcmp(json_string_value(json_object_get(f, "kind")), kinds[q])) seen[q] = 1;
+        TK_CHECK_MSG(json_integer_value(json_object_get(cj, "peak")) < base ||
+                         json_is_true(json_object_get(cj, "action_only")) ||
+                         json_is_true(json_object_get(cj, "addresses_cause")),
+                     "%s saves nothing", json_string_value(json_object_get(cj, "label")));
     }
-    for (int q = 0; q < 12; q++) TK_CHECK_MSG(seen[q], "no candidate with fix %s", kinds[q]);
+    for (int q = 0; q < NK; q++) TK_CHECK_MSG(seen[q], "no candidate with fix %s", kinds[q]);
 
     /* every candidate, applied and trained: measured == predicted */
     int ran = 0;

@@ -177,6 +177,7 @@ class _Recorder:
         self.op_seen_bwd = set()
         self.last_op = None         # (op name, module) of the last op dispatched, for refusals
         self.st = _Storages(self)
+        self.sdpa_out = {}          # an attention output's storage -> its op, until its first copy
         self.param_names = {}
 
     def owner_index(self, name):
@@ -247,6 +248,12 @@ def _modes(rec, torch):
                 if isinstance(t, torch.Tensor) and t.device.type != "meta":
                     rec.st.see(t, rec.phase, mod, op)
             name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else ""
+            if name == "clone" and args and isinstance(args[0], torch.Tensor) and rec.sdpa_out:
+                # the contiguous copy of an attention output: the CPU's output is (B, h, T, d), a fused CUDA
+                # kernel's is laid out (B, T, h, d), so the transpose back needs no copy there
+                k = rec.sdpa_out.pop(args[0].untyped_storage()._cdata, None)
+                if k is not None and isinstance(out, torch.Tensor):
+                    rec.ops[k].setdefault("copies", []).append(rec.st.live[out.untyped_storage()._cdata][0])
             if name in GEMMS:
                 bias = name in ("addmm", "baddbmm", "addmv", "_addmm_activation")
                 rec.events.append(["g", 1 if rec.phase == "temp" else 0, int(bias)])
@@ -299,6 +306,14 @@ def _modes(rec, torch):
             for ev in rec.events[first_ev:]:  # the outputs are the model's, the rest the op's own
                 if ev[0] == "a" and id(ev) in keep:
                     ev[5] = -1
+            if kind == "sdpa":  # what a fused kernel keeps for backward: q, k, v, the mask and its output
+                keep = [args[i] if len(args) > i else kwargs.get(n) for i, n in enumerate(("query", "key", "value"))]
+                keep += [mask] + [t for t in outs if isinstance(t, torch.Tensor)]
+                for t in outs:
+                    if isinstance(t, torch.Tensor):
+                        rec.sdpa_out[t.untyped_storage()._cdata] = idx
+                info["keep"] = sorted({v[0] for v in (rec.st.live.get(t.untyped_storage()._cdata) for t in keep
+                                                      if isinstance(t, torch.Tensor)) if v})
             rec.events.append(["op", idx, "fwd"])
             hi = _note_seq(out, op=idx)
             rec.ranges.append((lo, hi))
@@ -360,12 +375,30 @@ def _escapes(rec):
 
 def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision="fp32", target="cpu",
                checkpointing=None, steps=2, lr=2e-5):
+    """See _trace_step. An all-ones attention mask is given to a
+    transformers model as None (what it runs with when it sees one); a
+    module that needs the mask itself is traced again with it."""
+    try:
+        return _trace_step(model, batch, seq, loss, optimizer, precision, target, checkpointing, steps, lr,
+                           drop_mask=_modelish(model) is not None)
+    except TraceError as e:
+        if _modelish(model) is None or "NoneType" not in str(e):
+            raise
+    return _trace_step(model, batch, seq, loss, optimizer, precision, target, checkpointing, steps, lr, drop_mask=False)
+
+
+def _trace_step(model, batch, seq, loss, optimizer, precision, target, checkpointing, steps, lr, drop_mask):
     """Traces `steps` training steps of `model` (any nn.Module) at batch x
     seq and returns the event list as a dict (the engine's input). target:
     "cpu" or "cuda" (the optimizer as torch picks it there: foreach AdamW on
     CUDA). loss: None (the model's own with labels, else cross-entropy on its
     output), "ce", "mse" or "bce"."""
     torch = _torch()
+    major, minor = (int("".join(c for c in x if c.isdigit()) or 0) for x in torch.__version__.split(".")[:2])
+    if (major, minor) < (2, 1):
+        raise TraceError(f"torch {torch.__version__}: the tracer needs torch 2.1 or newer (fake tensors whose "
+                         "storages report their own release, and autograd's current node); with this torch, "
+                         "BertForSequenceClassification and BertForQuestionAnswering are planned from their config")
     from torch._subclasses.fake_tensor import FakeTensorMode
     t0 = time.perf_counter()
     if optimizer not in ("adamw", "adamw_torch_fused", "sgd", "adam"):
@@ -432,7 +465,11 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
                 rec.phase = "act"
                 labels = {k: b[k] for k in ("labels", "start_positions", "end_positions") if k in b}
                 own_loss = bool(labels) and loss is None
-                args = b if own_loss else {k: v for k, v in b.items() if k not in labels}
+                args = dict(b) if own_loss else {k: v for k, v in b.items() if k not in labels}
+                if drop_mask and "attention_mask" in args:
+                    # all ones (a fixed-length batch): transformers drops such a mask when it can read it, which
+                    # it cannot on fake tensors; None is what it runs with (the mask itself stays live, an input)
+                    args["attention_mask"] = None
                 with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
                     out = torch.func.functional_call(model, fake, (), args, tie_weights=True, strict=False)
                     if own_loss:

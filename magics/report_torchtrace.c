@@ -179,7 +179,7 @@ char *tk_embed_plan_trace(const char *trace_path, const char *gpu, const char *g
     if (!trace) {
         tk_err_set(&err, TK_EINVAL, "%s:%d: %s", trace_path ? trace_path : "(no trace file)", trace_path ? je.line : 0,
                    trace_path ? je.text : "give the trace's path");
-    } else if (tk_config_set(&c, "torch_version", torch_version && *torch_version ? torch_version : "2.x", &err) == TK_OK) {
+    } else if (tk_config_set(&c, "torch_version", torch_version && *torch_version ? torch_version : "2", &err) == TK_OK) {
         if (gpus && *gpus) {
             tk_torchtrace_gpus_report(trace, c.torch_version, gpus, &bundle, &err);
         } else {

@@ -16,7 +16,7 @@ extern "C" {
  * (new; free with tk_embed_free), or NULL with errbuf holding the error
  * (the trace file and line, the key, the card). gpu: a profile name, or
  * NULL/"" for the step as the CPU runs it; gpus: a platform (each of its
- * cards) instead; torch_version: "2.x", "2.0" .. "2.15", "1.13", "1.10". */
+ * cards) instead; torch_version: "2" (2.x), "2.0" .. "2.15", "1.13", "1.10". */
 char *tk_embed_plan_trace(const char *trace_path, const char *gpu, const char *gpus, const char *torch_version,
                           char *errbuf, size_t errlen);
 

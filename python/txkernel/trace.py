@@ -241,7 +241,8 @@ def _modes(rec, torch):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             mod, op = rec.where()
-            rec.last_op = (str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func), mod)
+            schema = getattr(func, "_schema", None)
+            rec.last_op = (schema.name if schema is not None else str(func), mod)
             out = func(*args, **kwargs)
             flat = out if isinstance(out, (tuple, list)) else [out]
             for t in flat:
@@ -377,12 +378,13 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
                checkpointing=None, steps=2, lr=2e-5):
     """See _trace_step. An all-ones attention mask is given to a
     transformers model as None (what it runs with when it sees one); a
-    module that needs the mask itself is traced again with it."""
+    module that cannot run without it (it reads the mask, or checks the ids
+    for padding when there is none) is traced again with it."""
     try:
         return _trace_step(model, batch, seq, loss, optimizer, precision, target, checkpointing, steps, lr,
                            drop_mask=_modelish(model) is not None)
-    except TraceError as e:
-        if _modelish(model) is None or "NoneType" not in str(e):
+    except TraceError:
+        if _modelish(model) is None:
             raise
     return _trace_step(model, batch, seq, loss, optimizer, precision, target, checkpointing, steps, lr, drop_mask=False)
 

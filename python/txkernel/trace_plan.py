@@ -94,7 +94,7 @@ def _lib():
     return lb
 
 
-def plan_trace(trace, gpu=None, gpus=None, torch_version="2.x"):
+def plan_trace(trace, gpu=None, gpus=None, torch_version="2"):
     """The engine's bundle (dict) for a trace (trace.trace_step's dict)."""
     lb = _lib()
     fd, path = tempfile.mkstemp(prefix="txk-trace-", suffix=".json")

@@ -5,9 +5,11 @@ gradient-checkpointing flag, its frozen parameters) through
 torch.func.functional_call with fake parameters: FakeTensorMode gives every
 tensor its shape, dtype and storage but no data, so no weight is read or
 copied, no GPU is touched, and the user's process holds no more memory
-afterwards. The batch itself (ids, mask, labels: a few KiB) is real, so that
-what transformers decides from its values (an all-ones mask is dropped) is
-decided as in the user's run.
+afterwards. The batch itself (ids, mask, labels: a few KiB) is real, and so
+is what is computed from it alone (a mask's processing, a check of the
+labels), so that what transformers decides from those values (an all-ones
+mask is dropped, DeBERTa's loss selects the labelled rows) is decided as in
+the user's run.
 
 Every storage's life is recorded: an allocation when an op first returns it
 (its bytes, the module running, the category: param, input, act, temp,
@@ -232,6 +234,8 @@ class _Recorder:
 
 def _modes(rec, torch):
     from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils import _pytree as pytree
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.overrides import TorchFunctionMode
     F = torch.nn.functional
     GEMMS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "matmul", "_addmm_activation"}
@@ -243,7 +247,14 @@ def _modes(rec, torch):
             mod, op = rec.where()
             schema = getattr(func, "_schema", None)
             rec.last_op = (schema.name if schema is not None else str(func), mod)
-            out = func(*args, **kwargs)
+            leaves = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if leaves and not any(isinstance(t, FakeTensor) for t in leaves):
+                # computed from the batch alone (a mask's processing, a check of the labels): real, as in the
+                # user's run, so that what the model decides from those values it decides the same way
+                with unset_fake_temporarily():
+                    out = func(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
             flat = out if isinstance(out, (tuple, list)) else [out]
             for t in flat:
                 if isinstance(t, torch.Tensor) and t.device.type != "meta":
@@ -376,20 +387,6 @@ def _escapes(rec):
 
 def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision="fp32", target="cpu",
                checkpointing=None, steps=2, lr=2e-5):
-    """See _trace_step. An all-ones attention mask is given to a
-    transformers model as None (what it runs with when it sees one); a
-    module that cannot run without it (it reads the mask, or checks the ids
-    for padding when there is none) is traced again with it."""
-    try:
-        return _trace_step(model, batch, seq, loss, optimizer, precision, target, checkpointing, steps, lr,
-                           drop_mask=_modelish(model) is not None)
-    except TraceError:
-        if _modelish(model) is None:
-            raise
-    return _trace_step(model, batch, seq, loss, optimizer, precision, target, checkpointing, steps, lr, drop_mask=False)
-
-
-def _trace_step(model, batch, seq, loss, optimizer, precision, target, checkpointing, steps, lr, drop_mask):
     """Traces `steps` training steps of `model` (any nn.Module) at batch x
     seq and returns the event list as a dict (the engine's input). target:
     "cpu" or "cuda" (the optimizer as torch picks it there: foreach AdamW on
@@ -468,10 +465,6 @@ def _trace_step(model, batch, seq, loss, optimizer, precision, target, checkpoin
                 labels = {k: b[k] for k in ("labels", "start_positions", "end_positions") if k in b}
                 own_loss = bool(labels) and loss is None
                 args = dict(b) if own_loss else {k: v for k, v in b.items() if k not in labels}
-                if drop_mask and "attention_mask" in args:
-                    # all ones (a fixed-length batch): transformers drops such a mask when it can read it, which
-                    # it cannot on fake tensors; None is what it runs with (the mask itself stays live, an input)
-                    args["attention_mask"] = None
                 with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
                     out = torch.func.functional_call(model, fake, (), args, tie_weights=True, strict=False)
                     if own_loss:

@@ -40,7 +40,7 @@ json_t *tk_report_torchtrace(const tk_torchtrace_result *r) {
     tk_sb text = {0}, html = {0};
     tk_sb_addf(&text, "Plan (%s, traced — %s's own training step, on %s%s%s): batch %d x seq %d\n",
                p->torch_version, r->model, p->device, p->gpu[0] ? " " : "", p->gpu, p->batch, p->seq);
-    tk_sb_addf(&text, "loss: %s; attention: %s (%d calls); optimizer: %s; precision: %s\n", r->loss, p->attention,
+    tk_sb_addf(&text, "loss: %s; attention: %s (%d calls over the two steps); optimizer: %s; precision: %s\n", r->loss, p->attention,
                r->n_sdpa, p->optimizer, p->precision);
     tk_sb_addf(&text, "peak allocated %s (steady step: torch.cuda.max_memory_allocated() after a reset before it); "
                       "first step %s\n", tk_format_bytes(p->peak_allocated, a, sizeof a),

@@ -38,7 +38,7 @@ typedef struct tk_torchtrace_result {
     tk_torchplan_result plan;       /* the figures engine: pytorch reports (attention, optimizer, peaks, card) */
     char model[96];                 /* the traced module's class */
     char loss[32];                  /* "the model's own" | "cross-entropy" | "mse" | "bce" */
-    int n_sdpa, n_dropout;          /* card-dependent ops in one forward */
+    int n_sdpa, n_dropout;          /* card-dependent op calls over the steps traced */
     int n_modules;                  /* live bytes by module at the steady step's peak, largest first */
     struct { char name[128]; size_t bytes; } modules[TK_TRACE_TOP];
     int n_largest;                  /* the largest storages live at that peak */

@@ -47,7 +47,12 @@ json_t *tk_report_torchtrace(const tk_torchtrace_result *r) {
                tk_format_bytes(p->first_step_peak_allocated, b, sizeof b));
     tk_sb_addf(&text, "peak reserved %s\n", tk_format_bytes(p->peak_reserved, a, sizeof a));
     if (p->on_cuda) {
-        if (p->n_workspaces || p->lt_workspace_bytes)
+        if (!p->n_workspaces && !p->outside_bytes)
+            tk_sb_addf(&text, "cuBLAS workspaces: one %s for each GEMM while it runs%s%s%s\n",
+                       tk_format_bytes(p->workspace_bytes, b, sizeof b), p->lt_workspace_bytes ? ", cuBLASLt " : "",
+                       p->lt_workspace_bytes ? tk_format_bytes(p->lt_workspace_bytes, c, sizeof c) : "",
+                       p->lt_workspace_bytes ? " kept" : "");
+        else if (p->n_workspaces)
             tk_sb_addf(&text, "cuBLAS workspaces: %d x %s kept in the caching allocator%s%s%s\n", p->n_workspaces,
                        tk_format_bytes(p->workspace_bytes, b, sizeof b), p->lt_workspace_bytes ? ", cuBLASLt " : "",
                        p->lt_workspace_bytes ? tk_format_bytes(p->lt_workspace_bytes, c, sizeof c) : "",
@@ -55,9 +60,6 @@ json_t *tk_report_torchtrace(const tk_torchtrace_result *r) {
         else if (p->outside_bytes)
             tk_sb_addf(&text, "cuBLAS workspaces: cuBLAS's own pools, %s outside the caching allocator\n",
                        tk_format_bytes(p->outside_bytes, b, sizeof b));
-        else
-            tk_sb_addf(&text, "cuBLAS workspaces: one %s for each GEMM while it runs\n",
-                       tk_format_bytes(p->workspace_bytes, b, sizeof b));
         tk_sb_addf(&text, "device used %s (reserved + %s CUDA context%s%s)\n", tk_format_bytes(p->device_used, a, sizeof a),
                    tk_format_bytes(p->context_bytes, b, sizeof b), p->outside_bytes ? " + cuBLAS's own pools " : "",
                    p->outside_bytes ? tk_format_bytes(p->outside_bytes, c, sizeof c) : "");

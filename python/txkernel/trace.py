@@ -29,9 +29,6 @@ import inspect
 import time
 import weakref
 
-CATS = ("param", "input", "act", "temp", "grad", "optim")
-
-
 class TraceError(ValueError):
     """The step cannot be traced; the message names the module and the op."""
 
@@ -175,8 +172,8 @@ class _Recorder:
         self.seq_map = []           # (grad_fn sequence number, module, op) in forward order
         self.op_now = -1            # the card-dependent op running in forward
         self.bwd_op = -1            # the op whose backward range is running
-        self.ranges = []            # per op: (lo, hi] of its nodes' sequence numbers
-        self.op_seen_bwd = set()
+        self.op_seen_bwd = set()    # ops whose backward has begun
+        self.open_bwd = set()       # ops whose backward is running
         self.last_op = None         # (op name, module) of the last op dispatched, for refusals
         self.st = _Storages(self)
         self.sdpa_out = {}          # an attention output's storage -> its op, until its first copy
@@ -219,17 +216,17 @@ class _Recorder:
         if op >= 0 and op not in self.op_seen_bwd:
             self.op_seen_bwd.add(op)
             self.events.append(["op", op, "bwd"])
-            self._open_bwd = getattr(self, "_open_bwd", set()) | {op}
-        for o in list(getattr(self, "_open_bwd", ())):
+            self.open_bwd.add(op)
+        for o in list(self.open_bwd):
             if o != op:
                 self.events.append(["op", o, "bwd_end"])
-                self._open_bwd.discard(o)
+                self.open_bwd.discard(o)
         return (mod if mod is not None else ""), op
 
     def close_bwd(self):
-        for o in sorted(getattr(self, "_open_bwd", ())):
+        for o in sorted(self.open_bwd):
             self.events.append(["op", o, "bwd_end"])
-        self._open_bwd = set()
+        self.open_bwd = set()
 
 
 def _modes(rec, torch):
@@ -258,7 +255,8 @@ def _modes(rec, torch):
             flat = out if isinstance(out, (tuple, list)) else [out]
             for t in flat:
                 if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                    rec.st.see(t, rec.phase, mod, op)
+                    # the optimizer's own temporaries are temp; its state is found in opt.state at the end
+                    rec.st.see(t, "temp" if rec.phase == "optim" else rec.phase, mod, op)
             name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else ""
             if name == "clone" and args and isinstance(args[0], torch.Tensor) and rec.sdpa_out:
                 # the contiguous copy of an attention output: the CPU's output is (B, h, T, d), a fused CUDA
@@ -301,7 +299,6 @@ def _modes(rec, torch):
                         "causal": bool(kwargs.get("is_causal", False)), "module": rec.stack[-1]}
             idx = len(rec.ops)
             rec.ops.append(info)
-            lo = _seq_hi()
             rec.op_now = idx
             first_ev = len(rec.events)
             try:
@@ -327,8 +324,7 @@ def _modes(rec, torch):
                 info["keep"] = sorted({v[0] for v in (rec.st.live.get(t.untyped_storage()._cdata) for t in keep
                                                       if isinstance(t, torch.Tensor)) if v})
             rec.events.append(["op", idx, "fwd"])
-            hi = _note_seq(out, op=idx)
-            rec.ranges.append((lo, hi))
+            _note_seq(out, op=idx)
             return out
 
     def _note_seq(out, op=-1):
@@ -482,21 +478,17 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
             rec.events.append(["s", steps])
             rec.recording = False
             # what the step left: gradients and the optimizer's state
-            grads = set()
             for f in trainable:
                 if f.grad is not None:
                     ev = rec.st.event_of(f.grad)
                     if ev is not None:
-                        grads.add(id(ev))
                         ev[3] = "grad"
                         ev[4] = rec.owner_index(rec.param_names.get(id(f), "").rpartition(".")[0])
-            state = set()
             for f, stt in opt.state.items():
                 for v in stt.values():
                     if isinstance(v, torch.Tensor):
                         ev = rec.st.event_of(v)
                         if ev is not None:
-                            state.add(id(ev))
                             ev[3] = "optim"
                             ev[4] = rec.owner_index(rec.param_names.get(id(f), "").rpartition(".")[0])
             # gradients of the first step (freed at the second zero_grad) are grads too
@@ -546,17 +538,13 @@ def _module_class(model, name):
 
 
 def _categorise_grads(rec):
-    """A storage AccumulateGrad kept as .grad in step 1 is a gradient: the
-    allocations made by AccumulateGrad nodes are marked at record time
-    through their owner; here the ones still called temp that live from the
-    backward to the next zero_grad are found by their release in the next
-    step's zero_grad (phase temp, before any activation)."""
-    step = -1
+    """The gradients of an earlier step (the last step's are found through
+    .grad): storages made in backward that the next step's zero_grad
+    releases, after its step mark and before its batch arrives."""
     born = {}
     in_zero = False
     for ev in rec.events:
         if ev[0] == "s":
-            step = ev[1]
             in_zero = True
         elif ev[0] == "a":
             if ev[3] == "input":

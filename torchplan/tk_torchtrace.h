@@ -7,9 +7,10 @@
  * allocation and release with its bytes, module and category, and the ops
  * whose memory depends on the card (dropout, scaled_dot_product_attention,
  * GEMMs) as op events with their shapes. The replay:
- *  - device cpu (no card): every storage as the CPU made it, rounded and
- *    pooled as the caching allocator does (what the tests hold against
- *    PyTorch's own CPU allocator events);
+ *  - device cpu (no card): every storage as the CPU made it; peak allocated
+ *    is the live sum of their bytes rounded to 512 (the CPU has no caching
+ *    allocator: what the tests hold against PyTorch's own CPU allocator
+ *    events), reserved as the caching allocator would pool them;
  *  - a card: the same, except what the card's kernels make differently —
  *    a dropout keeps a 1-byte mask, not the CPU's noise of the input's
  *    dtype; SDPA runs the kernel the card would pick (flash, efficient, or

@@ -187,6 +187,9 @@ static tk_status run(replay *r, const json_t *events, long stop, int steps, tk_t
                     continue;
                 }
             }
+            /* the cpu has no caching allocator: a storage is its bytes, rounded to 512 as the reference
+             * rounds them (counted by the allocator's requested bytes) */
+            if (!r->cuda) bytes = bytes <= 512 ? 512 : (bytes + 511) / 512 * 512;
             tk_status st = new_block(r, bytes, (tk_cat)cat, owner, &r->ptr[id], err);
             if (st != TK_OK) return st;
             if (bytes == 0) r->skip[id] = 1;
@@ -213,9 +216,10 @@ static tk_status run(replay *r, const json_t *events, long stop, int steps, tk_t
         } else if (!strcmp(k, "s")) {
             int s = (int)json_integer_value(json_array_get(ev, 1));
             tk_alloc_stats_get(r->a, &stats);
-            if (step == 0) out->plan.first_step_peak_allocated = stats.allocated_peak;
-            if (step >= 1 && stats.allocated_peak > out->plan.peak_allocated) {
-                out->plan.peak_allocated = stats.allocated_peak;
+            size_t peak = r->cuda ? stats.allocated_peak : stats.requested_peak;
+            if (step == 0) out->plan.first_step_peak_allocated = peak;
+            if (step >= 1 && peak > out->plan.peak_allocated) {
+                out->plan.peak_allocated = peak;
                 memcpy(out->plan.by_cat_at_peak, stats.by_cat_at_peak, sizeof stats.by_cat_at_peak);
             }
             if (step >= 0 && stats.reserved_peak > out->plan.peak_reserved) out->plan.peak_reserved = stats.reserved_peak;
@@ -261,7 +265,8 @@ static tk_status run(replay *r, const json_t *events, long stop, int steps, tk_t
         }
         if (step >= 1 && steady_peak_at) {
             tk_alloc_stats_get(r->a, &stats);
-            if (stats.allocated > best) best = stats.allocated, *steady_peak_at = (long)i;
+            size_t now = r->cuda ? stats.allocated : stats.requested;
+            if (now > best) best = now, *steady_peak_at = (long)i;
         }
         continue;
     bad:

@@ -245,9 +245,11 @@ def _modes(rec, torch):
             schema = getattr(func, "_schema", None)
             rec.last_op = (schema.name if schema is not None else str(func), mod)
             leaves = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            if leaves and not any(isinstance(t, FakeTensor) for t in leaves):
-                # computed from the batch alone (a mask's processing, a check of the labels): real, as in the
-                # user's run, so that what the model decides from those values it decides the same way
+            if rec.phase == "act" and leaves and not any(isinstance(t, FakeTensor) for t in leaves):
+                # computed from the batch alone in the forward (a mask's processing, a check of the labels):
+                # real, as in the user's run, so that what the model decides from those values it decides the
+                # same way (backward and a checkpointed layer's recomputation stay fake: real there made real
+                # copies of what the recomputation keeps)
                 with unset_fake_temporarily():
                     out = func(*args, **kwargs)
             else:

@@ -41,7 +41,7 @@ def main():
     model = BertForSequenceClassification(BertConfig(vocab_size=28996))
     gc.collect()
     rss0, hwm0 = status("VmRSS"), status("VmHWM")
-    times, plans, n_events, peak = [], [], 0, 0
+    times, plans, n_events, peak, rss_runs = [], [], 0, 0, []
     for _ in range(a.runs):
         t0 = time.perf_counter()
         tr = trace.trace_step(model, batch=a.batch, seq=a.seq, target="cuda")
@@ -53,9 +53,10 @@ def main():
         n_events, peak = len(tr["events"]), j["peak_allocated"]
         del tr, j
         gc.collect()
+        rss_runs.append(status("VmRSS"))
     rss1, hwm1 = status("VmRSS"), status("VmHWM")
     print(json.dumps({"torch": torch.__version__, "batch": a.batch, "seq": a.seq, "trace_s": times, "plan_s": plans,
-                      "events": n_events, "t4_peak_allocated": peak, "rss_before": rss0, "rss_after": rss1,
+                      "events": n_events, "t4_peak_allocated": peak, "rss_before": rss0, "rss_after_each": rss_runs, "rss_after": rss1,
                       "hwm_before": hwm0, "hwm_after": hwm1, "cpus": os.cpu_count(),
                       "loadavg_after": os.getloadavg()[0]}))
 

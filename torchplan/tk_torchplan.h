@@ -147,6 +147,11 @@ typedef struct tk_torch_blas {
 } tk_torch_blas;
 void tk_torch_blas_rules(tk_torch_version v, int cc_major, int cc_minor, tk_torch_blas *out);
 
+/* The CUDA context PyTorch itself takes on card `prof` (its kernels, cuBLAS
+ * and cuDNN loaded): measured where it was, else the profile's estimate; 0
+ * without a card. */
+size_t tk_torchplan_context(const tk_gpu_profile *prof);
+
 /* The versions `torch_version` follows, as a plan names its engine:
  * "engine: pytorch (torch 2.x + transformers 5.x)" and the like. */
 const char *tk_torchplan_label(tk_torch_version v);

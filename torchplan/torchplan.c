@@ -1531,7 +1531,7 @@ static void zero2_states(sim *s) {
 
 /* The CUDA context PyTorch itself takes on a card (its kernels, cuBLAS and
  * cuDNN loaded), where it was measured; else the profile's estimate. */
-static size_t pytorch_context(const tk_gpu_profile *prof) {
+size_t tk_torchplan_context(const tk_gpu_profile *prof) {
     if (!prof) return 0;
     /* HF's "Model training anatomy" (transformers docs, model_memory_anatomy):
      * nvidia-smi showed 1343 MiB on its V100 after torch.ones((1, 1)).to("cuda"),
@@ -1824,7 +1824,7 @@ tk_status tk_torchplan_data(const tk_config *c0, const int *lengths, int nlen, t
         roles[0] = c.parallel == TK_PAR_DDP ? ROLE_DDP : c.parallel == TK_PAR_ZERO2 ? ROLE_ZERO2 : ROLE_DP0;
         if (c.parallel == TK_PAR_DATAPARALLEL) roles[1] = ROLE_DP1;
     }
-    out->context_bytes = pytorch_context(prof);
+    out->context_bytes = tk_torchplan_context(prof);
     out->capacity = prof ? prof->capacity : c.capacity;
     gpu_figures f[2];
     int fullest = 0;

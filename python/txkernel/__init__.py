@@ -235,7 +235,13 @@ def _txplan_torch(ip, line):
     The card goes to the engine as its --gpu / --gpus flag, so a bad name is
     that flag's error; --show-config prints the config with its gpu: line,
     which `txk plan` plans the same."""
-    from . import torch_model
+    from . import torch_model, trace_plan
+    if trace_plan.wants_trace(line.split(), ip.user_ns):
+        # any other module, or an attribute path: its own step, traced (issue 41)
+        try:
+            return _Result(trace_plan.plan(line.split(), ip.user_ns), {})
+        except torch_model.PlanArgsError as e:
+            raise _error_class("UsageError")("UsageError", str(e), [])
     try:
         opts = torch_model.parse(line.split())
         yaml, flags = torch_model.config_yaml(opts, ip.user_ns)

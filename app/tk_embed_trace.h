@@ -1,6 +1,6 @@
 /* tk_embed_trace.h — the companion's way to a traced plan (issue 41): the
  * trace python/txkernel/trace.py wrote, planned by torchplan/torchtrace.c
- * and rendered as engine: pytorch's report (magics/report_torchtrace.c). */
+ * and rendered as engine: pytorch's report (app/report_torchtrace.c). */
 #ifndef TK_EMBED_TRACE_H
 #define TK_EMBED_TRACE_H
 

@@ -75,7 +75,8 @@ static const tk_option OPTIONS[] = {
     {"--batch", "N", 0, "the batch size (data: of the padding figures; mem: of the planned step; the companion: "
      "of the model's step)", {{TK_VERB_DATA, BOTH}, {TK_VERB_MEM, SH}, {TK_VERB_PLAN, CO}}},
     {"--seq", "T", 0, "the sequence length of the planned step", {{TK_VERB_MEM, SH}, {TK_VERB_PLAN, CO}}},
-    {"--device", "KIND", 0, "cpu, cuda or meta", {{TK_VERB_MEM, SH}}},
+    {"--device", "KIND", 0, "cpu, cuda or meta (the companion's traced plan: cpu, the step as PyTorch runs it on "
+     "this machine's CPU)", {{TK_VERB_MEM, SH}, {TK_VERB_PLAN, CO}}},
     {"--capacity", "SIZE", 0, "a simulated capacity (7.43GiB)", {{TK_VERB_MEM, SH}}},
     {"--size", "N", 0, "the vocabulary's size", {{TK_VERB_VOCAB, SH}}},
     {"--lowercase", NULL, 0, "lower-case the corpus first", {{TK_VERB_VOCAB, SH}}},
@@ -84,8 +85,14 @@ static const tk_option OPTIONS[] = {
     {"--trainer", "NAME", 0, "a transformers Trainer in this notebook: its model and TrainingArguments",
      {{TK_VERB_PLAN, CO}}},
     {"--precision", "P", 0, "fp32, fp16 or bf16 (autocast)", {{TK_VERB_PLAN, CO}}},
-    {"--optimizer", "O", 0, "adamw, adamw8bit or adamw_torch_fused", {{TK_VERB_PLAN, CO}}},
+    {"--optimizer", "O", 0, "adamw, adamw8bit or adamw_torch_fused (the traced plan also adam and sgd)", {{TK_VERB_PLAN, CO}}},
     {"--show-config", NULL, 0, "print the engine: pytorch YAML the model was read into", {{TK_VERB_PLAN, CO}}},
+    {"--loss", "L", 0, "the traced step's loss when the model computes none: ce (cross-entropy on the output, the "
+     "default), mse or bce", {{TK_VERB_PLAN, CO}}},
+    {"--checkpointing", "on|off", 0, "the traced step with gradient checkpointing on or off (default: as the "
+     "model is set)", {{TK_VERB_PLAN, CO}}},
+    {"--trace", NULL, 0, "trace the model's own step even for a BERT head the YAML route plans",
+     {{TK_VERB_PLAN, CO}}},
 };
 
 static const char *const VERBS[] = {"plan", "train", "advise", "fix", "predict", "data", "mem", "device", "vocab"};

@@ -15,33 +15,36 @@ import os
 import tempfile
 
 from . import trace as _trace
-from .torch_model import PlanArgsError, torch_rules, HEADS
+from .torch_model import PlanArgsError, torch_rules, HEADS, _KEYS, _flags
 
 USAGE = ("%txplan --torch-model NAME[.ATTR...] [--batch B] [--seq T] [--gpu PROFILE | --gpus colab|kaggle | "
          "--device cpu] [--precision fp32|fp16|bf16] [--optimizer adamw|adamw_torch_fused|adam|sgd] "
          "[--loss ce|mse|bce] [--checkpointing on|off] [--trace] [--json]")
-_VALUED = {"--torch-model": "model", "--batch": "batch", "--seq": "seq", "--gpu": "gpu", "--gpus": "gpus",
-           "--device": "device", "--precision": "precision", "--optimizer": "optimizer", "--loss": "loss",
-           "--checkpointing": "checkpointing"}
 
 
 def parse(words):
+    """The traced route's flags, read with the engine's one option table
+    (app/options.c, as torch_model.parse reads it) -> dict."""
     out = {"json": False, "trace": False}
+    flags = _flags()
     i = 0
     while i < len(words):
         w = words[i]
-        if w in _VALUED:
+        key = _KEYS.get(w, w[2:])
+        if flags.get(w):
             if i + 1 >= len(words):
                 raise PlanArgsError(f"{w} needs a value")
-            out[_VALUED[w]] = words[i + 1]
+            out[key] = words[i + 1]
             i += 2
-        elif w in ("--json", "--trace"):
-            out[w[2:]] = True
+        elif w in flags:
+            out[key] = True
             i += 1
         else:
             raise PlanArgsError(f"%txplan --torch-model: unexpected '{w}' (usage: {USAGE})")
     if "model" not in out:
         raise PlanArgsError(f"give --torch-model NAME (usage: {USAGE})")
+    if "show" in out:
+        raise PlanArgsError("--show-config: a traced model has no engine: pytorch YAML (that is the BertFor... route)")
     if sum(k in out for k in ("gpu", "gpus", "device")) > 1:
         raise PlanArgsError("give one of --gpu PROFILE, --gpus PLATFORM or --device cpu")
     if out.get("device") not in (None, "cpu"):

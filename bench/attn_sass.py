@@ -14,7 +14,7 @@ backward branch and its target). Then one line per
 architecture: the tile triple (fwd + dQ + dK/dV at head size 64, f16, the
 m16n8k16 path). Every kernel's loop body is exactly one 64 x 64 tile (the
 kernels unroll it whole), so that line is the issue's "instructions per tile
-triple": the proxy for speed until a card measures it (bench/RESULTS.md).
+triple" (sm_75: the m16n8k8 path, its only one): the proxy for speed until a card measures it (bench/RESULTS.md).
 
 cuobjdump comes from $CUOBJDUMP, PATH, $CUDA_HOME/bin or /usr/local/cuda/bin,
 or PyPI's nvidia-cuda-cuobjdump wheel (nvidia/cu13/bin/cuobjdump under any
@@ -113,14 +113,15 @@ def main():
         print("|---|---|---|---|---|---|---|---|---|")
         order = {"k_attn_mma_fwd": 0, "k_attn_mma_dq": 1, "k_attn_mma_dkv": 2}
         for key in sorted(rows, key=lambda k: (-k[3], k[2] != "m16n8k16", k[1], order[k[0]])):
-            if not a.all and (key[1], key[2], key[3]) != ("f16", "m16n8k16", 64):
+            if not a.all and (key[1], key[2], key[3]) != ("f16", "m16n8k8" if arch == "sm_75" else "m16n8k16", 64):
                 continue
             c = rows[key]
             print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {c['insns']} | {c['hmma']} | {c['ex2']} | "
                   f"{c['loop']} | {c['loop_hmma']} |")
-        trip = [rows.get((k, "f16", "m16n8k16", 64)) for k in order]
+        path = "m16n8k8" if arch == "sm_75" else "m16n8k16"  # sm_75's m16n8k16 kernels only trap
+        trip = [rows.get((k, "f16", path, 64)) for k in order]
         if all(trip):
-            print(f"{arch} tile triple (fwd + dQ + dK/dV loop bodies, HS 64 f16): {sum(c['loop'] for c in trip)} "
+            print(f"{arch} tile triple (fwd + dQ + dK/dV loop bodies, HS 64 f16 {path}): {sum(c['loop'] for c in trip)} "
                   f"instructions, {sum(c['loop_hmma'] for c in trip)} HMMA; whole kernels "
                   f"{sum(c['insns'] for c in trip)}")
     return rc

@@ -375,7 +375,13 @@ static tk_status plan_run(tk_session *s, tk_config *cc, tk_dev *d, const tk_run_
     /* attention: auto is decided by the device the run got (device: auto
      * may have found cuda); the plan and the model then use the same. */
     const char *attn_why = NULL;
-    cc->attention = tk_config_attention(cc, tk_dev_kind_of(d), &attn_why);
+    tk_err fit_err = { 0 };
+    cc->attention = tk_config_attention_fit(cc, tk_dev_kind_of(d), tk_plan_attention_fits, &fit_err, &attn_why);
+    if (fit_err.status != TK_OK) {
+        if (err) *err = fit_err;
+        tk_run_data_clear(data);
+        return fit_err.status;
+    }
     /* device: auto that found cuda is planned as the card's run it is */
     tk_config pc = *cc;
     if (tk_dev_kind_of(d) == TK_DEV_CUDA) pc.device = TK_DEVICE_CUDA;
@@ -414,7 +420,7 @@ static tk_status prepare_run(const tk_config *cc, tk_dev *d, const tk_run_hooks 
              "on that card%s", cc->device == TK_DEVICE_AUTO ? "no CUDA device here" : "device: cpu; device: cuda "
              "trains on a GPU", cc->gpu, tk_format_bytes(info.total, b, sizeof b),
              /* the plan for the card chose the card's attention; the run keeps it so they agree */
-             cc->attention == TK_ATTN_FUSED && !strcmp(r->plan.attention_why, "default on cuda")
+             cc->attention == TK_ATTN_FUSED && !strncmp(r->plan.attention_why, "default on cuda", 15)
                  ? ", and its default attention: fused" : "");
     else
         note(h, "training on the cpu%s%s", cc->capacity ? ", memory limited to capacity: " : "",

@@ -443,7 +443,13 @@ static int run_txplan(tk_magic_ctx *m) {
         /* attention: auto as the session's device would run it (a run
          * decides it the same way; without a device, from the config) */
         const char *attn_why = NULL;
-        c.attention = tk_config_attention(&c, sd ? tk_dev_kind_of(sd) : TK_DEV_META, &attn_why);
+        tk_err fit_err = { 0 };
+        c.attention = tk_config_attention_fit(&c, sd ? tk_dev_kind_of(sd) : TK_DEV_META, tk_plan_attention_fits,
+                                              &fit_err, &attn_why);
+        if (fit_err.status != TK_OK) {
+            err = fit_err;
+            goto plan_error;
+        }
         /* --epoch: the run's first epoch, its own batches in its order */
         tk_plan_batches run = {.train = data.train, .n_train = data.n_train, .dev = data.dev, .n_dev = data.n_dev};
         if ((epoch ? tk_plan_epoch(&c, &run, NULL, &p, &err) : tk_plan(&c, len, n, &p, &err)) != TK_OK) goto plan_error;

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "tk_advisor.h"
+#include "tk_attn_kernel.h"
 #include "tk_host_mem.h"
 #include "tk_advisor_impl.h"
 
@@ -258,7 +259,16 @@ static int attention_apply(tk_config *c, const tk_fix *f, const int32_t *len, in
     if (tk_config_attention(c, TK_DEV_META, NULL) != TK_ATTN_STANDARD)
         return -1;
     c->attention = TK_ATTN_FUSED;
-    snprintf(reason, rn, "memory-efficient attention: no L x L probabilities kept for backward");
+    /* on a named card: the kernel that will run it (gpu/tk_attn_kernel.h), as the plan says */
+    const tk_gpu_profile *p = c->gpu[0] ? tk_gpu_profile_find(c->gpu) : NULL;
+    char k[192] = "";
+    if (p)
+        tk_attn_kernel_line(k, sizeof k, p->cc_major, p->cc_minor,
+                            c->precision == TK_PREC_FP16 ? TK_F16 : c->precision == TK_PREC_BF16 ? TK_BF16 : TK_F32,
+                            c->hidden > 0 && c->heads > 0 ? c->hidden / c->heads : 0,
+                            tk_attn_kernel_ask(getenv(TK_ATTN_KERNEL_ENV)));
+    snprintf(reason, rn, "memory-efficient attention: no L x L probabilities kept for backward%s%s%s%s",
+             p ? "; on " : "", p ? p->name : "", p ? " it runs on " : "", k);
     return 0;
 }
 static void attention_label(const tk_fix *f, const tk_config *fixed, char *o, size_t n) {

@@ -455,7 +455,7 @@ static tk_status prepare_run(const tk_config *cc, tk_dev *d, const tk_run_hooks 
              "on that card%s", cc->device == TK_DEVICE_AUTO ? "no CUDA device here" : "device: cpu; device: cuda "
              "trains on a GPU", cc->gpu, tk_format_bytes(info.total, b, sizeof b),
              /* the plan for the card chose the card's attention; the run keeps it so they agree */
-             cc->attention == TK_ATTN_FUSED && !strcmp(r->plan.attention_why, "default on cuda")
+             cc->attention == TK_ATTN_FUSED && !strncmp(r->plan.attention_why, "default on cuda", 15)
                  ? ", and its default attention: fused" : "");
     else
         note(h, "training on the cpu%s%s", cc->capacity ? ", memory limited to capacity: " : "",

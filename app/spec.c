@@ -16,6 +16,7 @@
 
 #include "tk_app.h"
 #include "tk_advisor.h"
+#include "tk_plan.h"
 
 tk_dev_kind tk_app_device_probe(const tk_config *c, size_t *total) {
     *total = 0;
@@ -91,7 +92,16 @@ tk_status tk_run_spec_resolve(const tk_config *c, const tk_run_where *w, tk_run_
     }
     tk_config ac = *c;
     if (card && !ac.gpu[0]) snprintf(ac.gpu, sizeof ac.gpu, "%s", card->name);
-    out->attention = tk_config_attention(&ac, out->device, &out->attention_why);
+    /* attention: auto by the one rule (bert/device_defaults.c), memory
+     * included: on a card, fp32 goes standard unless only fused fits the
+     * capacity resolved above */
+    if (!ac.capacity) ac.capacity = out->capacity;
+    tk_err fit_err = {0};
+    out->attention = tk_config_attention_fit(&ac, out->device, tk_plan_attention_fits, &fit_err, &out->attention_why);
+    if (fit_err.status != TK_OK) {
+        if (err) *err = fit_err;
+        return fit_err.status;
+    }
     out->world_size = tk_config_world_size(c);
     out->labels = c->num_labels;
     out->api = c->api;

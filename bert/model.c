@@ -58,7 +58,7 @@ typedef struct param_desc {
 typedef struct pslot {
     tk_param p;
     tk_tensor w, g;
-    tk_tensor w16;         /* 16-bit copy for GEMMs and lookups (precision fp16/bf16, 2-D weights) */
+    tk_tensor w16;         /* 16-bit copy for GEMMs and lookups (precision fp16/bf16, 2-D weights, linear biases) */
     char name[OWN_MAX + 16];
     char owner[OWN_MAX];
     param_init init;
@@ -96,6 +96,13 @@ struct tk_model {
     char *vocab_path;
     int lowercase, max_len;
 };
+
+/* A linear layer's bias: the 1-D parameter right after its module's 2-D
+ * weight of as many rows (linear_fwd hands the pair to one GEMM). */
+static int linear_bias(const tk_model *m, int i) {
+    const pslot *s = &m->ps[i], *w = i > 0 ? &m->ps[i - 1] : NULL;
+    return s->ndim == 1 && w && w->ndim == 2 && w->shape[0] == s->shape[0] && !strcmp(w->owner, s->owner);
+}
 
 /* ---- descriptions ----------------------------------------------------- */
 
@@ -270,12 +277,15 @@ tk_model *tk_model_new(tk_dev *dev, const tk_model_opts *opts, tk_err *err) {
         }
     }
     /* Mixed precision: f32 masters (what the optimizer updates and
-     * checkpoints hold) plus a 16-bit copy of every matrix, refreshed at the
-     * start of each step; biases and LayerNorm stay f32 (the ops take them). */
+     * checkpoints hold) plus a 16-bit copy of every matrix and of every
+     * linear layer's bias, refreshed at the start of each step: cuBLASLt's
+     * bias epilogue takes a bias of the output's type (an f32 bias with a
+     * 16-bit output may be declined, and its fallback costs a pass over the
+     * output; issue 43). LayerNorm stays f32 (its ops take it). */
     m->adt = m->o.precision == TK_PREC_FP16 ? TK_F16 : m->o.precision == TK_PREC_BF16 ? TK_BF16 : TK_F32;
     for (int i = 0; m->adt != TK_F32 && i < m->np; i++) {
         pslot *s = &m->ps[i];
-        if (s->ndim == 2 && tk_tensor_alloc(dev, &s->w16, m->adt, 2, s->shape, TK_CAT_PARAM, s->owner,
+        if ((s->ndim == 2 || linear_bias(m, i)) && tk_tensor_alloc(dev, &s->w16, m->adt, s->ndim, s->shape, TK_CAT_PARAM, s->owner,
                                             err) != TK_OK) {
             tk_model_destroy(&m);
             return NULL;
@@ -767,7 +777,7 @@ typedef struct lacts {
 
 /* Step-level tensors: inputs, embeddings, head, backward scratch. */
 typedef struct stens {
-    tk_tensor ids, tt, pos, mask, cidx, labels, starts, ends, ones, qab;
+    tk_tensor ids, tt, pos, mask, cidx, labels, starts, ends, ones;
     tk_tensor ex, emean, erstd, h0;
     tk_tensor cls, pooled, pd, logits, losses;
     tk_tensor dlogits, dpd, dcls, dh, dx;
@@ -836,7 +846,8 @@ static tk_status alf(step *S, tk_tensor *t, int64_t rows, int64_t cols, tk_cat c
 static void fr(step *S, tk_tensor *t) { tk_tensor_free(S->d, t); }
 
 static const tk_tensor *PW(const step *S, int i) { return &S->m->ps[i].w; }
-/* The weight as GEMMs and lookups read it: the 16-bit copy when there is one. */
+/* The weight (or a linear layer's bias) as GEMMs and lookups read it: the
+ * 16-bit copy when there is one. */
 static const tk_tensor *PWc(const step *S, int i) {
     const pslot *p = &S->m->ps[i];
     return p->w16.ndim ? &p->w16 : &p->w;
@@ -856,7 +867,7 @@ static tk_status mm(step *S, tk_tensor *C, const tk_tensor *A, const tk_tensor *
 /* out (rows,O) = in (rows,I) @ W(O,I)^T + b (the bias in the GEMM's epilogue on cuda) */
 static tk_status linear_fwd(step *S, tk_tensor *out, const tk_tensor *in, int wi, int64_t rows,
                             int64_t O, int64_t I) {
-    return mm(S, out, in, PWc(S, wi), PW(S, wi + 1), (tk_gemm){ .m = rows, .n = O, .k = I, .trans_b = 1, .batch = 1, .alpha = 1.0f });
+    return mm(S, out, in, PWc(S, wi), PWc(S, wi + 1), (tk_gemm){ .m = rows, .n = O, .k = I, .trans_b = 1, .batch = 1, .alpha = 1.0f });
 }
 
 /* dW += dout^T @ in, db += sum dout (in the same GEMM: its bias-gradient
@@ -1459,16 +1470,9 @@ static tk_status head_fwd(step *S, tk_tensor *hL, int keep, int want_loss, doubl
          * start and end logits are each a contiguous (B,T) block. */
         TRY(alf(S, &s->logits, 2, N, ca, "qa_outputs"));
         TRY(mm(S, &s->logits, PWc(S, m->head), hL, NULL, (tk_gemm){ .m = 2, .n = N, .k = H, .trans_b = 1, .batch = 1, .alpha = 1.0f }));
-        /* 16-bit: the bias rounded to the activations' dtype to pair with
-         * the ones (as autocast does for a Linear's bias). */
-        const tk_tensor *qb = PW(S, m->head + 1);
-        if (S->adt != TK_F32) {
-            TRY(al(S, &s->qab, S->adt, 1, 2, 0, 0, 0, TK_CAT_TEMP, "qa_outputs"));
-            TRY(tk_op_cast(S->d, &s->qab, qb, 2));
-            qb = &s->qab;
-        }
-        TRY(mm(S, &s->logits, qb, &s->ones, NULL, (tk_gemm){ .m = 2, .n = N, .k = 1, .batch = 1, .alpha = 1.0f, .beta = 1.0f }));
-        fr(S, &s->qab);
+        /* 16-bit: the bias's copy, rounded to the activations' dtype to
+         * pair with the ones (as autocast does for a Linear's bias). */
+        TRY(mm(S, &s->logits, PWc(S, m->head + 1), &s->ones, NULL, (tk_gemm){ .m = 2, .n = N, .k = 1, .batch = 1, .alpha = 1.0f, .beta = 1.0f }));
         if (!keep) fr(S, hL);
     }
     if (!want_loss) return TK_OK;

@@ -291,6 +291,46 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
                            const tk_plan_watch *w, tk_plan_result *out, tk_tensor_info *tensors, int max_tensors,
                            int *n_tensors, tk_err *err);
 
+/* attention: auto's memory clause (tk_config_attention_fit): whether config
+ * t fits, planned as the plan that asks (its lengths, batches and mode). A
+ * plan that fails (out of host memory, say) answers 0 and leaves its error
+ * in q->err for the asker to return: a failure is never taken for a fit. */
+typedef struct plan_ask {
+    const int *lengths;
+    int n;
+    const tk_plan_batches *run;
+    int inference;
+    tk_err *err;
+    tk_plan_result *done[2];     /* the plans asked for, by attention (standard, fused); owned: the asker
+                                    reuses the one it chooses */
+} plan_ask;
+
+static int plan_fits(const tk_config *t, void *u) {
+    plan_ask *q = (plan_ask *)u;
+    if (q->err->status != TK_OK || (t->attention != TK_ATTN_STANDARD && t->attention != TK_ATTN_FUSED))
+        return 0; /* an earlier question failed: no more planning */
+    tk_plan_result **r = &q->done[t->attention == TK_ATTN_FUSED];
+    if (!*r && !(*r = tk_malloc(sizeof **r))) {
+        tk_err_set(q->err, TK_ENOMEM, "plan: out of host memory");
+        return 0;
+    }
+    if (plan_impl(t, q->lengths, q->n, q->run, q->inference, NULL, *r, NULL, 0, NULL, q->err) != TK_OK) {
+        free(*r);
+        *r = NULL;
+        return 0;
+    }
+    return (*r)->fits;
+}
+
+int tk_plan_attention_fits(const tk_config *c, void *u) {
+    tk_err local = { 0 };
+    plan_ask q = { NULL, 0, NULL, 0, u ? (tk_err *)u : &local, { NULL, NULL } };
+    const int fits = plan_fits(c, &q);
+    free(q.done[0]);
+    free(q.done[1]);
+    return fits;
+}
+
 tk_status tk_plan(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
     return plan_impl(c, lengths, n, NULL, 0, NULL, out, NULL, 0, NULL, err);
 }
@@ -373,6 +413,26 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
     tk_config cc = *c;
     if (cc.head == TK_HEAD_POOLED && cc.num_labels <= 0)
         cc.num_labels = 2;
+    /* attention: auto decided once, memory included (a card's fp32 run that
+     * fits only fused stays fused): the model below is built with it */
+    const char *attn_why = NULL;
+    tk_err ask_err = { 0 };
+    plan_ask ask = { lengths, n, run, inference, &ask_err, { NULL, NULL } };
+    cc.attention = tk_config_attention_fit(&cc, TK_DEV_META, plan_fits, &ask, &attn_why);
+    const tk_plan_result *done = ask.done[cc.attention == TK_ATTN_FUSED];
+    const int reuse = ask_err.status == TK_OK && done && !w && !tensors && !n_tensors;
+    if (reuse) { /* the memory clause planned this very config: that plan is this one */
+        *out = *done;
+        snprintf(out->attention_why, sizeof out->attention_why, "%s", attn_why);
+        out->plan_ms = now_ms() - t0;
+    }
+    free(ask.done[0]);
+    free(ask.done[1]);
+    if (ask_err.status != TK_OK) {
+        if (err) *err = ask_err;
+        return ask_err.status;
+    }
+    if (reuse) return TK_OK;
     c = &cc;
     tk_model_opts mo;
     tk_status st = tk_model_opts_from_config(&mo, c, err);
@@ -407,9 +467,8 @@ static tk_status plan_impl(const tk_config *c, const int *lengths, int n, const 
     }
     out->batch = B;
     out->seq = T;
-    const char *why = NULL;
-    out->attention = tk_config_attention(c, TK_DEV_META, &why);
-    snprintf(out->attention_why, sizeof out->attention_why, "%s", why);
+    out->attention = c->attention;
+    snprintf(out->attention_why, sizeof out->attention_why, "%s", attn_why);
     out->capacity = capacity;
     out->context_bytes = context_bytes;
 

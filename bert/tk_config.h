@@ -145,15 +145,34 @@ void tk_config_defaults(tk_config *c);
 
 /* The attention a run of `c` uses: the one rule for the attention default.
  * A config that names standard or fused gets it. By default (auto):
- *  - fused, which keeps no T x T matrix for backward, on a GPU: when the run
- *    is on cuda (`on` == TK_DEV_CUDA), says device: cuda, or is for a card
- *    (gpu: PROFILE, on any machine: a plan for a t4 is a plan of a t4 run);
+ *  - on a GPU (the run is on cuda, `on` == TK_DEV_CUDA; it says device:
+ *    cuda; or it is for a card, gpu: PROFILE, on any machine: a plan for a
+ *    t4 is a plan of a t4 run): fused, which keeps no T x T matrix for
+ *    backward, where one of the cuda backend's tensor-core kernels runs it
+ *    for the config's precision and head size on that card
+ *    (gpu/tk_attn_kernel.h: fp16, and bf16 from sm80; the card is the
+ *    profile's, else taken as sm80) — why: TK_ATTN_WHY_FAST; otherwise (fp32
+ *    above all, where only the slow reference kernel would run) standard,
+ *    the faster there — TK_ATTN_WHY_SLOW — unless memory forces fused: with
+ *    `fits` (may be NULL: memory not considered) and a known capacity
+ *    (tk_config_capacity), a run whose standard attention does not fit and
+ *    whose fused one does stays fused — TK_ATTN_WHY_FITS. fits(t, u) says
+ *    whether config t (its attention set) fits: tk_plan_attention_fits
+ *    (bert/tk_plan.h) plans it;
  *  - standard on the cpu, where it is the faster of the two (bench/RESULTS.md:
  *    the cpu's fused kernel walks rows, the standard path runs BLAS GEMMs).
  * `on` is the kind of device the run got; TK_DEV_META (a plan, or a device
  * not opened yet) decides from the config alone, so device: auto without a
  * profile counts as the cpu there. `why` (may be NULL) gets "set in the
- * config", "default on cuda" or "default on the cpu" (static strings). */
+ * config", "default on the cpu" or one of the TK_ATTN_WHY_* (static
+ * strings, each starting "default on cuda"). tk_config_attention is
+ * tk_config_attention_fit without `fits`. */
+typedef int (*tk_attention_fits)(const tk_config *c, void *u);
+#define TK_ATTN_WHY_FAST "default on cuda, fast kernel"
+#define TK_ATTN_WHY_SLOW "default on cuda, fp32 or no fast kernel"
+#define TK_ATTN_WHY_FITS "default on cuda, only fused fits"
+tk_attention tk_config_attention_fit(const tk_config *c, tk_dev_kind on, tk_attention_fits fits, void *u,
+                                     const char **why);
 tk_attention tk_config_attention(const tk_config *c, tk_dev_kind on, const char **why);
 /* The ranks a run of `c` has: world_size when set above 1, else the GPUs
  * of its gpu: profile (t4x2: 2), else 1. The planner, the run and txk's

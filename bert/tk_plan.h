@@ -55,7 +55,7 @@ typedef struct tk_plan_result {
     double step_seconds;           /* roofline estimate (0 if no GPU profile) */
     char profile[32];              /* GPU profile used for the estimate */
     tk_attention attention;        /* the attention planned (tk_config_attention) */
-    char attention_why[32];        /* "default on cuda", "set in the config", ... */
+    char attention_why[48];        /* "set in the config", "default on the cpu", TK_ATTN_WHY_* */
     char attention_kernel[192];    /* fused on a gpu: profile's card: the cuda kernel that runs it and
                                       why (gpu/tk_attn_kernel.h); "" otherwise */
     double plan_ms;                /* how long planning took */
@@ -77,6 +77,13 @@ typedef struct tk_plan_result {
  * corpus' `lengths` (n of them), at most max_len. Every planner of a config
  * (this one, torchplan's engine: pytorch) takes its length from here. */
 int tk_plan_worst_len(const tk_config *c, const int *lengths, int n);
+
+/* tk_config_attention_fit's `fits` (bert/tk_config.h): 1 when a plan of c
+ * (its attention set) at the worst-case shape (batch_size x max_len) fits its
+ * capacity, else 0. u: a tk_err (may be NULL) that gets the error when c
+ * cannot be planned (out of host memory, ...): the caller checks its status
+ * after tk_config_attention_fit, so a failure is not taken for "no fit". */
+int tk_plan_attention_fits(const tk_config *c, void *u);
 
 /* Plans config `c`. `lengths` (may be NULL) are the corpus' token lengths
  * (n of them) for dynamic padding / buckets; otherwise batch_size x max_len.

@@ -6,7 +6,13 @@
 # missing, then runs the steps. Logs go to $OUT (the device tool's folder)
 # or bench/out/.
 #
-#   bash scripts/devkit_run.sh [info] [test] [bench] [attention] [techniques] [measure] [sanitize] [companion]
+#   bash scripts/devkit_run.sh [short] [info] [test] [bench] [attention] [techniques] [measure] [sanitize] [companion]
+#     short       one short run (under 10 minutes on a card, issue 43): info, stopping when ldd
+#                 finds a library "not found"; gpu_ops' attention tests and its fast-vs-reference
+#                 tests; gpu_model's cuBLASLt decline counters (test_lt_declines); attn_gpu at
+#                 p = 0 and 0.1, T = 128 and 512, fp16 and bf16; the step (default, standard,
+#                 fused; CUPTI off) beside HF eager and sdpa at 32 x 512 fp16. Then, in a
+#                 second call, `test bench` (the full suite and the bench)
 #     info        GPU, driver, glibc, the kit's commit, and which libraries the plugin resolves
 #     test        tests/gpu_cuda/run.sh (what `make test-gpu` runs), after `companion`
 #     bench       bench/train_gpu/run.py: bert-base 32 x 128/512 fp16/bf16, 512 fp32 and
@@ -125,6 +131,35 @@ sanitize_ops() {
     return $bad
 }
 
+# The short step (above); 1 when a check failed, 2 when ldd finds a library
+# missing (nothing else runs then).
+short_step() {
+    local bad=0 f t=${GPU_TEST_TIMEOUT:-300}
+    echo "--- info"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    ldd --version | head -n 1
+    echo "kit: commit $(cat "$kit/COMMIT" 2>/dev/null || echo unknown)"
+    for f in "$TXK_CUDA_PLUGIN" "$kit/build/bench/train_cpu" "$kit/build/bench/attn_gpu" \
+             "$kit/build/gpu_tests/gpu_ops" "$kit/build/gpu_tests/gpu_model"; do
+        if ldd "$f" 2>&1 | grep 'not found'; then
+            echo "devkit_run: short: ldd $f: a library is not found (above): stopping"
+            return 2
+        fi
+    done
+    ldd "$TXK_CUDA_PLUGIN" | grep -E 'cublas|cupti|cudart'
+    echo "--- gpu_ops: attention"
+    TK_TEST_ONLY=attention timeout "$t" "$kit/build/gpu_tests/gpu_ops" || bad=1
+    echo "--- gpu_ops: fast vs reference"
+    TK_TEST_ONLY=fast_vs_reference timeout "$t" "$kit/build/gpu_tests/gpu_ops" || bad=1
+    echo "--- gpu_model: cuBLASLt declines"
+    TK_TEST_ONLY=lt_declines timeout "$t" "$kit/build/gpu_tests/gpu_model" || bad=1
+    echo "--- attn_gpu"
+    timeout "$t" "$kit/build/bench/attn_gpu" --seq 128,512 --dtypes fp16,bf16 --p 0,0.1 --reps 10 || bad=1
+    echo "--- the step at 32 x 512 fp16, CUPTI off"
+    "$py" bench/train_gpu/run.py "$kit/build" --rows 512xfp16 --no-cupti || bad=1
+    return $bad
+}
+
 # bench/train_gpu/run.py with the given arguments, logged to $out/$1.
 run_bench() {
     local log=$1
@@ -136,6 +171,12 @@ rc=0
 for s in $steps; do
     echo "=== $s ($(date -u +%FT%TZ))"
     case "$s" in
+    short)
+        short_step 2>&1 | tee "$out/short.log"
+        s_rc=${PIPESTATUS[0]}
+        [ "$s_rc" = 0 ] || rc=1
+        [ "$s_rc" = 2 ] && break
+        ;;
     info)
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
         ldd --version | head -n 1
@@ -172,7 +213,7 @@ for s in $steps; do
         sanitize_ops "$cs" "$kit/build/gpu_tests/gpu_ops" 2>&1 | tee "$out/sanitize.log" || rc=1
         ;;
     *)
-        echo "devkit_run: unknown step '$s' (info, test, bench, attention, techniques, measure, sanitize, companion)" >&2
+        echo "devkit_run: unknown step '$s' (short, info, test, bench, attention, techniques, measure, sanitize, companion)" >&2
         rc=2
         ;;
     esac

@@ -1,12 +1,12 @@
 /* attn_gpu.c — times fused attention on the GPU, each kernel the cuda
  * backend has for it, at a BERT layer's shapes.
  *
- *   attn_gpu [--batch 32] [--heads 12] [--seq 128,512] [--hs 64] [--dtypes fp16,bf16,fp32] [--reps 20]
+ *   attn_gpu [--batch 32] [--heads 12] [--seq 128,512] [--hs 64] [--dtypes fp16,bf16,fp32] [--p 0.1] [--reps 20]
  *
  * For each sequence length and dtype, forward and backward of
  * tk_op_attention_* (as the model calls them: q, k, v, the context and its
  * gradient (B,T,NH,HS) tensors of their own, the attention mask, dropout
- * 0.1) with TXK_ATTN_KERNEL unset (the card's pick), =sm75 (T4's m16n8k8
+ * 0.1, or each rate of --p: 0,0.1 times the kernels without and with it) with TXK_ATTN_KERNEL unset (the card's pick), =sm75 (T4's m16n8k8
  * path) and =reference (the fp32-core kernel). One call warms up, then
  * `reps` calls are timed between two device syncs; the line gives the mean
  * per call and TFLOP/s at the op's count (4 T^2 HS forward, 10 T^2 HS
@@ -61,7 +61,7 @@ static double time_calls(tk_dev *d, int fb, int reps, tk_tensor *t, const tk_ten
 
 int main(int argc, char **argv) {
     int B = 32, NH = 12, HS = 64, reps = 20;
-    char seqs[64] = "128,512", dts[64] = "fp16,bf16,fp32";
+    char seqs[64] = "128,512", dts[64] = "fp16,bf16,fp32", ps[64] = "0.1";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--batch")) B = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--heads")) NH = atoi(argv[i + 1]);
@@ -69,6 +69,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--seq")) snprintf(seqs, sizeof seqs, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--dtypes")) snprintf(dts, sizeof dts, "%s", argv[i + 1]);
+        else if (!strcmp(argv[i], "--p")) snprintf(ps, sizeof ps, "%s", argv[i + 1]);
         else { fprintf(stderr, "attn_gpu: unknown option %s\n", argv[i]); return 2; }
     }
     if (B < 1 || NH < 1 || HS < 1 || reps < 1) { fprintf(stderr, "attn_gpu: bad sizes\n"); return 2; }
@@ -78,9 +79,10 @@ int main(int argc, char **argv) {
     if (!d) { fprintf(stderr, "attn_gpu: %s\n", e.msg); return 1; }
     tk_dev_info info;
     tk_dev_info_get(d, &info);
-    printf("fused attention on %s (cc %d.%d), B=%d NH=%d HS=%d, mask, dropout 0.1, mean of %d calls\n", info.name,
-           info.cc_major, info.cc_minor, B, NH, HS, reps);
-    printf("%-5s %-5s %-14s %10s %8s %10s %8s\n", "T", "dtype", "kernel", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s");
+    printf("fused attention on %s (cc %d.%d), B=%d NH=%d HS=%d, mask, dropout %s, mean of %d calls\n", info.name,
+           info.cc_major, info.cc_minor, B, NH, HS, ps, reps);
+    printf("%-5s %-5s %-4s %-14s %10s %8s %10s %8s\n", "T", "dtype", "p", "kernel", "fwd ms", "TFLOP/s", "bwd ms",
+           "TFLOP/s");
     const char *asks[3] = { NULL, "sm75", "reference" };
     int rc = 0;
     for (char *sp = seqs; *sp; ) {
@@ -98,26 +100,36 @@ int main(int argc, char **argv) {
             for (int i = 0; i < 8 && ok; i++) ok = alloc(d, &t[i], dt, n, i < 5) == 0;
             ok = ok && alloc(d, &t[8], TK_F32, (int64_t)B * NH * T, 0) == 0;
             ok = ok && alloc(d, &mask, TK_I32, (int64_t)B * T, 0) == 0 && tk_op_fill(d, &mask, 1.0f, (int64_t)B * T) == TK_OK;
-            const tk_attn a = { .B = B, .NH = NH, .T = T, .HS = HS, .scale = 0.125f, .p = 0.1f, .seed = 1, .offset = 0 };
-            unsigned timed = 0; /* kernels timed already: asking sm75 for bf16 gets the reference */
-            for (int k = 0; k < 3 && ok; k++) {
-                const tk_attn_kernel kern = tk_attn_kernel_pick(info.cc_major, info.cc_minor, dt, HS,
-                                                                tk_attn_kernel_ask(asks[k]), NULL);
-                if (timed & (1u << kern)) continue;
-                timed |= 1u << kern;
-                if (asks[k]) setenv(TK_ATTN_KERNEL_ENV, asks[k], 1);
-                else unsetenv(TK_ATTN_KERNEL_ENV);
-                const double f = time_calls(d, 0, reps, t, &mask, &a), b = time_calls(d, 1, reps, t, &mask, &a);
-                const double work = (double)B * NH * T * T * HS;
-                if (f < 0 || b < 0) {
-                    fprintf(stderr, "attn_gpu: T=%d %s %s failed: %s\n", T, name, tk_attn_kernel_name(kern),
-                            tk_dev_last_err(d) ? tk_dev_last_err(d)->msg : "see above");
-                    rc = 1;
-                    continue;
+            for (char *pp = ps; *pp && ok; ) {
+                char *end;
+                const float p = strtof(pp, &end);
+                if (end == pp || !(p >= 0.0f && p < 1.0f)) {
+                    fprintf(stderr, "attn_gpu: --p: '%s' is not a rate in [0, 1)\n", pp);
+                    rc = 2;
+                    break;
                 }
-                printf("%-5d %-5s %-14s %10.3f %8.1f %10.3f %8.1f\n", T, name, tk_attn_kernel_name(kern), f * 1e3,
-                       4.0 * work / f * 1e-12, b * 1e3, 10.0 * work / b * 1e-12);
-                fflush(stdout);
+                pp = end + (*end == ',');
+                const tk_attn a = { .B = B, .NH = NH, .T = T, .HS = HS, .scale = 0.125f, .p = p, .seed = 1, .offset = 0 };
+                unsigned timed = 0; /* kernels timed already: asking sm75 for bf16 gets the reference */
+                for (int k = 0; k < 3 && ok; k++) {
+                    const tk_attn_kernel kern = tk_attn_kernel_pick(info.cc_major, info.cc_minor, dt, HS,
+                                                                    tk_attn_kernel_ask(asks[k]), NULL);
+                    if (timed & (1u << kern)) continue;
+                    timed |= 1u << kern;
+                    if (asks[k]) setenv(TK_ATTN_KERNEL_ENV, asks[k], 1);
+                    else unsetenv(TK_ATTN_KERNEL_ENV);
+                    const double f = time_calls(d, 0, reps, t, &mask, &a), b = time_calls(d, 1, reps, t, &mask, &a);
+                    const double work = (double)B * NH * T * T * HS;
+                    if (f < 0 || b < 0) {
+                        fprintf(stderr, "attn_gpu: T=%d %s p=%g %s failed: %s\n", T, name, p, tk_attn_kernel_name(kern),
+                                tk_dev_last_err(d) ? tk_dev_last_err(d)->msg : "see above");
+                        rc = 1;
+                        continue;
+                    }
+                    printf("%-5d %-5s %-4g %-14s %10.3f %8.1f %10.3f %8.1f\n", T, name, p, tk_attn_kernel_name(kern),
+                           f * 1e3, 4.0 * work / f * 1e-12, b * 1e3, 10.0 * work / b * 1e-12);
+                    fflush(stdout);
+                }
             }
             unsetenv(TK_ATTN_KERNEL_ENV);
             for (int i = 0; i < 9; i++) tk_tensor_free(d, &t[i]);

@@ -13,26 +13,33 @@
  * The tensor-core kernels. A block is 4 warps; a warp owns 16 rows of a
  * 64-row tile, whose accumulators (scores, output, gradients) live in its
  * registers as mma fragments:
- *   forward  block (sequence*head, 64 query rows); per tile of 64 keys: S =
+ *   forward  block (64 query rows, sequence*head); per tile of 64 keys: S =
  *            Q K^T, the running row max m and sum l (base 2: scores are
  *            scaled by scale*log2(e)), P = 2^(S - m), O = O*2^(m_old - m) +
  *            dropout(P) V. At the end O / l and lse = (m + log2 l) ln 2.
- *   dQ       block (sequence*head, 64 query rows); per key tile: P rebuilt
- *            from lse, dP = dO V^T, dS = P (dP M - D) scale, dQ += dS K.
- *   dK, dV   block (sequence*head, 64 keys); per query tile: S^T = K Q^T,
+ *   D        D_i = dO_i . O_i once per query row (k_attn_mma_rowd), kept in
+ *            the first 4 bytes of dq's row i, head h until dQ overwrites it
+ *            (so nothing is allocated: ops never do).
+ *   dK, dV   block (64 keys, sequence*head); per query tile: S^T = K Q^T,
  *            P^T from lse, dV += (P M)^T dO, dP^T = V dO^T, dK += dS^T Q.
- * with M the dropout factor (0 or 1/(1-p)) and D_i = dO_i . O_i, computed
- * where a query tile is loaded (no buffer). Splitting dQ from dK/dV costs S
- * and dP twice but needs no atomics: every output element has one writer,
- * so a run repeats bit for bit and nothing is allocated (ops never do).
- * P and dS go from the accumulators into the next mma as A fragments,
+ *   dQ       block (64 query rows, sequence*head); per key tile: P rebuilt
+ *            from lse, dP = dO V^T, dS = P (dP M - D) scale, dQ += dS K.
+ * with M the dropout factor (0 or 1/(1-p)); dS's scale is applied once, to
+ * dQ and dK. Splitting dQ from dK/dV costs S and dP twice but needs no
+ * atomics: every output element has one writer, so a run repeats bit for
+ * bit. P and dS go from the accumulators into the next mma as A fragments,
  * rounded to the inputs' 16-bit dtype (FlashAttention does the same).
+ * The grid puts the tiles of one sequence*head next to each other (x), so
+ * the blocks that read the same K and V run together and share L2.
  *
- * Masks as tk_op_softmax_fwd's bias: a masked key scores -inf; a sequence
- * with no kept key scores 0 everywhere (uniform), as the cpu backend and
- * the reference kernel give; keys and query rows past T are -inf and not
- * stored. Dropout keeps (b, h, i, j) iff tk_dropout_keep(key, offset +
- * ((b*NH + h)*T + i)*T + j): the element index rule of tk_gpu.h.
+ * What a tile costs in instructions (bench/attn_sass.py counts them from the
+ * SASS; bench/RESULTS.md has the counts, gpu/cuda/ptxas_check.sh holds each
+ * kernel to its register budget in the build): the exponent is
+ * ex2.approx.ftz (fm_exp2; the kernels have no bit-exact contract and are
+ * compiled with FMA contraction, unlike the other files); the dropout test
+ * is cuda_shared.h's tk_drop_keep_z with each row's part of the hash done
+ * once, the same bits as tk_dropout_keep, under one branch per tile that
+ * every thread of the grid takes the same way.
  *
  * Shared memory: 3 (forward) or 4 (backward) tiles of 64 rows x (HS + 8)
  * 16-bit values (the 8 of padding put the 8 rows an ldmatrix reads in 8
@@ -47,11 +54,13 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cuda_internal.h"
 #include "cuda_attention.h"
+#include "cuda_shared.h"
 #include "mma.cuh"
 #include "tk_attn_kernel.h"
 
@@ -105,12 +114,14 @@ typedef struct tk_fm_args {
     const float *lse_in;
     float *lse_out;               /* (b*NH + h)*T + t */
     const int32_t *mask;          /* [B, T] or NULL */
-    int64_t NH, T, ld, ldo;
-    float scale, scale_log2, p, keep_scale;
+    int64_t BH, NH, T, ld, ldo;
+    float scale, scale_log2, keep_scale;
+    int drop;                     /* p > 0 */
+    uint32_t keep_min;            /* fm_keep_hi's threshold for p */
     uint64_t key, offset;         /* dropout */
 } tk_fm_args;
 
-enum { FM_FWD, FM_DQ, FM_DKV };
+enum { FM_FWD, FM_DQ, FM_DKV, FM_D };
 
 /* Bytes of shared memory: 16-bit tiles, then three rows of floats (bias,
  * lse and D; the forward uses the first). */
@@ -169,29 +180,43 @@ template <int DT, int HS> static __device__ __forceinline__ void fm_stage(uint16
     }
 }
 
-/* For the query tile at q0: lse2[r] = lse of row q0 + r in base 2 (+inf
- * past T: its probabilities are 0) and dd[r] = dO . O of that row. Two
- * threads per row, one half of HS each. */
-template <int DT, int HS> static __device__ __forceinline__ void fm_row_stats(const tk_fm_args &a, int64_t b,
-                                                                              int64_t h, int64_t q0, float *lse2,
-                                                                              float *dd) {
-    const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
-    const int64_t i = q0 + r;
+/* D_i = dO_i . O_i of every query row, once per backward (FM_D, before dK/dV
+ * and dQ): written as an f32 into the first two 16-bit slots of that row's
+ * dq (element (b, i, h, 0..1)), which no one reads before the dQ kernel
+ * overwrites it: the block that owns the row reads its D there first. HS/8
+ * threads per (row, head), one 128-bit chunk of O and dO each, summed by
+ * shuffles in a fixed order. */
+template <int DT, int HS> __global__ void __launch_bounds__(FM_THREADS) k_attn_mma_rowd(tk_fm_args a, int64_t rows) {
+    constexpr int CPR = HS / 8;
+    const int64_t e = (int64_t)blockIdx.x * FM_THREADS + threadIdx.x, rh = e / CPR;
+    const int c = (int)(e % CPR);
     float d = 0.0f;
-    if (i < a.T) {
-        const int64_t at = (b * a.T + i) * a.ldo + h * HS + half * (HS / 2);
-        for (int c = 0; c < HS / 2; c += 8) {
-            const uint4 ov = *(const uint4 *)(a.o + at + c), gv = *(const uint4 *)(a.dout + at + c);
-            const uint32_t ow[4] = { ov.x, ov.y, ov.z, ov.w }, gw[4] = { gv.x, gv.y, gv.z, gv.w };
-            FM_UNROLL
-            for (int w = 0; w < 4; w++)
-                d += tk_mma_unpack<DT>(ow[w] & 0xffffu) * tk_mma_unpack<DT>(gw[w] & 0xffffu) +
-                     tk_mma_unpack<DT>(ow[w] >> 16) * tk_mma_unpack<DT>(gw[w] >> 16);
-        }
+    if (rh < rows) {
+        const int64_t at = rh * HS + c * 8; /* O and dO rows are NH*HS = ldo apart: (row, head) is rh */
+        const uint4 ov = *(const uint4 *)(a.o + at), gv = *(const uint4 *)(a.dout + at);
+        const uint32_t ow[4] = { ov.x, ov.y, ov.z, ov.w }, gw[4] = { gv.x, gv.y, gv.z, gv.w };
+        FM_UNROLL
+        for (int w = 0; w < 4; w++)
+            d += tk_mma_unpack<DT>(ow[w] & 0xffffu) * tk_mma_unpack<DT>(gw[w] & 0xffffu) +
+                 tk_mma_unpack<DT>(ow[w] >> 16) * tk_mma_unpack<DT>(gw[w] >> 16);
     }
-    d += __shfl_xor_sync(0xffffffffu, d, 1);
-    if (half == 0) {
-        dd[r] = d;
+    FM_UNROLL
+    for (int o = 1; o < CPR; o <<= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    if (rh < rows && c == 0) {
+        const int64_t row = rh / a.NH, h = rh % a.NH;
+        *(float *)(a.dq + row * a.ld + h * HS) = d;
+    }
+}
+
+/* For the query tile at q0: lse2[r] = lse of row q0 + r in base 2 (+inf
+ * past T: its probabilities are 0) and dd[r] = its D (k_attn_mma_rowd; 0
+ * past T). */
+template <int HS> static __device__ __forceinline__ void fm_row_stats(const tk_fm_args &a, int64_t b, int64_t h,
+                                                                      int64_t q0, float *lse2, float *dd) {
+    const int r = threadIdx.x;
+    const int64_t i = q0 + r;
+    if (r < FM_TILE) {
+        dd[r] = i < a.T ? *(const float *)(a.dq + (b * a.T + i) * a.ld + h * HS) : 0.0f;
         lse2[r] = i < a.T ? a.lse_in[(b * a.NH + h) * a.T + i] * FM_LOG2E : INFINITY;
     }
 }
@@ -237,25 +262,53 @@ template <int DT, int K16, int HS> static __device__ __forceinline__ void fm_acc
     }
 }
 
-/* The dropout factor of element (query i, key j), `row` = offset +
- * (bh*T + i)*T. */
-static __device__ __forceinline__ float fm_keep(const tk_fm_args &a, uint64_t row, int64_t j) {
-    return tk_dropout_keep(a.key, row + (uint64_t)j, a.p) ? a.keep_scale : 0.0f;
+/* 2^x as ex2.approx.ftz.f32 (2 ulp; subnormal inputs and results are 0):
+ * the softmax's exponent, which has no bit-exact contract. The host
+ * emulation computes exp2f and flushes as the instruction does. */
+static __device__ __forceinline__ float fm_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    if (fabsf(x) < FLT_MIN) x = 0.0f;
+    const float y = exp2f(x);
+    return y < FLT_MIN ? 0.0f : y;
+#endif
 }
 
-template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS) k_attn_mma_fwd(tk_fm_args a) {
+/* The dropout test of row `base` (tk_drop_row_base: the row's part of the
+ * hash, once per lane) and key j: cuda_shared.h's tk_drop_keep_hi, the bits
+ * of tk_dropout_keep. */
+static __device__ __forceinline__ uint64_t fm_drop_base(const tk_fm_args &a, uint64_t row) {
+    return tk_drop_row_base(a.key, row);
+}
+
+/* The dropout factor of key j in the row whose base is `base`. */
+static __device__ __forceinline__ float fm_keep(const tk_fm_args &a, uint64_t base, int64_t j) {
+    return tk_drop_keep_hi(base, (uint64_t)j, a.keep_min) ? a.keep_scale : 0.0f;
+}
+
+/* The block's sequence*head: grid (tiles, heads) with the tiles fastest, so
+ * the blocks that read one head's K and V run side by side (L2); heads past
+ * 65535 go on in z. */
+static __device__ __forceinline__ int64_t fm_bh() { return (int64_t)blockIdx.z * gridDim.y + blockIdx.y; }
+
+template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS, 3) k_attn_mma_fwd(tk_fm_args a) {
     constexpr int LDS = HS + 8, NT = FM_TILE / 8;
+    const int64_t bh = fm_bh();
+    if (bh >= a.BH) return; /* the whole block: no barrier is left waiting */
     uint16_t *Qs = (uint16_t *)attn_smem(), *Ks = Qs + FM_TILE * LDS, *Vs = Ks + FM_TILE * LDS;
     float *bias = (float *)(Vs + FM_TILE * LDS);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int64_t T = a.T, bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, q0 = (int64_t)blockIdx.y * FM_TILE;
+    const int64_t T = a.T, b = bh / a.NH, h = bh % a.NH, q0 = (int64_t)blockIdx.x * FM_TILE;
     const int64_t at = b * T * a.ld + h * HS;
     const int kept = fm_kept(a, b);
     fm_load<HS>(Qs, a.q + at, a.ld, q0, T);
     const float sc = kept ? a.scale_log2 : 0.0f;
     const int64_t i0 = q0 + warp * 16 + g; /* this lane's rows: i0 (c[0..1]) and i0 + 8 (c[2..3]) */
-    const int valid[2] = { i0 < T, i0 + 8 < T };
-    const uint64_t drow[2] = { a.offset + (uint64_t)((bh * T + i0) * T), a.offset + (uint64_t)((bh * T + i0 + 8) * T) };
+    const uint64_t dbase[2] = { fm_drop_base(a, a.offset + (uint64_t)((bh * T + i0) * T)),
+                                fm_drop_base(a, a.offset + (uint64_t)((bh * T + i0 + 8) * T)) };
     float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
     tk_mma_c o[HS / 8];
     FM_UNROLL
@@ -283,7 +336,7 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             base[r] = mx[r] == -INFINITY ? 0.0f : mx[r]; /* no key yet: every p is 0 */
-            const float alpha = exp2f(m[r] - base[r]);
+            const float alpha = fm_exp2(m[r] - base[r]);
             m[r] = mx[r];
             l[r] *= alpha;
             FM_UNROLL
@@ -296,12 +349,15 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
         for (int n = 0; n < NT; n++)
             FM_UNROLL
             for (int e = 0; e < 4; e++) {
-                const int r = e >> 1;
-                float p = exp2f(s[n].c[e] - base[r]);
-                l[r] += p;
-                if (a.p > 0.0f && p != 0.0f && valid[r]) p *= fm_keep(a, drow[r], k0 + n * 8 + 2 * t + (e & 1));
+                const float p = fm_exp2(s[n].c[e] - base[e >> 1]);
+                l[e >> 1] += p;
                 s[n].c[e] = p;
             }
+        if (a.drop) /* the same for every thread of the grid: no divergence */
+            FM_UNROLL
+            for (int n = 0; n < NT; n++)
+                FM_UNROLL
+                for (int e = 0; e < 4; e++) s[n].c[e] *= fm_keep(a, dbase[e >> 1], k0 + n * 8 + 2 * t + (e & 1));
         fm_accum<DT, K16, HS>(o, s, Vs, lane);
     }
     float inv[2];
@@ -310,7 +366,7 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
         inv[r] = 1.0f / l[r];
-        if (t == 0 && valid[r])
+        if (t == 0 && i0 + 8 * r < T)
             a.lse_out[bh * T + i0 + 8 * r] = ((m[r] == -INFINITY ? 0.0f : m[r]) + log2f(l[r])) * FM_LN2;
     }
     __syncthreads(); /* every warp's last read of Qs is done: stage O there */
@@ -319,24 +375,35 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
     fm_store<HS>(a.out + b * T * a.ldo + h * HS, a.ldo, Qs, q0, T);
 }
 
-template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS) k_attn_mma_dq(tk_fm_args a) {
+/* Blocks per SM the kernels are built for (ptxas_check.sh holds the
+ * registers to them): forward and dQ three (168 registers), dK/dV two. On
+ * sm_100 and sm_120 ptxas spills dQ at 168 (8 and 16 bytes), so two there. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define FM_DQ_BLOCKS 2
+#else
+#define FM_DQ_BLOCKS 3
+#endif
+
+template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS, FM_DQ_BLOCKS) k_attn_mma_dq(tk_fm_args a) {
     constexpr int LDS = HS + 8, NT = FM_TILE / 8;
+    const int64_t bh = fm_bh();
+    if (bh >= a.BH) return;
     uint16_t *Qs = (uint16_t *)attn_smem(), *Gs = Qs + FM_TILE * LDS, *Ks = Gs + FM_TILE * LDS;
     uint16_t *Vs = Ks + FM_TILE * LDS;
     float *bias = (float *)(Vs + FM_TILE * LDS), *lse2 = bias + FM_TILE, *dd = lse2 + FM_TILE;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int64_t T = a.T, bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, q0 = (int64_t)blockIdx.y * FM_TILE;
+    const int64_t T = a.T, b = bh / a.NH, h = bh % a.NH, q0 = (int64_t)blockIdx.x * FM_TILE;
     const int64_t at = b * T * a.ld + h * HS, ato = b * T * a.ldo + h * HS;
     const int kept = fm_kept(a, b);
     fm_load<HS>(Qs, a.q + at, a.ld, q0, T);
     fm_load<HS>(Gs, a.dout + ato, a.ldo, q0, T);
-    fm_row_stats<DT, HS>(a, b, h, q0, lse2, dd);
+    fm_row_stats<HS>(a, b, h, q0, lse2, dd);
     __syncthreads();
     const float sc = kept ? a.scale_log2 : 0.0f;
     const int rl = warp * 16 + g; /* this lane's rows in the tile: rl, rl + 8 */
     const float L[2] = { lse2[rl], lse2[rl + 8] }, D[2] = { dd[rl], dd[rl + 8] };
-    const uint64_t drow[2] = { a.offset + (uint64_t)((bh * T + q0 + rl) * T),
-                               a.offset + (uint64_t)((bh * T + q0 + rl + 8) * T) };
+    const uint64_t dbase[2] = { fm_drop_base(a, a.offset + (uint64_t)((bh * T + q0 + rl) * T)),
+                                fm_drop_base(a, a.offset + (uint64_t)((bh * T + q0 + rl + 8) * T)) };
     tk_mma_c acc[HS / 8];
     FM_UNROLL
     for (int n = 0; n < HS / 8; n++) acc[n] = tk_mma_c{ { 0.0f, 0.0f, 0.0f, 0.0f } };
@@ -349,34 +416,36 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
         tk_mma_c s[NT], dp[NT];
         fm_scores<DT, K16, HS>(s, Qs, Ks, warp, lane);
         fm_scores<DT, K16, HS>(dp, Gs, Vs, warp, lane);
+        /* dS / scale = P (dP M - D): the scale is applied once, to dQ */
+        if (a.drop) /* the same for every thread of the grid: no divergence */
+            FM_UNROLL
+            for (int n = 0; n < NT; n++)
+                FM_UNROLL
+                for (int e = 0; e < 4; e++) dp[n].c[e] *= fm_keep(a, dbase[e >> 1], k0 + n * 8 + 2 * t + (e & 1));
         FM_UNROLL
         for (int n = 0; n < NT; n++)
             FM_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1, j = n * 8 + 2 * t + (e & 1);
-                const float p = exp2f(s[n].c[e] * sc + bias[j] - L[r]);
-                float ds = 0.0f;
-                if (p != 0.0f) {
-                    const float kf = a.p > 0.0f ? fm_keep(a, drow[r], k0 + j) : 1.0f;
-                    ds = p * (dp[n].c[e] * kf - D[r]) * a.scale;
-                }
-                s[n].c[e] = ds;
+                s[n].c[e] = fm_exp2(s[n].c[e] * sc + bias[j] - L[r]) * (dp[n].c[e] - D[r]);
             }
         fm_accum<DT, K16, HS>(acc, s, Ks, lane);
     }
     __syncthreads(); /* every warp's last read of Qs is done */
-    fm_stage<DT, HS>(Qs, acc, 1.0f, 1.0f, warp * 16, lane);
+    fm_stage<DT, HS>(Qs, acc, a.scale, a.scale, warp * 16, lane);
     __syncthreads();
     fm_store<HS>(a.dq + at, a.ld, Qs, q0, T);
 }
 
-template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS) k_attn_mma_dkv(tk_fm_args a) {
+template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS, 2) k_attn_mma_dkv(tk_fm_args a) {
     constexpr int LDS = HS + 8, NT = FM_TILE / 8;
+    const int64_t bh = fm_bh();
+    if (bh >= a.BH) return;
     uint16_t *Ks = (uint16_t *)attn_smem(), *Vs = Ks + FM_TILE * LDS, *Qs = Vs + FM_TILE * LDS;
     uint16_t *Gs = Qs + FM_TILE * LDS;
     float *lse2 = (float *)(Gs + FM_TILE * LDS), *dd = lse2 + FM_TILE;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int64_t T = a.T, bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, j0 = (int64_t)blockIdx.y * FM_TILE;
+    const int64_t T = a.T, b = bh / a.NH, h = bh % a.NH, j0 = (int64_t)blockIdx.x * FM_TILE;
     const int64_t at = b * T * a.ld + h * HS, ato = b * T * a.ldo + h * HS;
     const int kept = fm_kept(a, b);
     fm_load<HS>(Ks, a.k + at, a.ld, j0, T);
@@ -384,6 +453,11 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
     const float sc = kept ? a.scale_log2 : 0.0f;
     const int64_t jr[2] = { j0 + warp * 16 + g, j0 + warp * 16 + g + 8 }; /* this lane's keys */
     const float kb[2] = { fm_bias(a, b, jr[0], kept), fm_bias(a, b, jr[1], kept) };
+    /* element (query i, key j) is offset + (bh*T + i)*T + j: the key's part
+     * once, i*T per element */
+    const uint64_t dbase[2] = { fm_drop_base(a, a.offset + (uint64_t)(bh * T * T + jr[0])),
+                                fm_drop_base(a, a.offset + (uint64_t)(bh * T * T + jr[1])) };
+    const uint64_t tg = (uint64_t)T * TK_DROPOUT_GOLDEN, tg8 = 8 * tg;
     tk_mma_c dk[HS / 8], dv[HS / 8];
     FM_UNROLL
     for (int n = 0; n < HS / 8; n++) dk[n] = dv[n] = tk_mma_c{ { 0.0f, 0.0f, 0.0f, 0.0f } };
@@ -391,7 +465,7 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
         __syncthreads();
         fm_load<HS>(Qs, a.q + at, a.ld, q0, T);
         fm_load<HS>(Gs, a.dout + ato, a.ldo, q0, T);
-        fm_row_stats<DT, HS>(a, b, h, q0, lse2, dd);
+        fm_row_stats<HS>(a, b, h, q0, lse2, dd);
         __syncthreads();
         tk_mma_c st[NT], dpt[NT]; /* S^T and dP^T: this warp's 16 keys x 64 queries */
         fm_scores<DT, K16, HS>(st, Ks, Qs, warp, lane);
@@ -399,24 +473,37 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
         FM_UNROLL
         for (int n = 0; n < NT; n++)
             FM_UNROLL
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1, il = n * 8 + 2 * t + (e & 1);
-                const float p = exp2f(st[n].c[e] * sc + kb[r] - lse2[il]);
-                float pm = 0.0f, ds = 0.0f;
-                if (p != 0.0f) {
-                    const float f = a.p > 0.0f ? fm_keep(a, a.offset + (uint64_t)((bh * T + q0 + il) * T), jr[r])
-                                               : 1.0f;
-                    pm = p * f;
-                    ds = p * (dpt[n].c[e] * f - dd[il]) * a.scale;
+            for (int e = 0; e < 4; e++) st[n].c[e] = fm_exp2(st[n].c[e] * sc + kb[e >> 1] - lse2[n * 8 + 2 * t + (e & 1)]);
+        if (a.drop) { /* uniform: no divergence */
+            /* query i's hash input is dbase + i*T*G: from the lane's first
+             * query (q0 + 2t) by steps of T*G, a running sum (products of
+             * T*G would be 32 registers held across the loop) */
+            uint64_t z[2] = { dbase[0] + (uint64_t)(q0 + 2 * t) * tg, dbase[1] + (uint64_t)(q0 + 2 * t) * tg };
+            FM_UNROLL
+            for (int n = 0; n < NT; n++) {
+                FM_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int il = n * 8 + 2 * t + (e & 1);
+                    const float f = tk_drop_keep_z(z[e >> 1] + ((e & 1) ? tg : 0), a.keep_min) ? a.keep_scale : 0.0f;
+                    const float p = st[n].c[e];
+                    st[n].c[e] = p * f;
+                    dpt[n].c[e] = p * (dpt[n].c[e] * f - dd[il]); /* dS^T / scale */
                 }
-                st[n].c[e] = pm;
-                dpt[n].c[e] = ds;
+                z[0] += tg8;
+                z[1] += tg8;
             }
+        }
+        else
+            FM_UNROLL
+            for (int n = 0; n < NT; n++)
+                FM_UNROLL
+                for (int e = 0; e < 4; e++)
+                    dpt[n].c[e] = st[n].c[e] * (dpt[n].c[e] - dd[n * 8 + 2 * t + (e & 1)]);
         fm_accum<DT, K16, HS>(dv, st, Gs, lane);
         fm_accum<DT, K16, HS>(dk, dpt, Qs, lane);
     }
     __syncthreads(); /* every warp's last read of Ks and Vs is done */
-    fm_stage<DT, HS>(Ks, dk, 1.0f, 1.0f, warp * 16, lane);
+    fm_stage<DT, HS>(Ks, dk, a.scale, a.scale, warp * 16, lane); /* the scale of dS, once */
     fm_stage<DT, HS>(Vs, dv, 1.0f, 1.0f, warp * 16, lane);
     __syncthreads();
     fm_store<HS>(a.dk + at, a.ld, Ks, j0, T);
@@ -426,6 +513,7 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS)
 /* ---- launchers ------------------------------------------------------------------ */
 
 typedef void (*fm_kernel)(tk_fm_args);
+typedef void (*fm_rowd_kernel)(tk_fm_args, int64_t);
 
 template <int DT, int K16, int HS> static fm_kernel fm_kernel_of(int kind) {
     return kind == FM_FWD ? k_attn_mma_fwd<DT, K16, HS> : kind == FM_DQ ? k_attn_mma_dq<DT, K16, HS>
@@ -436,14 +524,29 @@ template <int DT, int K16> static fm_kernel fm_kernel_hs(int kind, int64_t HS) {
     return HS == 16 ? fm_kernel_of<DT, K16, 16>(kind) : fm_kernel_of<DT, K16, 64>(kind);
 }
 
-/* Launches one tensor-core kernel: grid (B*NH, 64-row tiles of T). */
-static tk_status fm_launch(int kind, tk_attn_kernel k, tk_dtype dt, const tk_fm_args &a, int64_t BH, int64_t HS) {
+static const char *fm_name(int kind) {
+    return kind == FM_FWD ? "k_attn_mma_fwd" : kind == FM_DQ ? "k_attn_mma_dq" : kind == FM_DKV ? "k_attn_mma_dkv"
+                                                                                                : "k_attn_mma_rowd";
+}
+
+/* Launches one tensor-core kernel: grid (64-row tiles of T, B*NH) (FM_D: a
+ * thread per 128-bit chunk of every (row, head) of O). */
+static tk_status fm_launch(int kind, tk_attn_kernel k, tk_dtype dt, const tk_fm_args &a, int64_t HS) {
+    if (kind == FM_D) {
+        const int64_t rows = a.BH * a.T, threads = rows * (HS / 8);
+        fm_rowd_kernel f = dt == TK_BF16 ? (HS == 16 ? k_attn_mma_rowd<TK_BF16, 16> : k_attn_mma_rowd<TK_BF16, 64>)
+                                         : (HS == 16 ? k_attn_mma_rowd<TK_F16, 16> : k_attn_mma_rowd<TK_F16, 64>);
+        TK_LAUNCH(f, (unsigned)((threads + FM_THREADS - 1) / FM_THREADS), FM_THREADS)(a, rows);
+        TK_CU_LAUNCHED(fm_name(kind));
+        return TK_OK;
+    }
     fm_kernel f = k == TK_ATTN_KERNEL_SM75 ? fm_kernel_hs<TK_F16, 0>(kind, HS)
                   : dt == TK_F16           ? fm_kernel_hs<TK_F16, 1>(kind, HS)
                                            : fm_kernel_hs<TK_BF16, 1>(kind, HS);
-    const dim3 grid((unsigned)BH, (unsigned)((a.T + FM_TILE - 1) / FM_TILE));
+    const unsigned gy = (unsigned)(a.BH < 65535 ? a.BH : 65535);
+    const dim3 grid((unsigned)((a.T + FM_TILE - 1) / FM_TILE), gy, (unsigned)((a.BH + gy - 1) / gy));
     TK_LAUNCH(f, grid, FM_THREADS, fm_smem_bytes(kind, HS))(a);
-    TK_CU_LAUNCHED(kind == FM_FWD ? "k_attn_mma_fwd" : kind == FM_DQ ? "k_attn_mma_dq" : "k_attn_mma_dkv");
+    TK_CU_LAUNCHED(fm_name(kind));
     return TK_OK;
 }
 
@@ -468,6 +571,19 @@ static int attn_aligned(const tk_tensor *const *ts, int n, int64_t ld, int64_t l
     for (int i = 0; i < n; i++)
         if ((uintptr_t)ts[i]->data % 16) return 0;
     return ld % 8 == 0 && ldo % 8 == 0;
+}
+
+/* Whether dq's bytes (rows ld apart, 16-bit) meet those of ts[0..n-1]
+ * (q-like rows ld apart, or out/dout: ts[3], ts[4], rows NH*HS apart). */
+static int attn_dq_overlaps(const tk_tensor *dq, const tk_tensor *const *ts, int n, const tk_attn *a) {
+    const int64_t rows = a->B * a->T, C = a->NH * a->HS;
+    const uintptr_t d0 = (uintptr_t)dq->data, d1 = d0 + (uintptr_t)(((rows - 1) * a->ld + C) * 2);
+    for (int i = 0; i < n; i++) {
+        const int64_t ld = i >= 3 ? C : a->ld;
+        const uintptr_t t0 = (uintptr_t)ts[i]->data, t1 = t0 + (uintptr_t)(((rows - 1) * ld + C) * 2);
+        if (t0 < d1 && d0 < t1) return 1;
+    }
+    return 0;
 }
 
 /* The kernel for this call (tk_attn_kernel.h), or TK_EINVAL for a bad
@@ -498,7 +614,9 @@ static void fm_setup(tk_fm_args *f, const tk_attn *a) {
     f->ldo = a->NH * a->HS;
     f->scale = a->scale;
     f->scale_log2 = a->scale * FM_LOG2E;
-    f->p = a->p;
+    f->BH = a->B * a->NH;
+    f->drop = a->p > 0.0f;
+    f->keep_min = tk_drop_keep_min(a->p);
     f->keep_scale = tk_dropout_scale(a->p);
     f->key = tk_dropout_key(a->seed);
     f->offset = a->offset;
@@ -544,7 +662,7 @@ tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const
         f.out = (uint16_t *)out->data;
         f.lse_out = (float *)lse->data;
         f.mask = mask ? (const int32_t *)mask->data : NULL;
-        return fm_launch(FM_FWD, kern, q->dtype, f, a->B * a->NH, a->HS);
+        return fm_launch(FM_FWD, kern, q->dtype, f, a->HS);
     }
     tk_fa_args f;
     dim3 gq, gk;
@@ -572,6 +690,8 @@ tk_status tk_cuda_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tens
     tk_attn_kernel kern;
     tk_status st = attn_pick(ctx, op, ts, 8, a, &kern);
     if (st != TK_OK) return st;
+    if (kern != TK_ATTN_KERNEL_REFERENCE && attn_dq_overlaps(dq, ts, 5, a))
+        kern = TK_ATTN_KERNEL_REFERENCE; /* D goes through dq's rows (k_attn_mma_rowd): no input may lie there */
     if (kern != TK_ATTN_KERNEL_REFERENCE) {
         tk_fm_args f;
         fm_setup(&f, a);
@@ -580,8 +700,9 @@ tk_status tk_cuda_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tens
         f.dq = (uint16_t *)dq->data; f.dk = (uint16_t *)dk->data; f.dv = (uint16_t *)dv->data;
         f.lse_in = (const float *)lse->data;
         f.mask = mask ? (const int32_t *)mask->data : NULL;
-        st = fm_launch(FM_DKV, kern, q->dtype, f, a->B * a->NH, a->HS);
-        return st != TK_OK ? st : fm_launch(FM_DQ, kern, q->dtype, f, a->B * a->NH, a->HS);
+        if ((st = fm_launch(FM_D, kern, q->dtype, f, a->HS)) != TK_OK) return st; /* D into dq's rows */
+        if ((st = fm_launch(FM_DKV, kern, q->dtype, f, a->HS)) != TK_OK) return st;
+        return fm_launch(FM_DQ, kern, q->dtype, f, a->HS);
     }
     tk_fa_args f;
     dim3 gq, gk;

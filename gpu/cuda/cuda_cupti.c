@@ -156,7 +156,7 @@ static const char *cupti_str(CUptiResult r) {
 #define CUPTI_TRY(call) do { CUptiResult _r = (call); if (_r != CUPTI_SUCCESS) { \
     snprintf(why, n, "%s: %s", #call, cupti_str(_r)); goto fail; } } while (0)
 
-int tk_cupti_acquire(char *why, size_t n) {
+int tk_cupti_acquire(int kernels, char *why, size_t n) {
     pthread_mutex_lock(&S.lock);
     if (S.refs > 0) {
         S.refs++;
@@ -176,14 +176,19 @@ int tk_cupti_acquire(char *why, size_t n) {
     CUPTI_TRY(cuptiActivityRegisterCallbacks(buf_request, buf_complete));
     CUPTI_TRY(cuptiActivityEnableAllocationSource(1));
     CUPTI_TRY(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMORY2));
-    CUPTI_TRY(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+    /* Kernel records only when asked (TXK_CUPTI=kernels): concurrent-kernel
+     * tracing and the runtime and driver API records behind owner scopes
+     * cost every launch host time, and a timed step is launch bound at
+     * small shapes (issue 43); the memory records, which name the bytes a
+     * library takes outside the allocator, stay on. */
+    if (kernels) CUPTI_TRY(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
     /* Owner scopes are a bonus: external correlation records are only
      * emitted for API calls that are themselves recorded, so runtime and
      * driver API records go on too. If any of that fails, memory and kernel
      * totals still work and every kernel counts as unscoped. */
-    if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) != CUPTI_SUCCESS ||
+    if (kernels && (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) != CUPTI_SUCCESS ||
         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS ||
-        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER) != CUPTI_SUCCESS) {
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER) != CUPTI_SUCCESS)) {
         cuptiActivityDisable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
         cuptiActivityDisable(CUPTI_ACTIVITY_KIND_RUNTIME);
         cuptiActivityDisable(CUPTI_ACTIVITY_KIND_DRIVER);

@@ -50,6 +50,7 @@ typedef struct tk_cuda_ctx {
     int reference;               /* 1: every op runs its reference kernels (tk_cuda_set_reference) */
     cublasLtHandle_t lt;         /* cuBLASLt, created by the first GEMM with an epilogue (matmul.cu) */
     void *lt_cache;              /* matmul.cu's algorithms by GEMM shape */
+    void *lt_stats;              /* matmul.cu's epilogue GEMMs and declines by key (tk_cuda_lt_declines) */
 } tk_cuda_ctx;
 
 /* Formats a message into err (which may be NULL); returns st. */
@@ -103,7 +104,10 @@ static inline const char *tk_cuda_gemm_refusal(const tk_tensor *A, const tk_tens
             (what), cudaGetErrorString(_e)); return TK_EDEVICE; } } while (0)
 
 /* cuda_cupti.c: the process-wide CUPTI session (reference counted). */
-int tk_cupti_acquire(char *why, size_t n);  /* 1: active; 0: unavailable, *why says why */
+/* 1: active; 0: unavailable, *why says why. kernels: kernel records (and the
+ * API records behind owner scopes) too, not only memory; the first acquirer
+ * of the process-wide session decides. */
+int tk_cupti_acquire(int kernels, char *why, size_t n);
 void tk_cupti_release(void);
 tk_status tk_cupti_flush(void);
 void tk_cupti_fill(tk_cuda_mem_totals *out);
@@ -196,14 +200,21 @@ tk_status tk_cuda_bias_grad(void *ctx, tk_tensor *db, const tk_tensor *dout, int
  *    beta replaced by `beta`);
  *  - lt (batch 1): C = alpha op(A) op(B) + g->beta C (+ bias on every row),
  *    and with g->bgrad the bias gradient sum written (not added) to
- *    g->bgrad_tmp; *declined = 1 (nothing done) when the library has no
- *    algorithm for it, so cu_gemm falls back to blas and the references. */
+ *    g->bgrad_tmp; *declined = a TK_LT_* reason (nothing done) when it is
+ *    not asked (bias and bias gradient at once, a misaligned vector) or the
+ *    library has no algorithm for it, so cu_gemm falls back to blas and the
+ *    reference kernels; the emulation's stub also declines what cuBLASLt
+ *    does not document (a bias dtype other than the output's). */
+enum { TK_LT_BOTH = 1, TK_LT_ALIGN, TK_LT_DTYPE, TK_LT_NO_LT, TK_LT_NO_ALGO, TK_LT_REFUSED };
 tk_status tk_cuda_blas_gemm(tk_cuda_ctx *c, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
                             const tk_gemm *g, float beta);
 tk_status tk_cuda_lt_gemm(tk_cuda_ctx *c, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
                           const tk_tensor *bias, const tk_gemm *g, int *declined);
 /* matmul.cu: releases the cuBLASLt handle (cu_destroy). */
 void tk_cuda_matmul_release(tk_cuda_ctx *c);
+/* matmul.cu: prints the epilogue GEMMs and their declines (when there were
+ * any GEMMs with an epilogue) and frees the counts; every device close. */
+void tk_cuda_lt_stats_close(tk_cuda_ctx *c);
 
 #ifdef __cplusplus
 }

@@ -2,8 +2,10 @@
  * GEMM is matmul.cu's, its kernels the other .cu files: README.md there).
  *
  * tk_cuda_plugin_open picks the device, starts CUPTI (before the context
- * exists, so every allocation is recorded; TXK_CUPTI=0 in the environment
- * leaves it off, to time a run without its tracing), creates the context and
+ * exists, so every allocation is recorded; its memory records only, unless
+ * TXK_CUPTI=kernels asks for kernel records and owner scopes too, whose
+ * tracing costs each launch host time; TXK_CUPTI=0 leaves it off, to time a
+ * run without any tracing), creates the context and
  * the cuBLAS handle, and returns the backend table. The device then takes
  * the plugin's buffers (the GEMM workspace, the kernels' scratch) from its
  * caching allocator and binds them (tk_cuda_bind_buffers): the plugin itself
@@ -164,6 +166,7 @@ static void cu_destroy(void *vctx) {
     tk_cuda_ctx *c = vctx;
     if (!c) return;
     cudaDeviceSynchronize();
+    tk_cuda_lt_stats_close(c);
     tk_cuda_matmul_release(c);
     if (c->blas) cublasDestroy(c->blas);
     cudaGetLastError();
@@ -253,7 +256,7 @@ tk_status tk_cuda_plugin_open(const tk_dev_opts *opts, const tk_backend **be, vo
     if (want && (strcmp(want, "0") == 0 || strcmp(want, "off") == 0))
         snprintf(why, sizeof why, "turned off by TXK_CUPTI=%s", want);
     else if (tk_cuda_cupti_open(why, sizeof why) == 0)
-        c->cupti_on = tk_cupti_acquire(why, sizeof why);
+        c->cupti_on = tk_cupti_acquire(want && strcmp(want, "kernels") == 0, why, sizeof why);
     if (!c->cupti_on) {
         snprintf(c->cupti_why, sizeof c->cupti_why, "%s", why);
         fprintf(stderr, "txkernel cuda: CUPTI tracing off (%s); memory outside the allocator "

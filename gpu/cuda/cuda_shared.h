@@ -1,5 +1,6 @@
 /* cuda_shared.h — index arithmetic the cuda kernels share with their host
- * tests: the column-major GEMM arguments and the head/bias index maps. The
+ * tests: the column-major GEMM arguments, the head/bias index maps and the
+ * dropout test with its per-row work hoisted (the attention kernels). The
  * numeric rules both backends follow (AdamW, dropout, q8 codes, the mask
  * bias, fp16/bf16) are gpu/tk_ops_spec.h's, included here.
  * Written so that nvcc (device and host) and a plain C compiler both take it,
@@ -67,6 +68,36 @@ TK_HD int64_t tk_bias_rows_at(int64_t k, int64_t M, int64_t N, int64_t strideC, 
     int64_t n = k % N, r = k / N;
     *bias_at = n;
     return (r / M) * strideC + (r % M) * N + n;
+}
+
+/* ---- dropout, hoisted ----------------------------------------------------------
+ * tk_dropout_keep(key, row + j, p) with the per-row work done once: the hash
+ * input key + (row + j)*G is tk_drop_row_base(key, row) + j*G (mod 2^64).
+ * Its test u >= p, u = (h >> 40) / 2^24, is (h >> 40) >= ceil(p 2^24), i.e.
+ * the high word of h >= tk_drop_keep_min(p) = ceil(p 2^24) * 256; of the
+ * last mix step only that high word is formed (three 32-bit multiplies for a
+ * 64-bit one). p >= 1 gives 0xffffffff, which keeps a word of all ones where
+ * tk_dropout_keep keeps nothing: the factor, tk_dropout_scale(p) = 0, drops
+ * it anyway. Host-tested bit for bit against tk_dropout_keep. */
+TK_HD uint64_t tk_drop_row_base(uint64_t key, uint64_t row) { return key + row * TK_DROPOUT_GOLDEN; }
+
+TK_HD uint32_t tk_drop_keep_min(float p) {
+    const double t = ceil((double)p * 16777216.0);
+    return t <= 0.0 ? 0u : t >= 16777216.0 ? 0xffffffffu : (uint32_t)t << 8;
+}
+
+/* z: the hash's input, key + idx*G. */
+TK_HD int tk_drop_keep_z(uint64_t z, uint32_t keep_min) {
+    z ^= z >> 30;
+    z *= 0xBF58476D1CE4E5B9ULL;
+    z ^= z >> 27;
+    const uint32_t lo = (uint32_t)z, hi = (uint32_t)(z >> 32), cl = 0x133111EBu, ch = 0x94D049BBu;
+    const uint32_t h = (uint32_t)(((uint64_t)lo * cl) >> 32) + lo * ch + hi * cl; /* (z * C) >> 32 */
+    return (h ^ (h >> 31)) >= keep_min; /* z ^= z >> 31, its high word */
+}
+
+TK_HD int tk_drop_keep_hi(uint64_t base, uint64_t j, uint32_t keep_min) {
+    return tk_drop_keep_z(base + j * TK_DROPOUT_GOLDEN, keep_min);
 }
 
 #endif

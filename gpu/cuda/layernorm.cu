@@ -319,6 +319,11 @@ tk_status tk_cuda_layernorm_bwd(void *ctx, tk_tensor *din, tk_tensor *dw, tk_ten
     if (N > INT32_MAX) return bad("layernorm_bwd", "more than 2^31 rows");
     if (scratch && din && C <= LN_KMAX * WARP * 8 && ln_fast(ctx, N, C, din, dout, in, w, NULL)) {
         const int64_t W = tk_layernorm_bwd_groups(N), R = (N + W - 1) / W;
+        /* k_ln_bwd8 stores its partial sums 128 bits at a time (st8): rows of
+         * C floats from a 16-byte aligned start, 2 C per group */
+        if (scratch->dtype != TK_F32 || !aligned16(scratch->data) || tk_tensor_numel(scratch) < 2 * W * C)
+            return bad("layernorm_bwd", "scratch must be f32, 16-byte aligned, of at least 2 x groups x C elements "
+                       "(tk_layernorm_bwd_groups)");
         TK_FLOAT_TYPE(DT(din), T,
             TK_LAUNCH(k_ln_bwd8<T>, (unsigned)((W + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS)(
                 (T *)din->data, (float *)scratch->data, (const T *)dout->data, (const T *)in->data,

@@ -29,7 +29,9 @@ extern "C" {
 
 /* tk_cuda_mem_totals, the struct the plugin fills, is declared in tk_gpu.h:
  * the main binaries read it through tk_dev_cuda_mem_totals without this
- * header. */
+ * header. Its kernel counts (n_kernels, kernel_ns) and the owner scopes
+ * below need TXK_CUPTI=kernels when the device opens: by default CUPTI
+ * records memory only (kernel tracing costs every launch host time). */
 
 /* Waits for the device, flushes CUPTI's buffers and fills *out. Works (with
  * cupti_active = 0) when CUPTI could not be enabled. */
@@ -69,6 +71,16 @@ typedef void (*tk_cuda_scope_kernel_time_fn)(void *ctx, int owner, uint64_t *n_k
  * The GPU tests run each fast kernel against its reference this way. */
 void tk_cuda_set_reference(void *ctx, int on);
 typedef void (*tk_cuda_set_reference_fn)(void *ctx, int on);
+
+/* GEMMs that asked cuBLASLt for an epilogue (a linear layer's bias, its
+ * bias gradient) since the device opened or the last reset, and how many of
+ * them cuBLASLt declined (the reference kernels ran them). report (may be
+ * NULL) gets a line of totals and one line per declined (shape, epilogue,
+ * dtypes) with its reason: what the device prints when it closes. */
+void tk_cuda_lt_declines(void *ctx, uint64_t *calls, uint64_t *declined, char *report, size_t n);
+void tk_cuda_lt_reset(void *ctx);
+typedef void (*tk_cuda_lt_declines_fn)(void *ctx, uint64_t *calls, uint64_t *declined, char *report, size_t n);
+typedef void (*tk_cuda_lt_reset_fn)(void *ctx);
 
 #ifdef __cplusplus
 }

@@ -237,37 +237,72 @@ static void test_plan_fused_on_cuda(void) {
     TK_CHECK_EQ_INT(saved[1], saved[0]);
 }
 
-/* attention: auto (the default) is fused for a card and standard on the
- * cpu (tk_config_attention); the plan says which and why (and, for a card,
- * which cuda kernel runs it: tensor cores for 16-bit where the card has
- * them, TXK_ATTN_KERNEL's choice), and a cpu run of
- * a card's config (gpu: t4, as demo notebooks run them) uses what its plan
- * used, so they still agree byte for byte. */
+/* attention: auto (the default) is standard on the cpu; on a card fused
+ * where a tensor-core kernel runs it (fp16 on a t4) and standard where only
+ * the reference kernel would (fp32), unless only fused fits the capacity
+ * (tk_config_attention_fit, the plan's memory clause); the plan says which
+ * and why (and, for a card, which cuda kernel runs it: tensor cores for
+ * 16-bit where the card has them, TXK_ATTN_KERNEL's choice), and a cpu run
+ * of a card's config (gpu: t4, as demo notebooks run them) uses what its
+ * plan used, so they still agree byte for byte. */
 static void test_plan_default_attention(void) {
     tk_config c = tiny_cfg(64, 4);
     c.threads = 2;
     tk_err e = { 0 };
-    tk_plan_result cpu, card, fused;
+    tk_plan_result cpu, card, card16, fused;
     TK_CHECK_MSG(tk_plan(&c, NULL, 0, &cpu, &e) == TK_OK, "%s", e.msg);
     TK_CHECK_EQ_INT(cpu.attention, TK_ATTN_STANDARD);
     TK_CHECK_STR(cpu.attention_why, "default on the cpu");
     snprintf(c.gpu, sizeof c.gpu, "t4");
     TK_CHECK_MSG(tk_plan(&c, NULL, 0, &card, &e) == TK_OK, "%s", e.msg);
-    TK_CHECK_EQ_INT(card.attention, TK_ATTN_FUSED);
-    TK_CHECK_STR(card.attention_why, "default on cuda");
+    TK_CHECK_EQ_INT(card.attention, TK_ATTN_STANDARD); /* fp32: the reference kernel would run fused */
+    TK_CHECK_STR(card.attention_why, TK_ATTN_WHY_SLOW);
     char *txt = tk_plan_format(&card);
-    TK_CHECK(txt && strstr(txt, "attention: fused (default on cuda)\n"));
+    TK_CHECK(txt && strstr(txt, "attention: standard (" TK_ATTN_WHY_SLOW ")\n"));
+    TK_CHECK_STR(card.attention_kernel, "");
+    free(txt);
+    tk_config h = c;
+    h.precision = TK_PREC_FP16;
+    TK_CHECK_MSG(tk_plan(&h, NULL, 0, &card16, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(card16.attention, TK_ATTN_FUSED);
+    TK_CHECK_STR(card16.attention_why, TK_ATTN_WHY_FAST);
+    txt = tk_plan_format(&card16);
+    TK_CHECK(txt && strstr(txt, "attention: fused (" TK_ATTN_WHY_FAST ")\n"));
     /* and which cuda kernel the card runs it with (gpu/tk_attn_kernel.h) */
-    TK_CHECK(txt && strstr(txt, "attention kernel on t4: the reference kernel (fp32 cores): f32 tensors"));
+    TK_CHECK(txt && strstr(txt, "attention kernel on t4: tensor cores, mma.sync m16n8k8 (sm75); head size 64, f16"));
     TK_CHECK_STR(cpu.attention_kernel, "");
     free(txt);
+    /* memory: a capacity between the fused and the standard plan's peaks
+     * keeps fp32 fused; above both, standard; below both, standard (the
+     * advisor takes it from there) */
+    tk_config mc = tiny_cfg(512, 16); /* long enough that the T x T probabilities show in the reserved peak */
+    snprintf(mc.gpu, sizeof mc.gpu, "t4");
+    tk_plan_result ms, mf, r;
+    mc.attention = TK_ATTN_STANDARD;
+    TK_CHECK_MSG(tk_plan(&mc, NULL, 0, &ms, &e) == TK_OK, "%s", e.msg);
+    mc.attention = TK_ATTN_FUSED;
+    TK_CHECK_MSG(tk_plan(&mc, NULL, 0, &mf, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK(mf.peak_reserved < ms.peak_reserved);
+    mc.attention = TK_ATTN_AUTO;
+    mc.capacity = (mf.peak_reserved + ms.peak_reserved) / 2;
+    TK_CHECK_MSG(tk_plan(&mc, NULL, 0, &r, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(r.attention, TK_ATTN_FUSED);
+    TK_CHECK_STR(r.attention_why, TK_ATTN_WHY_FITS);
+    TK_CHECK(r.fits && r.peak_reserved == mf.peak_reserved);
+    TK_CHECK(strstr(r.attention_kernel, "the reference kernel (fp32 cores): f32 tensors") == r.attention_kernel);
+    mc.capacity = ms.peak_reserved;
+    TK_CHECK_MSG(tk_plan(&mc, NULL, 0, &r, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(r.attention, TK_ATTN_STANDARD);
+    mc.capacity = mf.peak_allocated / 2; /* (just under mf's reserved peak is not: under pressure the allocator
+                                          * releases its cache and fits in less) */
+    TK_CHECK_MSG(tk_plan(&mc, NULL, 0, &r, &e) == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(r.attention, TK_ATTN_STANDARD);
+    TK_CHECK_STR(r.attention_why, TK_ATTN_WHY_SLOW);
     const struct { const char *gpu; tk_precision prec; const char *ask, *want; } kern[] = {
         { "t4", TK_PREC_FP16, NULL, "tensor cores, mma.sync m16n8k8 (sm75); head size 64, f16" },
-        { "t4", TK_PREC_BF16, NULL, "the reference kernel (fp32 cores): bf16 on sm75" },
         { "h100-80", TK_PREC_BF16, NULL, "tensor cores, mma.sync m16n8k16 (sm80+); head size 64, bf16" },
         { "h100-80", TK_PREC_FP16, "sm75", "TXK_ATTN_KERNEL=sm75: mma.sync m16n8k8; head size 64, f16" },
         { "l4", TK_PREC_FP16, "reference", "the reference kernel (fp32 cores): TXK_ATTN_KERNEL=reference" },
-        { "k80", TK_PREC_FP16, NULL, "the reference kernel (fp32 cores): the card is below sm75" },
     };
     for (size_t i = 0; i < sizeof kern / sizeof kern[0]; i++) {
         tk_config k = c;
@@ -280,16 +315,28 @@ static void test_plan_default_attention(void) {
         TK_CHECK_MSG(strncmp(r.attention_kernel, kern[i].want, strlen(kern[i].want)) == 0, "%s: '%s', want '%s'",
                      kern[i].gpu, r.attention_kernel, kern[i].want);
     }
-    c.attention = TK_ATTN_FUSED; /* the same bytes as naming it */
-    TK_CHECK_MSG(tk_plan(&c, NULL, 0, &fused, &e) == TK_OK, "%s", e.msg);
+    /* where no tensor-core kernel runs, auto is standard: a t4's bf16, a k80 */
+    const struct { const char *gpu; tk_precision prec; } slow[] = { { "t4", TK_PREC_BF16 }, { "k80", TK_PREC_FP16 } };
+    for (size_t i = 0; i < sizeof slow / sizeof slow[0]; i++) {
+        tk_config k = c;
+        snprintf(k.gpu, sizeof k.gpu, "%s", slow[i].gpu);
+        k.precision = slow[i].prec;
+        TK_CHECK_MSG(tk_plan(&k, NULL, 0, &r, &e) == TK_OK, "%s", e.msg);
+        TK_CHECK_MSG(r.attention == TK_ATTN_STANDARD, "%s: auto gave %s", slow[i].gpu, tk_attention_name(r.attention));
+    }
+    c.attention = TK_ATTN_FUSED; /* the same bytes as auto where auto is fused */
+    h.attention = TK_ATTN_FUSED;
+    TK_CHECK_MSG(tk_plan(&h, NULL, 0, &fused, &e) == TK_OK, "%s", e.msg);
     TK_CHECK_STR(fused.attention_why, "set in the config");
-    TK_CHECK_EQ_INT(fused.peak_allocated, card.peak_allocated);
+    TK_CHECK_EQ_INT(fused.peak_allocated, card16.peak_allocated);
+    TK_CHECK_MSG(tk_plan(&c, NULL, 0, &fused, &e) == TK_OK, "%s", e.msg);
     /* the card's plan also holds its GEMM workspace and kernel scratch (tag
      * workspace, which the cpu's has not): fused attention keeps less of
      * everything else */
+    TK_CHECK_EQ_INT(fused.by_cat_at_peak[TK_CAT_WORKSPACE], TK_CUDA_WORKSPACE_BYTES + 8704);
     TK_CHECK_EQ_INT(card.by_cat_at_peak[TK_CAT_WORKSPACE], TK_CUDA_WORKSPACE_BYTES + 8704);
     TK_CHECK_EQ_INT(cpu.by_cat_at_peak[TK_CAT_WORKSPACE], 0);
-    TK_CHECK(card.peak_allocated - card.by_cat_at_peak[TK_CAT_WORKSPACE] < cpu.peak_allocated);
+    TK_CHECK(fused.peak_allocated - fused.by_cat_at_peak[TK_CAT_WORKSPACE] < cpu.peak_allocated);
     c.attention = TK_ATTN_AUTO;
     tk_measure m;
     TK_CHECK_MSG(tk_train_measure(&c, TK_DEV_CPU, 0, &m, &e) == TK_OK, "%s", e.msg);

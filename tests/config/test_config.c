@@ -182,25 +182,67 @@ static const bad_case BAD[] = {
 };
 
 /* attention: auto, the default, is decided by one rule (tk_config_attention):
- * fused on cuda and for a card (gpu: PROFILE on any device), standard on the
- * cpu; a config that names one keeps it on every device. */
+ * on a card (cuda, or gpu: PROFILE on any device) fused where a tensor-core
+ * kernel runs it for the precision, head size and card, else standard
+ * unless only fused fits (the `fits` callback); standard on the cpu; a
+ * config that names one keeps it on every device. */
+static int fits_fused_only(const tk_config *c, void *u) {
+    ++*(int *)u;
+    return c->attention == TK_ATTN_FUSED;
+}
+static int fits_both(const tk_config *c, void *u) {
+    (void)c;
+    ++*(int *)u;
+    return 1;
+}
+
 static void test_attention_default(void) {
     tk_config c;
     tk_err err = {0};
     const char *why = NULL;
+    int asked = 0;
     tk_config_defaults(&c);
     TK_CHECK_EQ_INT(c.attention, TK_ATTN_AUTO);
     TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_META, &why), TK_ATTN_STANDARD); /* device: cpu */
     TK_CHECK_STR(why, "default on the cpu");
     TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_CPU, NULL), TK_ATTN_STANDARD);
-    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_CUDA, &why), TK_ATTN_FUSED); /* device: auto found cuda */
-    TK_CHECK_STR(why, "default on cuda");
+    /* device: auto found cuda; fp32 (the default): only the reference kernel would run fused */
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_CUDA, &why), TK_ATTN_STANDARD);
+    TK_CHECK_STR(why, TK_ATTN_WHY_SLOW);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "precision", "bf16", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_CUDA, &why), TK_ATTN_FUSED); /* a card not named: sm80 */
+    TK_CHECK_STR(why, TK_ATTN_WHY_FAST);
     TK_CHECK_EQ_INT(tk_config_set(&c, "device", "cuda", &err), TK_OK);
     TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_META, NULL), TK_ATTN_FUSED);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "heads", "24", &err), TK_OK); /* bert-base's 768 / 24: head size 32 */
+    TK_CHECK_EQ_INT(tk_config_set(&c, "hidden", "768", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_META, NULL), TK_ATTN_STANDARD);
     tk_config_defaults(&c); /* a plan for a t4, made on a machine without one */
     TK_CHECK_EQ_INT(tk_config_set(&c, "gpu", "t4", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_META, &why), TK_ATTN_STANDARD);
+    TK_CHECK_STR(why, TK_ATTN_WHY_SLOW);
+    /* memory: the t4's capacity is known; fused only when standard does not fit and fused does */
+    TK_CHECK_EQ_INT(tk_config_attention_fit(&c, TK_DEV_META, fits_fused_only, &asked, &why), TK_ATTN_FUSED);
+    TK_CHECK_STR(why, TK_ATTN_WHY_FITS);
+    TK_CHECK_EQ_INT(asked, 2);
+    TK_CHECK_EQ_INT(tk_config_attention_fit(&c, TK_DEV_META, fits_both, &asked, &why), TK_ATTN_STANDARD);
+    TK_CHECK_EQ_INT(asked, 3); /* standard fits: fused is not asked */
+    TK_CHECK_EQ_INT(tk_config_set(&c, "precision", "fp16", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_attention_fit(&c, TK_DEV_META, fits_both, &asked, &why), TK_ATTN_FUSED);
+    TK_CHECK_STR(why, TK_ATTN_WHY_FAST);
+    TK_CHECK_EQ_INT(asked, 3); /* a fast kernel: memory is not asked */
+    TK_CHECK_EQ_INT(tk_config_set(&c, "precision", "bf16", &err), TK_OK); /* the t4 has no bf16 tensor-core kernel */
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_META, NULL), TK_ATTN_STANDARD);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "gpu", "h100-80", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_META, NULL), TK_ATTN_FUSED);
+    tk_config_defaults(&c); /* device: cuda without a capacity: memory is not known, not asked */
+    TK_CHECK_EQ_INT(tk_config_set(&c, "device", "cuda", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_attention_fit(&c, TK_DEV_META, fits_fused_only, &asked, &why), TK_ATTN_STANDARD);
+    TK_CHECK_EQ_INT(asked, 3);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "gpu", "t4", &err), TK_OK);
+    TK_CHECK_EQ_INT(tk_config_set(&c, "attention", "fused", &err), TK_OK);
     TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_META, &why), TK_ATTN_FUSED);
-    TK_CHECK_STR(why, "default on cuda");
+    TK_CHECK_STR(why, "set in the config");
     TK_CHECK_EQ_INT(tk_config_set(&c, "attention", "standard", &err), TK_OK);
     TK_CHECK_EQ_INT(tk_config_attention(&c, TK_DEV_CUDA, &why), TK_ATTN_STANDARD);
     TK_CHECK_STR(why, "set in the config");

@@ -115,6 +115,34 @@ static void test_cupti_reconciles(void) {
     TK_CHECK(tk_op_fill(g_gpu, &A, 0.5f, M * M) == TK_OK);
     TK_CHECK(tk_op_fill(g_gpu, &B, 0.25f, M * M) == TK_OK);
     TK_CHECK(tk_op_gemm(g_gpu, &C, &A, &B, NULL, &(tk_gemm){ .m = M, .n = M, .k = M, .trans_b = 1, .batch = 1, .alpha = 1.0f }) == TK_OK);
+    /* and cuBLASLt GEMMs with an epilogue (a linear layer's bias into a
+     * 16-bit output, its bias gradient), whose handle and algorithms are
+     * the first thing cuBLASLt makes (issue 43): nothing outside either */
+    {
+        tk_tensor C16 = { 0 }, bias = { 0 }, dW = { 0 }, db = { 0 }, tmp = { 0 };
+        int64_t ns[1] = { M };
+        TK_CHECK(tk_tensor_alloc(g_gpu, &C16, TK_F16, 1, shape, TK_CAT_ACT, "test.C16", &err) == TK_OK);
+        TK_CHECK(tk_tensor_alloc(g_gpu, &dW, TK_F32, 1, shape, TK_CAT_GRAD, "test.dW", &err) == TK_OK);
+        TK_CHECK(tk_tensor_alloc(g_gpu, &bias, TK_F16, 1, ns, TK_CAT_PARAM, "test.bias", &err) == TK_OK);
+        TK_CHECK(tk_tensor_alloc(g_gpu, &db, TK_F32, 1, ns, TK_CAT_GRAD, "test.db", &err) == TK_OK);
+        TK_CHECK(tk_tensor_alloc(g_gpu, &tmp, TK_F32, 1, ns, TK_CAT_TEMP, "test.tmp", &err) == TK_OK);
+        TK_CHECK(tk_op_fill(g_gpu, &bias, 0.125f, M) == TK_OK);
+        TK_CHECK(tk_op_fill(g_gpu, &db, 0.0f, M) == TK_OK);
+        TK_CHECK(tk_op_fill(g_gpu, &dW, 0.0f, M * M) == TK_OK);
+        uint64_t calls = 0, declined = 0;
+        char report[512];
+        gpu_lt_reset();
+        TK_CHECK(tk_op_gemm(g_gpu, &C16, &A, &B, &bias, &(tk_gemm){ .m = M, .n = M, .k = M, .trans_b = 1, .batch = 1, .alpha = 1.0f }) == TK_OK);
+        TK_CHECK(tk_op_gemm(g_gpu, &dW, &C16, &A, NULL, &(tk_gemm){ .m = M, .n = M, .k = M, .trans_a = 1, .batch = 1, .alpha = 1.0f, .beta = 1.0f, .bgrad = &db, .bgrad_tmp = &tmp }) == TK_OK);
+        TK_CHECK(gpu_lt_declines(&calls, &declined, report, sizeof report));
+        TK_CHECK_EQ_INT(calls, 2);
+        fprintf(stderr, "  %s\n", report);
+        tk_tensor_free(g_gpu, &tmp);
+        tk_tensor_free(g_gpu, &db);
+        tk_tensor_free(g_gpu, &bias);
+        tk_tensor_free(g_gpu, &dW);
+        tk_tensor_free(g_gpu, &C16);
+    }
     tk_cuda_mem_totals t;
     TK_CHECK(get(ctx, &t, &err) == TK_OK);
     TK_CHECK_MSG(t.cupti_active, "CUPTI inactive: %s (is another profiler attached?)", t.cupti_error);
@@ -124,7 +152,7 @@ static void test_cupti_reconciles(void) {
     TK_CHECK_EQ_INT(t.segments_live, s.reserved);
     TK_CHECK_EQ_INT(t.device_live - s.reserved, t.outside_allocator);
     /* The plugin's buffers are allocator blocks (the GEMM workspace under
-     * owner "cublas"), and cuBLAS works in them: after a GEMM nothing is
+     * owner "cublas"), and cuBLAS and cuBLASLt work in them: after their GEMMs nothing is
      * outside the allocator but what gpu/profile.c says the libraries keep
      * on this architecture. The sources say who, if it ever is more. */
     TK_CHECK_EQ_INT(t.plugin_bytes, 0);
@@ -213,6 +241,7 @@ static void test_txmem_report_reconciles(void) {
 }
 
 int main(void) {
+    setenv("TXK_CUPTI", "kernels", 1); /* kernel records and owner scopes (test_cupti), off by default */
     if (!gpu_open()) {
         gpu_close();
         printf("0 passed, 1 failed\n");

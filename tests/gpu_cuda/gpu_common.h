@@ -79,6 +79,29 @@ static inline int gpu_reference(int on) {
 #endif
 }
 
+/* The cuda device's cuBLASLt epilogue GEMMs and declines since the last
+ * gpu_lt_reset (tk_cuda_lt_declines); report gets the table. 0 when the
+ * plugin lacks the counters. */
+static inline int gpu_lt_declines(uint64_t *calls, uint64_t *declined, char *report, size_t n) {
+#ifdef TK_CUDA_EMU
+    tk_cuda_lt_declines(tk_dev_backend_ctx(g_gpu), calls, declined, report, n);
+    return 1;
+#else
+    tk_cuda_lt_declines_fn f = (tk_cuda_lt_declines_fn)tk_dev_plugin_sym(g_gpu, "tk_cuda_lt_declines");
+    if (f) f(tk_dev_backend_ctx(g_gpu), calls, declined, report, n);
+    return f != NULL;
+#endif
+}
+
+static inline void gpu_lt_reset(void) {
+#ifdef TK_CUDA_EMU
+    tk_cuda_lt_reset(tk_dev_backend_ctx(g_gpu));
+#else
+    tk_cuda_lt_reset_fn f = (tk_cuda_lt_reset_fn)tk_dev_plugin_sym(g_gpu, "tk_cuda_lt_reset");
+    if (f) f(tk_dev_backend_ctx(g_gpu));
+#endif
+}
+
 static inline void gpu_close(void) {
     tk_dev_destroy(&g_gpu);
     tk_dev_destroy(&g_cpu);

@@ -316,6 +316,30 @@ static void test_pooled_step_frozen_embeddings_bf16(void) {
 /* Issue 36's determinism: the embedding and LayerNorm gradients of the same
  * cuda step twice, bit for bit (grouped embedding backward, LayerNorm row
  * groups: no atomics, fixed orders). */
+/* cuBLASLt takes every epilogue a training step asks for (its linear
+ * layers' biases in the output's dtype: the 16-bit copies; their bias
+ * gradients into f32), fp32, fp16 and bf16, from sm80: no decline
+ * (tk_cuda_lt_declines; the emulation's stub declines what cuBLASLt does
+ * not document, so this holds there too). The table is printed. */
+static void test_lt_declines(void) {
+    const tk_precision precs[3] = { TK_PREC_FP32, TK_PREC_FP16, TK_PREC_BF16 };
+    for (int i = 0; i < 3; i++)
+        for (int head = 0; head < 2; head++) {
+            uint64_t calls = 0, declined = 0;
+            char report[2048];
+            step_out o;
+            gpu_lt_reset();
+            TK_CHECK(run_step(g_gpu, (variant){ .head = head ? TK_HEAD_SPAN : TK_HEAD_POOLED, .prec = precs[i] }, &o));
+            step_free(&o);
+            TK_CHECK(gpu_lt_declines(&calls, &declined, report, sizeof report));
+            fprintf(stderr, "  %s, %s head: %s\n", i == 0 ? "fp32" : i == 1 ? "fp16" : "bf16", head ? "span" : "pooled",
+                    report);
+            TK_CHECK(calls > 0);
+            if (g_cc_major >= 8) TK_CHECK_MSG(declined == 0, "declined: %s", report);
+        }
+    gpu_lt_reset();
+}
+
 static void test_grads_repeat_bitwise(void) {
     variant v = { .head = TK_HEAD_POOLED, .prec = TK_PREC_FP16 };
     step_out a = {0}, b = {0};
@@ -446,6 +470,7 @@ int main(void) {
     TK_RUN(test_pooled_step_recompute_fp16);
     TK_RUN(test_span_step_recompute_attention_bf16);
     TK_RUN(test_pooled_step_frozen_embeddings_bf16);
+    TK_RUN(test_lt_declines);
     TK_RUN(test_grads_repeat_bitwise);
     TK_RUN(test_train_adamw);
     TK_RUN(test_train_adamw8);

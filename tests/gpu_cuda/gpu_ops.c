@@ -61,6 +61,55 @@ static void test_gemm(void) {
     }
 }
 
+/* cuBLASLt's epilogues on the model's combinations (a linear layer's
+ * forward with its bias in the output's dtype, f32 or 16-bit; its weight
+ * GEMM's bias gradient into an f32 gradient) are taken: no decline from
+ * sm80 (tk_cuda_lt_declines; the emulation's stub declines what cuBLASLt
+ * does not document, so it holds there too). A 16-bit output with an f32
+ * bias is not documented: there the reference path runs it (the same
+ * result as the cpu's), and the counter says so once per call. */
+static void test_lt_declines(void) {
+    const int64_t M = 67, N = 48, K = 40;
+    uint64_t calls = 0, declined = 0;
+    char report[1024];
+    gpu_lt_reset();
+    for (int di = 0; di < 3; di++) {
+        tk_dtype dt = FLOATS[di];
+        char what[96];
+        pair x = pair_new(dt, M * K, NULL, 1.0f), w = pair_new(dt, N * K, NULL, 1.0f), y = pair_new(dt, M * N, NULL, 1.0f);
+        pair b = pair_new(dt, N, NULL, 1.0f), dw = pair_new(TK_F32, N * K, NULL, 1.0f), db = pair_new(TK_F32, N, NULL, 1.0f);
+        pair tmp = pair_new(TK_F32, N, NULL, 1.0f);
+        snprintf(what, sizeof what, "linear forward %s, bias %s", tk_dtype_name(dt), tk_dtype_name(dt));
+        BOTH(tk_op_gemm(D, T(y), T(x), T(w), T(b), &(tk_gemm){ .m = M, .n = N, .k = K, .trans_b = 1, .batch = 1, .alpha = 1.0f }));
+        pair_cmp(&y, tol_for(dt) * 2, what);
+        snprintf(what, sizeof what, "weight GEMM %s with its bias gradient", tk_dtype_name(dt));
+        BOTH(tk_op_gemm(D, T(dw), T(y), T(x), NULL, &(tk_gemm){ .m = N, .n = K, .k = M, .trans_a = 1, .batch = 1, .alpha = 1.0f, .beta = 1.0f, .bgrad = T(db), .bgrad_tmp = T(tmp) }));
+        pair_cmp(&dw, dt == TK_F32 ? 1e-5 : 1e-4, what);
+        pair_cmp(&db, dt == TK_F32 ? 1e-5 : 1e-4, what);
+        pair_free(&x); pair_free(&w); pair_free(&y); pair_free(&b); pair_free(&dw); pair_free(&db); pair_free(&tmp);
+    }
+    TK_CHECK(gpu_lt_declines(&calls, &declined, report, sizeof report));
+    fprintf(stderr, "  %s\n", report);
+    TK_CHECK_EQ_INT(calls, 6);
+    if (g_cc_major >= 8) TK_CHECK_MSG(declined == 0, "the model's epilogues were declined: %s", report);
+    /* an f32 bias for a 16-bit output: declined (in the emulation, and where a card declines it), same result */
+    pair x = pair_new(TK_F16, M * K, NULL, 1.0f), w = pair_new(TK_F16, N * K, NULL, 1.0f);
+    pair y = pair_new(TK_F16, M * N, NULL, 1.0f), b = pair_new(TK_F32, N, NULL, 1.0f);
+    gpu_lt_reset();
+    BOTH(tk_op_gemm(D, T(y), T(x), T(w), T(b), &(tk_gemm){ .m = M, .n = N, .k = K, .trans_b = 1, .batch = 1, .alpha = 1.0f, .beta = 0.5f }));
+    /* the fallback rounds beta C + bias to f16 before cuBLAS adds the product: two roundings, not one */
+    pair_cmp(&y, tol_for(TK_F16) * 4, "linear forward f16, bias f32");
+    TK_CHECK(gpu_lt_declines(&calls, &declined, report, sizeof report));
+    fprintf(stderr, "  %s\n", report);
+    TK_CHECK_EQ_INT(calls, 1);
+#ifdef TK_CUDA_EMU
+    TK_CHECK_EQ_INT(declined, 1);
+    TK_CHECK(strstr(report, "bias (A f16, C f16, f32): 1 of 1 declined: a bias dtype other than the output's") != NULL);
+#endif
+    pair_free(&x); pair_free(&w); pair_free(&y); pair_free(&b);
+    gpu_lt_reset();
+}
+
 static void test_embed_gather_scatter(void) {
     const int64_t V = 50, C = 300, n = 41;
     int32_t ids[41];
@@ -915,6 +964,7 @@ int main(void) {
     fprintf(stderr, "cuda device: %s (cc %d.%d, driver %s, runtime %s)\n", info.name, info.cc_major,
             info.cc_minor, info.driver, info.runtime);
     TK_RUN(test_gemm);
+    TK_RUN(test_lt_declines);
     TK_RUN(test_embed_gather_scatter);
     TK_RUN(test_elementwise);
     TK_RUN(test_layernorm);

@@ -39,6 +39,7 @@ struct emu_ctx {
     void *cpu;        /* the cpu backend's context, for GEMM */
     unsigned flags;   /* the kernels' sticky error word */
     double red[TK_CUDA_RED_BLOCKS];
+    alignas(256) float ws[1 << 16]; /* the GEMM workspace: 256 KiB (the fast bias gradient's partial sums) */
 };
 
 int emu_seg_alloc(void *, size_t bytes, void **ptr) {
@@ -72,6 +73,7 @@ void emu_info(void *, tk_dev_info *out) {
 
 void emu_destroy(void *vctx) {
     emu_ctx *c = (emu_ctx *)vctx;
+    tk_cuda_lt_stats_close(&c->cu);
     const tk_backend *cpu = tk_backend_cpu();
     if (c->cpu && cpu->destroy) cpu->destroy(c->cpu);
     delete c;
@@ -90,11 +92,19 @@ extern "C" tk_status tk_cuda_blas_gemm(tk_cuda_ctx *c, tk_tensor *C, const tk_te
 
 /* cuBLASLt's epilogues: the cpu backend adds the bias to the f32 product
  * (as the BIAS epilogue), and the bias gradient's sum goes to bgrad_tmp,
- * written, not added (as BGRADB). */
+ * written, not added (as BGRADB). Declined as the plugin declines (both at
+ * once, a misaligned vector) and as cuBLASLt documents: the bias (or bias
+ * gradient) vector's type is the output's (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+ * "default: the same as the matrix D data type"; its tables list no other
+ * for f16/bf16/f32 outputs), so a GEMM that hands a 16-bit output an f32
+ * bias runs the reference path here as it may on a card. */
 extern "C" tk_status tk_cuda_lt_gemm(tk_cuda_ctx *c, tk_tensor *C, const tk_tensor *A, const tk_tensor *B,
                                      const tk_tensor *bias, const tk_gemm *g, int *declined) {
     emu_ctx *e = (emu_ctx *)c;
-    *declined = bias && g->bgrad; /* no single epilogue does both */
+    const tk_tensor *vec = bias ? bias : g->bgrad ? g->bgrad_tmp : NULL;
+    *declined = bias && g->bgrad ? TK_LT_BOTH
+              : vec && (uintptr_t)vec->data % 16 ? TK_LT_ALIGN
+              : vec && vec->dtype != C->dtype ? TK_LT_DTYPE : 0;
     if (*declined) return TK_OK;
     tk_gemm lt = *g;
     if (g->bgrad) {
@@ -145,6 +155,8 @@ extern "C" tk_dev *tk_cuda_emu_open(tk_err *err) {
     c->cu.cc_minor = TK_EMU_CC_MINOR;
     c->cu.flags = &c->flags;
     c->cu.red = c->red;
+    c->cu.workspace = c->ws;
+    c->cu.workspace_bytes = sizeof c->ws;
     tk_dev_opts opts = {};
     opts.kind = TK_DEV_CUDA;
     return tk_dev_new_backend(&opts, &emu_backend, c, err);

@@ -168,11 +168,41 @@ static void test_bias_rows_index_map(void) {
             TK_CHECK_EQ_INT(hits[b * STRIDE + i], i < M * N ? 1 : 0);
 }
 
+/* The attention kernels' hoisted dropout test (base once per row, the high
+ * word of the last mix step, an integer threshold) keeps exactly what
+ * tk_dropout_keep keeps: rows and keys of a 512-token head, rates from 0 to
+ * 1, the thresholds' edges (p a multiple of 2^-24 and next to one). */
+static void test_drop_keep_hoisted_bitwise(void) {
+    const float ps[] = { 0.0f, 1e-30f, 0.1f, 0.5f, 0.9f, 0.125f, 0.125f + 5.96e-8f, 3.0f / 16777216.0f,
+                         nextafterf(3.0f / 16777216.0f, 1.0f), 0.99999994f };
+    const uint64_t key = tk_dropout_key(1234), offset = 98765;
+    long bad = 0, kept = 0, n = 0;
+    for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++) {
+        const uint32_t km = tk_drop_keep_min(ps[pi]);
+        for (uint64_t i = 0; i < 64; i++) {
+            const uint64_t row = offset + (5 * 512 + i * 7) * 512;
+            const uint64_t base = tk_drop_row_base(key, row);
+            for (uint64_t j = 0; j < 512; j++, n++) {
+                const int want = tk_dropout_keep(key, row + j, ps[pi]);
+                kept += want;
+                bad += tk_drop_keep_hi(base, j, km) != want;
+            }
+        }
+    }
+    TK_CHECK_MSG(bad == 0, "%ld of %ld dropout tests differ from tk_dropout_keep", bad, n);
+    TK_CHECK(kept > n / 3 && kept < n); /* the rates did keep and drop */
+    /* the top of the hash: u = (2^24 - 1) / 2^24 against p just below and at it */
+    TK_CHECK_EQ_INT((int)tk_drop_keep_min(1.0f - 1.0f / 16777216.0f), (int)0xffffff00u);
+    TK_CHECK_EQ_INT((int)tk_drop_keep_min(1.0f), (int)0xffffffffu);
+    TK_CHECK_EQ_INT((int)tk_drop_keep_min(0.0f), 0);
+}
+
 int main(void) {
     TK_RUN(test_heads_index_map);
     TK_RUN(test_bias_rows_index_map);
     TK_RUN(test_gemm_colmajor_layout);
     TK_RUN(test_adamw_matches_cpu_bitwise);
     TK_RUN(test_dropout_scale_matches_cpu);
+    TK_RUN(test_drop_keep_hoisted_bitwise);
     return tk_test_done();
 }

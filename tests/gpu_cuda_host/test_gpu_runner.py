@@ -81,9 +81,11 @@ def test_run_sh_all_passed_and_companion_path(tmp_path):
 
 # ---- devkit_run.sh ------------------------------------------------------------
 
-def make_kit(tmp_path, leave_out=(), pythons="3.12", pip_says="ERROR: No matching distribution found for debugpy>=1.0"):
+def make_kit(tmp_path, leave_out=(), pythons="3.12", pip_says="ERROR: No matching distribution found for debugpy>=1.0",
+             bodies=None):
     """An archive with the real kit's layout (scripts/devkit.sh); pip's wheel
-    is a folder whose pip/__main__.py prints pip_says and fails."""
+    is a folder whose pip/__main__.py prints pip_says and fails. bodies:
+    {kit path: shell script} for stand-ins that must say something."""
     stage = tmp_path / "stage"
     files = ["build/libtk_cuda.so", "build/txk", "build/bench/train_cpu", "build/bench/attn_gpu", "companion/txkernel/_engine.py",
              "companion/txkernel/libtxk.so", "wheels/requirements.txt", "COMMIT"]
@@ -92,7 +94,7 @@ def make_kit(tmp_path, leave_out=(), pythons="3.12", pip_says="ERROR: No matchin
     for f in files:
         if f not in leave_out:
             (stage / f).parent.mkdir(parents=True, exist_ok=True)
-            (stage / f).write_text("")
+            (stage / f).write_text("#!/bin/sh\n" + bodies[f] if bodies and f in bodies else "")
     (stage / "wheels" / "PYTHONS").write_text(pythons.replace(" ", "\n") + "\n")
     pip = stage / "wheels" / "pip-0-py3-none-any.whl" / "pip"
     pip.mkdir(parents=True)
@@ -103,12 +105,14 @@ def make_kit(tmp_path, leave_out=(), pythons="3.12", pip_says="ERROR: No matchin
     return archive
 
 
-def devkit_run(tmp_path, archive, *steps, gpu=False):
+def devkit_run(tmp_path, archive, *steps, gpu=False, ldd=None, **env):
     bin_ = tmp_path / "bin"
     script(str(bin_ / "nvidia-smi"), 'echo "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n' if gpu else
            'echo "No devices were found"; exit 6\n')
+    if ldd is not None:
+        script(str(bin_ / "ldd"), ldd)
     e = dict(os.environ, DEVKIT_ARCHIVE=str(archive), KIT=str(tmp_path / "kit"), OUT=str(tmp_path / "out"),
-             PATH=f"{bin_}:{os.environ['PATH']}")
+             PATH=f"{bin_}:{os.environ['PATH']}", **env)
     r = subprocess.run(["bash", "scripts/devkit_run.sh", *steps], cwd=ROOT, env=e, capture_output=True, text=True,
                        timeout=60)
     return r.returncode, r.stdout + r.stderr
@@ -145,3 +149,44 @@ def test_devkit_run_skips_only_without_a_wheel_for_this_python(tmp_path, pythons
         assert "No matching distribution found for debugpy" in out, out
     else:
         assert rc == 1 and f"installing the kit wheels for Python {v}" in out and "failed" in out, out
+
+
+# ---- devkit_run.sh short: one call of at most 10 minutes on a card (issue 43) ----
+
+SAYS = 'echo "$(basename "$0") TK_TEST_ONLY=${TK_TEST_ONLY:-} $*"\n'
+LDD_OK = """case "$1" in
+--version) echo "ldd (GNU libc) 2.39" ;;
+*) echo "\tlibcublasLt.so.13 => /usr/local/cuda/lib64/libcublasLt.so.13" ;;
+esac
+"""
+
+
+def short_kit(tmp_path):
+    return make_kit(tmp_path, bodies={"build/gpu_tests/gpu_ops": SAYS, "build/gpu_tests/gpu_model": SAYS,
+                                      "build/bench/attn_gpu": SAYS})
+
+
+def test_devkit_run_short_runs_each_check_in_order(tmp_path):
+    """The short step: the attention and fast-vs-reference tests, the decline
+    counters, attn_gpu at p 0 and 0.1, the step at 32 x 512 fp16 without
+    CUPTI beside HF; its log in $OUT."""
+    py = tmp_path / "py"
+    script(str(py), 'echo "python $* TXK_CUPTI=${TXK_CUPTI:-}"\n')
+    rc, out = devkit_run(tmp_path, short_kit(tmp_path), "short", gpu=True, ldd=LDD_OK, PYTHON=str(py))
+    assert rc == 0, out
+    want = ["gpu_ops TK_TEST_ONLY=attention", "gpu_ops TK_TEST_ONLY=fast_vs_reference",
+            "gpu_model TK_TEST_ONLY=lt_declines",
+            "attn_gpu TK_TEST_ONLY= --seq 128,512 --dtypes fp16,bf16 --p 0,0.1 --reps 10",
+            f"python bench/train_gpu/run.py {tmp_path / 'kit'}/build --rows 512xfp16 --no-cupti TXK_CUPTI="]
+    at = [out.find(w) for w in want]
+    assert all(i >= 0 for i in at) and at == sorted(at), out
+    assert (tmp_path / "out" / "short.log").read_text().count("---") == 6
+
+
+def test_devkit_run_short_stops_when_ldd_finds_a_library_missing(tmp_path):
+    ldd = LDD_OK.replace("=> /usr/local/cuda/lib64/libcublasLt.so.13", "=> not found")
+    assert "not found" in ldd
+    rc, out = devkit_run(tmp_path, short_kit(tmp_path), "short", "test", gpu=True, ldd=ldd)
+    assert rc == 1, out
+    assert "libcublasLt.so.13 => not found" in out and "a library is not found (above): stopping" in out, out
+    assert "TK_TEST_ONLY" not in out and "=== test" not in out, out  # nothing after it ran

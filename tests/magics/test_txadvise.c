@@ -75,7 +75,9 @@ static void test_seed_auto(void) {
     "model: bert-tiny\ninit: random\nhidden: 32\nlayers: 2\nheads: 2\nintermediate: 64\n"      \
     "vocab: tests/data/vocab_cased.txt\ntrain_file: tests/data/reviews_train.csv\n"            \
     "dev_file: " DEV "\nmax_examples: 24\nmax_len: 320\nbatch_size: 8\nepochs: 1\ndevice: cpu\n"
-#define DEV "/tmp/txadvise_test_dev.csv"
+/* in this checkout's build folder, not /tmp: two checkouts' suites running at once
+ * (several worktrees on one machine) must not share (and delete) it */
+#define DEV "build/tests/txadvise_test_dev.csv"
 
 /* 12 dev examples: the first lines of the generated dev set */
 static void write_dev(void) {

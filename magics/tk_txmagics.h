@@ -39,17 +39,18 @@ void tk_txshow(tk_magic_ctx *m, json_t *bundle, const char *what, const char *di
  * reporting the error (line and key named) through the sink. */
 int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out, int skip_flags);
 
-/* Runs a validated config the way %%txtrain does (plan, train with live
- * progress, per-epoch table or OOM autopsy) and reports through m's sink.
- * ignore_plan: train even when the plan does not fit. The run's report stays
- * in the session (tk_session_last_run). 0, or -1 after reporting an error. */
-/* json_only: the epochs' JSON (or the plan's) instead of the rich bundles, as `txk train --json` prints it. */
+/* Runs a validated config the way %%txtrain does, through the one train
+ * function (app/train.c tk_app_train): plan, train with live progress,
+ * per-epoch table or OOM autopsy, reported through m's sink; world_size > 1
+ * on the cpu as `txk train` MPI ranks (app/ranks.c), their output streamed
+ * into the cell and an interrupt forwarded to every rank. ignore_plan:
+ * train even when the plan does not fit. snap: --snapshot FILE (or NULL).
+ * json_only: the epochs' JSON (or the plan's) instead of the rich bundles,
+ * as `txk train --json` prints it. The run's report stays in the session
+ * (tk_session_last_run). 0, or -1 after reporting an error. */
+int tk_txtrain_run(tk_magic_ctx *m, const tk_config *c, int ignore_plan, const char *snap, int json_only);
+/* tk_txtrain_run without a snapshot (%txfix's run). */
 int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan, int json_only);
-/* world_size > 1 on the cpu (txtrain_ranks.c): the config as `txk train`
- * ranks under mpirun, their output (rank 0's progress) streamed into the
- * cell, an interrupt forwarded to every rank (SIGUSR1 through mpirun). 0, or
- * -1 after an error output. */
-int tk_txtrain_ranks(tk_magic_ctx *m, const tk_config *c, int ignore_plan);
 
 /* The corpus report of %txdata / `txk data`: a CSV/TSV/JSONL column (and an
  * optional pair column), or a SQuAD .json file's question + context pairs. */

@@ -286,4 +286,32 @@ typedef struct {
 tk_status tk_app_train(struct tk_session *s, const tk_app_train_request *rq, const struct tk_run_hooks *h,
                        struct tk_run_report *run, tk_app_train_result *out, tk_err *err);
 
+/* ---- the data verb (app/data.c) ------------------------------------------- */
+
+/* The corpus report of %txdata / `txk data`: a CSV/TSV/JSONL column (and an
+ * optional pair column), or a SQuAD .json file's question + context pairs. */
+typedef struct tk_data_report_opts {
+    const char *path, *text_col, *pair_col, *model, *vocab;
+    int max_len, batch_size, buckets; /* 0 = 512, 32, 8 */
+} tk_data_report_opts;
+/* On success *bundle holds text/plain, text/html, image/svg+xml, Vega-Lite and
+ * application/json; *lengths (may be NULL) gets a new array of n token
+ * lengths capped at max_len. */
+tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **lengths, int *n,
+                         tk_err *err);
+
+/* Learns a WordPiece vocabulary of at most `size` tokens from column
+ * text_col (NULL = "text") of a CSV/TSV/JSONL file into out_path; says how
+ * many texts were read and how many tokens the vocabulary has. */
+tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, int lowercase,
+                             const char *out_path, int *n_texts, int *n_tokens, tk_err *err);
+
+/* `txk data FILE` and `%txdata FILE` (a: the request's parsed words, one
+ * plain word, the file): the corpus report with the table's --text, --pair,
+ * --model, --vocab, --max-len, --batch; what they leave out is last's (a
+ * cell's session config; NULL: the defaults). *lengths (may be NULL) as
+ * tk_data_report. TK_EINVAL with no file or two; the report's error. */
+tk_status tk_app_data(const tk_app_args *a, const tk_config *last, json_t **bundle, int **lengths, int *n,
+                      tk_err *err);
+
 #endif

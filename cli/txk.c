@@ -845,21 +845,20 @@ static int cmd_predict(int argc, char **argv) {
 /* ---- data, vocab ------------------------------------------------------------------ */
 
 static int cmd_data(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: %s\n", TXDATA_USAGE + 1); return EXIT_USAGE; }
-    int rc = check_words(TK_VERB_DATA, argv + 1, argc - 1);
-    if (rc) return rc;
-    const char *ml = flag_value(argv, argc, "--max-len"), *bs = flag_value(argv, argc, "--batch");
-    tk_data_report_opts o = {.path = argv[0], .text_col = flag_value(argv, argc, "--text"),
-                             .pair_col = flag_value(argv, argc, "--pair"), .model = flag_value(argv, argc, "--model"),
-                             .vocab = flag_value(argv, argc, "--vocab"), .max_len = ml ? atoi(ml) : 0,
-                             .batch_size = bs ? atoi(bs) : 0};
-    json_t *b = NULL;
+    tk_app_args a;
     tk_err err = {0};
-    if (tk_data_report(&o, &b, NULL, NULL, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
+    json_t *b = NULL;
+    if (tk_app_args_parse(TK_VERB_DATA, TK_DOOR_SHELL, "txk data", argv, argc, &a, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\nusage: %s\n", err.msg, TXDATA_USAGE + 1);
+        return EXIT_USAGE;
     }
-    emit(b, has_flag(argv, argc, "--json"));
+    if (tk_app_data(&a, NULL, &b, NULL, NULL, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        int usage = a.n_plain != 1 || a.n_kv; /* the words, not the file, were wrong */
+        if (usage) fprintf(stderr, "usage: %s\n", TXDATA_USAGE + 1);
+        return usage ? EXIT_USAGE : EXIT_ERR;
+    }
+    emit(b, tk_app_has(&a, "--json"));
     json_decref(b);
     return EXIT_OK;
 }

@@ -52,24 +52,7 @@ int tk_txtrain_run(tk_magic_ctx *m, const tk_config *c, int ignore_plan, const c
 /* tk_txtrain_run without a snapshot (%txfix's run). */
 int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan, int json_only);
 
-/* The corpus report of %txdata / `txk data`: a CSV/TSV/JSONL column (and an
- * optional pair column), or a SQuAD .json file's question + context pairs. */
-typedef struct tk_data_report_opts {
-    const char *path, *text_col, *pair_col, *model, *vocab;
-    int max_len, batch_size, buckets; /* 0 = 512, 32, 8 */
-} tk_data_report_opts;
-/* On success *bundle holds text/plain, text/html, image/svg+xml, Vega-Lite and
- * application/json; *lengths (may be NULL) gets a new array of n token
- * lengths capped at max_len. */
-tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **lengths, int *n,
-                         tk_err *err);
-
-/* Learns a WordPiece vocabulary of at most `size` tokens from column
- * text_col (NULL = "text") of a CSV/TSV/JSONL file into out_path; says how
- * many texts were read and how many tokens the vocabulary has. */
-tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, int lowercase,
-                             const char *out_path, int *n_texts, int *n_tokens, tk_err *err);
-
+/* tk_data_report, tk_vocab_from_file, tk_app_data: app/tk_app.h (the data verb's). */
 /* tk_max_batch_report, tk_sweep_report, tk_gpus_report: app/tk_app.h (the plan verb's). */
 /* How a pasted message's report is written. */
 typedef struct tk_oom_report_opts {

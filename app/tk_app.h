@@ -314,4 +314,16 @@ tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, i
 tk_status tk_app_data(const tk_app_args *a, const tk_config *last, json_t **bundle, int **lengths, int *n,
                       tk_err *err);
 
+/* ---- the device report (app/device.c) ------------------------------------- */
+
+/* The device: kind, name, capacity, free, other processes (NVML when the
+ * driver has it), driver/CUDA versions; on cpu and meta the capacity is said
+ * to be simulated. `d` may be NULL (no device opened yet: describes what a
+ * run would get from config c). */
+json_t *tk_device_report(tk_dev *d, const tk_config *c);
+/* `%txdevice`: the session's device (or none yet) reported with its config,
+ * the process's RSS and what PyTorch's allocator holds. New reference. */
+struct tk_session;
+json_t *tk_app_device(struct tk_session *s);
+
 #endif

@@ -70,11 +70,7 @@ typedef struct tk_oom_report_opts {
  * "no OOM message found" when the text holds none. opts may be NULL. */
 tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,
                                 int n_lengths, const tk_oom_report_opts *opts, json_t **bundle, tk_err *err);
-/* The device: kind, name, capacity, free, other processes (NVML when the
- * driver has it), driver/CUDA versions; on cpu and meta the capacity is said
- * to be simulated. `d` may be NULL (no device opened yet: describes what a
- * run would get from config c). */
-json_t *tk_device_report(tk_dev *d, const tk_config *c);
+/* tk_device_report, tk_app_device: app/tk_app.h (the device report's). */
 
 #define TXDATA_USAGE "%txdata FILE [--text COL] [--pair COL] [--model M] [--vocab FILE] [--max-len N] [--batch N] [--json]"
 

@@ -199,6 +199,11 @@ static void test_mem_data_device_reset(void) {
     m = run("%txdata tests/data/reviews_train.csv --text body", &rc);
     TK_CHECK(strstr(evalue(m), "no column 'body'") != NULL);
     json_decref(m);
+    /* %txdevice's words are the option table's: one it does not take is named */
+    m = run("%txdevice --jsn", &rc);
+    TK_CHECK_EQ_INT(rc, -1);
+    TK_CHECK_MSG(strstr(evalue(m), "--jsn") != NULL, "%s", evalue(m));
+    json_decref(m);
     m = run("%txdevice --json", &rc);
     j = last_json(m);
     TK_CHECK(j && !strcmp(json_string_value(json_object_get(j, "kind")), "cpu"));

@@ -234,4 +234,96 @@ int tk_plan_snapshot_said(const tk_plan_snapshot *ps, char *buf, size_t n);
  * (with the OOM event when the run ran out); *said gets the sentence. */
 tk_status tk_run_snapshot_write(tk_dev *d, const tk_oom *oom, const char *path, char *said, size_t n, tk_err *err);
 
+/* ---- the one rank launcher (app/ranks.c) ----------------------------------- */
+
+/* world_size N on the cpu, from a shell or a cell: the run as N `txk train`
+ * MPI ranks under mpirun, waited for. */
+typedef struct {
+    const _Atomic int *cancel;                     /* seen set: the ranks are asked once to stop (SIGUSR1) */
+    void (*on_note)(void *ud, const char *line);   /* the launch line, once mpirun started */
+    void (*on_output)(void *ud, const char *text); /* the ranks' output as it comes; NULL: inherited */
+    void *ud;
+} tk_ranks_io;
+typedef struct {
+    int world;
+    int code;  /* mpirun's exit status; 128 + signal when killed */
+    int asked; /* a stop was asked (the cancel flag) */
+    char txk[4096];
+} tk_ranks_result;
+/* Starts c's world size ranks of txk (this program when it is txk, else
+ * $TXK_BIN, the txk beside this executable, or PATH's). args (nargs of them)
+ * follow `txk train`: a shell passes its own; NULL writes c as a temporary
+ * YAML file (removed after) and passes it, with --no-plan when ignore_plan.
+ * TK_OK once mpirun ended (r->code says how); an error when it could not
+ * start (err says what to install when mpirun is missing). */
+tk_status tk_app_ranks(const tk_config *c, char *const args[], int nargs, int ignore_plan, const tk_ranks_io *io,
+                       tk_ranks_result *r, tk_err *err);
+
+/* ---- the train verb (app/train.c) ------------------------------------------ */
+
+struct tk_run_hooks;
+struct tk_run_report; /* tk_session.h */
+typedef struct {
+    const tk_config *config;
+    const char *snapshot;     /* --snapshot FILE, or NULL */
+    char *const *rank_args;   /* world_size > 1 on the cpu: what follows `txk train` for the ranks (a shell's */
+    int n_rank_args;          /* own arguments); NULL: the config, written as YAML */
+    const tk_ranks_io *ranks; /* the ranks' output and interrupt */
+} tk_app_train_request;
+typedef struct {
+    int launched;             /* 1: the run went to MPI ranks; ranks says how it ended, the run report is empty */
+    tk_ranks_result ranks;
+    json_t *bundle;           /* owned: the plan (kind "plan", it did not fit) or the epochs ("epochs"); or NULL */
+    const char *kind;
+    const char *ename;        /* on an error: its class (UsageError, DeviceError, DataError, SaveError, RunError...) */
+    int snapshot_rc;          /* --snapshot: 0 written, -1 failed (said is the error); 1: none written */
+    char said[1400];
+} tk_app_train_result;
+/* Trains rq->config in session s with hooks h (h->ignore_plan: --no-plan),
+ * or starts its ranks. TK_OK when it ran, whatever the run's end (run->end);
+ * otherwise err and out->ename say why. Clear *run (tk_run_report_clear)
+ * and free out->bundle after, either way. */
+tk_status tk_app_train(struct tk_session *s, const tk_app_train_request *rq, const struct tk_run_hooks *h,
+                       struct tk_run_report *run, tk_app_train_result *out, tk_err *err);
+
+/* ---- the data verb (app/data.c) ------------------------------------------- */
+
+/* The corpus report of %txdata / `txk data`: a CSV/TSV/JSONL column (and an
+ * optional pair column), or a SQuAD .json file's question + context pairs. */
+typedef struct tk_data_report_opts {
+    const char *path, *text_col, *pair_col, *model, *vocab;
+    int max_len, batch_size, buckets; /* 0 = 512, 32, 8 */
+} tk_data_report_opts;
+/* On success *bundle holds text/plain, text/html, image/svg+xml, Vega-Lite and
+ * application/json; *lengths (may be NULL) gets a new array of n token
+ * lengths capped at max_len. */
+tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **lengths, int *n,
+                         tk_err *err);
+
+/* Learns a WordPiece vocabulary of at most `size` tokens from column
+ * text_col (NULL = "text") of a CSV/TSV/JSONL file into out_path; says how
+ * many texts were read and how many tokens the vocabulary has. */
+tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, int lowercase,
+                             const char *out_path, int *n_texts, int *n_tokens, tk_err *err);
+
+/* `txk data FILE` and `%txdata FILE` (a: the request's parsed words, one
+ * plain word, the file): the corpus report with the table's --text, --pair,
+ * --model, --vocab, --max-len, --batch; what they leave out is last's (a
+ * cell's session config; NULL: the defaults). *lengths (may be NULL) as
+ * tk_data_report. TK_EINVAL with no file or two; the report's error. */
+tk_status tk_app_data(const tk_app_args *a, const tk_config *last, json_t **bundle, int **lengths, int *n,
+                      tk_err *err);
+
+/* ---- the device report (app/device.c) ------------------------------------- */
+
+/* The device: kind, name, capacity, free, other processes (NVML when the
+ * driver has it), driver/CUDA versions; on cpu and meta the capacity is said
+ * to be simulated. `d` may be NULL (no device opened yet: describes what a
+ * run would get from config c). */
+json_t *tk_device_report(tk_dev *d, const tk_config *c);
+/* `%txdevice`: the session's device (or none yet) reported with its config,
+ * the process's RSS and what PyTorch's allocator holds. New reference. */
+struct tk_session;
+json_t *tk_app_device(struct tk_session *s);
+
 #endif

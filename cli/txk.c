@@ -258,61 +258,71 @@ static int train_download(void *ud, const char *file, int64_t done, int64_t tota
     return atomic_load(&g_cancel);
 }
 
-/* world_size N on the cpu: the same command as N MPI ranks under mpirun
- * (tk_coll_mpirun), this process waiting for them. Their exit status is
- * the run's; mpirun's own message names a rank that died. */
-static int launch_ranks(const tk_config *c, int argc, char **argv) {
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) {
-        fprintf(stderr, "txk: cannot find my own program to start the ranks: %s\n", strerror(errno));
-        return EXIT_ERR;
-    }
-    exe[n] = 0;
-    char **av = calloc((size_t)argc + 3, sizeof *av);
-    if (!av) return EXIT_ERR;
-    av[0] = exe;
-    av[1] = "train";
-    for (int i = 0; i < argc; i++) av[i + 2] = argv[i];
-    int pid = 0;
-    tk_err err = {0};
-    int world = tk_config_world_size(c);
-    tk_status st = tk_coll_mpirun(world, av, &pid, &err);
-    free(av);
-    if (st != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
-    }
-    fprintf(stderr, "txk: world_size %d: %d MPI ranks (mpirun), batch_size %d per rank, global batch %d "
-                    "(batch_size x world_size x accumulate), zero %d\n",
-            world, world, c->batch_size, c->batch_size * world * (c->accumulate > 1 ? c->accumulate : 1), c->zero);
-    /* Ctrl-C (or the kernel's interrupt) reaches this process only: it asks
-     * every rank to stop at the next step through mpirun (SIGUSR1) */
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint; /* no SA_RESTART: waitpid returns to forward it */
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    int status = 0, asked = 0;
-    for (;;) {
-        pid_t w = waitpid(pid, &status, 0);
-        if (w == pid) break;
-        if (w < 0 && errno != EINTR) break;
-        if (atomic_load(&g_cancel) && !asked) {
-            kill(pid, SIGUSR1);
-            asked = 1;
-        }
-    }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return EXIT_OK;
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (asked && code == EXIT_INT) {
+static void ranks_note(void *ud, const char *line) {
+    (void)ud;
+    fprintf(stderr, "txk: %s\n", line);
+}
+
+/* world_size N on the cpu: the same command ran as N MPI ranks (app/ranks.c),
+ * this process having waited for them. Their exit status is the run's;
+ * mpirun's own message names a rank that died. */
+static int ranks_said(const tk_ranks_result *r) {
+    if (r->code == 0) return EXIT_OK;
+    if (r->asked && r->code == EXIT_INT) {
         fprintf(stderr, "txk: interrupted: the %d ranks stopped after the same step (rank 0 said which, above)\n",
-                world);
+                r->world);
         return EXIT_INT;
     }
     fprintf(stderr, "txk: the %d-rank run failed (mpirun ended with status %d; its message above names the rank)\n",
-            world, code);
-    return code == EXIT_OOM || code == EXIT_INT || code == EXIT_PLAN_OOM ? code : EXIT_ERR;
+            r->world, r->code);
+    return r->code == EXIT_OOM || r->code == EXIT_INT || r->code == EXIT_PLAN_OOM ? r->code : EXIT_ERR;
+}
+
+/* What a run that ended says: the plan or the OOM (exit status 3, 4), the
+ * interrupt, each rank's peak beside its plan, the epochs and the summary
+ * (rank 0). who: "rank N: " in a rank of a world_size > 1 run, else "". */
+static int run_said(const tk_config *c, const tk_run_report *r, const tk_app_train_result *t, int json, const char *who,
+                    const char *msg) {
+    char b1[32], b2[32];
+    int rank = tk_coll_env_rank();
+    if (t->bundle && (rank == 0 || r->end == TK_RUN_PLANNED_OOM)) emit(t->bundle, json);
+    if (r->end == TK_RUN_PLANNED_OOM) {
+        fprintf(stderr, "txk: %sthe plan needs %s but %s is free: stopped before allocating anything\n", who,
+                tk_format_bytes(r->plan.peak_reserved, b1, sizeof b1), tk_format_bytes(r->free_before, b2, sizeof b2));
+        return EXIT_PLAN_OOM;
+    }
+    if (r->end == TK_RUN_OOM) {
+        json_t *j = json && r->have_oom ? tk_report_oom_json(&r->oom, r->oom_phase) : NULL;
+        char *txt = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS)
+                      : r->have_oom ? tk_report_oom_text(&r->oom, r->oom_phase) : NULL;
+        if (!j && who[0]) printf("%s\n", who);
+        if (j) puts(txt ? txt : "");
+        else fputs(txt ? txt : msg, stdout);
+        free(txt);
+        json_decref(j);
+        return EXIT_OOM;
+    }
+    if (r->end == TK_RUN_CANCELLED) {
+        if (rank == 0)
+            fprintf(stderr, "txk: interrupted after step %lld; %s%s\n", (long long)r->steps,
+                    r->checkpoint[0] ? "last checkpoint " : "no checkpoint", r->checkpoint);
+        return EXIT_INT;
+    }
+    for (int i = 0; who[0] && i < r->plan.n_ranks; i++) /* each rank's measured peak beside its own plan */
+        if (r->plan.rank_of[i] == rank)
+            fprintf(stderr, "txk: rank %d: peak %zu B allocated, %zu B reserved; planned for this rank %zu B, %zu B\n",
+                    rank, r->peak_allocated, r->peak_reserved, r->plan.rank[i].peak_allocated,
+                    r->plan.rank[i].peak_reserved);
+    if (rank != 0) return EXIT_OK;
+    if (!json)
+        printf("trained %lld steps in %.1f s; peak %s allocated (planned %s)%s%s\n", (long long)r->steps, r->seconds,
+               tk_format_bytes(r->peak_allocated, b1, sizeof b1), tk_format_bytes(r->plan.peak_allocated, b2, sizeof b2),
+               r->checkpoint[0] ? "; checkpoint " : "", r->checkpoint);
+    if (!r->failed_saves) return EXIT_OK;
+    fprintf(stderr, "txk: %d save%s into %s failed during the run (save_error: continue); %s%s\n", r->failed_saves,
+            r->failed_saves == 1 ? "" : "s", c->output_dir, r->checkpoint[0] ? "the last one saved: " : "nothing was saved",
+            r->checkpoint);
+    return EXIT_ERR;
 }
 
 static int cmd_train(int argc, char **argv) {
@@ -320,106 +330,38 @@ static int cmd_train(int argc, char **argv) {
     tk_config c;
     int rc = request(TK_VERB_TRAIN, argc, argv, &args, &c, NULL);
     if (rc) return rc;
-    int json = tk_app_has(&args, "--json");
-    if (tk_config_world_size(&c) > 1 && c.device != TK_DEVICE_CUDA && tk_coll_env_size() == 1)
-        return launch_ranks(&c, argc, argv);
-    int rank = tk_coll_env_rank();
     tk_session *s = tk_session_new();
     if (!s) return EXIT_ERR;
-    signal(SIGINT, on_sigint);
-    if (tk_coll_env_size() > 1) signal(SIGUSR1, on_sigint); /* the launcher's interrupt, through mpirun */
+    /* Ctrl-C (or the kernel's interrupt) stops at the next step; a launcher
+     * passes it to every rank, a rank gets it as SIGUSR1 through mpirun */
+    struct sigaction sa = {.sa_handler = on_sigint, .sa_flags = SA_RESTART};
+    sigaction(SIGINT, &sa, NULL);
+    if (tk_config_world_size(&c) > 1) sigaction(SIGTERM, &sa, NULL); /* a launcher's: passed on to the ranks */
+    if (tk_coll_env_size() > 1) sigaction(SIGUSR1, &sa, NULL);
+    int rank = tk_coll_env_rank();
+    char who[32] = ""; /* a rank says its errors with its rank, rank 0 alone the results */
+    if (tk_coll_env_size() > 1) snprintf(who, sizeof who, "rank %d: ", rank);
     train_view v = {isatty(2) && rank == 0, 0, rank > 0};
     tk_run_hooks h = {.on_note = train_note, .on_progress = train_progress, .on_download = train_download, .ud = &v,
                       .ignore_plan = tk_app_has(&args, "--no-plan")};
+    tk_ranks_io io = {.cancel = &g_cancel, .on_note = ranks_note};
+    tk_app_train_request rq = {.config = &c, .snapshot = tk_app_arg(&args, "--snapshot"), .rank_args = argv,
+                               .n_rank_args = argc, .ranks = &io};
     tk_run_report r;
+    tk_app_train_result t;
     tk_err err = {0};
-    const char *snap = tk_app_arg(&args, "--snapshot");
-    if (snap) {
-        /* The run reuses the session's device for this config, so recording
-         * switched on here covers the whole run, model load included. */
-        char note[256];
-        tk_dev *d = tk_session_device(s, &c, note, &err);
-        if (!d || tk_alloc_record_history(tk_dev_alloc(d), TK_APP_SNAPSHOT_EVENTS)) {
-            fprintf(stderr, "txk: %s\n", d ? "out of host memory for the allocator history" : err.msg);
-            tk_session_destroy(&s);
-            return EXIT_ERR;
-        }
-    }
-    tk_status st = tk_session_train(s, &c, &h, &r, &err);
-    if (v.tty) fputc('\n', stderr);
-    char b1[32], b2[32];
-    /* ranks of a world_size > 1 run: each says its errors with its rank,
-     * rank 0 alone the results */
-    char who[32] = "";
-    if (tk_coll_env_size() > 1) snprintf(who, sizeof who, "rank %d: ", rank);
-    if (st != TK_OK) {
-        fprintf(stderr, "txk: %s%s\n", who, err.msg);
-        rc = EXIT_ERR;
-    } else if (r.end == TK_RUN_PLANNED_OOM) {
-        json_t *b = tk_app_planned_oom_report(s, &c, &r);
-        emit(b, json);
-        json_decref(b);
-        fprintf(stderr, "txk: %sthe plan needs %s but %s is free: stopped before allocating anything\n", who,
-                tk_format_bytes(r.plan.peak_reserved, b1, sizeof b1), tk_format_bytes(r.free_before, b2, sizeof b2));
-        rc = EXIT_PLAN_OOM;
-    } else if (r.end == TK_RUN_OOM) {
-        if (json && r.have_oom) {
-            json_t *j = tk_report_oom_json(&r.oom, r.oom_phase);
-            char *sj = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
-            if (sj) puts(sj);
-            free(sj);
-            json_decref(j);
-        } else {
-            char *t = r.have_oom ? tk_report_oom_text(&r.oom, r.oom_phase) : NULL;
-            if (who[0]) printf("%s\n", who);
-            fputs(t ? t : err.msg, stdout);
-            free(t);
-        }
-        rc = EXIT_OOM;
-    } else if (r.end == TK_RUN_CANCELLED) {
-        if (rank == 0)
-            fprintf(stderr, "txk: interrupted after step %lld; %s%s\n", (long long)r.steps,
-                r.checkpoint[0] ? "last checkpoint " : "no checkpoint", r.checkpoint);
-        rc = EXIT_INT;
-    } else if (rank == 0 || who[0]) {
-        /* each rank's measured peak beside its own plan (tk_plan_result.rank) */
-        for (int i = 0; who[0] && i < r.plan.n_ranks; i++)
-            if (r.plan.rank_of[i] == rank)
-                fprintf(stderr, "txk: rank %d: peak %zu B allocated, %zu B reserved; planned for this rank %zu B, %zu B\n",
-                        rank, r.peak_allocated, r.peak_reserved, r.plan.rank[i].peak_allocated,
-                        r.plan.rank[i].peak_reserved);
-    }
-    if (st == TK_OK && r.end != TK_RUN_PLANNED_OOM && r.end != TK_RUN_OOM && r.end != TK_RUN_CANCELLED && rank == 0) {
-        json_t *b = tk_report_history(r.history, r.n_history, c.task);
-        emit(b, json);
-        json_decref(b);
-        if (!json)
-            printf("trained %lld steps in %.1f s; peak %s allocated (planned %s)%s%s\n", (long long)r.steps, r.seconds,
-                   tk_format_bytes(r.peak_allocated, b1, sizeof b1), tk_format_bytes(r.plan.peak_allocated, b2, sizeof b2),
-                   r.checkpoint[0] ? "; checkpoint " : "", r.checkpoint);
-        if (r.failed_saves) {
-            fprintf(stderr, "txk: %d save%s into %s failed during the run (save_error: continue); %s%s\n",
-                    r.failed_saves, r.failed_saves == 1 ? "" : "s", c.output_dir,
-                    r.checkpoint[0] ? "the last one saved: " : "nothing was saved", r.checkpoint);
-            rc = EXIT_ERR;
-        }
-    }
-    if (snap && st == TK_OK && r.end != TK_RUN_PLANNED_OOM) {
-        char said[600];
-        tk_err serr = {0};
-        if (tk_run_snapshot_write(tk_session_current_device(s), r.end == TK_RUN_OOM && r.have_oom ? &r.oom : NULL, snap,
-                                  said, sizeof said, &serr) != TK_OK) {
-            fprintf(stderr, "txk: %s\n", serr.msg);
-            if (!rc) rc = EXIT_ERR;
-        } else {
-            fprintf(stderr, "txk: %s\n", said);
-        }
-    }
+    tk_status st = tk_app_train(s, &rq, &h, &r, &t, &err);
+    if (v.tty && !t.launched) fputc('\n', stderr);
+    if (st != TK_OK) fprintf(stderr, "txk: %s%s\n", who, err.msg);
+    int json = tk_app_has(&args, "--json");
+    rc = st != TK_OK ? EXIT_ERR : t.launched ? ranks_said(&t.ranks) : run_said(&c, &r, &t, json, who, err.msg);
+    if (t.snapshot_rc <= 0) fprintf(stderr, "txk: %s\n", t.said);
+    if (t.snapshot_rc < 0 && !rc) rc = EXIT_ERR;
     if (who[0] && rc != EXIT_OK && rc != EXIT_INT) {
-        /* the other ranks would wait for this one in their next collective */
-        fflush(NULL);
+        fflush(NULL); /* the other ranks would wait for this one in their next collective */
         tk_coll_abort_job(rc);
     }
+    json_decref(t.bundle);
     tk_run_report_clear(&r);
     tk_session_destroy(&s);
     return rc;
@@ -903,21 +845,20 @@ static int cmd_predict(int argc, char **argv) {
 /* ---- data, vocab ------------------------------------------------------------------ */
 
 static int cmd_data(int argc, char **argv) {
-    if (argc < 1) { fprintf(stderr, "usage: %s\n", TXDATA_USAGE + 1); return EXIT_USAGE; }
-    int rc = check_words(TK_VERB_DATA, argv + 1, argc - 1);
-    if (rc) return rc;
-    const char *ml = flag_value(argv, argc, "--max-len"), *bs = flag_value(argv, argc, "--batch");
-    tk_data_report_opts o = {.path = argv[0], .text_col = flag_value(argv, argc, "--text"),
-                             .pair_col = flag_value(argv, argc, "--pair"), .model = flag_value(argv, argc, "--model"),
-                             .vocab = flag_value(argv, argc, "--vocab"), .max_len = ml ? atoi(ml) : 0,
-                             .batch_size = bs ? atoi(bs) : 0};
-    json_t *b = NULL;
+    tk_app_args a;
     tk_err err = {0};
-    if (tk_data_report(&o, &b, NULL, NULL, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
+    json_t *b = NULL;
+    if (tk_app_args_parse(TK_VERB_DATA, TK_DOOR_SHELL, "txk data", argv, argc, &a, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\nusage: %s\n", err.msg, TXDATA_USAGE + 1);
+        return EXIT_USAGE;
     }
-    emit(b, has_flag(argv, argc, "--json"));
+    if (tk_app_data(&a, NULL, &b, NULL, NULL, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        int usage = a.n_plain != 1 || a.n_kv; /* the words, not the file, were wrong */
+        if (usage) fprintf(stderr, "usage: %s\n", TXDATA_USAGE + 1);
+        return usage ? EXIT_USAGE : EXIT_ERR;
+    }
+    emit(b, tk_app_has(&a, "--json"));
     json_decref(b);
     return EXIT_OK;
 }

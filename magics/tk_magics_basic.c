@@ -3,6 +3,7 @@
  * kind of output a magic can send (stream, display_data with and without a
  * display_id, update_display_data, execute_result, clear_output, error). */
 #include "tk_magics.h"
+#include "tk_app.h"
 #include "tk_host_mem.h"
 
 #include <ctype.h>
@@ -35,6 +36,22 @@ static int run_lsmagic(tk_magic_ctx *c) {
     return 0;
 }
 
+/* %txhelp txVERB: the flags the verb takes in a cell, printed from the one
+ * option table (app/options.c), so they are the flags the parser takes. */
+static void table_flags(tk_magic_ctx *c, const char *name) {
+    tk_verb v = strncmp(name, "tx", 2) ? 0 : tk_app_verb_find(name + 2);
+    int n = 0, any = 0;
+    const tk_option *o = v ? tk_app_options(&n) : NULL;
+    for (int i = 0; i < n; i++) {
+        if (!tk_app_option_takes(&o[i], v, TK_DOOR_CELL)) continue;
+        if (!any++) tk_magic_printf(c, "stdout", "\nFlags (from the option table, as txk %s reads them):\n",
+                                    tk_app_verb_name(v));
+        int valued = tk_app_option_valued(&o[i], TK_DOOR_CELL);
+        tk_magic_printf(c, "stdout", "  %s%s%s  %s\n", o[i].name, valued ? " " : "", valued ? o[i].metavar : "",
+                        o[i].help);
+    }
+}
+
 static int run_txhelp(tk_magic_ctx *c) {
     if (!*c->args) {
         tk_magic_printf(c, "stdout", "txkernel: every cell starts with a magic.\n");
@@ -53,6 +70,7 @@ static int run_txhelp(tk_magic_ctx *c) {
                               near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
     }
     tk_magic_printf(c, "stdout", "%s\n", d->help ? d->help : d->summary);
+    table_flags(c, d->name);
     return 0;
 }
 

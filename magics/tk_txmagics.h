@@ -39,36 +39,20 @@ void tk_txshow(tk_magic_ctx *m, json_t *bundle, const char *what, const char *di
  * reporting the error (line and key named) through the sink. */
 int tk_txconfig_from_cell(tk_magic_ctx *m, const tk_config *base, tk_config *out, int skip_flags);
 
-/* Runs a validated config the way %%txtrain does (plan, train with live
- * progress, per-epoch table or OOM autopsy) and reports through m's sink.
- * ignore_plan: train even when the plan does not fit. The run's report stays
- * in the session (tk_session_last_run). 0, or -1 after reporting an error. */
-/* json_only: the epochs' JSON (or the plan's) instead of the rich bundles, as `txk train --json` prints it. */
+/* Runs a validated config the way %%txtrain does, through the one train
+ * function (app/train.c tk_app_train): plan, train with live progress,
+ * per-epoch table or OOM autopsy, reported through m's sink; world_size > 1
+ * on the cpu as `txk train` MPI ranks (app/ranks.c), their output streamed
+ * into the cell and an interrupt forwarded to every rank. ignore_plan:
+ * train even when the plan does not fit. snap: --snapshot FILE (or NULL).
+ * json_only: the epochs' JSON (or the plan's) instead of the rich bundles,
+ * as `txk train --json` prints it. The run's report stays in the session
+ * (tk_session_last_run). 0, or -1 after reporting an error. */
+int tk_txtrain_run(tk_magic_ctx *m, const tk_config *c, int ignore_plan, const char *snap, int json_only);
+/* tk_txtrain_run without a snapshot (%txfix's run). */
 int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan, int json_only);
-/* world_size > 1 on the cpu (txtrain_ranks.c): the config as `txk train`
- * ranks under mpirun, their output (rank 0's progress) streamed into the
- * cell, an interrupt forwarded to every rank (SIGUSR1 through mpirun). 0, or
- * -1 after an error output. */
-int tk_txtrain_ranks(tk_magic_ctx *m, const tk_config *c, int ignore_plan);
 
-/* The corpus report of %txdata / `txk data`: a CSV/TSV/JSONL column (and an
- * optional pair column), or a SQuAD .json file's question + context pairs. */
-typedef struct tk_data_report_opts {
-    const char *path, *text_col, *pair_col, *model, *vocab;
-    int max_len, batch_size, buckets; /* 0 = 512, 32, 8 */
-} tk_data_report_opts;
-/* On success *bundle holds text/plain, text/html, image/svg+xml, Vega-Lite and
- * application/json; *lengths (may be NULL) gets a new array of n token
- * lengths capped at max_len. */
-tk_status tk_data_report(const tk_data_report_opts *o, json_t **bundle, int **lengths, int *n,
-                         tk_err *err);
-
-/* Learns a WordPiece vocabulary of at most `size` tokens from column
- * text_col (NULL = "text") of a CSV/TSV/JSONL file into out_path; says how
- * many texts were read and how many tokens the vocabulary has. */
-tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, int lowercase,
-                             const char *out_path, int *n_texts, int *n_tokens, tk_err *err);
-
+/* tk_data_report, tk_vocab_from_file, tk_app_data: app/tk_app.h (the data verb's). */
 /* tk_max_batch_report, tk_sweep_report, tk_gpus_report: app/tk_app.h (the plan verb's). */
 /* How a pasted message's report is written. */
 typedef struct tk_oom_report_opts {
@@ -86,11 +70,7 @@ typedef struct tk_oom_report_opts {
  * "no OOM message found" when the text holds none. opts may be NULL. */
 tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,
                                 int n_lengths, const tk_oom_report_opts *opts, json_t **bundle, tk_err *err);
-/* The device: kind, name, capacity, free, other processes (NVML when the
- * driver has it), driver/CUDA versions; on cpu and meta the capacity is said
- * to be simulated. `d` may be NULL (no device opened yet: describes what a
- * run would get from config c). */
-json_t *tk_device_report(tk_dev *d, const tk_config *c);
+/* tk_device_report, tk_app_device: app/tk_app.h (the device report's). */
 
 #define TXDATA_USAGE "%txdata FILE [--text COL] [--pair COL] [--model M] [--vocab FILE] [--max-len N] [--batch N] [--json]"
 

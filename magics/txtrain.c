@@ -24,7 +24,7 @@
 #include "tk_magics.h"
 #include "tk_render.h"
 #include "tk_session.h"
-#include "tk_train.h"
+#include "tk_train.h" /* tk_progress */
 #include "tk_txmagics.h"
 
 
@@ -143,8 +143,9 @@ static int txtrain_flags(tk_magic_ctx *m, int *ignore_plan, int *json, char *sna
     return rc;
 }
 
-static int train_with_snapshot(tk_magic_ctx *m, const tk_config *c, int ignore_plan, const char *snap, int json);
 static void show_result(tk_magic_ctx *m, const tk_run_report *r);
+static int run_said(tk_magic_ctx *m, const tk_config *c, run_view *v, const tk_run_report *r, const tk_app_train_result *t,
+                    int json_only, const tk_err *err);
 
 static int run_txtrain(tk_magic_ctx *m) {
     tk_config c;
@@ -169,36 +170,34 @@ static int run_txtrain(tk_magic_ctx *m) {
     if (tk_txconfig_from_cell(m, &base, &c, 1)) return -1;
     if (tk_config_validate(&c, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
     if (m->is_cell || file[0]) tk_session_set_platform(m->session, NULL); /* a new config: no planned platform */
-    return snap[0] ? train_with_snapshot(m, &c, ignore_plan, snap, json) : tk_txtrain_run_config(m, &c, ignore_plan, json);
+    return tk_txtrain_run(m, &c, ignore_plan, snap[0] ? snap : NULL, json);
 }
 
-/* --snapshot FILE: the session's device records the whole run (model load
- * included), written as a PyTorch snapshot after it, as `txk train
- * --snapshot` writes it. */
-static int train_with_snapshot(tk_magic_ctx *m, const tk_config *cp, int ignore_plan, const char *snap, int json) {
-    tk_config c = *cp;
-    tk_err err = {0};
-    if (tk_config_world_size(&c) > 1)
-        return tk_magic_error(m, "UsageError", "--snapshot records one device: not with world_size %d",
-                              tk_config_world_size(&c));
-    tk_dev *d = tk_session_device(m->session, &c, NULL, &err);
-    if (!d) return tk_magic_error(m, "DeviceError", "%s", err.msg);
-    if (tk_alloc_record_history(tk_dev_alloc(d), TK_APP_SNAPSHOT_EVENTS))
-        return tk_magic_error(m, "MemoryError", "out of host memory for the allocator history");
-    int rc = tk_txtrain_run_config(m, &c, ignore_plan, json);
-    const tk_run_report *r = tk_session_last_run(m->session);
-    if (!r || r->end == TK_RUN_PLANNED_OOM) return rc; /* nothing ran: nothing to write */
-    char said[1400];
-    if (tk_run_snapshot_write(tk_session_current_device(m->session), r->end == TK_RUN_OOM && r->have_oom ? &r->oom : NULL,
-                              snap, said, sizeof said, &err) != TK_OK)
-        return tk_magic_error(m, "SnapshotError", "%s", err.msg);
-    tk_magic_printf(m, "stdout", "%s\n", said);
-    return rc;
+static void ranks_note(void *ud, const char *line) {
+    tk_magic_printf(ud, "stderr", "%s\n", line);
+}
+
+static void ranks_output(void *ud, const char *text) {
+    tk_magic_printf(ud, "stdout", "%s", text);
+}
+
+/* world_size N on the cpu ran as N MPI ranks (app/ranks.c): their output
+ * was streamed into the cell; the trained model is in output_dir (rank 0
+ * writes it) and the session holds no weights of the run, so %txmem shows
+ * none. A non-zero status is one error naming it. */
+static int ranks_said(tk_magic_ctx *m, const tk_ranks_result *r) {
+    if (r->code == 0) return 0;
+    if (r->asked && r->code == 130) return tk_magic_interrupted(m);
+    return tk_magic_error(m, r->code == 4 ? "OutOfMemoryError" : r->code == 3 ? "PlannedOOM" : "RunError",
+                          "the %d-rank run ended with status %d (the output above names the rank and the reason)",
+                          r->world, r->code);
 }
 
 int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan, int json_only) {
-    if (tk_config_world_size(cfg) > 1 && cfg->device != TK_DEVICE_CUDA && tk_coll_env_size() == 1)
-        return tk_txtrain_ranks(m, cfg, ignore_plan);
+    return tk_txtrain_run(m, cfg, ignore_plan, NULL, json_only);
+}
+
+int tk_txtrain_run(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan, const char *snap, int json_only) {
     tk_session *s = m->session;
     tk_config c = *cfg;
     tk_err err = {0};
@@ -209,75 +208,70 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *cfg, int ignore_plan
     snprintf(v.fetch_id, sizeof v.fetch_id, "txfetch-%d-%lld", m->execution_count, (long long)time(NULL));
     tk_run_hooks h = {.on_note = on_note, .on_progress = on_progress, .on_download = on_download, .ud = &v,
                       .ignore_plan = ignore_plan};
+    tk_ranks_io io = {.cancel = m->cancel, .on_note = ranks_note, .on_output = ranks_output, .ud = m};
+    tk_app_train_request rq = {.config = &c, .snapshot = snap, .ranks = &io};
+    if (tk_config_world_size(&c) > 1) tk_session_set_config(s, &c); /* the ranks' config is the session's */
     tk_run_report r;
-    tk_status st = tk_session_train(s, &c, &h, &r, &err);
-    char b1[32], b2[32];
-    int rc = 0;
-    if (st != TK_OK) {
-        rc = tk_magic_error(m, r.save_stopped ? "SaveError" : st == TK_EFORMAT || st == TK_EIO ? "DataError" : "RunError",
-                            "%s", err.msg);
-        tk_run_report_clear(&r);
-        return rc;
-    }
-    switch (r.end) {
-    case TK_RUN_PLANNED_OOM: {
-        json_t *pb = tk_app_planned_oom_report(s, &c, &r);
-        if (json_only) tk_txemit_as(m, pb, 1, "plan"); /* what `txk train --json` prints */
-        else tk_txshow(m, pb, "plan", NULL, 0, 0);
-        json_decref(pb);
-        size_t held = tk_session_held_in_process(s);
-        char b3[32];
-        rc = tk_magic_error(m, "OutOfMemoryPlanned",
-                            "the plan needs %s at its peak but the device has %s free%s%s%s: stopped before "
-                            "allocating anything (see the plan above; %%txadvise ranks fixes)",
-                            tk_format_bytes(r.plan.peak_reserved, b1, sizeof b1),
-                            tk_format_bytes(r.free_before, b2, sizeof b2),
-                            held ? " (PyTorch's caching allocator in this process holds " : "",
-                            held ? tk_format_bytes(held, b3, sizeof b3) : "",
-                            held ? " of it: del what you no longer need; gc.collect(); torch.cuda.empty_cache())" : "");
-        break;
-    }
-    case TK_RUN_OOM: {
-        if (v.have_p) show_progress(&v, 0);
-        char *txt = r.have_oom ? tk_report_oom_text(&r.oom, r.oom_phase) : NULL;
-        rc = tk_magic_error(m, "OutOfMemoryError",
-                            "%s%sAll memory of this run was released: allocated is back to %s (baseline %s); "
-                            "the kernel is still running.",
-                            txt ? txt : err.msg, txt ? "" : "\n", tk_format_bytes(r.allocated_after, b1, sizeof b1),
-                            tk_format_bytes(r.baseline, b2, sizeof b2));
-        free(txt);
-        break;
-    }
-    case TK_RUN_CANCELLED:
-        if (v.have_p) show_progress(&v, 0);
-        tk_magic_printf(m, "stdout", "Interrupted after step %lld (%d complete epoch%s). %s%s\n", (long long)r.steps,
-                        r.epochs_done, r.epochs_done == 1 ? "" : "s", r.checkpoint[0] ? "Last checkpoint: " : "No checkpoint written.",
-                        r.checkpoint);
-        rc = tk_magic_interrupted(m);
-        break;
-    case TK_RUN_DONE: {
-        if (v.have_p) show_progress(&v, 1);
-        json_t *hb = tk_report_history(r.history, r.n_history, c.task);
-        if (json_only) /* the epochs' JSON, as `txk train --json` prints it */
-            tk_txemit_as(m, hb, 1, "epochs");
-        else
-            tk_txshow(m, hb, "epochs", NULL, 0, 0);
-        json_decref(hb);
-        if (!json_only) show_result(m, &r);
-        /* save_error: continue went on past a failed save: the cell still
-         * fails, so Run All stops and nobody takes the run as saved */
-        if (r.failed_saves)
-            rc = tk_magic_error(m, "SaveError", "%d save%s into %s failed during the run (save_error: continue; the "
-                                "messages above say why); %s%s", r.failed_saves, r.failed_saves == 1 ? "" : "s",
-                                c.output_dir, r.checkpoint[0] ? "the last one saved: " : "nothing was saved",
-                                r.checkpoint);
-        break;
-    }
-    default:
-        rc = tk_magic_error(m, "RunError", "%s", err.msg[0] ? err.msg : "the run failed");
-    }
+    tk_app_train_result t;
+    tk_status st = tk_app_train(s, &rq, &h, &r, &t, &err);
+    int rc = st != TK_OK ? tk_magic_error(m, t.ename, "%s", err.msg) : t.launched ? ranks_said(m, &t.ranks)
+                                                                                 : run_said(m, &c, &v, &r, &t, json_only, &err);
+    if (t.snapshot_rc == 0) tk_magic_printf(m, "stdout", "%s\n", t.said);
+    if (t.snapshot_rc < 0 && !rc) rc = tk_magic_error(m, "SnapshotError", "%s", t.said);
+    json_decref(t.bundle);
     tk_run_report_clear(&r);
     return rc;
+}
+
+/* What a run that ended shows: the plan (it did not fit), the autopsy, the
+ * interrupt, or the epochs and the result. */
+static int run_said(tk_magic_ctx *m, const tk_config *c, run_view *v, const tk_run_report *r, const tk_app_train_result *t,
+                    int json_only, const tk_err *err) {
+    char b1[32], b2[32], b3[32];
+    if (v->have_p && (r->end == TK_RUN_OOM || r->end == TK_RUN_CANCELLED || r->end == TK_RUN_DONE))
+        show_progress(v, r->end == TK_RUN_DONE);
+    if (t->bundle && json_only) tk_txemit_as(m, t->bundle, 1, t->kind); /* what `txk train --json` prints */
+    else if (t->bundle) tk_txshow(m, t->bundle, t->kind, NULL, 0, 0);
+    switch (r->end) {
+    case TK_RUN_PLANNED_OOM: {
+        size_t held = tk_session_held_in_process(m->session);
+        return tk_magic_error(m, "OutOfMemoryPlanned",
+                              "the plan needs %s at its peak but the device has %s free%s%s%s: stopped before "
+                              "allocating anything (see the plan above; %%txadvise ranks fixes)",
+                              tk_format_bytes(r->plan.peak_reserved, b1, sizeof b1),
+                              tk_format_bytes(r->free_before, b2, sizeof b2),
+                              held ? " (PyTorch's caching allocator in this process holds " : "",
+                              held ? tk_format_bytes(held, b3, sizeof b3) : "",
+                              held ? " of it: del what you no longer need; gc.collect(); torch.cuda.empty_cache())" : "");
+    }
+    case TK_RUN_OOM: {
+        char *txt = r->have_oom ? tk_report_oom_text(&r->oom, r->oom_phase) : NULL;
+        int rc = tk_magic_error(m, "OutOfMemoryError",
+                                "%s%sAll memory of this run was released: allocated is back to %s (baseline %s); "
+                                "the kernel is still running.",
+                                txt ? txt : err->msg, txt ? "" : "\n", tk_format_bytes(r->allocated_after, b1, sizeof b1),
+                                tk_format_bytes(r->baseline, b2, sizeof b2));
+        free(txt);
+        return rc;
+    }
+    case TK_RUN_CANCELLED:
+        tk_magic_printf(m, "stdout", "Interrupted after step %lld (%d complete epoch%s). %s%s\n", (long long)r->steps,
+                        r->epochs_done, r->epochs_done == 1 ? "" : "s",
+                        r->checkpoint[0] ? "Last checkpoint: " : "No checkpoint written.", r->checkpoint);
+        return tk_magic_interrupted(m);
+    case TK_RUN_DONE:
+        if (!json_only) show_result(m, r);
+        /* save_error: continue went on past a failed save: the cell still
+         * fails, so Run All stops and nobody takes the run as saved */
+        if (r->failed_saves)
+            return tk_magic_error(m, "SaveError", "%d save%s into %s failed during the run (save_error: continue; the "
+                                  "messages above say why); %s%s", r->failed_saves, r->failed_saves == 1 ? "" : "s",
+                                  c->output_dir, r->checkpoint[0] ? "the last one saved: " : "nothing was saved",
+                                  r->checkpoint);
+        return 0;
+    default:
+        return tk_magic_error(m, "RunError", "%s", err->msg[0] ? err->msg : "the run failed");
+    }
 }
 
 /* The run's one-line summary and its figures as the cell's result. */

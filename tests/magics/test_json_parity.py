@@ -1,8 +1,8 @@
 """`txk VERB ... --json` and the txkernel kernel's `%txVERB --json` give the
 same JSON for the same config, every field but timings (issue 39, step 4;
 tests/companion/test_one_request.py holds the same in the companion). Done
-for plan, train and advise; predict, data, mem and device are not in the
-table yet."""
+for plan, train, advise and data (app/data.c: both doors call tk_app_data);
+predict, mem and device are not in the table yet."""
 import json, os, subprocess, sys
 
 import pytest
@@ -58,3 +58,17 @@ def test_shell_and_kernel_json_agree(kernel, tmp_path, verb, extra):
     else:
         code = f"%tx{verb} --file {cfg} --json"
     assert untimed(json.loads(sh.stdout)) == untimed(cell_json(kernel, code))
+
+
+# `txk data FILE FLAGS --json` and `%txdata FILE FLAGS --json` (a fresh session: no config to default from)
+DATA_ROWS = [f"{DATA}/reviews_train.csv --vocab {DATA}/vocab_cased.txt",
+             f"{DATA}/reviews_train.csv --vocab {DATA}/vocab_cased.txt --max-len 64 --batch 4",
+             f"{DATA}/squad_train.json --vocab {DATA}/vocab_cased.txt --max-len 128"]
+
+
+@pytest.mark.parametrize("words", DATA_ROWS)
+def test_data_shell_and_kernel_json_agree(kernel, words):
+    sh = subprocess.run([TXK, "data", *words.split(), "--json"], capture_output=True, text=True, timeout=300)
+    assert sh.returncode == 0, sh.stderr
+    u.run_cell(kernel, "%txreset", timeout=60)
+    assert untimed(json.loads(sh.stdout)) == untimed(cell_json(kernel, f"%txdata {words} --json"))

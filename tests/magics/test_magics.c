@@ -175,6 +175,7 @@ static void test_runtime_oom_then_fit(void) {
 }
 
 static void test_mem_data_device_reset(void) {
+    char text[8192];
     int rc;
     json_t *m = run("%txmem --by layer --top 3", &rc);
     TK_CHECK_EQ_INT(rc, 0);
@@ -198,6 +199,18 @@ static void test_mem_data_device_reset(void) {
     json_decref(m);
     m = run("%txdata tests/data/reviews_train.csv --text body", &rc);
     TK_CHECK(strstr(evalue(m), "no column 'body'") != NULL);
+    json_decref(m);
+    /* %txhelp lists a verb's flags from the option table (the cell-only ones too) */
+    m = run("%txhelp txdata", &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    stdout_of(m, text, sizeof text);
+    TK_CHECK_MSG(strstr(text, "Flags (from the option table") && strstr(text, "--max-len N") &&
+                 strstr(text, "--json  print"), "%s", text);
+    json_decref(m);
+    /* %txdevice's words are the option table's: one it does not take is named */
+    m = run("%txdevice --jsn", &rc);
+    TK_CHECK_EQ_INT(rc, -1);
+    TK_CHECK_MSG(strstr(evalue(m), "--jsn") != NULL, "%s", evalue(m));
     json_decref(m);
     m = run("%txdevice --json", &rc);
     j = last_json(m);

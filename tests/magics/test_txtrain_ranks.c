@@ -1,5 +1,5 @@
 /* test_txtrain_ranks.c — %%txtrain with world_size 2 on the cpu
- * (magics/txtrain_ranks.c) through the interpreter: the cell starts two
+ * (app/ranks.c, the launcher txk train uses too) through the interpreter: the cell starts two
  * `txk train` MPI ranks (TXK_BIN: this build's txk), streams their output
  * (rank 0's progress, each rank's peak beside its plan) and ends with the
  * weights `txk train` with world_size 1, accumulate 2 ends with, bit for bit

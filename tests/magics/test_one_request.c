@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include "tk_app.h"
 #include "tk_magics.h"
+#include "tk_plan.h"
 #include "tk_session.h"
 #include "tk_test.h"
 
@@ -213,9 +214,22 @@ static void test_plan_and_run_agree(void) {
     }
 }
 
-/* The resolver alone, with the device a run would have on a card: cuda's
- * default attention and the card's total as capacity for `device: auto`,
- * whether the plan or the run asks (both call this one function). */
+/* peak reserved of c planned with attention a */
+static size_t planned_with(const tk_config *c, tk_attention a) {
+    tk_config t = *c;
+    t.attention = a;
+    tk_plan_result p;
+    tk_err err = {0};
+    TK_CHECK(tk_plan(&t, NULL, 0, &p, &err) == TK_OK);
+    return p.peak_reserved;
+}
+
+/* The resolver alone, with the device a run would have on a card: the card's
+ * total as capacity for `device: auto`, and attention: auto by the one rule
+ * (issue 43), whether the plan or the run asks (both call this one
+ * function): fp32 has no fast kernel, so standard where it fits; fp16 runs
+ * the tensor-core kernel, so fused; where only fused fits the capacity,
+ * fused, saying why. */
 static void test_spec_on_cuda(void) {
     tk_config c;
     tk_config_defaults(&c);
@@ -223,7 +237,20 @@ static void test_spec_on_cuda(void) {
     tk_run_spec s;
     tk_err err = {0};
     TK_CHECK(tk_run_spec_resolve(&c, &w, &s, &err) == TK_OK);
-    TK_CHECK(s.attention == TK_ATTN_FUSED && s.capacity == (size_t)80 << 30 && !s.card[0]);
+    TK_CHECK(s.attention == TK_ATTN_STANDARD && !strcmp(s.attention_why, TK_ATTN_WHY_SLOW) &&
+             s.capacity == (size_t)80 << 30 && !s.card[0]);
+    tk_config h = c;
+    h.precision = TK_PREC_FP16;
+    TK_CHECK(tk_run_spec_resolve(&h, &w, &s, &err) == TK_OK);
+    TK_CHECK(s.attention == TK_ATTN_FUSED && !strcmp(s.attention_why, TK_ATTN_WHY_FAST));
+    tk_config big = c;
+    big.max_len = 512;
+    size_t std_need = planned_with(&big, TK_ATTN_STANDARD), fused_need = planned_with(&big, TK_ATTN_FUSED);
+    TK_CHECK(fused_need < std_need);
+    tk_run_where tight = w;
+    tight.device_total = fused_need + (std_need - fused_need) / 2; /* fused fits, standard does not */
+    TK_CHECK(tk_run_spec_resolve(&big, &tight, &s, &err) == TK_OK);
+    TK_CHECK(s.attention == TK_ATTN_FUSED && !strcmp(s.attention_why, TK_ATTN_WHY_FITS));
     w.device = TK_DEV_CPU;
     TK_CHECK(tk_run_spec_resolve(&c, &w, &s, &err) == TK_OK);
     TK_CHECK(s.attention == TK_ATTN_STANDARD && s.capacity == 0);

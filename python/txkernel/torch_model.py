@@ -46,10 +46,9 @@ def _flags():
             if any("plan" in u["verbs"] and "companion" in u["doors"] for u in o["uses"])}
 
 
-def parse(words):
-    """--torch-model NAME | --trainer NAME, --batch, --seq, --gpu, --gpus,
-    --precision, --optimizer, --json, --show-config -> dict."""
-    out = {"json": False, "show": False}
+def parse_flags(words, usage, out):
+    """The companion's %txplan words into out, read with the engine's one
+    option table (each flag's key: _KEYS, else its name without "--")."""
     flags = _flags()
     i = 0
     while i < len(words):
@@ -64,7 +63,14 @@ def parse(words):
             out[key] = True
             i += 1
         else:
-            raise PlanArgsError(f"%txplan --torch-model: unexpected '{w}' (usage: {USAGE})")
+            raise PlanArgsError(f"%txplan --torch-model: unexpected '{w}' (usage: {usage})")
+    return out
+
+
+def parse(words):
+    """--torch-model NAME | --trainer NAME, --batch, --seq, --gpu, --gpus,
+    --precision, --optimizer, --json, --show-config -> dict."""
+    out = parse_flags(words, USAGE, {"json": False, "show": False})
     if "gpu" in out and "gpus" in out:
         raise PlanArgsError("give --gpu PROFILE (one card) or --gpus PLATFORM (each of its cards), not both")
     if ("model" in out) == ("trainer" in out):

@@ -15,7 +15,7 @@ import os
 import tempfile
 
 from . import trace as _trace
-from .torch_model import PlanArgsError, torch_rules, HEADS, _KEYS, _flags
+from .torch_model import PlanArgsError, torch_rules, HEADS, parse_flags
 
 USAGE = ("%txplan --torch-model NAME[.ATTR...] [--batch B] [--seq T] [--gpu PROFILE | --gpus colab|kaggle | "
          "--device cpu] [--precision fp32|fp16|bf16] [--optimizer adamw|adamw_torch_fused|adam|sgd] "
@@ -25,22 +25,7 @@ USAGE = ("%txplan --torch-model NAME[.ATTR...] [--batch B] [--seq T] [--gpu PROF
 def parse(words):
     """The traced route's flags, read with the engine's one option table
     (app/options.c, as torch_model.parse reads it) -> dict."""
-    out = {"json": False, "trace": False}
-    flags = _flags()
-    i = 0
-    while i < len(words):
-        w = words[i]
-        key = _KEYS.get(w, w[2:])
-        if flags.get(w):
-            if i + 1 >= len(words):
-                raise PlanArgsError(f"{w} needs a value")
-            out[key] = words[i + 1]
-            i += 2
-        elif w in flags:
-            out[key] = True
-            i += 1
-        else:
-            raise PlanArgsError(f"%txplan --torch-model: unexpected '{w}' (usage: {USAGE})")
+    out = parse_flags(words, USAGE, {"json": False, "trace": False})
     if "model" not in out:
         raise PlanArgsError(f"give --torch-model NAME (usage: {USAGE})")
     if "show" in out:

@@ -116,10 +116,20 @@ def test_companion_flags_are_the_engines():
     table = {o["name"] for o in options() if any("companion" in u["doors"] and "plan" in u["verbs"]
                                                    for u in o["uses"])}
     assert {"--torch-model", "--trainer", "--batch", "--seq", "--gpu", "--gpus", "--precision", "--optimizer",
-            "--json", "--show-config"} == table
+            "--json", "--show-config", "--device", "--loss", "--checkpointing", "--trace"} == table
     assert set(torch_model._flags()) == table
     opts = torch_model.parse(["--torch-model", "m", "--batch", "4", "--gpus", "colab", "--json"])
     assert opts["model"] == "m" and opts["batch"] == "4" and opts["gpus"] == "colab" and opts["json"] is True
+    # the traced route (issue 41) reads the same table: its own flags, and the shared ones
+    from txkernel import trace_plan
+    opts = trace_plan.parse(["--torch-model", "clf.bert", "--loss", "mse", "--checkpointing", "on", "--device",
+                             "cpu", "--batch", "2"])
+    assert opts["model"] == "clf.bert" and opts["loss"] == "mse" and opts["checkpointing"] == "on"
+    assert opts["device"] == "cpu" and opts["batch"] == "2"
+    with pytest.raises(torch_model.PlanArgsError, match="--show-config"):
+        trace_plan.parse(["--torch-model", "clf", "--show-config"])
+    with pytest.raises(torch_model.PlanArgsError, match="unexpected '--bogus'"):
+        trace_plan.parse(["--torch-model", "clf", "--bogus"])
 
 
 def txk(*args, cwd=None):

@@ -1,5 +1,5 @@
 """A clone of the repository alone is the whole project (issue 42): no tracked
-file reads or cites a path outside the checkout (the workplace's ../shared
+file reads or cites a path outside the checkout (the workplace's shared
 folder), and every document a source comment cites by a docs/ or tests/data/
 path exists in the repository."""
 import os, re, subprocess

@@ -31,6 +31,18 @@ static json_t *cats_json(const size_t *by) {
     return o;
 }
 
+/* Appends table t as text ("\n" + the table) and HTML, then destroys it
+ * (t may be NULL: nothing). */
+static void append_table(tk_rtable **t, tk_sb *text, tk_sb *html) {
+    if (!*t) return;
+    char *x = tk_rtable_text(*t), *y = tk_rtable_html(*t);
+    if (x) tk_sb_addf(text, "\n%s", x);
+    if (y) tk_sb_add(html, y);
+    free(x);
+    free(y);
+    tk_rtable_destroy(t);
+}
+
 /* Category table + SVG bars of bytes per category. */
 static void add_cats(tk_sb *text, tk_sb *html, const size_t *by, const char *title, char **svg_out,
                      json_t **vl_out) {
@@ -44,14 +56,7 @@ static void add_cats(tk_sb *text, tk_sb *html, const size_t *by, const char *tit
         mib[c] = (double)by[c] / (1 << 20);
         if (t && by[c]) tk_rtable_rowf(t, "%s\t%s\t%.1f", labels[c], B(by[c], b), mib[c]);
     }
-    if (t) {
-        char *x = tk_rtable_text(t), *y = tk_rtable_html(t);
-        if (x) tk_sb_addf(text, "\n%s", x);
-        if (y) tk_sb_add(html, y);
-        free(x);
-        free(y);
-        tk_rtable_destroy(&t);
-    }
+    append_table(&t, text, html);
     if (svg_out) *svg_out = tk_svg_bars(title, "MiB", TK_CAT_COUNT, labels, mib);
     if (vl_out) *vl_out = tk_vegalite_bars(title, "category", "MiB", TK_CAT_COUNT, labels, mib);
 }
@@ -158,14 +163,7 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
         tk_rtable_rowf(t, "%s\t%s\t%.1f\t%s", p->top[i].owner, B(p->top[i].bytes, a),
                        p->peak_allocated ? 100.0 * (double)p->top[i].bytes / (double)p->peak_allocated : 0, split);
     }
-    if (t) {
-        char *x = tk_rtable_text(t), *y = tk_rtable_html(t);
-        if (x) tk_sb_addf(&text, "\n%s", x);
-        if (y) tk_sb_add(&html, y);
-        free(x);
-        free(y);
-        tk_rtable_destroy(&t);
-    }
+    append_table(&t, &text, &html);
     tk_sb_add(&html, "</div>");
     if (svg) tk_sb_add(&html, svg);
     tk_sb_addf(&text, "\nOne optimizer step: %.3g GFLOP", p->train_step.flops / 1e9);
@@ -714,14 +712,7 @@ json_t *tk_report_mem(tk_dev *d, const char *by, int top) {
                            B(rows[i].by[TK_CAT_GRAD], c3), B(rows[i].by[TK_CAT_OPTIM], c4), B(rows[i].by[TK_CAT_ACT], c5),
                            B(rows[i].peak, c6));
         }
-        if (t) {
-            char *x = tk_rtable_text(t), *y = tk_rtable_html(t);
-            if (x) tk_sb_addf(&text, "\n%s", x);
-            if (y) tk_sb_add(&html, y);
-            free(x);
-            free(y);
-            tk_rtable_destroy(&t);
-        }
+        append_table(&t, &text, &html);
     }
     for (int i = 0; rows && i < nr; i++)
         if (rows[i].live || rows[i].peak)

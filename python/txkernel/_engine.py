@@ -110,6 +110,16 @@ def lib():
     return _lib
 
 
+def _taken_json(ptr):
+    """The JSON of a string the engine returned (tk_embed_free'd here)."""
+    if not ptr:
+        raise MemoryError("txkernel: out of memory in the engine")
+    try:
+        return json.loads(ctypes.string_at(ptr).decode("utf-8"))
+    finally:
+        lib().tk_embed_free(ptr)
+
+
 class Engine:
     """One engine session (the state a txkernel kernel keeps between cells)."""
 
@@ -117,14 +127,6 @@ class Engine:
         self._h = lib().tk_embed_new()
         if not self._h:
             raise MemoryError("txkernel: out of memory creating the engine")
-
-    def _taken_json(self, ptr):
-        if not ptr:
-            raise MemoryError("txkernel: out of memory in the engine")
-        try:
-            return json.loads(ctypes.string_at(ptr).decode("utf-8"))
-        finally:
-            lib().tk_embed_free(ptr)
 
     def execute(self, code, on_output, catch_sigint=True):
         """Runs one cell's text; on_output(dict) gets each output in order.
@@ -146,13 +148,13 @@ class Engine:
             raise ValueError(f"txkernel: bad holder report {state} {reserved} {allocated}")
 
     def magics(self):
-        return self._taken_json(lib().tk_embed_magics_json(self._h))
+        return _taken_json(lib().tk_embed_magics_json(self._h))
 
     def complete(self, code, cursor):
         """Completions at character offset cursor: (matches, start, end) in characters."""
         b = code.encode("utf-8")
         bcur = len(code[:cursor].encode("utf-8"))
-        r = self._taken_json(lib().tk_embed_complete_json(self._h, b, bcur))
+        r = _taken_json(lib().tk_embed_complete_json(self._h, b, bcur))
         to_chars = lambda n: len(b[:n].decode("utf-8", "replace"))  # noqa: E731
         return r["matches"], to_chars(r["start"]), to_chars(r["end"])
 
@@ -173,13 +175,7 @@ def options():
     """The engine's option table (app/options.c): [{name, metavar, bare_in,
     help, uses: [{verbs, doors}]}], the one source every front door's flags
     come from, the companion's own among them."""
-    ptr = lib().tk_embed_options_json()
-    if not ptr:
-        raise MemoryError("txkernel: out of memory in the engine")
-    try:
-        return json.loads(ctypes.string_at(ptr).decode("utf-8"))
-    finally:
-        lib().tk_embed_free(ptr)
+    return _taken_json(lib().tk_embed_options_json())
 
 
 def version():

@@ -314,6 +314,98 @@ tk_status tk_vocab_from_file(const char *path, const char *text_col, int size, i
 tk_status tk_app_data(const tk_app_args *a, const tk_config *last, json_t **bundle, int **lengths, int *n,
                       tk_err *err);
 
+/* ---- the advise verb (app/advise.c) ------------------------------------------ */
+
+/* How a pasted message's report is written. */
+typedef struct tk_oom_report_opts {
+    const char *platform;   /* --for: "colab", "kaggle", "colab-2020"; NULL: what the message's paths show */
+    tk_api api;             /* --api; TK_API_AUTO: the config's api, else the traceback's Trainer, else the
+                               config's engine (loop for pytorch, txkernel's YAML), else a loop */
+    const char *cli_config; /* the config's path when txk prints it (its closing lines name txk's commands);
+                               NULL: a notebook's (they name the magics) */
+} tk_oom_report_opts;
+
+/* A pasted OOM message (any text holding one) read and diagnosed; with a
+ * config (c may be NULL), the config is also planned on each of the
+ * platform's cards and advised on the card the message names. The bundle's
+ * application/json is tk_oom_message_json's object. TK_EFORMAT with
+ * "no OOM message found" when the text holds none. opts may be NULL. */
+tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,
+                                int n_lengths, const tk_oom_report_opts *opts, json_t **bundle, tk_err *err);
+
+/* One advise request, from `txk advise` or `%txadvise` / `%%txadvise`. */
+typedef struct tk_advise_request {
+    tk_config config;            /* the config as given: a file, the session's or a cell's, then key=value */
+    int have_config;             /* --from-error: 0 when there is none (the message alone) */
+    int from_session;            /* the config is the session's last (the line form): its run's OOM record counts */
+    const char *cli_config;      /* the config's path when txk prints the advice (the text names txk's commands,
+                                    --fix rewrites the file); NULL in a cell (the text names the magics) */
+    tk_door door;
+    const char *gpu;             /* --gpu PROFILE, or NULL */
+    const char *platform;        /* --for PLATFORM, or NULL */
+    tk_api api;                  /* --api; TK_API_AUTO when not given */
+    int top;                     /* --top (12) */
+    double margin;               /* --margin (0.05) */
+    const char *fix, *out;       /* txk advise --fix N|auto [-o FILE], or NULL */
+    int from_error;              /* --from-error given */
+    const char *from_error_path; /* its file (- for standard input) in a shell; NULL in a cell (the body) */
+    const char *data;            /* --data FILE (a shell's --from-error), or NULL */
+} tk_advise_request;
+
+/* An advise request's flags read from its words (a: parsed by the option
+ * table for TK_VERB_ADVISE through `door`) and checked: --gpu, --for,
+ * --api, --top, --margin, --fix, -o, --from-error, --data. Sets every field
+ * but config, have_config, from_session and cli_config, which are the
+ * door's. TK_EINVAL naming the flag. */
+tk_status tk_app_advise_flags(const tk_app_args *a, tk_door door, tk_advise_request *rq, tk_err *err);
+
+typedef struct tk_advise_reply {
+    json_t *bundle;    /* new reference: the advice (text, HTML, application/json with the run spec as "run") */
+    char *yaml;        /* --fix without -o: the fixed config file (new string; txk prints it); NULL */
+    int no_fix;        /* --fix auto found no candidate (txk exits 3): said says so */
+    int fix_failed;    /* the fixed config could not be read or written: said says why */
+    const char *ename; /* on error: UsageError, ConfigError, DataError, AdviseError or MemoryError */
+    char said[1400];   /* the sentence after the advice: the file --fix -o wrote, or why none; "" */
+} tk_advise_reply;
+
+/* Diagnoses and ranked fixes of rq's config, advised for its card, else the
+ * smallest card of --for or of the platform the session planned on (said in
+ * the first line); the session's device, OOM record (from_session), corpus
+ * lengths and timeline are read. The config, its plan and the advice become
+ * the session's (for %txfix). With --fix the candidate is picked and the
+ * config file rewritten with it. TK_OK with out->bundle, or the error
+ * (out->ename says which kind). */
+tk_status tk_app_advise(struct tk_session *s, const tk_advise_request *rq, tk_advise_reply *out, tk_err *err);
+
+/* --from-error: the pasted message (text, len; NULL text: read
+ * rq->from_error_path, - for standard input) diagnosed with rq's --for and
+ * --api; with a config (rq->have_config, and --data in a shell), the config
+ * is planned on the message's card. A shell reads the config's corpus
+ * untruncated; a cell uses the session's lengths. TK_EFORMAT "no OOM
+ * message found" when the text holds none; *ename names any other error. */
+tk_status tk_app_advise_error(struct tk_session *s, const tk_advise_request *rq, const char *text, size_t len,
+                              json_t **bundle, const char **ename, tk_err *err);
+
+/* What %txfix did. */
+typedef struct tk_fix_reply {
+    json_t *bundle;     /* a config fix: the diff, the new plan, the YAML, the code (new reference); NULL for a
+                           release */
+    char said[1600];    /* the lines shown before it (a release's, why --run does not train); "" */
+    tk_config after;    /* the session's config now */
+    size_t predicted;   /* the candidate's planned peak */
+    int run;            /* --run, and the fixed config can train here: the door trains it, then
+                           tk_app_fix_measured */
+    const char *ename;  /* on error: UsageError or NoFixError */
+} tk_fix_reply;
+/* `%txfix N|auto|LABEL [--for P] [--run]` (w: its words parsed for
+ * TK_VERB_FIX): the candidate of the session's last advice applied to the
+ * session's config, or the memory it names released. TK_EINVAL with
+ * out->ename when the words name none. */
+tk_status tk_app_fix(struct tk_session *s, const tk_app_args *w, tk_fix_reply *out, tk_err *err);
+/* After %txfix --run: the run's measured peaks against the plan's (and the
+ * advice's `predicted`). New string; NULL with no run. */
+char *tk_app_fix_measured(const struct tk_session *s, size_t predicted);
+
 /* ---- the device report (app/device.c) ------------------------------------- */
 
 /* The device: kind, name, capacity, free, other processes (NVML when the

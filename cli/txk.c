@@ -34,11 +34,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tk_advisor.h"
 #include "tk_app.h"
 #include "tk_collective.h"
 #include "tk_config.h"
-#include "tk_config_edit.h"
 #include "tk_data.h"
 #include "tk_hub.h"
 #include "tk_kernel.h"
@@ -48,7 +46,6 @@
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_snapshot.h"
-#include "tk_oom_message.h"
 #include "tk_train.h"
 #include "tk_txmagics.h"
 
@@ -151,32 +148,41 @@ static int check_words(tk_verb verb, char **argv, int argc) {
     return 0;
 }
 
-/* The words of `txk VERB` read by the option table (app/): the config is
- * the first plain word or --file, then the key=value words apply. 0, or an
- * exit status after saying why. */
-static int request(tk_verb verb, int argc, char **argv, tk_app_args *a, tk_config *c, const char **cfg_path) {
+/* The config of `txk VERB`'s parsed words: the first plain word or --file,
+ * then the key=value words apply. required: without one, the usage. 0 (and
+ * *cfg_path NULL when there is none), or an exit status after saying why. */
+static int config_words(tk_verb verb, const tk_app_args *a, int required, tk_config *c, const char **cfg_path) {
+    const char *who = tk_app_verb_name(verb);
+    const char *path = tk_app_arg(a, "--file");
+    *cfg_path = NULL;
+    if ((path && a->n_plain) || a->n_plain > 1) {
+        fprintf(stderr, "txk: unexpected '%s' (txk %s takes one config: cfg.yaml or --file cfg.yaml)\n",
+                a->plain[a->n_plain - 1], who);
+        return EXIT_USAGE;
+    }
+    if (!path && a->n_plain) path = a->plain[0];
+    if (!path && (required || a->n_kv)) {
+        char *u = tk_app_usage_flags(verb, TK_DOOR_SHELL);
+        fprintf(stderr, "usage: txk %s cfg.yaml [key=value ...] %s\n", who, u ? u : "");
+        free(u);
+        return EXIT_USAGE;
+    }
+    *cfg_path = path;
+    return path ? load_config(path, (char **)a->kv, a->n_kv, c) : 0;
+}
+
+/* The words of `txk VERB` read by the option table (app/) and its config
+ * (config_words). 0, or an exit status after saying why. */
+static int request(tk_verb verb, int argc, char **argv, tk_app_args *a, tk_config *c) {
     char who[32];
+    const char *path;
     snprintf(who, sizeof who, "txk %s", tk_app_verb_name(verb));
     tk_err err = {0};
     if (tk_app_args_parse(verb, TK_DOOR_SHELL, who, argv, argc, a, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", err.msg);
         return EXIT_USAGE;
     }
-    const char *path = tk_app_arg(a, "--file");
-    if ((path && a->n_plain) || a->n_plain > 1) {
-        fprintf(stderr, "txk: unexpected '%s' (%s takes one config: cfg.yaml or --file cfg.yaml)\n",
-                a->plain[a->n_plain - 1], who);
-        return EXIT_USAGE;
-    }
-    if (!path && a->n_plain) path = a->plain[0];
-    if (cfg_path) *cfg_path = path;
-    if (!path) {
-        char *u = tk_app_usage_flags(verb, TK_DOOR_SHELL);
-        fprintf(stderr, "usage: %s cfg.yaml [key=value ...] %s\n", who, u ? u : "");
-        free(u);
-        return EXIT_USAGE;
-    }
-    return load_config(path, (char **)a->kv, a->n_kv, c);
+    return config_words(verb, a, 1, c, &path);
 }
 
 /* ---- plan ------------------------------------------------------------------------ */
@@ -184,7 +190,7 @@ static int request(tk_verb verb, int argc, char **argv, tk_app_args *a, tk_confi
 static int cmd_plan(int argc, char **argv) {
     tk_app_args args;
     tk_plan_request rq = {.new_config = 1};
-    int rc = request(TK_VERB_PLAN, argc, argv, &args, &rq.config, NULL);
+    int rc = request(TK_VERB_PLAN, argc, argv, &args, &rq.config);
     if (rc) return rc;
     rq.gpu = tk_app_arg(&args, "--gpu");
     rq.gpus = tk_app_arg(&args, "--gpus");
@@ -328,7 +334,7 @@ static int run_said(const tk_config *c, const tk_run_report *r, const tk_app_tra
 static int cmd_train(int argc, char **argv) {
     tk_app_args args;
     tk_config c;
-    int rc = request(TK_VERB_TRAIN, argc, argv, &args, &c, NULL);
+    int rc = request(TK_VERB_TRAIN, argc, argv, &args, &c);
     if (rc) return rc;
     tk_session *s = tk_session_new();
     if (!s) return EXIT_ERR;
@@ -369,254 +375,57 @@ static int cmd_train(int argc, char **argv) {
 
 /* ---- advise ---------------------------------------------------------------------- */
 
-/* Diagnoses and ranked fixes for a config, as %txadvise shows them; with
- * --fix N|auto the chosen candidate's config is written as YAML (-o FILE, or
- * stdout). The corpus lengths come from the config's train_file when it has
- * one (the padding and max_len fixes need them). */
-/* Reads a whole file, or standard input for "-". New buffer, NULL on failure. */
-static char *read_input(const char *path, size_t *len) {
-    if (strcmp(path, "-")) return read_file(path, len);
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *mem = open_memstream(&buf, &n);
-    char chunk[8192];
-    size_t k;
-    while (mem && (k = fread(chunk, 1, sizeof chunk, stdin)) > 0) fwrite(chunk, 1, k, mem);
-    if (!mem) return NULL;
-    fclose(mem);
-    *len = n;
-    return buf;
-}
-
-/* --for and --api, checked: 0, or EXIT_USAGE after saying why. */
-static int advise_flags(char **argv, int argc, const char **platform, tk_api *api, int allow_all) {
-    char why[200];
-    *platform = flag_value(argv, argc, "--for");
-    if (has_flag(argv, argc, "--for") && tk_platform_check(*platform, allow_all, why, sizeof why)) {
-        fprintf(stderr, "txk: %s\n", why);
-        return EXIT_USAGE;
+/* Diagnoses and ranked fixes for a config, as %txadvise shows them
+ * (app/advise.c); with --fix N|auto the chosen candidate's config is
+ * written as YAML (-o FILE, or stdout). */
+static int advise_plan(tk_session *s, const tk_advise_request *rq, int json) {
+    tk_advise_reply r;
+    tk_err err = {0};
+    if (tk_app_advise(s, rq, &r, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return r.ename && !strcmp(r.ename, "UsageError") ? EXIT_USAGE : EXIT_ERR;
     }
-    *api = TK_API_AUTO;
-    const char *a = flag_value(argv, argc, "--api");
-    if (has_flag(argv, argc, "--api")) {
-        tk_config probe;
-        tk_config_defaults(&probe);
-        if (!a || tk_config_set(&probe, "api", a, NULL) != TK_OK || probe.api == TK_API_AUTO) {
-            fprintf(stderr, "txk: --api %s: expected trainer, loop, txkernel or keras\n", a ? a : "");
-            return EXIT_USAGE;
-        }
-        *api = probe.api;
-    }
-    return 0;
+    if (json || !rq->fix || rq->out) emit(r.bundle, json);
+    if (r.yaml) fputs(r.yaml, stdout);
+    if (r.said[0]) fprintf(stderr, "txk: %s\n", r.said);
+    json_decref(r.bundle);
+    free(r.yaml);
+    return r.no_fix ? EXIT_PLAN_OOM : r.fix_failed ? EXIT_ERR : EXIT_OK;
 }
 
 /* txk advise [cfg.yaml] --from-error FILE|-: the pasted OOM message read and
  * diagnosed; with a config, the config planned on the message's card and on
  * each card of its platform. Exit 1 with "no OOM message found" when the
  * text holds none. */
-static int advise_from_error(int argc, char **argv) {
-    int has_cfg = argc > 0 && argv[0][0] != '-' && !strchr(argv[0], '=');
-    int rc = check_words(TK_VERB_ADVISE, argv + has_cfg, argc - has_cfg);
-    if (rc) return rc;
-    tk_oom_report_opts opts = {.cli_config = has_cfg ? argv[0] : "CFG"};
-    if ((rc = advise_flags(argv, argc, &opts.platform, &opts.api, 0))) return rc;
-    const char *path = flag_value(argv, argc, "--from-error"), *data_path = flag_value(argv, argc, "--data");
-    if (!path) {
-        fprintf(stderr, "txk: --from-error needs a file, or - for standard input\n");
-        return EXIT_USAGE;
-    }
-    if (data_path && !has_cfg) {
-        fprintf(stderr, "txk: --data %s needs a config: its model's tokenizer counts the tokens\n", data_path);
-        return EXIT_USAGE;
-    }
-    tk_config c;
-    if (has_cfg && (rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
-    /* --data: the corpus whose p99 length the max_length fix carries */
-    tk_err derr = {0};
-    if (data_path && tk_config_set(&c, "train_file", data_path, &derr) != TK_OK) {
-        fprintf(stderr, "txk: --data: %s\n", derr.msg);
-        return EXIT_USAGE;
-    }
-    size_t len = 0;
-    char *text = read_input(path, &len);
-    if (!text) {
-        fprintf(stderr, "txk: %s: cannot read the message\n", path);
-        return EXIT_ERR;
-    }
-    tk_err err = {0};
-    tk_run_data data;
-    memset(&data, 0, sizeof data);
-    /* the corpus' lengths untruncated (up to BERT's 512 positions), so the
-     * max_length fix sees the real p99; plans still cap at the config's max_len */
-    tk_config dc = c;
-    if (has_cfg && dc.max_len < 512) dc.max_len = 512;
-    if (has_cfg && c.train_file[0] && tk_run_data_load(&dc, &data, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        free(text);
-        return EXIT_ERR;
-    }
+static int advise_error(tk_session *s, const tk_advise_request *rq, int json) {
     json_t *b = NULL;
-    tk_status st = tk_oom_message_report(text, len, has_cfg ? &c : NULL, (const int32_t *)data.lengths, data.n_lengths,
-                                         &opts, &b, &err);
-    tk_run_data_clear(&data);
-    free(text);
-    if (st == TK_EFORMAT) {
-        puts("no OOM message found");
-        return EXIT_ERR;
-    }
-    if (st != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
-    }
-    emit(b, has_flag(argv, argc, "--json"));
-    json_decref(b);
-    return EXIT_OK;
-}
-
-/* The config file with the chosen fix's change, as `txk advise --fix`
- * writes it: the file's own text, its changed lines replaced and new keys
- * added (tk_config_edit_yaml); what the file leaves unset stays unset.
- * `to` is the fixed config; --api is how advice is written, not a setting
- * of the run, so it is not written. New string, NULL after saying why. */
-static char *fixed_file(const char *path, const tk_config *to, size_t *out_len) {
-    size_t len = 0;
-    char *text = read_file(path, &len);
-    tk_config from, want = *to;
-    tk_config_defaults(&from);
+    const char *ename = NULL;
     tk_err err = {0};
-    char *out = NULL;
-    if (text && tk_config_parse_yaml(&from, text, len, path, &err) == TK_OK) {
-        want.api = from.api;
-        out = tk_config_edit_yaml(text, len, path, &from, &want, out_len, &err);
-    }
-    if (!out) fprintf(stderr, "txk: %s\n", err.msg[0] ? err.msg : "cannot read the config again");
-    free(text);
-    return out;
+    tk_status st = tk_app_advise_error(s, rq, NULL, 0, &b, &ename, &err);
+    if (st == TK_EFORMAT) puts("no OOM message found");
+    else if (st != TK_OK) fprintf(stderr, "txk: %s\n", err.msg);
+    else emit(b, json);
+    json_decref(b);
+    return st == TK_OK ? EXIT_OK : ename && !strcmp(ename, "UsageError") ? EXIT_USAGE : EXIT_ERR;
 }
 
 static int cmd_advise(int argc, char **argv) {
-    if (has_flag(argv, argc, "--from-error")) return advise_from_error(argc, argv);
-    if (argc < 1) {
-        fprintf(stderr, "usage: txk advise cfg.yaml [key=value ...] [--gpu P] [--top N] [--margin F] [--for colab|kaggle] "
-                        "[--api trainer|loop|txkernel|keras] [--fix N|auto [-o fixed.yaml]] [--json]\n"
-                        "       txk advise [cfg.yaml [--data FILE]] --from-error FILE|- [--for colab|kaggle] [--api A] "
-                        "[--json]\n");
-        return EXIT_USAGE;
-    }
-    tk_app_args args;
-    tk_config c;
-    const char *cfg_path = NULL;
-    int rc = request(TK_VERB_ADVISE, argc, argv, &args, &c, &cfg_path);
-    if (rc) return rc;
-    const char *plat = NULL;
-    tk_api api = TK_API_AUTO;
-    if ((rc = advise_flags(argv, argc, &plat, &api, 1))) return rc;
+    tk_app_args a;
+    tk_advise_request rq = {0};
     tk_err err = {0};
-    const char *gpu = tk_app_arg(&args, "--gpu"), *top_s = tk_app_arg(&args, "--top");
-    const char *margin_s = tk_app_arg(&args, "--margin"), *fix = tk_app_arg(&args, "--fix");
-    const char *out_path = tk_app_arg(&args, "-o");
-    if (gpu && tk_config_set(&c, "gpu", gpu, &err) != TK_OK) {
+    if (tk_app_args_parse(TK_VERB_ADVISE, TK_DOOR_SHELL, "txk advise", argv, argc, &a, &err) != TK_OK ||
+        tk_app_advise_flags(&a, TK_DOOR_SHELL, &rq, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
-    }
-    int top = top_s ? atoi(top_s) : 12;
-    double margin = margin_s ? atof(margin_s) : 0.05;
-    if (top < 1 || !(margin >= 0 && margin < 0.5)) {
-        fprintf(stderr, "txk: --top wants 1 or more, --margin a share of capacity in [0, 0.5)\n");
         return EXIT_USAGE;
     }
-    if ((tk_app_has(&args, "--fix") && !fix) || (tk_app_has(&args, "-o") && !out_path)) {
-        fprintf(stderr, "txk: --fix needs N or auto, -o a file name\n");
-        return EXIT_USAGE;
-    }
-    if (out_path && !fix) {
-        fprintf(stderr, "txk: -o goes with --fix N|auto\n");
-        return EXIT_USAGE;
-    }
-    if (plat && !strcasecmp(plat, "all") && !(fix && !strcmp(fix, "auto"))) {
-        fprintf(stderr, "txk: --for all goes with --fix auto (a config that fits every GPU profile)\n");
-        return EXIT_USAGE;
-    }
-    tk_run_data data;
+    /* the config: needed for plan advice, optional with a pasted message */
+    int rc = config_words(TK_VERB_ADVISE, &a, !rq.from_error, &rq.config, &rq.cli_config);
+    if (rc) return rc;
+    rq.have_config = rq.cli_config != NULL;
     tk_session *s = tk_session_new();
-    tk_status dst = s ? tk_session_load_data(s, &c, &data, &err) : TK_EINVAL;
+    if (!s) return EXIT_ERR;
+    rc = rq.from_error ? advise_error(s, &rq, tk_app_has(&a, "--json")) : advise_plan(s, &rq, tk_app_has(&a, "--json"));
     tk_session_destroy(&s);
-    if (dst != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg[0] ? err.msg : "out of host memory");
-        return EXIT_ERR;
-    }
-    /* the run resolved once, as %txadvise resolves it: the config's card,
-     * else the smallest card of --for (said) */
-    tk_run_where where = {.platform = plat && strcasecmp(plat, "all") ? plat : NULL};
-    tk_run_spec spec;
-    tk_config on = c;
-    if (tk_run_spec_resolve(&c, &where, &spec, &err) != TK_OK || tk_run_spec_apply(&spec, &on, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        tk_run_data_clear(&data);
-        return EXIT_ERR;
-    }
-    if (!c.gpu[0] && on.gpu[0] && !tk_app_has(&args, "--json")) printf("Advised for %s.\n", spec.card_why);
-    tk_advise_input in = {.config = &on, .lengths = (const int32_t *)data.lengths, .n_lengths = data.n_lengths,
-                          .margin_frac = margin, .platform = spec.platform[0] ? spec.platform : NULL, .api = api};
-    tk_advice *a = malloc(sizeof *a);
-    if (!a || tk_advise(&in, a, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\n", a ? err.msg : "out of host memory");
-        free(a);
-        tk_run_data_clear(&data);
-        return EXIT_ERR;
-    }
-    int pick = -1;
-    if (fix) {
-        char *end = NULL;
-        long k = strtol(fix, &end, 10);
-        pick = !strcmp(fix, "auto") ? (plat ? tk_advice_auto_for(a, plat, (const int32_t *)data.lengths, data.n_lengths)
-                                            : tk_advice_auto(a))
-             : (*fix && !*end && k >= 1 && k <= a->n_cand) ? (int)k - 1 : -2;
-        if (pick == -2) {
-            fprintf(stderr, "txk: --fix %s: give auto or a candidate number 1..%d\n", fix, a->n_cand);
-            free(a);
-            tk_run_data_clear(&data);
-            return EXIT_USAGE;
-        }
-    }
-    tk_run_data_clear(&data);
-    if (tk_app_has(&args, "--json")) {
-        char *js = tk_advice_json(a);
-        json_t *j = js ? json_loads(js, 0, NULL) : NULL;
-        free(js);
-        if (j) json_object_set_new(j, "run", tk_run_spec_json(&spec));
-        emit_json(j);
-        json_decref(j);
-    } else if (!fix || out_path) {
-        char *t = tk_advice_format_cli(a, top, cfg_path);
-        if (t) fputs(t, stdout);
-        free(t);
-    }
-    rc = EXIT_OK;
-    if (fix && pick < 0) {
-        fprintf(stderr, "txk: --fix auto: no candidate fits with margin%s%s and keeps the effective batch\n",
-                plat ? " on every card of " : "", plat ? plat : "");
-        rc = EXIT_PLAN_OOM;
-    } else if (fix) {
-        size_t yn = 0;
-        tk_config fixed = a->cand[pick].config;
-        tk_run_spec_unapply(&fixed, &on, &c);
-        char *y = fixed_file(cfg_path, &fixed, &yn);
-        FILE *f = y && out_path ? fopen(out_path, "w") : stdout;
-        if (!y) {
-            rc = EXIT_ERR;
-        } else if (!f || fwrite(y, 1, yn, f) != yn || (out_path && fclose(f) != 0)) {
-            fprintf(stderr, "txk: %s: cannot write the fixed config\n", out_path ? out_path : "stdout");
-            rc = EXIT_ERR;
-        } else if (out_path) {
-            fprintf(stderr, "txk: wrote %s: %s with #%d (%s)%s\n", out_path, cfg_path, pick + 1, a->cand[pick].label,
-                    tk_config_plan_only(&a->cand[pick].config)
-                        ? "; a plan only: txk does not start several GPUs on cuda (the advice's code gives the PyTorch "
-                          "recipe)" : "");
-        }
-        free(y);
-    }
-    free(a);
     return rc;
 }
 

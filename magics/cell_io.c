@@ -1,5 +1,5 @@
 /* cell_io.c — what every txkernel magic does with its cell: split the
- * argument line as a shell would, and show a bundle through the cell's sink
+ * argument line as a shell would (and read it by the option table), and show a bundle through the cell's sink
  * (moved out of report.c when the reports went to app/, issue 39).
  *
  * Guarantees: in a notebook the machine-readable part travels as
@@ -54,6 +54,20 @@ fail:
     free(word);
     tk_txargs_free(v, n);
     return -1;
+}
+
+int tk_txargs_parse(tk_magic_ctx *m, tk_verb verb, char ***argv, int *argc, tk_app_args *a) {
+    *argv = NULL;
+    *argc = 0;
+    if (tk_txargs_split(m->args ? m->args : "", argv, argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
+    char who[64];
+    snprintf(who, sizeof who, "%s%s", m->is_cell ? "%%" : "%", m->name);
+    tk_err err = {0};
+    if (tk_app_args_parse(verb, TK_DOOR_CELL, who, *argv, *argc, a, &err) == TK_OK) return 0;
+    tk_txargs_free(*argv, *argc);
+    *argv = NULL;
+    *argc = 0;
+    return tk_magic_error(m, "UsageError", "%s", err.msg);
 }
 
 void tk_txargs_free(char **argv, int argc) {

@@ -19,6 +19,11 @@
  * and double quotes group (no expansion). 0, or -1 on unbalanced quotes/OOM. */
 int tk_txargs_split(const char *s, char ***argv, int *argc);
 void tk_txargs_free(char **argv, int argc);
+/* m's argument line split and read as `verb` takes it in a cell
+ * (tk_app_args_parse, the door named "%txVERB" or "%%txVERB"): *a points
+ * into *argv, which the caller frees with tk_txargs_free. 0, or -1 after a
+ * UsageError naming the word (*argv is then NULL). */
+int tk_txargs_parse(tk_magic_ctx *m, tk_verb verb, char ***argv, int *argc, tk_app_args *a);
 
 /* Shows a bundle (borrowed) as display_data. json_only: only its
  * application/json part, with text/plain the same JSON indented (what --json
@@ -54,22 +59,7 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan, 
 
 /* tk_data_report, tk_vocab_from_file, tk_app_data: app/tk_app.h (the data verb's). */
 /* tk_max_batch_report, tk_sweep_report, tk_gpus_report: app/tk_app.h (the plan verb's). */
-/* How a pasted message's report is written. */
-typedef struct tk_oom_report_opts {
-    const char *platform;   /* --for: "colab", "kaggle", "colab-2020"; NULL: what the message's paths show */
-    tk_api api;             /* --api; TK_API_AUTO: the config's api, else the traceback's Trainer, else the
-                               config's engine (loop for pytorch, txkernel's YAML), else a loop */
-    const char *cli_config; /* the config's path when txk prints it (its closing lines name txk's commands);
-                               NULL: a notebook's (they name the magics) */
-} tk_oom_report_opts;
-
-/* A pasted OOM message (any text holding one) read and diagnosed; with a
- * config (c may be NULL), the config is also planned on each of the
- * platform's cards and advised on the card the message names. The bundle's
- * application/json is tk_oom_message_json's object. TK_EFORMAT with
- * "no OOM message found" when the text holds none. opts may be NULL. */
-tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c, const int32_t *lengths,
-                                int n_lengths, const tk_oom_report_opts *opts, json_t **bundle, tk_err *err);
+/* tk_oom_message_report and the advise verb: app/tk_app.h. */
 /* tk_device_report, tk_app_device: app/tk_app.h (the device report's). */
 
 #define TXDATA_USAGE "%txdata FILE [--text COL] [--pair COL] [--model M] [--vocab FILE] [--max-len N] [--batch N] [--json]"

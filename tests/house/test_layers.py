@@ -153,14 +153,11 @@ def test_the_cuda_plugins_header_stays_in_gpu():
 # until it is taken off.
 FRONT_DOORS = ["cli/txk.c"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "magics", "tx*.c")))
 MAX_LINES = 40
-NOT_THIN_YET = {"cli/txk.c": {"cmd_advise", "cmd_predict"},
-                "magics/txadvise.c": {"run_txadvise"},
+NOT_THIN_YET = {"cli/txk.c": {"cmd_predict"},
                 "magics/txmem.c": {"run_txmem"},
                 "magics/txpredict.c": {"run_txpredict"}}
 INCLUDES_NOT_YET = {
-    "cli/txk.c": {"tk_advisor.h", "tk_config_edit.h", "tk_data.h", "tk_hub.h", "tk_pipeline.h", "tk_predict.h",
-                  "tk_snapshot.h", "tk_oom_message.h", "tk_train.h"},
-    "magics/txadvise.c": {"tk_data.h", "tk_advisor.h", "tk_oom_message.h", "tk_pipeline.h"},
+    "cli/txk.c": {"tk_data.h", "tk_hub.h", "tk_pipeline.h", "tk_predict.h", "tk_snapshot.h", "tk_train.h"},
     "magics/txmem.c": {"tk_snapshot.h"},
     "magics/txtrain.c": {"tk_train.h"}}
 DOOR_FN = re.compile(r"^(?:static\s+)?[a-z_][\w \*]*?\b((?:cmd|run_tx)\w*)\s*\([^;{]*\)\s*\{", re.M)

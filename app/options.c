@@ -34,18 +34,19 @@ static const tk_option OPTIONS[] = {
     {"--file", "CFG.yaml", 0, "read the config from a YAML file (the shell also takes it as the first word)",
      {{TK_VERB_PLAN | TK_VERB_TRAIN | TK_VERB_ADVISE, SH}, {TK_VERB_PLAN | TK_VERB_TRAIN, CE}}},
     {"--gpu", "PROFILE", 0, "plan for this card (t4, l4, a100-40, ...): its capacity, as gpu: in the config",
-     {{TK_VERB_PLAN | TK_VERB_ADVISE, BOTH}, {TK_VERB_MEM, SH}, {TK_VERB_PLAN, CO}}},
+     {{TK_VERB_PLAN | TK_VERB_ADVISE | TK_VERB_MEM, BOTH}, {TK_VERB_PLAN, CO}}},
     {"--gpus", "PLATFORM", 0, "plan on each card the platform hands out (colab, kaggle, colab-2020, all); the "
      "session then advises for the platform's smallest card", {{TK_VERB_PLAN, BOTH | CO}}},
     {"--snapshot", "FILE", 0, "write the planned step (plan) or the run (train) as a PyTorch memory snapshot "
-     "(.pickle); mem: read one", {{TK_VERB_PLAN | TK_VERB_TRAIN, BOTH}, {TK_VERB_MEM, SH}}},
+     "(.pickle); mem: read one", {{TK_VERB_PLAN | TK_VERB_TRAIN | TK_VERB_MEM, BOTH}}},
     {"--max-batch", NULL, 0, "the largest batch per max_len 64..512 that fits the capacity", {{TK_VERB_PLAN, BOTH}}},
     {"--sweep", NULL, 0, "the peak with each memory-saving technique", {{TK_VERB_PLAN, BOTH}}},
     {"--measure", NULL, 0, "with --sweep: run each row two steps and compare", {{TK_VERB_PLAN, BOTH}}},
     {"--epoch", NULL, 0, "plan the run's first epoch, its own batches in order (needs train_file)",
      {{TK_VERB_PLAN, BOTH}}},
     {"--no-plan", NULL, 0, "train even when the plan says it does not fit", {{TK_VERB_TRAIN, BOTH}}},
-    {"--top", "N", 0, "show the N best fixes (12)", {{TK_VERB_ADVISE, BOTH}}},
+    {"--top", "N", 0, "advise: show the N best fixes (12); mem: the N largest owners or layers (10)",
+     {{TK_VERB_ADVISE | TK_VERB_MEM, BOTH}}},
     {"--margin", "F", 0, "safety margin as a share of capacity, in [0, 0.5) (0.05)", {{TK_VERB_ADVISE, BOTH}}},
     {"--for", "PLATFORM", 0, "advise for the cards this platform hands out (colab, kaggle, colab-2020; fix auto "
      "also all)", {{TK_VERB_ADVISE | TK_VERB_FIX, BOTH}}},
@@ -56,28 +57,37 @@ static const tk_option OPTIONS[] = {
     {"--from-error", "FILE|-", CE, "read a pasted OOM message (a file, - for standard input; in a cell: the body)",
      {{TK_VERB_ADVISE, BOTH}}},
     {"--data", "FILE", 0, "the corpus whose lengths the max_len fix reads (with --from-error); mem --snapshot: "
-     "the corpus of the planned batch", {{TK_VERB_ADVISE | TK_VERB_MEM, SH}}},
+     "the corpus of the planned batch", {{TK_VERB_ADVISE, SH}, {TK_VERB_MEM, BOTH}}},
     {"--run", NULL, 0, "train the fixed config now and compare the measured peak with the plan",
      {{TK_VERB_FIX, CE}}},
-    {"-o", "FILE", 0, "write the result to FILE", {{TK_VERB_ADVISE | TK_VERB_PREDICT | TK_VERB_VOCAB, SH}}},
-    {"--input", "FILE", 0, "the file to predict on", {{TK_VERB_PREDICT, SH}}},
-    {"--text", "COL", 0, "the text column", {{TK_VERB_PREDICT | TK_VERB_DATA | TK_VERB_VOCAB | TK_VERB_MEM, SH},
-                                             {TK_VERB_DATA, CE}}},
-    {"--pair", "COL", 0, "the second text column of a pair", {{TK_VERB_PREDICT | TK_VERB_DATA, SH},
-                                                              {TK_VERB_DATA, CE}}},
-    {"--rows", "N", 0, "rows shown in the table (the file gets every row)", {{TK_VERB_PREDICT, SH}}},
-    {"--label", "COL", 0, "the label column (scored when present)", {{TK_VERB_PREDICT, SH}}},
-    {"--id", "COL", 0, "the id column carried into the predictions", {{TK_VERB_PREDICT, SH}}},
-    {"--model", "M", 0, "the model whose tokenizer counts tokens", {{TK_VERB_DATA | TK_VERB_MEM, SH},
-                                                                   {TK_VERB_DATA, CE}}},
+    {"-o", "FILE", 0, "write the result to FILE (predict: every prediction, CSV or .jsonl)",
+     {{TK_VERB_ADVISE | TK_VERB_VOCAB, SH}, {TK_VERB_PREDICT, BOTH}}},
+    {"--input", "FILE", 0, "the file to predict on", {{TK_VERB_PREDICT, BOTH}}},
+    {"--text", "COL", 0, "the text column", {{TK_VERB_PREDICT | TK_VERB_DATA | TK_VERB_MEM, BOTH},
+                                             {TK_VERB_VOCAB, SH}}},
+    {"--pair", "COL", 0, "the second text column of a pair", {{TK_VERB_PREDICT | TK_VERB_DATA, BOTH}}},
+    {"--rows", "N", 0, "rows shown in the table (the file gets every row)", {{TK_VERB_PREDICT, BOTH}}},
+    {"--label", "COL", 0, "the label column (scored when present)", {{TK_VERB_PREDICT, BOTH}}},
+    {"--id", "COL", 0, "the id column carried into the predictions (-o)", {{TK_VERB_PREDICT, BOTH}}},
+    {"--model", "M", 0, "the model whose tokenizer counts tokens (mem --snapshot: the BERT the snapshot ran)",
+     {{TK_VERB_DATA | TK_VERB_MEM, BOTH}}},
     {"--vocab", "FILE", 0, "a vocab.txt to count tokens with", {{TK_VERB_DATA, BOTH}}},
     {"--max-len", "N", 0, "the max_len the corpus is cut to (512)", {{TK_VERB_DATA, BOTH}}},
     {"--batch", "N", 0, "the batch size (data: of the padding figures; mem: of the planned step; the companion: "
-     "of the model's step)", {{TK_VERB_DATA, BOTH}, {TK_VERB_MEM, SH}, {TK_VERB_PLAN, CO}}},
-    {"--seq", "T", 0, "the sequence length of the planned step", {{TK_VERB_MEM, SH}, {TK_VERB_PLAN, CO}}},
+     "of the model's step)", {{TK_VERB_DATA | TK_VERB_MEM, BOTH}, {TK_VERB_PLAN, CO}}},
+    {"--seq", "T", 0, "the sequence length of the planned step", {{TK_VERB_MEM, BOTH}, {TK_VERB_PLAN, CO}}},
     {"--device", "KIND", 0, "cpu, cuda or meta (the companion's traced plan: cpu, the step as PyTorch runs it on "
      "this machine's CPU)", {{TK_VERB_MEM, SH}, {TK_VERB_PLAN, CO}}},
-    {"--capacity", "SIZE", 0, "a simulated capacity (7.43GiB)", {{TK_VERB_MEM, SH}}},
+    {"--capacity", "SIZE", 0, "a simulated capacity (7.43GiB); with --snapshot the card's size to judge it against",
+     {{TK_VERB_MEM, BOTH}}},
+    {"--by", "category|owner|layer", 0, "the live bytes grouped by category, owner (HF module names) or layer "
+     "(owner)", {{TK_VERB_MEM, BOTH}}},
+    {"--timeline", NULL, 0, "allocated/reserved at each step of the session's last run", {{TK_VERB_MEM, CE}}},
+    {"--save", "FILE", 0, "FILE.pickle: the allocator as a PyTorch memory snapshot (with the recorded history as "
+     "its trace); another name: txkernel's segments, blocks and owners as JSON", {{TK_VERB_MEM, CE}}},
+    {"--record", "N|off", TK_OPTION_VALUE_OPTIONAL, "keep the allocator's last N events (262144 when N is left "
+     "out) for --save; off stops",
+     {{TK_VERB_MEM, CE}}},
     {"--size", "N", 0, "the vocabulary's size", {{TK_VERB_VOCAB, SH}}},
     {"--lowercase", NULL, 0, "lower-case the corpus first", {{TK_VERB_VOCAB, SH}}},
     {"--torch-model", "NAME", 0, "a transformers BERT model in this notebook, planned as PyTorch runs it",
@@ -144,9 +154,10 @@ json_t *tk_app_options_json(void) {
         for (int k = 0; uses && k < 4 && o->use[k].verbs; k++)
             json_array_append_new(uses, json_pack("{s:o, s:o}", "verbs", names_of(o->use[k].verbs, VERBS, 9), "doors",
                                                   names_of(o->use[k].doors, DOORS, 3)));
-        json_t *e = json_pack("{s:s, s:o, s:o, s:s, s:o}", "name", o->name, "metavar",
+        json_t *e = json_pack("{s:s, s:o, s:o, s:b, s:s, s:o}", "name", o->name, "metavar",
                               o->metavar ? json_string(o->metavar) : json_null(), "bare_in",
-                              names_of(o->bare_doors, DOORS, 3), "help", o->help, "uses", uses);
+                              names_of(o->bare_doors, DOORS, 3), "optional",
+                              (o->bare_doors & TK_OPTION_VALUE_OPTIONAL) != 0, "help", o->help, "uses", uses);
         if (!e || json_array_append_new(out, e)) {
             json_decref(out);
             return NULL;
@@ -160,12 +171,17 @@ char *tk_app_usage_flags(tk_verb verb, tk_door door) {
     for (size_t i = 0; i < sizeof OPTIONS / sizeof OPTIONS[0]; i++) {
         const tk_option *o = &OPTIONS[i];
         if (!tk_app_option_takes(o, verb, door)) continue;
-        if (tk_app_option_valued(o, door)) tk_sb_addf(&sb, "%s[%s %s]", sb.p ? " " : "", o->name, o->metavar);
+        if (tk_app_option_valued(o, door) && (o->bare_doors & TK_OPTION_VALUE_OPTIONAL))
+            tk_sb_addf(&sb, "%s[%s [%s]]", sb.p ? " " : "", o->name, o->metavar);
+        else if (tk_app_option_valued(o, door)) tk_sb_addf(&sb, "%s[%s %s]", sb.p ? " " : "", o->name, o->metavar);
         else tk_sb_addf(&sb, "%s[%s]", sb.p ? " " : "", o->name);
     }
     if (!sb.p) tk_sb_add(&sb, "");
     return tk_sb_take(&sb);
 }
+
+/* "-o" and "--x": flags; "-" alone (standard input) and "-1" are words */
+static int flagish(const char *w) { return w[0] == '-' && w[1] && !(w[1] >= '0' && w[1] <= '9') && !strchr(w, '='); }
 
 tk_status tk_app_args_parse(tk_verb verb, tk_door door, const char *who, char **argv, int argc, tk_app_args *out,
                             tk_err *err) {
@@ -176,9 +192,7 @@ tk_status tk_app_args_parse(tk_verb verb, tk_door door, const char *who, char **
     }
     for (int i = 0; i < argc; i++) {
         const char *w = argv[i];
-        /* "-o" and "--x": flags; "-" alone (standard input) and "-1" are words */
-        int flagish = w[0] == '-' && w[1] && !(w[1] >= '0' && w[1] <= '9') && !strchr(w, '=');
-        if (flagish) {
+        if (flagish(w)) {
             const tk_option *o = tk_app_option_find(w);
             if (!o || !tk_app_option_takes(o, verb, door)) {
                 char *u = tk_app_usage_flags(verb, door);
@@ -188,7 +202,9 @@ tk_status tk_app_args_parse(tk_verb verb, tk_door door, const char *who, char **
                 return TK_EINVAL;
             }
             out->flag[out->n_flags] = o;
-            if (tk_app_option_valued(o, door)) {
+            int left_out = (o->bare_doors & TK_OPTION_VALUE_OPTIONAL) &&
+                           (i + 1 >= argc || flagish(argv[i + 1]) || strchr(argv[i + 1], '='));
+            if (tk_app_option_valued(o, door) && !left_out) {
                 if (i + 1 >= argc) {
                     tk_err_set(err, TK_EINVAL, "%s: %s needs a value (%s %s)", who, w, w, o->metavar);
                     return TK_EINVAL;

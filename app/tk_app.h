@@ -55,6 +55,9 @@ typedef struct tk_option {
     const char *help;
     tk_option_use use[4]; /* {0, 0} ends */
 } tk_option;
+/* In bare_doors: the value may be left out (--record [N|off]): the next
+ * word is it unless that word is a flag or a key=value. */
+#define TK_OPTION_VALUE_OPTIONAL (1u << 8)
 
 /* The whole table (borrowed, static) and its length. */
 const tk_option *tk_app_options(int *n);
@@ -68,7 +71,8 @@ int tk_app_option_valued(const tk_option *o, tk_door door);
 const char *tk_app_verb_name(tk_verb verb);
 tk_verb tk_app_verb_find(const char *name);
 /* The table as JSON for the companion and the reference pages: [{name,
- * metavar, bare_in: [door...], help, uses: [{verbs: [...], doors: [...]}]}].
+ * metavar, bare_in: [door...], optional, help, uses: [{verbs: [...], doors:
+ * [...]}]}].
  * New reference. */
 json_t *tk_app_options_json(void);
 /* "[--gpu PROFILE] [--gpus PLATFORM] ..." for a verb through a door (new
@@ -89,7 +93,8 @@ typedef struct tk_app_args {
 /* Reads argv as `verb` through `door` takes it: each flag must be in the
  * table for that verb and door (else TK_EINVAL naming the flag and the
  * verb's flags), a valued flag takes the next word (TK_EINVAL when there is
- * none); a word with '=' that is not a flag's value is a key=value override;
+ * none; an optional value is left out when there is none or it is a flag or
+ * key=value: the flag is then bare, its value NULL); a word with '=' that is not a flag's value is a key=value override;
  * anything else is plain. `who` names the front door in errors ("txk plan",
  * "%txadvise"). */
 tk_status tk_app_args_parse(tk_verb verb, tk_door door, const char *who, char **argv, int argc, tk_app_args *out,
@@ -405,6 +410,44 @@ tk_status tk_app_fix(struct tk_session *s, const tk_app_args *w, tk_fix_reply *o
 /* After %txfix --run: the run's measured peaks against the plan's (and the
  * advice's `predicted`). New string; NULL with no run. */
 char *tk_app_fix_measured(const struct tk_session *s, size_t predicted);
+
+/* ---- the predict verb (app/predict.c) -------------------------------------- */
+
+typedef struct tk_predict_reply {
+    json_t *bundle;     /* new reference: the predictions (text, HTML, application/json); NULL when none ran */
+    int planned_oom;    /* the prediction's plan did not fit: nothing ran (txk exits 3); said says so */
+    int write_failed;   /* -o: the predictions are in the bundle, the file was not written; said is why */
+    const char *ename;  /* on an error (or write_failed): UsageError, ModelError, ConfigError, PredictError,
+                           DataError, IOError, MemoryError */
+    char said[1400];    /* what -o wrote, the planned OOM, or why the file was not written; "" */
+} tk_predict_reply;
+/* `txk predict MODEL ...` and `%txpredict [MODEL] ...` / `%%txpredict`
+ * (w: the words parsed for TK_VERB_PREDICT; texts: a %%txpredict body, one
+ * text per line, instead of --input; else NULL): the model word (a trained
+ * folder, a hub id, or a config whose output_dir holds one; none: the
+ * session's last config) over --input with the table's --text, --pair,
+ * --label, --rows, --id, -o and key=value. TK_OK when it ran or its plan did
+ * not fit (out says which); otherwise the error (out->ename). */
+tk_status tk_app_predict(struct tk_session *s, const tk_app_args *w, const char *texts, tk_predict_reply *out,
+                         tk_err *err);
+
+/* ---- the mem verb (app/mem.c) --------------------------------------------- */
+
+typedef struct tk_mem_reply {
+    json_t *bundle;     /* new reference: the memory report or the snapshot's; NULL after --record */
+    json_t *timeline;   /* --timeline (a cell): the last run's memory per step, or NULL */
+    int failed;         /* --save could not write: said is why (out->ename) */
+    const char *ename;  /* on an error (or failed): UsageError, ConfigError, DeviceError, SnapshotError,
+                           MemoryError, IOError */
+    char said[1200];    /* what --record or --save did; "" */
+} tk_mem_reply;
+/* `txk mem` and `%txmem` (w: the words parsed for TK_VERB_MEM): --snapshot
+ * FILE read and diagnosed (the same in both doors, with --gpu/--capacity,
+ * --model, --data, --text, --batch, --seq, --top); otherwise a shell's fresh
+ * device of --device/--capacity with its memory (application/json {device,
+ * memory}), a cell's session device by --by/--top (--timeline, --save), or
+ * --record [N|off]. TK_OK, or the error (out->ename). */
+tk_status tk_app_mem(struct tk_session *s, const tk_app_args *w, tk_door door, tk_mem_reply *out, tk_err *err);
 
 /* ---- the device report (app/device.c) ------------------------------------- */
 

@@ -25,8 +25,8 @@
 #include "tk_gpu.h"
 #include "tk_plan.h"
 #include "tk_render.h"
+#include "tk_train.h" /* tk_progress: what a run's on_progress hook hands a front door */
 
-struct tk_progress;     /* tk_train.h */
 struct tk_epoch_stats;
 
 /* ---- the session ---------------------------------------------------------- */

@@ -21,32 +21,22 @@
  * 2 usage; 3 the plan does not fit (nothing was allocated); 4 out of memory
  * at run time; 130 interrupted.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "tk_app.h"
 #include "tk_collective.h"
 #include "tk_config.h"
-#include "tk_data.h"
-#include "tk_hub.h"
 #include "tk_kernel.h"
 #include "tk_magics.h"
-#include "tk_pipeline.h"
-#include "tk_predict.h"
 #include "tk_render.h"
 #include "tk_session.h"
-#include "tk_snapshot.h"
-#include "tk_train.h"
 #include "tk_txmagics.h"
 
 enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_PLAN_OOM = 3, EXIT_OOM = 4, EXIT_INT = 130 };
@@ -431,222 +421,30 @@ static int cmd_advise(int argc, char **argv) {
 
 /* ---- predict ---------------------------------------------------------------------- */
 
-static int is_dir_path(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* A folder beside the missing `path` whose name starts with its name or is
- * the start of it ("out/review" -> "out/reviews"), into near; 1 if found. */
-static int nearby_folder(const char *path, char *near, size_t n) {
-    near[0] = 0;
-    char dir[TK_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    size_t l = strlen(dir);
-    while (l > 1 && dir[l - 1] == '/') dir[--l] = 0;
-    char *slash = strrchr(dir, '/');
-    const char *base = slash ? slash + 1 : dir;
-    const char *parent = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
-    size_t bl = strlen(base);
-    DIR *d = bl ? opendir(parent) : NULL;
-    for (struct dirent *e; d && (e = readdir(d));) {
-        if (e->d_name[0] == '.') continue;
-        size_t el = strlen(e->d_name);
-        if (strncmp(e->d_name, base, el < bl ? el : bl) != 0) continue;
-        char p[TK_PATH_MAX * 2];
-        snprintf(p, sizeof p, "%s%s%s", slash ? parent : "", slash && strcmp(parent, "/") ? "/" : "", e->d_name);
-        if (is_dir_path(p)) {
-            snprintf(near, n, "%s", p);
-            break;
-        }
-    }
-    if (d) closedir(d);
-    return near[0] != 0;
-}
-
-/* A model named directly: a folder, or a hub id ("org/name" that is no
- * file here and no YAML config). */
-static int is_model_ref(const char *p) {
-    struct stat st;
-    if (is_dir_path(p)) return 1;
-    size_t n = strlen(p);
-    int yaml = (n > 5 && !strcmp(p + n - 5, ".yaml")) || (n > 4 && !strcmp(p + n - 4, ".yml"));
-    return stat(p, &st) != 0 && !yaml && tk_hub_is_repo_id(p);
-}
-
-/* A CSV field, quoted when it must be. */
-static void csv_field(FILE *f, const char *v) {
-    if (!strpbrk(v, ",\"\n\r")) {
-        fputs(v, f);
-        return;
-    }
-    fputc('"', f);
-    for (const char *c = v; *c; c++) fprintf(f, *c == '"' ? "\"\"" : "%c", *c);
-    fputc('"', f);
-}
-
-/* The input's id column (--id COL, else one named id or ID) for a
- * classification input: its name into *name and the table (new; NULL when
- * the input has none). EXIT_USAGE after saying why when --id names no
- * column; EXIT_ERR when the file cannot be read again. */
-static int id_column(const char *input, const char *want, tk_table **t, int *col) {
-    *t = NULL, *col = -1;
-    tk_err err = {0};
-    if (tk_table_read(input, t, &err) != TK_OK) {
-        if (!want) return 0; /* not a table (SQuAD JSON): its ids are its own */
-        fprintf(stderr, "txk: --id %s: %s\n", want, err.msg);
-        return EXIT_ERR;
-    }
-    *col = want ? tk_table_col(*t, want) : tk_table_col(*t, "id");
-    if (*col < 0 && !want) *col = tk_table_col(*t, "ID");
-    if (*col < 0 && want) {
-        fprintf(stderr, "txk: --id %s: %s has no such column (its columns:", want, input);
-        for (int k = 0; k < (*t)->ncols; k++) fprintf(stderr, " %s", (*t)->cols[k]);
-        fputs(")\n", stderr);
-        tk_table_destroy(t);
-        return EXIT_USAGE;
-    }
-    if (*col < 0) tk_table_destroy(t);
-    return 0;
-}
-
-/* Every prediction to FILE: JSON Lines for *.jsonl, else CSV with a header.
- * A classification row starts with the input's id column (`ids`, column
- * `idc`) when it has one, else the row's index. */
-static int write_predictions(const char *path, const json_t *preds, int qa, const tk_predict_report *r,
-                             const tk_table *ids, int idc) {
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    int jsonl = strlen(path) > 6 && !strcmp(path + strlen(path) - 6, ".jsonl");
-    size_t i;
-    json_t *e;
-    /* one id per prediction, or none */
-    if (ids && (qa || (size_t)ids->nrows != json_array_size(preds))) ids = NULL;
-    if (!jsonl) {
-        if (ids) csv_field(f, ids->cols[idc]);
-        fputs(qa ? "index,id,answer,start,end" : ids ? ",label,score" : "index,label,score", f);
-        for (int k = 0; !qa && k < r->n_labels; k++) fprintf(f, ",p_%s", r->labels[k]);
-        fputs(qa ? "\n" : ",gold\n", f);
-    }
-    json_array_foreach(preds, i, e) {
-        if (jsonl) {
-            json_t *row = ids ? json_deep_copy(e) : json_incref((json_t *)e);
-            if (ids && row) json_object_set_new(row, ids->cols[idc], json_string(ids->cells[i * (size_t)ids->ncols + (size_t)idc]));
-            char *line = row ? json_dumps(row, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-            if (line) fprintf(f, "%s\n", line);
-            free(line);
-            json_decref(row);
-            continue;
-        }
-        if (ids) csv_field(f, ids->cells[i * (size_t)ids->ncols + (size_t)idc]);
-        else fprintf(f, "%zu", i);
-        if (qa) {
-            const char *ans = json_string_value(json_object_get(e, "answer"));
-            fprintf(f, ",%s,\"", json_string_value(json_object_get(e, "id")) ? json_string_value(json_object_get(e, "id")) : "");
-            for (const char *c = ans ? ans : ""; *c; c++) fprintf(f, *c == '"' ? "\"\"" : "%c", *c);
-            fprintf(f, "\",%lld,%lld\n", json_integer_value(json_object_get(e, "start")),
-                    json_integer_value(json_object_get(e, "end")));
-        } else {
-            fprintf(f, ",%s,%.6f", json_string_value(json_object_get(e, "label")),
-                    json_real_value(json_object_get(e, "score")));
-            json_t *probs = json_object_get(e, "probs");
-            for (int k = 0; k < r->n_labels; k++)
-                fprintf(f, ",%.6f", json_real_value(json_object_get(probs, r->labels[k])));
-            const char *g = json_string_value(json_object_get(e, "gold"));
-            fprintf(f, ",%s\n", g ? g : "");
-        }
-    }
-    return fclose(f) == 0 ? 0 : -1;
-}
-
-/* Predictions of a trained model (a folder, or a config whose output_dir
- * holds one) over an input file, with metrics when it has gold labels. */
+/* Predictions of a trained model (a folder, a hub id, or a config whose
+ * output_dir holds one) over an input file, with metrics when it has gold
+ * labels (app/predict.c); -o writes every prediction. */
 static int cmd_predict(int argc, char **argv) {
-    if (argc < 1) {
-        fprintf(stderr, "usage: txk predict MODEL_DIR|ORG/NAME|cfg.yaml --input FILE [--text COL] [--pair COL] [--label COL] "
-                        "[--id COL] [-o OUT.csv|OUT.jsonl] [--rows N] [key=value ...] [--json]\n");
-        return EXIT_USAGE;
-    }
-    int rc = check_words(TK_VERB_PREDICT, argv + 1, argc - 1);
-    if (rc) return rc;
-    const char *input = flag_value(argv, argc, "--input"), *out_path = flag_value(argv, argc, "-o");
-    if (!input) {
-        fprintf(stderr, "txk: predict needs --input FILE (CSV, TSV, JSONL, or SQuAD JSON for a QA model)\n");
-        return EXIT_USAGE;
-    }
-    tk_config c;
+    tk_app_args a;
     tk_err err = {0};
-    /* a missing path beside a near folder is a mistyped run folder, not a hub id */
-    char near[TK_PATH_MAX * 2 + 8];
-    int missing = access(argv[0], F_OK) != 0;
-    int have = missing && nearby_folder(argv[0], near, sizeof near);
-    int folder = !have && is_model_ref(argv[0]);
-    if (!folder && missing) {
-        fprintf(stderr, "txk: %s: no such folder (nor a config file); predict takes a trained model's folder "
-                        "(a run's output_dir), a hub id (ORG/NAME) or a config whose output_dir holds one%s%s%s\n",
-                argv[0], have ? "; did you mean " : "", have ? near : "", have ? "?" : "");
-        return EXIT_ERR;
+    if (tk_app_args_parse(TK_VERB_PREDICT, TK_DOOR_SHELL, "txk predict", argv, argc, &a, &err) != TK_OK ||
+        a.n_plain < 1) {
+        char *u = tk_app_usage_flags(TK_VERB_PREDICT, TK_DOOR_SHELL);
+        fprintf(stderr, "%s%s%susage: txk predict MODEL_DIR|ORG/NAME|cfg.yaml [key=value ...] %s\n", err.msg[0] ? "txk: " : "",
+                err.msg, err.msg[0] ? "\n" : "", u ? u : "");
+        free(u);
+        return EXIT_USAGE;
     }
-    if (!folder && (rc = load_config(argv[0], argv + 1, argc - 1, &c))) return rc;
-    if (tk_session_predict_config(folder ? argv[0] : NULL, &c, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
-    }
-    for (int i = 1; folder && i < argc; i++) {
-        char *eq = argv[i][0] != '-' ? strchr(argv[i], '=') : NULL;
-        if (!eq || (i > 1 && argv[i - 1][0] == '-')) continue;
-        *eq = 0;
-        tk_status st = tk_config_set(&c, argv[i], eq + 1, &err);
-        *eq = '=';
-        if (st != TK_OK) {
-            fprintf(stderr, "txk: %s\n", err.msg);
-            return EXIT_ERR;
-        }
-    }
-    snprintf(c.train_file, sizeof c.train_file, "%s", input);
-    const char *cols[3][2] = {{"--text", "text_col"}, {"--pair", "text_pair_col"}, {"--label", "label_col"}};
-    for (int k = 0; k < 3; k++) {
-        const char *v = flag_value(argv, argc, cols[k][0]);
-        if (v && tk_config_set(&c, cols[k][1], v, &err) != TK_OK) {
-            fprintf(stderr, "txk: %s\n", err.msg);
-            return EXIT_ERR;
-        }
-    }
-    const char *rows_s = flag_value(argv, argc, "--rows");
-    int rows = rows_s ? atoi(rows_s) : 10;
     tk_session *s = tk_session_new();
-    tk_predict_report r;
-    tk_status st = s ? tk_session_predict(s, &c, &r, &err) : TK_EINVAL;
-    if (st != TK_OK) {
-        fprintf(stderr, "txk: %s\n", s ? err.msg : "out of host memory");
-        tk_session_destroy(&s);
-        return EXIT_ERR;
-    }
-    int json = has_flag(argv, argc, "--json");
-    char b1[32], b2[32];
-    if (r.planned_oom) {
-        fprintf(stderr, "txk: the prediction plan needs %s but %s is free: stopped before allocating anything\n",
-                tk_format_bytes(r.plan.peak_reserved, b1, sizeof b1), tk_format_bytes(r.free_before, b2, sizeof b2));
-        rc = EXIT_PLAN_OOM;
-    } else {
-        json_t *b = tk_report_predict(&r, rows > 0 ? rows : 0);
-        emit(b, json);
-        json_t *preds = json_object_get(json_object_get(b, "application/json"), "predictions");
-        tk_table *ids = NULL;
-        int idc = -1;
-        if (out_path && (rc = id_column(input, flag_value(argv, argc, "--id"), &ids, &idc)) != 0) {
-            /* said */
-        } else if (out_path && write_predictions(out_path, preds, r.res && r.res->qa, &r, ids, idc) != 0) {
-            fprintf(stderr, "txk: %s: cannot write the predictions\n", out_path);
-            rc = EXIT_ERR;
-        } else if (out_path) {
-            fprintf(stderr, "txk: wrote %d predictions to %s%s%s%s\n", r.res ? r.res->n : 0, out_path,
-                    ids ? " (each with its " : "", ids ? ids->cols[idc] : "", ids ? ")" : "");
-        }
-        tk_table_destroy(&ids);
-        json_decref(b);
-    }
-    tk_predict_report_clear(&r);
+    tk_predict_reply r = {0};
+    tk_status st = s ? tk_app_predict(s, &a, NULL, &r, &err) : tk_err_nomem(&err, "txk predict");
+    int rc = st != TK_OK ? (r.ename && !strcmp(r.ename, "UsageError") ? EXIT_USAGE : EXIT_ERR)
+           : r.planned_oom ? EXIT_PLAN_OOM : r.write_failed && !strcmp(r.ename, "UsageError") ? EXIT_USAGE
+           : r.write_failed ? EXIT_ERR : EXIT_OK;
+    if (st != TK_OK) fprintf(stderr, "txk: %s\n", err.msg);
+    if (r.bundle) emit(r.bundle, tk_app_has(&a, "--json"));
+    if (r.said[0]) fprintf(stderr, "txk: %s\n", r.said);
+    json_decref(r.bundle);
     tk_session_destroy(&s);
     return rc;
 }
@@ -691,88 +489,24 @@ static int cmd_vocab(int argc, char **argv) {
 
 /* ---- mem, keys, kernel ------------------------------------------------------------- */
 
-/* txk mem --snapshot FILE: a PyTorch memory snapshot read and diagnosed,
- * with no device opened. */
-static int mem_snapshot(const char *path, char **argv, int argc) {
-    tk_err err = {0};
-    size_t cap = 0;
-    if (tk_snap_capacity(flag_value(argv, argc, "--gpu"), flag_value(argv, argc, "--capacity"), &cap, &err)) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_USAGE;
-    }
-    tk_snapshot *s = tk_snap_read(path, cap, &err);
-    if (!s) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
-    }
-    const char *b = flag_value(argv, argc, "--batch"), *q = flag_value(argv, argc, "--seq");
-    tk_snap_opts o = {.model = flag_value(argv, argc, "--model"), .data = flag_value(argv, argc, "--data"),
-                      .text_col = flag_value(argv, argc, "--text"), .gpu = flag_value(argv, argc, "--gpu"),
-                      .batch = b ? atoi(b) : 0, .seq = q ? atoi(q) : 0};
-    if ((b && o.batch < 1) || (q && o.seq < 1)) {
-        fprintf(stderr, "txk: --batch/--seq: expected a positive number, found '%s'\n", b && o.batch < 1 ? b : q);
-        tk_snap_destroy(&s);
-        return EXIT_USAGE;
-    }
-    if (tk_snap_plan(s, &o, &err)) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        tk_snap_destroy(&s);
-        return EXIT_ERR;
-    }
-    if (has_flag(argv, argc, "--json")) {
-        json_t *j = tk_snap_json(s, 20);
-        char *sj = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
-        if (sj) puts(sj);
-        free(sj);
-        json_decref(j);
-    } else {
-        char *t = tk_snap_text(s, 10);
-        if (t) fputs(t, stdout);
-        free(t);
-    }
-    tk_snap_destroy(&s);
-    return EXIT_OK;
-}
-
+/* The device and its memory, or a PyTorch memory snapshot diagnosed
+ * (app/mem.c, as %txmem shows them). */
 static int cmd_mem(int argc, char **argv) {
-    int rc = check_words(TK_VERB_MEM, argv, argc);
-    if (rc) return rc;
-    if (flag_value(argv, argc, "--snapshot")) return mem_snapshot(flag_value(argv, argc, "--snapshot"), argv, argc);
-    tk_config c;
+    tk_app_args a;
     tk_err err = {0};
-    tk_config_defaults(&c);
-    const char *dev = flag_value(argv, argc, "--device"), *cap = flag_value(argv, argc, "--capacity");
-    if ((dev && tk_config_set(&c, "device", dev, &err) != TK_OK) ||
-        (cap && tk_config_set(&c, "capacity", cap, &err) != TK_OK)) {
+    if (tk_app_args_parse(TK_VERB_MEM, TK_DOOR_SHELL, "txk mem", argv, argc, &a, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
+        return EXIT_USAGE;
     }
     tk_session *s = tk_session_new();
-    char note[256];
-    tk_dev *d = s ? tk_session_device(s, &c, note, &err) : NULL;
-    if (!d) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        tk_session_destroy(&s);
-        return EXIT_ERR;
-    }
-    int json = has_flag(argv, argc, "--json");
-    json_t *b = tk_device_report(d, &c);
-    json_t *m = tk_report_mem(d, "owner", 10);
-    if (json) {
-        json_t *both = json_pack("{s:O, s:O}", "device", json_object_get(b, "application/json"), "memory",
-                                 json_object_get(m, "application/json"));
-        char *sj = json_dumps(both, JSON_INDENT(2) | JSON_SORT_KEYS);
-        if (sj) puts(sj);
-        free(sj);
-        json_decref(both);
-    } else {
-        emit(b, 0);
-        emit(m, 0);
-    }
-    json_decref(b);
-    json_decref(m);
+    tk_mem_reply r = {0};
+    tk_status st = s ? tk_app_mem(s, &a, TK_DOOR_SHELL, &r, &err) : tk_err_nomem(&err, "txk mem");
+    if (st != TK_OK) fprintf(stderr, "txk: %s\n", err.msg);
+    else emit(r.bundle, tk_app_has(&a, "--json"));
+    json_decref(r.bundle);
+    json_decref(r.timeline);
     tk_session_destroy(&s);
-    return EXIT_OK;
+    return st == TK_OK ? EXIT_OK : r.ename && !strcmp(r.ename, "UsageError") ? EXIT_USAGE : EXIT_ERR;
 }
 
 static int cmd_keys(int argc, char **argv) {

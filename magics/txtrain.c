@@ -24,7 +24,6 @@
 #include "tk_magics.h"
 #include "tk_render.h"
 #include "tk_session.h"
-#include "tk_train.h" /* tk_progress */
 #include "tk_txmagics.h"
 
 

@@ -19,6 +19,7 @@ def flags_of(options, verb, door):
     for o in options:
         if any(verb in u["verbs"] and door in u["doors"] for u in o["uses"]):
             value = o["metavar"] if o["metavar"] and door not in o["bare_in"] else ""
+            value = f"[{value}]" if value and o.get("optional") else value
             out.append((o["name"], value, o["help"]))
     return out
 
@@ -41,8 +42,7 @@ def main(txk, out_dir):
             cli += [f"\n## txk {v}\n\n", table(rows)]
     mg = [HEAD, "# The magics: the flags of a cell\n\n",
           "`%txVERB` / `%%txVERB` in txkernel and after `%load_ext txkernel` in the companion. The option table "
-          "declares these; `%txmem`'s, `%txpredict`'s and `%txdevice`'s own flags are not in it yet (their "
-          "`%txhelp` says them).\n"]
+          "declares these, and `%txhelp txVERB` prints the same.\n"]
     for v in VERBS:
         rows = flags_of(opts, v, "cell")
         if rows:

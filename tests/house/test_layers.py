@@ -4,7 +4,7 @@ release object) nor in the include graph, calls and includes only go down
 the module stack (cli -> magics -> app -> advisor -> torchplan -> bert -> gpu / kernel;
 app/ is the request layer under both front doors, issue 39), the front doors'
 cmd_* / run_tx* functions are short and include no engine header but the
-config's (issue 39; what is not thin yet is listed), and no
+config's (issue 39), and no
 file outside gpu/ includes the cuda plugin's header; the PyTorch snapshot
 reader's files go one way, decode -> trace -> owners and frames -> peak ->
 leak -> diagnosis (issue 35)."""
@@ -148,18 +148,9 @@ def test_the_cuda_plugins_header_stays_in_gpu():
 
 # Issue 39: the front doors are thin: parse my syntax -> request -> app/ -> print or display. No cmd_* or
 # run_tx* function of cli/txk.c or magics/tx*.c over about 40 lines, and no front-door file includes an
-# advisor/, torchplan/ or bert/ header but the config's. What is not thin yet is listed by name, so a new
-# fat function or include fails today, and the lists only shrink: an entry that has become thin fails too
-# until it is taken off.
+# advisor/, torchplan/ or bert/ header but the config's; no exceptions.
 FRONT_DOORS = ["cli/txk.c"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "magics", "tx*.c")))
 MAX_LINES = 40
-NOT_THIN_YET = {"cli/txk.c": {"cmd_predict"},
-                "magics/txmem.c": {"run_txmem"},
-                "magics/txpredict.c": {"run_txpredict"}}
-INCLUDES_NOT_YET = {
-    "cli/txk.c": {"tk_data.h", "tk_hub.h", "tk_pipeline.h", "tk_predict.h", "tk_snapshot.h", "tk_train.h"},
-    "magics/txmem.c": {"tk_snapshot.h"},
-    "magics/txtrain.c": {"tk_train.h"}}
 DOOR_FN = re.compile(r"^(?:static\s+)?[a-z_][\w \*]*?\b((?:cmd|run_tx)\w*)\s*\([^;{]*\)\s*\{", re.M)
 
 
@@ -177,22 +168,16 @@ def door_functions(path):
 
 
 def test_front_door_functions_are_short():
-    fat = {f"{p}:{name} ({n} lines)" for p in FRONT_DOORS for name, n in door_functions(p).items()
-           if n > MAX_LINES and name not in NOT_THIN_YET.get(p, set())}
+    fat = {f"{p}:{name} ({n} lines)" for p in FRONT_DOORS for name, n in door_functions(p).items() if n > MAX_LINES}
     assert fat == set(), "a front-door function over 40 lines: move the request's work into app/"
-    thin = {f"{p}:{name}" for p, names in NOT_THIN_YET.items() for name in names
-            if door_functions(p).get(name, 0) <= MAX_LINES}
-    assert thin == set(), "thin now: take it off NOT_THIN_YET"
 
 
 def test_front_doors_include_no_engine_header_but_the_configs():
     below = ("advisor", "torchplan", "bert")
-    bad, done = set(), set()
+    bad = set()
     for p in FRONT_DOORS:
         with open(os.path.join(ROOT, p), encoding="utf-8") as fh:
             incs = {os.path.basename(i) for i in INCLUDE.findall(fh.read())}
-        engine = {i for i in incs if i != "tk_config.h" and any(os.path.exists(os.path.join(ROOT, m, i)) for m in below)}
-        bad |= {f"{p}: {i}" for i in engine - INCLUDES_NOT_YET.get(p, set())}
-        done |= {f"{p}: {i}" for i in INCLUDES_NOT_YET.get(p, set()) - engine}
+        bad |= {f"{p}: {i}" for i in incs
+                if i != "tk_config.h" and any(os.path.exists(os.path.join(ROOT, m, i)) for m in below)}
     assert bad == set(), "a front door includes an engine header: call app/ instead"
-    assert done == set(), "no longer included: take it off INCLUDES_NOT_YET"

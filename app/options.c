@@ -27,7 +27,8 @@
 
 static const tk_option OPTIONS[] = {
     {"--json", NULL, 0, "print (or show) the result's JSON only, the same object in a shell and a cell",
-     {{TK_VERB_PLAN | TK_VERB_TRAIN | TK_VERB_ADVISE | TK_VERB_PREDICT | TK_VERB_DATA | TK_VERB_MEM, SH},
+     {{TK_VERB_PLAN | TK_VERB_TRAIN | TK_VERB_ADVISE | TK_VERB_PREDICT | TK_VERB_DATA | TK_VERB_MEM |
+       TK_VERB_DEVICE, SH},
       {TK_VERB_PLAN | TK_VERB_TRAIN | TK_VERB_ADVISE | TK_VERB_FIX | TK_VERB_PREDICT | TK_VERB_DATA | TK_VERB_MEM |
        TK_VERB_DEVICE, CE},
       {TK_VERB_PLAN, CO}}},

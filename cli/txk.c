@@ -13,6 +13,7 @@
  *   txk mem [--device cpu|cuda|meta] [--capacity 7.43GiB] [--json]
  *   txk mem --snapshot FILE [--gpu P | --capacity SIZE] [--model M] [--data FILE [--text COL]]
  *           [--batch N --seq N] [--json]
+ *   txk device [--json]
  *   txk keys
  *   txk options      (every flag and config key as JSON: the reference pages' source)
  *   txk kernel -f CONNECTION_FILE
@@ -509,6 +510,25 @@ static int cmd_mem(int argc, char **argv) {
     return st == TK_OK ? EXIT_OK : r.ename && !strcmp(r.ename, "UsageError") ? EXIT_USAGE : EXIT_ERR;
 }
 
+/* The device a run here would get, as %txdevice shows it before a run
+ * (app/device.c). */
+static int cmd_device(int argc, char **argv) {
+    tk_app_args a;
+    tk_err err = {0};
+    if (tk_app_args_parse(TK_VERB_DEVICE, TK_DOOR_SHELL, "txk device", argv, argc, &a, &err) != TK_OK ||
+        a.n_plain || a.n_kv) {
+        fprintf(stderr, "txk: %s\n", err.msg[0] ? err.msg : "device takes no words but --json");
+        return EXIT_USAGE;
+    }
+    tk_session *s = tk_session_new();
+    json_t *b = s ? tk_app_device(s) : NULL;
+    if (b) emit(b, tk_app_has(&a, "--json"));
+    else fprintf(stderr, "txk: out of host memory\n");
+    json_decref(b);
+    tk_session_destroy(&s);
+    return b ? EXIT_OK : EXIT_ERR;
+}
+
 static int cmd_keys(int argc, char **argv) {
     (void)argc;
     (void)argv;
@@ -556,6 +576,8 @@ static const txk_cmd CMDS[] = {
     {"vocab", cmd_vocab, "CORPUS", "learn a WordPiece vocabulary (-o vocab.txt and --size N are needed)"},
     {"mem", cmd_mem, "", "the device and its memory; --snapshot FILE: a PyTorch memory snapshot diagnosed; a BERT "
      "(recognised from block sizes, or --model) gets each fix planned"},
+    {"device", cmd_device, "", "the device a run here would get: kind, capacity, free, other processes, driver and "
+     "CUDA versions (as %txdevice shows it before a run)"},
     {"keys", cmd_keys, "", "every config key with its help"},
     {"options", cmd_options, "", "every flag of txk, the magics and the companion, and every config key, as JSON "
      "(what the reference pages are made from)"},

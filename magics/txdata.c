@@ -17,14 +17,12 @@
 static int run_txdata(tk_magic_ctx *m) {
     char **argv = NULL;
     int argc = 0;
-    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
     tk_app_args a;
+    if (tk_txargs_parse(m, TK_VERB_DATA, &argv, &argc, &a)) return -1;
     tk_err err = {0};
     json_t *bundle = NULL;
     int *len = NULL, n = 0, rc = 0;
-    if (tk_app_args_parse(TK_VERB_DATA, TK_DOOR_CELL, "%txdata", argv, argc, &a, &err) != TK_OK)
-        rc = tk_magic_error(m, "UsageError", "%s\nusage: %s", err.msg, TXDATA_USAGE);
-    else if (tk_app_data(&a, tk_session_config(m->session), &bundle, &len, &n, &err) != TK_OK)
+    if (tk_app_data(&a, tk_session_config(m->session), &bundle, &len, &n, &err) != TK_OK)
         rc = tk_magic_error(m, USAGE_ERR(a) ? "UsageError" : "DataError", "%s%s%s", err.msg,
                             USAGE_ERR(a) ? "\nusage: " : "", USAGE_ERR(a) ? TXDATA_USAGE : "");
     if (!rc) {

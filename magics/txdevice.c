@@ -12,14 +12,10 @@
 
 static int run_txdevice(tk_magic_ctx *m) {
     char **argv = NULL;
-    int argc = 0;
-    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
+    int argc = 0, rc = 0;
     tk_app_args a;
-    tk_err err = {0};
-    int rc = 0;
-    if (tk_app_args_parse(TK_VERB_DEVICE, TK_DOOR_CELL, "%txdevice", argv, argc, &a, &err) != TK_OK)
-        rc = tk_magic_error(m, "UsageError", "%s", err.msg);
-    else if (a.n_plain || a.n_kv)
+    if (tk_txargs_parse(m, TK_VERB_DEVICE, &argv, &argc, &a)) return -1;
+    if (a.n_plain || a.n_kv)
         rc = tk_magic_error(m, "UsageError", "%%txdevice: unexpected '%s' (usage: %%txdevice [--json])",
                             a.n_plain ? a.plain[0] : a.kv[0]);
     if (!rc) {

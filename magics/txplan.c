@@ -15,27 +15,25 @@
 
 /* The request of a %txplan cell: config (base, --file, body, key=value) and
  * flags. 0, or -1 after the error. */
-static int plan_request(tk_magic_ctx *m, tk_plan_request *rq, int *json, char **argv, int argc) {
-    tk_app_args a;
+static int plan_request(tk_magic_ctx *m, tk_plan_request *rq, int *json, const tk_app_args *args) {
     tk_err err = {0};
-    if (tk_app_args_parse(TK_VERB_PLAN, TK_DOOR_CELL, m->is_cell ? "%%txplan" : "%txplan", argv, argc, &a, &err) ||
-        tk_app_check_platform(tk_app_arg(&a, "--gpus"), &err))
+    if (tk_app_check_platform(tk_app_arg(args, "--gpus"), &err))
         return tk_magic_error(m, "UsageError", "%s", err.msg);
-    *json = tk_app_has(&a, "--json");
+    *json = tk_app_has(args, "--json");
     const tk_config *last = tk_session_config(m->session);
-    const char *file = tk_app_arg(&a, "--file");
+    const char *file = tk_app_arg(args, "--file");
     tk_config base;
     tk_config_defaults(&base);
     if (file && tk_app_config_file(&base, file, &err) != TK_OK) return tk_magic_error(m, "ConfigError", "%s", err.msg);
     if (!file && last && !m->is_cell) base = *last;
     if (tk_txconfig_from_cell(m, &base, &rq->config, 1)) return -1;
-    rq->gpu = tk_app_arg(&a, "--gpu");
-    rq->gpus = tk_app_arg(&a, "--gpus");
-    rq->snapshot = tk_app_arg(&a, "--snapshot");
-    rq->max_batch = tk_app_has(&a, "--max-batch");
-    rq->measure = tk_app_has(&a, "--measure");
-    rq->sweep = rq->measure || tk_app_has(&a, "--sweep");
-    rq->epoch = tk_app_has(&a, "--epoch");
+    rq->gpu = tk_app_arg(args, "--gpu");
+    rq->gpus = tk_app_arg(args, "--gpus");
+    rq->snapshot = tk_app_arg(args, "--snapshot");
+    rq->max_batch = tk_app_has(args, "--max-batch");
+    rq->measure = tk_app_has(args, "--measure");
+    rq->sweep = rq->measure || tk_app_has(args, "--sweep");
+    rq->epoch = tk_app_has(args, "--epoch");
     rq->new_config = m->is_cell || file;
     return 0;
 }
@@ -43,10 +41,11 @@ static int plan_request(tk_magic_ctx *m, tk_plan_request *rq, int *json, char **
 static int run_txplan(tk_magic_ctx *m) {
     char **argv = NULL;
     int argc = 0;
-    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
+    tk_app_args a;
+    if (tk_txargs_parse(m, TK_VERB_PLAN, &argv, &argc, &a)) return -1;
     tk_plan_request rq = {0};
     int json = 0;
-    int rc = plan_request(m, &rq, &json, argv, argc); /* rq's strings point into argv */
+    int rc = plan_request(m, &rq, &json, &a); /* rq's strings point into argv */
     tk_plan_reply r;
     tk_err err = {0};
     if (!rc && tk_app_plan(m->session, &rq, &r, &err) != TK_OK) rc = tk_magic_error(m, r.ename, "%s", err.msg);

@@ -122,14 +122,10 @@ static void on_note(void *ud, const char *line) {
  * --json, --snapshot FILE, --file CFG.yaml. 0, or -1 after the error. */
 static int txtrain_flags(tk_magic_ctx *m, int *ignore_plan, int *json, char *snap, size_t sn, char *file, size_t fn) {
     char **argv = NULL;
-    int argc = 0;
-    if (tk_txargs_split(m->args, &argv, &argc)) return tk_magic_error(m, "UsageError", "unbalanced quotes");
+    int argc = 0, rc = 0;
     tk_app_args a;
-    tk_err err = {0};
-    int rc = 0;
-    if (tk_app_args_parse(TK_VERB_TRAIN, TK_DOOR_CELL, m->is_cell ? "%%txtrain" : "%txtrain", argv, argc, &a, &err))
-        rc = tk_magic_error(m, "UsageError", "%s", err.msg);
-    else if (a.n_plain)
+    if (tk_txargs_parse(m, TK_VERB_TRAIN, &argv, &argc, &a)) return -1;
+    if (a.n_plain)
         rc = tk_magic_error(m, "UsageError", "%s%s: expected key=value, got '%s'", m->is_cell ? "%%" : "%", m->name,
                             a.plain[0]);
     if (!rc) {

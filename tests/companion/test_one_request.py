@@ -211,3 +211,50 @@ def test_plan_and_train_json_are_the_same_both_ways(shell, tmp_path, extra):
     shell.run_line_magic("txreset", "")
     cell = last_json(outputs(shell, f"txtrain --file {cfg} --json")[0])
     assert untimed_json(json.loads(sh.stdout)) == untimed_json(cell)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained into a folder by txk, its config, and a plan snapshot."""
+    d = tmp_path_factory.mktemp("parity")
+    cfg = d / "tiny.yaml"
+    cfg.write_text(TINY.format(root=ROOT) + f"output_dir: {d}/model\n")
+    r = txk("train", str(cfg))
+    assert r.returncode == 0, r.stderr
+    snap = d / "plan.pickle"
+    r = txk("plan", str(cfg), "--snapshot", str(snap))
+    assert r.returncode == 0, r.stderr
+    return {"model": str(d / "model"), "cfg": str(cfg), "snap": str(snap), "data": f"{ROOT}/tests/data"}
+
+
+# every verb the companion has beside plan and train: `txk VERB WORDS --json` == `%txVERB WORDS --json`
+VERB_ROWS = [("predict", "{model} --input {data}/reviews_dev.csv"),
+             ("predict", "{model} --input {data}/reviews_dev.csv --rows 3 --label label max_len=16"),
+             ("predict", "{cfg} --input {data}/reviews_dev.csv --rows 0"),
+             ("mem", "--snapshot {snap}"), ("mem", "--snapshot {snap} --gpu t4 --top 3"),
+             ("mem", "--snapshot {snap} --capacity 64MiB --batch 8 --seq 32"),
+             ("data", "{data}/reviews_train.csv --vocab {data}/vocab_cased.txt --max-len 64 --batch 4"),
+             ("data", "{data}/squad_train.json --vocab {data}/vocab_cased.txt --max-len 128")]
+
+
+@pytest.mark.parametrize("verb,words", VERB_ROWS)
+def test_every_verb_json_is_the_same_both_ways(shell, trained, verb, words):
+    """Step 4 for predict, mem (a snapshot read) and data in the companion."""
+    words = words.format(**trained)
+    sh = txk(verb, *words.split(), "--json")
+    assert sh.returncode == 0, sh.stderr
+    shell.run_line_magic("txreset", "")
+    cell = last_json(outputs(shell, f"tx{verb} {words} --json")[0])
+    assert untimed_json(json.loads(sh.stdout)) == untimed_json(cell)
+
+
+def test_device_json_is_the_same_both_ways(shell):
+    """`txk device --json` and `%txdevice --json` before a run, but for what is
+    each process' own: its RSS and what PyTorch in it holds."""
+    own = ("host_rss", "in_process", "holder")
+    sh = txk("device", "--json")
+    assert sh.returncode == 0, sh.stderr
+    shell.run_line_magic("txreset", "")
+    cell = last_json(outputs(shell, "txdevice --json")[0])
+    mine = {k: v for k, v in json.loads(sh.stdout).items() if k not in own}
+    assert mine == {k: v for k, v in cell.items() if k not in own} and "kind" in mine

@@ -1,8 +1,11 @@
 """`txk VERB ... --json` and the txkernel kernel's `%txVERB --json` give the
 same JSON for the same config, every field but timings (issue 39, step 4;
-tests/companion/test_one_request.py holds the same in the companion). Done
-for plan, train, advise and data (app/data.c: both doors call tk_app_data);
-predict, mem and device are not in the table yet."""
+tests/companion/test_one_request.py holds the same in the companion), for
+every verb both doors have: plan, train, advise, data, predict (a trained
+folder, flags, a config whose output_dir holds it), mem (a PyTorch snapshot
+read with each flag row; a live device is a shell's fresh one and a
+session's own, not one request) and device (before a run: the process'
+RSS and the in-process holder left out, they are each process' own)."""
 import json, os, subprocess, sys
 
 import pytest
@@ -72,3 +75,45 @@ def test_data_shell_and_kernel_json_agree(kernel, words):
     assert sh.returncode == 0, sh.stderr
     u.run_cell(kernel, "%txreset", timeout=60)
     assert untimed(json.loads(sh.stdout)) == untimed(cell_json(kernel, f"%txdata {words} --json"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained into a folder, its config, and a plan snapshot."""
+    d = tmp_path_factory.mktemp("parity")
+    cfg = d / "c.yaml"
+    cfg.write_text(TINY + f"output_dir: {d}/model\n")
+    r = subprocess.run([TXK, "train", str(cfg)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    snap = d / "plan.pickle"
+    r = subprocess.run([TXK, "plan", str(cfg), "--snapshot", str(snap)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return {"model": str(d / "model"), "cfg": str(cfg), "snap": str(snap)}
+
+
+PREDICT_ROWS = ["{model} --input " + DATA + "/reviews_dev.csv",
+                "{model} --input " + DATA + "/reviews_dev.csv --rows 3 --label label max_len=16",
+                "{cfg} --input " + DATA + "/reviews_dev.csv --rows 0"]
+MEM_ROWS = ["--snapshot {snap}", "--snapshot {snap} --gpu t4 --top 3",
+            "--snapshot {snap} --capacity 64MiB --batch 8 --seq 32"]
+
+
+@pytest.mark.parametrize("verb,words", [("predict", w) for w in PREDICT_ROWS] + [("mem", w) for w in MEM_ROWS])
+def test_predict_and_mem_shell_and_kernel_json_agree(kernel, trained, verb, words):
+    words = words.format(**trained)
+    sh = subprocess.run([TXK, verb, *words.split(), "--json"], capture_output=True, text=True, timeout=300)
+    assert sh.returncode == 0, sh.stderr
+    u.run_cell(kernel, "%txreset", timeout=60)
+    assert untimed(json.loads(sh.stdout)) == untimed(cell_json(kernel, f"%tx{verb} {words} --json"))
+
+
+OWN = ("host_rss", "in_process", "holder")  # each process' own: its RSS, what PyTorch in it holds
+
+
+def test_device_shell_and_kernel_json_agree(kernel):
+    sh = subprocess.run([TXK, "device", "--json"], capture_output=True, text=True, timeout=60)
+    assert sh.returncode == 0, sh.stderr
+    u.run_cell(kernel, "%txreset", timeout=60)
+    cell = cell_json(kernel, "%txdevice --json")
+    mine = {k: v for k, v in json.loads(sh.stdout).items() if k not in OWN}
+    assert mine == {k: v for k, v in cell.items() if k not in OWN} and "kind" in mine

@@ -452,18 +452,26 @@ static int cmd_predict(int argc, char **argv) {
 
 /* ---- data, vocab ------------------------------------------------------------------ */
 
+/* "usage: txk VERB WORDS [flags from the option table]" on stderr. */
+static void usage_line(tk_verb verb, const char *words) {
+    char *u = tk_app_usage_flags(verb, TK_DOOR_SHELL);
+    fprintf(stderr, "usage: txk %s %s %s\n", tk_app_verb_name(verb), words, u ? u : "");
+    free(u);
+}
+
 static int cmd_data(int argc, char **argv) {
     tk_app_args a;
     tk_err err = {0};
     json_t *b = NULL;
     if (tk_app_args_parse(TK_VERB_DATA, TK_DOOR_SHELL, "txk data", argv, argc, &a, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s\nusage: %s\n", err.msg, TXDATA_USAGE + 1);
+        fprintf(stderr, "txk: %s\n", err.msg);
+        usage_line(TK_VERB_DATA, "FILE");
         return EXIT_USAGE;
     }
     if (tk_app_data(&a, NULL, &b, NULL, NULL, &err) != TK_OK) {
         fprintf(stderr, "txk: %s\n", err.msg);
         int usage = a.n_plain != 1 || a.n_kv; /* the words, not the file, were wrong */
-        if (usage) fprintf(stderr, "usage: %s\n", TXDATA_USAGE + 1);
+        if (usage) usage_line(TK_VERB_DATA, "FILE");
         return usage ? EXIT_USAGE : EXIT_ERR;
     }
     emit(b, tk_app_has(&a, "--json"));

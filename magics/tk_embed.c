@@ -160,8 +160,10 @@ char *tk_embed_magics_json(tk_embed *e) {
     for (size_t i = 0; arr && i < tk_magics_count(e->magics); i++) {
         const tk_magic_def *d = tk_magics_at(e->magics, i);
         const char *kind = d->kind == TK_MAGIC_BOTH ? "both" : d->kind == TK_MAGIC_CELL ? "cell" : "line";
+        char *h = tk_magic_help(d);
         json_array_append_new(arr, json_pack("{s:s,s:s,s:s,s:s}", "name", d->name, "kind", kind, "summary",
-                                             d->summary, "help", d->help ? d->help : d->summary));
+                                             d->summary, "help", h ? h : d->summary));
+        free(h);
     }
     char *txt = arr ? json_dumps(arr, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
     json_decref(arr);

@@ -11,7 +11,9 @@
  */
 #define _GNU_SOURCE /* asprintf, vasprintf */
 #include "tk_magics.h"
+#include "tk_app.h"
 #include "tk_host_mem.h"
+#include "tk_render.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -232,8 +234,25 @@ static char *help_target(const char *s, const char *e) {
     return t;
 }
 
+char *tk_magic_help(const tk_magic_def *d) {
+    const char *h = d->help ? d->help : d->summary, *at;
+    tk_verb v = strncmp(d->name, "tx", 2) ? 0 : tk_app_verb_find(d->name + 2);
+    char *flags = v ? tk_app_usage_flags(v, TK_DOOR_CELL) : NULL;
+    tk_sb sb = {0};
+    tk_sb_add(&sb, "");
+    while ((at = strstr(h, "{flags}"))) {
+        tk_sb_addf(&sb, "%.*s%s", (int)(at - h), h, flags ? flags : "");
+        h = at + 7;
+    }
+    tk_sb_add(&sb, h);
+    free(flags);
+    return tk_sb_take(&sb);
+}
+
 static void page_help(tk_out *out, const tk_magic_def *d) {
-    json_t *data = json_pack("{s:s}", "text/plain", d->help ? d->help : d->summary);
+    char *h = tk_magic_help(d);
+    json_t *data = json_pack("{s:s}", "text/plain", h ? h : d->summary);
+    free(h);
     out->ops->page(out, data);
     json_decref(data);
 }
@@ -382,7 +401,9 @@ static int m_inspect(void *self, const char *code, size_t cursor, int detail, js
     int found = 0;
     const tk_magic_def *d = *word ? tk_magics_find(m, word) : NULL;
     if (d) {
-        json_object_set_new(data, "text/plain", json_string(d->help ? d->help : d->summary));
+        char *h = tk_magic_help(d);
+        json_object_set_new(data, "text/plain", json_string(h ? h : d->summary));
+        free(h);
         found = 1;
     }
     for (size_t i = 0; !found && *word && i < m->ninsp; i++) found = m->insp[i].fn(m->insp[i].ctx, word, detail, data);

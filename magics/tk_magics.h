@@ -95,6 +95,11 @@ void tk_magics_destroy(tk_magics **pm);          /* also calls the session's des
  * Returns -1 if a name is already taken (the earlier one stays). */
 int tk_magics_add_table(tk_magics *m, const tk_magic_def *defs, size_t n);
 const tk_magic_def *tk_magics_find(const tk_magics *m, const char *name);
+/* d's help as %txhelp, ?name and inspect show it: each "{flags}" in it
+ * replaced by the flags its verb takes in a cell, from the option table
+ * (app/options.c), so a usage line lists exactly what the parser takes.
+ * New string (NULL when out of host memory). */
+char *tk_magic_help(const tk_magic_def *d);
 size_t tk_magics_count(const tk_magics *m);
 const tk_magic_def *tk_magics_at(const tk_magics *m, size_t i);  /* sorted by name */
 /* The known name closest to name (edit distance), or NULL if none is close. */

@@ -69,7 +69,9 @@ static int run_txhelp(tk_magic_ctx *c) {
         return tk_magic_error(c, "UsageError", "no magic named %s%s%s%s", name,
                               near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
     }
-    tk_magic_printf(c, "stdout", "%s\n", d->help ? d->help : d->summary);
+    char *h = tk_magic_help(d);
+    tk_magic_printf(c, "stdout", "%s\n", h ? h : d->summary);
+    free(h);
     table_flags(c, d->name);
     return 0;
 }

@@ -62,8 +62,6 @@ int tk_txtrain_run_config(tk_magic_ctx *m, const tk_config *c, int ignore_plan, 
 /* tk_oom_message_report and the advise verb: app/tk_app.h. */
 /* tk_device_report, tk_app_device: app/tk_app.h (the device report's). */
 
-#define TXDATA_USAGE "%txdata FILE [--text COL] [--pair COL] [--model M] [--vocab FILE] [--max-len N] [--batch N] [--json]"
-
 int tk_magics_register_txdata(tk_magics *m);
 
 #endif

@@ -22,8 +22,8 @@
 #include "tk_session.h"
 #include "tk_txmagics.h"
 
-#define TXADVISE_USAGE "%txadvise [key=value ...] [--gpu PROFILE] [--top N] [--margin F] [--for colab|kaggle] [--api trainer|loop|txkernel|keras] [--json]; %%txadvise --from-error [--for colab|kaggle] [--api ...] + the pasted message"
-#define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--for colab|kaggle|colab-2020|all] [--run] [--json]"
+#define TXADVISE_USAGE "%txadvise [key=value ...] {flags}\n%%txadvise --from-error [--for P] [--api A] [--json] + the pasted message"
+#define TXFIX_USAGE "%txfix N|auto|FIX-NAME {flags}"
 
 /* %%txadvise --from-error [--for P] [--api A] [--json]: the cell body is the
  * pasted message; the session's last config, when there is one, is planned
@@ -52,7 +52,7 @@ static int txadvise_plan(tk_magic_ctx *m, tk_advise_request *rq, int json) {
     if (!last && !m->is_cell)
         return tk_magic_error(m, "UsageError",
                               "%%txadvise needs a config: run %%%%txtrain or %%txplan first, or give one as a "
-                              "%%%%txadvise cell body\nusage: %s", TXADVISE_USAGE);
+                              "%%%%txadvise cell body (%%txhelp txadvise)");
     tk_config base;
     if (last && !m->is_cell) base = *last;
     else tk_config_defaults(&base);

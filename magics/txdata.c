@@ -22,9 +22,12 @@ static int run_txdata(tk_magic_ctx *m) {
     tk_err err = {0};
     json_t *bundle = NULL;
     int *len = NULL, n = 0, rc = 0;
-    if (tk_app_data(&a, tk_session_config(m->session), &bundle, &len, &n, &err) != TK_OK)
+    if (tk_app_data(&a, tk_session_config(m->session), &bundle, &len, &n, &err) != TK_OK) {
+        char *u = USAGE_ERR(a) ? tk_app_usage_flags(TK_VERB_DATA, TK_DOOR_CELL) : NULL;
         rc = tk_magic_error(m, USAGE_ERR(a) ? "UsageError" : "DataError", "%s%s%s", err.msg,
-                            USAGE_ERR(a) ? "\nusage: " : "", USAGE_ERR(a) ? TXDATA_USAGE : "");
+                            USAGE_ERR(a) ? "\nusage: %txdata FILE " : "", u ? u : "");
+        free(u);
+    }
     if (!rc) {
         tk_session_set_lengths(m->session, len, n);
         tk_txemit(m, bundle, tk_app_has(&a, "--json"));
@@ -37,7 +40,7 @@ static int run_txdata(tk_magic_ctx *m) {
 
 static const tk_magic_def TXDATA[] = {
     {"txdata", TK_MAGIC_LINE, run_txdata, "token lengths, truncation and padding waste of a data file",
-     "%txdata FILE [--text COL] [--pair COL] [--model M] [--vocab vocab.txt] [--max-len N] [--batch N] [--json]\n\n"
+     "%txdata FILE {flags}\n\n"
      "Tokenizes the text column of a CSV/TSV/JSONL file and shows the token-length\n"
      "histogram, percentiles (p50/p90/p95/p99/max), the share of examples cut at\n"
      "max_len 64..512, and the padding waste of fixed, dynamic and bucketed batching\n"

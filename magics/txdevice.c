@@ -46,7 +46,7 @@ static int run_txreset(tk_magic_ctx *m) {
 
 static const tk_magic_def TXDEVICE[] = {
     {"txdevice", TK_MAGIC_LINE, run_txdevice, "the device: capacity, free, other processes, driver and CUDA versions",
-     "%txdevice [--json]\n\n"
+     "%txdevice {flags}\n\n"
      "The session's device (cuda, cpu or meta), its capacity and free memory, what this\n"
      "session holds, what other processes hold (NVML, when the NVIDIA driver is there),\n"
      "and the driver and CUDA versions. On cpu and meta the capacity is simulated.\n"

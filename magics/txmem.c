@@ -35,10 +35,9 @@ static int run_txmem(tk_magic_ctx *m) {
 
 static const tk_magic_def TXMEM[] = {
     {"txmem", TK_MAGIC_LINE, run_txmem, "live device memory: by category, owner or layer; timeline; a PyTorch snapshot diagnosed",
-     "%txmem [--by category|owner|layer] [--top N] [--timeline] [--json] [--save FILE]\n"
-     "%txmem --record [N|off]\n"
-     "%txmem --snapshot FILE [--gpu P | --capacity SIZE] [--model M] [--data FILE [--text COL]]\n"
-     "       [--batch N --seq N] [--top N] [--json]\n\n"
+     "%txmem {flags}\n"
+     "(the session's memory: --by, --top, --timeline, --save; --record alone; --snapshot FILE with --gpu or\n"
+     "--capacity, --model, --data, --text, --batch, --seq, --top)\n\n"
      "Capacity, free, allocated, reserved and peaks of the session's device (exact bytes\n"
      "from the caching allocator), the live bytes per category, and the top owners (HF\n"
      "module names) or layers. --timeline charts allocated/reserved at each step of the\n"

@@ -58,8 +58,8 @@ static int run_txplan(tk_magic_ctx *m) {
 
 static const tk_magic_def TXPLAN[] = {
     {"txplan", TK_MAGIC_BOTH, run_txplan, "predicted peak memory of a run and who takes it, without training",
-     "%txplan [key=value ...] [--gpu PROFILE | --gpus colab|kaggle|colab-2020|all] [--file cfg.yaml] [--max-batch] [--sweep [--measure]] [--epoch] [--snapshot FILE] [--json]\n"
-     "%%txplan [key=value ...]\n<YAML config>\n\n"
+     "%txplan [key=value ...] {flags}\n"
+     "%%txplan [key=value ...] {flags}\n<YAML config>\n\n"
      "Runs one training step (and an eval step) of the config on the meta device: no\n"
      "arithmetic, same allocator, same allocation order as a real run. Shows the peak\n"
      "(allocated and reserved) against the capacity, the bytes per category at the peak\n"

@@ -16,8 +16,8 @@
 #include "tk_txmagics.h"
 
 #define TXPREDICT_USAGE                                                                                     \
-    "%txpredict [MODEL_DIR|ORG/NAME|cfg.yaml] --input FILE [--text COL] [--pair COL] [--label COL] [--rows N] [--id COL] [-o FILE] [--json]\n" \
-    "%%txpredict [MODEL_DIR|ORG/NAME|cfg.yaml] [--rows N] [-o FILE] [--json]\n<one text per line>"
+    "%txpredict [MODEL_DIR|ORG/NAME|cfg.yaml] [key=value ...] {flags}\n"                                     \
+    "%%txpredict [MODEL_DIR|ORG/NAME|cfg.yaml] [key=value ...] {flags} (not --input)\n<one text per line>"
 
 static int run_txpredict(tk_magic_ctx *m) {
     char **argv = NULL;

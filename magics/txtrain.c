@@ -402,9 +402,8 @@ static void session_free(void *p) {
 
 static const tk_magic_def TXTRAIN[] = {
     {"txtrain", TK_MAGIC_BOTH, run_txtrain, "plan, then fine-tune BERT from a YAML config (live progress, OOM autopsy)",
-     "%%txtrain [key=value ...] [--no-plan] [--snapshot FILE] [--file cfg.yaml] [--json]\n<YAML config>\n"
-     "%txtrain [key=value ...] [--no-plan] [--snapshot FILE] [--file cfg.yaml]   (the session's last config, e.g. "
-     "after %txfix)\n\n"
+     "%%txtrain [key=value ...] {flags}\n<YAML config>\n"
+     "%txtrain [key=value ...] {flags}   (the session's last config, e.g. after %txfix)\n\n"
      "Example:\n  %%txtrain\n  model: bert-mini\n  train_file: train.csv\n  max_len: 128\n  batch_size: 16\n"
      "  epochs: 2\n  device: {capacity: 800MiB}\n\n"
      "First plans the run on the meta device at the worst-case batch. If the predicted\n"

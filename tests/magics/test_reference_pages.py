@@ -26,3 +26,23 @@ def test_help_lists_the_tables_flags():
     for o in data["options"]:
         shell_plan = any("plan" in u["verbs"] and "shell" in u["doors"] for u in o["uses"])
         assert (f"[{o['name']}" in plan) == shell_plan, (o["name"], plan)
+
+
+def test_magic_usage_lines_are_the_tables():
+    """Every tx magic's help (what %txhelp, ?name and the companion show) has
+    no hand-written flag list left: its usage lines name each flag the table
+    gives its verb in a cell, and no flag the table does not give it."""
+    lib = os.path.join(os.path.dirname(TXK), "libtxk.so")
+    code = ("import importlib, json, sys; sys.path.insert(0, sys.argv[1]); "
+            "E = importlib.import_module('txkernel._engine'); print(json.dumps(E.Engine().magics()))")
+    out = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "python")], capture_output=True, text=True,
+                         env=dict(os.environ, TXK_ENGINE_LIB=lib), check=True).stdout
+    helps = {m["name"]: m["help"] for m in json.loads(out.strip().splitlines()[-1])}
+    opts = json.loads(subprocess.run([TXK, "options"], capture_output=True, text=True, check=True).stdout)["options"]
+    for verb in ("plan", "train", "advise", "fix", "predict", "data", "mem", "device"):
+        usage = helps[f"tx{verb}"].split("\n\n")[0]
+        assert "{flags}" not in usage, usage
+        for o in opts:
+            takes = any(verb in u["verbs"] and "cell" in u["doors"] for u in o["uses"])
+            if takes:
+                assert f"[{o['name']}" in usage, (verb, o["name"], usage)

@@ -230,17 +230,8 @@ static tk_status predict_config(tk_session *s, const tk_app_args *w, const char 
     tk_status st;
     *ename = "ConfigError";
     if (!model) *c = *last;
-    else if (!folder) {
-        tk_config_defaults(c);
-        if ((st = tk_app_config_file(c, model, err)) != TK_OK || (st = tk_app_args_apply(w, c, err)) != TK_OK)
-            return st;
-        if ((st = tk_config_validate(c, err)) != TK_OK) {
-            char m[sizeof err->msg];
-            snprintf(m, sizeof m, "%s", err->msg);
-            tk_err_set(err, st, "%s: %.900s", model, m);
-            return st;
-        }
-    }
+    else if (!folder && (st = tk_app_config_load(c, model, w, err)) != TK_OK)
+        return st;
     *ename = "ModelError";
     if ((st = tk_session_predict_config(folder ? model : NULL, c, err)) != TK_OK) return st;
     *ename = "ConfigError";

@@ -12,6 +12,17 @@
 
 #include "tk_app.h"
 
+tk_status tk_app_config_load(tk_config *c, const char *path, const tk_app_args *a, tk_err *err) {
+    tk_config_defaults(c);
+    tk_status st = tk_app_config_file(c, path, err);
+    if (st == TK_OK) st = tk_app_args_apply(a, c, err);
+    if (st != TK_OK || (st = tk_config_validate(c, err)) == TK_OK) return st;
+    char m[sizeof err->msg];
+    snprintf(m, sizeof m, "%s", err->msg);
+    tk_err_set(err, st, "%s: %.900s", path, m);
+    return st;
+}
+
 tk_status tk_app_config_file(tk_config *c, const char *path, tk_err *err) {
     FILE *f = fopen(path, "rb");
     if (!f) {

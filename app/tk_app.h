@@ -110,6 +110,10 @@ tk_status tk_app_args_apply(const tk_app_args *a, tk_config *c, tk_err *err);
  * `txk VERB cfg.yaml` read it the same way. TK_EIO naming the file when it
  * cannot be read; the parser's error (file, line, key) otherwise. */
 tk_status tk_app_config_file(tk_config *c, const char *path, tk_err *err);
+/* The config of a request that names a file (`txk VERB cfg.yaml`, `txk
+ * predict cfg.yaml`): the defaults, the file, a's key=value words, then
+ * validated (an error there names the file). TK_OK or the error. */
+tk_status tk_app_config_load(tk_config *c, const char *path, const tk_app_args *a, tk_err *err);
 
 /* ---- the run resolved once ------------------------------------------------- */
 

@@ -22,7 +22,6 @@
  * 2 usage; 3 the plan does not fit (nothing was allocated); 4 out of memory
  * at run time; 130 interrupted.
  */
-#include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -57,57 +56,6 @@ static void emit(json_t *bundle, int json) {
         const char *t = json_string_value(json_object_get(bundle, "text/plain"));
         if (t) fputs(t, stdout);
     }
-}
-
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *mem = open_memstream(&buf, &n);
-    char chunk[8192];
-    size_t k;
-    while (mem && (k = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, k, mem);
-    fclose(f);
-    if (!mem) return NULL;
-    fclose(mem);
-    *len = n;
-    return buf;
-}
-
-/* cfg.yaml then key=value words; other words are left in argv for the caller
- * (flags). Returns 0, or an exit status after printing the error. */
-static int load_config(const char *path, char **argv, int argc, tk_config *c) {
-    tk_err err = {0};
-    tk_config_defaults(c);
-    size_t len = 0;
-    char *y = read_file(path, &len);
-    if (!y) {
-        fprintf(stderr, "txk: %s: cannot read the config: %s\n", path, strerror(errno));
-        return EXIT_ERR;
-    }
-    tk_status st = tk_config_parse_yaml(c, y, len, path, &err);
-    free(y);
-    if (st != TK_OK) {
-        fprintf(stderr, "txk: %s\n", err.msg);
-        return EXIT_ERR;
-    }
-    for (int i = 0; i < argc; i++) {
-        char *eq = argv[i][0] != '-' ? strchr(argv[i], '=') : NULL;
-        if (!eq) continue;
-        *eq = 0;
-        st = tk_config_set(c, argv[i], eq + 1, &err);
-        *eq = '=';
-        if (st != TK_OK) {
-            fprintf(stderr, "txk: %s\n", err.msg);
-            return EXIT_ERR;
-        }
-    }
-    if (tk_config_validate(c, &err) != TK_OK) {
-        fprintf(stderr, "txk: %s: %s\n", path, err.msg);
-        return EXIT_ERR;
-    }
-    return 0;
 }
 
 static int has_flag(char **argv, int argc, const char *flag) {
@@ -159,7 +107,12 @@ static int config_words(tk_verb verb, const tk_app_args *a, int required, tk_con
         return EXIT_USAGE;
     }
     *cfg_path = path;
-    return path ? load_config(path, (char **)a->kv, a->n_kv, c) : 0;
+    tk_err err = {0};
+    if (path && tk_app_config_load(c, path, a, &err) != TK_OK) {
+        fprintf(stderr, "txk: %s\n", err.msg);
+        return EXIT_ERR;
+    }
+    return 0;
 }
 
 /* The words of `txk VERB` read by the option table (app/) and its config

@@ -183,7 +183,7 @@ def test_plan_and_train_name_the_same_attention_and_capacity(tmp_path, extra):
     assert p["run"]["attention"] == p["attention"] and p["run"]["capacity"] == p["capacity"], p["run"]
 
 
-TIMINGS = ("plan_ms", "samples_per_s", "seconds", "step_gflop_s")
+TIMINGS = ("plan_ms", "samples_per_s", "seconds", "step_gflop_s", "ms")
 
 
 def untimed_json(j):
@@ -258,3 +258,17 @@ def test_device_json_is_the_same_both_ways(shell):
     cell = last_json(outputs(shell, "txdevice --json")[0])
     mine = {k: v for k, v in json.loads(sh.stdout).items() if k not in own}
     assert mine == {k: v for k, v in cell.items() if k not in own} and "kind" in mine
+
+
+@pytest.mark.parametrize("extra", ["", "gpu: t4\n", "capacity: 4MiB\n"])
+def test_advise_json_is_the_same_both_ways(shell, tmp_path, extra):
+    """`txk advise CFG --json` and `%txadvise --json` after `%txplan --file
+    CFG` (the cell advises the session's config, as a notebook does)."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY.format(root=ROOT) + extra)
+    sh = txk("advise", str(cfg), "--json")
+    assert sh.returncode == 0, sh.stderr
+    shell.run_line_magic("txreset", "")
+    outputs(shell, f"txplan --file {cfg}")
+    cell = last_json(outputs(shell, "txadvise --json")[0])
+    assert untimed_json(json.loads(sh.stdout)) == untimed_json(cell)

@@ -417,13 +417,15 @@ static void fix_write(const tk_advise_request *rq, const tk_advice *a, int pick,
     tk_run_spec_unapply(&fixed, on, given);
     char *y = fixed_file(rq->cli_config, &fixed, &yn, &err);
     FILE *f = y && rq->out ? fopen(rq->out, "w") : NULL;
+    int bad = f && fwrite(y, 1, yn, f) != yn;
+    if (f && fclose(f) != 0) bad = 1;
     if (!y) {
         snprintf(out->said, sizeof out->said, "%s", err.msg);
         out->fix_failed = 1;
     } else if (!rq->out) {
         out->yaml = y;
         y = NULL;
-    } else if (!f || fwrite(y, 1, yn, f) != yn || fclose(f) != 0) {
+    } else if (!f || bad) {
         snprintf(out->said, sizeof out->said, "%s: cannot write the fixed config", rq->out);
         out->fix_failed = 1;
     } else {

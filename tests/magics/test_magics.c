@@ -230,7 +230,8 @@ static void test_mem_data_device_reset(void) {
 
 /* The allocator's event ring is off unless asked (tk_gpu.h): a run without
  * %txmem --record keeps no events; with it, the run's are kept, and a reset
- * keeps the request; --record off drops them. */
+ * keeps the request; --record off drops them; --record N keeps N, and a
+ * flag after --record is not its value. */
 static void test_event_ring_only_when_asked(void) {
     int rc;
     tk_session *s = tk_magics_session(M);
@@ -257,6 +258,19 @@ static void test_event_ring_only_when_asked(void) {
     m = run("%txmem --record 12x", &rc);
     TK_CHECK_EQ_INT(rc, -1);
     json_decref(m);
+    /* --record's value is optional in the option table: a number is its
+     * value, a flag after it is not (the default count) */
+    m = run("%txmem --record 5000", &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    json_decref(m);
+    TK_CHECK_EQ_INT(tk_session_recording(s), 5000);
+    m = run("%txmem --record --json", &rc);
+    TK_CHECK_EQ_INT(rc, 0);
+    json_decref(m);
+    TK_CHECK_EQ_INT(tk_session_recording(s), 1 << 18);
+    m = run("%txmem --record off", &rc);
+    json_decref(m);
+    TK_CHECK_EQ_INT(tk_session_recording(s), 0);
 }
 
 static void test_keys_magic(void) {

@@ -735,6 +735,30 @@ static void fix_frag(tk_diagnosis *o, const tk_facts *f, tk_finding *d) {
                 "optimizer.step()\noptimizer.zero_grad()\ntorch.cuda.empty_cache()");
 }
 
+/* Without a plan, the unallocated cache would hold the request while
+ * PyTorch's allocated is half the card or more: the cache split, or
+ * tensors that earlier cells hold, or the step itself; all are named, none
+ * as a verdict, and the config's plan tells which. */
+static int proves_split_or_held(const tk_facts *f, const tk_diagnosis *o) {
+    return f->msg && f->split_or_held;
+}
+static void say_split_or_held(tk_diagnosis *o, const tk_facts *f) {
+    add_diag(o, TK_DIAG_STEP_OR_HELD,
+             "the step, held memory or a split cache: PyTorch held %s reserved but unallocated, more than the %s "
+             "request, while %s of the %s card was allocated, so either the cache was split into pieces smaller than "
+             "the request (fragmentation), or tensors that earlier cells still hold or one training step took the "
+             "room, and your config tells which (txk advise CFG --from-error MSG).",
+             f->U->text, f->R->text, f->A->text, f->T->text);
+}
+static void fix_split_or_held(tk_diagnosis *o, const tk_facts *f, tk_finding *d) {
+    /* freeing costs nothing and the allocator's setting needs a restart too: both before a smaller step */
+    add_fix(o, "if an earlier cell's model or optimizer is still on the card: free it (or restart the runtime), then "
+               "run the training cell once",
+            FREE_CODE);
+    fix_frag(o, f, d);
+    fix_capacity(o, f, d);
+}
+
 static int proves_outside(const tk_facts *f, const tk_diagnosis *o) {
     const tk_oom_message *m = f->msg;
     if (!m) return 0;
@@ -1413,6 +1437,8 @@ static const tk_rule RULES[] = {
      say_oom_frag, fix_oom_frag, 0},
     {TK_DIAG_FRAGMENTATION, "message: reserved-but-unallocated against the request; allocated against the plan",
      proves_frag, say_frag, fix_frag, 0},
+    {TK_DIAG_STEP_OR_HELD, "message without a plan: reserved-but-unallocated against the request, allocated "
+     "against the card", proves_split_or_held, say_split_or_held, fix_split_or_held, 0},
     {TK_DIAG_FRAGMENTATION, "snapshot: free blocks of the request's pool against the request", proves_snap_frag,
      say_snap_frag, fix_snap_frag, 0},
     {TK_DIAG_CAPACITY, "snapshot: no block fits and the device has no room for a segment", proves_snap_cap,

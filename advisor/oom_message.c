@@ -691,15 +691,21 @@ static void read_facts(const tk_oom_message *m, const tk_card_fit *cards, int n,
     f->step_over_card = f->plan_on_card && !f->plan_fits;
     int frag_fits = f->torch && f->R && f->U && f->U->bytes >= f->R->bytes && !f->request_over_card;
     if (f->have_plan) f->frag = frag_fits && !f->held && !f->step_over_card;
-    else f->frag = frag_fits && (!m->have_outside || f->U->bytes >= m->outside);
+    else if (frag_fits && (!m->have_outside || f->U->bytes >= m->outside)) {
+        /* without a plan the split cache is a verdict only when PyTorch's
+         * allocated is under half the card: then neither the step nor what
+         * earlier cells hold took the room; otherwise both are named */
+        if (f->A && f->T && f->A->bytes * 2 >= f->T->bytes) f->split_or_held = 1;
+        else f->frag = 1;
+    }
     /* without a plan, the split cache as the larger loss stands alone (its own rule decided that) */
-    int frag_alone = f->frag && !f->have_plan;
+    int frag_alone = (f->frag || f->split_or_held) && !f->have_plan;
     if (f->torch && m->card && f->T && f->V && f->R && !f->request_over_card && !frag_alone)
         f->outside = f->V->bytes + f->R->bytes + f->ctx < f->T->bytes;
     else if (f->torch && m->have_outside && m->outside >= 256 * MIB && f->T && m->outside * 20 >= f->T->bytes &&
              !(m->card && m->outside <= f->ctx + 128 * MIB) && !f->request_over_card && !frag_alone)
         f->outside = 1;
-    if (f->torch && !f->request_over_card && !f->frag && f->T) {
+    if (f->torch && !f->request_over_card && !f->frag && !f->split_or_held && f->T) {
         if (m->card && f->V && f->R) f->filled = !f->outside; /* the profile's sum reached the total */
         else if (f->A && (f->A->bytes * 2 >= f->T->bytes || (f->R && f->A->bytes + f->R->bytes > f->T->bytes))) f->filled = 1;
     }

@@ -51,6 +51,8 @@ typedef struct tk_facts {
     uint64_t held_bytes;
     int step_over_card;           /* the plan exceeds the card's usable memory */
     int frag;                     /* reserved-but-unallocated holds the request, allocated matches the plan */
+    int split_or_held;            /* no plan: the unallocated cache holds the request, yet PyTorch's allocated is
+                                     half the card or more: a split cache, earlier cells' tensors or the step */
     int outside;                  /* by the card's profile: reserved + request + context below the total */
     int filled;                   /* PyTorch filled the card, no plan says by what */
     int tf_dense, dom_seq, dom_hidden, dom_towers;

@@ -95,6 +95,7 @@ static void read_plan_facts(adv_ctx *x, tk_facts *f) {
     f->capacity = a->capacity, f->available = x->available;
     f->held_in_process = in->held_in_process, f->held_by_session = in->held_by_session;
     f->oom = in->oom;
+    f->last_run = in->last_run, f->torch_live = in->torch_live;
     f->step_allocated = in->step_allocated, f->n_steps = in->n_steps, f->leak_owner = in->leak_owner;
     if (in->lengths && in->n_lengths > 0) {
         f->lengths = in->lengths, f->n_lengths = in->n_lengths;
@@ -107,6 +108,8 @@ static void read_plan_facts(adv_ctx *x, tk_facts *f) {
     f->over_capacity = a->capacity && need > a->capacity;
     f->over_free = !f->over_capacity && a->capacity && need > x->available;
     f->oom_frag = in->oom && in->oom->fragmentation;
+    f->ran_out_fits = in->last_run && in->last_run->ran_out && in->last_run->same_config && !f->over_capacity &&
+                      !f->over_free && a->capacity;
     if (in->oom) f->oom_cat = tk_cat_name(in->oom->tag.cat);
     /* the peak's owners and categories */
     if (p->n_top > 0 && p->peak_allocated > 0) f->top_share = (double)p->top[0].bytes / (double)p->peak_allocated;

@@ -985,6 +985,30 @@ char *tk_cards_sentence(const tk_card_fit *cards, int n, const char *platform, c
 
 /* ---- the plan of a config as given -------------------------------------------------- */
 
+/* The companion's live torch state as a clause: what PyTorch in the user's
+ * process holds, or why it holds nothing; "" when it was not read. */
+static void torch_live_words(const tk_advise_torch *l, char *buf, size_t n) {
+    char a[32], r[32], c[32];
+    buf[0] = 0;
+    if (!l) return;
+    switch (l->state) {
+    case TK_TORCH_LIVE_HOLDS:
+        snprintf(buf, n, " (read live: torch.cuda.memory_reserved() %s, memory_allocated() %s: %s is cache "
+                 "empty_cache() returns, the rest live tensors only del frees)",
+                 fmtb(l->reserved, r), fmtb(l->allocated, a), fmtb(l->reserved > l->allocated ? l->reserved - l->allocated : 0, c));
+        break;
+    case TK_TORCH_LIVE_NOT_IMPORTED:
+        snprintf(buf, n, "; PyTorch is not imported in this process, so it holds none of it");
+        break;
+    case TK_TORCH_LIVE_NO_CUDA:
+        snprintf(buf, n, "; PyTorch in this process sees no CUDA device, so it holds none of it");
+        break;
+    case TK_TORCH_LIVE_IDLE:
+        snprintf(buf, n, "; PyTorch in this process has not initialised CUDA, so it holds none of it");
+        break;
+    }
+}
+
 /* capacity: the run needs more than the card */
 static int proves_capacity(const tk_facts *f, const tk_diagnosis *o) { return f->base && f->over_capacity; }
 static void say_capacity(tk_diagnosis *o, const tk_facts *f) {
@@ -1005,17 +1029,40 @@ static void say_headroom(tk_diagnosis *o, const tk_facts *f) {
     char b1[32], b2[32], b3[32], t[160], e[768];
     snprintf(t, sizeof t, "the run fits the device (%s of %s) but only %s is free now",
              fmtb(f->base->peak_reserved, b1), fmtb(f->capacity, b2), fmtb(f->available, b3));
+    char live[320];
+    torch_live_words(f->torch_live, live, sizeof live);
     if (f->held_in_process)
-        snprintf(e, sizeof e, "PyTorch's caching allocator in this process holds %s of it%s%s%s: "
+        snprintf(e, sizeof e, "PyTorch's caching allocator in this process holds %s of it%s%s%s%s: "
                  "del what you no longer need, gc.collect(), torch.cuda.empty_cache()",
-                 fmtb(f->held_in_process, b1), f->held_by_session ? " and an earlier run in this session " : "",
+                 fmtb(f->held_in_process, b1), live, f->held_by_session ? " and an earlier run in this session " : "",
                  f->held_by_session ? fmtb(f->held_by_session, b2) : "", f->held_by_session ? " (%txreset)" : "");
     else if (f->held_by_session)
-        snprintf(e, sizeof e, "an earlier run in this session still holds %s; %%txreset releases it",
-                 fmtb(f->held_by_session, b1));
+        snprintf(e, sizeof e, "an earlier run in this session still holds %s; %%txreset releases it%s",
+                 fmtb(f->held_by_session, b1), live);
     else
-        snprintf(e, sizeof e, "%s of the device is taken outside this run (another process or the CUDA context)",
-                 fmtb(f->capacity - f->available, b1));
+        snprintf(e, sizeof e, "%s of the device is taken outside this run (another process or the CUDA context)%s",
+                 fmtb(f->capacity - f->available, b1), live);
+    add_titled(o, TK_DIAG_HEADROOM, t, e);
+}
+
+/* the last run of this config ran out although the plan fits what is free:
+ * what the plan does not count held the rest when it ran */
+static int proves_ran_out_fits(const tk_facts *f, const tk_diagnosis *o) { return f->base && f->ran_out_fits; }
+static void say_ran_out_fits(tk_diagnosis *o, const tk_facts *f) {
+    const tk_advise_run *r = f->last_run;
+    char b1[32], b2[32], b3[32], b4[32], b5[32], t[160], e[1400], rec[300] = "", live[320];
+    snprintf(t, sizeof t, "the last run of this config ran out of memory; the plan (%s) fits the %s available",
+             fmtb(f->base->peak_reserved, b1), fmtb(f->available, b2));
+    if (r->oom)
+        snprintf(rec, sizeof rec, "its OOM record%s%s: %s asked for %s with %s allocated and %s reserved; ",
+                 r->oom_phase && r->oom_phase[0] ? " in " : "", r->oom_phase && r->oom_phase[0] ? r->oom_phase : "",
+                 r->oom->owner_name[0] ? r->oom->owner_name : "a tensor", fmtb(r->oom->requested, b1),
+                 fmtb(r->oom->allocated, b2), fmtb(r->oom->reserved, b3));
+    torch_live_words(f->torch_live, live, sizeof live);
+    snprintf(e, sizeof e, "%sthe run started with %s free and measured a peak of %s reserved, against the plan's %s, "
+             "so memory the plan does not count was taken while it ran (another process, or tensors this process "
+             "keeps)%s",
+             rec, fmtb(r->free_before, b4), fmtb(r->peak_reserved, b5), fmtb(f->base->peak_reserved, b1), live);
     add_titled(o, TK_DIAG_HEADROOM, t, e);
 }
 static void fix_headroom(tk_diagnosis *o, const tk_facts *f, tk_finding *g) {
@@ -1431,6 +1478,8 @@ static const tk_rule RULES[] = {
      say_held, fix_held, 0},
     {TK_DIAG_HEADROOM, "plan: the planned peak against what is free now, and who holds the rest", proves_headroom,
      say_headroom, fix_headroom, 0},
+    {TK_DIAG_HEADROOM, "the session's last run of this config and its OOM record against the plan", proves_ran_out_fits,
+     say_ran_out_fits, fix_headroom, 0},
     {TK_DIAG_CAPACITY, "plan on the message's card: its peak reserved against the card's budget", proves_step_over,
      say_step_over, fix_capacity, 0},
     {TK_DIAG_FRAGMENTATION, "the session's OOM record: cached bytes without a block that fits", proves_oom_frag,

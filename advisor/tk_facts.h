@@ -64,7 +64,10 @@ typedef struct tk_facts {
     size_t capacity, available;   /* the device's capacity; what a run may take now */
     size_t held_in_process;       /* PyTorch's caching allocator in this process (the companion's live state) */
     size_t held_by_session;       /* an earlier run in this session */
-    const tk_oom *oom;            /* the session's run-time OOM record, or NULL */
+    const tk_oom *oom;            /* the session's run-time OOM record of this config, or NULL */
+    const tk_advise_run *last_run;   /* the session's last run, or NULL */
+    const tk_advise_torch *torch_live; /* PyTorch in the user's process, read live, or NULL */
+    int ran_out_fits;             /* the last run of this config ran out although the plan fits */
     const int32_t *lengths;       /* the corpus' token lengths, or NULL */
     int n_lengths;
     int p50, p99, len_max;        /* their nearest-rank percentiles; 0 without lengths */

@@ -435,6 +435,9 @@ static int run_txadvise(tk_magic_ctx *m) {
     if (last) ran.api = last->api;
     if (lr && lr->end == TK_RUN_OOM && lr->have_oom && last && !m->is_cell && !memcmp(last, &ran, sizeof ran))
         in.oom = &lr->oom;
+    tk_advise_run lrun;
+    tk_advise_torch live;
+    tk_session_advise_facts(s, last && !m->is_cell && !memcmp(last, &ran, sizeof ran), &in, &lrun, &live);
     /* a config with a train_file is advised on the run's model and corpus */
     tk_run_data data;
     if (tk_session_load_data(s, &c, &data, &err) != TK_OK) return tk_magic_error(m, "DataError", "%s", err.msg);

@@ -317,102 +317,34 @@ static void config_on_cards(tk_diagnosis *o, const tk_oom_message *m, const char
              all ? "; so the card alone does not explain this failure: what the plan leaves out does" : "", gap);
 }
 
-/* What a fix's code opens with when the user runs the Trainer: a
- * TrainingArguments line that constructs as written (tk_ta_open). */
-static const char *ta(const tk_oom_message *m, char *buf, size_t n) {
-    return tk_ta_open(buf, n, m->user_output_dir, m->user_torch);
-}
-
-/* The loop the user runs, as a fix leaves it: their own numbers where a
- * config gave them, named placeholders otherwise (tk_loop_code). */
-static void loop_fix(const tk_oom_message *m, tk_loop_fix *o) {
-    memset(o, 0, sizeof *o);
-    o->batch = m->user_batch;
-    o->batch_s = "B";
-    o->from_batch = m->user_batch;
-    o->from_accum = m->user_accumulate;
-    o->accum = m->user_batch ? (m->user_accumulate > 1 ? m->user_accumulate : 1) : 1;
-    o->precision = m->have_user_config ? m->user_precision : TK_PREC_FP32;
-    o->checkpointing = 0;
-    o->torch = m->have_user_config ? m->user_torch : TK_TORCH_2;
+/* What the pasted message's caller knows of the user's run, for the one
+ * writer of a step change (tk_step_code): their config's numbers, or none. */
+static tk_step_user step_user(const tk_oom_message *m) {
+    return (tk_step_user){.batch = m->user_batch, .accumulate = m->user_accumulate, .max_len = m->user_max_len,
+                          .p99 = m->user_p99, .have_config = m->have_user_config, .precision = m->user_precision,
+                          .torch = m->user_torch, .output_dir = m->user_output_dir,
+                          .fill = "txk advise CFG --from-error fills them in"};
 }
 
 /* The fixes that make the step itself smaller, as code in the API the user
- * runs (the Trainer's TrainingArguments, a plain loop's whole body, Keras,
- * or txkernel's YAML), smallest change first, carrying the user's own
+ * runs (tk_step_code), smallest change first, carrying the user's own
  * numbers when a config gave them and named placeholders otherwise: never
  * an example value. A fix the config has on already is not offered; the
  * diagnosis `d` says so. */
 static void capacity_fixes(tk_diagnosis *o, const tk_oom_message *m, tk_api api, tk_finding *d) {
     if (o->shrunk) return; /* once, answering the first diagnosis that calls for them */
     o->shrunk = 1;
-    char code[1400], text[240], op[TK_PATH_MAX + 48];
-    int B = m->user_batch, A = m->user_accumulate > 1 ? m->user_accumulate : 1;
-    tk_loop_fix lf;
-    if (api == TK_API_TXKERNEL && B >= 2)
-        snprintf(code, sizeof code, "batch_size: %d\naccumulate: %d   # your %d x %d: the same effective batch of %d",
-                 B / 2, 2 * A, B, A, B * A);
-    else if (api == TK_API_TXKERNEL)
-        snprintf(code, sizeof code, "batch_size: B / 2\naccumulate: A * 2   # B, A: your batch_size and accumulate now");
-    else if (api == TK_API_TRAINER && B >= 2)
-        snprintf(code, sizeof code, "%sper_device_train_batch_size=%d, gradient_accumulation_steps=%d)\n"
-                 "# your batch %d x accumulation %d: the same effective batch of %d", ta(m, op, sizeof op), B / 2, 2 * A,
-                 B, A, B * A);
-    else if (api == TK_API_TRAINER)
-        snprintf(code, sizeof code, "TrainingArguments(..., per_device_train_batch_size=B // 2, "
-                 "gradient_accumulation_steps=A * 2)\n"
-                 "# B, A: your batch size and accumulation now (txk advise CFG --from-error fills them in)");
-    else if (api == TK_API_KERAS && B >= 2)
-        snprintf(code, sizeof code, "optimizer = keras.optimizers.AdamW(learning_rate=lr, gradient_accumulation_steps=%d)"
-                 "   # Keras 3\nmodel.fit(x, y, batch_size=%d)   # your %d x %d examples per step, kept", 2 * A, B / 2, B, A);
-    else if (api == TK_API_KERAS)
-        snprintf(code, sizeof code, "optimizer = keras.optimizers.AdamW(learning_rate=lr, gradient_accumulation_steps=2)"
-                 "   # Keras 3\nmodel.fit(x, y, batch_size=B // 2)   # B: your batch size now");
-    else {
-        loop_fix(m, &lf);
-        lf.loader = 1;
-        if (B >= 2) lf.batch = B / 2, lf.accum = 2 * A;
-        else lf.batch = 0, lf.batch_s = "B // 2", lf.accum = 0, lf.accum_s = "2 * A   # B, A: your batch size and "
-                                                                            "accumulation now";
-        tk_loop_code(code, sizeof code, &lf);
-    }
+    char code[1400], text[240];
+    tk_step_user u = step_user(m);
+    tk_step_code(code, sizeof code, TK_STEP_HALF_BATCH, api, &u);
     add_fix(o, api == TK_API_TRAINER ? "half the batch per step, same effective batch (transformers)"
                                      : "half the batch per step, same effective batch", code);
-    /* the length: the corpus' p99 when given, else the config's max_len, else a named placeholder */
-    char len_s[16], why[200];
-    int L = m->user_p99 > 0 && (m->user_max_len <= 0 || m->user_p99 < m->user_max_len) ? m->user_p99 : m->user_max_len;
-    if (L > 0) snprintf(len_s, sizeof len_s, "%d", L);
-    else snprintf(len_s, sizeof len_s, "N");
-    if (m->user_p99 > 0 && L == m->user_p99)
-        snprintf(why, sizeof why, "# %d: the p99 token length of your training examples (your config's max_len: %d)",
-                 L, m->user_max_len);
-    else if (m->user_p99 > 0)
-        snprintf(why, sizeof why, "# %d: your config's max_len; your training examples' p99 is %d, so a shorter max_length "
-                 "truncates more: padding each batch to its longest is the saving here", L, m->user_p99);
-    else if (L > 0)
-        snprintf(why, sizeof why, "# %d: your config's max_len; lower it to your data's p99 (txk data FILE prints it)", L);
-    else
-        snprintf(why, sizeof why, "# N: your data's p99 token length (txk data FILE prints it)");
+    /* dynamic padding on already and nothing shorter to truncate at: nothing to offer */
     int dyn_on = m->have_user_config && m->user_batching != TK_BATCH_FIXED;
-    if (api == TK_API_TXKERNEL)
-        snprintf(code, sizeof code, "max_len: %s\nbatching: dynamic\n%s", len_s, why);
-    else if (api == TK_API_TRAINER)
-        snprintf(code, sizeof code, "enc = tokenizer(texts, truncation=True, max_length=%s)   # no padding here\n"
-                 "trainer = Trainer(model=model, args=args, train_dataset=train_ds, "
-                 "data_collator=DataCollatorWithPadding(tokenizer))\n%s", len_s, why);
-    else if (api == TK_API_KERAS)
-        snprintf(code, sizeof code, "enc = tokenizer(texts, truncation=True, padding=\"max_length\", max_length=%s, "
-                 "return_tensors=\"tf\")\n%s", len_s, why);
-    else {
-        loop_fix(m, &lf);
-        lf.dynamic = 1;
-        if (L > 0) lf.max_len = L;
-        else lf.max_len_s = "N";
-        int k = tk_loop_code(code, sizeof code, &lf);
-        if (k >= 0 && (size_t)k < sizeof code) snprintf(code + k, sizeof code - (size_t)k, "\n%s", why);
-    }
-    if (!(dyn_on && api != TK_API_TXKERNEL && L == m->user_max_len))
+    if (!(dyn_on && api != TK_API_TXKERNEL && tk_step_length(&u) == m->user_max_len)) {
+        tk_step_code(code, sizeof code, TK_STEP_SHORTER, api, &u);
         add_fix(o, "shorter sequences: pad each batch to its longest text, and truncate at what your texts need", code);
+    }
     char on[160] = "";
     size_t w = 0;
     int prec_on = m->have_user_config && m->user_precision != TK_PREC_FP32;
@@ -427,16 +359,7 @@ static void capacity_fixes(tk_diagnosis *o, const tk_oom_message *m, tk_api api,
         snprintf(d->text + l, sizeof d->text - l, "; what is already on in your config is not offered again: %s.", on);
     }
     if (!prec_on) {
-        if (api == TK_API_TXKERNEL) snprintf(code, sizeof code, "precision: fp16");
-        else if (api == TK_API_TRAINER) snprintf(code, sizeof code, "%sfp16=True)", ta(m, op, sizeof op));
-        else if (api == TK_API_KERAS)
-            snprintf(code, sizeof code, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")   # before the "
-                     "model is built");
-        else {
-            loop_fix(m, &lf);
-            lf.precision = TK_PREC_FP16;
-            tk_loop_code(code, sizeof code, &lf);
-        }
+        tk_step_code(code, sizeof code, TK_STEP_FP16, api, &u);
         if (m->card && !tk_gpu_profile_fast_fp16(m->card))
             snprintf(text, sizeof text, "mixed precision: on a %s (no tensor cores) fp16 saves activation memory but no time",
                      m->card->name);
@@ -444,13 +367,8 @@ static void capacity_fixes(tk_diagnosis *o, const tk_oom_message *m, tk_api api,
             snprintf(text, sizeof text, "mixed precision (fp16 halves activations and is faster on tensor cores)");
         add_fix(o, text, code);
     }
-    if (!ckpt_on && api != TK_API_KERAS) {
-        if (api == TK_API_TXKERNEL) snprintf(code, sizeof code, "recompute: layers");
-        else if (api == TK_API_TRAINER) snprintf(code, sizeof code, "%sgradient_checkpointing=True)", ta(m, op, sizeof op));
-        else snprintf(code, sizeof code, "(model if hasattr(model, \"gradient_checkpointing_enable\") else model.bert)"
-                      ".gradient_checkpointing_enable()   # the module that has it: model.bert inside a wrapper");
+    if (!ckpt_on && tk_step_code(code, sizeof code, TK_STEP_CHECKPOINTING, api, &u) > 0)
         add_fix(o, "recompute activations in the backward pass (about 30% slower, far less memory)", code);
-    }
 }
 
 /* The number of GPUs a launcher line names: Kaggle's T4 x2 says 2; else a
@@ -892,13 +810,14 @@ static void fix_dominant(tk_diagnosis *o, const tk_facts *f, tk_finding *d) {
                 "c = tf.keras.layers.GlobalAveragePooling1D()(context_bert_layer)\n"
                 "out = tf.keras.layers.Dense(1604, activation=\"softmax\")(tf.keras.layers.Concatenate()([q, c]))");
     } else if (!f->torch) {
-        char code[200];
-        if (m->user_batch >= 2)
-            snprintf(code, sizeof code, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")\n"
-                     "model.fit(x, y, batch_size=%d)   # half your %d", m->user_batch / 2, m->user_batch);
-        else
-            snprintf(code, sizeof code, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")\n"
-                     "model.fit(x, y, batch_size=B // 2)   # B: your batch size now");
+        /* the tensor's two halvings in Keras, from the one writer: the policy, then half the batch */
+        char code[1400];
+        tk_step_user u = step_user(m);
+        int k = tk_step_code(code, sizeof code, TK_STEP_FP16, TK_API_KERAS, &u);
+        if (k >= 0 && (size_t)k + 1 < sizeof code) {
+            code[k] = '\n';
+            tk_step_code(code + k + 1, sizeof code - (size_t)k - 1, TK_STEP_HALF_BATCH, TK_API_KERAS, &u);
+        }
         add_fix(o, "halve the tensor: a smaller batch or mixed precision", code);
     }
 }
@@ -1249,45 +1168,33 @@ static void fixes_capacity(tk_diagnosis *o, const tk_facts *f) {
                  "del outputs, loss  # the tensors created at %s\nimport gc; gc.collect()\ntorch.cuda.empty_cache()",
                  user->owner);
     }
+    /* the step's own size, through the one writer of a step change: a
+     * snapshot gives no numbers, so every one is a named placeholder */
+    tk_step_user u = {.torch = TK_TORCH_2};
     if ((x = add_fix_id(o, "batch", -1))) {
         snprintf(x->text, sizeof x->text,
                  "Halve the micro-batch and accumulate twice as many steps: the effective batch stays, the "
                  "activations halve (this snapshot does not separate activations from weights, so it cannot "
                  "say how many bytes that is).");
-        if (f->api == TK_API_TRAINER)
-            snprintf(x->code, sizeof x->code,
-                     "# B, k: your current per_device_train_batch_size and gradient_accumulation_steps\n"
-                     "TrainingArguments(..., per_device_train_batch_size=B // 2, gradient_accumulation_steps=2 * k)");
-        else /* a plain loop (no Trainer in the frames): its whole body */
-            tk_loop_code(x->code, sizeof x->code,
-                         &(tk_loop_fix){.batch_s = "B // 2", .accum_s = "2 * A   # B, A: your batch size and accumulation now",
-                                        .loader = 1, .precision = TK_PREC_FP32, .torch = TK_TORCH_2});
+        tk_step_code(x->code, sizeof x->code, TK_STEP_HALF_BATCH, f->api, &u);
     }
     if ((x = add_fix_id(o, "precision", -1))) {
         snprintf(x->text, sizeof x->text,
                  "Mixed precision keeps activations in 16 bits, about half their bytes (bf16 on Ampere or newer, "
                  "fp16 on a T4 or V100).");
-        if (f->api == TK_API_TRAINER)
-            snprintf(x->code, sizeof x->code, "TrainingArguments(..., bf16=True)  # or fp16=True");
-        else
-            tk_loop_code(x->code, sizeof x->code,
-                         &(tk_loop_fix){.batch_s = "B", .accum = 1, .precision = TK_PREC_FP16, .torch = TK_TORCH_2});
+        tk_step_code(x->code, sizeof x->code, TK_STEP_FP16, f->api, &u);
     }
     if ((x = add_fix_id(o, "checkpointing", -1))) {
         snprintf(x->text, sizeof x->text,
                  "Gradient checkpointing keeps one activation per layer and recomputes the rest in backward "
                  "(about 30%% more compute).");
-        snprintf(x->code, sizeof x->code, "%s",
-                 f->api == TK_API_TRAINER ? "TrainingArguments(..., gradient_checkpointing=True)"
-                                          : "(model if hasattr(model, \"gradient_checkpointing_enable\") else model.bert)"
-                                            ".gradient_checkpointing_enable()");
+        tk_step_code(x->code, sizeof x->code, TK_STEP_CHECKPOINTING, f->api, &u);
     }
     if ((x = add_fix_id(o, "max_length", -1))) {
         snprintf(x->text, sizeof x->text,
                  "Shorter sequences shrink every activation (attention scores quadratically); pick max_length from "
-                 "the data's token lengths (txk data FILE shows the percentiles).");
-        snprintf(x->code, sizeof x->code,
-                 "tokenizer(texts, truncation=True, max_length=N)  # N: your data's p99 token length (txk data FILE)");
+                 "the data's token lengths (txk data FILE shows the percentiles) and pad each batch to its longest.");
+        tk_step_code(x->code, sizeof x->code, TK_STEP_SHORTER, f->api, &u);
     }
 }
 

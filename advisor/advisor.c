@@ -4,10 +4,9 @@
  *
  * The plan's room reads one way: read -> facts -> diagnose -> fixes -> code.
  * read_plan_facts fills the one facts record (tk_facts.h) that the pasted
- * message's reader fills too, with what the figures prove; an ordered table
- * of rules (PLAN_RULES, the pasted message's shape: proves, say, fix) adds
- * each finding with the numbers behind it and marks the fixes that remove
- * its cause.
+ * message's and the snapshot's readers fill too, with what the figures
+ * prove; the one ordered table of diagnoses (diagnoses.c) adds each finding
+ * with the numbers behind it and marks the fixes that remove its cause.
  *
  * Guarantees: every candidate offered was planned by tk_plan with the config
  * it shows (a config the trainer rejects is dropped, never offered); the
@@ -89,12 +88,14 @@ static void read_plan_facts(adv_ctx *x, tk_facts *f) {
     const tk_plan_result *p = &a->base;
     memset(f, 0, sizeof *f);
     f->own = f->other = -1;
+    f->snap_user = f->snap_device = -1;
     f->lottery_near = -1;
     f->api = a->api;
     f->config = c, f->base = p;
     f->capacity = a->capacity, f->available = x->available;
     f->held_in_process = in->held_in_process, f->held_by_session = in->held_by_session;
     f->oom = in->oom;
+    f->last_run = in->last_run, f->torch_live = in->torch_live;
     f->step_allocated = in->step_allocated, f->n_steps = in->n_steps, f->leak_owner = in->leak_owner;
     if (in->lengths && in->n_lengths > 0) {
         f->lengths = in->lengths, f->n_lengths = in->n_lengths;
@@ -107,6 +108,9 @@ static void read_plan_facts(adv_ctx *x, tk_facts *f) {
     f->over_capacity = a->capacity && need > a->capacity;
     f->over_free = !f->over_capacity && a->capacity && need > x->available;
     f->oom_frag = in->oom && in->oom->fragmentation;
+    f->ran_out_fits = in->last_run && in->last_run->ran_out && in->last_run->same_config && !f->over_capacity &&
+                      !f->over_free && a->capacity;
+    if (in->oom) f->oom_cat = tk_cat_name(in->oom->tag.cat);
     /* the peak's owners and categories */
     if (p->n_top > 0 && p->peak_allocated > 0) f->top_share = (double)p->top[0].bytes / (double)p->peak_allocated;
     if (p->peak_allocated > 0) {
@@ -114,6 +118,15 @@ static void read_plan_facts(adv_ctx *x, tk_facts *f) {
         f->act = p->by_cat_at_peak[TK_CAT_ACT] + p->by_cat_at_peak[TK_CAT_TEMP];
         f->act_share = (double)f->act / (double)p->peak_allocated;
         f->states_share = (double)f->states / (double)p->peak_allocated;
+    }
+    /* a flatten_dense head as the largest owner: its weight's shape */
+    if (p->n_top > 0 && c->head == TK_HEAD_FLATTEN_DENSE && strncmp(p->top[0].owner, "bert.", 5) != 0) {
+        tk_config hc = tk_adv_dims_of(c);
+        f->head_dominates = 1;
+        f->head_units = hc.head_units;
+        f->head_in = (int64_t)(hc.towers > 0 ? hc.towers : 1) * hc.max_len * hc.hidden;
+        f->head_weight = (size_t)f->head_in * (size_t)(hc.head_units > 0 ? hc.head_units : 1) * 4;
+        f->head_span = (size_t)(2 * hc.hidden + 2) * 4;
     }
     /* the corpus: padding far above what it needs, or a spike under dynamic padding */
     if (f->lengths) {
@@ -170,207 +183,24 @@ static void read_plan_facts(adv_ctx *x, tk_facts *f) {
     }
 }
 
-/* capacity: the run needs more than the card */
-static int proves_capacity(const tk_facts *f) { return f->over_capacity; }
-static void say_capacity(adv_ctx *x, const tk_facts *f) {
-    const tk_plan_result *p = f->base;
-    char b1[32], b2[32], b3[32], b4[32], t[160], e[768];
-    size_t need = p->peak_reserved;
-    snprintf(t, sizeof t, "the run needs %s; the device has %s", fmtb(need, b1), fmtb(f->capacity, b2));
-    snprintf(e, sizeof e, "planned peak %s reserved (%s allocated) at batch %d x %d tokens; capacity %s; short by %s",
-             fmtb(need, b1), fmtb(p->peak_allocated, b2), p->batch, p->seq, fmtb(f->capacity, b3),
-             fmtb(need - f->capacity, b4));
-    add_diag(x->out, TK_DIAG_CAPACITY, t, e);
-}
-
-/* headroom: it fits the card but not what is free now (an earlier run,
- * PyTorch in this process, another process) */
-static int proves_headroom(const tk_facts *f) { return f->over_free; }
-static void say_headroom(adv_ctx *x, const tk_facts *f) {
-    char b1[32], b2[32], b3[32], t[160], e[768];
-    snprintf(t, sizeof t, "the run fits the device (%s of %s) but only %s is free now",
-             fmtb(f->base->peak_reserved, b1), fmtb(f->capacity, b2), fmtb(f->available, b3));
-    if (f->held_in_process)
-        snprintf(e, sizeof e, "PyTorch's caching allocator in this process holds %s of it%s%s%s: "
-                 "del what you no longer need, gc.collect(), torch.cuda.empty_cache()",
-                 fmtb(f->held_in_process, b1), f->held_by_session ? " and an earlier run in this session " : "",
-                 f->held_by_session ? fmtb(f->held_by_session, b2) : "", f->held_by_session ? " (%txreset)" : "");
-    else if (f->held_by_session)
-        snprintf(e, sizeof e, "an earlier run in this session still holds %s; %%txreset releases it",
-                 fmtb(f->held_by_session, b1));
-    else
-        snprintf(e, sizeof e, "%s of the device is taken outside this run (another process or the CUDA context)",
-                 fmtb(f->capacity - f->available, b1));
-    add_diag(x->out, TK_DIAG_HEADROOM, t, e);
-}
-static void fix_headroom(adv_ctx *x, const tk_facts *f) {
-    if (f->held_by_session || f->held_in_process) x->cause[TK_FIX_RELEASE] = 1;
-}
-
-/* fragmentation: an OOM with enough cached bytes but no block that fits */
-static int proves_oom_frag(const tk_facts *f) { return f->oom_frag; }
-static void say_oom_frag(adv_ctx *x, const tk_facts *f) {
-    const tk_oom *o = f->oom;
-    char b1[32], b2[32], b3[32], b4[32], t[160], e[768];
-    snprintf(t, sizeof t, "fragmentation: %s cached but no free block of %s", fmtb(o->reserved - o->allocated, b1),
-             fmtb(o->rounded, b2));
-    snprintf(e, sizeof e, "asked %s for %s (%s); reserved %s, allocated %s, largest free block %s",
-             fmtb(o->requested, b1), o->owner_name, tk_cat_name(o->tag.cat), fmtb(o->reserved, b2),
-             fmtb(o->allocated, b3), fmtb(o->largest_free_block, b4));
-    add_diag(x->out, TK_DIAG_FRAGMENTATION, t, e);
-}
-static void fix_oom_frag(adv_ctx *x, const tk_facts *f) { (void)f; x->cause[TK_FIX_EMPTY_CACHE] = 1; }
-
-/* dominant layer: one owner's bytes at the peak (params, grads, state) */
-static int head_dominates(const tk_facts *f) {
-    return f->config->head == TK_HEAD_FLATTEN_DENSE && strncmp(f->base->top[0].owner, "bert.", 5) != 0;
-}
-static int proves_dominant_layer(const tk_facts *f) { return f->top_share >= 0.25; }
-static void say_dominant_layer(adv_ctx *x, const tk_facts *f) {
-    const tk_plan_result *p = f->base;
-    char b1[32], b2[32], b3[32], t[160], e[768];
-    snprintf(t, sizeof t, "%s holds %.0f%% of the peak (%s)", p->top[0].owner, 100 * f->top_share,
-             fmtb(p->top[0].bytes, b1));
-    if (head_dominates(f)) {
-        tk_config hc = tk_adv_dims_of(f->config);
-        int64_t in_f = (int64_t)(hc.towers > 0 ? hc.towers : 1) * hc.max_len * hc.hidden;
-        size_t w = (size_t)in_f * (size_t)(hc.head_units > 0 ? hc.head_units : 1) * 4;
-        snprintf(e, sizeof e,
-                 "the flatten_dense head's weight is [%d x %lld] = %s in fp32; with its gradient and "
-                 "two Adam moments %s. A per-token span head needs %s",
-                 hc.head_units, (long long)in_f, fmtb(w, b1), fmtb(4 * w, b2), fmtb((size_t)(2 * hc.hidden + 2) * 4, b3));
-    } else {
-        snprintf(e, sizeof e, "%s of %s allocated at the peak belong to %s", fmtb(p->top[0].bytes, b1),
-                 fmtb(p->peak_allocated, b2), p->top[0].owner);
-    }
-    add_diag(x->out, TK_DIAG_DOMINANT_LAYER, t, e);
-}
-static void fix_dominant_layer(adv_ctx *x, const tk_facts *f) {
-    if (head_dominates(f)) x->cause[TK_FIX_HEAD] = 1;
-}
-
-/* dominant category: activations, or the model states */
-static int proves_dominant_category(const tk_facts *f) { return f->act_share >= 0.5 || f->states_share >= 0.6; }
-static void say_dominant_category(adv_ctx *x, const tk_facts *f) {
-    const tk_plan_result *p = f->base;
-    char b1[32], b2[32], b3[32], b4[32], t[160], e[768];
-    if (f->act_share >= 0.5) {
-        snprintf(t, sizeof t, "activations are %.0f%% of the peak (%s)", 100 * f->act_share, fmtb(f->act, b1));
-        snprintf(e, sizeof e,
-                 "batch %d x %d tokens: activations %s vs params+grads+optimizer %s; they scale "
-                 "with batch x max_len (attention with max_len squared)",
-                 p->batch, p->seq, fmtb(f->act, b1), fmtb(f->states, b2));
-    } else {
-        snprintf(t, sizeof t, "model states are %.0f%% of the peak (%s)", 100 * f->states_share, fmtb(f->states, b1));
-        snprintf(e, sizeof e, "params %s, grads %s, optimizer %s; activations %s",
-                 fmtb(p->by_cat_at_peak[TK_CAT_PARAM], b1), fmtb(p->by_cat_at_peak[TK_CAT_GRAD], b2),
-                 fmtb(p->by_cat_at_peak[TK_CAT_OPTIM], b3), fmtb(f->act, b4));
-    }
-    add_diag(x->out, TK_DIAG_DOMINANT_CATEGORY, t, e);
-}
-
-/* padding: fixed padding to a max_len far above what the corpus needs */
-static int proves_padding(const tk_facts *f) { return f->padded; }
-static void say_padding(adv_ctx *x, const tk_facts *f) {
-    char t[160], e[768];
-    snprintf(t, sizeof t, "99%% of examples are at most %d tokens; max_len %d pads them", f->p99, f->config->max_len);
-    snprintf(e, sizeof e,
-             "%d examples: p50 %d, p99 %d, max %d tokens; with fixed padding %.0f%% of every "
-             "batch is padding",
-             f->n_lengths, f->p50, f->p99, f->len_max, 100 * f->pad_waste);
-    add_diag(x->out, TK_DIAG_PADDING, t, e);
-}
-static void fix_padding(adv_ctx *x, const tk_facts *f) {
-    (void)f;
-    x->cause[TK_FIX_MAX_LEN] = 1;
-    x->cause[TK_FIX_PADDING] = 1;
-}
-
-/* data spike: under dynamic padding or buckets the longest batch is far
- * above the typical one */
-static int proves_spike(const tk_facts *f) { return f->spike; }
-static void say_spike(adv_ctx *x, const tk_facts *f) {
-    char t[160], e[768];
-    snprintf(t, sizeof t, "the longest batch pads to %d tokens; the typical one to about %d", f->spike_cap,
-             f->spike_typical);
-    snprintf(e, sizeof e,
-             "with %s batching memory follows the longest batch: p50 %d, p99 %d, max %d; the "
-             "peak comes only when that batch comes, so the OOM looks intermittent",
-             f->config->batching == TK_BATCH_BUCKETS ? "bucketed" : "dynamic", f->p50, f->p99, f->len_max);
-    add_diag(x->out, TK_DIAG_DATA_SPIKE, t, e);
-}
-static void fix_spike(adv_ctx *x, const tk_facts *f) { (void)f; x->cause[TK_FIX_MAX_LEN] = 1; }
-
-/* leak: allocated at step boundaries keeps growing */
-static int proves_leak(const tk_facts *f) { return f->leak; }
-static void say_leak(adv_ctx *x, const tk_facts *f) {
-    char b1[32], b2[32], t[160], e[768];
-    snprintf(t, sizeof t, "allocated grows by %s per step%s%s", fmtb(f->leak_per, b1), f->leak_owner ? " in " : "",
-             f->leak_owner ? f->leak_owner : "");
-    snprintf(e, sizeof e,
-             "allocated at step boundaries went from %s to %s over %d steps; something keeps a "
-             "reference each step%s%s",
-             fmtb(f->leak_first, b1), fmtb(f->leak_last, b2), f->n_steps, f->leak_owner ? ": " : "",
-             f->leak_owner ? f->leak_owner : "");
-    add_diag(x->out, TK_DIAG_LEAK, t, e);
-}
-
-/* the card lottery: the same config on each card the platform hands out;
- * on Kaggle the card is the notebook's setting, so the same plans say which
- * to choose (card choice) */
-static int proves_lottery(const tk_facts *f) { return f->lottery; }
-static void say_lottery(adv_ctx *x, const tk_facts *f) {
-    char b1[32], t[160], e[768];
-    const tk_card_fit *cards = f->cards;
-    int nc = f->n_cards, near = f->lottery_near;
-    tk_cards_sentence(cards, nc, f->platform, t, sizeof t);
-    size_t w = (size_t)snprintf(e, sizeof e, "planned on each card %s hands out (its capacity less its context):",
-                                f->platform);
-    for (int i = 0; i < nc && w < sizeof e; i++) {
-        int64_t mg = cards[i].margin;
-        w += (size_t)snprintf(e + w, sizeof e - w, " %s %s%s%s", cards[i].card->name, mg < 0 ? "short by " : "margin ",
-                              fmtb((size_t)(mg < 0 ? -mg : mg), b1), i + 1 < nc ? ";" : "");
-    }
-    if (near >= 0 && w < sizeof e)
-        snprintf(e + w, sizeof e - w, "; on the %s it fits within 5%% of the budget, so a little more memory "
-                 "held elsewhere (an earlier cell, a longer batch) makes it fail",
-                 cards[near].card->name);
-    add_diag(x->out, strcmp(f->platform, "kaggle") ? TK_DIAG_LOTTERY : TK_DIAG_CHOICE, t, e);
-}
-
-/* One rule of the plan's table, the same shape as the pasted message's
- * (oom_message.c): whether the facts prove it, its finding, and the fix
- * kinds whose cause it names. */
-typedef struct {
-    tk_diag_kind kind;
-    int (*proves)(const tk_facts *f);
-    void (*say)(adv_ctx *x, const tk_facts *f);
-    void (*fix)(adv_ctx *x, const tk_facts *f);
-} plan_rule;
-
-/* The plan's diagnoses, in the order a report lists them. */
-static const plan_rule PLAN_RULES[] = {
-    {TK_DIAG_CAPACITY, proves_capacity, say_capacity, NULL},
-    {TK_DIAG_HEADROOM, proves_headroom, say_headroom, fix_headroom},
-    {TK_DIAG_FRAGMENTATION, proves_oom_frag, say_oom_frag, fix_oom_frag},
-    {TK_DIAG_DOMINANT_LAYER, proves_dominant_layer, say_dominant_layer, fix_dominant_layer},
-    {TK_DIAG_DOMINANT_CATEGORY, proves_dominant_category, say_dominant_category, NULL},
-    {TK_DIAG_PADDING, proves_padding, say_padding, fix_padding},
-    {TK_DIAG_DATA_SPIKE, proves_spike, say_spike, fix_spike},
-    {TK_DIAG_LEAK, proves_leak, say_leak, NULL},
-    {TK_DIAG_LOTTERY, proves_lottery, say_lottery, NULL},
-};
-
-/* read -> facts -> diagnose: the table over the facts, then the fix kinds
- * whose cause a diagnosis names */
+/* read -> facts -> diagnose (the one table, diagnoses.c): the findings
+ * with their titles into the advice, then the fix kinds whose cause a
+ * finding names */
 static void diagnose(adv_ctx *x) {
     tk_facts f;
     read_plan_facts(x, &f);
-    for (size_t i = 0; i < sizeof PLAN_RULES / sizeof PLAN_RULES[0]; i++) {
-        if (!PLAN_RULES[i].proves(&f)) continue;
-        PLAN_RULES[i].say(x, &f);
-        if (PLAN_RULES[i].fix) PLAN_RULES[i].fix(x, &f);
+    tk_diagnosis *d = tk_malloc(sizeof *d);
+    if (!d) {
+        x->nomem = 1;
+        return;
     }
+    d->max_diag = TK_DIAG_COUNT, d->max_fixes = 0;
+    tk_diagnose(&f, d);
+    for (int i = 0; i < d->n_diag; i++)
+        add_diag(x->out, d->diag[i].kind, d->title[i], d->diag[i].text);
+    for (int k = 0; k < TK_FIX_COUNT; k++)
+        if (d->cause & (1u << k)) x->cause[k] = 1;
+    free(d);
     /* a registered fix names the diagnoses whose cause it removes */
     for (int k = TK_FIX_COUNT; k < tk_fix_n_kinds(); k++)
         for (int i = 0; i < x->out->n_diag; i++)

@@ -8,7 +8,8 @@
 
 #include "snapshot_leak.h"
 
-/* Ranks s->diag (the cause first) and s->fixes from the figures read. */
+/* Fills the facts record from the figures read and runs the advisor's one
+ * table (diagnoses.c): s->diag (the cause first) and s->fixes. */
 void snap_diagnose(tk_snapshot *s);
 
 /* The fix with this id, or NULL. */

@@ -2,8 +2,9 @@
  *
  * Inputs: a config, optionally the plan of it (or the record of a run-time
  * OOM), the corpus' token lengths, what the device has free now and what an
- * earlier run in this session still holds, and the allocated bytes sampled at
- * step boundaries. Output: diagnoses, each with its evidence in numbers, and
+ * earlier run in this session still holds, the allocated bytes sampled at
+ * step boundaries, the session's last run and the companion's live torch
+ * state (both absent by default). Output: diagnoses, each with its evidence in numbers, and
  * a ranked list of candidate fixes, each a config the planner has planned.
  *
  * Every fix is a pure function config -> config (tk_fix_apply) with a one-line
@@ -195,6 +196,31 @@ typedef struct tk_candidate {
     int action_only;       /* 1: no config change (release the previous run) */
 } tk_candidate;
 
+/* The session's last run, as the advisor reads it (tk_advise_input.last_run;
+ * NULL: none, or not known here). */
+typedef struct tk_advise_run {
+    int ran_out;                  /* 1: it ended out of device memory */
+    int same_config;              /* 1: it ran the config being advised */
+    const tk_oom *oom;            /* its OOM record, or NULL */
+    const char *oom_phase;        /* "model", "training"; NULL: not said */
+    size_t peak_allocated, peak_reserved; /* measured over the run */
+    size_t free_before;           /* device bytes free when it started */
+} tk_advise_run;
+
+/* PyTorch in the user's own process, as the companion reads it live
+ * (tk_advise_input.torch_live; NULL: not read, e.g. from a shell). */
+typedef enum {
+    TK_TORCH_LIVE_NOT_IMPORTED = 1, /* torch is not imported: it holds no device memory */
+    TK_TORCH_LIVE_NO_CUDA,          /* torch.cuda.is_available() is False */
+    TK_TORCH_LIVE_IDLE,             /* CUDA not initialised yet */
+    TK_TORCH_LIVE_HOLDS,            /* allocated / reserved as read */
+} tk_torch_live_state;
+
+typedef struct tk_advise_torch {
+    tk_torch_live_state state;
+    size_t allocated, reserved;   /* torch.cuda.memory_allocated() / memory_reserved() */
+} tk_advise_torch;
+
 typedef struct tk_advise_input {
     const tk_config *config;      /* required */
     const tk_plan_result *plan;   /* plan of config; NULL: the advisor plans it */
@@ -213,6 +239,8 @@ typedef struct tk_advise_input {
     const char *platform;         /* "colab", "kaggle": the cards for the lottery diagnosis; NULL: the
                                      platform that hands out the config's gpu profile, if one does */
     tk_api api;                   /* the API the fixes' code is written in; TK_API_AUTO: tk_config_api */
+    const tk_advise_run *last_run;   /* the session's last run and its OOM record; NULL: absent */
+    const tk_advise_torch *torch_live; /* the companion's live torch state; NULL: absent */
 } tk_advise_input;
 
 typedef struct tk_advice {

@@ -1,7 +1,9 @@
-/* tk_fix_code.h — the one writer of fix code that the pasted-message reader
- * (oom_message.c, which builds alone for its fuzz target) and the advice's
- * fix code (fix_code.c) both call: TrainingArguments' opening and a plain
- * PyTorch loop's whole body; not part of the advisor's interface. */
+/* tk_fix_code.h — the one writer of fix code that the diagnoses (diagnoses.c,
+ * which the fuzz targets build without the planner) and the advice's fix
+ * code (fix_code.c) both call: TrainingArguments' opening, a plain PyTorch
+ * loop's whole body, and a step change (half the batch, shorter sequences,
+ * fp16, checkpointing) in each API for a path without a planned config (a
+ * pasted message, a snapshot); not part of the advisor's interface. */
 #ifndef TK_FIX_CODE_H
 #define TK_FIX_CODE_H
 
@@ -54,7 +56,7 @@ static inline int tk_torch_old_scaler(tk_torch_version v) {
 static inline int tk_loop_code(char *buf, size_t n, const tk_loop_fix *o) {
     size_t w = 0;
 #define TK_LP(...) (w += (size_t)snprintf(buf + (w < n ? w : n), w < n ? n - w : 0, __VA_ARGS__))
-    char acc[48], bs[48], ml[48];
+    char acc[96], bs[48], ml[48];
     if (o->accum > 0) snprintf(acc, sizeof acc, "%d", o->accum);
     else snprintf(acc, sizeof acc, "%s", o->accum_s ? o->accum_s : "A");
     if (o->batch > 0) snprintf(bs, sizeof bs, "%d", o->batch);
@@ -106,6 +108,141 @@ static inline int tk_loop_code(char *buf, size_t n, const tk_loop_fix *o) {
     TK_LP("%sscheduler.step()\n%soptimizer.zero_grad()", st, st);
 #undef TK_LP
     return (int)w;
+}
+
+/* The four changes to one training step that a path without a planned
+ * config offers (a pasted message, a snapshot): half the batch with twice
+ * the accumulation, shorter sequences padded per batch, fp16, and
+ * gradient checkpointing. */
+typedef enum {
+    TK_STEP_HALF_BATCH = 0,
+    TK_STEP_SHORTER,
+    TK_STEP_FP16,
+    TK_STEP_CHECKPOINTING,
+} tk_step_change;
+
+/* What the code knows of the user's run: their numbers (0: not given: the
+ * code names a placeholder), what their config has on, the versions, and
+ * where the missing numbers come from. */
+typedef struct tk_step_user {
+    int batch, accumulate, max_len, p99;
+    int have_config;            /* 1: precision and torch are the config's */
+    tk_precision precision;
+    tk_torch_version torch;     /* TrainingArguments' spelling always; the loop's only with have_config */
+    const char *output_dir;     /* TrainingArguments' output_dir, or NULL */
+    const char *fill;           /* how the placeholders get numbers ("txk advise CFG --from-error fills them in"), or NULL */
+} tk_step_user;
+
+/* The loop the user runs, as a step change leaves it: their own numbers
+ * where given, named placeholders otherwise (tk_loop_code). */
+static inline void tk_step_loop(const tk_step_user *u, tk_loop_fix *o) {
+    memset(o, 0, sizeof *o);
+    o->batch = u->batch;
+    o->batch_s = "B";
+    o->from_batch = u->batch;
+    o->from_accum = u->accumulate;
+    o->accum = u->batch ? (u->accumulate > 1 ? u->accumulate : 1) : 1;
+    o->precision = u->have_config ? u->precision : TK_PREC_FP32;
+    o->torch = u->have_config ? u->torch : TK_TORCH_2;
+}
+
+/* The length a shorter-sequences change truncates at: the corpus' p99 when
+ * given and below max_len, else max_len; 0: not known (placeholder N). */
+static inline int tk_step_length(const tk_step_user *u) {
+    return u->p99 > 0 && (u->max_len <= 0 || u->p99 < u->max_len) ? u->p99 : u->max_len;
+}
+
+/* The one writer of a step change as code in the user's API (the Trainer's
+ * TrainingArguments, a plain loop's whole body, Keras, txkernel's YAML),
+ * for the paths without a planned config; fix_code.c writes a planned
+ * config's. Returns the length it wanted (snprintf's); 0 when the change
+ * has no code in that API (checkpointing in Keras). */
+static inline int tk_step_code(char *code, size_t n, tk_step_change ch, tk_api api, const tk_step_user *u) {
+    char op[TK_PATH_MAX + 48], fill[160] = "";
+    int B = u->batch, A = u->accumulate > 1 ? u->accumulate : 1;
+    tk_loop_fix lf;
+    if (u->fill && *u->fill) snprintf(fill, sizeof fill, " (%s)", u->fill);
+    tk_ta_open(op, sizeof op, u->output_dir, u->torch); /* the message's era without a config: 4.x needs output_dir */
+    switch (ch) {
+    case TK_STEP_HALF_BATCH:
+        if (api == TK_API_TXKERNEL && B >= 2)
+            return snprintf(code, n, "batch_size: %d\naccumulate: %d   # your %d x %d: the same effective batch of %d",
+                            B / 2, 2 * A, B, A, B * A);
+        if (api == TK_API_TXKERNEL)
+            return snprintf(code, n, "batch_size: B / 2\naccumulate: A * 2   # B, A: your batch_size and accumulate now");
+        if (api == TK_API_TRAINER && B >= 2)
+            return snprintf(code, n, "%sper_device_train_batch_size=%d, gradient_accumulation_steps=%d)\n"
+                            "# your batch %d x accumulation %d: the same effective batch of %d", op, B / 2, 2 * A, B, A,
+                            B * A);
+        if (api == TK_API_TRAINER)
+            return snprintf(code, n, "TrainingArguments(..., per_device_train_batch_size=B // 2, "
+                            "gradient_accumulation_steps=A * 2)\n# B, A: your batch size and accumulation now%s", fill);
+        if (api == TK_API_KERAS && B >= 2)
+            return snprintf(code, n, "optimizer = keras.optimizers.AdamW(learning_rate=lr, gradient_accumulation_steps=%d)"
+                            "   # Keras 3\nmodel.fit(x, y, batch_size=%d)   # your %d x %d examples per step, kept", 2 * A,
+                            B / 2, B, A);
+        if (api == TK_API_KERAS)
+            return snprintf(code, n, "optimizer = keras.optimizers.AdamW(learning_rate=lr, gradient_accumulation_steps=2)"
+                            "   # Keras 3\nmodel.fit(x, y, batch_size=B // 2)   # B: your batch size now");
+        tk_step_loop(u, &lf);
+        lf.loader = 1;
+        if (B >= 2) lf.batch = B / 2, lf.accum = 2 * A;
+        else lf.batch = 0, lf.batch_s = "B // 2", lf.accum = 0, lf.accum_s = "2 * A   # B, A: your batch size and "
+                                                                            "accumulation now";
+        return tk_loop_code(code, n, &lf);
+    case TK_STEP_SHORTER: {
+        char len_s[16], why[200];
+        int L = tk_step_length(u);
+        if (L > 0) snprintf(len_s, sizeof len_s, "%d", L);
+        else snprintf(len_s, sizeof len_s, "N");
+        if (u->p99 > 0 && L == u->p99)
+            snprintf(why, sizeof why, "# %d: the p99 token length of your training examples (your config's max_len: %d)",
+                     L, u->max_len);
+        else if (u->p99 > 0)
+            snprintf(why, sizeof why, "# %d: your config's max_len; your training examples' p99 is %d, so a shorter "
+                     "max_length truncates more: padding each batch to its longest is the saving here", L, u->p99);
+        else if (L > 0)
+            snprintf(why, sizeof why, "# %d: your config's max_len; lower it to your data's p99 (txk data FILE prints it)",
+                     L);
+        else
+            snprintf(why, sizeof why, "# N: your data's p99 token length (txk data FILE prints it)");
+        if (api == TK_API_TXKERNEL) return snprintf(code, n, "max_len: %s\nbatching: dynamic\n%s", len_s, why);
+        if (api == TK_API_TRAINER)
+            return snprintf(code, n, "enc = tokenizer(texts, truncation=True, max_length=%s)   # no padding here\n"
+                            "trainer = Trainer(model=model, args=args, train_dataset=train_ds, "
+                            "data_collator=DataCollatorWithPadding(tokenizer))\n%s", len_s, why);
+        if (api == TK_API_KERAS)
+            return snprintf(code, n, "enc = tokenizer(texts, truncation=True, padding=\"max_length\", max_length=%s, "
+                            "return_tensors=\"tf\")\n%s", len_s, why);
+        tk_step_loop(u, &lf);
+        lf.dynamic = 1;
+        if (L > 0) lf.max_len = L;
+        else lf.max_len_s = "N";
+        int k = tk_loop_code(code, n, &lf);
+        if (k >= 0 && (size_t)k < n) k += snprintf(code + k, n - (size_t)k, "\n%s", why);
+        return k;
+    }
+    case TK_STEP_FP16:
+        if (api == TK_API_TXKERNEL) return snprintf(code, n, "precision: fp16");
+        if (api == TK_API_TRAINER) return snprintf(code, n, "%sfp16=True)", op);
+        if (api == TK_API_KERAS)
+            return snprintf(code, n, "tf.keras.mixed_precision.set_global_policy(\"mixed_float16\")   # before the "
+                            "model is built");
+        tk_step_loop(u, &lf);
+        lf.precision = TK_PREC_FP16;
+        return tk_loop_code(code, n, &lf);
+    case TK_STEP_CHECKPOINTING:
+        if (api == TK_API_KERAS) {
+            if (n) code[0] = 0;
+            return 0;
+        }
+        if (api == TK_API_TXKERNEL) return snprintf(code, n, "recompute: layers");
+        if (api == TK_API_TRAINER) return snprintf(code, n, "%sgradient_checkpointing=True)", op);
+        return snprintf(code, n, "(model if hasattr(model, \"gradient_checkpointing_enable\") else model.bert)"
+                        ".gradient_checkpointing_enable()   # the module that has it: model.bert inside a wrapper");
+    }
+    if (n) code[0] = 0;
+    return 0;
 }
 
 #endif

@@ -157,8 +157,8 @@ typedef struct tk_card_fit {
     double step_seconds;          /* predicted, 0 if unknown */
 } tk_card_fit;
 
-/* Diagnoses a parsed message through the one ordered table (oom_message.c,
- * RULES): the facts record is filled once (the message's figures, its
+/* Diagnoses a parsed message through the advisor's one ordered table
+ * (diagnoses.c, tk_diagnose): the facts record is filled once (the message's figures, its
  * processes, the plan of the user's config on its card, the card, the
  * platform in the message's era, the API), then each rule the facts prove
  * writes one sentence, and the fixes follow the diagnoses in order. First

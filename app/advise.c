@@ -479,6 +479,9 @@ tk_status tk_app_advise(tk_session *s, const tk_advise_request *rq, tk_advise_re
     in.n_lengths = nl;
     tk_session_device_now(s, &on, &in.free_now, &in.held_by_session);
     in.held_in_process = tk_session_held_in_process(s);
+    tk_advise_run lrun; /* the session's last run and the live torch state, when the session has them */
+    tk_advise_torch live;
+    tk_session_advise_facts(s, last && rq->from_session && !memcmp(last, &ran, sizeof ran), &in, &lrun, &live);
     int nt = 0;
     const tk_mem_sample *tl = tk_session_timeline(s, &nt);
     size_t *steps = nt > 0 ? tk_malloc((size_t)nt * sizeof *steps) : NULL;

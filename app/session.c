@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 
 #include "tk_app.h"
+#include "tk_advisor.h"
 #include "tk_checkpoint.h"
 #include "tk_files.h"
 #include "tk_hub.h"
@@ -239,6 +240,27 @@ void tk_session_take_advice(tk_session *s, struct tk_advice *a) {
 }
 
 const tk_run_report *tk_session_last_run(const tk_session *s) { return s->have_run ? &s->last_run : NULL; }
+
+void tk_session_advise_facts(const tk_session *s, int same_config, tk_advise_input *in, tk_advise_run *run,
+                             tk_advise_torch *live) {
+    const tk_run_report *r = s ? tk_session_last_run(s) : NULL;
+    if (r) {
+        *run = (tk_advise_run){.ran_out = r->end == TK_RUN_OOM, .same_config = same_config,
+                               .oom = r->have_oom ? &r->oom : NULL, .oom_phase = r->oom_phase,
+                               .peak_allocated = r->peak_allocated, .peak_reserved = r->peak_reserved,
+                               .free_before = r->free_before};
+        in->last_run = run;
+    }
+    static const tk_torch_live_state LIVE[] = {
+        [TK_HOLDER_ABSENT] = TK_TORCH_LIVE_NOT_IMPORTED, [TK_HOLDER_NO_CUDA] = TK_TORCH_LIVE_NO_CUDA,
+        [TK_HOLDER_IDLE] = TK_TORCH_LIVE_IDLE, [TK_HOLDER_HOLDS] = TK_TORCH_LIVE_HOLDS,
+    };
+    const tk_holder *h = s ? tk_session_holder(s) : NULL;
+    if (h && h->state != TK_HOLDER_UNKNOWN && (unsigned)h->state < sizeof LIVE / sizeof LIVE[0] && LIVE[h->state]) {
+        *live = (tk_advise_torch){.state = LIVE[h->state], .allocated = h->allocated, .reserved = h->reserved};
+        in->torch_live = live;
+    }
+}
 
 static void remember_run(tk_session *s, const tk_run_report *r) {
     s->last_run = *r;

@@ -192,6 +192,17 @@ void tk_run_report_clear(tk_run_report *r);
  * the advisor compares its measured peak with the plan. Borrowed. */
 const tk_run_report *tk_session_last_run(const tk_session *s);
 
+/* The advisor's optional inputs from the session (issue 40): the last run
+ * and its OOM record (same_config: it ran the config being advised) into
+ * *run, the companion's live torch state (the holder, when it was read)
+ * into *live; in->last_run / in->torch_live point at them, or stay NULL
+ * when the session has neither. */
+struct tk_advise_input;
+struct tk_advise_run;
+struct tk_advise_torch;
+void tk_session_advise_facts(const tk_session *s, int same_config, struct tk_advise_input *in,
+                             struct tk_advise_run *run, struct tk_advise_torch *live);
+
 /* The last advice of %txadvise (NULL before one), which %txfix picks from.
  * take_advice hands the session a malloc'd tk_advice (it frees the old one;
  * %txreset frees it too). */

@@ -155,6 +155,52 @@ static void test_earlier_run_held(void) {
     TK_CHECK(adv->n_cand > 0 && adv->cand[0].action_only);
 }
 
+/* The session's last run and the companion's live torch state (issue 40):
+ * a run of this config that ran out although the plan fits is named with its
+ * OOM record and what PyTorch in the process holds, read live; a torch that
+ * sees no CUDA is said to hold none of what an earlier run keeps. */
+static void test_last_run_and_live_torch(void) {
+    tk_config c;
+    tk_err e;
+    base_config(&c, "bert-small", 128, 16, "1GiB");
+    tk_plan_result p;
+    TK_CHECK(tk_plan(&c, NULL, 0, &p, &e) == TK_OK);
+    TK_CHECK(p.fits);
+    tk_oom o;
+    memset(&o, 0, sizeof o);
+    o.requested = o.rounded = 64u << 20;
+    o.allocated = 900u << 20;
+    o.reserved = 960u << 20;
+    snprintf(o.owner_name, sizeof o.owner_name, "bert.encoder.layer.1.attention.self");
+    tk_advise_run run = {.ran_out = 1, .same_config = 1, .oom = &o, .oom_phase = "training",
+                         .peak_allocated = 900u << 20, .peak_reserved = 960u << 20, .free_before = 400u << 20};
+    tk_advise_torch live = {.state = TK_TORCH_LIVE_HOLDS, .allocated = 512u << 20, .reserved = 768u << 20};
+    tk_advise_input in = {.config = &c, .last_run = &run, .torch_live = &live};
+    TK_CHECK(tk_advise(&in, adv, &e) == TK_OK);
+    const tk_diag *d = get_diag(adv, TK_DIAG_HEADROOM);
+    TK_CHECK_MSG(d && strstr(d->title, "the last run of this config ran out of memory"), "%s", d ? d->title : "none");
+    TK_CHECK_MSG(d && strstr(d->evidence, "in training: bert.encoder.layer.1.attention.self asked for 64.00 MiB") &&
+                 strstr(d->evidence, "started with 400.00 MiB free") &&
+                 strstr(d->evidence, "memory_reserved() 768.00 MiB, memory_allocated() 512.00 MiB: 256.00 MiB is cache"),
+                 "%s", d ? d->evidence : "none");
+    /* the same run of another config says nothing of this one */
+    run.same_config = 0;
+    TK_CHECK(tk_advise(&in, adv, &e) == TK_OK);
+    TK_CHECK(!has_diag(adv, TK_DIAG_HEADROOM));
+    /* no CUDA in torch: what an earlier run holds is not PyTorch's */
+    live = (tk_advise_torch){.state = TK_TORCH_LIVE_NO_CUDA};
+    tk_advise_input in2 = {.config = &c, .held_by_session = c.capacity - p.peak_reserved / 2, .torch_live = &live};
+    TK_CHECK(tk_advise(&in2, adv, &e) == TK_OK);
+    d = get_diag(adv, TK_DIAG_HEADROOM);
+    TK_CHECK_MSG(d && strstr(d->evidence, "%txreset releases it; PyTorch in this process sees no CUDA device, so it "
+                                          "holds none of it"), "%s", d ? d->evidence : "none");
+    /* absent by default: the evidence as before */
+    tk_advise_input in3 = {.config = &c, .held_by_session = c.capacity - p.peak_reserved / 2};
+    TK_CHECK(tk_advise(&in3, adv, &e) == TK_OK);
+    d = get_diag(adv, TK_DIAG_HEADROOM);
+    TK_CHECK(d && !strstr(d->evidence, "PyTorch"));
+}
+
 static void test_leak_named(void) {
     tk_config c;
     tk_err e;
@@ -295,6 +341,7 @@ int main(void) {
     TK_RUN(test_max_len_from_corpus);
     TK_RUN(test_fragmentation);
     TK_RUN(test_earlier_run_held);
+    TK_RUN(test_last_run_and_live_torch);
     TK_RUN(test_leak_named);
     TK_RUN(test_data_spike);
     TK_RUN(test_registered_fix_kind); /* last: it adds a row for the rest of the process */

@@ -7,7 +7,8 @@ The expected rows come from the issue's rules, not from the code's output:
   of one step by more than 10 % of the plan and 256 MiB; its first fix frees it;
 - capacity only when the step itself needs more than the card (the plan over
   the usable memory, or the request alone over the whole card); without a
-  plan and without that proof both causes are named (step_or_held);
+  plan and without that proof both causes are named (step_or_held); so is a
+  split cache while PyTorch's allocated is half the card or more;
 - fragmentation when the unallocated cache holds the request and allocated
   matches the plan: expandable segments first, PYTORCH_ALLOC_CONF too for
   torch >= 2.9;
@@ -87,8 +88,14 @@ TABLE = [
     ("25_colab_2020_p4", "seed", ["--for", "colab"], "capacity", "more than the 6.22 GiB that the P4 leaves usable",
      "your config's fix", ""),
     # the same messages alone: the figures without a plan
-    ("22_colab_rerun_t4", None, [], "fragmentation", "663.02 MiB reserved but unallocated", "let the cache grow segments",
-     "expandable_segments:True"),
+    # without a plan the split cache is no verdict while allocated is half the card or more: the split
+    # cache, earlier cells' tensors and the step are named; freeing first, the allocator's setting next
+    ("22_colab_rerun_t4", None, [], "step_or_held", "663.02 MiB reserved but unallocated",
+     "if an earlier cell's model or optimizer is still on the card", "gc.collect()"),
+    ("23_colab_fragmentation_t4", None, [], "step_or_held", "3.72 GiB reserved but unallocated",
+     "if an earlier cell's model or optimizer is still on the card", "gc.collect()"),
+    ("06_reserved_p100", None, [], "step_or_held", "13.13 GiB of the 15.90 GiB card was allocated",
+     "if an earlier cell's model or optimizer is still on the card", "gc.collect()"),
     ("24_colab_other_process_t4", None, [], "another_process", "process 3377 held 8.41 GiB", "stop process 3377",
      "nvidia-smi"),
     ("25_colab_2020_p4", None, ["--for", "colab"], "step_or_held", "either one training step needs more than this card",
@@ -170,6 +177,28 @@ def test_fragmentation_is_not_called_capacity(cfgs):
     assert 'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"' in code, code
     assert 'os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"' in code and "#183387" in code, code
     assert code.index("PYTORCH_CUDA_ALLOC_CONF") < code.index("import torch"), code
+
+
+def test_the_message_alone_names_both_causes_of_a_split_cache():
+    """Without a plan and without proof (issue 40): reserved-but-unallocated
+    above the request while PyTorch's allocated is half the card or more
+    names the split cache and the tensors earlier cells hold or the step, in
+    one sentence, never fragmentation as a verdict; the fix that frees
+    memory comes first, the allocator's setting next. With 1.06 GiB of a
+    24 GB card allocated, neither took the room: fragmentation stands."""
+    for msg in ("22_colab_rerun_t4", "23_colab_fragmentation_t4", "06_reserved_p100"):
+        d = advise(msg)
+        ids = [x["id"] for x in d["diagnoses"]]
+        assert "fragmentation" not in ids and ids[0] == "step_or_held", (msg, ids)
+        t = d["diagnoses"][0]["text"]
+        assert "(fragmentation)" in t and "tensors that earlier cells still hold" in t and "one training step" in t, t
+        assert t.count(". ") == 0 and t.endswith("."), t
+        codes = [f["code"] for f in d["fixes"]]
+        alloc = [i for i, c in enumerate(codes) if "PYTORCH_CUDA_ALLOC_CONF" in c]
+        assert "gc.collect()" in codes[0] and alloc and alloc[0] == 1, (msg, codes[:2])
+    d = advise("05_reserved_fragmentation_24gb")
+    assert d["diagnoses"][0]["id"] == "fragmentation", d["diagnoses"][0]
+    assert "max_split_size_mb:128" in d["fixes"][0]["code"], d["fixes"][0]
 
 
 def test_another_process_is_named_never_the_users_own(cfgs):

@@ -26,22 +26,23 @@
 #include "tk_session.h"
 #include "tk_train.h"
 
-/* Largest batch in [1, hi] whose plan fits `cap`, by bisection (a plan's
- * peak grows with the batch). 0 when batch 1 does not fit. */
-static int largest_batch(tk_config c, int seq, size_t cap, int hi, size_t *peak, tk_err *err) {
-    c.max_len = seq;
-    c.batch_size = 1;
-    c.eval_batch_size = 0;
-    c.capacity = cap;
+/* The largest batch in [lo, hi] whose plan of c (its attention as set) fits,
+ * by bisection (a plan's peak grows with the batch): lo fits already (its
+ * peak in *peak), or lo is 0 and batch 1 is planned first (0 when it does
+ * not fit). -1 on a plan's error. */
+static int bisect_batch(tk_config *c, int lo, int hi, size_t *peak, tk_err *err) {
     tk_plan_result p;
-    if (tk_plan(&c, NULL, 0, &p, err) != TK_OK) return -1;
-    if (!p.fits) return 0;
-    *peak = p.peak_reserved;
-    int lo = 1;
+    if (lo < 1) {
+        c->batch_size = 1;
+        if (tk_plan(c, NULL, 0, &p, err) != TK_OK) return -1;
+        if (!p.fits) return 0;
+        *peak = p.peak_reserved;
+        lo = 1;
+    }
     while (lo < hi) {
         int mid = lo + (hi - lo + 1) / 2;
-        c.batch_size = mid;
-        if (tk_plan(&c, NULL, 0, &p, err) != TK_OK) return -1;
+        c->batch_size = mid;
+        if (tk_plan(c, NULL, 0, &p, err) != TK_OK) return -1;
         if (p.fits) {
             lo = mid;
             *peak = p.peak_reserved;
@@ -50,6 +51,51 @@ static int largest_batch(tk_config c, int seq, size_t cap, int hi, size_t *peak,
         }
     }
     return lo;
+}
+
+/* tk_config_attention_fit's `fits` that only notes it was asked. */
+static int attention_asked(const tk_config *c, void *u) {
+    (void)c;
+    *(int *)u = 1;
+    return 1;
+}
+
+/* Largest batch in [1, hi] whose plan fits `cap`; 0 when batch 1 does not
+ * fit. Each candidate batch is planned once: attention: auto is resolved
+ * for the search, not in every plan. Where memory has no say in it (a
+ * card's fast kernel, the cpu) it is one attention for every batch. Where
+ * it has (fp32 on a card: standard, unless only fused fits), a batch fits
+ * when standard or fused does, so the answer is the larger of the two
+ * largest batches: fused's by bisection, then standard from there on
+ * (standard at fused's largest and one more: where standard fits at a
+ * batch, auto runs it and reports its peak). */
+static int largest_batch(tk_config c, int seq, size_t cap, int hi, size_t *peak, tk_err *err) {
+    c.max_len = seq;
+    c.batch_size = 1;
+    c.eval_batch_size = 0;
+    c.capacity = cap;
+    if (c.attention == TK_ATTN_AUTO) {
+        int asked = 0;
+        const tk_attention a = tk_config_attention_fit(&c, TK_DEV_META, attention_asked, &asked, NULL);
+        if (!asked) c.attention = a;
+    }
+    if (c.attention != TK_ATTN_AUTO) return bisect_batch(&c, 0, hi, peak, err);
+    c.attention = TK_ATTN_FUSED;
+    const int bf = bisect_batch(&c, 0, hi, peak, err);
+    if (bf < 0) return -1;
+    c.attention = TK_ATTN_STANDARD;
+    c.batch_size = bf > 0 ? bf : 1;
+    tk_plan_result p;
+    if (tk_plan(&c, NULL, 0, &p, err) != TK_OK) return -1;
+    if (!p.fits) return bf; /* auto runs fused there: its peak */
+    *peak = p.peak_reserved;
+    const int b0 = c.batch_size;
+    if (b0 >= hi) return b0;
+    c.batch_size = b0 + 1;
+    if (tk_plan(&c, NULL, 0, &p, err) != TK_OK) return -1;
+    if (!p.fits) return b0;
+    *peak = p.peak_reserved;
+    return bisect_batch(&c, b0 + 1, hi, peak, err);
 }
 
 /* A table bundle with a bar chart: text/plain `text` (taken), the table's

@@ -45,8 +45,9 @@ tk_attention tk_config_attention_fit(const tk_config *c, tk_dev_kind on, tk_atte
      * attention's cuBLAS GEMMs are faster (H200, bert-base 32 x 512 fp32: 312
      * ms/step against 661, bench/RESULTS.md), unless memory forces fused:
      * standard keeps the T x T probabilities for backward (the same run:
-     * 14.55 GB peak against 9.53 GB fused), so a run that fits only fused
-     * stays fused. */
+     * 14.55 GB peak against 9.53 GB fused, measured before fused attention
+     * kept its dropout bits: they add T x T / 8 bytes a head and layer, 151
+     * MB there), so a run that fits only fused stays fused. */
     int cc_major, cc_minor;
     attention_card(c, &cc_major, &cc_minor);
     const tk_dtype dt = c->precision == TK_PREC_FP16 ? TK_F16 : c->precision == TK_PREC_BF16 ? TK_BF16 : TK_F32;

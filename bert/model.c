@@ -9,8 +9,9 @@
  * device's tagged allocator in an order that depends on the options and the
  * batch shape only — never on the backend — so meta plans the real sequence;
  * a step frees all it allocated, also on error; dropout is regenerated from
- * (seed, step, layer, site), which is also how backward gets the attention
- * dropout mask back without storing it (only the softmax output is kept).
+ * (seed, step, layer, site), which is also how standard attention's backward
+ * gets its dropout mask back without storing it (only the softmax output is
+ * kept); fused attention keeps its decisions bit-packed (the op's keep mask).
  *
  * Memory choices (they show in the planner): Q, K, V are kept for
  * backward, head-split (B,NH,T,HS) for standard attention and in the
@@ -20,7 +21,8 @@
  * from its input in backward rather than kept; layers whose parameters and
  * inputs need no gradient (frozen prefix) run as in eval, keeping nothing.
  * attention: fused runs tk_op_attention_fwd/bwd, which keep only a per-row
- * log-sum-exp (B,NH,T) instead of the (B,NH,T,T) probabilities; recompute:
+ * log-sum-exp (B,NH,T) instead of the (B,NH,T,T) probabilities, and in
+ * training with dropout their keep bits (B,NH,T,T)/8 bytes; recompute:
  * attention keeps nothing and rebuilds the probabilities chunk by chunk.
  */
 #include "tk_files.h"
@@ -228,7 +230,7 @@ static tk_status check_backend(tk_dev *dev, const tk_model_opts *o, tk_err *err)
     if (o->attention != TK_ATTN_FUSED) return TK_OK;
     tk_tensor z;
     memset(&z, 0, sizeof z);
-    if (tk_op_attention_fwd(dev, &z, &z, &z, &z, &z, NULL, &(tk_attn){ .scale = 1.0f }) == TK_OK)
+    if (tk_op_attention_fwd(dev, &z, &z, NULL, &z, &z, &z, NULL, &(tk_attn){ .scale = 1.0f }) == TK_OK)
         return TK_OK;
     tk_err_set(err, TK_EINVAL, "model: attention: fused is not available here (%s)",
                tk_dev_last_err(dev)->msg);
@@ -767,6 +769,7 @@ typedef struct lacts {
     tk_tensor qh, kh, vh;     /* (Bs,NH,T,HS) */
     tk_tensor probs;          /* (Bs,NH,T,T) softmax output, before dropout */
     tk_tensor lse;            /* fused: (Bs,NH,T) f32 log-sum-exp per query row */
+    tk_tensor keepm;          /* fused, dropout: the bit-packed keep mask (tk_attn_keep_bytes) */
     tk_tensor ctx;            /* (N,H) merged context */
     tk_tensor r1, mean1, rstd1, a1; /* attention residual sum, its LN stats and output */
     tk_tensor u;              /* (N,I) intermediate before GELU */
@@ -1004,11 +1007,17 @@ static tk_status layer_fwd(step *S, int l, tk_tensor *in, int keep, int free_in)
             TRY(al(S, qkv[j], S->adt, 4, Bs, T, NH, HS, ca, own[OQ + j]));
             TRY(linear_fwd(S, qkv[j], in, w + LQW + 2 * j, N, H, H));
         }
-        /* ctx = dropout(P) V without P: only the per-row lse is kept */
+        /* ctx = dropout(P) V without P: only the per-row lse is kept, and
+         * with dropout the forward's keep bits (T*T/8 bytes a head: backward
+         * reads them instead of hashing each element twice more; a recompute
+         * rebuilds them with the layer) */
+        const int km = keep && pa > 0.0f;
         TRY(al(S, &A->lse, TK_F32, 3, Bs, NH, T, 0, ca, own[OSELF]));
+        if (km) TRY(al(S, &A->keepm, TK_U8, 1, tk_attn_keep_bytes(Bs, NH, T), 0, 0, 0, ca, own[OSELF]));
         TRY(alf(S, &A->ctx, N, H, ca, own[OSELF]));
         const tk_attn sh = fused_shape(S, l);
-        TRY(tk_op_attention_fwd(S->d, &A->ctx, &A->lse, &A->qh, &A->kh, &A->vh, &s->mask, &sh));
+        TRY(tk_op_attention_fwd(S->d, &A->ctx, &A->lse, km ? &A->keepm : NULL, &A->qh, &A->kh, &A->vh, &s->mask,
+                                &sh));
         if (!keep) fr(S, &A->lse);
     } else {
         TRY(alf(S, &s->tmp, N, H, TK_CAT_TEMP, own[OQ]));
@@ -1181,10 +1190,11 @@ static tk_status attn_bwd_fused(step *S, int l) {
     TRY(al(S, &s->dkh, S->adt, 4, Bs, T, NH, HS, TK_CAT_TEMP, own[OK_]));
     const tk_attn sh = fused_shape(S, l);
     TRY(tk_op_attention_bwd(S->d, &s->dqh, &s->dkh, &s->dvh, &s->dr, &A->qh, &A->kh, &A->vh, &A->ctx, &A->lse,
-                            &s->mask, &sh));
+                            sh.p > 0.0f ? &A->keepm : NULL, &s->mask, &sh));
     fr(S, &s->dr);
     fr(S, &A->ctx);
     fr(S, &A->lse);
+    fr(S, &A->keepm);
     fr(S, &A->vh);
     fr(S, &A->kh);
     fr(S, &A->qh);

@@ -17,9 +17,14 @@
  *    included), so nothing of size T*T is kept between the two calls.
  *  - Dropout keeps element (b, h, i, j) iff tk_dropout_keep(key, offset +
  *    ((b*NH + h)*T + i)*T + j, p): the mask tk_op_dropout_fwd draws over the
- *    (B,NH,T,T) probabilities at that offset.
+ *    (B,NH,T,T) probabilities at that offset. Forward hashes each element
+ *    once, into the keep mask (tk_ops_spec.h's bit order, the tensor-core
+ *    kernel's: the same bytes cuda writes), and reads its rows from there;
+ *    backward reads the same bits. A forward given no keep tensor (one whose
+ *    activations are not kept) puts its sequence*head's bits in scratch.
  *  - Deterministic: every sum runs in a fixed order within one thread.
- *  - Scratch is malloc'd per thread (about 10*T*HS + 3*T floats); if the
+ *  - Scratch is malloc'd per thread (about 10*T*HS + 3*T floats, and in a
+ *    forward without a keep tensor T*T/8 bytes of bits); if the
  *    host has none the op returns TK_ENOMEM and its outputs are undefined.
  *
  * Speed: a task keeps K (and in backward V) transposed, so a row's T scores
@@ -116,11 +121,19 @@ static float row_exp(float *s, float sub, int64_t T) {
     return sum;
 }
 
-/* m[j] = 1/(1-p) where element (row + j) is kept, else 0 */
-TK_VEC_CLONES
-static void row_dropout(float *m, uint64_t key, uint64_t row, float p, float keep_scale, int64_t T) {
-#pragma omp simd
-    for (int64_t j = 0; j < T; j++) m[j] = tk_dropout_keep(key, row + (uint64_t)j, p) ? keep_scale : 0.0f;
+/* kw (tk_attn_keep_words(T) words) = sequence*head bh's keep bits */
+static void keep_fill(uint32_t *kw, uint64_t key, uint64_t offset, float p, int64_t T, int64_t bh) {
+    const int64_t nw = tk_attn_keep_words(T);
+    for (int64_t w = 0; w < nw; w++) kw[w] = tk_attn_keep_word(key, offset, p, T, bh, w);
+}
+
+/* m[j] = keep_scale where query i's bit of key j is set in kw, else 0 */
+static void row_keep(float *m, const uint32_t *kw, int64_t T, int64_t i, float keep_scale) {
+    for (int64_t j = 0; j < T; j++) {
+        int bit;
+        const int64_t w = tk_attn_keep_at(T, i, j, &bit);
+        m[j] = kw[w] >> bit & 1u ? keep_scale : 0.0f;
+    }
 }
 
 static int seq_all_masked(const int32_t *mrow, int64_t T) {
@@ -130,9 +143,9 @@ static int seq_all_masked(const int32_t *mrow, int64_t T) {
     return 1;
 }
 
-tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
-                               const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
-                               const tk_attn *a) {
+tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, tk_tensor *keep,
+                               const tk_tensor *q, const tk_tensor *k, const tk_tensor *v,
+                               const tk_tensor *mask, const tk_attn *a) {
     const int64_t NH = a->NH, T = a->T, HS = a->HS, ld = a->ld, C = NH * HS;
     const int64_t BH = a->B * NH, TH = T * HS;
     const float scale = a->scale, p = a->p;
@@ -142,10 +155,13 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
     const uint64_t key = tk_dropout_key(a->seed);
     const float keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
     float *L = lse->data;
+    const int64_t nw = p > 0.0f ? tk_attn_keep_words(T) : 0; /* per sequence*head */
+    uint32_t *kall = p > 0.0f && keep ? keep->data : NULL;
     int failed = 0;
 #pragma omp parallel num_threads(tk_cpu_ctx_threads(ctx)) if (BH > 1 && BH * T * TH > 65536)
     {
-        float *buf = tk_malloc(((size_t)5 * TH + (size_t)2 * T) * sizeof(float));
+        const size_t nf = (size_t)5 * TH + (size_t)2 * T;
+        float *buf = tk_malloc(nf * sizeof(float) + (kall ? 0 : (size_t)nw * sizeof(uint32_t)));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
@@ -154,6 +170,8 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < BH; bh++) {
             if (!buf) continue;
+            uint32_t *kw = kall ? kall + bh * nw : (uint32_t *)(buf + nf);
+            if (p > 0.0f) keep_fill(kw, key, offset, p, T, bh);
             const int64_t b = bh / NH, h = bh % NH, at = b * T * ld + h * HS, ato = b * T * C + h * HS;
             const int32_t *mrow = mk ? mk + b * T : NULL;
             const int allm = seq_all_masked(mrow, T);
@@ -167,7 +185,7 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
                 const float sum = row_exp(s, mx, T), inv = 1.0f / sum;
                 L[bh * T + i] = mx + logf(sum);
                 if (p > 0.0f) {
-                    row_dropout(m, key, offset + (uint64_t)((bh * T + i) * T), p, keep_scale, T);
+                    row_keep(m, kw, T, i, keep_scale);
                     for (int64_t j = 0; j < T; j++) s[j] *= inv * m[j];
                 } else {
                     for (int64_t j = 0; j < T; j++) s[j] *= inv;
@@ -187,16 +205,16 @@ tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const 
 tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
                                const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
                                const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
-                               const tk_tensor *mask, const tk_attn *a) {
+                               const tk_tensor *keep, const tk_tensor *mask, const tk_attn *a) {
     const int64_t NH = a->NH, T = a->T, HS = a->HS, ld = a->ld, C = NH * HS;
     const int64_t BH = a->B * NH, TH = T * HS;
     const float scale = a->scale, p = a->p;
-    const uint64_t offset = a->offset;
     if (BH == 0 || T == 0) return TK_OK;
     const int32_t *mk = mask ? mask->data : NULL;
-    const uint64_t key = tk_dropout_key(a->seed);
     const float keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
     const float *L = lse->data;
+    const int64_t nw = p > 0.0f ? tk_attn_keep_words(T) : 0;
+    const uint32_t *kall = p > 0.0f ? keep->data : NULL; /* tk_op_attention_bwd: present when p > 0 */
     int failed = 0;
 #pragma omp parallel num_threads(tk_cpu_ctx_threads(ctx)) if (BH > 1 && BH * T * TH > 65536)
     {
@@ -229,7 +247,7 @@ tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tenso
                 const float li = L[bh * T + i], Di = dot(gi, of + i * HS, HS);
                 row_exp(s, li, T); /* s = P */
                 row_dots(dp, gi, vt, NULL, 0, 0, T, HS, 1.0f);
-                if (p > 0.0f) row_dropout(m, key, offset + (uint64_t)((bh * T + i) * T), p, keep_scale, T);
+                if (p > 0.0f) row_keep(m, kall + bh * nw, T, i, keep_scale);
                 for (int64_t j = 0; j < T; j++) {
                     const float pij = s[j];
                     if (pij == 0.0f) continue;

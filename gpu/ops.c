@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "dev_internal.h"
+#include "tk_ops_spec.h"
 
 #define M_FLT ((1u << TK_F32) | (1u << TK_F16) | (1u << TK_BF16))
 #define M_F32 (1u << TK_F32)
@@ -606,9 +607,20 @@ static tk_status attn_missing(tk_dev *d, const char *op) {
                 d->be->name);
 }
 
-tk_status tk_op_attention_fwd(tk_dev *d, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
-                              const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
-                              const tk_attn *a) {
+int64_t tk_attn_keep_bytes(int64_t B, int64_t NH, int64_t T) {
+    return smul(smul(B, NH), smul(tk_attn_keep_words(T), 4));
+}
+
+/* The keep mask's check: u8, every sequence*head's words; when p is 0 it is
+ * not read or written (and may be NULL). */
+static tk_status attn_keep(tk_dev *d, const char *op, const tk_tensor *keep, const tk_attn *r, int optional) {
+    if (r->p <= 0.0f) return TK_OK;
+    return arg(d, op, "keep", keep, M_U8, tk_attn_keep_bytes(r->B, r->NH, r->T), optional);
+}
+
+tk_status tk_op_attention_fwd(tk_dev *d, tk_tensor *out, tk_tensor *lse, tk_tensor *keep,
+                              const tk_tensor *q, const tk_tensor *k, const tk_tensor *v,
+                              const tk_tensor *mask, const tk_attn *a) {
     const char *op = "attention_fwd";
     DEV_OK();
     tk_attn r;
@@ -618,18 +630,21 @@ tk_status tk_op_attention_fwd(tk_dev *d, tk_tensor *out, tk_tensor *lse, const t
     TRY(arg(d, op, "q", q, M_FLT, nld, 0));
     TRY(arg(d, op, "k", k, M_FLT, nld, 0));
     TRY(arg(d, op, "v", v, M_FLT, nld, 0));
+    TRY(attn_keep(d, op, keep, &r, 1));
+    if (r.p <= 0.0f) keep = NULL;
     if (!d->be->attention_fwd) TRY(attn_missing(d, op));
     const double bh = (double)r.B * r.NH, tt = (double)r.T * r.T;
     const double fl = bh * (4.0 * tt * r.HS + 9.0 * tt + (r.p > 0 ? 2.0 * tt : 0));
     d->cost.attn_flops += fl;
-    charge(d, fl, (double)n * (sz(q) + sz(k) + sz(v) + sz(out)) + 4.0 * bh * r.T + (mask ? 4.0 * r.B * r.T : 0));
-    DISPATCH(attention_fwd, out, lse, q, k, v, mask, &r);
+    charge(d, fl, (double)n * (sz(q) + sz(k) + sz(v) + sz(out)) + 4.0 * bh * r.T + (mask ? 4.0 * r.B * r.T : 0) +
+                      (keep ? (double)tk_attn_keep_bytes(r.B, r.NH, r.T) : 0));
+    DISPATCH(attention_fwd, out, lse, keep, q, k, v, mask, &r);
 }
 
 tk_status tk_op_attention_bwd(tk_dev *d, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
                               const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
                               const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
-                              const tk_tensor *mask, const tk_attn *a) {
+                              const tk_tensor *keep, const tk_tensor *mask, const tk_attn *a) {
     const char *op = "attention_bwd";
     DEV_OK();
     tk_attn r;
@@ -643,12 +658,15 @@ tk_status tk_op_attention_bwd(tk_dev *d, tk_tensor *dq, tk_tensor *dk, tk_tensor
     TRY(arg(d, op, "k", k, M_FLT, nld, 0));
     TRY(arg(d, op, "v", v, M_FLT, nld, 0));
     TRY(arg(d, op, "out", out, M_FLT, n, 0));
+    TRY(attn_keep(d, op, keep, &r, 0));
+    if (r.p <= 0.0f) keep = NULL;
     if (!d->be->attention_bwd) TRY(attn_missing(d, op));
     const double bh = (double)r.B * r.NH, tt = (double)r.T * r.T;
     const double fl = bh * (10.0 * tt * r.HS + 8.0 * tt + (r.p > 0 ? 2.0 * tt : 0));
     d->cost.attn_flops += fl;
     charge(d, fl,
            (double)n * (sz(dq) + sz(dk) + sz(dv) + sz(dout) + sz(q) + sz(k) + sz(v) + sz(out)) +
-               4.0 * bh * r.T + (mask ? 4.0 * r.B * r.T : 0));
-    DISPATCH(attention_bwd, dq, dk, dv, dout, q, k, v, out, lse, mask, &r);
+               4.0 * bh * r.T + (mask ? 4.0 * r.B * r.T : 0) +
+               (keep ? (double)tk_attn_keep_bytes(r.B, r.NH, r.T) : 0));
+    DISPATCH(attention_bwd, dq, dk, dv, dout, q, k, v, out, lse, keep, mask, &r);
 }

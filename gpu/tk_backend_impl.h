@@ -98,13 +98,13 @@ typedef struct tk_backend {
                         int64_t n, const tk_adamw_hp *hp);
     /* optional: a backend without them cannot run attention: fused. a->ld
      * is never 0 here (tk_op_attention_* fill in NH*HS). */
-    tk_status (*attention_fwd)(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
-                               const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
-                               const tk_attn *a);
+    tk_status (*attention_fwd)(void *ctx, tk_tensor *out, tk_tensor *lse, tk_tensor *keep,
+                               const tk_tensor *q, const tk_tensor *k, const tk_tensor *v,
+                               const tk_tensor *mask, const tk_attn *a);
     tk_status (*attention_bwd)(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
                                const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
                                const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
-                               const tk_tensor *mask, const tk_attn *a);
+                               const tk_tensor *keep, const tk_tensor *mask, const tk_attn *a);
 } tk_backend;
 
 /* The table's entries as lists, one X(name) each, so that a backend fills
@@ -171,13 +171,13 @@ typedef struct tk_cpu_ctx_head {
 } tk_cpu_ctx_head;
 static inline int tk_cpu_ctx_threads(void *ctx) { return ((const tk_cpu_ctx_head *)ctx)->threads; }
 /* Its fused attention (gpu/cpu_attention.c), registered in the cpu table. */
-tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
-                               const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
-                               const tk_attn *a);
+tk_status tk_cpu_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, tk_tensor *keep,
+                               const tk_tensor *q, const tk_tensor *k, const tk_tensor *v,
+                               const tk_tensor *mask, const tk_attn *a);
 tk_status tk_cpu_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
                                const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
                                const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
-                               const tk_tensor *mask, const tk_attn *a);
+                               const tk_tensor *keep, const tk_tensor *mask, const tk_attn *a);
 
 /* The counting backend: no data, fake addresses, NULL ops. */
 const tk_backend *tk_backend_meta(void);

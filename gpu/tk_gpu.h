@@ -659,7 +659,14 @@ tk_status tk_op_sumsq_many(tk_dev *d, tk_tensor *out, const tk_tensor *const *xs
  * Dropout (p > 0) on the probabilities uses the tk_op_dropout generator with
  * element index offset + ((b*NH + h)*T + i)*T + j (query i, key j) — the
  * mask standard attention gets from tk_op_dropout_fwd over the (B,NH,T,T)
- * probabilities at that offset. dq, dk, dv are overwritten. No backend must
+ * probabilities at that offset. keep (u8, tk_attn_keep_bytes(B, NH, T);
+ * p > 0 only) holds those decisions bit-packed (tk_ops_spec.h's layout,
+ * the tensor-core forward's fragment order): forward writes it when given
+ * one (NULL: a forward whose activations are not kept for backward), and
+ * backward, which needs it when p > 0, reads it instead of hashing every
+ * element again (every backend: the cpu backend fills it and reads its own
+ * forward's decisions from it too; cuda's reference kernel fills it and
+ * hashes). dq, dk, dv are overwritten. No backend must
  * provide them: a device whose backend lacks them fails with TK_EINVAL (meta
  * counts costs only). On cuda, which kernel runs is tk_attn_kernel.h's rule. */
 typedef struct tk_attn {
@@ -669,13 +676,16 @@ typedef struct tk_attn {
     uint64_t seed, offset; /* the dropout generator's, as tk_op_dropout_fwd */
 } tk_attn;
 
-tk_status tk_op_attention_fwd(tk_dev *d, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
-                              const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
-                              const tk_attn *a);
+tk_status tk_op_attention_fwd(tk_dev *d, tk_tensor *out, tk_tensor *lse, tk_tensor *keep,
+                              const tk_tensor *q, const tk_tensor *k, const tk_tensor *v,
+                              const tk_tensor *mask, const tk_attn *a);
 tk_status tk_op_attention_bwd(tk_dev *d, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
                               const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
                               const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
-                              const tk_tensor *mask, const tk_attn *a);
+                              const tk_tensor *keep, const tk_tensor *mask, const tk_attn *a);
+/* Bytes of the fused attention's keep mask for B sequences of T, NH heads:
+ * B*NH*T*T/8 when 64 divides T (tiles of 64 x 64 elements, the last padded). */
+int64_t tk_attn_keep_bytes(int64_t B, int64_t NH, int64_t T);
 
 /* AdamW (decoupled weight decay, bias-corrected). param f32 master; grad any
  * float dtype, multiplied by grad_scale first; m, v f32. step >= 1. */

@@ -123,6 +123,50 @@ TK_SPEC_FN float tk_dropout_scale(float p) {
     return p <= 0.0f ? 1.0f : (p < 1.0f ? 1.0f / (1.0f - p) : 0.0f);
 }
 
+/* ---- fused attention's keep mask ----
+ * tk_op_attention_fwd keeps its dropout decisions for backward as one bit per
+ * (sequence*head bh, query i, key j), in the order the tensor-core forward
+ * (gpu/cuda/attention.cu) holds the scores in registers, so that each of its
+ * lanes writes one 32-bit word per 64 x 64 tile and the dQ kernel reads it
+ * back the same way:
+ *   tile  (bh, i/64, j/64) row-major, nt = ceil(T/64) tiles a side, each 128
+ *         words (512 bytes): T = 512 is T*T/8 bytes a head, other T padded;
+ *   word  (i%64/16)*32 + (i%8)*4 + (j%8)/2 in its tile (the mma fragment's
+ *         warp and lane: g = i%8, t = (j%8)/2);
+ *   bit   (j%64/8)*4 + (i%16/8)*2 + j%2 (n-tile and register).
+ * A bit is 1 <=> tk_dropout_keep(key, offset + (bh*T + i)*T + j, p): the
+ * dropout's own bits. Bits of i or j >= T are 0. Words are little-endian in
+ * the op's u8 tensor (every host and card this builds for). */
+#define TK_ATTN_KEEP_TILE 64
+
+/* 32-bit words of one sequence*head's mask */
+TK_SPEC_FN int64_t tk_attn_keep_words(int64_t T) {
+    const int64_t nt = (T + TK_ATTN_KEEP_TILE - 1) / TK_ATTN_KEEP_TILE;
+    return nt * nt * 128;
+}
+
+/* Where (query i, key j)'s bit is: the word (in its sequence*head's words)
+ * returned, the bit in *bit. */
+TK_SPEC_FN int64_t tk_attn_keep_at(int64_t T, int64_t i, int64_t j, int *bit) {
+    const int64_t nt = (T + TK_ATTN_KEEP_TILE - 1) / TK_ATTN_KEEP_TILE;
+    *bit = (int)((j % 64 / 8) * 4 + (i % 16 / 8) * 2 + (j & 1));
+    return ((i / 64) * nt + j / 64) * 128 + (i % 64 / 16) * 32 + (i % 8) * 4 + (j % 8) / 2;
+}
+
+/* Word w of sequence*head bh's mask (dropout key and offset as tk_attn's). */
+TK_SPEC_FN uint32_t tk_attn_keep_word(uint64_t key, uint64_t offset, float p, int64_t T, int64_t bh, int64_t w) {
+    const int64_t nt = (T + TK_ATTN_KEEP_TILE - 1) / TK_ATTN_KEEP_TILE, tile = w / 128, x = w % 128;
+    const int64_t g = x % 32 / 4, t = x % 4, i0 = tile / nt * 64 + x / 32 * 16 + g, j0 = tile % nt * 64 + 2 * t;
+    uint32_t bits = 0;
+    for (int n = 0; n < 8; n++)
+        for (int e = 0; e < 4; e++) {
+            const int64_t i = i0 + 8 * (e >> 1), j = j0 + 8 * n + (e & 1);
+            if (i < T && j < T && tk_dropout_keep(key, offset + (uint64_t)((bh * T + i) * T + j), p))
+                bits |= 1u << (n * 4 + e);
+        }
+    return bits;
+}
+
 /* ---- attention mask ---- */
 
 /* Added to the scores of masked keys before softmax: -FLT_MAX, so a masked

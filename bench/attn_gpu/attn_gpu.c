@@ -5,7 +5,7 @@
  *
  * For each sequence length and dtype, forward and backward of
  * tk_op_attention_* (as the model calls them: q, k, v, the context and its
- * gradient (B,T,NH,HS) tensors of their own, the attention mask, dropout
+ * gradient (B,T,NH,HS) tensors of their own, the keep mask, the attention mask, dropout
  * 0.1, or each rate of --p: 0,0.1 times the kernels without and with it) with TXK_ATTN_KERNEL unset (the card's pick), =sm75 (T4's m16n8k8
  * path) and =reference (the fp32-core kernel). One call warms up, then
  * `reps` calls are timed between two device syncs; the line gives the mean
@@ -52,8 +52,9 @@ static double time_calls(tk_dev *d, int fb, int reps, tk_tensor *t, const tk_ten
             if (tk_dev_sync(d, &e) != TK_OK) break;
             t0 = now();
         }
-        st = fb ? tk_op_attention_bwd(d, &t[5], &t[6], &t[7], &t[4], &t[0], &t[1], &t[2], &t[3], &t[8], mask, a)
-                : tk_op_attention_fwd(d, &t[3], &t[8], &t[0], &t[1], &t[2], mask, a);
+        tk_tensor *keep = a->p > 0 ? &t[9] : NULL;
+        st = fb ? tk_op_attention_bwd(d, &t[5], &t[6], &t[7], &t[4], &t[0], &t[1], &t[2], &t[3], &t[8], keep, mask, a)
+                : tk_op_attention_fwd(d, &t[3], &t[8], keep, &t[0], &t[1], &t[2], mask, a);
     }
     if (st != TK_OK || tk_dev_sync(d, &e) != TK_OK) return -1.0;
     return (now() - t0) / reps;
@@ -93,12 +94,13 @@ int main(int argc, char **argv) {
             sscanf(dp, "%7[^,]", name);
             dt = !strcmp(name, "fp16") ? TK_F16 : !strcmp(name, "bf16") ? TK_BF16 : TK_F32;
             const int64_t n = (int64_t)B * T * NH * HS;
-            tk_tensor t[9], mask;
+            tk_tensor t[10], mask; /* q k v out dout dq dk dv lse keep */
             memset(t, 0, sizeof t);
             memset(&mask, 0, sizeof mask);
             int ok = 1;
             for (int i = 0; i < 8 && ok; i++) ok = alloc(d, &t[i], dt, n, i < 5) == 0;
             ok = ok && alloc(d, &t[8], TK_F32, (int64_t)B * NH * T, 0) == 0;
+            ok = ok && alloc(d, &t[9], TK_U8, tk_attn_keep_bytes(B, NH, T), 0) == 0;
             ok = ok && alloc(d, &mask, TK_I32, (int64_t)B * T, 0) == 0 && tk_op_fill(d, &mask, 1.0f, (int64_t)B * T) == TK_OK;
             for (char *pp = ps; *pp && ok; ) {
                 char *end;
@@ -132,7 +134,7 @@ int main(int argc, char **argv) {
                 }
             }
             unsetenv(TK_ATTN_KERNEL_ENV);
-            for (int i = 0; i < 9; i++) tk_tensor_free(d, &t[i]);
+            for (int i = 0; i < 10; i++) tk_tensor_free(d, &t[i]);
             tk_tensor_free(d, &mask);
             dp += strlen(name);
             if (*dp == ',') dp++;

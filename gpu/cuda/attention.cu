@@ -1,6 +1,7 @@
 /* attention.cu — the cuda backend's fused attention: tk_op_attention_fwd/bwd
  * (tk_gpu.h's contract: (B, T, NH, HS) tensors, q-like rows `ld` apart, a
- * per-row log-sum-exp, the counter-based dropout regenerated in backward).
+ * per-row log-sum-exp, the counter-based dropout kept as
+ * bits for backward).
  *
  * Two implementations, picked per call by gpu/tk_attn_kernel.h's rule:
  *  - the tensor-core kernels below, FlashAttention-2's recurrence on
@@ -24,7 +25,12 @@
  *            P^T from lse, dV += (P M)^T dO, dP^T = V dO^T, dK += dS^T Q.
  *   dQ       block (64 query rows, sequence*head); per key tile: P rebuilt
  *            from lse, dP = dO V^T, dS = P (dP M - D) scale, dQ += dS K.
- * with M the dropout factor (0 or 1/(1-p)); dS's scale is applied once, to
+ * with M the dropout factor (0 or 1/(1-p)): the forward hashes each element
+ * once and stores its keep bit, one 32-bit word per lane and tile in the
+ * order its fragments hold them (tk_ops_spec.h's keep mask, B*NH*T*T/8
+ * bytes, a planned tensor of the op), which dQ reads back a word per lane
+ * and tile, and dK/dV (whose fragments are the transpose) 16 words per lane
+ * and tile, both through shared memory; dS's scale is applied once, to
  * dQ and dK. Splitting dQ from dK/dV costs S and dP twice but needs no
  * atomics: every output element has one writer, so a run repeats bit for
  * bit. P and dS go from the accumulators into the next mma as A fragments,
@@ -36,15 +42,17 @@
  * SASS; bench/RESULTS.md has the counts, gpu/cuda/ptxas_check.sh holds each
  * kernel to its register budget in the build): the exponent is
  * ex2.approx.ftz (fm_exp2; the kernels have no bit-exact contract and are
- * compiled with FMA contraction, unlike the other files); the dropout test
- * is cuda_shared.h's tk_drop_keep_z with each row's part of the hash done
- * once, the same bits as tk_dropout_keep, under one branch per tile that
- * every thread of the grid takes the same way.
+ * compiled with FMA contraction, unlike the other files); the forward's
+ * dropout test is cuda_shared.h's tk_drop_keep_hi with each row's part of
+ * the hash done once, the same bits as tk_dropout_keep, under one branch per
+ * tile that every thread of the grid takes the same way (so are the
+ * backward kernels' reads of the keep bits).
  *
  * Shared memory: 3 (forward) or 4 (backward) tiles of 64 rows x (HS + 8)
  * 16-bit values (the 8 of padding put the 8 rows an ldmatrix reads in 8
- * different bank groups) and three rows of 64 floats: 28 KiB / 37 KiB at
- * HS = 64, under the 48 KiB every card gives without opting in. Loads and
+ * different bank groups), three rows of 64 floats and in backward a tile's
+ * 128 keep words: 28 KiB / 38 KiB at HS = 64, under the 48 KiB every card gives
+ * without opting in. Loads and
  * stores of tiles are 128-bit.
  *
  * The same source runs in the host emulation (tests/gpu_cuda_host/:
@@ -119,15 +127,41 @@ typedef struct tk_fm_args {
     int drop;                     /* p > 0 */
     uint32_t keep_min;            /* fm_keep_hi's threshold for p */
     uint64_t key, offset;         /* dropout */
+    uint32_t *keep;               /* p > 0: the keep mask (tk_ops_spec.h), written by forward (unless NULL),
+                                     read by dQ and dK/dV */
+    int64_t nt;                   /* 64-row tiles a side: ceil(T/64) */
 } tk_fm_args;
 
 enum { FM_FWD, FM_DQ, FM_DKV, FM_D };
 
 /* Bytes of shared memory: 16-bit tiles, then three rows of floats (bias,
- * lse and D; the forward uses the first). */
+ * lse and D; the forward uses the first), then in dQ and dK/dV one tile's
+ * keep words (128: staged with the tiles, so that no register holds one
+ * across the tile's mma passes). */
 static size_t fm_smem_bytes(int kind, int64_t HS) {
     const size_t tiles = kind == FM_FWD ? 3 : 4;
-    return tiles * FM_TILE * (size_t)(HS + 8) * 2 + 3 * FM_TILE * sizeof(float);
+    return tiles * FM_TILE * (size_t)(HS + 8) * 2 + 3 * FM_TILE * sizeof(float) +
+           (kind == FM_FWD ? 0 : FM_THREADS * sizeof(uint32_t));
+}
+
+/* The first keep word of the tile (query tile qt, key tile kt) of
+ * sequence*head bh: 128 a tile, one a thread (tk_ops_spec.h). */
+static __device__ __forceinline__ int64_t fm_keep_tile(const tk_fm_args &a, int64_t bh, int64_t qt, int64_t kt) {
+    return ((bh * a.nt + qt) * a.nt + kt) * FM_THREADS;
+}
+
+/* The bits of a forward lane's keep word (bit n*4 + e: key n*8 + 2t + e%2 of
+ * the tile) whose key is below rem = T - k0 (1..64): the last tile's
+ * padding gets 0 bits. */
+static __device__ __forceinline__ uint32_t fm_keep_cols(int64_t rem, int t) {
+    uint32_t m = 0;
+    FM_UNROLL
+    for (int c = 0; c < 2; c++) {
+        const int64_t nv = (rem - 2 * t - c + 7) / 8; /* n-tiles with a key below rem */
+        const uint32_t low = nv >= 8 ? 0xffffffffu : nv <= 0 ? 0u : (1u << (4 * nv)) - 1u;
+        m |= low & (c ? 0xAAAAAAAAu : 0x55555555u);
+    }
+    return m;
 }
 
 /* 1 when the sequence has a kept key (or there is no mask): otherwise every
@@ -279,14 +313,19 @@ static __device__ __forceinline__ float fm_exp2(float x) {
 
 /* The dropout test of row `base` (tk_drop_row_base: the row's part of the
  * hash, once per lane) and key j: cuda_shared.h's tk_drop_keep_hi, the bits
- * of tk_dropout_keep. */
+ * of tk_dropout_keep. Only the forward hashes; dQ and dK/dV read its bits. */
 static __device__ __forceinline__ uint64_t fm_drop_base(const tk_fm_args &a, uint64_t row) {
     return tk_drop_row_base(a.key, row);
 }
 
-/* The dropout factor of key j in the row whose base is `base`. */
-static __device__ __forceinline__ float fm_keep(const tk_fm_args &a, uint64_t base, int64_t j) {
-    return tk_drop_keep_hi(base, (uint64_t)j, a.keep_min) ? a.keep_scale : 0.0f;
+/* The dropout factor of a keep bit: keep_scale's bits under an all-ones
+ * or all-zero mask (no predicate a select would hold). */
+static __device__ __forceinline__ float fm_factor(const tk_fm_args &a, uint32_t word, int bit) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(__float_as_uint(a.keep_scale) & (0u - (word >> bit & 1u)));
+#else
+    return word >> bit & 1u ? a.keep_scale : 0.0f;
+#endif
 }
 
 /* The block's sequence*head: grid (tiles, heads) with the tiles fastest, so
@@ -309,6 +348,9 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS,
     const int64_t i0 = q0 + warp * 16 + g; /* this lane's rows: i0 (c[0..1]) and i0 + 8 (c[2..3]) */
     const uint64_t dbase[2] = { fm_drop_base(a, a.offset + (uint64_t)((bh * T + i0) * T)),
                                 fm_drop_base(a, a.offset + (uint64_t)((bh * T + i0 + 8) * T)) };
+    /* the keep word's bits of rows below T (e < 2: row i0, else i0 + 8) */
+    const uint32_t rows_in = (i0 < T ? 0x33333333u : 0u) | (i0 + 8 < T ? 0xCCCCCCCCu : 0u);
+    uint32_t *keep = a.keep ? a.keep + fm_keep_tile(a, bh, blockIdx.x, 0) + threadIdx.x : NULL;
     float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
     tk_mma_c o[HS / 8];
     FM_UNROLL
@@ -353,11 +395,22 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS,
                 l[e >> 1] += p;
                 s[n].c[e] = p;
             }
-        if (a.drop) /* the same for every thread of the grid: no divergence */
+        if (a.drop) { /* the same for every thread of the grid: no divergence */
+            uint32_t bits = 0; /* this lane's keep word of the tile: bit n*4 + e */
             FM_UNROLL
             for (int n = 0; n < NT; n++)
                 FM_UNROLL
-                for (int e = 0; e < 4; e++) s[n].c[e] *= fm_keep(a, dbase[e >> 1], k0 + n * 8 + 2 * t + (e & 1));
+                for (int e = 0; e < 4; e++) {
+                    const uint32_t kb = tk_drop_keep_hi(dbase[e >> 1], (uint64_t)(k0 + n * 8 + 2 * t + (e & 1)),
+                                                        a.keep_min);
+                    bits |= kb << (n * 4 + e);
+                    s[n].c[e] *= kb ? a.keep_scale : 0.0f;
+                }
+            if (keep) { /* uniform too; the last tile's padding gets 0 bits */
+                if (k0 + FM_TILE > T) bits &= fm_keep_cols(T - k0, t);
+                keep[k0 / FM_TILE * FM_THREADS] = bits & rows_in;
+            }
+        }
         fm_accum<DT, K16, HS>(o, s, Vs, lane);
     }
     float inv[2];
@@ -391,6 +444,7 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS,
     uint16_t *Qs = (uint16_t *)attn_smem(), *Gs = Qs + FM_TILE * LDS, *Ks = Gs + FM_TILE * LDS;
     uint16_t *Vs = Ks + FM_TILE * LDS;
     float *bias = (float *)(Vs + FM_TILE * LDS), *lse2 = bias + FM_TILE, *dd = lse2 + FM_TILE;
+    uint32_t *kws = (uint32_t *)(bias + 3 * FM_TILE); /* the key tile's keep words (fm_smem_bytes) */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t T = a.T, b = bh / a.NH, h = bh % a.NH, q0 = (int64_t)blockIdx.x * FM_TILE;
     const int64_t at = b * T * a.ld + h * HS, ato = b * T * a.ldo + h * HS;
@@ -402,8 +456,6 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS,
     const float sc = kept ? a.scale_log2 : 0.0f;
     const int rl = warp * 16 + g; /* this lane's rows in the tile: rl, rl + 8 */
     const float L[2] = { lse2[rl], lse2[rl + 8] }, D[2] = { dd[rl], dd[rl + 8] };
-    const uint64_t dbase[2] = { fm_drop_base(a, a.offset + (uint64_t)((bh * T + q0 + rl) * T)),
-                                fm_drop_base(a, a.offset + (uint64_t)((bh * T + q0 + rl + 8) * T)) };
     tk_mma_c acc[HS / 8];
     FM_UNROLL
     for (int n = 0; n < HS / 8; n++) acc[n] = tk_mma_c{ { 0.0f, 0.0f, 0.0f, 0.0f } };
@@ -412,16 +464,20 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS,
         fm_load<HS>(Ks, a.k + at, a.ld, k0, T);
         fm_load<HS>(Vs, a.v + at, a.ld, k0, T);
         if (threadIdx.x < FM_TILE) bias[threadIdx.x] = fm_bias(a, b, k0 + threadIdx.x, kept);
+        if (a.drop) /* the forward's keep words of this query and key tile */
+            kws[threadIdx.x] = a.keep[fm_keep_tile(a, fm_bh(), blockIdx.x, k0 / FM_TILE) + threadIdx.x];
         __syncthreads();
         tk_mma_c s[NT], dp[NT];
         fm_scores<DT, K16, HS>(s, Qs, Ks, warp, lane);
         fm_scores<DT, K16, HS>(dp, Gs, Vs, warp, lane);
         /* dS / scale = P (dP M - D): the scale is applied once, to dQ */
-        if (a.drop) /* the same for every thread of the grid: no divergence */
+        if (a.drop) { /* the same for every thread of the grid: no divergence */
+            const uint32_t kw = kws[threadIdx.x];
             FM_UNROLL
             for (int n = 0; n < NT; n++)
                 FM_UNROLL
-                for (int e = 0; e < 4; e++) dp[n].c[e] *= fm_keep(a, dbase[e >> 1], k0 + n * 8 + 2 * t + (e & 1));
+                for (int e = 0; e < 4; e++) dp[n].c[e] *= fm_factor(a, kw, n * 4 + e);
+        }
         FM_UNROLL
         for (int n = 0; n < NT; n++)
             FM_UNROLL
@@ -444,6 +500,7 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS,
     uint16_t *Ks = (uint16_t *)attn_smem(), *Vs = Ks + FM_TILE * LDS, *Qs = Vs + FM_TILE * LDS;
     uint16_t *Gs = Qs + FM_TILE * LDS;
     float *lse2 = (float *)(Gs + FM_TILE * LDS), *dd = lse2 + FM_TILE;
+    uint32_t *kws = (uint32_t *)(lse2 + 3 * FM_TILE); /* the query tile's keep words (fm_smem_bytes) */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t T = a.T, b = bh / a.NH, h = bh % a.NH, j0 = (int64_t)blockIdx.x * FM_TILE;
     const int64_t at = b * T * a.ld + h * HS, ato = b * T * a.ldo + h * HS;
@@ -453,11 +510,11 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS,
     const float sc = kept ? a.scale_log2 : 0.0f;
     const int64_t jr[2] = { j0 + warp * 16 + g, j0 + warp * 16 + g + 8 }; /* this lane's keys */
     const float kb[2] = { fm_bias(a, b, jr[0], kept), fm_bias(a, b, jr[1], kept) };
-    /* element (query i, key j) is offset + (bh*T + i)*T + j: the key's part
-     * once, i*T per element */
-    const uint64_t dbase[2] = { fm_drop_base(a, a.offset + (uint64_t)(bh * T * T + jr[0])),
-                                fm_drop_base(a, a.offset + (uint64_t)(bh * T * T + jr[1])) };
-    const uint64_t tg = (uint64_t)T * TK_DROPOUT_GOLDEN, tg8 = 8 * tg;
+    /* Element (key jr[r], query q0 + n*8 + 2t + c) is the forward's bit
+     * (2 warp + r)*4 + (n%2)*2 + g%2 of word (n/2)*32 + (2t + c)*4 + g/2 of
+     * the tile (tk_ops_spec.h with the roles of rows and columns swapped):
+     * each lane reads 16 words from shared memory and shifts them by ksh. */
+    const int ksh = 8 * warp + (g & 1);
     tk_mma_c dk[HS / 8], dv[HS / 8];
     FM_UNROLL
     for (int n = 0; n < HS / 8; n++) dk[n] = dv[n] = tk_mma_c{ { 0.0f, 0.0f, 0.0f, 0.0f } };
@@ -466,6 +523,7 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS,
         fm_load<HS>(Qs, a.q + at, a.ld, q0, T);
         fm_load<HS>(Gs, a.dout + ato, a.ldo, q0, T);
         fm_row_stats<HS>(a, b, h, q0, lse2, dd);
+        if (a.drop) kws[threadIdx.x] = a.keep[fm_keep_tile(a, bh, q0 / FM_TILE, blockIdx.x) + threadIdx.x];
         __syncthreads();
         tk_mma_c st[NT], dpt[NT]; /* S^T and dP^T: this warp's 16 keys x 64 queries */
         fm_scores<DT, K16, HS>(st, Ks, Qs, warp, lane);
@@ -475,23 +533,19 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS,
             FM_UNROLL
             for (int e = 0; e < 4; e++) st[n].c[e] = fm_exp2(st[n].c[e] * sc + kb[e >> 1] - lse2[n * 8 + 2 * t + (e & 1)]);
         if (a.drop) { /* uniform: no divergence */
-            /* query i's hash input is dbase + i*T*G: from the lane's first
-             * query (q0 + 2t) by steps of T*G, a running sum (products of
-             * T*G would be 32 registers held across the loop) */
-            uint64_t z[2] = { dbase[0] + (uint64_t)(q0 + 2 * t) * tg, dbase[1] + (uint64_t)(q0 + 2 * t) * tg };
             FM_UNROLL
-            for (int n = 0; n < NT; n++) {
+            for (int n = 0; n < NT; n++)
                 FM_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    const int il = n * 8 + 2 * t + (e & 1);
-                    const float f = tk_drop_keep_z(z[e >> 1] + ((e & 1) ? tg : 0), a.keep_min) ? a.keep_scale : 0.0f;
-                    const float p = st[n].c[e];
-                    st[n].c[e] = p * f;
-                    dpt[n].c[e] = p * (dpt[n].c[e] * f - dd[il]); /* dS^T / scale */
+                for (int c = 0; c < 2; c++) {
+                    const uint32_t w = kws[(n >> 1) * 32 + (2 * t + c) * 4 + (g >> 1)] >> ksh;
+                    FM_UNROLL
+                    for (int r = 0; r < 2; r++) {
+                        const int e = 2 * r + c, il = n * 8 + 2 * t + c;
+                        const float f = fm_factor(a, w, 4 * r + 2 * (n & 1)), p = st[n].c[e];
+                        st[n].c[e] = p * f;
+                        dpt[n].c[e] = p * (dpt[n].c[e] * f - dd[il]); /* dS^T / scale */
+                    }
                 }
-                z[0] += tg8;
-                z[1] += tg8;
-            }
         }
         else
             FM_UNROLL
@@ -508,6 +562,15 @@ template <int DT, int K16, int HS> __global__ void __launch_bounds__(FM_THREADS,
     __syncthreads();
     fm_store<HS>(a.dk + at, a.ld, Ks, j0, T);
     fm_store<HS>(a.dv + at, a.ld, Vs, j0, T);
+}
+
+/* The keep mask the tensor-core forward writes, for a forward that runs the
+ * reference kernel (which hashes again in its backward, but a later
+ * backward may run the tensor-core kernels): one thread per word. */
+__global__ void __launch_bounds__(256) k_attn_keep_fill(uint32_t *keep, uint64_t key, uint64_t offset, float p,
+                                                         int64_t T, int64_t words, int64_t total) {
+    const int64_t x = (int64_t)blockIdx.x * 256 + threadIdx.x;
+    if (x < total) keep[x] = tk_attn_keep_word(key, offset, p, T, x / words, x % words);
 }
 
 /* ---- launchers ------------------------------------------------------------------ */
@@ -606,8 +669,10 @@ static tk_status attn_pick(void *ctx, const char *op, const tk_tensor *const *ts
     return TK_OK;
 }
 
-static void fm_setup(tk_fm_args *f, const tk_attn *a) {
+static void fm_setup(tk_fm_args *f, const tk_attn *a, const tk_tensor *keep) {
     memset(f, 0, sizeof *f);
+    f->keep = keep && a->p > 0.0f ? (uint32_t *)keep->data : NULL;
+    f->nt = (a->T + FM_TILE - 1) / FM_TILE;
     f->NH = a->NH;
     f->T = a->T;
     f->ld = a->ld;
@@ -643,8 +708,8 @@ static tk_status fa_setup(tk_fa_args *f, const char *op, const tk_tensor *q, con
 
 extern "C" {
 
-tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q, const tk_tensor *k,
-                                const tk_tensor *v, const tk_tensor *mask, const tk_attn *a) {
+tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, tk_tensor *keep, const tk_tensor *q,
+                                const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask, const tk_attn *a) {
     const char *op = "attention_fwd";
     if (a->B * a->NH == 0 || a->T == 0 || a->HS == 0) return TK_OK;
     if (!attn_float(q) || !attn_float(k) || !attn_float(v) || !attn_float(out))
@@ -657,7 +722,7 @@ tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const
     if (st != TK_OK) return st;
     if (kern != TK_ATTN_KERNEL_REFERENCE) {
         tk_fm_args f;
-        fm_setup(&f, a);
+        fm_setup(&f, a, keep);
         f.q = (const uint16_t *)q->data; f.k = (const uint16_t *)k->data; f.v = (const uint16_t *)v->data;
         f.out = (uint16_t *)out->data;
         f.lse_out = (float *)lse->data;
@@ -674,12 +739,19 @@ tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const
     auto kf = k_attn<TK_FA_FWD>;
     TK_LAUNCH(kf, gq, TK_FA_THREADS, tk_fa_smem_bytes(TK_FA_FWD, a->HS, f.qt, f.kt))(f);
     TK_CU_LAUNCHED("k_attn_fwd");
+    if (keep && a->p > 0.0f) {
+        const int64_t words = tk_attn_keep_words(a->T), total = a->B * a->NH * words, blocks = (total + 255) / 256;
+        if (blocks > INT32_MAX) return attn_bad(op, "a keep mask of more than 2^39 words");
+        TK_LAUNCH(k_attn_keep_fill, (unsigned)blocks, 256)((uint32_t *)keep->data, f.key, f.offset, a->p, a->T, words,
+                                                           total);
+        TK_CU_LAUNCHED("k_attn_keep_fill");
+    }
     return TK_OK;
 }
 
 tk_status tk_cuda_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv, const tk_tensor *dout,
                                 const tk_tensor *q, const tk_tensor *k, const tk_tensor *v, const tk_tensor *out,
-                                const tk_tensor *lse, const tk_tensor *mask, const tk_attn *a) {
+                                const tk_tensor *lse, const tk_tensor *keep, const tk_tensor *mask, const tk_attn *a) {
     const char *op = "attention_bwd";
     if (a->B * a->NH == 0 || a->T == 0 || a->HS == 0) return TK_OK;
     const tk_tensor *ts[8] = { q, k, v, out, dout, dq, dk, dv };
@@ -694,7 +766,7 @@ tk_status tk_cuda_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tens
         kern = TK_ATTN_KERNEL_REFERENCE; /* D goes through dq's rows (k_attn_mma_rowd): no input may lie there */
     if (kern != TK_ATTN_KERNEL_REFERENCE) {
         tk_fm_args f;
-        fm_setup(&f, a);
+        fm_setup(&f, a, keep); /* tk_op_attention_bwd: keep is there when p > 0 */
         f.q = (const uint16_t *)q->data; f.k = (const uint16_t *)k->data; f.v = (const uint16_t *)v->data;
         f.o = (const uint16_t *)out->data; f.dout = (const uint16_t *)dout->data;
         f.dq = (uint16_t *)dq->data; f.dk = (uint16_t *)dk->data; f.dv = (uint16_t *)dv->data;

@@ -181,13 +181,13 @@ tk_status tk_cuda_adamw8(void *ctx, tk_tensor *param, const tk_tensor *grad,
                          tk_tensor *m, tk_tensor *mscale, tk_tensor *v, tk_tensor *vscale,
                          int64_t n, const tk_adamw_hp *hp);
 /* attention.cu: fused attention (tk_attn_kernel.h picks the kernel). */
-tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, const tk_tensor *q,
-                                const tk_tensor *k, const tk_tensor *v, const tk_tensor *mask,
-                                const tk_attn *a);
+tk_status tk_cuda_attention_fwd(void *ctx, tk_tensor *out, tk_tensor *lse, tk_tensor *keep,
+                                const tk_tensor *q, const tk_tensor *k, const tk_tensor *v,
+                                const tk_tensor *mask, const tk_attn *a);
 tk_status tk_cuda_attention_bwd(void *ctx, tk_tensor *dq, tk_tensor *dk, tk_tensor *dv,
                                 const tk_tensor *dout, const tk_tensor *q, const tk_tensor *k,
                                 const tk_tensor *v, const tk_tensor *out, const tk_tensor *lse,
-                                const tk_tensor *mask, const tk_attn *a);
+                                const tk_tensor *keep, const tk_tensor *mask, const tk_attn *a);
 /* matmul.cu: the backend's GEMM (cuBLASLt with its bias and bias-gradient
  * epilogues; cuBLAS plus the reference bias kernels where cuBLASLt declines
  * or the references are asked for) and the bias-gradient op. */

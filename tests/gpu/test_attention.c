@@ -10,12 +10,17 @@
  *  - bf16 inputs/outputs against the fp32 reference within one bf16 ulp at 1;
  *  - meta counts the op's cost without data, and the fused forward keeps
  *    B*NH*T lse floats where standard keeps B*NH*T*T probabilities;
- *  - bad arguments are refused with a message naming the tensor. */
+ *  - the keep mask forward writes holds each element's dropout decision at
+ *    tk_ops_spec.h's bit (and 0 outside T x T), and backward reads it: an
+ *    all-zero mask drops every probability, so dV is 0;
+ *  - bad arguments are refused with a message naming the tensor (backward
+ *    with dropout and no keep mask among them). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tk_gpu.h"
+#include "tk_ops_spec.h"
 #include "tk_test.h"
 
 enum { B = 3, NH = 2, T = 37, HS = 16 };
@@ -151,9 +156,10 @@ static float *from_btnh(float *y) {
  * two fused buffers (rows 3*NH*HS apart) instead of tensors of their own. */
 static grads fused_ld(tk_dev *d, const inputs *in, tk_dtype dt, float scale, float p, uint64_t seed, uint64_t off,
                       int qkv) {
-    tk_tensor q, k, v, o, go, lse, dq, dk, dv, m, x, dx;
+    tk_tensor q, k, v, o, go, lse, dq, dk, dv, m, x, dx, km;
     memset(&x, 0, sizeof x);
     memset(&dx, 0, sizeof dx);
+    memset(&km, 0, sizeof km);
     float *hq = to_btnh(in->q), *hk = to_btnh(in->k), *hv = to_btnh(in->v), *hg = to_btnh(in->dout);
     const int64_t C = NH * HS, ld = qkv ? 3 * C : C;
     if (qkv) {
@@ -187,14 +193,15 @@ static grads fused_ld(tk_dev *d, const inputs *in, tk_dtype dt, float scale, flo
     alloc(d, &go, dt, N, hg);
     alloc(d, &o, dt, N, NULL);
     alloc(d, &lse, TK_F32, B * NH * T, NULL);
-    int64_t nm = B * T;
+    int64_t nm = B * T, nk = tk_attn_keep_bytes(B, NH, T);
     tk_err e = { 0 };
+    if (p > 0) TK_CHECK(tk_tensor_alloc(d, &km, TK_U8, 1, &nk, TK_CAT_TEMP, "test", &e) == TK_OK);
     TK_CHECK(tk_tensor_alloc(d, &m, TK_I32, 1, &nm, TK_CAT_TEMP, "test", &e) == TK_OK);
     TK_CHECK(tk_tensor_write(d, &m, in->mask, &e) == TK_OK);
     const tk_attn a = { .B = B, .NH = NH, .T = T, .HS = HS, .ld = ld, .scale = scale, .p = p, .seed = seed,
                         .offset = off };
-    TK_CHECK(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, &m, &a) == TK_OK);
-    TK_CHECK(tk_op_attention_bwd(d, &dq, &dk, &dv, &go, &q, &k, &v, &o, &lse, &m, &a) == TK_OK);
+    TK_CHECK(tk_op_attention_fwd(d, &o, &lse, p > 0 ? &km : NULL, &q, &k, &v, &m, &a) == TK_OK);
+    TK_CHECK(tk_op_attention_bwd(d, &dq, &dk, &dv, &go, &q, &k, &v, &o, &lse, p > 0 ? &km : NULL, &m, &a) == TK_OK);
     grads g;
     if (qkv) {
         float *all = readf(d, &dx), *parts[3];
@@ -212,7 +219,7 @@ static grads fused_ld(tk_dev *d, const inputs *in, tk_dtype dt, float scale, flo
         g = (grads){ from_btnh(readf(d, &o)), from_btnh(readf(d, &dq)), from_btnh(readf(d, &dk)),
                      from_btnh(readf(d, &dv)) };
     }
-    tk_tensor *all[] = { &q, &k, &v, &o, &go, &lse, &dq, &dk, &dv, &m, &x, &dx };
+    tk_tensor *all[] = { &q, &k, &v, &o, &go, &lse, &dq, &dk, &dv, &m, &x, &dx, &km };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         tk_tensor_free(d, all[i]);
     free(hq);
@@ -310,7 +317,7 @@ static void test_meta_cost(void) {
     alloc(d, &lse, TK_F32, B * NH * T, NULL);
     tk_dev_cost_reset(d);
     const tk_attn a = { .B = B, .NH = NH, .T = T, .HS = HS, .scale = 0.25f };
-    TK_CHECK(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, NULL, &a) == TK_OK);
+    TK_CHECK(tk_op_attention_fwd(d, &o, &lse, NULL, &q, &k, &v, NULL, &a) == TK_OK);
     tk_cost c;
     tk_dev_cost_get(d, &c);
     double bh = (double)B * NH, tt = (double)T * T;
@@ -319,21 +326,26 @@ static void test_meta_cost(void) {
     TK_CHECK(tk_tensor_nbytes(&lse) * T == (size_t)NP * 4);
     /* a missing lse is refused, named, and costs nothing */
     tk_dev_cost_reset(d);
-    TK_CHECK_EQ_INT(tk_op_attention_fwd(d, &o, NULL, &q, &k, &v, NULL, &a), TK_EINVAL);
+    TK_CHECK_EQ_INT(tk_op_attention_fwd(d, &o, NULL, NULL, &q, &k, &v, NULL, &a), TK_EINVAL);
     TK_CHECK(strstr(tk_dev_last_err(d)->msg, "attention_fwd: lse is missing") != NULL);
-    TK_CHECK_EQ_INT(tk_op_attention_bwd(d, &q, &k, &v, &o, &q, &k, &v, &o, &lse, NULL,
+    TK_CHECK_EQ_INT(tk_op_attention_bwd(d, &q, &k, &v, &o, &q, &k, &v, &o, &lse, NULL, NULL,
                                         &(tk_attn){ .B = B, .NH = NH, .T = T + 1, .HS = HS, .scale = 0.25f }),
                     TK_EINVAL);
     TK_CHECK(strstr(tk_dev_last_err(d)->msg, "elements") != NULL);
     /* a row stride below NH*HS, and q-like tensors too small for theirs */
-    TK_CHECK_EQ_INT(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, NULL,
+    TK_CHECK_EQ_INT(tk_op_attention_fwd(d, &o, &lse, NULL, &q, &k, &v, NULL,
                                         &(tk_attn){ .B = B, .NH = NH, .T = T, .HS = HS, .ld = NH * HS - 1 }),
                     TK_EINVAL);
     TK_CHECK(strstr(tk_dev_last_err(d)->msg, "row stride ld") != NULL);
-    TK_CHECK_EQ_INT(tk_op_attention_fwd(d, &o, &lse, &q, &k, &v, NULL,
+    TK_CHECK_EQ_INT(tk_op_attention_fwd(d, &o, &lse, NULL, &q, &k, &v, NULL,
                                         &(tk_attn){ .B = B, .NH = NH, .T = T, .HS = HS, .ld = 3 * NH * HS }),
                     TK_EINVAL);
     TK_CHECK(strstr(tk_dev_last_err(d)->msg, "q (test) has") != NULL);
+    /* backward with dropout needs the forward's keep mask */
+    TK_CHECK_EQ_INT(tk_op_attention_bwd(d, &q, &k, &v, &o, &q, &k, &v, &o, &lse, NULL, NULL,
+                                        &(tk_attn){ .B = B, .NH = NH, .T = T, .HS = HS, .scale = 0.25f, .p = 0.1f }),
+                    TK_EINVAL);
+    TK_CHECK(strstr(tk_dev_last_err(d)->msg, "attention_bwd: keep is missing") != NULL);
     tk_dev_cost_get(d, &c);
     TK_CHECK(c.flops == 0);
     tk_tensor *all[] = { &q, &k, &v, &o, &lse };
@@ -342,9 +354,75 @@ static void test_meta_cost(void) {
     tk_dev_destroy(&d);
 }
 
+/* The keep mask on the cpu device, two sequence*head tiles a side (T = 70:
+ * the second padded): every bit where tk_ops_spec.h puts it, set iff
+ * tk_dropout_keep keeps that element, none outside T x T; then backward
+ * with the mask zeroed (every probability dropped) gives dV = 0 where the
+ * forward's own mask gives a nonzero dV: backward reads the mask. */
+static void test_keep_mask(void) {
+    enum { KB = 2, KNH = 2, KT = 70, KHS = 16 };
+    const int64_t n = (int64_t)KB * KT * KNH * KHS, nk = tk_attn_keep_bytes(KB, KNH, KT), nl = KB * KNH * KT;
+    TK_CHECK_EQ_INT(nk, (int64_t)KB * KNH * 128 * 128 / 8);
+    TK_CHECK_EQ_INT(tk_attn_keep_bytes(1, 1, 512), 512 * 512 / 8);
+    tk_dev *d = dev_of(TK_DEV_CPU);
+    float *h = malloc((size_t)n * sizeof *h);
+    tk_tensor t[8], km, lse;
+    for (int i = 0; i < 8; i++) {
+        for (int64_t e = 0; e < n; e++) h[e] = sinf(0.37f * (float)(e * (i + 1) % 101)) * 0.5f;
+        alloc(d, &t[i], TK_F32, n, i < 3 || i == 4 ? h : NULL); /* q k v o dout dq dk dv */
+    }
+    alloc(d, &lse, TK_F32, nl, NULL);
+    tk_err e = { 0 };
+    TK_CHECK(tk_tensor_alloc(d, &km, TK_U8, 1, &nk, TK_CAT_TEMP, "test", &e) == TK_OK);
+    const tk_attn a = { .B = KB, .NH = KNH, .T = KT, .HS = KHS, .scale = 0.25f, .p = 0.3f, .seed = 9, .offset = 12345 };
+    TK_CHECK(tk_op_attention_fwd(d, &t[3], &lse, &km, &t[0], &t[1], &t[2], NULL, &a) == TK_OK);
+    uint32_t *w = malloc((size_t)nk);
+    TK_CHECK(tk_tensor_read(d, &km, w, &e) == TK_OK);
+    const uint64_t key = tk_dropout_key(a.seed);
+    const int64_t nw = nk / 4 / (KB * KNH);
+    int64_t wrong = 0, kept = 0, set = 0;
+    for (int64_t bh = 0; bh < KB * KNH; bh++)
+        for (int64_t i = 0; i < KT; i++)
+            for (int64_t j = 0; j < KT; j++) {
+                int bit;
+                const int64_t at = tk_attn_keep_at(KT, i, j, &bit);
+                const int want = tk_dropout_keep(key, a.offset + (uint64_t)((bh * KT + i) * KT + j), a.p);
+                wrong += (int)(w[bh * nw + at] >> bit & 1u) != want;
+                kept += want;
+            }
+    for (int64_t x = 0; x < nk / 4; x++) set += __builtin_popcount(w[x]);
+    TK_CHECK_MSG(wrong == 0, "%lld bits differ from tk_dropout_keep", (long long)wrong);
+    TK_CHECK_MSG(set == kept, "%lld bits set, %lld elements kept: bits outside T x T", (long long)set,
+                 (long long)kept);
+    TK_CHECK(kept > 0 && kept < KB * KNH * KT * KT);
+    TK_CHECK(tk_op_attention_bwd(d, &t[5], &t[6], &t[7], &t[4], &t[0], &t[1], &t[2], &t[3], &lse, &km, NULL, &a) ==
+             TK_OK);
+    float *dv = readf(d, &t[7]);
+    double mx = 0;
+    for (int64_t x = 0; x < n; x++) mx = fmax(mx, fabs(dv[x]));
+    TK_CHECK(mx > 0);
+    free(dv);
+    memset(w, 0, (size_t)nk);
+    TK_CHECK(tk_tensor_write(d, &km, w, &e) == TK_OK);
+    TK_CHECK(tk_op_attention_bwd(d, &t[5], &t[6], &t[7], &t[4], &t[0], &t[1], &t[2], &t[3], &lse, &km, NULL, &a) ==
+             TK_OK);
+    dv = readf(d, &t[7]);
+    mx = 0;
+    for (int64_t x = 0; x < n; x++) mx = fmax(mx, fabs(dv[x]));
+    TK_CHECK_MSG(mx == 0, "dV %g with every element dropped: backward did not read the mask", mx);
+    free(dv);
+    free(w);
+    free(h);
+    for (int i = 0; i < 8; i++) tk_tensor_free(d, &t[i]);
+    tk_tensor_free(d, &km);
+    tk_tensor_free(d, &lse);
+    tk_dev_destroy(&d);
+}
+
 int main(void) {
     TK_RUN(test_matches_standard_f32);
     TK_RUN(test_bf16);
     TK_RUN(test_meta_cost);
+    TK_RUN(test_keep_mask);
     return tk_test_done();
 }

@@ -235,7 +235,9 @@ static void test_softmax(void) {
  * One case: shape, mask lengths, q/k/v as slices of one QKV buffer or not.
  * attn_run() runs forward and backward on a device with TXK_ATTN_KERNEL set
  * to `kernel` (NULL: unset, the device's own pick) and returns host copies
- * of out, lse, dq, dk, dv. Inputs are the same values on every run: random,
+ * of out, lse, dq, dk, dv, and with dropout the keep mask its forward wrote
+ * (backward reads it): every backend and kernel must write the same bytes
+ * (attn_same_keep). Inputs are the same values on every run: random,
  * rounded to the 16-bit dtype under test first, so an f32 run sees exactly
  * the values a 16-bit run does. Backward takes out and lse from `from` when
  * given (every run's backward then reads the same bytes), else from its own
@@ -254,10 +256,11 @@ typedef struct {
 
 enum { A_OUT, A_LSE, A_DQ, A_DK, A_DV, A_N };
 static const char *const A_NAMES[A_N] = { "out", "lse", "dq", "dk", "dv" };
-typedef struct { float *t[A_N]; int64_t n[A_N]; } attn_res;
+typedef struct { float *t[A_N]; int64_t n[A_N]; uint8_t *keep; int64_t nkeep; } attn_res; /* keep: p > 0 */
 
 static void attn_res_free(attn_res *r) {
     for (int i = 0; i < A_N; i++) free(r->t[i]);
+    free(r->keep);
     memset(r, 0, sizeof *r);
 }
 
@@ -334,20 +337,28 @@ static attn_res attn_run(tk_dev *d, const char *kernel, tk_dtype dt, const attn_
     attn_triple(d, dt, c, in, &qb, qkv);
     attn_triple(d, dt, c, NULL, &dqb, dqkv);
     tk_tensor g = attn_tensor(d, dt, n, in[3]), out = attn_tensor(d, dt, n, NULL), lse = attn_tensor(d, TK_F32, nl, NULL);
+    tk_tensor keep = {0};
+    r.nkeep = p > 0 ? tk_attn_keep_bytes(c->B, c->NH, c->T) : 0;
+    if (p > 0) TK_CHECK(tk_tensor_alloc(d, &keep, TK_U8, 1, &r.nkeep, TK_CAT_TEMP, "test", &err) == TK_OK);
     const tk_attn a = { .B = c->B, .NH = c->NH, .T = c->T, .HS = c->HS, .ld = c->qkv ? 3 * C : C,
                         .scale = 1.0f / sqrtf((float)c->HS), .p = p, .seed = 5, .offset = 77 };
     attn_env(kernel);
-    TK_CHECK_MSG(tk_op_attention_fwd(d, &out, &lse, &qkv[0], &qkv[1], &qkv[2], &mask, &a) == TK_OK, "fwd: %s",
-                 tk_dev_last_err(d) ? tk_dev_last_err(d)->msg : "");
+    TK_CHECK_MSG(tk_op_attention_fwd(d, &out, &lse, p > 0 ? &keep : NULL, &qkv[0], &qkv[1], &qkv[2], &mask, &a) ==
+                 TK_OK, "fwd: %s", tk_dev_last_err(d) ? tk_dev_last_err(d)->msg : "");
     TK_CHECK_MSG(tk_dev_sync(d, &err) == TK_OK, "%s", err.msg);
+    if (p > 0) {
+        r.keep = malloc((size_t)r.nkeep);
+        TK_CHECK_MSG(tk_tensor_read(d, &keep, r.keep, &err) == TK_OK, "%s", err.msg);
+    }
     r.t[A_OUT] = attn_back(d, &out, n);
     r.t[A_LSE] = attn_back(d, &lse, nl);
     if (from) {
         TK_CHECK(tk_tensor_write_f32(d, &out, from->t[A_OUT], &err) == TK_OK);
         TK_CHECK(tk_tensor_write_f32(d, &lse, from->t[A_LSE], &err) == TK_OK);
     }
-    TK_CHECK_MSG(tk_op_attention_bwd(d, &dqkv[0], &dqkv[1], &dqkv[2], &g, &qkv[0], &qkv[1], &qkv[2], &out, &lse, &mask,
-                                     &a) == TK_OK, "bwd: %s", tk_dev_last_err(d) ? tk_dev_last_err(d)->msg : "");
+    TK_CHECK_MSG(tk_op_attention_bwd(d, &dqkv[0], &dqkv[1], &dqkv[2], &g, &qkv[0], &qkv[1], &qkv[2], &out, &lse,
+                                     p > 0 ? &keep : NULL, &mask, &a) == TK_OK,
+                 "bwd: %s", tk_dev_last_err(d) ? tk_dev_last_err(d)->msg : "");
     TK_CHECK_MSG(tk_dev_sync(d, &err) == TK_OK, "%s", err.msg);
     attn_triple_back(d, c, dqkv, &r.t[A_DQ]);
     attn_env(NULL);
@@ -363,9 +374,23 @@ static attn_res attn_run(tk_dev *d, const char *kernel, tk_dtype dt, const attn_
     tk_tensor_free(d, &g);
     tk_tensor_free(d, &out);
     tk_tensor_free(d, &lse);
+    tk_tensor_free(d, &keep);
     tk_tensor_free(d, &mask);
     free(mk);
     return r;
+}
+
+/* The keep masks of two runs (p > 0) are the same bytes: every backend and
+ * kernel writes tk_ops_spec.h's bits in its order. */
+static void attn_same_keep(const attn_res *x, const attn_res *ref, const char *what) {
+    if (!ref->keep) return;
+    TK_CHECK_MSG(x->keep && x->nkeep == ref->nkeep, "%s: no keep mask read back", what);
+    if (!x->keep) return;
+    int64_t at = -1;
+    for (int64_t i = 0; i < x->nkeep && at < 0; i++)
+        if (x->keep[i] != ref->keep[i]) at = i;
+    TK_CHECK_MSG(at < 0, "%s: keep mask byte %lld is 0x%02x, the reference's 0x%02x (of %lld bytes)", what,
+                 (long long)at, at < 0 ? 0 : x->keep[at], at < 0 ? 0 : ref->keep[at], (long long)x->nkeep);
 }
 
 /* Worst |a - b| over the largest |a|. */
@@ -448,6 +473,7 @@ static void test_attention(void) {
                 attn_res cpu32 = { 0 };
                 if (dt != TK_F32) cpu32 = attn_run(g_cpu, NULL, TK_F32, c, in, p, &cpu);
                 attn_judge(&dev, &cpu, dt != TK_F32 ? &cpu32 : NULL, what);
+                attn_same_keep(&dev, &cpu, what);
                 attn_res again = attn_run(g_gpu, NULL, dt, c, in, p, &cpu);
                 for (int i = A_DQ; i < A_N; i++)
                     TK_CHECK_MSG(memcmp(dev.t[i], again.t[i], (size_t)dev.n[i] * sizeof(float)) == 0,
@@ -492,6 +518,7 @@ static void test_attention_kernels(void) {
                     attn_res ref32 = attn_run(g_gpu, "reference", TK_F32, c, in, p, &ref);
                     attn_res fast = attn_run(g_gpu, kernels[ki], dt, c, in, p, &ref);
                     attn_judge(&fast, &ref, &ref32, what);
+                    attn_same_keep(&fast, &ref, what);
                     int same = 1;
                     for (int i = 0; i < A_N; i++)
                         same &= memcmp(fast.t[i], ref.t[i], (size_t)fast.n[i] * sizeof(float)) == 0;
@@ -512,7 +539,7 @@ static void test_attention_kernels(void) {
     tk_tensor t = attn_tensor(g_gpu, TK_F16, c->B * c->T * c->NH * c->HS, NULL);
     tk_tensor l = attn_tensor(g_gpu, TK_F32, c->B * c->NH * c->T, NULL);
     const tk_attn a = { .B = c->B, .NH = c->NH, .T = c->T, .HS = c->HS, .scale = 0.125f };
-    TK_CHECK_EQ_INT(tk_op_attention_fwd(g_gpu, &t, &l, &t, &t, &t, NULL, &a), TK_EINVAL);
+    TK_CHECK_EQ_INT(tk_op_attention_fwd(g_gpu, &t, &l, NULL, &t, &t, &t, NULL, &a), TK_EINVAL);
     attn_env(NULL);
     tk_tensor_free(g_gpu, &t);
     tk_tensor_free(g_gpu, &l);

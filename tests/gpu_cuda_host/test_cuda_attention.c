@@ -127,8 +127,13 @@ static void run_case(const char *name, const scase *c) {
 
     const tk_attn at = { .B = c->B, .NH = c->NH, .T = c->T, .HS = c->HS, .scale = scale, .p = c->p, .seed = seed,
                          .offset = offset };
-    TK_CHECK(tk_op_attention_fwd(g_dev, &oc, &lc, &q, &k, &v, mp, &at) == TK_OK);
-    TK_CHECK(tk_op_attention_bwd(g_dev, &dqc, &dkc, &dvc, &g, &q, &k, &v, &oc, &lc, mp, &at) == TK_OK);
+    tk_tensor km = { 0 };
+    int64_t nk = tk_attn_keep_bytes(c->B, c->NH, c->T);
+    if (c->p > 0) TK_CHECK(tk_tensor_alloc(g_dev, &km, TK_U8, 1, &nk, TK_CAT_TEMP, "test", &e) == TK_OK);
+    TK_CHECK(tk_op_attention_fwd(g_dev, &oc, &lc, c->p > 0 ? &km : NULL, &q, &k, &v, mp, &at) == TK_OK);
+    TK_CHECK(tk_op_attention_bwd(g_dev, &dqc, &dkc, &dvc, &g, &q, &k, &v, &oc, &lc, c->p > 0 ? &km : NULL, mp, &at) ==
+             TK_OK);
+    tk_tensor_free(g_dev, &km);
     float *ref[5] = { back(&oc), back(&lc), back(&dqc), back(&dkc), back(&dvc) };
     const int64_t cnt[5] = { n, nl, n, n, n };
     const char *what[5] = { "out", "lse", "dq", "dk", "dv" };

@@ -95,6 +95,18 @@ def test_max_batch_table():
     rows = json.loads(out)
     assert [r["max_len"] for r in rows] == [64, 128, 256, 384, 512]
     assert rows[0]["largest batch"] >= rows[-1]["largest batch"] >= 1
+    # fp32 on a T4: attention: auto runs standard where it fits, else fused where that fits, so its largest
+    # batch is the larger of the two attentions' (the search plans each candidate once: issue 43), with that
+    # attention's peak
+    each = {}
+    for a in ("standard", "fused"):
+        rc, out, _ = txk("plan", c, "--gpu", "t4", "--max-batch", "--json", f"attention={a}")
+        assert rc == 0
+        each[a] = json.loads(out)
+    for i, r in enumerate(rows):
+        s, f = each["standard"][i], each["fused"][i]
+        best = s if s["largest batch"] >= f["largest batch"] else f
+        assert (r["largest batch"], r["peak reserved"]) == (best["largest batch"], best["peak reserved"]), (r, s, f)
 
 
 def test_data_and_keys_and_mem():

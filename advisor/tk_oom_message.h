@@ -196,6 +196,10 @@ json_t *tk_oom_message_to_json(const tk_oom_message *m);
  * count. */
 tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_lengths, const char *platform,
                         tk_card_fit *out, int max, int *n_out, tk_err *err);
+/* The same, each card planned by `fn` (a traced model's planner; NULL:
+ * tk_plan_engine). A pair the planner refuses is not a row. */
+tk_status tk_plan_cards_by(tk_plan_fn fn, void *ctx, const tk_config *c, const int32_t *lengths, int n_lengths,
+                           const char *platform, tk_card_fit *out, int max, int *n_out, tk_err *err);
 /* NULL when `value` names a platform advice knows ("colab", "kaggle",
  * "colab-2020"; "all" too with allow_all); otherwise the error, naming
  * colab and kaggle, written to buf and returned. */

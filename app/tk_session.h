@@ -56,6 +56,14 @@ size_t tk_session_recording(const tk_session *s); /* events asked for; 0: off */
  * no card (tk_run_spec_resolve). Cleared by a reset. */
 const char *tk_session_platform(const tk_session *s);
 void tk_session_set_platform(tk_session *s, const char *platform);
+struct tk_traced_model; /* tk_embed_trace.h */
+/* The companion's traced model (takes ownership; NULL clears): the
+ * session's config becomes its config, and advice on a config it describes
+ * is planned by tracing it (app/traced.c). Released by a reset. */
+void tk_session_set_traced(tk_session *s, struct tk_traced_model *t);
+/* The traced model when it describes `c` (its config, or one a fix of its
+ * advice left), else NULL. Borrowed. */
+struct tk_traced_model *tk_session_traced(const tk_session *s, const tk_config *c);
 struct tk_run_where; /* tk_app.h */
 /* Where a request of this session is made: its device when one is open,
  * and its platform. */

@@ -12,6 +12,7 @@
 #include <jansson.h>
 #include "tk_config.h"
 #include "tk_gpu.h"
+#include "tk_advisor.h"
 #include "tk_app.h"
 #include "tk_magics.h"
 
@@ -61,6 +62,10 @@ typedef struct tk_oom_report_opts {
                                config's engine (loop for pytorch, txkernel's YAML), else a loop */
     const char *cli_config; /* the config's path when txk prints it (its closing lines name txk's commands);
                                NULL: a notebook's (they name the magics) */
+    tk_plan_fn plan_fn;     /* plans the config on the cards and its candidates (a traced model's planner,
+                               app/traced.c); NULL: the engine the config names */
+    void *plan_ctx;
+    const char *plan_name;  /* who plan_fn is, for the report ("tracing clf (SentimentClassifier)") */
 } tk_oom_report_opts;
 
 /* A pasted OOM message (any text holding one) read and diagnosed; with a

@@ -20,6 +20,7 @@
 
 #include "tk_app.h"
 #include "tk_data.h"
+#include "tk_embed_trace.h"
 #include "tk_advisor.h"
 #include "tk_host_mem.h"
 #include "tk_magics.h"
@@ -33,8 +34,11 @@
 #define TXFIX_USAGE "%txfix N|auto|FIX-NAME [--for colab|kaggle|colab-2020|all] [--run] [--json]"
 
 /* card_note: the line saying which card the advice is for when the config
- * names none (the platform's smallest); "" otherwise. */
-static json_t *advice_bundle(const tk_advice *a, int top, const char *card_note, const tk_run_spec *spec) {
+ * names none (the platform's smallest), and what planned it; "" otherwise.
+ * traced: tk_traced_summary's line for a traced model's advice (JSON
+ * "planned_by"), else "". */
+static json_t *advice_bundle(const tk_advice *a, int top, const char *card_note, const tk_run_spec *spec,
+                             const char *traced) {
     char *txt = tk_advice_format(a, top);
     tk_sb tt = {0};
     if (card_note[0]) tk_sb_addf(&tt, "%s\n", card_note);
@@ -107,6 +111,7 @@ static json_t *advice_bundle(const tk_advice *a, int top, const char *card_note,
     json_t *j = js ? json_loads(js, 0, NULL) : NULL;
     free(js);
     if (j) json_object_set_new(j, "run", tk_run_spec_json(spec));
+    if (j && traced[0]) json_object_set_new(j, "planned_by", json_string(traced));
     tk_bundle_take_json(b, "application/json", j);
     return b;
 }
@@ -162,15 +167,18 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         tk_config pc = *c;
         pc.engine = TK_ENGINE_PYTORCH;
         tk_err pe = {0};
-        st = tk_plan_cards(&pc, lengths, n_lengths, platform, cards, 16, &n, &pe);
-        if (st == TK_EINVAL) {
+        tk_plan_fn pf = opts ? opts->plan_fn : NULL; /* a traced model: its own step, traced */
+        void *pctx = opts ? opts->plan_ctx : NULL;
+        st = tk_plan_cards_by(pf, pctx, &pc, lengths, n_lengths, platform, cards, 16, &n, &pe);
+        if (st == TK_EINVAL && !pf) {
             pc.engine = TK_ENGINE_TXKERNEL;
             st = tk_plan_cards(&pc, lengths, n_lengths, platform, cards, 16, &n, err);
         } else if (st != TK_OK && err) {
             *err = pe;
         }
         if (st != TK_OK) goto done;
-        snprintf(msg->plan_engine, sizeof msg->plan_engine, "%s", tk_plan_engine_name(&pc));
+        snprintf(msg->plan_engine, sizeof msg->plan_engine, "%s",
+                 pf && opts->plan_name ? opts->plan_name : tk_plan_engine_name(&pc));
         /* the user's own numbers and settings for the fix code, and the plan
          * of the config on the message's card to set beside PyTorch's figures */
         msg->user_batch = c->batch_size;
@@ -199,7 +207,8 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         }
         a = tk_malloc(sizeof *a);
         tk_advise_input in = {.config = &on, .lengths = lengths, .n_lengths = n_lengths, .margin_frac = 0.05,
-                              .platform = msg->platform[0] ? platform : NULL, .api = msg->api};
+                              .platform = msg->platform[0] ? platform : NULL, .api = msg->api,
+                              .plan_fn = pf, .plan_ctx = pctx};
         if (!a || (st = tk_advise(&in, a, err)) != TK_OK) {
             if (!a) tk_err_set(err, st = TK_ENOMEM, "out of host memory advising");
             goto done;
@@ -337,6 +346,14 @@ static int txadvise_from_error(tk_magic_ctx *m) {
     const tk_config *last = tk_session_config(m->session);
     int nl = 0;
     const int *len = tk_session_lengths(m->session, &nl);
+    /* the companion's traced model: the message's config is its own step, traced */
+    tk_traced_model *tm = last ? tk_session_traced(m->session, last) : NULL;
+    char pname[200] = "";
+    if (tm) {
+        tk_traced_begin(tm);
+        snprintf(pname, sizeof pname, "engine: pytorch, traced %s", tk_traced_label(tm));
+        o.plan_fn = tk_traced_plan, o.plan_ctx = tm, o.plan_name = pname;
+    }
     json_t *b = NULL;
     tk_err err = {0};
     tk_status st = tk_oom_message_report(body, strlen(body), last, (const int32_t *)len, nl, &o, &b, &err);
@@ -428,6 +445,12 @@ static int run_txadvise(tk_magic_ctx *m) {
     if (!c.gpu[0] && on.gpu[0])
         snprintf(card_note, sizeof card_note, "Advised for %s.", spec.card_why);
     tk_advise_input in = {.config = &on, .margin_frac = margin, .platform = spec.platform[0] ? spec.platform : NULL};
+    /* the companion's traced model: the config and each candidate are its own step, traced */
+    tk_traced_model *tm = tk_session_traced(s, &c);
+    if (tm) {
+        tk_traced_begin(tm);
+        in.plan_fn = tk_traced_plan, in.plan_ctx = tm;
+    }
     const tk_run_report *lr = tk_session_last_run(s);
     /* the OOM record counts only for the config that ran out (--api is how
      * the advice is written, not the run) */
@@ -465,7 +488,10 @@ static int run_txadvise(tk_magic_ctx *m) {
     }
     tk_session_set_config(s, &c);
     tk_session_set_plan(s, &a->base);
-    json_t *b = advice_bundle(a, top, card_note, &spec);
+    char note[2048], traced[1600] = ""; /* said first: the card it is for, and what planned it */
+    if (tm) tk_traced_summary(tm, traced, sizeof traced);
+    snprintf(note, sizeof note, "%s%s%s", card_note, card_note[0] && traced[0] ? "\n" : "", traced);
+    json_t *b = advice_bundle(a, top, note, &spec, traced);
     tk_session_take_advice(s, a);
     tk_session_set_advice_config(s, &c);
     tk_txemit(m, b, json_only);

@@ -384,12 +384,15 @@ def _escapes(rec):
 
 
 def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision="fp32", target="cpu",
-               checkpointing=None, steps=2, lr=2e-5):
+               checkpointing=None, steps=2, lr=2e-5, frozen=()):
     """Traces `steps` training steps of `model` (any nn.Module) at batch x
     seq and returns the event list as a dict (the engine's input). target:
     "cpu" or "cuda" (the optimizer as torch picks it there: foreach AdamW on
     CUDA). loss: None (the model's own with labels, else cross-entropy on its
-    output), "ce", "mse" or "bce"."""
+    output), "ce", "mse" or "bce". checkpointing: None (as the model is),
+    True or False (on the modules that have the switch: ckpt_targets).
+    frozen: names (a parameter's, or a module's prefix) traced as frozen,
+    beside what the model freezes itself; the model is not changed."""
     torch = _torch()
     major, minor = (int("".join(c for c in x if c.isdigit()) or 0) for x in torch.__version__.split(".")[:2])
     if (major, minor) < (2, 1):
@@ -408,13 +411,17 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
     Dispatch, Function = _modes(rec, torch)
     fm = FakeTensorMode(allow_non_fake_inputs=True)
     was_training = model.training
-    ckpt_was = None
-    if checkpointing is not None and hasattr(model, "gradient_checkpointing_enable"):
-        ckpt_was = bool(getattr(model, "is_gradient_checkpointing", False))
-        if checkpointing and not ckpt_was:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        elif not checkpointing and ckpt_was:
-            model.gradient_checkpointing_disable()
+    # checkpointing set for the trace on the modules that have the switch (the seeds' wrapper: clf.bert),
+    # and set back as it was afterwards
+    ckpt_was = []
+    if checkpointing is not None:
+        for _, m in ckpt_targets(model):
+            was = ckpt_on(m)
+            ckpt_was.append((m, was))
+            if checkpointing and not was:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            elif not checkpointing and was:
+                m.gradient_checkpointing_disable()
     hooks = []
     names = {}
     try:
@@ -426,7 +433,8 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
                 if id(p) not in names:
                     f = fm.from_tensor(p)
                     if isinstance(p, torch.nn.Parameter):
-                        f = torch.nn.Parameter(f, requires_grad=p.requires_grad)
+                        keep = p.requires_grad and not any(n == q or n.startswith(q + ".") for q in frozen)
+                        f = torch.nn.Parameter(f, requires_grad=keep)
                     names[id(p)] = (n, f)
                 fake[n] = names[id(p)][1]
         for n, f in {id(f): (n, f) for n, f in names.values()}.values():
@@ -512,17 +520,60 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
         for h in hooks:
             h.remove()
         model.train(was_training)
-        if ckpt_was is not None:
-            if ckpt_was and not getattr(model, "is_gradient_checkpointing", False):
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            elif not ckpt_was and getattr(model, "is_gradient_checkpointing", False):
-                model.gradient_checkpointing_disable()
+        for m, was in ckpt_was:
+            if was and not ckpt_on(m):
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            elif not was and ckpt_on(m):
+                m.gradient_checkpointing_disable()
     _escapes(rec)
     return {"version": 1, "model": type(model).__name__, "torch": torch.__version__, "target": target,
             "batch": batch, "seq": seq, "precision": precision, "optimizer": optimizer,
             "loss": loss or ("model" if _labels_given(model) else "ce"), "steps": steps,
             "n_params": int(n_params), "n_trainable": int(n_train), "owners": rec.owners, "ops": rec.ops,
             "events": rec.events, "trace_seconds": round(time.perf_counter() - t0, 3)}
+
+
+def ckpt_targets(model):
+    """(name, module) whose gradient_checkpointing_enable() turns
+    checkpointing on: the model when it has the switch, else its outermost
+    submodules that do (the seeds' wrapper: bert)."""
+    if hasattr(model, "gradient_checkpointing_enable"):
+        return [("", model)]
+    out = []
+    for n, m in model.named_modules():
+        if n and hasattr(m, "gradient_checkpointing_enable") and not any(n.startswith(p + ".") for p, _ in out):
+            out.append((n, m))
+    return out
+
+
+def ckpt_on(m):
+    """Whether m checkpoints now (transformers 5's is_activation_checkpointing
+    where it has it: is_gradient_checkpointing warns there)."""
+    attr = ("is_activation_checkpointing" if hasattr(type(m), "is_activation_checkpointing")
+            else "is_gradient_checkpointing")
+    return bool(getattr(m, attr, False))
+
+
+def embeddings_of(model):
+    """The name of the module that embeds the tokens (bert.embeddings,
+    distilbert.embeddings, model.embeddings), or None."""
+    torch = _torch()
+    names = [n for n, m in model.named_modules() if n.split(".")[-1] == "embeddings"]
+    if names:
+        return min(names, key=len)
+    emb = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)]
+    return emb[0] if len(emb) == 1 else None
+
+
+def layers_of(model):
+    """The name of the list of encoder layers (bert.encoder.layer,
+    distilbert.transformer.layer, model.layers): the ModuleList as long as
+    the config's num_hidden_layers, or None."""
+    torch = _torch()
+    cfg = _modelish(model)
+    n = int(getattr(cfg, "num_hidden_layers", 0) or 0) if cfg is not None else 0
+    lists = [name for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and n and len(m) == n]
+    return min(lists, key=len) if lists else None
 
 
 def _labels_given(model):

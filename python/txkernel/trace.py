@@ -397,8 +397,11 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
     major, minor = (int("".join(c for c in x if c.isdigit()) or 0) for x in torch.__version__.split(".")[:2])
     if (major, minor) < (2, 1):
         raise TraceError(f"torch {torch.__version__}: the tracer needs torch 2.1 or newer (fake tensors whose "
-                         "storages report their own release, and autograd's current node); with this torch, "
-                         "BertForSequenceClassification and BertForQuestionAnswering are planned from their config")
+                         "storages report their own release, and autograd's current node); torch 1.13's "
+                         "FakeTensorMode refuses the real batch, a weak reference on its t.storage() dies with the "
+                         "wrapper, not the storage, and its autograd has no current node to name the module running "
+                         "in backward. With this torch, BertForSequenceClassification and BertForQuestionAnswering "
+                         "are planned from their config")
     from torch._subclasses.fake_tensor import FakeTensorMode
     t0 = time.perf_counter()
     if optimizer not in ("adamw", "adamw_torch_fused", "sgd", "adam"):

@@ -17,7 +17,8 @@ import tempfile
 from . import trace as _trace
 from .torch_model import PlanArgsError, torch_rules, HEADS, parse_flags
 
-USAGE = ("%txplan --torch-model NAME[.ATTR...] | --trainer NAME [--batch B] [--seq T] [--gpu PROFILE | --gpus colab|kaggle | "
+USAGE = ("%txplan --torch-model NAME[.ATTR...] | --trainer NAME [--batch B] [--seq T] "
+         "[--gpu PROFILE | --gpus colab|kaggle | "
          "--device cpu] [--precision fp32|fp16|bf16] [--optimizer adamw|adamw_torch_fused|adam|sgd] "
          "[--loss ce|mse|bce] [--checkpointing on|off] [--trace] [--json]")
 
@@ -103,7 +104,8 @@ def wants_trace(words, user_ns):
         return False  # the YAML route names the missing variable
     if flag == "--trainer":
         obj = getattr(obj, "model", None)
-        if obj is None or getattr(getattr(user_ns.get(name), "args", None), "per_device_train_batch_size", None) is None:
+        args = getattr(user_ns.get(name), "args", None)
+        if obj is None or getattr(args, "per_device_train_batch_size", None) is None:
             return False  # not a Trainer: the YAML route says so
     cfg = getattr(obj, "config", None)
     return not (type(obj).__name__ in HEADS and getattr(cfg, "model_type", "") == "bert")
@@ -181,7 +183,8 @@ def plan(words, user_ns, engine=None):
 TRACE_BUDGET_S = 20.0
 
 _DIMS = (("hidden", "hidden_size"), ("layers", "num_hidden_layers"), ("heads", "num_attention_heads"),
-         ("intermediate", "intermediate_size"), ("vocab_size", "vocab_size"), ("max_position", "max_position_embeddings"),
+         ("intermediate", "intermediate_size"), ("vocab_size", "vocab_size"),
+         ("max_position", "max_position_embeddings"),
          ("type_vocab", "type_vocab_size"), ("num_labels", "num_labels"))
 
 

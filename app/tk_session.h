@@ -262,6 +262,28 @@ json_t *tk_report_torchplan(const struct tk_torchplan_result *r);
 /* engine: pytorch on each card of a platform (colab, kaggle, colab-2020,
  * all): device used, peaks, attention kernel, fits. *out: a new bundle. */
 tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, json_t **out, tk_err *err);
+/* One card of a --gpus table, as the table's planner fills it. */
+typedef struct tk_gpus_row {
+    const struct tk_torchplan_result *plan; /* the card's figures (borrowed for the call); NULL: not planned */
+    size_t usable;            /* the card's usable capacity for the plan (0: none known) */
+    int fits;                 /* the plan's verdict against it */
+    char label[64];           /* the row's card column; "": the card's name */
+    char note[1536];          /* a line under the table (how a pair splits, why a card is left out); "" none */
+    json_t *json;             /* the row's JSON (new reference, taken by the table) */
+} tk_gpus_row;
+/* Plans the step on `card` into *row (TK_OK with plan NULL and a note:
+ * the card is left out). */
+typedef tk_status (*tk_gpus_plan_fn)(void *ctx, const tk_gpu_profile *card, tk_gpus_row *row, tk_err *err);
+/* The line above a --gpus table, written once every card is planned (it
+ * may name what planning found: the versions, the model). */
+typedef void (*tk_gpus_head_fn)(void *ctx, const char *platform, tk_sb *sb);
+/* The one --gpus table frame engine: pytorch's plan and the traced plan
+ * share: each card of `platform` planned by `plan`, a row each (card,
+ * capacity, usable, device used, peaks, attention, fits), the notes under
+ * it; the bundle's application/json is `meta` (taken, even on failure)
+ * with "cards", the rows' JSON. *out: a new bundle. */
+tk_status tk_gpus_table(const char *platform, tk_gpus_plan_fn plan, tk_gpus_head_fn head, void *ctx, json_t *meta,
+                        json_t **out, tk_err *err);
 /* Appends the in-process holder's line (tk_holder_line) and its JSON
  * ("in_process") to a bundle: when it holds device memory, or with `always`
  * whatever the host reported; nothing when the host reported nothing. */

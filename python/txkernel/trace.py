@@ -19,8 +19,12 @@ shapes (dropout, scaled_dot_product_attention, each GEMM and whether
 autograd's thread runs it), and the storages made inside them but not
 returned (the CPU's float dropout noise, the math attention's scores) are
 marked as the op's own, so the engine can size them by the card's kernel
-(torchplan/torchtrace.c). Two steps are traced, as torch_reference.py runs
-them: the first (AdamW's state is made) and a steady one.
+(torchplan/torchtrace.c). A checkpointed layer's recomputation in
+backward, which no torch function mode sees, is seen through F's dropout
+and attention, replaced for the trace's length; its attention is an op
+"of" the checkpointed one, which itself keeps nothing on a card. Two steps
+are traced, as torch_reference.py runs them: the first (AdamW's state is
+made) and a steady one.
 
 What cannot be traced (a branch on a tensor's values, an op with no fake or
 meta kernel, an autograd.Function that reads data) raises TraceError naming
@@ -198,7 +202,8 @@ class _Recorder:
         """(module name, card-dependent op index or -1) for an allocation now."""
         if self.phase == "optim":
             return "optimizer", -1
-        if self.phase != "temp":
+        if self.phase != "temp" or self.op_now >= 0:
+            # (in backward, an op running is a checkpointed layer's recomputation of it)
             return self.stack[-1], self.op_now
         node = self.torch._C._current_autograd_node()
         if node is None:
@@ -237,6 +242,10 @@ def _modes(rec, torch):
     F = torch.nn.functional
     GEMMS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "matmul", "_addmm_activation"}
     card_fns = {F.dropout: "dropout", F.scaled_dot_product_attention: "sdpa"}
+    top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+    def in_checkpoint():
+        return top_hooks is not None and top_hooks(False) is not None
 
     class Dispatch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -276,58 +285,99 @@ def _modes(rec, torch):
 
     class Function(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            kind = card_fns.get(func) if rec.phase == "act" and rec.op_now < 0 else None
-            if kind is None:
-                out = func(*args, **kwargs)
-                if rec.phase == "act":
-                    _note_seq(out)
-                return out
-            x = args[0] if args else kwargs.get("input", kwargs.get("query"))
-            if kind == "dropout":
-                p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-                training = kwargs.get("training", args[2] if len(args) > 2 else True)
-                if not training or p == 0:
-                    return func(*args, **kwargs)
-                info = {"kind": "dropout", "shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""),
-                        "p": float(p), "module": rec.stack[-1]}
-            else:
-                k = args[1] if len(args) > 1 else kwargs.get("key")
-                mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
-                p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
-                info = {"kind": "sdpa", "shape": list(x.shape), "kv": list(k.shape),
-                        "dtype": str(x.dtype).replace("torch.", ""), "p": float(p), "mask": mask is not None,
-                        "mask_shape": list(mask.shape) if mask is not None else [],
-                        "causal": bool(kwargs.get("is_causal", False)), "module": rec.stack[-1]}
-            idx = len(rec.ops)
-            rec.ops.append(info)
-            rec.op_now = idx
-            first_ev = len(rec.events)
-            try:
-                out = func(*args, **kwargs)
-            finally:
-                rec.op_now = -1
-            outs = out if isinstance(out, (tuple, list)) else [out]
-            keep = set()
+            return card_call(func, args, kwargs or {})
+
+    originals = {"scaled_dot_product_attention": F.scaled_dot_product_attention, "dropout": F.dropout}
+
+    def recomputing(name):
+        orig = originals[name]
+
+        def call(*args, **kwargs):
+            # backward runs without the torch function mode: a checkpointed layer's recomputation is seen here
+            if rec.phase == "temp":
+                return card_call(orig, args, kwargs)
+            return orig(*args, **kwargs)
+        return call
+
+    # F.dropout hands the torch function mode the function F names now: the wrapper, which is the same op
+    wrappers = {n: recomputing(n) for n in originals}
+    card_fns.update({wrappers["dropout"]: "dropout", wrappers["scaled_dot_product_attention"]: "sdpa"})
+
+    class Recompute:
+        """F's dropout and attention, seen in backward too (as long as the trace runs)."""
+
+        def __enter__(self):
+            for n in originals:
+                setattr(F, n, wrappers[n])
+
+        def __exit__(self, *exc):
+            for n, f in originals.items():
+                setattr(F, n, f)
+            return False
+
+    def card_call(func, args, kwargs):
+        # the forward, and in backward a checkpointed layer's recomputation
+        kind = card_fns.get(func) if rec.phase in ("act", "temp") and rec.op_now < 0 else None
+        if kind is None:
+            out = func(*args, **kwargs)
+            if rec.phase in ("act", "temp"):
+                _note_seq(out)
+            return out
+        x = args[0] if args else kwargs.get("input", kwargs.get("query"))
+        if kind == "dropout":
+            p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+            training = kwargs.get("training", args[2] if len(args) > 2 else True)
+            if not training or p == 0:
+                return func(*args, **kwargs)
+            info = {"kind": "dropout", "shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""),
+                    "p": float(p), "module": rec.stack[-1]}
+        else:
+            k = args[1] if len(args) > 1 else kwargs.get("key")
+            mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+            p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+            info = {"kind": "sdpa", "shape": list(x.shape), "kv": list(k.shape),
+                    "dtype": str(x.dtype).replace("torch.", ""), "p": float(p), "mask": mask is not None,
+                    "mask_shape": list(mask.shape) if mask is not None else [],
+                    "causal": bool(kwargs.get("is_causal", False)), "module": rec.stack[-1],
+                    # run inside checkpoint's saved-tensor hooks (or without grad: reentrant checkpointing's
+                    # forward): the card's kernel keeps nothing for its backward; the layer's recomputation
+                    # in backward is its own op, "of" this one
+                    "checkpointed": rec.phase == "act" and (in_checkpoint() or not torch.is_grad_enabled())}
+        idx = len(rec.ops)
+        if rec.phase == "temp":  # a recomputation: the checkpointed forward op of the same kind and module
+            info["of"] = next((i for i in range(idx - 1, -1, -1) if rec.ops[i].get("checkpointed")
+                               and rec.ops[i]["kind"] == info["kind"] and rec.ops[i]["module"] == info["module"]
+                               and not rec.ops[i].get("recomputed")), -1)
+            if info["of"] >= 0:
+                rec.ops[info["of"]]["recomputed"] = True
+        rec.ops.append(info)
+        rec.op_now = idx
+        first_ev = len(rec.events)
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            rec.op_now = -1
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        keep = set()
+        for t in outs:
+            if isinstance(t, torch.Tensor):
+                ev = rec.st.event_of(t)
+                if ev is not None:
+                    keep.add(id(ev))
+        for ev in rec.events[first_ev:]:  # the outputs are the model's, the rest the op's own
+            if ev[0] == "a" and id(ev) in keep:
+                ev[5] = -1
+        if kind == "sdpa":  # what a fused kernel keeps for backward: q, k, v, the mask and its output
+            keep = [args[i] if len(args) > i else kwargs.get(n) for i, n in enumerate(("query", "key", "value"))]
+            keep += [mask] + [t for t in outs if isinstance(t, torch.Tensor)]
             for t in outs:
                 if isinstance(t, torch.Tensor):
-                    ev = rec.st.event_of(t)
-                    if ev is not None:
-                        keep.add(id(ev))
-            for ev in rec.events[first_ev:]:  # the outputs are the model's, the rest the op's own
-                if ev[0] == "a" and id(ev) in keep:
-                    ev[5] = -1
-            if kind == "sdpa":  # what a fused kernel keeps for backward: q, k, v, the mask and its output
-                keep = [args[i] if len(args) > i else kwargs.get(n) for i, n in enumerate(("query", "key", "value"))]
-                keep += [mask] + [t for t in outs if isinstance(t, torch.Tensor)]
-                for t in outs:
-                    if isinstance(t, torch.Tensor):
-                        rec.sdpa_out[t.untyped_storage()._cdata] = idx
-                info["keep"] = sorted({v[0] for v in (rec.st.live.get(t.untyped_storage()._cdata) for t in keep
-                                                      if isinstance(t, torch.Tensor)) if v})
-            rec.events.append(["op", idx, "fwd"])
-            _note_seq(out, op=idx)
-            return out
+                    rec.sdpa_out[t.untyped_storage()._cdata] = idx
+            info["keep"] = sorted({v[0] for v in (rec.st.live.get(t.untyped_storage()._cdata) for t in keep
+                                                  if isinstance(t, torch.Tensor)) if v})
+        rec.events.append(["op", idx, "fwd"])
+        _note_seq(out, op=idx)
+        return out
 
     def _note_seq(out, op=-1):
         outs = out if isinstance(out, (tuple, list)) else [out]
@@ -345,7 +395,7 @@ def _modes(rec, torch):
             rec.seq_map.append((hi, rec.stack[-1], op))
         return hi
 
-    return Dispatch, Function
+    return Dispatch, Function, Recompute
 
 
 def _hooks(model, rec):
@@ -411,7 +461,7 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
     if loss not in (None, "ce", "mse", "bce"):
         raise TraceError(f"--loss {loss}: expected ce, mse or bce")
     rec = _Recorder(model, torch)
-    Dispatch, Function = _modes(rec, torch)
+    Dispatch, Function, Recompute = _modes(rec, torch)
     fm = FakeTensorMode(allow_non_fake_inputs=True)
     was_training = model.training
     # checkpointing set for the trace on the modules that have the switch (the seeds' wrapper: clf.bert),
@@ -451,7 +501,7 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
         model.train()
         gen_batches = [make_batch(model, batch, seq, torch, seed=i) for i in range(steps)]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        with fm, Function(), Dispatch():
+        with fm, Function(), Dispatch(), Recompute():
             kw = {"lr": lr}
             if optimizer in ("adamw", "adam"):
                 kw["foreach"] = target == "cuda"

@@ -129,6 +129,11 @@ PLANS = textwrap.dedent("""
     plan("branchy", "--torch-model branchy --batch 2 --seq 8 --gpu t4")
     plan("opaque", "--torch-model opaque --batch 2 --seq 8 --gpu t4")
     plan("custom", "--torch-model custom --batch 2 --seq 8 --gpu t4")
+    # checkpointed on a card: the traced step against the C plan of the same BertForSequenceClassification
+    plan("hf_ckpt_traced", "--torch-model hf --batch 16 --seq 512 --gpu t4 --checkpointing on --json")
+    ip.user_ns["hf"].gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    plan("hf_ckpt_yaml", "--torch-model hf --batch 16 --seq 512 --gpu t4 --json")
+    ip.user_ns["hf"].gradient_checkpointing_disable()
     print("RESULT " + json.dumps(out))
 """)
 
@@ -165,6 +170,19 @@ def test_seed_wrapper_equals_bert_for_sequence_classification_on_a_t4(res):
         print(f"{k}: traced SentimentClassifier {c[k]} / C plan of BertForSequenceClassification {h[k]} = {ratio:.4f}")
         assert 0.97 <= ratio <= 1.03, (k, c[k], h[k])
     assert c["attention"] == "sdpa (efficient)" and c["n_params"] == h["n_params"], (c, h)
+
+
+def test_checkpointed_on_a_card_equals_the_c_plan(res):
+    """A checkpointed step on a T4: the fused attention of a checkpointed
+    layer keeps nothing for backward, and the layer's recomputation in
+    backward is its own attention op (seen through F, which backward calls
+    without the torch function mode), ended with the original's backward."""
+    t, c = res["hf_ckpt_traced"].get("json"), res["hf_ckpt_yaml"].get("json")
+    assert t and c and t["traced"] and "traced" not in c, (res["hf_ckpt_traced"], res["hf_ckpt_yaml"])
+    for k in ("peak_allocated", "peak_reserved"):
+        ratio = t[k] / c[k]
+        print(f"checkpointed {k}: traced {t[k]} / C plan {c[k]} = {ratio:.4f}")
+        assert 0.97 <= ratio <= 1.03, (k, t[k], c[k])
 
 
 def test_report_says_what_it_is(res):

@@ -8,8 +8,9 @@
  * prove; the one ordered table of diagnoses (diagnoses.c) adds each finding
  * with the numbers behind it and marks the fixes that remove its cause.
  *
- * Guarantees: every candidate offered was planned by tk_plan with the config
- * it shows (a config the trainer rejects is dropped, never offered); the
+ * Guarantees: every candidate offered was planned with the config it shows,
+ * by the engine it names or by the input's planner (plan_fn: a traced
+ * model's, which traces each candidate) (a config the trainer rejects is dropped, never offered); the
  * search is bounded by a plan budget; nothing here allocates device memory
  * outside the planner's meta devices.
  */
@@ -48,6 +49,13 @@ static double time_per_sample(const tk_config *c, const tk_plan_result *p) {
     int acc = c->accumulate > 1 ? c->accumulate : 1;
     double samples = (double)c->batch_size * acc * tk_config_world_size(c);
     return samples > 0 ? t / samples : t;
+}
+
+/* The one way a config is planned here: the input's planner (a traced
+ * model's, each candidate traced), else the engine the config names. */
+static tk_status plan_config(const tk_advise_input *in, const tk_config *c, tk_plan_result *out, tk_err *err) {
+    if (in->plan_fn) return in->plan_fn(in->plan_ctx, c, (const int *)in->lengths, in->n_lengths, out, err);
+    return tk_plan_engine(c, (const int *)in->lengths, in->n_lengths, out, err);
 }
 
 static int effective_batch(const tk_config *c) {
@@ -167,7 +175,8 @@ static void read_plan_facts(adv_ctx *x, tk_facts *f) {
     f->platform = in->platform ? in->platform : tk_gpu_platform_of(f->gpu);
     int nc = 0;
     tk_err ce = { 0 };
-    tk_status cst = f->platform ? tk_plan_cards(c, in->lengths, in->n_lengths, f->platform, x->cards, 16, &nc, &ce)
+    tk_status cst = f->platform ? tk_plan_cards_by(in->plan_fn, in->plan_ctx, c, in->lengths, in->n_lengths,
+                                                   f->platform, x->cards, 16, &nc, &ce)
                                 : TK_EINVAL;
     if (cst == TK_ENOMEM) x->nomem = 1;
     if (cst == TK_OK) {
@@ -267,7 +276,7 @@ static int evaluate(adv_ctx *x, const tk_fix *fixes, int n, tk_candidate *out) {
         return -1;
     tk_plan_result p;
     tk_err e;
-    tk_status pst = tk_plan_engine(&out->config, (const int *)in->lengths, in->n_lengths, &p, &e);
+    tk_status pst = plan_config(in, &out->config, &p, &e);
     if (pst == TK_ENOMEM) x->nomem = 1; /* not the config's fault: the whole advice fails */
     if (pst != TK_OK)
         return -1;
@@ -381,7 +390,7 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     if (in->plan) {
         out->base = *in->plan;
     } else {
-        tk_status pst = tk_plan_engine(in->config, (const int *)in->lengths, in->n_lengths, &out->base, err);
+        tk_status pst = plan_config(in, in->config, &out->base, err);
         if (pst != TK_OK)
             return pst;
         out->n_planned++;
@@ -462,9 +471,11 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err) {
     }
     if (x.nomem)
         goto nomem;
-    qsort(all.v, (size_t)all.n, sizeof *all.v, cmp_cand);
-    out->n_cand = all.n < TK_ADVICE_MAX_CANDS ? all.n : TK_ADVICE_MAX_CANDS;
-    memcpy(out->cand, all.v, (size_t)out->n_cand * sizeof *all.v);
+    if (all.n) { /* none at all: all.v is NULL, which qsort and memcpy may not take */
+        qsort(all.v, (size_t)all.n, sizeof *all.v, cmp_cand);
+        out->n_cand = all.n < TK_ADVICE_MAX_CANDS ? all.n : TK_ADVICE_MAX_CANDS;
+        memcpy(out->cand, all.v, (size_t)out->n_cand * sizeof *all.v);
+    }
     free(all.v);
     out->ms = now_ms() - t0;
     return TK_OK;

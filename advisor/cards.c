@@ -15,6 +15,11 @@
 
 tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_lengths, const char *platform,
                         tk_card_fit *out, int max, int *n_out, tk_err *err) {
+    return tk_plan_cards_by(NULL, NULL, c, lengths, n_lengths, platform, out, max, n_out, err);
+}
+
+tk_status tk_plan_cards_by(tk_plan_fn fn, void *ctx, const tk_config *c, const int32_t *lengths, int n_lengths,
+                           const char *platform, tk_card_fit *out, int max, int *n_out, tk_err *err) {
     *n_out = 0;
     const tk_gpu_profile *cards[16];
     int n = tk_gpu_platform_cards(platform, cards, 16);
@@ -32,11 +37,12 @@ tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_length
         cc.capacity = 0; /* the card's own capacity, as `gpu: NAME` alone gives */
         tk_err pe = {0};
         tk_status st = tk_config_set(&cc, "gpu", cards[i]->name, err);
-        if (st == TK_OK) st = tk_plan_engine(&cc, (const int *)lengths, n_lengths, p, &pe);
+        if (st == TK_OK) st = fn ? fn(ctx, &cc, (const int *)lengths, n_lengths, p, &pe)
+                                 : tk_plan_engine(&cc, (const int *)lengths, n_lengths, p, &pe);
         /* a pair (t4x2) the engine: pytorch planner refuses (it plans the
          * split of a step over GPUs, parallel:, only where it models it):
          * not a row, not an error */
-        if (st == TK_EINVAL && c->engine == TK_ENGINE_PYTORCH && cards[i]->gpus > 1) continue;
+        if (st == TK_EINVAL && (fn || c->engine == TK_ENGINE_PYTORCH) && cards[i]->gpus > 1) continue;
         if (st != TK_OK && err && pe.msg[0]) *err = pe;
         if (st != TK_OK) {
             free(p);

@@ -12,7 +12,9 @@
  * corpus lengths the same way (tk_plan_worst_len: batching: dynamic and
  * buckets plan the longest example). On two or more GPUs (`parallel`) the
  * figures are the fullest GPU's; txkernel's own `zero:` key is refused
- * (TK_EINVAL), so those candidates are never offered for engine: pytorch. */
+ * (TK_EINVAL), so those candidates are never offered for engine: pytorch.
+ * tk_plan_from_torchplan is that conversion alone, for a step planned
+ * another way (the companion's traced model, app/traced.c). */
 #include <string.h>
 
 #include "tk_advisor.h"
@@ -24,17 +26,19 @@ tk_status tk_plan_engine(const tk_config *c, const int *lengths, int n, tk_plan_
     tk_torchplan_result *r = tk_malloc(sizeof *r);
     if (!r) return tk_err_nomem(err, "an engine: pytorch plan");
     tk_status st = tk_torchplan_data(c, lengths, n, r, err);
-    if (st != TK_OK) {
-        free(r);
-        return st;
-    }
+    if (st == TK_OK) st = tk_plan_from_torchplan(c, lengths, n, r, out, err);
+    free(r);
+    return st;
+}
+
+tk_status tk_plan_from_torchplan(const tk_config *c, const int *lengths, int n, const tk_torchplan_result *r,
+                                 tk_plan_result *out, tk_err *err) {
     /* the costs from txkernel's plan of the same step; its memory is replaced below */
     tk_config tc = *c;
     tc.engine = TK_ENGINE_TXKERNEL;
     tk_err ce = {0};
-    st = tk_plan(&tc, lengths, n, out, &ce);
+    tk_status st = tk_plan(&tc, lengths, n, out, &ce);
     if (st == TK_ENOMEM) { /* the host's fault, not the config's: the whole plan fails */
-        free(r);
         if (err) *err = ce;
         return st;
     }
@@ -59,7 +63,6 @@ tk_status tk_plan_engine(const tk_config *c, const int *lengths, int n, tk_plan_
     out->oom = 0; /* planned whole, against no capacity */
     memset(&out->oom_record, 0, sizeof out->oom_record);
     out->oom_phase[0] = 0;
-    free(r);
     return TK_OK;
 }
 

@@ -137,6 +137,14 @@ typedef struct tk_fix {
 
 struct tk_advise_input;
 
+/* A planner in place of tk_plan_engine (tk_advise_input.plan_fn): plans
+ * config `c` into *out as tk_plan_engine would, or fails (TK_EINVAL: a
+ * candidate it cannot plan, which is then not offered). The companion's
+ * traced model (app/traced.c) is one: each candidate is its own step,
+ * traced. ctx is the planner's own. */
+typedef tk_status (*tk_plan_fn)(void *ctx, const tk_config *c, const int *lengths, int n, tk_plan_result *out,
+                                tk_err *err);
+
 /* A row of the catalogue: everything the advisor knows of one kind. Only
  * name and apply are required; the others say their default. */
 typedef struct tk_fix_def {
@@ -241,6 +249,9 @@ typedef struct tk_advise_input {
     tk_api api;                   /* the API the fixes' code is written in; TK_API_AUTO: tk_config_api */
     const tk_advise_run *last_run;   /* the session's last run and its OOM record; NULL: absent */
     const tk_advise_torch *torch_live; /* the companion's live torch state; NULL: absent */
+    tk_plan_fn plan_fn;           /* plans the config, each candidate and each card of the platform; NULL:
+                                     tk_plan_engine */
+    void *plan_ctx;               /* plan_fn's own, borrowed */
 } tk_advise_input;
 
 typedef struct tk_advice {
@@ -274,6 +285,13 @@ tk_status tk_advise(const tk_advise_input *in, tk_advice *out, tk_err *err);
  * memory in a tk_plan_result (no owner table) and its costs from txkernel's
  * plan of the same config. */
 tk_status tk_plan_engine(const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err);
+/* The engine: pytorch figures of `r` (a tk_torchplan_result, torchplan's
+ * or a traced step's) as tk_plan_engine reports them, with the costs from
+ * txkernel's plan of the same config `c` (no costs when txkernel's trainer
+ * refuses it). TK_ENOMEM only. */
+struct tk_torchplan_result;
+tk_status tk_plan_from_torchplan(const tk_config *c, const int *lengths, int n, const struct tk_torchplan_result *r,
+                                 tk_plan_result *out, tk_err *err);
 /* Who planned it, for the reader: "txkernel's trainer" or "engine: pytorch
  * (torch 2.x + transformers 5.x)" (a static string). */
 const char *tk_plan_engine_name(const tk_config *c);

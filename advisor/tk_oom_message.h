@@ -122,7 +122,7 @@ typedef struct tk_oom_message {
     int have_plan;
     uint64_t plan_peak;           /* planned peak reserved */
     uint64_t plan_allocated;      /* planned peak allocated (0: not given) */
-    char plan_engine[64];         /* who planned it (tk_plan_engine_name); "": txkernel's trainer */
+    char plan_engine[160];        /* who planned it (tk_plan_engine_name, or "engine: pytorch, traced clf (...)"); "": txkernel's trainer */
     /* derived */
     int have_outside;             /* total - reserved - free, from reliable figures */
     uint64_t outside;
@@ -196,6 +196,10 @@ json_t *tk_oom_message_to_json(const tk_oom_message *m);
  * count. */
 tk_status tk_plan_cards(const tk_config *c, const int32_t *lengths, int n_lengths, const char *platform,
                         tk_card_fit *out, int max, int *n_out, tk_err *err);
+/* The same, each card planned by `fn` (a traced model's planner; NULL:
+ * tk_plan_engine). A pair the planner refuses is not a row. */
+tk_status tk_plan_cards_by(tk_plan_fn fn, void *ctx, const tk_config *c, const int32_t *lengths, int n_lengths,
+                           const char *platform, tk_card_fit *out, int max, int *n_out, tk_err *err);
 /* NULL when `value` names a platform advice knows ("colab", "kaggle",
  * "colab-2020"; "all" too with allow_all); otherwise the error, naming
  * colab and kaggle, written to buf and returned. */

@@ -23,6 +23,7 @@
 #include "tk_app.h"
 #include "tk_config_edit.h"
 #include "tk_data.h"
+#include "tk_embed_trace.h"
 #include "tk_host_mem.h"
 #include "tk_oom_message.h"
 #include "tk_pipeline.h"
@@ -30,11 +31,13 @@
 #include "tk_session.h"
 
 /* The advice as a bundle. card_note: the line saying which card the advice
- * is for when the config names none (the platform's smallest); "" otherwise.
- * cli_config: the config's path when txk prints it (the text names txk's
- * commands); NULL in a notebook (it names the magics). */
+ * is for when the config names none (the platform's smallest), and what
+ * planned it; "" otherwise. cli_config: the config's path when txk prints it
+ * (the text names txk's commands); NULL in a notebook (it names the magics).
+ * traced: tk_traced_summary's line for a traced model's advice (JSON
+ * "planned_by"), else "". */
 static json_t *advice_bundle(const tk_advice *a, int top, const char *card_note, const tk_run_spec *spec,
-                             const char *cli_config) {
+                             const char *cli_config, const char *traced) {
     char *txt = cli_config ? tk_advice_format_cli(a, top, cli_config) : tk_advice_format(a, top);
     tk_sb tt = {0};
     if (card_note[0]) tk_sb_addf(&tt, "%s\n", card_note);
@@ -107,6 +110,7 @@ static json_t *advice_bundle(const tk_advice *a, int top, const char *card_note,
     json_t *j = js ? json_loads(js, 0, NULL) : NULL;
     free(js);
     if (j) json_object_set_new(j, "run", tk_run_spec_json(spec));
+    if (j && traced[0]) json_object_set_new(j, "planned_by", json_string(traced));
     tk_bundle_take_json(b, "application/json", j);
     return b;
 }
@@ -162,15 +166,24 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         tk_config pc = *c;
         pc.engine = TK_ENGINE_PYTORCH;
         tk_err pe = {0};
-        st = tk_plan_cards(&pc, lengths, n_lengths, platform, cards, 16, &n, &pe);
-        if (st == TK_EINVAL) {
+        tk_traced_model *tm = opts ? opts->traced : NULL; /* a traced model: its own step, traced */
+        tk_plan_fn pf = tm ? tk_traced_plan : NULL;
+        void *pctx = tm;
+        char pname[150] = "";
+        if (tm) {
+            tk_traced_begin(tm);
+            snprintf(pname, sizeof pname, "engine: pytorch, traced %s", tk_traced_label(tm));
+        }
+        st = tk_plan_cards_by(pf, pctx, &pc, lengths, n_lengths, platform, cards, 16, &n, &pe);
+        if (st == TK_EINVAL && !pf) {
             pc.engine = TK_ENGINE_TXKERNEL;
             st = tk_plan_cards(&pc, lengths, n_lengths, platform, cards, 16, &n, err);
         } else if (st != TK_OK && err) {
             *err = pe;
         }
         if (st != TK_OK) goto done;
-        snprintf(msg->plan_engine, sizeof msg->plan_engine, "%s", tk_plan_engine_name(&pc));
+        snprintf(msg->plan_engine, sizeof msg->plan_engine, "%s",
+                 tm ? pname : tk_plan_engine_name(&pc));
         /* the user's own numbers and settings for the fix code, and the plan
          * of the config on the message's card to set beside PyTorch's figures */
         msg->user_batch = c->batch_size;
@@ -199,7 +212,8 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         }
         a = tk_malloc(sizeof *a);
         tk_advise_input in = {.config = &on, .lengths = lengths, .n_lengths = n_lengths, .margin_frac = 0.05,
-                              .platform = msg->platform[0] ? platform : NULL, .api = msg->api};
+                              .platform = msg->platform[0] ? platform : NULL, .api = msg->api,
+                              .plan_fn = pf, .plan_ctx = pctx};
         if (!a || (st = tk_advise(&in, a, err)) != TK_OK) {
             if (!a) tk_err_set(err, st = TK_ENOMEM, "out of host memory advising");
             goto done;
@@ -242,7 +256,7 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
     json_t *jv = tk_oom_message_to_json(msg);
     tk_sb sb = {0};
     tk_sb_add(&sb, txt ? txt : "");
-    char adv_head[240] = "";
+    char adv_head[400] = "";
     if (adv_text)
         snprintf(adv_head, sizeof adv_head, "The config planned on %s by %s (%s):\n", msg->card ? msg->card->name : "this card",
                  msg->plan_engine, strncmp(msg->plan_engine, "engine: pytorch", 15) == 0
@@ -474,6 +488,12 @@ tk_status tk_app_advise(tk_session *s, const tk_advise_request *rq, tk_advise_re
     if (!c.gpu[0] && on.gpu[0]) snprintf(card_note, sizeof card_note, "Advised for %s.", spec.card_why);
     tk_advise_input in = {.config = &on, .margin_frac = rq->margin, .platform = spec.platform[0] ? spec.platform : NULL,
                           .api = rq->api, .oom = oom ? &lr->oom : NULL};
+    /* the companion's traced model: the config and each candidate are its own step, traced */
+    tk_traced_model *tm = tk_session_traced(s, &c);
+    if (tm) {
+        tk_traced_begin(tm);
+        in.plan_fn = tk_traced_plan, in.plan_ctx = tm;
+    }
     int nl = 0;
     in.lengths = (const int32_t *)tk_session_lengths(s, &nl);
     in.n_lengths = nl;
@@ -505,7 +525,10 @@ tk_status tk_app_advise(tk_session *s, const tk_advise_request *rq, tk_advise_re
         out->ename = "UsageError";
         return TK_EINVAL;
     }
-    if (!(out->bundle = advice_bundle(a, rq->top, card_note, &spec, rq->cli_config))) {
+    char note[2048], traced[1600] = ""; /* said first: the card it is for, and what planned it */
+    if (tm) tk_traced_summary(tm, traced, sizeof traced);
+    snprintf(note, sizeof note, "%s%s%s", card_note, card_note[0] && traced[0] ? "\n" : "", traced);
+    if (!(out->bundle = advice_bundle(a, rq->top, note, &spec, rq->cli_config, traced))) {
         out->ename = "MemoryError";
         return tk_err_nomem(err, "the advice");
     }
@@ -581,6 +604,8 @@ tk_status tk_app_advise_error(tk_session *s, const tk_advise_request *rq, const 
     } else if (rq->door != TK_DOOR_SHELL) {
         lengths = (const int32_t *)tk_session_lengths(s, &nl);
     }
+    /* the companion's traced model: the message's config is its own step, traced */
+    opts.traced = rq->door != TK_DOOR_SHELL && c ? tk_session_traced(s, &cc) : NULL;
     if (st == TK_OK) st = tk_oom_message_report(text, len, c ? &cc : NULL, lengths, nl, &opts, bundle, err);
     tk_run_data_clear(&data);
     free(read);

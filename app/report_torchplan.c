@@ -3,11 +3,14 @@
  * and transformers versions it follows, so a number is never read as
  * txkernel's own. Against a card's profile, fits is the card's one usable
  * capacity (tk_gpu_profile_budget, the figure advice uses too), said beside
- * the total it comes from. */
+ * the total it comes from. The --gpus table's frame (tk_gpus_table) is
+ * here, with engine: pytorch's card planner; the traced plan's is in
+ * report_torchtrace.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "tk_host_mem.h"
 #include "tk_render.h"
 #include "tk_session.h"
 #include "tk_torchplan.h"
@@ -132,11 +135,13 @@ json_t *tk_report_torchplan(const tk_torchplan_result *r) {
     return bundle;
 }
 
-tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, json_t **out, tk_err *err) {
+tk_status tk_gpus_table(const char *platform, tk_gpus_plan_fn plan, tk_gpus_head_fn head, void *ctx, json_t *meta,
+                        json_t **out, tk_err *err) {
     *out = NULL;
     const tk_gpu_profile *cards[16];
     int n = tk_gpu_platform_cards(platform, cards, 16);
     if (n < 0) {
+        json_decref(meta);
         tk_err_set(err, TK_EINVAL, "--gpus %s: expected %s", platform, tk_gpu_platform_names());
         return TK_EINVAL;
     }
@@ -144,73 +149,100 @@ tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, jso
                                     "attention", "fits"};
     tk_rtable *t = tk_rtable_new("", 8, h);
     json_t *rows = json_array();
-    const char *tv = "", *xv = "";
-    tk_status st = t && rows ? TK_OK : tk_err_nomem(err, "--gpus report");
-    tk_sb notes = {0}; /* the pairs: how they are spread and how that is known */
-    char skipped[64] = "", skipped_why[sizeof ((tk_err *)0)->msg] = "";
+    tk_status st = t && rows && meta ? TK_OK : tk_err_nomem(err, "--gpus report");
+    tk_sb notes = {0};
     for (int i = 0; i < n && st == TK_OK; i++) {
-        tk_config one = *c;
-        tk_torchplan_result r;
-        if ((st = tk_config_set(&one, "gpu", cards[i]->name, err)) != TK_OK) break;
-        one.capacity = 0;
-        tk_err pe = {0};
-        st = tk_torchplan(&one, &r, &pe);
-        /* a pair (t4x2) the planner refuses: it plans the split of a step
-         * over GPUs (parallel:) only where it models it */
-        if (st == TK_EINVAL && cards[i]->gpus > 1) {
-            snprintf(skipped, sizeof skipped, "%s", cards[i]->name);
-            snprintf(skipped_why, sizeof skipped_why, "%s", pe.msg);
-            st = TK_OK;
-            continue;
-        }
-        if (st != TK_OK) {
-            if (err) *err = pe;
-            break;
-        }
-        tv = r.torch_version, xv = r.transformers_version;
-        char a[32], b[32], d[32], e[32], u[32], name[64];
-        snprintf(name, sizeof name, "%s%s%s%s", cards[i]->name, r.parallel ? " (" : "", r.parallel ? r.parallel : "",
-                 r.parallel ? ")" : "");
-        int full = 0;
-        for (int k = 1; k < r.n_gpu_rows; k++)
-            if (r.gpu_rows[k].peak_reserved > r.gpu_rows[full].peak_reserved) full = k;
-        if (r.parallel)
-            tk_sb_addf(&notes, "%s: %d GPUs, %s, batch %d per GPU; the row is the fullest GPU's (%s); %s.\n",
-                       cards[i]->name, r.world_size, r.parallel, r.batch, r.gpu_rows[full].who, r.checked);
-        int fits;
-        size_t budget = usable(&r, &fits);
-        tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", name, tk_format_bytes(r.capacity, a, sizeof a),
-                       budget ? tk_format_bytes(budget, u, sizeof u) : "-", tk_format_bytes(r.device_used, b, sizeof b),
-                       tk_format_bytes(r.peak_allocated, d, sizeof d), tk_format_bytes(r.peak_reserved, e, sizeof e),
-                       r.attention, fits ? "yes" : "NO");
-        json_t *row = plan_json(&r);
-        if (!row || json_array_append_new(rows, row)) st = tk_err_nomem(err, "--gpus report");
+        tk_gpus_row row = {0};
+        if ((st = plan(ctx, cards[i], &row, err)) != TK_OK) break;
+        if (row.note[0]) tk_sb_addf(&notes, "%s\n", row.note);
+        if (!row.plan) continue;
+        const tk_torchplan_result *r = row.plan;
+        char a[32], b[32], d[32], e[32], u[32];
+        tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", row.label[0] ? row.label : cards[i]->name,
+                       tk_format_bytes(r->capacity, a, sizeof a), row.usable ? tk_format_bytes(row.usable, u, sizeof u) : "-",
+                       tk_format_bytes(r->device_used, b, sizeof b), tk_format_bytes(r->peak_allocated, d, sizeof d),
+                       tk_format_bytes(r->peak_reserved, e, sizeof e), r->attention, row.fits ? "yes" : "NO");
+        if (!row.json || json_array_append_new(rows, row.json)) st = tk_err_nomem(err, "--gpus report");
     }
     char *text = NULL, *html = NULL;
     if (st == TK_OK) {
         tk_sb sb = {0};
-        char *tt = tk_rtable_text(t);
-        tk_sb_addf(&sb, "engine: pytorch — the step as torch %s + transformers %s run it, on each %s card "
-                        "(device used = peak reserved + PyTorch's CUDA context; fits: peak reserved within the card's "
-                        "usable capacity, its total less the context and library buffers, as advice counts it):\n%s",
-                   tv, xv, platform, tt ? tt : "");
-        char *nt = tk_sb_take(&notes);
-        if (nt) tk_sb_add(&sb, nt);
-        free(nt);
-        if (skipped[0])
-            tk_sb_addf(&sb, "%s is not planned: %s\n", skipped, skipped_why);
+        char *tt = tk_rtable_text(t), *nt = tk_sb_take(&notes);
+        head(ctx, platform, &sb);
+        tk_sb_addf(&sb, "%s%s", tt ? tt : "", nt ? nt : "");
         free(tt);
+        free(nt);
         text = tk_sb_take(&sb);
         html = tk_rtable_html(t);
-        *out = text && html ? json_pack("{s:s, s:s, s:{s:s, s:s, s:O}}", "text/plain", text, "text/html", html,
-                                        "application/json", "engine", "pytorch", "platform", platform, "cards", rows)
-                            : NULL;
+        if (text && html && !json_object_set(meta, "cards", rows))
+            *out = json_pack("{s:s, s:s, s:O}", "text/plain", text, "text/html", html, "application/json", meta);
         if (!*out) st = tk_err_nomem(err, "--gpus report");
     }
     free(text);
     free(html);
     free(tk_sb_take(&notes));
     json_decref(rows);
+    json_decref(meta);
     tk_rtable_destroy(&t);
+    return st;
+}
+
+/* engine: pytorch's card planner for tk_gpus_table: the config on each
+ * card; a pair the planner does not split is left out with its reason. */
+typedef struct {
+    const tk_config *c;
+    tk_torchplan_result r;
+    const char *tv, *xv;      /* the versions the plans follow */
+} torchplan_cards;
+
+static tk_status torchplan_card(void *ctx, const tk_gpu_profile *card, tk_gpus_row *row, tk_err *err) {
+    torchplan_cards *x = ctx;
+    tk_config one = *x->c;
+    tk_status st = tk_config_set(&one, "gpu", card->name, err);
+    if (st != TK_OK) return st;
+    one.capacity = 0;
+    tk_err pe = {0};
+    st = tk_torchplan(&one, &x->r, &pe);
+    /* a pair (t4x2) the planner refuses: it plans the split of a step over
+     * GPUs (parallel:) only where it models it */
+    if (st == TK_EINVAL && card->gpus > 1) {
+        snprintf(row->note, sizeof row->note, "%s is not planned: %s", card->name, pe.msg);
+        return TK_OK;
+    }
+    if (st != TK_OK) {
+        if (err) *err = pe;
+        return st;
+    }
+    const tk_torchplan_result *r = &x->r;
+    x->tv = r->torch_version, x->xv = r->transformers_version;
+    if (r->parallel) {
+        int full = 0;
+        for (int k = 1; k < r->n_gpu_rows; k++)
+            if (r->gpu_rows[k].peak_reserved > r->gpu_rows[full].peak_reserved) full = k;
+        snprintf(row->label, sizeof row->label, "%s (%s)", card->name, r->parallel);
+        snprintf(row->note, sizeof row->note, "%s: %d GPUs, %s, batch %d per GPU; the row is the fullest GPU's (%s); %s.",
+                 card->name, r->world_size, r->parallel, r->batch, r->gpu_rows[full].who, r->checked);
+    }
+    row->plan = r;
+    row->usable = usable(r, &row->fits);
+    row->json = plan_json(r);
+    return TK_OK;
+}
+
+static void torchplan_head(void *ctx, const char *platform, tk_sb *sb) {
+    const torchplan_cards *x = ctx;
+    tk_sb_addf(sb, "engine: pytorch — the step as torch %s + transformers %s run it, on each %s card "
+                   "(device used = peak reserved + PyTorch's CUDA context; fits: peak reserved within the card's "
+                   "usable capacity, its total less the context and library buffers, as advice counts it):\n",
+               x->tv, x->xv, platform);
+}
+
+tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, json_t **out, tk_err *err) {
+    torchplan_cards *x = tk_calloc(1, sizeof *x);
+    if (!x) return tk_err_nomem(err, "--gpus report");
+    x->c = c, x->tv = "", x->xv = "";
+    tk_status st = tk_gpus_table(platform, torchplan_card, torchplan_head, x,
+                                 json_pack("{s:s, s:s}", "engine", "pytorch", "platform", platform), out, err);
+    free(x);
     return st;
 }

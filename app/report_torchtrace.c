@@ -13,6 +13,7 @@
 #include "tk_embed_trace.h"
 #include "tk_host_mem.h"
 #include "tk_render.h"
+#include "tk_session.h"
 #include "tk_torchtrace.h"
 
 static size_t usable(const tk_torchplan_result *p, int *fits) {
@@ -108,64 +109,45 @@ json_t *tk_report_torchtrace(const tk_torchtrace_result *r) {
     return bundle;
 }
 
+/* The traced plan's card planner for tk_gpus_table: the trace replayed on
+ * each one-GPU card; a pair is left out (the traced step is one GPU's). */
+typedef struct {
+    const json_t *trace;
+    tk_torch_version v;
+    tk_torchtrace_result r;
+} trace_cards;
+
+static tk_status trace_card(void *ctx, const tk_gpu_profile *card, tk_gpus_row *row, tk_err *err) {
+    trace_cards *x = ctx;
+    if (card->gpus > 1) {
+        snprintf(row->note, sizeof row->note, "%s: the traced step is one GPU's; two-GPU runs are planned with the "
+                 "YAML route", card->name);
+        return TK_OK;
+    }
+    tk_status st = tk_torchtrace_plan(x->trace, card->name, x->v, &x->r, err);
+    if (st != TK_OK) return st;
+    row->plan = &x->r.plan;
+    row->usable = usable(&x->r.plan, &row->fits);
+    row->json = plan_json(&x->r);
+    return TK_OK;
+}
+
+static void trace_head(void *ctx, const char *platform, tk_sb *sb) {
+    const trace_cards *x = ctx;
+    tk_sb_addf(sb, "engine: pytorch, traced — %s's own training step on each %s card (device used = peak reserved + "
+                   "PyTorch's CUDA context; fits: peak reserved within the card's usable capacity):\n",
+               x->r.model, platform);
+}
+
 tk_status tk_torchtrace_gpus_report(const json_t *trace, tk_torch_version v, const char *platform, json_t **out,
                                     tk_err *err) {
-    *out = NULL;
-    const tk_gpu_profile *cards[16];
-    int n = tk_gpu_platform_cards(platform, cards, 16);
-    if (n < 0) {
-        tk_err_set(err, TK_EINVAL, "--gpus %s: expected %s", platform, tk_gpu_platform_names());
-        return TK_EINVAL;
-    }
-    static const char *const h[] = {"card", ">capacity", ">usable", ">device used", ">peak allocated", ">peak reserved",
-                                    "attention", "fits"};
-    tk_rtable *t = tk_rtable_new("", 8, h);
-    json_t *rows = json_array();
-    tk_status st = t && rows ? TK_OK : tk_err_nomem(err, "--gpus report");
-    char model[96] = "", skipped[160] = "";
-    tk_torchtrace_result *r = tk_calloc(1, sizeof *r);
-    if (!r && st == TK_OK) st = tk_err_nomem(err, "--gpus report");
-    for (int i = 0; i < n && st == TK_OK; i++) {
-        if (cards[i]->gpus > 1) { /* a pair: the traced step is one GPU's */
-            snprintf(skipped + strlen(skipped), sizeof skipped - strlen(skipped), "%s%s", skipped[0] ? ", " : "",
-                     cards[i]->name);
-            continue;
-        }
-        if ((st = tk_torchtrace_plan(trace, cards[i]->name, v, r, err)) != TK_OK) break;
-        snprintf(model, sizeof model, "%s", r->model);
-        char a[32], b[32], d[32], e[32], u[32];
-        int fits;
-        size_t budget = usable(&r->plan, &fits);
-        tk_rtable_rowf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", cards[i]->name, tk_format_bytes(r->plan.capacity, a, sizeof a),
-                       budget ? tk_format_bytes(budget, u, sizeof u) : "-", tk_format_bytes(r->plan.device_used, b, sizeof b),
-                       tk_format_bytes(r->plan.peak_allocated, d, sizeof d),
-                       tk_format_bytes(r->plan.peak_reserved, e, sizeof e), r->plan.attention, fits ? "yes" : "NO");
-        json_t *row = plan_json(r);
-        if (!row || json_array_append_new(rows, row)) st = tk_err_nomem(err, "--gpus report");
-    }
-    free(r);
-    char *text = NULL, *html = NULL;
-    if (st == TK_OK) {
-        tk_sb sb = {0};
-        char *tt = tk_rtable_text(t);
-        tk_sb_addf(&sb, "engine: pytorch, traced — %s's own training step on each %s card (device used = peak reserved + "
-                        "PyTorch's CUDA context; fits: peak reserved within the card's usable capacity):\n%s",
-                   model, platform, tt ? tt : "");
-        if (skipped[0]) tk_sb_addf(&sb, "%s: the traced step is one GPU's; two-GPU runs are planned with the YAML route\n",
-                                   skipped);
-        free(tt);
-        text = tk_sb_take(&sb);
-        html = tk_rtable_html(t);
-        *out = text && html ? json_pack("{s:s, s:s, s:{s:s, s:b, s:s, s:O}}", "text/plain", text, "text/html", html,
-                                        "application/json", "engine", "pytorch", "traced", 1, "platform", platform,
-                                        "cards", rows)
-                            : NULL;
-        if (!*out) st = tk_err_nomem(err, "--gpus report");
-    }
-    free(text);
-    free(html);
-    json_decref(rows);
-    tk_rtable_destroy(&t);
+    trace_cards *x = tk_calloc(1, sizeof *x);
+    if (!x) return tk_err_nomem(err, "--gpus report");
+    x->trace = trace, x->v = v;
+    tk_status st = tk_gpus_table(platform, trace_card, trace_head, x,
+                                 json_pack("{s:s, s:b, s:s}", "engine", "pytorch", "traced", 1, "platform", platform), out,
+                                 err);
+    free(x);
     return st;
 }
 

@@ -25,6 +25,7 @@
 #include "tk_app.h"
 #include "tk_advisor.h"
 #include "tk_checkpoint.h"
+#include "tk_embed_trace.h"
 #include "tk_files.h"
 #include "tk_hub.h"
 #include "tk_model.h"
@@ -53,6 +54,7 @@ struct tk_session {
     tk_holder holder;          /* the host's report; survives a reset */
     size_t record_events;      /* the allocator's history asked for (events; 0: off); survives a reset */
     char platform[16];         /* the platform the last %txplan --gpus planned on; "" none */
+    tk_traced_model *traced;   /* the companion's traced model (owned); NULL none */
 };
 
 tk_session *tk_session_new(void) { return tk_calloc(1, sizeof(tk_session)); }
@@ -69,12 +71,24 @@ void tk_session_reset(tk_session *s) {
     free(s->lengths);
     free(s->tl);
     free(s->advice);
+    tk_traced_destroy(&s->traced);
     tk_holder h = s->holder;
     int record = s->record_events;
     memset(s, 0, sizeof *s);
     s->holder = h;
     s->record_events = record;
     tk_host_trim(); /* what the session held, back to the system */
+}
+
+void tk_session_set_traced(tk_session *s, tk_traced_model *t) {
+    if (!s) return;
+    tk_traced_destroy(&s->traced);
+    s->traced = t;
+    if (t) tk_session_set_config(s, tk_traced_config(t));
+}
+
+tk_traced_model *tk_session_traced(const tk_session *s, const tk_config *c) {
+    return s && s->traced && tk_traced_describes(s->traced, c) ? s->traced : NULL;
 }
 
 void tk_session_set_holder(tk_session *s, const tk_holder *h) {

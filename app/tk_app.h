@@ -332,6 +332,8 @@ typedef struct tk_oom_report_opts {
                                config's engine (loop for pytorch, txkernel's YAML), else a loop */
     const char *cli_config; /* the config's path when txk prints it (its closing lines name txk's commands);
                                NULL: a notebook's (they name the magics) */
+    struct tk_traced_model *traced; /* the companion's traced model (app/traced.c): the config and its
+                               candidates are its own step, traced; NULL: the engine the config names */
 } tk_oom_report_opts;
 
 /* A pasted OOM message (any text holding one) read and diagnosed; with a

@@ -56,6 +56,14 @@ size_t tk_session_recording(const tk_session *s); /* events asked for; 0: off */
  * no card (tk_run_spec_resolve). Cleared by a reset. */
 const char *tk_session_platform(const tk_session *s);
 void tk_session_set_platform(tk_session *s, const char *platform);
+struct tk_traced_model; /* tk_embed_trace.h */
+/* The companion's traced model (takes ownership; NULL clears): the
+ * session's config becomes its config, and advice on a config it describes
+ * is planned by tracing it (app/traced.c). Released by a reset. */
+void tk_session_set_traced(tk_session *s, struct tk_traced_model *t);
+/* The traced model when it describes `c` (its config, or one a fix of its
+ * advice left), else NULL. Borrowed. */
+struct tk_traced_model *tk_session_traced(const tk_session *s, const tk_config *c);
 struct tk_run_where; /* tk_app.h */
 /* Where a request of this session is made: its device when one is open,
  * and its platform. */
@@ -265,6 +273,28 @@ json_t *tk_report_torchplan(const struct tk_torchplan_result *r);
 /* engine: pytorch on each card of a platform (colab, kaggle, colab-2020,
  * all): device used, peaks, attention kernel, fits. *out: a new bundle. */
 tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, json_t **out, tk_err *err);
+/* One card of a --gpus table, as the table's planner fills it. */
+typedef struct tk_gpus_row {
+    const struct tk_torchplan_result *plan; /* the card's figures (borrowed for the call); NULL: not planned */
+    size_t usable;            /* the card's usable capacity for the plan (0: none known) */
+    int fits;                 /* the plan's verdict against it */
+    char label[64];           /* the row's card column; "": the card's name */
+    char note[1536];          /* a line under the table (how a pair splits, why a card is left out); "" none */
+    json_t *json;             /* the row's JSON (new reference, taken by the table) */
+} tk_gpus_row;
+/* Plans the step on `card` into *row (TK_OK with plan NULL and a note:
+ * the card is left out). */
+typedef tk_status (*tk_gpus_plan_fn)(void *ctx, const tk_gpu_profile *card, tk_gpus_row *row, tk_err *err);
+/* The line above a --gpus table, written once every card is planned (it
+ * may name what planning found: the versions, the model). */
+typedef void (*tk_gpus_head_fn)(void *ctx, const char *platform, tk_sb *sb);
+/* The one --gpus table frame engine: pytorch's plan and the traced plan
+ * share: each card of `platform` planned by `plan`, a row each (card,
+ * capacity, usable, device used, peaks, attention, fits), the notes under
+ * it; the bundle's application/json is `meta` (taken, even on failure)
+ * with "cards", the rows' JSON. *out: a new bundle. */
+tk_status tk_gpus_table(const char *platform, tk_gpus_plan_fn plan, tk_gpus_head_fn head, void *ctx, json_t *meta,
+                        json_t **out, tk_err *err);
 /* Appends the in-process holder's line (tk_holder_line) and its JSON
  * ("in_process") to a bundle: when it holds device memory, or with `always`
  * whatever the host reported; nothing when the host reported nothing. */

@@ -9,12 +9,14 @@
 #define _GNU_SOURCE
 #include "tk_embed.h"
 #include "tk_app.h"
+#include "tk_embed_trace.h"
 #include "tk_host_mem.h"
 #include "tk_magics.h"
 #include "tk_session.h"
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -152,6 +154,29 @@ int tk_embed_set_holder(tk_embed *e, int state, unsigned long long reserved, uns
         h.allocated = (size_t)allocated;
     }
     tk_session_set_holder(s, &h);
+    return 0;
+}
+
+int tk_embed_set_traced(tk_embed *e, const char *config_yaml, const char *label, const char *note,
+                        const char *trace_path, tk_trace_fn trace, void *user, double budget_s, const char *platform,
+                        char *errbuf, size_t errlen) {
+    tk_session *s = e ? tk_magics_session(e->magics) : NULL;
+    tk_err err = {0};
+    tk_config c;
+    tk_config_defaults(&c);
+    tk_traced_model *t = NULL;
+    if (!s || !config_yaml || !trace) tk_err_set(&err, TK_EINVAL, "tk_embed_set_traced: a config and a tracer are required");
+    else if (tk_config_parse_yaml(&c, config_yaml, strlen(config_yaml), "the traced model's config", &err) == TK_OK &&
+             tk_config_validate(&c, &err) == TK_OK) {
+        if (!(t = tk_traced_new(&c, label, note, trace, user, budget_s))) tk_err_nomem(&err, "the traced model");
+        else if (trace_path && *trace_path && tk_traced_seed(t, trace_path, &err) != TK_OK) tk_traced_destroy(&t);
+    }
+    if (!t) {
+        if (errbuf && errlen) snprintf(errbuf, errlen, "%s", err.msg[0] ? err.msg : "out of host memory");
+        return -1;
+    }
+    tk_session_set_traced(s, t);
+    if (platform && *platform) tk_session_set_platform(s, platform);
     return 0;
 }
 

@@ -23,6 +23,8 @@
 #ifndef TK_EMBED_H
 #define TK_EMBED_H
 
+#include <stddef.h>
+
 typedef struct tk_embed tk_embed;
 
 /* Called once per output; json is borrowed for the call. */
@@ -56,6 +58,24 @@ void tk_embed_reset(tk_embed *e);
  * of which `allocated` (memory_allocated()). Counted by %txdevice, %txmem,
  * the plans' free and the advisor's release fix. 0, or -1 on a bad value. */
 int tk_embed_set_holder(tk_embed *e, int state, unsigned long long reserved, unsigned long long allocated);
+
+/* The companion's traced model (issue 41): after `%txplan --torch-model X`
+ * traced X, the session's config becomes config_yaml (X's: engine: pytorch,
+ * its dimensions, batch, max_len, precision, recompute, freeze, gpu), and
+ * %txadvise, %txfix and %%txadvise --from-error on it plan the config and
+ * every candidate by calling trace (app/tk_embed_trace.h's tk_trace_fn,
+ * user borrowed: it must outlive the session or the next call) with the
+ * candidate's settings. trace_path (may be NULL) is the trace of the config
+ * as given, kept so it is not traced again. label names the model; note its
+ * own calls (where its checkpointing and embeddings are); budget_s the
+ * seconds of tracing one advice may spend; platform (may be NULL) the one
+ * `--gpus PLATFORM` planned on, which advice on a config naming no card is
+ * for (its smallest card, as after %txplan --gpus). 0, or -1 with errbuf
+ * holding the config's error. */
+int tk_embed_set_traced(tk_embed *e, const char *config_yaml, const char *label, const char *note,
+                        const char *trace_path, int (*trace)(void *user, const char *request, const char *out_path,
+                                                             char *errbuf, size_t errlen),
+                        void *user, double budget_s, const char *platform, char *errbuf, size_t errlen);
 
 /* Every registered magic as a JSON array of {"name","kind":"line"|"cell"|"both",
  * "summary","help"}: a new string, release it with tk_embed_free. */

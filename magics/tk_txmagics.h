@@ -12,6 +12,7 @@
 #include <jansson.h>
 #include "tk_config.h"
 #include "tk_gpu.h"
+#include "tk_advisor.h"
 #include "tk_app.h"
 #include "tk_magics.h"
 

@@ -15,7 +15,9 @@
  *    a dropout keeps a 1-byte mask, not the CPU's noise of the input's
  *    dtype; SDPA runs the kernel the card would pick (flash, efficient, or
  *    the math path the CPU traced) with its logsumexp, RNG state and
- *    backward scratch instead of the CPU's own buffers; cuBLAS and cuBLASLt
+ *    backward scratch instead of the CPU's own buffers (one run inside
+ *    checkpointing keeps nothing; its recomputation in backward keeps q,
+ *    k, v and the output until the original's backward ends); cuBLAS and cuBLASLt
  *    take their workspaces as the torch version keeps them on that
  *    architecture (blas_rules.c); the CUDA context is added to what the
  *    card holds.

@@ -52,6 +52,9 @@ typedef struct {
     int64_t copy, out;            /* sdpa fused: the CPU's contiguous copy of the output (-1 none), and the
                                      output it copies: on the card the copy is a view of it */
     int held;                     /* its keep is held now (between its fwd and bwd_end events) */
+    int checkpointed;             /* sdpa: run inside checkpointing (or without grad): the card keeps nothing */
+    int of;                       /* sdpa: a recomputation in backward of this checkpointed op (-1 none): it
+                                     ends with that op's backward */
     int owner;
 } op_rule;
 enum { OP_OTHER = 0, OP_DROPOUT, OP_SDPA };
@@ -151,6 +154,19 @@ static tk_status gemm(replay *r, int th, int lt, tk_err *err) {
 
 /* The replay up to event `stop` (-1: all): peaks per step into out->plan;
  * with stop >= 0 the allocator is left as it was just after that event. */
+/* A fused attention op's backward is done: what it kept for it goes. */
+static void end_op(replay *r, op_rule *o) {
+    for (int j = 0; j < 3; j++) tk_alloc_free(r->a, o->saved[j]), o->saved[j] = NULL;
+    for (int j = 0; j < o->nkeep && o->held; j++) {
+        int64_t id = o->keep[j];
+        if (id < 0 || id >= r->nid || !r->hold[id] || --r->hold[id] || !r->pending[id]) continue;
+        tk_alloc_free(r->a, r->ptr[id]);
+        r->ptr[id] = NULL;
+        r->pending[id] = 0;
+    }
+    o->held = 0;
+}
+
 static tk_status run(replay *r, const json_t *events, long stop, int steps, tk_torchtrace_result *out,
                      long *steady_peak_at, tk_err *err) {
     size_t n = json_array_size(events);
@@ -236,6 +252,7 @@ static tk_status run(replay *r, const json_t *events, long stop, int steps, tk_t
             op_rule *o = &r->ops[op];
             if (!r->cuda || o->kind != OP_SDPA || !o->fused) continue;
             if (!strcmp(ph, "fwd")) {
+                if (o->checkpointed) continue; /* its recomputation keeps what the backward needs */
                 for (int j = 0; j < o->nkeep && !o->held; j++)
                     if (o->keep[j] >= 0 && o->keep[j] < r->nid && r->ptr[o->keep[j]]) r->hold[o->keep[j]]++;
                 o->held = 1;
@@ -250,15 +267,9 @@ static tk_status run(replay *r, const json_t *events, long stop, int steps, tk_t
                 if (st != TK_OK) return st;
                 tk_alloc_free(r->a, sc);
             } else if (!strcmp(ph, "bwd_end")) {
-                for (int j = 0; j < 3; j++) tk_alloc_free(r->a, o->saved[j]), o->saved[j] = NULL;
-                for (int j = 0; j < o->nkeep && o->held; j++) {
-                    int64_t id = o->keep[j];
-                    if (id < 0 || id >= r->nid || !r->hold[id] || --r->hold[id] || !r->pending[id]) continue;
-                    tk_alloc_free(r->a, r->ptr[id]);
-                    r->ptr[id] = NULL;
-                    r->pending[id] = 0;
-                }
-                o->held = 0;
+                end_op(r, o);
+                for (int j = op + 1; j < r->nops; j++) /* its recomputation (non-reentrant checkpointing) ends here */
+                    if (r->ops[j].of == op) end_op(r, &r->ops[j]);
             }
         } else {
             goto bad;
@@ -330,6 +341,10 @@ static tk_status replay_init(replay *r, const json_t *trace, const tk_gpu_profil
         const char *mod = json_string_value(json_object_get(v, "module"));
         o->owner = tk_alloc_owner_id(r->a, mod && *mod ? mod : "(model)");
         o->largest_id = -1;
+        o->checkpointed = json_is_true(json_object_get(v, "checkpointed"));
+        const json_t *of = json_object_get(v, "of");
+        o->of = json_is_integer(of) && json_integer_value(of) >= 0 && json_integer_value(of) < (json_int_t)i
+                    ? (int)json_integer_value(of) : -1;
         if (kind && !strcmp(kind, "dropout")) {
             o->kind = OP_DROPOUT;
             o->mask_bytes = numel(json_object_get(v, "shape"));

@@ -239,7 +239,7 @@ def _txplan_torch(ip, line):
     if trace_plan.wants_trace(line.split(), ip.user_ns):
         # any other module, or an attribute path: its own step, traced (issue 41)
         try:
-            return _Result(trace_plan.plan(line.split(), ip.user_ns), {})
+            return _Result(trace_plan.plan(line.split(), ip.user_ns, _engine), {})
         except torch_model.PlanArgsError as e:
             raise _error_class("UsageError")("UsageError", str(e), [])
     try:

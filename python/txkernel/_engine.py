@@ -16,6 +16,9 @@ from ._cudalibs import export_env
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 EMIT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+# tk_trace_fn (app/tk_embed_trace.h): (user, request JSON, out path, errbuf, errlen) -> 0 | -1
+TRACE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p,
+                         ctypes.c_size_t)
 CATCH_SIGINT = 1
 
 
@@ -93,6 +96,9 @@ def _load():
     lib.tk_embed_set_holder.argtypes = [vp, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
     lib.tk_embed_options_json.restype = vp
     lib.tk_embed_options_json.argtypes = []
+    lib.tk_embed_set_traced.restype = ctypes.c_int
+    lib.tk_embed_set_traced.argtypes = [vp, cp, cp, cp, cp, TRACE, vp, ctypes.c_double, cp, ctypes.c_char_p,
+                                        ctypes.c_size_t]
     lib.tk_embed_free.restype = None
     lib.tk_embed_free.argtypes = [vp]
     lib.tk_embed_version.restype = cp
@@ -146,6 +152,27 @@ class Engine:
         """What this process' PyTorch holds on the GPU (tk_embed.h's states)."""
         if lib().tk_embed_set_holder(self._h, state, reserved, allocated):
             raise ValueError(f"txkernel: bad holder report {state} {reserved} {allocated}")
+
+    def set_traced(self, config_yaml, label, note, trace_path, tracer, budget_s=20.0, platform=None):
+        """The named model as the session's config, its advice planned by
+        tracing (tk_embed.h's tk_embed_set_traced). tracer(request: dict,
+        out_path: str) writes the trace or raises with the reason; it is kept
+        here while the session keeps the model."""
+        def cb(_user, request, out_path, errbuf, errlen):
+            try:
+                tracer(json.loads(request.decode("utf-8")), out_path.decode("utf-8"))
+                return 0
+            except BaseException as e:  # noqa: BLE001: a callback from C must not raise; the reason goes back
+                msg = (str(e) or type(e).__name__).encode("utf-8", "replace")[: max(0, errlen - 1)]
+                ctypes.memmove(errbuf, msg + b"\0", len(msg) + 1)
+                return -1
+        keep = TRACE(cb)
+        err = ctypes.create_string_buffer(512)
+        enc = lambda s: s.encode("utf-8") if s else None  # noqa: E731
+        if lib().tk_embed_set_traced(self._h, config_yaml.encode("utf-8"), enc(label), enc(note), enc(trace_path), keep,
+                                     None, budget_s, enc(platform), err, len(err)):
+            raise ValueError(err.value.decode("utf-8", "replace"))
+        self._tracer = keep  # the engine calls it until the session drops the model
 
     def magics(self):
         return _taken_json(lib().tk_embed_magics_json(self._h))

@@ -19,8 +19,12 @@ shapes (dropout, scaled_dot_product_attention, each GEMM and whether
 autograd's thread runs it), and the storages made inside them but not
 returned (the CPU's float dropout noise, the math attention's scores) are
 marked as the op's own, so the engine can size them by the card's kernel
-(torchplan/torchtrace.c). Two steps are traced, as torch_reference.py runs
-them: the first (AdamW's state is made) and a steady one.
+(torchplan/torchtrace.c). A checkpointed layer's recomputation in
+backward, which no torch function mode sees, is seen through F's dropout
+and attention, replaced for the trace's length; its attention is an op
+"of" the checkpointed one, which itself keeps nothing on a card. Two steps
+are traced, as torch_reference.py runs them: the first (AdamW's state is
+made) and a steady one.
 
 What cannot be traced (a branch on a tensor's values, an op with no fake or
 meta kernel, an autograd.Function that reads data) raises TraceError naming
@@ -198,7 +202,8 @@ class _Recorder:
         """(module name, card-dependent op index or -1) for an allocation now."""
         if self.phase == "optim":
             return "optimizer", -1
-        if self.phase != "temp":
+        if self.phase != "temp" or self.op_now >= 0:
+            # (in backward, an op running is a checkpointed layer's recomputation of it)
             return self.stack[-1], self.op_now
         node = self.torch._C._current_autograd_node()
         if node is None:
@@ -237,6 +242,10 @@ def _modes(rec, torch):
     F = torch.nn.functional
     GEMMS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "matmul", "_addmm_activation"}
     card_fns = {F.dropout: "dropout", F.scaled_dot_product_attention: "sdpa"}
+    top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+    def in_checkpoint():
+        return top_hooks is not None and top_hooks(False) is not None
 
     class Dispatch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -276,58 +285,99 @@ def _modes(rec, torch):
 
     class Function(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            kind = card_fns.get(func) if rec.phase == "act" and rec.op_now < 0 else None
-            if kind is None:
-                out = func(*args, **kwargs)
-                if rec.phase == "act":
-                    _note_seq(out)
-                return out
-            x = args[0] if args else kwargs.get("input", kwargs.get("query"))
-            if kind == "dropout":
-                p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-                training = kwargs.get("training", args[2] if len(args) > 2 else True)
-                if not training or p == 0:
-                    return func(*args, **kwargs)
-                info = {"kind": "dropout", "shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""),
-                        "p": float(p), "module": rec.stack[-1]}
-            else:
-                k = args[1] if len(args) > 1 else kwargs.get("key")
-                mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
-                p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
-                info = {"kind": "sdpa", "shape": list(x.shape), "kv": list(k.shape),
-                        "dtype": str(x.dtype).replace("torch.", ""), "p": float(p), "mask": mask is not None,
-                        "mask_shape": list(mask.shape) if mask is not None else [],
-                        "causal": bool(kwargs.get("is_causal", False)), "module": rec.stack[-1]}
-            idx = len(rec.ops)
-            rec.ops.append(info)
-            rec.op_now = idx
-            first_ev = len(rec.events)
-            try:
-                out = func(*args, **kwargs)
-            finally:
-                rec.op_now = -1
-            outs = out if isinstance(out, (tuple, list)) else [out]
-            keep = set()
+            return card_call(func, args, kwargs or {})
+
+    originals = {"scaled_dot_product_attention": F.scaled_dot_product_attention, "dropout": F.dropout}
+
+    def recomputing(name):
+        orig = originals[name]
+
+        def call(*args, **kwargs):
+            # backward runs without the torch function mode: a checkpointed layer's recomputation is seen here
+            if rec.phase == "temp":
+                return card_call(orig, args, kwargs)
+            return orig(*args, **kwargs)
+        return call
+
+    # F.dropout hands the torch function mode the function F names now: the wrapper, which is the same op
+    wrappers = {n: recomputing(n) for n in originals}
+    card_fns.update({wrappers["dropout"]: "dropout", wrappers["scaled_dot_product_attention"]: "sdpa"})
+
+    class Recompute:
+        """F's dropout and attention, seen in backward too (as long as the trace runs)."""
+
+        def __enter__(self):
+            for n in originals:
+                setattr(F, n, wrappers[n])
+
+        def __exit__(self, *exc):
+            for n, f in originals.items():
+                setattr(F, n, f)
+            return False
+
+    def card_call(func, args, kwargs):
+        # the forward, and in backward a checkpointed layer's recomputation
+        kind = card_fns.get(func) if rec.phase in ("act", "temp") and rec.op_now < 0 else None
+        if kind is None:
+            out = func(*args, **kwargs)
+            if rec.phase in ("act", "temp"):
+                _note_seq(out)
+            return out
+        x = args[0] if args else kwargs.get("input", kwargs.get("query"))
+        if kind == "dropout":
+            p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+            training = kwargs.get("training", args[2] if len(args) > 2 else True)
+            if not training or p == 0:
+                return func(*args, **kwargs)
+            info = {"kind": "dropout", "shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""),
+                    "p": float(p), "module": rec.stack[-1]}
+        else:
+            k = args[1] if len(args) > 1 else kwargs.get("key")
+            mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+            p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+            info = {"kind": "sdpa", "shape": list(x.shape), "kv": list(k.shape),
+                    "dtype": str(x.dtype).replace("torch.", ""), "p": float(p), "mask": mask is not None,
+                    "mask_shape": list(mask.shape) if mask is not None else [],
+                    "causal": bool(kwargs.get("is_causal", False)), "module": rec.stack[-1],
+                    # run inside checkpoint's saved-tensor hooks (or without grad: reentrant checkpointing's
+                    # forward): the card's kernel keeps nothing for its backward; the layer's recomputation
+                    # in backward is its own op, "of" this one
+                    "checkpointed": rec.phase == "act" and (in_checkpoint() or not torch.is_grad_enabled())}
+        idx = len(rec.ops)
+        if rec.phase == "temp":  # a recomputation: the checkpointed forward op of the same kind and module
+            info["of"] = next((i for i in range(idx - 1, -1, -1) if rec.ops[i].get("checkpointed")
+                               and rec.ops[i]["kind"] == info["kind"] and rec.ops[i]["module"] == info["module"]
+                               and not rec.ops[i].get("recomputed")), -1)
+            if info["of"] >= 0:
+                rec.ops[info["of"]]["recomputed"] = True
+        rec.ops.append(info)
+        rec.op_now = idx
+        first_ev = len(rec.events)
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            rec.op_now = -1
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        keep = set()
+        for t in outs:
+            if isinstance(t, torch.Tensor):
+                ev = rec.st.event_of(t)
+                if ev is not None:
+                    keep.add(id(ev))
+        for ev in rec.events[first_ev:]:  # the outputs are the model's, the rest the op's own
+            if ev[0] == "a" and id(ev) in keep:
+                ev[5] = -1
+        if kind == "sdpa":  # what a fused kernel keeps for backward: q, k, v, the mask and its output
+            keep = [args[i] if len(args) > i else kwargs.get(n) for i, n in enumerate(("query", "key", "value"))]
+            keep += [mask] + [t for t in outs if isinstance(t, torch.Tensor)]
             for t in outs:
                 if isinstance(t, torch.Tensor):
-                    ev = rec.st.event_of(t)
-                    if ev is not None:
-                        keep.add(id(ev))
-            for ev in rec.events[first_ev:]:  # the outputs are the model's, the rest the op's own
-                if ev[0] == "a" and id(ev) in keep:
-                    ev[5] = -1
-            if kind == "sdpa":  # what a fused kernel keeps for backward: q, k, v, the mask and its output
-                keep = [args[i] if len(args) > i else kwargs.get(n) for i, n in enumerate(("query", "key", "value"))]
-                keep += [mask] + [t for t in outs if isinstance(t, torch.Tensor)]
-                for t in outs:
-                    if isinstance(t, torch.Tensor):
-                        rec.sdpa_out[t.untyped_storage()._cdata] = idx
-                info["keep"] = sorted({v[0] for v in (rec.st.live.get(t.untyped_storage()._cdata) for t in keep
-                                                      if isinstance(t, torch.Tensor)) if v})
-            rec.events.append(["op", idx, "fwd"])
-            _note_seq(out, op=idx)
-            return out
+                    rec.sdpa_out[t.untyped_storage()._cdata] = idx
+            info["keep"] = sorted({v[0] for v in (rec.st.live.get(t.untyped_storage()._cdata) for t in keep
+                                                  if isinstance(t, torch.Tensor)) if v})
+        rec.events.append(["op", idx, "fwd"])
+        _note_seq(out, op=idx)
+        return out
 
     def _note_seq(out, op=-1):
         outs = out if isinstance(out, (tuple, list)) else [out]
@@ -345,7 +395,7 @@ def _modes(rec, torch):
             rec.seq_map.append((hi, rec.stack[-1], op))
         return hi
 
-    return Dispatch, Function
+    return Dispatch, Function, Recompute
 
 
 def _hooks(model, rec):
@@ -384,18 +434,24 @@ def _escapes(rec):
 
 
 def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision="fp32", target="cpu",
-               checkpointing=None, steps=2, lr=2e-5):
+               checkpointing=None, steps=2, lr=2e-5, frozen=()):
     """Traces `steps` training steps of `model` (any nn.Module) at batch x
     seq and returns the event list as a dict (the engine's input). target:
     "cpu" or "cuda" (the optimizer as torch picks it there: foreach AdamW on
     CUDA). loss: None (the model's own with labels, else cross-entropy on its
-    output), "ce", "mse" or "bce"."""
+    output), "ce", "mse" or "bce". checkpointing: None (as the model is),
+    True or False (on the modules that have the switch: ckpt_targets).
+    frozen: names (a parameter's, or a module's prefix) traced as frozen,
+    beside what the model freezes itself; the model is not changed."""
     torch = _torch()
     major, minor = (int("".join(c for c in x if c.isdigit()) or 0) for x in torch.__version__.split(".")[:2])
     if (major, minor) < (2, 1):
         raise TraceError(f"torch {torch.__version__}: the tracer needs torch 2.1 or newer (fake tensors whose "
-                         "storages report their own release, and autograd's current node); with this torch, "
-                         "BertForSequenceClassification and BertForQuestionAnswering are planned from their config")
+                         "storages report their own release, and autograd's current node); torch 1.13's "
+                         "FakeTensorMode refuses the real batch, a weak reference on its t.storage() dies with the "
+                         "wrapper, not the storage, and its autograd has no current node to name the module running "
+                         "in backward. With this torch, BertForSequenceClassification and BertForQuestionAnswering "
+                         "are planned from their config")
     from torch._subclasses.fake_tensor import FakeTensorMode
     t0 = time.perf_counter()
     if optimizer not in ("adamw", "adamw_torch_fused", "sgd", "adam"):
@@ -405,16 +461,20 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
     if loss not in (None, "ce", "mse", "bce"):
         raise TraceError(f"--loss {loss}: expected ce, mse or bce")
     rec = _Recorder(model, torch)
-    Dispatch, Function = _modes(rec, torch)
+    Dispatch, Function, Recompute = _modes(rec, torch)
     fm = FakeTensorMode(allow_non_fake_inputs=True)
     was_training = model.training
-    ckpt_was = None
-    if checkpointing is not None and hasattr(model, "gradient_checkpointing_enable"):
-        ckpt_was = bool(getattr(model, "is_gradient_checkpointing", False))
-        if checkpointing and not ckpt_was:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        elif not checkpointing and ckpt_was:
-            model.gradient_checkpointing_disable()
+    # checkpointing set for the trace on the modules that have the switch (the seeds' wrapper: clf.bert),
+    # and set back as it was afterwards
+    ckpt_was = []
+    if checkpointing is not None:
+        for _, m in ckpt_targets(model):
+            was = ckpt_on(m)
+            ckpt_was.append((m, was))
+            if checkpointing and not was:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            elif not checkpointing and was:
+                m.gradient_checkpointing_disable()
     hooks = []
     names = {}
     try:
@@ -426,7 +486,8 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
                 if id(p) not in names:
                     f = fm.from_tensor(p)
                     if isinstance(p, torch.nn.Parameter):
-                        f = torch.nn.Parameter(f, requires_grad=p.requires_grad)
+                        keep = p.requires_grad and not any(n == q or n.startswith(q + ".") for q in frozen)
+                        f = torch.nn.Parameter(f, requires_grad=keep)
                     names[id(p)] = (n, f)
                 fake[n] = names[id(p)][1]
         for n, f in {id(f): (n, f) for n, f in names.values()}.values():
@@ -440,7 +501,7 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
         model.train()
         gen_batches = [make_batch(model, batch, seq, torch, seed=i) for i in range(steps)]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        with fm, Function(), Dispatch():
+        with fm, Function(), Dispatch(), Recompute():
             kw = {"lr": lr}
             if optimizer in ("adamw", "adam"):
                 kw["foreach"] = target == "cuda"
@@ -512,17 +573,60 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
         for h in hooks:
             h.remove()
         model.train(was_training)
-        if ckpt_was is not None:
-            if ckpt_was and not getattr(model, "is_gradient_checkpointing", False):
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            elif not ckpt_was and getattr(model, "is_gradient_checkpointing", False):
-                model.gradient_checkpointing_disable()
+        for m, was in ckpt_was:
+            if was and not ckpt_on(m):
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            elif not was and ckpt_on(m):
+                m.gradient_checkpointing_disable()
     _escapes(rec)
     return {"version": 1, "model": type(model).__name__, "torch": torch.__version__, "target": target,
             "batch": batch, "seq": seq, "precision": precision, "optimizer": optimizer,
             "loss": loss or ("model" if _labels_given(model) else "ce"), "steps": steps,
             "n_params": int(n_params), "n_trainable": int(n_train), "owners": rec.owners, "ops": rec.ops,
             "events": rec.events, "trace_seconds": round(time.perf_counter() - t0, 3)}
+
+
+def ckpt_targets(model):
+    """(name, module) whose gradient_checkpointing_enable() turns
+    checkpointing on: the model when it has the switch, else its outermost
+    submodules that do (the seeds' wrapper: bert)."""
+    if hasattr(model, "gradient_checkpointing_enable"):
+        return [("", model)]
+    out = []
+    for n, m in model.named_modules():
+        if n and hasattr(m, "gradient_checkpointing_enable") and not any(n.startswith(p + ".") for p, _ in out):
+            out.append((n, m))
+    return out
+
+
+def ckpt_on(m):
+    """Whether m checkpoints now (transformers 5's is_activation_checkpointing
+    where it has it: is_gradient_checkpointing warns there)."""
+    attr = ("is_activation_checkpointing" if hasattr(type(m), "is_activation_checkpointing")
+            else "is_gradient_checkpointing")
+    return bool(getattr(m, attr, False))
+
+
+def embeddings_of(model):
+    """The name of the module that embeds the tokens (bert.embeddings,
+    distilbert.embeddings, model.embeddings), or None."""
+    torch = _torch()
+    names = [n for n, m in model.named_modules() if n.split(".")[-1] == "embeddings"]
+    if names:
+        return min(names, key=len)
+    emb = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)]
+    return emb[0] if len(emb) == 1 else None
+
+
+def layers_of(model):
+    """The name of the list of encoder layers (bert.encoder.layer,
+    distilbert.transformer.layer, model.layers): the ModuleList as long as
+    the config's num_hidden_layers, or None."""
+    torch = _torch()
+    cfg = _modelish(model)
+    n = int(getattr(cfg, "num_hidden_layers", 0) or 0) if cfg is not None else 0
+    lists = [name for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and n and len(m) == n]
+    return min(lists, key=len) if lists else None
 
 
 def _labels_given(model):

@@ -129,6 +129,11 @@ PLANS = textwrap.dedent("""
     plan("branchy", "--torch-model branchy --batch 2 --seq 8 --gpu t4")
     plan("opaque", "--torch-model opaque --batch 2 --seq 8 --gpu t4")
     plan("custom", "--torch-model custom --batch 2 --seq 8 --gpu t4")
+    # checkpointed on a card: the traced step against the C plan of the same BertForSequenceClassification
+    plan("hf_ckpt_traced", "--torch-model hf --batch 16 --seq 512 --gpu t4 --checkpointing on --json")
+    ip.user_ns["hf"].gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    plan("hf_ckpt_yaml", "--torch-model hf --batch 16 --seq 512 --gpu t4 --json")
+    ip.user_ns["hf"].gradient_checkpointing_disable()
     print("RESULT " + json.dumps(out))
 """)
 
@@ -167,6 +172,19 @@ def test_seed_wrapper_equals_bert_for_sequence_classification_on_a_t4(res):
     assert c["attention"] == "sdpa (efficient)" and c["n_params"] == h["n_params"], (c, h)
 
 
+def test_checkpointed_on_a_card_equals_the_c_plan(res):
+    """A checkpointed step on a T4: the fused attention of a checkpointed
+    layer keeps nothing for backward, and the layer's recomputation in
+    backward is its own attention op (seen through F, which backward calls
+    without the torch function mode), ended with the original's backward."""
+    t, c = res["hf_ckpt_traced"].get("json"), res["hf_ckpt_yaml"].get("json")
+    assert t and c and t["traced"] and "traced" not in c, (res["hf_ckpt_traced"], res["hf_ckpt_yaml"])
+    for k in ("peak_allocated", "peak_reserved"):
+        ratio = t[k] / c[k]
+        print(f"checkpointed {k}: traced {t[k]} / C plan {c[k]} = {ratio:.4f}")
+        assert 0.97 <= ratio <= 1.03, (k, t[k], c[k])
+
+
 def test_report_says_what_it_is(res):
     t = res["clf_text"]["text"]
     assert "traced — SentimentClassifier's own training step, on cuda t4" in t, t
@@ -203,3 +221,111 @@ def test_old_torch_refuses_with_its_version():
                                         "print('RESULT ' + json.dumps(out))\n")
     r = _run(OLD, body)["old"]
     assert r.get("error") == "UsageError" and "needs torch 2.1 or newer" in r["message"], r
+
+
+# ---- point 6: the traced plan used everywhere once the model is named -------------------------------------------
+
+ADVICE = textwrap.dedent("""
+    import time
+    from IPython.utils.capture import capture_output
+
+    def magic(key, name, line, cell=None):
+        t0 = time.perf_counter()
+        try:
+            with capture_output() as cap:
+                r = ip.run_cell_magic(name, line, cell) if cell is not None else ip.run_line_magic(name, line)
+            b = r._repr_mimebundle_()[0] if r is not None else (cap.outputs[-1].data if cap.outputs else {})
+            out[key] = {"json": b.get("application/json"), "text": b.get("text/plain", ""), "stdout": cap.stdout,
+                        "s": time.perf_counter() - t0}
+        except Exception as e:
+            out[key] = {"error": type(e).__name__, "message": str(e)}
+
+    base = "--torch-model clf --batch 64 --seq 512 --gpu t4"
+    plan("base", base + " --json")
+    magic("advice", "txadvise", "--json")
+    magic("advice_text", "txadvise", "")          # every trace kept: the replays alone
+    # fresh traces of three candidates, each planned as the user would plan it
+    plan("fresh_ckpt", base + " --checkpointing on --json")
+    plan("fresh_fp16", base + " --precision fp16 --json")
+    plan("fresh_half", "--torch-model clf --batch 32 --seq 512 --gpu t4 --json")
+    plan("base_again", base + " --json")          # the model's config as given is the session's again
+    magic("advice_again", "txadvise", "--json")
+    magic("fix", "txfix", "1")
+    magic("after_fix", "txadvise", "--json")
+    msg = open(MSG).read()
+    magic("from_error", "txadvise", "--from-error", msg)
+    # --trainer through the traced route: a Trainer over DistilBERT (the YAML route plans BERT heads only)
+    ip.user_ns["OUT"] = OUT
+    r = ip.run_cell("from transformers import Trainer, TrainingArguments\\n"
+                    "targs = TrainingArguments(output_dir=OUT, per_device_train_batch_size=4, "
+                    "gradient_accumulation_steps=2, report_to=[])\\n"
+                    "tr = Trainer(model=distil, args=targs)\\n"
+                    "tr.args.fp16 = True\\n")
+    assert r.success, r.error_in_exec
+    plan("trainer", "--trainer tr --seq 128 --gpu t4 --json")
+    magic("trainer_advice", "txadvise", "--json")
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def adv(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("trainer"))
+    msg = os.path.join(ROOT, "tests", "data", "oom_messages", "09_capacty_process_t4.txt")
+    os.environ["TXK_TRACE_BUDGET_S"] = "600"  # every candidate traced, whatever the machine's load
+    try:
+        return _run(COLAB, _cell(CELLS) + f"MSG = {msg!r}\nOUT = {os.path.join(tmp, 'out')!r}\n" + ADVICE)
+    finally:
+        del os.environ["TXK_TRACE_BUDGET_S"]
+
+
+def _cand(advice, label):
+    c = [c for c in advice["json"]["candidates"] if c["label"] == label]
+    assert c, (label, [c["label"] for c in advice["json"]["candidates"]])
+    return c[0]
+
+
+def test_advice_on_the_traced_model_says_so_and_names_its_own_calls(adv):
+    a = adv["advice"]
+    assert "json" in a and a["json"], a
+    by = a["json"]["planned_by"]
+    assert by.startswith("Planned by tracing clf (SentimentClassifier): its own training step"), by
+    # the wrapper has no gradient_checkpointing_enable of its own: the advice names the module that has it
+    assert "model.bert.gradient_checkpointing_enable()" in by and "model.bert.embeddings" in by, by
+    t = adv["advice_text"]["text"]
+    assert "Planned by tracing clf (SentimentClassifier)" in t and "model.bert.gradient_checkpointing_enable()" in t, t
+    print(f"%txadvise on the traced model: {a['s']:.1f} s (traces), again {adv['advice_text']['s']:.1f} s (kept)")
+
+
+@pytest.mark.parametrize("label,fresh", [("recompute", "fresh_ckpt"), ("fp16", "fresh_fp16"),
+                                         ("accumulate x2", "fresh_half")])
+def test_each_candidate_is_a_fresh_trace_of_it(adv, label, fresh):
+    c, f = _cand(adv["advice"], label), adv[fresh]
+    assert "json" in f, f
+    assert c["peak"] == f["json"]["peak_reserved"], (label, c["peak"], f["json"]["peak_reserved"])
+    assert adv["advice"]["json"]["peak"] == adv["base"]["json"]["peak_reserved"]
+
+
+def test_fix_and_the_pasted_message_use_the_traced_plan(adv):
+    again = adv["advice_again"]["json"]
+    assert again["planned_by"].startswith("Planned by tracing clf"), again
+    assert "error" not in adv["fix"] and "accumulate" in adv["fix"]["text"] + adv["fix"]["stdout"], adv["fix"]
+    # the fixed config (batch 32 x 2) is still the traced model's: its advice is traced too
+    after = adv["after_fix"]["json"]
+    assert after["planned_by"].startswith("Planned by tracing clf"), after
+    assert after["peak"] == _cand(adv["advice"], "accumulate x2")["peak"], after
+    t = adv["from_error"]["text"]
+    assert "engine: pytorch, traced clf (SentimentClassifier)" in t, t
+
+
+def test_trainer_takes_the_traced_route(adv):
+    """--trainer over a model the YAML route does not describe: the Trainer's
+    step (its per-device batch, fp16) traced, and advice on it written as
+    TrainingArguments lines with its output_dir."""
+    j = adv["trainer"].get("json")
+    assert j and j["traced"] and j["model"] == "DistilBertForSequenceClassification", adv["trainer"]
+    assert j["batch"] == 4 and j["precision"].startswith("fp16") and j["loss"] == "the model's own", j
+    a = adv["trainer_advice"]["json"]
+    assert a["api"] == "trainer" and a["planned_by"].startswith("Planned by tracing tr.model (DistilBert"), a
+    codes = [c["code"] for c in a["candidates"] if c.get("code")]
+    assert codes and any("TrainingArguments(output_dir=" in c for c in codes), codes

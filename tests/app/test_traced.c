@@ -1,0 +1,224 @@
+/* test_traced.c — the companion's traced model as the advice's planner
+ * (app/traced.c, issue 41 point 6), with a stand-in tracer whose step's
+ * activations are batch x seq x 8 MiB (16 x 128 does not fit a T4): the config as given is the trace
+ * %txplan made (no call); a candidate is its own trace, asked of the tracer
+ * with the candidate's settings and kept (the same settings again: no call);
+ * what the tracer cannot vary is refused without a call; the trace budget
+ * refuses what is not traced yet and is counted; a tracer's refusal is the
+ * error; which configs the model describes; and tk_advise through the seam
+ * (tk_advise_input.plan_fn): the base and every candidate planned by it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tk_advisor.h"
+#include "tk_embed_trace.h"
+#include "tk_test.h"
+
+#define MiB (1 << 20)
+
+typedef struct {
+    int calls;
+    int fail;                 /* 1: the tracer refuses (as for an op it cannot trace) */
+    char last[512];           /* the last request */
+} tracer;
+
+static json_t *toy_trace(int batch, int seq) {
+    json_t *ev = json_array();
+    json_array_append_new(ev, json_pack("[s, i, i, s, i, i]", "a", 0, 4 * MiB, "param", 0, -1));
+    for (int s = 0; s < 2; s++) {
+        json_array_append_new(ev, json_pack("[s, i]", "s", s));
+        json_array_append_new(ev, json_pack("[s, i, I, s, i, i]", "a", 10 + s, (json_int_t)batch * seq * 8 * MiB, "act", 0,
+                                            -1));
+        json_array_append_new(ev, json_pack("[s, i]", "f", 10 + s));
+    }
+    json_array_append_new(ev, json_pack("[s, i]", "s", 2));
+    return json_pack("{s:s, s:i, s:i, s:s, s:s, s:s, s:i, s:I, s:I, s:[s], s:[], s:o}", "model", "Toy", "batch", batch,
+                     "seq", seq, "precision", "fp32", "optimizer", "adamw", "loss", "ce", "steps", 2, "n_params",
+                     (json_int_t)MiB, "n_trainable", (json_int_t)MiB, "owners", "", "ops", "events", ev);
+}
+
+static int trace_fn(void *user, const char *request, const char *out_path, char *errbuf, size_t errlen) {
+    tracer *t = user;
+    t->calls++;
+    snprintf(t->last, sizeof t->last, "%s", request);
+    if (t->fail) {
+        snprintf(errbuf, errlen, "enc (Toy) cannot be traced at op aten::nonzero");
+        return -1;
+    }
+    json_t *rq = json_loads(request, 0, NULL);
+    int b = (int)json_integer_value(json_object_get(rq, "batch")), s = (int)json_integer_value(json_object_get(rq, "seq"));
+    json_decref(rq);
+    json_t *tr = toy_trace(b, s);
+    int rc = json_dump_file(tr, out_path, 0);
+    json_decref(tr);
+    return rc ? -1 : 0;
+}
+
+static void base_config(tk_config *c) {
+    tk_config_defaults(c);
+    tk_err e = {0};
+    TK_CHECK(tk_config_set(c, "engine", "pytorch", &e) == TK_OK);
+    TK_CHECK(tk_config_set(c, "init", "random", &e) == TK_OK);
+    TK_CHECK(tk_config_set(c, "layers", "2", &e) == TK_OK);
+    TK_CHECK(tk_config_set(c, "batch_size", "16", &e) == TK_OK);
+    TK_CHECK(tk_config_set(c, "max_len", "128", &e) == TK_OK);
+    TK_CHECK(tk_config_set(c, "gpu", "t4", &e) == TK_OK);
+    TK_CHECK_MSG(tk_config_validate(c, &e) == TK_OK, "%s", e.msg);
+}
+
+/* A traced model over the stand-in tracer, seeded with the base config's trace. */
+static tk_traced_model *model_new(tracer *tr, double budget) {
+    tk_config c;
+    base_config(&c);
+    tk_traced_model *m = tk_traced_new(&c, "toy (Toy)", "In Toy, checkpointing: model.enc.gradient_checkpointing_enable().",
+                                       trace_fn, tr, budget);
+    TK_CHECK(m != NULL);
+    char path[] = "/tmp/txk-test-traced-XXXXXX";
+    int fd = mkstemp(path);
+    TK_CHECK(fd >= 0);
+    close(fd);
+    json_t *t = toy_trace(16, 128);
+    TK_CHECK(json_dump_file(t, path, 0) == 0);
+    json_decref(t);
+    tk_err e = {0};
+    TK_CHECK_MSG(tk_traced_seed(m, path, &e) == TK_OK, "%s", e.msg);
+    unlink(path);
+    return m;
+}
+
+static size_t peak_of(tk_traced_model *m, const tk_config *c, tk_status *st, tk_err *e) {
+    tk_plan_result p;
+    *st = tk_traced_plan(m, c, NULL, 0, &p, e);
+    return *st == TK_OK ? p.peak_allocated : 0;
+}
+
+static void test_each_candidate_is_its_own_trace_and_kept(void) {
+    tracer tr = {0};
+    tk_traced_model *m = model_new(&tr, 60);
+    tk_config c = *tk_traced_config(m);
+    tk_err e = {0};
+    tk_status st;
+    size_t base = peak_of(m, &c, &st, &e);
+    TK_CHECK_MSG(st == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(tr.calls, 0); /* %txplan's trace */
+    c.batch_size = 8;
+    size_t half = peak_of(m, &c, &st, &e);
+    TK_CHECK_MSG(st == TK_OK, "%s", e.msg);
+    TK_CHECK_EQ_INT(tr.calls, 1);
+    TK_CHECK(strstr(tr.last, "\"batch\": 8") && strstr(tr.last, "\"seq\": 128") && strstr(tr.last, "\"target\": \"cuda\""));
+    /* the activations are the step's own: 16 x 128 x 8 MiB against 8 x 128 x 8 MiB */
+    TK_CHECK_EQ_INT(base - half, 8LL * 128 * 8 * MiB);
+    c.accumulate = 2; /* the same step: kept */
+    TK_CHECK(peak_of(m, &c, &st, &e) == half && tr.calls == 1);
+    c.precision = TK_PREC_FP16;
+    c.recompute = TK_RECOMPUTE_LAYERS;
+    c.freeze_embeddings = 1;
+    peak_of(m, &c, &st, &e);
+    TK_CHECK(st == TK_OK && tr.calls == 2);
+    TK_CHECK(strstr(tr.last, "\"precision\": \"fp16\"") && strstr(tr.last, "\"checkpointing\": true") &&
+             strstr(tr.last, "\"freeze_embeddings\": true"));
+    char sum[2048];
+    tk_traced_summary(m, sum, sizeof sum);
+    TK_CHECK_MSG(strstr(sum, "Planned by tracing toy (Toy)") && strstr(sum, "2 traced in") &&
+                 strstr(sum, "model.enc.gradient_checkpointing_enable()"), "%s", sum);
+    tk_traced_destroy(&m);
+    TK_CHECK(m == NULL);
+}
+
+static void test_what_it_cannot_trace_is_refused_by_name(void) {
+    tracer tr = {0};
+    tk_traced_model *m = model_new(&tr, 60);
+    tk_config c = *tk_traced_config(m);
+    tk_err e = {0};
+    tk_status st;
+    c.optimizer = TK_OPTIM_ADAMW8;
+    peak_of(m, &c, &st, &e);
+    TK_CHECK(st == TK_EINVAL && tr.calls == 0 && strstr(e.msg, "adamw8bit"));
+    c = *tk_traced_config(m);
+    c.eval_batch_size = 4;
+    peak_of(m, &c, &st, &e);
+    TK_CHECK(st == TK_EINVAL && strstr(e.msg, "eval_batch_size"));
+    c = *tk_traced_config(m);
+    c.batch_size = 4;
+    tr.fail = 1; /* the tracer's own refusal: the module and the op */
+    peak_of(m, &c, &st, &e);
+    TK_CHECK(st == TK_EINVAL && tr.calls == 1 && strstr(e.msg, "toy (Toy): enc (Toy) cannot be traced at op aten::nonzero"));
+    char sum[2048];
+    tk_traced_summary(m, sum, sizeof sum);
+    TK_CHECK_MSG(strstr(sum, "3 not traceable (first: optimizer: adamw8bit"), "%s", sum);
+    tk_traced_destroy(&m);
+}
+
+static void test_the_budget_refuses_what_is_not_traced_yet(void) {
+    tracer tr = {0};
+    tk_traced_model *m = model_new(&tr, 1e-9); /* spent by the first trace */
+    tk_config c = *tk_traced_config(m);
+    tk_err e = {0};
+    tk_status st;
+    c.batch_size = 8;
+    peak_of(m, &c, &st, &e);
+    TK_CHECK(st == TK_OK && tr.calls == 1);
+    c.batch_size = 4;
+    peak_of(m, &c, &st, &e);
+    TK_CHECK(st == TK_EINVAL && tr.calls == 1 && strstr(e.msg, "trace budget"));
+    c.batch_size = 8; /* traced already: still planned */
+    peak_of(m, &c, &st, &e);
+    TK_CHECK(st == TK_OK && tr.calls == 1);
+    char sum[2048];
+    tk_traced_summary(m, sum, sizeof sum);
+    TK_CHECK_MSG(strstr(sum, "1 candidates not planned: past the trace budget"), "%s", sum);
+    tk_traced_begin(m); /* the next advice starts its own count */
+    tk_traced_summary(m, sum, sizeof sum);
+    TK_CHECK_MSG(strstr(sum, "(0 traced in 0.0 s, 0 replays") && !strstr(sum, "budget"), "%s", sum);
+    tk_traced_destroy(&m);
+}
+
+static void test_which_configs_it_describes(void) {
+    tracer tr = {0};
+    tk_traced_model *m = model_new(&tr, 60);
+    tk_config c = *tk_traced_config(m);
+    TK_CHECK(tk_traced_describes(m, &c));
+    c.batch_size = 2, c.accumulate = 8, c.precision = TK_PREC_BF16, c.freeze_layers = 1;
+    snprintf(c.gpu, sizeof c.gpu, "l4");
+    TK_CHECK(tk_traced_describes(m, &c)); /* what a fix of its advice leaves */
+    c.hidden = 1024;
+    TK_CHECK(!tk_traced_describes(m, &c)); /* another model */
+    TK_CHECK(!tk_traced_describes(NULL, &c));
+    tk_traced_destroy(&m);
+}
+
+static void test_advice_plans_through_the_seam(void) {
+    tracer tr = {0};
+    tk_traced_model *m = model_new(&tr, 60);
+    tk_config c = *tk_traced_config(m);
+    tk_advice *a = calloc(1, sizeof *a);
+    tk_advise_input in = {.config = &c, .margin_frac = 0.05, .plan_fn = tk_traced_plan, .plan_ctx = m};
+    tk_err e = {0};
+    TK_CHECK_MSG(tk_advise(&in, a, &e) == TK_OK, "%s", e.msg);
+    tk_plan_result p;
+    TK_CHECK(tk_traced_plan(m, &c, NULL, 0, &p, &e) == TK_OK);
+    TK_CHECK_EQ_INT(a->base.peak_reserved, p.peak_reserved);
+    TK_CHECK(!a->base.fits && a->n_cand > 0 && tr.calls > 0);
+    int fits = 0;
+    for (int i = 0; i < a->n_cand; i++) { /* every candidate: the planner's figure for its config */
+        if (a->cand[i].action_only) continue;
+        TK_CHECK(tk_traced_plan(m, &a->cand[i].config, NULL, 0, &p, &e) == TK_OK);
+        TK_CHECK_MSG(a->cand[i].peak == p.peak_reserved, "%s", a->cand[i].label);
+        TK_CHECK(a->cand[i].config.optimizer != TK_OPTIM_ADAMW8); /* refused: never offered */
+        fits |= a->cand[i].fits;
+    }
+    TK_CHECK(fits); /* a smaller step, traced, fits */
+    free(a);
+    tk_traced_destroy(&m);
+}
+
+int main(void) {
+    TK_RUN(test_each_candidate_is_its_own_trace_and_kept);
+    TK_RUN(test_what_it_cannot_trace_is_refused_by_name);
+    TK_RUN(test_the_budget_refuses_what_is_not_traced_yet);
+    TK_RUN(test_which_configs_it_describes);
+    TK_RUN(test_advice_plans_through_the_seam);
+    return tk_test_done();
+}

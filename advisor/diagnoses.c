@@ -410,25 +410,17 @@ static void multi_gpu_diagnosis(tk_diagnosis *o, const tk_oom_message *m) {
 }
 
 static void multi_gpu_fixes(tk_diagnosis *o, const tk_oom_message *m, tk_api api) {
-    char code[400];
+    char code[600];
     const char *g = n_gpus(m);
     const char *note = strcmp(g, "2") ? "\n# NUM_GPUS: your GPU count (torch.cuda.device_count())" : "";
-    if (m->parallel == TK_OOMMSG_DATAPARALLEL) {
-        if (api == TK_API_LOOP)
-            snprintf(code, sizeof code, "!torchrun --nproc_per_node %s train.py   # the training cell saved as train.py\n"
-                     "# in it: model = DistributedDataParallel(model, device_ids=[local_rank])%s", g, note);
-        else
-            snprintf(code, sizeof code, "!accelerate launch --multi_gpu --num_processes %s train.py   # the training "
-                     "cell saved as train.py\n# or in the notebook: from accelerate import notebook_launcher; "
-                     "notebook_launcher(train, num_processes=%s)%s", g, g, note);
+    int dp = m->parallel == TK_OOMMSG_DATAPARALLEL; /* DataParallel ran: one process per GPU instead */
+    int k = tk_launch_code(code, sizeof code, dp ? TK_PAR_DDP : TK_PAR_ZERO2, 2, api != TK_API_LOOP, g);
+    if (k > 0 && (size_t)k < sizeof code) snprintf(code + k, sizeof code - (size_t)k, "%s", note);
+    if (dp)
         add_fix(o, "DDP instead of DataParallel: one process per GPU, nothing gathered on GPU 0", code);
-        return;
-    }
-    snprintf(code, sizeof code, "!accelerate launch --use_deepspeed --zero_stage 2 --num_processes %s train.py%s%s", g,
-             api == TK_API_LOOP ? "\n# the loop through accelerate: model, optimizer, loader = "
-                                  "accelerator.prepare(model, optimizer, loader); accelerator.backward(loss)" : "",
-             note);
-    add_fix(o, "ZeRO-2: each rank keeps 1/N of the gradients and optimizer state (DeepSpeed, through accelerate)", code);
+    else
+        add_fix(o, "ZeRO-2: each rank keeps 1/N of the gradients and optimizer state (DeepSpeed, through accelerate)",
+                code);
 }
 
 /* Not an OOM: the card is older than every kernel the installed torch has
@@ -706,9 +698,9 @@ static void say_outside(tk_diagnosis *o, const tk_facts *f) {
     }
 }
 static void fix_outside(tk_diagnosis *o, const tk_facts *f, tk_finding *d) {
-    add_fix(o, "free what earlier cells hold on the card before building the model (or restart the runtime)",
-            "import gc, torch\ndel model, optimizer   # whatever an earlier cell left on the GPU\ngc.collect()\n"
-            "torch.cuda.empty_cache()\n!nvidia-smi   # any other process on the card?");
+    char code[sizeof FREE_CODE + 48];
+    snprintf(code, sizeof code, "%s\n!nvidia-smi   # any other process on the card?", FREE_CODE);
+    add_fix(o, "free what earlier cells hold on the card before building the model (or restart the runtime)", code);
     /* for when what is held outside cannot be freed */
     fix_capacity(o, f, d);
 }
@@ -863,14 +855,14 @@ static void fix_platform(tk_diagnosis *o, const tk_facts *f, tk_finding *d) {
                "GPU P100, RTX PRO 6000); the session restarts on it",
             "!nvidia-smi --query-gpu=name,memory.total --format=csv   # what the session has");
     /* one T4 of a pair, or the pair chosen: both cards, each with half the batch */
-    if (m->card && !strcmp(m->card->name, "t4") && m->parallel == TK_OOMMSG_ONE_GPU)
+    if (m->card && !strcmp(m->card->name, "t4") && m->parallel == TK_OOMMSG_ONE_GPU) {
+        char code[600];
+        tk_launch_code(code, sizeof code, TK_PAR_DDP, 0, f->api != TK_API_LOOP, "2");
         add_fix(o, "on Kaggle's GPU T4 x2: both T4s with DDP, each holding the model and half of each batch "
                    "(not planned from the message alone: txk advise CFG --from-error M --for kaggle plans it "
                    "for your config)",
-                f->api == TK_API_LOOP ? "!torchrun --nproc_per_node 2 train.py   # the training cell saved as "
-                                        "train.py, with DistributedDataParallel(model, device_ids=[local_rank])"
-                                      : "!accelerate launch --multi_gpu --num_processes 2 train.py   # the "
-                                        "training cell saved as train.py");
+                code);
+    }
 }
 
 

@@ -63,38 +63,13 @@ static void put(code_buf *b, const char *fmt, ...) {
 static int acc_of(const tk_config *c) { return c->accumulate > 1 ? c->accumulate : 1; }
 
 /* The PyTorch recipe for a split over several GPUs: `ranks` processes (or
- * DataParallel's one), ZeRO stage `zero` (0: none). */
-static void gpus_recipe(code_buf *b, tk_api api, tk_parallel how, int ranks) {
-    if (how == TK_PAR_DATAPARALLEL) {
-        if (api == TK_API_TRAINER)
-            put(b, "# with the %d GPUs visible and no launcher, trainer.train() wraps the model in DataParallel itself",
-                ranks);
-        else
-            put(b, "model = torch.nn.DataParallel(model)   # one process; GPU 0 gathers the %d replicas' outputs", ranks);
-    } else if (how == TK_PAR_DDP) {
-        if (api == TK_API_TRAINER) {
-            put(b, "!accelerate launch --multi_gpu --num_processes %d train.py   # the training cell saved as train.py", ranks);
-            put(b, "# or in the notebook: from accelerate import notebook_launcher; notebook_launcher(train, "
-                   "num_processes=%d)", ranks);
-        } else {
-            put(b, "!torchrun --nproc_per_node %d train.py   # the training cell saved as train.py", ranks);
-            put(b, "# in it: model = DistributedDataParallel(model, device_ids=[local_rank])");
-        }
-    } else {
-        put(b, "!accelerate launch --use_deepspeed --zero_stage 2 --num_processes %d train.py", ranks);
-        if (api != TK_API_TRAINER)
-            put(b, "# the loop through accelerate: model, optimizer, loader = accelerator.prepare(model, optimizer, "
-                   "loader); accelerator.backward(loss)");
-    }
-}
-
-/* txkernel's own split (world_size, zero) as PyTorch runs it. */
-static void zero_recipe(code_buf *b, tk_api api, int zero, int ranks) {
-    if (zero == 0) {
-        gpus_recipe(b, api, TK_PAR_DDP, ranks);
-        return;
-    }
-    put(b, "!accelerate launch --use_deepspeed --zero_stage %d --num_processes %d train.py", zero, ranks);
+ * DataParallel's one), ZeRO stage `zero` under TK_PAR_ZERO2; the lines are
+ * tk_launch_code's, the pasted message's too. */
+static void gpus_recipe(code_buf *b, tk_api api, tk_parallel how, int zero, int ranks) {
+    char r[16], code[600];
+    snprintf(r, sizeof r, "%d", ranks);
+    tk_launch_code(code, sizeof code, how, zero, api == TK_API_TRAINER, r);
+    put(b, "%s", code);
 }
 
 static void txkernel_code(code_buf *b, const tk_config *from, const tk_config *to) {
@@ -115,7 +90,7 @@ static void txkernel_code(code_buf *b, const tk_config *from, const tk_config *t
     if (tk_config_plan_only(to)) {
         put(b, "# plan only: txkernel plans %d GPUs on cuda but does not start that run; the same split in PyTorch:",
             tk_config_world_size(to));
-        zero_recipe(b, TK_API_TRAINER, to->zero, tk_config_world_size(to));
+        gpus_recipe(b, TK_API_TRAINER, to->zero ? TK_PAR_ZERO2 : TK_PAR_DDP, to->zero, tk_config_world_size(to));
     }
 }
 
@@ -253,8 +228,8 @@ char *tk_fix_code(const tk_config *from, const tk_config *to, tk_api api) {
         else loop_code(&b, from, to);
         int ranks = tk_config_world_size(to);
         if (ranks > 1 && (ranks != tk_config_world_size(from) || to->parallel != from->parallel || to->zero != from->zero)) {
-            if (to->engine == TK_ENGINE_PYTORCH) gpus_recipe(&b, api, to->parallel, ranks);
-            else zero_recipe(&b, api, to->zero, ranks);
+            if (to->engine == TK_ENGINE_PYTORCH) gpus_recipe(&b, api, to->parallel, 2, ranks);
+            else gpus_recipe(&b, api, to->zero ? TK_PAR_ZERO2 : TK_PAR_DDP, to->zero, ranks); /* txkernel's own split as PyTorch runs it */
         }
     }
     if (!b.f) {

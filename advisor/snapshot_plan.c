@@ -687,15 +687,9 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
                  "Cut sequences at the data's 99th percentile: %d tokens (%.120s: %d examples, p95 %d, p99 %d, max %d), "
                  "and pad each batch only to its longest.",
                  s->data.max_length, tk_snap_basename(s->data.file), s->data.n, s->data.p95, s->data.p99, s->data.max);
-        if (s->trainer)
-            snprintf(ml->code, sizeof ml->code,
-                     "tokenizer(texts, truncation=True, max_length=%d)\n"
-                     "trainer = Trainer(..., data_collator=DataCollatorWithPadding(tokenizer))   # pads each batch to its "
-                     "longest", s->data.max_length);
-        else
-            tk_loop_code(ml->code, sizeof ml->code,
-                         &(tk_loop_fix){.batch_s = "B", .accum = 1, .dynamic = 1, .max_len = s->data.max_length,
-                                        .precision = TK_PREC_FP32, .torch = TK_TORCH_2});
+        /* the one writer of a step change, in the API the snapshot's frames show */
+        tk_step_code(ml->code, sizeof ml->code, TK_STEP_SHORTER, s->trainer ? TK_API_TRAINER : TK_API_LOOP,
+                     &(tk_step_user){.p99 = s->data.max_length, .torch = TK_TORCH_2});
     }
     weight_fixes(s);
     if (!m->recognised || !m->batch) return 0;
@@ -770,14 +764,9 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
         snprintf(f->text, sizeof f->text,
                  "Halve the micro-batch (%d -> %d) and accumulate twice as many steps: the effective batch stays, "
                  "the activations halve.", m->batch, m->batch / 2);
-        if (s->trainer)
-            snprintf(f->code, sizeof f->code,
-                     "TrainingArguments(..., per_device_train_batch_size=%d, gradient_accumulation_steps=2)  "
-                     "# was %d: the effective batch stays", m->batch / 2, m->batch);
-        else /* a plain loop: its whole body at the planned batch */
-            tk_loop_code(f->code, sizeof f->code,
-                         &(tk_loop_fix){.batch = m->batch / 2, .from_batch = m->batch, .from_accum = 1, .accum = 2,
-                                        .loader = 1, .precision = TK_PREC_FP32, .torch = TK_TORCH_2});
+        /* the one writer of a step change (a loop: its whole body at the planned batch) */
+        tk_step_code(f->code, sizeof f->code, TK_STEP_HALF_BATCH, s->trainer ? TK_API_TRAINER : TK_API_LOOP,
+                     &(tk_step_user){.batch = m->batch, .accumulate = 1, .torch = TK_TORCH_2});
     }
     if (ml && s->data.have && s->data.max_length < m->seq) {
         snprintf(ch, sizeof ch, "max_len=%d", s->data.max_length);

@@ -152,6 +152,32 @@ static inline int tk_step_length(const tk_step_user *u) {
     return u->p99 > 0 && (u->max_len <= 0 || u->p99 < u->max_len) ? u->p99 : u->max_len;
 }
 
+/* Several GPUs as launcher lines, for a planned config (fix_code.c) and a
+ * pasted message (diagnoses.c) alike. how: DataParallel (one process), DDP
+ * or ZeRO (stage `zero`, 2 when 0) through DeepSpeed; accelerate: 1 writes accelerate's launcher and
+ * notebook_launcher (a Trainer's way), 0 torchrun and the model wrapped by
+ * hand (a loop's); ranks: the GPU count as the user writes it ("2", or
+ * "NUM_GPUS" when the input gave none). Returns snprintf's length. */
+static inline int tk_launch_code(char *code, size_t n, tk_parallel how, int zero, int accelerate, const char *ranks) {
+    if (how == TK_PAR_DATAPARALLEL)
+        return accelerate ? snprintf(code, n, "# with the %s GPUs visible and no launcher, trainer.train() wraps the "
+                                              "model in DataParallel itself", ranks)
+                          : snprintf(code, n, "model = torch.nn.DataParallel(model)   # one process; GPU 0 gathers "
+                                              "the %s replicas' outputs", ranks);
+    if (how == TK_PAR_DDP)
+        return accelerate ? snprintf(code, n, "!accelerate launch --multi_gpu --num_processes %s train.py   # the "
+                                              "training cell saved as train.py\n# or in the notebook: from accelerate "
+                                              "import notebook_launcher; notebook_launcher(train, num_processes=%s)",
+                                     ranks, ranks)
+                          : snprintf(code, n, "!torchrun --nproc_per_node %s train.py   # the training cell saved as "
+                                              "train.py\n# in it: model = DistributedDataParallel(model, "
+                                              "device_ids=[local_rank])", ranks);
+    return snprintf(code, n, "!accelerate launch --use_deepspeed --zero_stage %d --num_processes %s train.py%s",
+                    zero > 0 ? zero : 2, ranks,
+                    accelerate ? "" : "\n# the loop through accelerate: model, optimizer, loader = "
+                                      "accelerator.prepare(model, optimizer, loader); accelerator.backward(loss)");
+}
+
 /* The one writer of a step change as code in the user's API (the Trainer's
  * TrainingArguments, a plain loop's whole body, Keras, txkernel's YAML),
  * for the paths without a planned config; fix_code.c writes a planned
@@ -195,9 +221,11 @@ static inline int tk_step_code(char *code, size_t n, tk_step_change ch, tk_api a
         int L = tk_step_length(u);
         if (L > 0) snprintf(len_s, sizeof len_s, "%d", L);
         else snprintf(len_s, sizeof len_s, "N");
-        if (u->p99 > 0 && L == u->p99)
+        if (u->p99 > 0 && L == u->p99 && u->max_len > 0)
             snprintf(why, sizeof why, "# %d: the p99 token length of your training examples (your config's max_len: %d)",
                      L, u->max_len);
+        else if (u->p99 > 0 && L == u->p99) /* no config: a snapshot's data alone */
+            snprintf(why, sizeof why, "# %d: the p99 token length of your training examples", L);
         else if (u->p99 > 0)
             snprintf(why, sizeof why, "# %d: your config's max_len; your training examples' p99 is %d, so a shorter "
                      "max_length truncates more: padding each batch to its longest is the saving here", L, u->p99);

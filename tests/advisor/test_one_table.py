@@ -76,14 +76,21 @@ def test_step_code_has_one_writer():
     """The code of a step change (half the batch, shorter sequences, fp16,
     checkpointing) in each API is written by tk_fix_code.h (tk_step_code,
     tk_loop_code) for the message and the snapshot alike, and by fix_code.c
-    for a planned config: the diagnoses and the readers write none of it.
-    snapshot_plan.c's two rewrites with the recognised model's numbers are
-    the known exception (issue 40's report)."""
+    for a planned config: the diagnoses and the readers write none of it,
+    nor does the snapshot's planner (snapshot_plan.c) with the recognised
+    model's numbers. Launcher lines for several GPUs (torchrun, accelerate,
+    DeepSpeed) are written once too (tk_launch_code), for a planned config
+    and a pasted message alike."""
     src = sources()
     api_code = re.compile(r'"[^"\n]*(?:TrainingArguments\(|gradient_checkpointing|GradScaler|per_device_train_batch_size'
                           r'|batch_size: |precision: fp16|recompute: layers|set_global_policy|max_length=)')
-    for name in ("diagnoses.c", "oom_message.c", "snapshot_diagnose.c", "advisor.c"):
+    for name in ("diagnoses.c", "oom_message.c", "snapshot_diagnose.c", "advisor.c", "snapshot_plan.c"):
         hits = api_code.findall(src[name])
         assert not hits, f"{name} writes step code itself: {hits[:3]}"
     assert re.search(r"\btk_step_code\s*\(", src["tk_fix_code.h"])
     assert len(re.findall(r"\btk_step_code\s*\(", src["diagnoses.c"])) >= 8  # the message's four, the snapshot's four
+    launcher = re.compile(r'"[^"\n]*(?:!torchrun |!accelerate launch|DataParallel\(model)')
+    for name, text in src.items():
+        if name != "tk_fix_code.h":
+            assert not launcher.findall(text), f"{name} writes launcher lines itself: {launcher.findall(text)[:2]}"
+    assert re.search(r"\btk_launch_code\s*\(", src["fix_code.c"]) and re.search(r"\btk_launch_code\s*\(", src["diagnoses.c"])

@@ -568,14 +568,16 @@ static int proves_held(const tk_facts *f, const tk_diagnosis *o) {
     if (!m) return 0;
     return f->torch && f->held;
 }
+static void torch_live_words(const tk_advise_torch *l, char *buf, size_t n);
 static void say_held(tk_diagnosis *o, const tk_facts *f) {
-    char b1[32], b2[32];
+    char b1[32], b2[32], live[320];
+    torch_live_words(f->torch_live, live, sizeof live);
     add_diag(o, TK_DIAG_HELD,
              "held outside the step: your run had %s allocated by PyTorch when it failed, while one training step of "
              "this config needs %s %s as %s plans it, so %s was held by something other than the step: tensors that "
              "earlier cells still hold (a model and optimizer from a run before this one), or a config different from "
-             "the one given.",
-             f->A->text, fmt(f->plan, b1, sizeof b1), f->plan_what, f->engine, fmt(f->held_bytes, b2, sizeof b2));
+             "the one given%s.",
+             f->A->text, fmt(f->plan, b1, sizeof b1), f->plan_what, f->engine, fmt(f->held_bytes, b2, sizeof b2), live);
 }
 static void fix_held(tk_diagnosis *o, const tk_facts *f, tk_finding *d) {
     (void)d;

@@ -677,6 +677,7 @@ static void read_facts(const tk_oom_message *m, const tk_card_fit *cards, int n,
     f->plan = m->plan_allocated ? m->plan_allocated : m->plan_peak;
     f->plan_what = m->plan_allocated ? "allocated" : "reserved";
     f->engine = m->plan_engine[0] ? m->plan_engine : "txkernel's trainer";
+    f->torch_live = m->torch_live, f->last_run = m->last_run;
     for (int i = 0; i < n; i++)
         if (m->have_plan && cards[i].card == m->card && cards[i].budget) {
             f->plan_on_card = 1, f->plan_fits = cards[i].fits;

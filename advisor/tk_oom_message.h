@@ -123,6 +123,10 @@ typedef struct tk_oom_message {
     uint64_t plan_peak;           /* planned peak reserved */
     uint64_t plan_allocated;      /* planned peak allocated (0: not given) */
     char plan_engine[160];        /* who planned it (tk_plan_engine_name, or "engine: pytorch, traced clf (...)"); "": txkernel's trainer */
+    /* what the user's session knows, set by the caller after parsing (NULL:
+     * absent): the companion's live torch state and the session's last run */
+    const tk_advise_torch *torch_live;
+    const tk_advise_run *last_run;
     /* derived */
     int have_outside;             /* total - reserved - free, from reliable figures */
     uint64_t outside;

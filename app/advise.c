@@ -150,6 +150,7 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         tk_err_set(err, TK_EFORMAT, "no OOM message found");
         return TK_EFORMAT;
     }
+    if (opts) msg->torch_live = opts->torch_live, msg->last_run = opts->last_run;
     if (opts && opts->platform) {
         snprintf(msg->platform, sizeof msg->platform, "%s", opts->platform);
         msg->platform_from_path = 0;
@@ -213,7 +214,8 @@ tk_status tk_oom_message_report(const char *text, size_t len, const tk_config *c
         a = tk_malloc(sizeof *a);
         tk_advise_input in = {.config = &on, .lengths = lengths, .n_lengths = n_lengths, .margin_frac = 0.05,
                               .platform = msg->platform[0] ? platform : NULL, .api = msg->api,
-                              .plan_fn = pf, .plan_ctx = pctx};
+                              .plan_fn = pf, .plan_ctx = pctx, .torch_live = msg->torch_live,
+                              .last_run = msg->last_run};
         if (!a || (st = tk_advise(&in, a, err)) != TK_OK) {
             if (!a) tk_err_set(err, st = TK_ENOMEM, "out of host memory advising");
             goto done;
@@ -606,6 +608,15 @@ tk_status tk_app_advise_error(tk_session *s, const tk_advise_request *rq, const 
     }
     /* the companion's traced model: the message's config is its own step, traced */
     opts.traced = rq->door != TK_DOOR_SHELL && c ? tk_session_traced(s, &cc) : NULL;
+    /* a cell's session: the companion's live torch state and the last run are facts of the message too */
+    tk_advise_input known = {0};
+    tk_advise_run lrun;
+    tk_advise_torch live;
+    if (rq->door != TK_DOOR_SHELL) {
+        const tk_config *last = tk_session_config(s);
+        tk_session_advise_facts(s, last && c && !memcmp(last, &cc, sizeof cc), &known, &lrun, &live);
+        opts.torch_live = known.torch_live, opts.last_run = known.last_run;
+    }
     if (st == TK_OK) st = tk_oom_message_report(text, len, c ? &cc : NULL, lengths, nl, &opts, bundle, err);
     tk_run_data_clear(&data);
     free(read);

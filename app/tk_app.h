@@ -334,6 +334,8 @@ typedef struct tk_oom_report_opts {
                                NULL: a notebook's (they name the magics) */
     struct tk_traced_model *traced; /* the companion's traced model (app/traced.c): the config and its
                                candidates are its own step, traced; NULL: the engine the config names */
+    const struct tk_advise_torch *torch_live; /* the companion's live torch state; NULL: absent */
+    const struct tk_advise_run *last_run;     /* the session's last run; NULL: absent */
 } tk_oom_report_opts;
 
 /* A pasted OOM message (any text holding one) read and diagnosed; with a

@@ -117,6 +117,23 @@ def test_planned_oom_and_release_fix_give_the_python(py):
     assert "Not training now" in seen
 
 
+def test_pasted_message_reads_the_live_state(py):
+    """A pasted OOM message in the companion (issue 40): the live torch state
+    is a fact of the message's diagnosis too, so "held outside the step"
+    says what PyTorch in this process holds now."""
+    _, kc = py
+    cu.run(kc, "HELD[:] = [14 << 30, 13 << 30]")
+    with open(os.path.join(DATA, "oom_messages", "22_colab_rerun_t4.txt"), encoding="utf-8") as fh:
+        msg = fh.read()
+    rep, outs = cu.run(kc, "%%txadvise --from-error --json\n" + msg, timeout=120)
+    j = vendor_json(outs)[-1]
+    assert rep["status"] == "ok", shown(outs)
+    held = [d for d in j["diagnoses"] if d["id"] == "held"]
+    assert held and j["diagnoses"][0]["id"] == "held", [d["id"] for d in j["diagnoses"]]
+    assert ("read live: torch.cuda.memory_reserved() 14.00 GiB, memory_allocated() 13.00 GiB: 1024.00 MiB is cache"
+            in held[0]["text"]), held[0]
+
+
 def test_after_empty_cache_the_plan_fits(py):
     _, kc = py
     rep, outs = cu.run(kc, "HELD[:] = [0, 0]")

@@ -86,10 +86,11 @@ def wanted(name):
 jobs = [(s, ["bash", s], 900) for s in sorted(glob.glob("tests/suites/*.sh")) if wanted(s)]
 jobs += [(b, [b], 600) for b in sorted(glob.glob("build/tests/**/test_*", recursive=True))
          if os.access(b, os.X_OK) and not b.endswith((".d", ".o")) and wanted(b)]
-# the longest first (seconds measured 2026-11-26), so the two lanes end together
-LONG = {"test_cuda_emu_model": 76, "test_plan_epoch": 64, "kernel_fuzz": 63, "test_train_precision": 50,
-        "colab_setup": 49, "test_train_finetune": 34, "snapshot_fuzz": 32, "oom_message_fuzz": 31,
-        "test_txadvise": 25, "test_plan_vs_cpu": 18}
+# the longest first (seconds measured 2026-11-28, 2 cores), so the two lanes end together
+LONG = {"test_train_precision": 73, "colab_setup": 69, "test_plan_epoch": 69, "test_train_finetune": 54,
+        "test_cuda_emu_model": 52, "test_cuda_emu_ops": 46, "test_magics": 38, "kernel_fuzz": 34,
+        "test_txadvise": 33, "test_host_chaos": 25, "snapshot_fuzz": 22, "oom_message_fuzz": 22,
+        "test_plan_vs_cpu": 23}
 jobs.sort(key=lambda j: -LONG.get(os.path.basename(j[0]).rsplit(".", 1)[0], 0))
 t_c = time.time()
 with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:

@@ -17,6 +17,7 @@
 #include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tk_advisor.h"
@@ -1440,4 +1441,18 @@ void tk_diagnose(const tk_facts *f, tk_diagnosis *d) {
     /* the fixes in the order of the findings they answer */
     for (int i = 0; i < d->n_diag; i++)
         if (d->by[i] && d->by[i]->fix) d->by[i]->fix(d, f, &d->diag[i]);
+}
+
+int tk_diagnose_into(const tk_facts *f, tk_finding *diag, int max_diag, int *n_diag, tk_fix_note *fixes,
+                     int max_fixes, int *n_fixes) {
+    tk_diagnosis *d = malloc(sizeof *d); /* malloc: the fuzz targets link this file without the host allocator */
+    if (!d) return -1;
+    d->max_diag = max_diag, d->max_fixes = max_fixes;
+    tk_diagnose(f, d);
+    *n_diag = d->n_diag;
+    memcpy(diag, d->diag, (size_t)d->n_diag * sizeof *diag);
+    *n_fixes = d->n_fixes;
+    memcpy(fixes, d->fixes, (size_t)d->n_fixes * sizeof *fixes);
+    free(d);
+    return 0;
 }

@@ -721,15 +721,7 @@ void tk_oom_message_diagnose(tk_oom_message *m, const tk_card_fit *cards, int n,
     if (!m->have_user_config) m->user_torch = m->format == TK_OOMMSG_TORCH_21 ? TK_TORCH_2 : TK_TORCH_1_13;
     tk_facts f;
     read_facts(m, n > 0 ? cards : NULL, n > 0 ? n : 0, platform, &f);
-    tk_diagnosis *d = malloc(sizeof *d);
-    if (!d) return; /* out of host memory: no diagnosis rather than a partial one */
-    d->max_diag = TK_OOMMSG_MAX_DIAG, d->max_fixes = TK_OOMMSG_MAX_FIXES;
-    tk_diagnose(&f, d);
-    m->n_diag = d->n_diag;
-    memcpy(m->diag, d->diag, (size_t)d->n_diag * sizeof *m->diag);
-    m->n_fixes = d->n_fixes;
-    memcpy(m->fixes, d->fixes, (size_t)d->n_fixes * sizeof *m->fixes);
-    free(d);
+    tk_diagnose_into(&f, m->diag, TK_OOMMSG_MAX_DIAG, &m->n_diag, m->fixes, TK_OOMMSG_MAX_FIXES, &m->n_fixes);
 }
 
 /* ---- reports ---------------------------------------------------------------------------- */

@@ -104,13 +104,5 @@ static void read_snap_facts(const tk_snapshot *s, tk_facts *f) {
 void snap_diagnose(tk_snapshot *s) {
     tk_facts f;
     read_snap_facts(s, &f);
-    tk_diagnosis *d = malloc(sizeof *d);
-    if (!d) return; /* out of host memory: no diagnosis rather than a partial one */
-    d->max_diag = TK_SNAP_MAX_DIAG, d->max_fixes = TK_SNAP_MAX_FIXES;
-    tk_diagnose(&f, d);
-    s->n_diag = d->n_diag;
-    memcpy(s->diag, d->diag, (size_t)d->n_diag * sizeof *s->diag);
-    s->n_fixes = d->n_fixes;
-    memcpy(s->fixes, d->fixes, (size_t)d->n_fixes * sizeof *s->fixes);
-    free(d);
+    tk_diagnose_into(&f, s->diag, TK_SNAP_MAX_DIAG, &s->n_diag, s->fixes, TK_SNAP_MAX_FIXES, &s->n_fixes);
 }

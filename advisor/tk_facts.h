@@ -151,6 +151,11 @@ typedef struct tk_rule {
  * limits take the table's): the findings each rule the facts prove writes,
  * in the table's order, then the fixes of each finding in that order. */
 void tk_diagnose(const tk_facts *f, tk_diagnosis *d);
+/* The same into a reader's own arrays (the message's, the snapshot's): at
+ * most max_diag findings and max_fixes fixes. Out of host memory, nothing
+ * is written (no partial diagnosis) and -1 is returned; else 0. */
+int tk_diagnose_into(const tk_facts *f, tk_finding *diag, int max_diag, int *n_diag, tk_fix_note *fixes,
+                     int max_fixes, int *n_fixes);
 /* The table and its length: for tests and for the reader of the code. */
 const tk_rule *tk_diagnosis_rules(int *n);
 

@@ -7,7 +7,8 @@
  * refuses what is not traced yet and is counted; a tracer's refusal is the
  * error; which configs the model describes; and tk_advise through the seam
  * (tk_advise_input.plan_fn): the base and every candidate planned by it;
- * and a release %txfix, which resets the session, keeping the traced model. */
+ * a release %txfix, which resets the session, keeping the traced model;
+ * and %txfix auto --for PLATFORM planning each card by tracing. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 
 #include "tk_advisor.h"
 #include "tk_app.h"
+#include "tk_oom_message.h"
 #include "tk_embed_trace.h"
 #include "tk_session.h"
 #include "tk_test.h"
@@ -280,6 +282,52 @@ static void test_a_release_fix_keeps_the_traced_model(void) {
     tk_session_destroy(&s); /* frees the traced model */
 }
 
+/* 1 when config c, traced, fits with a 5 % margin on every card of colab. */
+static int traced_fits_colab(tk_traced_model *m, const tk_config *c) {
+    tk_card_fit cards[16];
+    int n = 0;
+    tk_err e = {0};
+    TK_CHECK_MSG(tk_plan_cards_by(tk_traced_plan, m, c, NULL, 0, "colab", cards, 16, &n, &e) == TK_OK, "%s", e.msg);
+    int ok = n > 0;
+    for (int k = 0; k < n; k++) ok &= cards[k].margin >= (int64_t)(cards[k].budget / 20);
+    return ok;
+}
+
+/* %txfix auto --for colab on the traced model's advice (for an L4): each
+ * card planned by tracing (tk_advice_auto_for_by with tk_traced_plan), not
+ * by the engine, which plans the toy's 2-layer BERT far smaller than its
+ * trace and so takes a candidate whose traced step does not fit a T4. */
+static void test_fix_auto_for_a_platform_plans_the_cards_by_tracing(void) {
+    tracer tr = {0};
+    tk_err e = {0};
+    tk_config c; /* 32 x 128 on an L4: traced, accumulate x2 (16 GiB) fits the L4 but not Colab's T4 */
+    base_config(&c);
+    TK_CHECK(tk_config_set(&c, "batch_size", "32", &e) == TK_OK && tk_config_set(&c, "gpu", "l4", &e) == TK_OK);
+    TK_CHECK_MSG(tk_config_validate(&c, &e) == TK_OK, "%s", e.msg);
+    tk_session *s = tk_session_new();
+    tk_traced_model *m = model_of(&tr, 60, &c);
+    tk_session_set_traced(s, m);
+    char by[1600];
+    advise_planned_by(s, by, sizeof by);
+    TK_CHECK_MSG(!strncmp(by, "Planned by tracing toy (Toy)", 28), "%s", by);
+    const tk_advice *a = tk_session_advice(s);
+    int engine = tk_advice_auto_for(a, "colab", NULL, 0);
+    TK_CHECK_MSG(engine >= 0 && !traced_fits_colab(m, &a->cand[engine].config), "the engine's pick: %d", engine);
+    int traced = tk_advice_auto_for_by(tk_traced_plan, m, a, "colab", NULL, 0);
+    TK_CHECK(traced >= 0 && traced != engine && traced_fits_colab(m, &a->cand[traced].config));
+    char *argv[] = {"auto", "--for", "colab"};
+    tk_app_args w;
+    TK_CHECK_MSG(tk_app_args_parse(TK_VERB_FIX, TK_DOOR_CELL, "%txfix", argv, 3, &w, &e) == TK_OK, "%s", e.msg);
+    tk_fix_reply fr = {0};
+    TK_CHECK_MSG(tk_app_fix(s, &w, &fr, &e) == TK_OK, "%s", e.msg);
+    json_decref(fr.bundle);
+    TK_CHECK(traced_fits_colab(m, &fr.after)); /* what %txfix applied: the traced pick */
+    TK_CHECK_EQ_INT(fr.after.batch_size, a->cand[traced].config.batch_size);
+    TK_CHECK_EQ_INT(fr.after.accumulate, a->cand[traced].config.accumulate);
+    TK_CHECK(fr.predicted == a->cand[traced].peak);
+    tk_session_destroy(&s);
+}
+
 int main(void) {
     TK_RUN(test_each_candidate_is_its_own_trace_and_kept);
     TK_RUN(test_what_it_cannot_trace_is_refused_by_name);
@@ -287,5 +335,6 @@ int main(void) {
     TK_RUN(test_which_configs_it_describes);
     TK_RUN(test_advice_plans_through_the_seam);
     TK_RUN(test_a_release_fix_keeps_the_traced_model);
+    TK_RUN(test_fix_auto_for_a_platform_plans_the_cards_by_tracing);
     return tk_test_done();
 }

@@ -1,6 +1,7 @@
 /* cards.c — one config planned on each card a platform hands out, and the
  * sentence that says where it fits (tk_cards_sentence, in oom_message.c);
- * and the advice candidate that fits on every card of a platform.
+ * and the advice candidate that fits on every card of a platform (each card
+ * planned by the advice's planner: a traced model's for its advice).
  *
  * Each card is planned exactly as `gpu: CARD` without `capacity:` plans it
  * (same config, same planner), so a row equals that plan byte for byte.
@@ -70,6 +71,11 @@ const char *tk_platform_check(const char *value, int allow_all, char *buf, size_
 }
 
 int tk_advice_auto_for(const tk_advice *a, const char *platform, const int32_t *lengths, int n_lengths) {
+    return tk_advice_auto_for_by(NULL, NULL, a, platform, lengths, n_lengths);
+}
+
+int tk_advice_auto_for_by(tk_plan_fn fn, void *ctx, const tk_advice *a, const char *platform, const int32_t *lengths,
+                          int n_lengths) {
     const tk_gpu_profile *probe[16];
     if (tk_gpu_platform_cards(platform, probe, 16) < 0) return -2;
     for (int i = 0; i < a->n_cand; i++) {
@@ -84,7 +90,7 @@ int tk_advice_auto_for(const tk_advice *a, const char *platform, const int32_t *
         for (int k = 0; k < c->n_fixes; k++) ok &= c->fixes[k].kind != TK_FIX_BATCH;
         tk_card_fit cards[16];
         int n = 0;
-        if (!ok || tk_plan_cards(cc, lengths, n_lengths, platform, cards, 16, &n, NULL) != TK_OK) continue;
+        if (!ok || tk_plan_cards_by(fn, ctx, cc, lengths, n_lengths, platform, cards, 16, &n, NULL) != TK_OK) continue;
         for (int k = 0; k < n && ok; k++) ok = cards[k].margin >= (int64_t)(cards[k].budget / 20);
         if (ok) return i;
     }

@@ -318,6 +318,10 @@ int tk_advice_auto(const tk_advice *a);
  * as `gpu: CARD`: the config that no card lottery can break. -1 if none does,
  * -2 for an unknown platform. */
 int tk_advice_auto_for(const tk_advice *a, const char *platform, const int32_t *lengths, int n_lengths);
+/* The same, each card planned by `fn` (a traced model's planner,
+ * tk_advise_input.plan_fn's; NULL: tk_plan_engine) through tk_plan_cards_by. */
+int tk_advice_auto_for_by(tk_plan_fn fn, void *ctx, const tk_advice *a, const char *platform, const int32_t *lengths,
+                          int n_lengths);
 
 /* Text report: diagnoses, the ranked table, the leading fixes as code in
  * the advice's API, and closing lines that name the notebook's magics

@@ -410,13 +410,22 @@ static char *fixed_file(const char *path, const tk_config *to, size_t *out_len, 
     return out;
 }
 
+/* The candidate of the session's advice a that fits every card of platform
+ * (tk_advice_auto_for): each card planned as the advice was, by the traced
+ * model when it describes the session's config, else by the engine. fresh:
+ * a request of its own (%txfix), whose trace budget starts now. */
+static int auto_for(tk_session *s, const tk_advice *a, const char *platform, int fresh) {
+    int nl = 0;
+    const int *len = tk_session_lengths(s, &nl);
+    tk_traced_model *tm = tk_session_traced(s, tk_session_config(s));
+    if (tm && fresh) tk_traced_begin(tm);
+    return tk_advice_auto_for_by(tm ? tk_traced_plan : NULL, tm, a, platform, (const int32_t *)len, nl);
+}
+
 /* txk advise --fix N|auto: the candidate (-1: auto found none), or -2 with
  * err set when N names none. */
 static int fix_pick(const tk_advice *a, const char *fix, const char *platform, tk_session *s, tk_err *err) {
-    int nl = 0;
-    const int *len = tk_session_lengths(s, &nl);
-    if (!strcmp(fix, "auto"))
-        return platform ? tk_advice_auto_for(a, platform, (const int32_t *)len, nl) : tk_advice_auto(a);
+    if (!strcmp(fix, "auto")) return platform ? auto_for(s, a, platform, 0) : tk_advice_auto(a);
     char *end = NULL;
     long k = strtol(fix, &end, 10);
     if (*fix && !*end && k >= 1 && k <= a->n_cand) return (int)k - 1;
@@ -682,10 +691,8 @@ static int fix_words(tk_session *s, const tk_app_args *w, const char **ename, tk
         tk_err_set(err, TK_EINVAL, "--for goes with auto: %%txfix auto --for %s", platform);
     else if (!platform) return pick(tk_session_advice(s), what, ename, err);
     else {
-        int nl = 0;
-        const int *len = tk_session_lengths(s, &nl);
         const tk_advice *a = tk_session_advice(s);
-        int i = tk_advice_auto_for(a, platform, (const int32_t *)len, nl);
+        int i = auto_for(s, a, platform, 1);
         if (i >= 0) return i;
         *ename = "NoFixError";
         tk_err_set(err, TK_EINVAL, "no candidate of the last advice fits with a 5%% margin on every card %s hands out "

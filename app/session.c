@@ -62,6 +62,7 @@ tk_session *tk_session_new(void) { return tk_calloc(1, sizeof(tk_session)); }
 void tk_session_destroy(tk_session **ps) {
     if (!ps || !*ps) return;
     tk_session_reset(*ps);
+    tk_traced_destroy(&(*ps)->traced);
     free(*ps);
     *ps = NULL;
 }
@@ -71,12 +72,16 @@ void tk_session_reset(tk_session *s) {
     free(s->lengths);
     free(s->tl);
     free(s->advice);
-    tk_traced_destroy(&s->traced);
+    /* the traced model describes the user's model, not the engine's run: a
+     * reset (a release %txfix, %txreset) keeps it, so the next advice on its
+     * config still plans by tracing; tk_session_set_traced replaces it */
+    tk_traced_model *traced = s->traced;
     tk_holder h = s->holder;
     int record = s->record_events;
     memset(s, 0, sizeof *s);
     s->holder = h;
     s->record_events = record;
+    s->traced = traced;
     tk_host_trim(); /* what the session held, back to the system */
 }
 

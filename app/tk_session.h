@@ -106,7 +106,8 @@ struct tk_run_hooks;
 tk_status tk_session_resolve_model(tk_config *c, const char *id, int download, int weights,
                                    const struct tk_run_hooks *h, tk_err *err);
 /* Releases everything: device, last run, timeline (keeps nothing but the
- * holder below, which is the host's to report). */
+ * holder below, which is the host's to report, and the traced model, which
+ * describes the user's model; tk_session_destroy frees it). */
 void tk_session_reset(tk_session *s);
 
 /* ---- device memory held by other code in this process ------------------------

@@ -55,7 +55,8 @@ static const tk_magic_def TXDEVICE[] = {
      "kernel, and why (TXK_ATTN_KERNEL=reference|sm75 overrides the card's choice)."},
     {"txreset", TK_MAGIC_LINE, run_txreset, "release everything the session holds",
      "%txreset\n\nReleases the session's device (all its memory) and forgets the last config,\n"
-     "plan, run and OOM record. The next %%txtrain opens a fresh device."},
+     "plan, run and OOM record. The next %%txtrain opens a fresh device. A model\n"
+     "named with the companion's %txplan --torch-model stays: it describes your model."},
 };
 
 int tk_magics_register_txdevice(tk_magics *m) { return tk_magics_add_table(m, TXDEVICE, 2); }

@@ -252,6 +252,8 @@ ADVICE = textwrap.dedent("""
     magic("advice_again", "txadvise", "--json")
     magic("fix", "txfix", "1")
     magic("after_fix", "txadvise", "--json")
+    magic("fix_for", "txfix", "auto --for colab")  # each Colab card planned by tracing the candidate
+    magic("after_fix_for", "txadvise", "--json")
     msg = open(MSG).read()
     magic("from_error", "txadvise", "--from-error", msg)
     # --trainer through the traced route: a Trainer over DistilBERT (the YAML route plans BERT heads only)
@@ -316,6 +318,20 @@ def test_fix_and_the_pasted_message_use_the_traced_plan(adv):
     assert after["peak"] == _cand(adv["advice"], "accumulate x2")["peak"], after
     t = adv["from_error"]["text"]
     assert "engine: pytorch, traced clf (SentimentClassifier)" in t, t
+
+
+def test_fix_auto_for_a_platform_and_the_advice_after_it_are_traced(adv):
+    """%txfix auto --for colab on the traced model's advice applies a
+    candidate; the config it leaves is the traced model's, and its advice is
+    traced with the candidate's traced peak. (That the cards are planned by
+    tracing, not the engine, is build/tests/app/test_traced's: here the two
+    planners agree within 3 %, so they pick the same.)"""
+    f = adv["fix_for"]
+    assert "error" not in f and f["text"].startswith("Fix #"), f
+    label = f["text"].split("\n", 1)[0].split(": ", 1)[1]
+    after = adv["after_fix_for"]["json"]
+    assert after["planned_by"].startswith("Planned by tracing clf"), after
+    assert after["peak"] == _cand(adv["after_fix"], label)["peak"], (label, after["peak"])
 
 
 def test_trainer_takes_the_traced_route(adv):

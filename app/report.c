@@ -82,6 +82,18 @@ static void owner_split(const size_t *by, size_t total, char *buf, size_t n) {
     }
 }
 
+/* A report with a chart (the plan's, the device's): its text, HTML, SVG,
+ * Vega-Lite spec and JSON, each taken. */
+static json_t *chart_bundle(tk_sb *text, tk_sb *html, char *svg, json_t *vl, json_t *j) {
+    json_t *bundle = tk_bundle_new("");
+    tk_bundle_take(bundle, "text/plain", tk_sb_take(text));
+    tk_bundle_take(bundle, "text/html", tk_sb_take(html));
+    tk_bundle_take(bundle, "image/svg+xml", svg);
+    tk_bundle_take_json(bundle, "application/vnd.vegalite.v5+json", vl);
+    tk_bundle_take_json(bundle, "application/json", j);
+    return bundle;
+}
+
 /* ---- plan ------------------------------------------------------------------ */
 
 json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
@@ -206,15 +218,7 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes) {
         json_object_set_new(j, "global_batch", json_integer(p->global_batch));
     }
     if (p->oom) json_object_set_new(j, "oom_record", tk_report_oom_json(&p->oom_record, p->oom_phase));
-    json_t *bundle = tk_bundle_new("");
-    char *tx = tk_sb_take(&text);
-    json_object_set_new(bundle, "text/plain", json_string(tx ? tx : ""));
-    free(tx);
-    tk_bundle_take(bundle, "text/html", tk_sb_take(&html));
-    tk_bundle_take(bundle, "image/svg+xml", svg);
-    tk_bundle_take_json(bundle, "application/vnd.vegalite.v5+json", vl);
-    json_object_set_new(bundle, "application/json", j);
-    return bundle;
+    return chart_bundle(&text, &html, svg, vl, j);
 }
 
 /* Appends "Largest tensors at the peak" (owner, category, dtype, shape,
@@ -734,14 +738,6 @@ json_t *tk_report_mem(tk_dev *d, const char *by, int top) {
                           (json_int_t)st.n_ooms, "n_retries", (json_int_t)st.n_retries, "largest_free_block",
                           (json_int_t)st.largest_free_block, "by_category", cats_json(st.by_cat),
                           by_layer ? "layers" : "owners", jrows);
-    json_t *bundle = tk_bundle_new("");
-    char *tx = tk_sb_take(&text);
-    json_object_set_new(bundle, "text/plain", json_string(tx ? tx : ""));
-    free(tx);
-    tk_bundle_take(bundle, "text/html", tk_sb_take(&html));
-    tk_bundle_take(bundle, "image/svg+xml", svg);
-    tk_bundle_take_json(bundle, "application/vnd.vegalite.v5+json", vl);
     if (records) json_object_set_new(j, "device_records", records);
-    json_object_set_new(bundle, "application/json", j);
-    return bundle;
+    return chart_bundle(&text, &html, svg, vl, j);
 }

@@ -26,16 +26,19 @@ static size_t usable(const tk_torchplan_result *r, int *fits) {
 }
 
 /* The plan's JSON with the usable capacity and the verdict against it. */
-static json_t *plan_json(const tk_torchplan_result *r) {
-    json_t *j = tk_torchplan_json(r);
-    int fits;
-    size_t b = usable(r, &fits);
-    if (j && b && (json_object_set_new(j, "usable", json_integer((json_int_t)b)) ||
-                   json_object_set_new(j, "fits", json_boolean(fits)))) {
+json_t *tk_plan_json_against(json_t *j, size_t usable, int fits) {
+    if (j && usable && (json_object_set_new(j, "usable", json_integer((json_int_t)usable)) ||
+                        json_object_set_new(j, "fits", json_boolean(fits)))) {
         json_decref(j);
         return NULL;
     }
     return j;
+}
+
+static json_t *plan_json(const tk_torchplan_result *r) {
+    int fits;
+    size_t b = usable(r, &fits);
+    return tk_plan_json_against(tk_torchplan_json(r), b, fits);
 }
 
 json_t *tk_report_torchplan(const tk_torchplan_result *r) {

@@ -24,15 +24,9 @@ static size_t usable(const tk_torchplan_result *p, int *fits) {
 }
 
 static json_t *plan_json(const tk_torchtrace_result *r) {
-    json_t *j = tk_torchtrace_json(r);
     int fits;
     size_t b = usable(&r->plan, &fits);
-    if (j && b && (json_object_set_new(j, "usable", json_integer((json_int_t)b)) ||
-                   json_object_set_new(j, "fits", json_boolean(fits)))) {
-        json_decref(j);
-        return NULL;
-    }
-    return j;
+    return tk_plan_json_against(tk_torchtrace_json(r), b, fits);
 }
 
 json_t *tk_report_torchtrace(const tk_torchtrace_result *r) {

@@ -271,6 +271,11 @@ json_t *tk_report_plan(const tk_plan_result *p, size_t free_bytes);
  * the versions it follows. New reference; NULL when out of host memory. */
 struct tk_torchplan_result;
 json_t *tk_report_torchplan(const struct tk_torchplan_result *r);
+/* A plan's JSON j with the card's usable capacity and the verdict against
+ * it ("usable", "fits"; unchanged when usable is 0): j, or NULL (j
+ * released) when out of host memory. For engine: pytorch's and the traced
+ * plan's reports. */
+json_t *tk_plan_json_against(json_t *j, size_t usable, int fits);
 /* engine: pytorch on each card of a platform (colab, kaggle, colab-2020,
  * all): device used, peaks, attention kernel, fits. *out: a new bundle. */
 tk_status tk_torchplan_gpus_report(const tk_config *c, const char *platform, json_t **out, tk_err *err);

@@ -11,7 +11,10 @@
  * family but never make a BERT. Only a BERT is planned, in one place
  * (plan_as_it_ran), and its plan is shown only when it agrees with the
  * file; a bad --model, --data or shape is one line naming it. Every planned
- * figure comes from tk_plan on the meta device.
+ * figure comes from tk_plan on the meta device, or, when the caller hands
+ * the user's traced model (tk_snap_opts.plan_fn) and the file's batch and
+ * length are its config's, from that model's own step traced (each fix its
+ * own trace); otherwise model.traced_note says in one line why not.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -356,7 +359,11 @@ static const char *tk_snap_basename(const char *p) {
 
 /* ---- planning --------------------------------------------------------------------------- */
 
-static tk_status plan_one(const tk_config *base, const char *change, tk_plan_result *p, tk_err *err) {
+/* What plans a setting: the traced model's planner, or (fn NULL) tk_plan_engine. */
+typedef struct snap_planner { tk_plan_fn fn; void *ctx; } snap_planner;
+
+static tk_status plan_one(const snap_planner *pl, const tk_config *base, const char *change, tk_plan_result *p,
+                          tk_err *err) {
     tk_config c = *base;
     if (change && *change) {
         char key[48], val[48];
@@ -372,6 +379,7 @@ static tk_status plan_one(const tk_config *base, const char *change, tk_plan_res
             if (st != TK_OK) return st;
         }
     }
+    if (pl && pl->fn) return pl->fn(pl->ctx, &c, NULL, 0, p, err);
     return tk_plan_engine(&c, NULL, 0, p, err);
 }
 
@@ -446,12 +454,16 @@ static int read_data(tk_snapshot *s, const tk_snap_opts *o, const char *model, t
  * plus the failed request; without a trace, at least the allocated bytes.
  * A plan that disagrees is withheld (m->planned 0, m->plan_withheld 1) with
  * the reason in m->plan_note. -1 only when the planner fails. */
-static int plan_as_it_ran(tk_snapshot *s, const tk_config *c, tk_plan_result *p, tk_err *err) {
+static int plan_as_it_ran(tk_snapshot *s, const snap_planner *pl, const char *traced_label, const tk_config *c,
+                          tk_plan_result *p, tk_err *err) {
     tk_snap_model *m = &s->model;
     char a[32], b[32];
     snprintf(m->engine, sizeof m->engine, "%s", c->engine == TK_ENGINE_PYTORCH ? "pytorch" : "txkernel");
-    snprintf(m->engine_label, sizeof m->engine_label, "%s", tk_plan_engine_name(c));
-    if (plan_one(c, NULL, p, err) != TK_OK) return -1;
+    if (pl && pl->fn) /* as the pasted message's report names the traced planner */
+        snprintf(m->engine_label, sizeof m->engine_label, "engine: pytorch, traced %.100s", traced_label);
+    else
+        snprintf(m->engine_label, sizeof m->engine_label, "%s", tk_plan_engine_name(c));
+    if (plan_one(pl, c, NULL, p, err) != TK_OK) return -1;
     m->plan_peak = p->peak_reserved;
     m->plan_capacity = p->capacity;
     m->plan_fits = p->fits;
@@ -487,6 +499,35 @@ static int plan_as_it_ran(tk_snapshot *s, const tk_config *c, tk_plan_result *p,
                  : s->n_points          ? " (more than 15 % apart)"
                                         : " (below it)");
     }
+    return 0;
+}
+
+/* Whether the file's step is the traced model's (o->traced): its batch and
+ * length against the traced config's. 1, or 0 with m->traced_note saying in
+ * one line which figures differ or what could not be read. */
+static int traced_step(tk_snap_model *m, const tk_snap_opts *o) {
+    const tk_config *t = o->traced;
+    const char *who = o->traced_label && *o->traced_label ? o->traced_label : "the traced model";
+    int tb = t->batch_size, tl = tk_plan_worst_len(t, NULL, 0);
+    char *w = m->traced_note;
+    size_t n = sizeof m->traced_note;
+    if (!m->recognised) {
+        snprintf(w, n, "Not planned by tracing %.60s: the snapshot's batch and length cannot be read (its blocks show "
+                       "no BERT-family encoder), so its step cannot be matched with the traced one.", who);
+        return 0;
+    }
+    if (!m->batch) {
+        snprintf(w, n, "Not planned by tracing %.60s: the snapshot's batch and length cannot be read from its blocks "
+                       "(--batch N --seq N gives them).", who);
+        return 0;
+    }
+    if (m->batch == tb && m->seq == tl) return 1;
+    int k = snprintf(w, n, "Not planned by tracing %.60s: the snapshot's step is not the traced one:", who);
+    if (k > 0 && (size_t)k < n && m->batch != tb)
+        k += snprintf(w + k, n - (size_t)k, " batch %d here, %d traced%s", m->batch, tb, m->seq != tl ? ";" : "");
+    if (k > 0 && (size_t)k < n && m->seq != tl)
+        k += snprintf(w + k, n - (size_t)k, " length %d here, %d traced", m->seq, tl);
+    if (k > 0 && (size_t)k < n) snprintf(w + k, n - (size_t)k, " (the snapshot's from %.80s).", m->shape_from);
     return 0;
 }
 
@@ -678,6 +719,14 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
         snprintf(m->shape_from, sizeof m->shape_from, "--batch/--seq");
     }
     if (o->data && *o->data && read_data(s, o, model, err)) return -1;
+    /* the user's traced model plans the file's step when it is its own */
+    int by_trace = o->plan_fn && o->traced && traced_step(m, o);
+    tk_api api = s->trainer ? TK_API_TRAINER : TK_API_LOOP;
+    tk_torch_version torch = TK_TORCH_2;
+    if (by_trace) { /* the fixes' code in the traced model's API, as its advice writes them */
+        if (tk_config_api(o->traced) != TK_API_TXKERNEL) api = tk_config_api(o->traced);
+        torch = o->traced->torch_version;
+    }
 
     tk_fix_note *ml = snap_fix_find(s, "max_length");
     if (s->data.have && !ml && (ml = snap_fix_insert(s, "max_length", s->n_fixes)))
@@ -688,8 +737,8 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
                  "and pad each batch only to its longest.",
                  s->data.max_length, tk_snap_basename(s->data.file), s->data.n, s->data.p95, s->data.p99, s->data.max);
         /* the one writer of a step change, in the API the snapshot's frames show */
-        tk_step_code(ml->code, sizeof ml->code, TK_STEP_SHORTER, s->trainer ? TK_API_TRAINER : TK_API_LOOP,
-                     &(tk_step_user){.p99 = s->data.max_length, .torch = TK_TORCH_2});
+        tk_step_code(ml->code, sizeof ml->code, TK_STEP_SHORTER, api,
+                     &(tk_step_user){.p99 = s->data.max_length, .torch = torch});
     }
     weight_fixes(s);
     if (!m->recognised || !m->batch) return 0;
@@ -737,8 +786,41 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
         snprintf(c.gpu, sizeof c.gpu, "%s", like->name);
         if (!c.capacity) c.capacity = SIZE_MAX / 4; /* not the card's: no capacity is known */
     }
+    /* the traced model's own step on the card the file shows (else the one it
+     * was planned on), against the file's capacity; a trace it cannot make
+     * leaves the BERT's plan, with the reason */
+    snap_planner pl = {0};
+    tk_config tc = c;
+    const tk_config *pc = &c;
+    const char *who = o->traced_label && *o->traced_label ? o->traced_label : "the traced model";
     tk_plan_result p;
-    if (plan_as_it_ran(s, &c, &p, err)) return -1;
+    if (by_trace) {
+        tc = *o->traced;
+        if (c.gpu[0]) snprintf(tc.gpu, sizeof tc.gpu, "%s", c.gpu);
+        if (c.capacity) tc.capacity = c.capacity;
+        if (!tc.gpu[0]) {
+            by_trace = 0;
+            snprintf(m->traced_note, sizeof m->traced_note,
+                     "Not planned by tracing %.60s: no card to replay its trace on (the file names none, nor was the "
+                     "model planned on one): --gpu NAME.", who);
+        } else {
+            if (!c.gpu[0] && !o->gpu)
+                snprintf(m->capacity_from, sizeof m->capacity_from, "the %.40s profile the traced model was planned on",
+                         tc.gpu);
+            pl = (snap_planner){o->plan_fn, o->plan_ctx};
+            pc = &tc;
+            if (plan_as_it_ran(s, &pl, who, pc, &p, err)) {
+                snprintf(m->traced_note, sizeof m->traced_note, "Not planned by tracing %.60s: %.230s", who, err->msg);
+                memset(err, 0, sizeof *err);
+                by_trace = 0, pl = (snap_planner){0}, pc = &c;
+            }
+        }
+    }
+    if (by_trace)
+        snprintf(m->planned_by, sizeof m->planned_by, "Planned by tracing %.60s: the run as it ran and each fix, each "
+                 "its own training step traced with its settings and replayed on the %.40s profile", who, tc.gpu);
+    else if (plan_as_it_ran(s, NULL, NULL, &c, &p, err))
+        return -1;
     if (like) {
         if (!s->capacity && !s->has_oom) m->plan_capacity = 0;
         size_t k = strlen(m->plan_note);
@@ -752,25 +834,27 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     }
     size_t current = p.peak_reserved;
     tk_fix_note *f;
-    if ((f = snap_fix_find(s, "precision")) && c.precision == TK_PREC_FP32 && plan_one(&c, "precision=bf16", &p, err) == TK_OK)
+    if ((f = snap_fix_find(s, "precision")) && pc->precision == TK_PREC_FP32 &&
+        plan_one(&pl, pc, "precision=bf16", &p, err) == TK_OK)
         set_plan(f, "precision=bf16", &p);
-    if ((f = snap_fix_find(s, "checkpointing")) && plan_one(&c, "recompute=layers", &p, err) == TK_OK)
+    if ((f = snap_fix_find(s, "checkpointing")) && plan_one(&pl, pc, "recompute=layers", &p, err) == TK_OK)
         set_plan(f, "recompute=layers", &p);
     char ch[48];
     snprintf(ch, sizeof ch, "batch_size=%d", m->batch / 2);
-    if ((f = snap_fix_find(s, "batch")) && m->batch >= 2 && plan_one(&c, ch, &p, err) == TK_OK) {
+    if ((f = snap_fix_find(s, "batch")) && m->batch >= 2 && plan_one(&pl, pc, ch, &p, err) == TK_OK) {
         set_plan(f, ch, &p);
         snprintf(f->plan_change, sizeof f->plan_change, "batch_size=%d, gradient_accumulation_steps x2", m->batch / 2);
         snprintf(f->text, sizeof f->text,
                  "Halve the micro-batch (%d -> %d) and accumulate twice as many steps: the effective batch stays, "
                  "the activations halve.", m->batch, m->batch / 2);
         /* the one writer of a step change (a loop: its whole body at the planned batch) */
-        tk_step_code(f->code, sizeof f->code, TK_STEP_HALF_BATCH, s->trainer ? TK_API_TRAINER : TK_API_LOOP,
-                     &(tk_step_user){.batch = m->batch, .accumulate = 1, .torch = TK_TORCH_2});
+        tk_step_code(f->code, sizeof f->code, TK_STEP_HALF_BATCH, api,
+                     &(tk_step_user){.batch = m->batch, .accumulate = pc->accumulate > 1 ? pc->accumulate : 1,
+                                     .torch = torch});
     }
     if (ml && s->data.have && s->data.max_length < m->seq) {
         snprintf(ch, sizeof ch, "max_len=%d", s->data.max_length);
-        if (plan_one(&c, ch, &p, err) == TK_OK) {
+        if (plan_one(&pl, pc, ch, &p, err) == TK_OK) {
             set_plan(ml, ch, &p);
             size_t n = strlen(ml->text);
             char a[32];

@@ -169,6 +169,9 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
         else if (md->plan_withheld)
             fprintf(f, "  plan as it ran by %s %s\n", md->engine_label, md->plan_note);
     }
+    /* the user's traced model: what it planned, or in one line why it did not */
+    if (md->planned_by[0]) fprintf(f, "  %s.\n", md->planned_by);
+    if (md->traced_note[0]) fprintf(f, "  %s\n", md->traced_note);
     if (s->data.have)
         fprintf(f, "\nData %s: %d examples, token lengths p50 %d, p95 %d, p99 %d, max %d (%s)\n", s->data.file,
                 s->data.n, s->data.p50, s->data.p95, s->data.p99, s->data.max, s->data.vocab_note);
@@ -365,6 +368,8 @@ json_t *tk_snap_json(const tk_snapshot *s, int top) {
                                                                (json_int_t)md->plan_against, "reason", md->plan_note));
     }
     json_object_set_new(o, "model", mj);
+    if (md->planned_by[0]) json_object_set_new(o, "planned_by", json_string(md->planned_by));
+    if (md->traced_note[0]) json_object_set_new(o, "traced_note", json_string(md->traced_note));
     const tk_snap_data *dt = &s->data;
     json_object_set_new(o, "data", dt->have ? json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s}", "file", dt->file,
                                                         "examples", dt->n, "max", dt->max, "p50", dt->p50, "p95",

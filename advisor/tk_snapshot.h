@@ -89,12 +89,17 @@ typedef struct tk_snap_model {
     int plan_withheld;    /* planned, but it disagrees with the file: not shown as the run's plan */
     char plan_note[320];  /* why it was withheld, or what it was checked against */
     char engine[16];      /* the planner that made it, as --json names it: "pytorch" or "txkernel" */
-    char engine_label[64];/* the same for a reader (tk_plan_engine_name): "engine: pytorch (torch 2.x + ...)" */
+    char engine_label[128];/* the same for a reader (tk_plan_engine_name): "engine: pytorch (torch 2.x + ...)" */
     size_t plan_peak, plan_capacity; /* its planned peak reserved; the capacity planned against (0: none known) */
     size_t plan_allocated, plan_against; /* its planned peak allocated, and the file's figure it was held to
                                             (the trace's peak, with the failed request at an OOM) */
     int plan_fits;
     char capacity_from[96];
+    /* the user's traced model (tk_snap_opts.plan_fn): */
+    char planned_by[256]; /* "Planned by tracing clf (SentimentClassifier): ..." when it planned the run and
+                             its fixes; "" when it did not */
+    char traced_note[320];/* why it did not, in one line ("the snapshot's step is batch 16 x 64 tokens, the
+                             traced config's 4 x 128"); "" without a traced model */
 } tk_snap_model;
 
 /* A user's data file, through the pipeline's tokenizer. */
@@ -256,13 +261,24 @@ int tk_snap_capacity(const char *gpu, const char *size, size_t *out, tk_err *err
 typedef struct tk_snap_opts {
     const char *model, *data, *text_col, *gpu;
     int batch, seq;
+    /* The user's traced model as the planner (issue 41 point 6; the hook
+     * tk_advise_input.plan_fn is): when the snapshot's batch and length are
+     * traced's, the run as it ran and each fix are planned by plan_fn on
+     * traced (its gpu when the file names no card), with the fixes' code in
+     * traced's API. NULL plan_fn: the BERT the blocks show, on tk_plan_engine. */
+    tk_plan_fn plan_fn;
+    void *plan_ctx;               /* plan_fn's own, borrowed */
+    const tk_config *traced;      /* the config the model was traced with, borrowed */
+    const char *traced_label;     /* "clf (SentimentClassifier)" */
 } tk_snap_opts;
 
 /* Recognises the BERT (o->model, else the live blocks' sizes), reads the
  * data file through the pipeline's tokenizer, and plans the current setting
- * and each fix of s on the planner (bert/plan.c). An unrecognised model is
- * not an error (s->model.recognised stays 0). -1 with err naming the file,
- * the model or the option on a bad --model, --data or shape. */
+ * and each fix of s on the planner (bert/plan.c, or o->plan_fn when the
+ * file's step is o->traced's; else s->model.traced_note says why not). An
+ * unrecognised model is not an error (s->model.recognised stays 0). -1 with
+ * err naming the file, the model or the option on a bad --model, --data or
+ * shape. */
 int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err);
 
 /* The recognised model in one line ("BERT = bert-base-uncased, hidden 768, ..."). */

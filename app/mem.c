@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "tk_app.h"
+#include "tk_embed_trace.h"
 #include "tk_host_mem.h"
 #include "tk_render.h"
 #include "tk_session.h"
@@ -165,6 +166,11 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
         tk_sb_add_html(&h, md->why);
         tk_sb_add(&h, "</p>");
     }
+    if (md->planned_by[0] || md->traced_note[0]) {
+        tk_sb_add(&h, "<p>");
+        tk_sb_add_html(&h, md->planned_by[0] ? md->planned_by : md->traced_note);
+        tk_sb_add(&h, md->planned_by[0] ? ".</p>" : "</p>");
+    }
     if (s->data.have) {
         tk_sb_add(&h, "<p><b>Data</b> <code>");
         tk_sb_add_html(&h, s->data.file);
@@ -250,8 +256,11 @@ static long positive(const char *v) {
 }
 
 /* --snapshot FILE: a PyTorch memory snapshot read and diagnosed, with no
- * device opened. */
-static tk_status mem_snapshot(const tk_app_args *w, int top, tk_mem_reply *out, tk_err *err) {
+ * device opened. In a session holding the companion's traced model (issue
+ * 41 point 6: %%txwatch's OOM, %txmem --snapshot), the file's step is
+ * planned by tracing that model when its batch and length are the traced
+ * config's (tk_snap_plan says why not otherwise). */
+static tk_status mem_snapshot(tk_session *ss, const tk_app_args *w, int top, tk_mem_reply *out, tk_err *err) {
     const char *b = tk_app_arg(w, "--batch"), *q = tk_app_arg(w, "--seq");
     tk_snap_opts o = {.model = tk_app_arg(w, "--model"), .data = tk_app_arg(w, "--data"),
                       .text_col = tk_app_arg(w, "--text"), .gpu = tk_app_arg(w, "--gpu"),
@@ -265,6 +274,12 @@ static tk_status mem_snapshot(const tk_app_args *w, int top, tk_mem_reply *out, 
     out->ename = "SnapshotError";
     tk_snapshot *s = tk_snap_read(tk_app_arg(w, "--snapshot"), cap, err);
     if (!s) return TK_EINVAL;
+    tk_traced_model *tm = tk_session_traced(ss, tk_session_config(ss));
+    if (tm) {
+        tk_traced_begin(tm);
+        o.plan_fn = tk_traced_plan, o.plan_ctx = tm;
+        o.traced = tk_traced_config(tm), o.traced_label = tk_traced_label(tm);
+    }
     tk_status st = tk_snap_plan(s, &o, err) ? TK_EINVAL : TK_OK;
     if (st == TK_OK && !(out->bundle = snapshot_bundle(s, top))) st = tk_err_nomem(err, "the snapshot's report");
     tk_snap_destroy(&s);
@@ -396,6 +411,6 @@ tk_status tk_app_mem(tk_session *s, const tk_app_args *w, tk_door door, tk_mem_r
         return TK_EINVAL;
     }
     if (tk_app_has(w, "--record")) return mem_record(s, tk_app_arg(w, "--record"), out, err);
-    if (tk_app_arg(w, "--snapshot")) return mem_snapshot(w, (int)top, out, err);
+    if (tk_app_arg(w, "--snapshot")) return mem_snapshot(s, w, (int)top, out, err);
     return door == TK_DOOR_SHELL ? mem_shell(s, w, by, (int)top, out, err) : mem_cell(s, w, by, (int)top, out, err);
 }

@@ -1,0 +1,200 @@
+/* test_snapshot_traced.c — a PyTorch snapshot's step planned by the user's
+ * traced model (tk_snap_opts.plan_fn, issue 41 point 6), on a real file:
+ * tests/data/gpu_h200/mini-16x64-sdpa (a BertForSequenceClassification of
+ * hidden 256, 4 layers, batch 16 x 64 tokens, two steps on an H200; read
+ * through `xz -dc`). The planner here is a stand-in that counts its calls
+ * and plans with tk_plan_engine (the companion's is app/traced.c, tested in
+ * tests/app/test_traced.c and tests/companion/test_txwatch_traced.py):
+ * - the file's batch and length are the traced config's: the run as it ran
+ *   is planned by the stand-in, on the card the file's 32 MiB cuBLAS
+ *   workspaces show, and the report says so (text, JSON planned_by);
+ * - a batch or a length that differ: one line naming each figure, the
+ *   stand-in never called, the plan as today (engine: pytorch);
+ * - the stand-in refusing: one line with its reason, the plan as today;
+ * - no shape (a file whose blocks show no BERT): one line saying so. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tk_snapshot.h"
+#include "tk_plan.h"
+#include "tk_test.h"
+
+typedef struct {
+    int calls;
+    int refuse;
+    char gpu[32];
+    int batch, seq;
+} stand_in;
+
+static tk_status plan_by(void *ctx, const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
+    stand_in *t = ctx;
+    t->calls++;
+    snprintf(t->gpu, sizeof t->gpu, "%s", c->gpu);
+    t->batch = c->batch_size, t->seq = c->max_len;
+    if (t->refuse) {
+        tk_err_set(err, TK_EINVAL, "mini (BertForSequenceClassification): not traced: the stand-in refuses");
+        return TK_EINVAL;
+    }
+    return tk_plan_engine(c, lengths, n, out, err);
+}
+
+/* The file's bytes, decompressed by xz (NULL with a message when xz fails). */
+static uint8_t *xz_file(const char *path, size_t *len) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "xz -dc '%s'", path);
+    FILE *p = popen(cmd, "r");
+    if (!p) return NULL;
+    size_t cap = 1 << 20, n = 0;
+    uint8_t *buf = malloc(cap);
+    size_t k;
+    while (buf && (k = fread(buf + n, 1, cap - n, p)) > 0) {
+        n += k;
+        if (n == cap) {
+            uint8_t *b2 = realloc(buf, cap *= 2);
+            if (!b2) free(buf);
+            buf = b2;
+        }
+    }
+    if (pclose(p) != 0 || !n) {
+        fprintf(stderr, "%s: xz -dc failed (is xz installed?)\n", path);
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+#define MINI "tests/data/gpu_h200/mini-16x64-sdpa.pickle.xz"
+
+/* The traced config: the file's model as engine: pytorch plans it, batch x seq. */
+static void traced_config(tk_config *c, int batch, int seq) {
+    tk_config_defaults(c);
+    tk_err e = {0};
+    const char *kv[][2] = {{"engine", "pytorch"}, {"init", "random"},       {"hidden", "256"},
+                           {"layers", "4"},       {"heads", "4"},           {"intermediate", "1024"},
+                           {"vocab_size", "4000"}, {"gpu", "t4"}};
+    for (size_t i = 0; i < sizeof kv / sizeof *kv; i++)
+        TK_CHECK_MSG(tk_config_set(c, kv[i][0], kv[i][1], &e) == TK_OK, "%s: %s", kv[i][0], e.msg);
+    c->batch_size = batch, c->max_len = seq;
+    TK_CHECK_MSG(tk_config_validate(c, &e) == TK_OK, "%s", e.msg);
+}
+
+/* The mini file planned with the stand-in as the traced model of batch x seq. */
+static tk_snapshot *planned(stand_in *t, int batch, int seq, char **text, json_t **js) {
+    size_t len = 0;
+    uint8_t *buf = xz_file(MINI, &len);
+    TK_CHECK(buf != NULL);
+    if (!buf) return NULL;
+    tk_err e = {0};
+    tk_snapshot *s = tk_snap_read_buf(buf, len, MINI, 0, &e);
+    free(buf);
+    TK_CHECK_MSG(s != NULL, "%s", e.msg);
+    if (!s) return NULL;
+    tk_config c;
+    traced_config(&c, batch, seq);
+    tk_snap_opts o = {.plan_fn = plan_by, .plan_ctx = t, .traced = &c, .traced_label = "mini (BertForSequenceClassification)"};
+    TK_CHECK_MSG(tk_snap_plan(s, &o, &e) == 0, "%s", e.msg);
+    *text = tk_snap_text(s, 10);
+    *js = tk_snap_json(s, 10);
+    return s;
+}
+
+static void test_its_own_step_is_planned_by_the_traced_model(void) {
+    stand_in t = {0};
+    char *text = NULL;
+    json_t *js = NULL;
+    tk_snapshot *s = planned(&t, 16, 64, &text, &js);
+    if (!s) return;
+    const tk_snap_model *m = &s->model;
+    TK_CHECK_EQ_INT(m->batch, 16);
+    TK_CHECK_EQ_INT(m->seq, 64);
+    TK_CHECK(t.calls >= 1 && t.batch == 16 && t.seq == 64);
+    /* the card the file's workspaces show, not the t4 the model was planned on */
+    TK_CHECK_MSG(!strcmp(t.gpu, "h100-80"), "%s", t.gpu);
+    TK_CHECK_MSG(m->planned && strstr(m->engine_label, "traced mini (BertForSequenceClassification)"), "%s / %s",
+                 m->engine_label, m->plan_note);
+    TK_CHECK_MSG(!m->traced_note[0], "%s", m->traced_note);
+    TK_CHECK_MSG(strstr(text, "Planned by tracing mini (BertForSequenceClassification): the run as it ran and each fix"),
+                 "%s", text);
+    const char *by = json_string_value(json_object_get(js, "planned_by"));
+    TK_CHECK(by && !strncmp(by, "Planned by tracing mini (BertForSequenceClassification)", 55));
+    TK_CHECK(!json_object_get(js, "traced_note"));
+    free(text);
+    json_decref(js);
+    tk_snap_destroy(&s);
+}
+
+static void test_another_step_says_which_figures_differ(void) {
+    stand_in t = {0};
+    char *text = NULL;
+    json_t *js = NULL;
+    tk_snapshot *s = planned(&t, 8, 128, &text, &js);
+    if (!s) return;
+    const tk_snap_model *m = &s->model;
+    TK_CHECK_EQ_INT(t.calls, 0);
+    TK_CHECK_MSG(strstr(m->traced_note, "Not planned by tracing mini (BertForSequenceClassification): the snapshot's "
+                                        "step is not the traced one: batch 16 here, 8 traced; length 64 here, 128 traced"),
+                 "%s", m->traced_note);
+    TK_CHECK(!strchr(m->traced_note, '\n'));
+    /* today's plan: the BERT the blocks show, on engine: pytorch */
+    TK_CHECK_MSG(m->planned && !strstr(m->engine_label, "traced") && strstr(m->engine_label, "engine: pytorch"), "%s",
+                 m->engine_label);
+    TK_CHECK(!m->planned_by[0] && !json_object_get(js, "planned_by"));
+    TK_CHECK(strstr(text, m->traced_note) != NULL);
+    TK_CHECK(json_string_value(json_object_get(js, "traced_note")) != NULL);
+    free(text);
+    json_decref(js);
+    tk_snap_destroy(&s);
+    /* only the length differs: only it is named */
+    stand_in t2 = {0};
+    s = planned(&t2, 16, 128, &text, &js);
+    if (!s) return;
+    TK_CHECK_MSG(strstr(s->model.traced_note, "traced one: length 64 here, 128 traced") &&
+                 !strstr(s->model.traced_note, "batch 16"), "%s", s->model.traced_note);
+    free(text);
+    json_decref(js);
+    tk_snap_destroy(&s);
+}
+
+static void test_a_refusal_keeps_todays_plan(void) {
+    stand_in t = {.refuse = 1};
+    char *text = NULL;
+    json_t *js = NULL;
+    tk_snapshot *s = planned(&t, 16, 64, &text, &js);
+    if (!s) return;
+    const tk_snap_model *m = &s->model;
+    TK_CHECK_EQ_INT(t.calls, 1);
+    TK_CHECK_MSG(strstr(m->traced_note, "Not planned by tracing mini (BertForSequenceClassification): mini "
+                                        "(BertForSequenceClassification): not traced: the stand-in refuses"),
+                 "%s", m->traced_note);
+    TK_CHECK(m->planned && !strstr(m->engine_label, "traced") && !m->planned_by[0]);
+    free(text);
+    json_decref(js);
+    tk_snap_destroy(&s);
+}
+
+static void test_no_shape_to_match(void) {
+    /* a decoder served by FlexGen: no BERT's blocks, so no batch and length */
+    tk_err e = {0};
+    tk_snapshot *s = tk_snap_read("tests/data/pytorch_snapshots/llm_oom.pickle", 0, &e);
+    TK_CHECK_MSG(s != NULL, "%s", e.msg);
+    if (!s) return;
+    stand_in t = {0};
+    tk_config c;
+    traced_config(&c, 16, 64);
+    tk_snap_opts o = {.plan_fn = plan_by, .plan_ctx = &t, .traced = &c, .traced_label = "mini (BertForSequenceClassification)"};
+    TK_CHECK_MSG(tk_snap_plan(s, &o, &e) == 0, "%s", e.msg);
+    TK_CHECK_EQ_INT(t.calls, 0);
+    TK_CHECK_MSG(strstr(s->model.traced_note, "the snapshot's batch and length cannot be read"), "%s",
+                 s->model.traced_note);
+    tk_snap_destroy(&s);
+}
+
+int main(void) {
+    TK_RUN(test_its_own_step_is_planned_by_the_traced_model);
+    TK_RUN(test_another_step_says_which_figures_differ);
+    TK_RUN(test_a_refusal_keeps_todays_plan);
+    TK_RUN(test_no_shape_to_match);
+    return tk_test_done();
+}

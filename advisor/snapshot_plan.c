@@ -359,8 +359,11 @@ static const char *tk_snap_basename(const char *p) {
 
 /* ---- planning --------------------------------------------------------------------------- */
 
-/* What plans a setting: the traced model's planner, or (fn NULL) tk_plan_engine. */
-typedef struct snap_planner { tk_plan_fn fn; void *ctx; } snap_planner;
+/* What plans a setting: the traced model's planner, or (fn NULL)
+ * tk_plan_engine. capacity: the file's (given, or reserved + device free at
+ * its OOM), which the traced planner's plans are held to in place of its
+ * card's (0: the card's). */
+typedef struct snap_planner { tk_plan_fn fn; void *ctx; size_t capacity; } snap_planner;
 
 static tk_status plan_one(const snap_planner *pl, const tk_config *base, const char *change, tk_plan_result *p,
                           tk_err *err) {
@@ -379,8 +382,14 @@ static tk_status plan_one(const snap_planner *pl, const tk_config *base, const c
             if (st != TK_OK) return st;
         }
     }
-    if (pl && pl->fn) return pl->fn(pl->ctx, &c, NULL, 0, p, err);
-    return tk_plan_engine(&c, NULL, 0, p, err);
+    if (!pl || !pl->fn) return tk_plan_engine(&c, NULL, 0, p, err);
+    tk_status st = pl->fn(pl->ctx, &c, NULL, 0, p, err);
+    if (st == TK_OK && pl->capacity) {
+        p->capacity = pl->capacity, p->context_bytes = 0;
+        p->fits = p->peak_reserved <= p->capacity;
+        p->margin = (int64_t)p->capacity - (int64_t)p->peak_reserved;
+    }
+    return st;
 }
 
 static void set_plan(tk_fix_note *f, const char *change, const tk_plan_result *p) {
@@ -807,7 +816,8 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
             if (!c.gpu[0] && !o->gpu)
                 snprintf(m->capacity_from, sizeof m->capacity_from, "the %.40s profile the traced model was planned on",
                          tc.gpu);
-            pl = (snap_planner){o->plan_fn, o->plan_ctx};
+            pl = (snap_planner){o->plan_fn, o->plan_ctx,
+                                s->capacity ? s->capacity : s->has_oom ? s->reserved + s->oom_device_free : 0};
             pc = &tc;
             if (plan_as_it_ran(s, &pl, who, pc, &p, err)) {
                 snprintf(m->traced_note, sizeof m->traced_note, "Not planned by tracing %.60s: %.230s", who, err->msg);

@@ -11,7 +11,12 @@
  * - a batch or a length that differ: one line naming each figure, the
  *   stand-in never called, the plan as today (engine: pytorch);
  * - the stand-in refusing: one line with its reason, the plan as today;
- * - no shape (a file whose blocks show no BERT): one line saying so. */
+ * - no shape (a file whose blocks show no BERT): one line saying so;
+ * - at an OOM (a file built here as test_snapshot_bert.py builds one:
+ *   BERT-mini's weights and AdamW's states and 6 x 128's activations, then
+ *   one more request), each fix is planned by the traced planner too (its own
+ *   config: the step's change), against the file's capacity, not the card
+ *   the model was planned on. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,15 +25,22 @@
 #include "tk_plan.h"
 #include "tk_test.h"
 
+#define MiB ((size_t)1 << 20)
+
 typedef struct {
     int calls;
     int refuse;
     char gpu[32];
     int batch, seq;
+    struct { int batch, accumulate, recompute; tk_precision precision; } seen[8]; /* each config planned */
 } stand_in;
 
 static tk_status plan_by(void *ctx, const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
     stand_in *t = ctx;
+    if (t->calls < 8) {
+        t->seen[t->calls].batch = c->batch_size, t->seen[t->calls].accumulate = c->accumulate;
+        t->seen[t->calls].recompute = c->recompute != TK_RECOMPUTE_NONE, t->seen[t->calls].precision = c->precision;
+    }
     t->calls++;
     snprintf(t->gpu, sizeof t->gpu, "%s", c->gpu);
     t->batch = c->batch_size, t->seq = c->max_len;
@@ -191,10 +203,98 @@ static void test_no_shape_to_match(void) {
     tk_snap_destroy(&s);
 }
 
+/* A PyTorch snapshot (its JSON form) at an OOM, as
+ * tests/advisor/test_snapshot_bert.py builds one: BERT-mini (hidden 256, 4
+ * layers, intermediate 1024, vocab 4000, 512 positions, a 2-label head) in
+ * fp32 with AdamW's two states (the gradients set to None), the forward's
+ * kept activations of 6 x 128 (4 heads) for every layer, each tensor its own
+ * block and segment, then a request for one more score block with 1 MiB
+ * free on the device. 6 x 128: no activation of the size of a weight (at
+ * 16 x 64 a B x T x H block is an H x I weight's size). The bytes: new,
+ * free(). */
+static char *oom_snapshot_json(void) {
+    enum { H = 256, L = 4, I = 1024, V = 4000, P = 512, A = 4, B = 6, T = 128 };
+    size_t sizes[4 * (9 + 16 * L) + 10 * L], n = 0;
+    for (int copy = 0; copy < 3; copy++) {
+        size_t emb[] = {(size_t)V * H, (size_t)P * H, 2 * H, H, H};
+        for (size_t i = 0; i < 5; i++) sizes[n++] = emb[i] * 4;
+        for (int l = 0; l < L; l++) {
+            for (int k = 0; k < 4; k++) sizes[n++] = H * H * 4, sizes[n++] = H * 4;
+            size_t rest[] = {H, H, (size_t)I * H, I, (size_t)H * I, H, H, H};
+            for (size_t i = 0; i < 8; i++) sizes[n++] = rest[i] * 4;
+        }
+        sizes[n++] = H * H * 4, sizes[n++] = H * 4, sizes[n++] = 2 * H * 4, sizes[n++] = 2 * 4;
+    }
+    for (int l = 0; l < L; l++) {
+        size_t acts[] = {B * T * H, B * T * H, B * T * H, B * T * H, B * T * H, B * T * H, B * T * I, B * T * I,
+                         (size_t)B * A * T * T, (size_t)B * A * T * T};
+        for (size_t i = 0; i < 10; i++) sizes[n++] = acts[i] * 4;
+    }
+    json_t *segs = json_array();
+    json_int_t addr = (json_int_t)1 << 40;
+    for (size_t i = 0; i < n; i++) {
+        json_int_t size = (json_int_t)((sizes[i] + 511) / 512 * 512);
+        json_t *blk = json_pack("{s:I, s:I, s:I, s:s, s:[]}", "address", addr, "size", size, "requested_size",
+                                (json_int_t)sizes[i], "state", "active_allocated", "frames");
+        json_array_append_new(segs, json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:[o]}", "device", 0, "address",
+                                              addr, "total_size", size, "allocated_size", size, "active_size", size,
+                                              "requested_size", (json_int_t)sizes[i], "stream", 0, "segment_type",
+                                              size > (json_int_t)MiB ? "large" : "small", "blocks", blk));
+        addr += size;
+    }
+    json_t *oom = json_pack("{s:s, s:i, s:I, s:i, s:i, s:I, s:[]}", "action", "oom", "addr", 0, "size",
+                            (json_int_t)B * A * T * T * 4, "stream", 0, "time_us", 1, "device_free", (json_int_t)MiB,
+                            "frames");
+    json_t *root = json_pack("{s:o, s:[[o]]}", "segments", segs, "device_traces", oom);
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    return text;
+}
+
+static void test_fixes_at_an_oom_are_planned_by_the_traced_model(void) {
+    char *js = oom_snapshot_json();
+    TK_CHECK(js != NULL);
+    if (!js) return;
+    tk_err e = {0};
+    tk_snapshot *s = tk_snap_read_buf((const uint8_t *)js, strlen(js), "bert-mini-oom.json", 0, &e);
+    free(js);
+    TK_CHECK_MSG(s != NULL, "%s", e.msg);
+    if (!s) return;
+    stand_in t = {0};
+    tk_config c;
+    traced_config(&c, 6, 128);
+    tk_snap_opts o = {.plan_fn = plan_by, .plan_ctx = &t, .traced = &c, .traced_label = "mini (BertForSequenceClassification)"};
+    TK_CHECK_MSG(tk_snap_plan(s, &o, &e) == 0, "%s", e.msg);
+    const tk_snap_model *m = &s->model;
+    TK_CHECK_MSG(m->recognised && m->batch == 6 && m->seq == 128, "%d x %d (%s)", m->batch, m->seq, m->why);
+    TK_CHECK_MSG(m->planned && m->planned_by[0] && !m->traced_note[0], "%s / %s / %s", m->plan_note, m->traced_note,
+                 m->engine_label);
+    /* held to the file's capacity (reserved + free at its OOM), not the t4's */
+    TK_CHECK_EQ_INT(m->plan_capacity, s->reserved + s->oom_device_free);
+    TK_CHECK(!m->plan_fits);
+    int fixes = 0;
+    for (int i = 0; i < s->n_fixes; i++) {
+        const tk_fix_note *f = &s->fixes[i];
+        if (!f->planned) continue;
+        fixes++;
+        /* the planner saw that fix's own config */
+        int seen = 0;
+        for (int k = 1; k < t.calls && k < 8; k++) {
+            if (!strcmp(f->id, "precision")) seen |= t.seen[k].precision == TK_PREC_BF16;
+            if (!strcmp(f->id, "checkpointing")) seen |= t.seen[k].recompute;
+            if (!strcmp(f->id, "batch")) seen |= t.seen[k].batch == 3 && t.seen[k].accumulate == 2;
+        }
+        TK_CHECK_MSG(seen, "fix %s: no planned config of its change", f->id);
+    }
+    TK_CHECK_MSG(fixes >= 2 && t.calls == 1 + fixes, "%d fixes planned, %d calls", fixes, t.calls);
+    tk_snap_destroy(&s);
+}
+
 int main(void) {
     TK_RUN(test_its_own_step_is_planned_by_the_traced_model);
     TK_RUN(test_another_step_says_which_figures_differ);
     TK_RUN(test_a_refusal_keeps_todays_plan);
     TK_RUN(test_no_shape_to_match);
+    TK_RUN(test_fixes_at_an_oom_are_planned_by_the_traced_model);
     return tk_test_done();
 }

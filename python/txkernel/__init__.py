@@ -198,7 +198,10 @@ def _txwatch(ip, line, cell):
     when it raises torch.cuda.OutOfMemoryError, the snapshot of that moment
     is diagnosed (%txmem --snapshot) in place of the bare traceback, which
     stays available (%tb, sys.last_traceback); when no history was recorded,
-    the error's message is read as a pasted one (%%txadvise --from-error)."""
+    the error's message is read as a pasted one (%%txadvise --from-error).
+    Once %txplan --torch-model NAME has traced your model, both plan by
+    tracing it: the snapshot's run and fixes when its batch and length are
+    the traced ones (else one line says which differ)."""
     cuda, why = _torch_cuda()
     if cuda is None:
         print(f"%%txwatch: {why}; the cell runs without watching")

@@ -844,11 +844,16 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     }
     size_t current = p.peak_reserved;
     tk_fix_note *f;
+    tk_step_user tu = {.torch = torch}; /* the traced model's: its API and torch (the diagnosis wrote the file's) */
     if ((f = snap_fix_find(s, "precision")) && pc->precision == TK_PREC_FP32 &&
-        plan_one(&pl, pc, "precision=bf16", &p, err) == TK_OK)
+        plan_one(&pl, pc, "precision=bf16", &p, err) == TK_OK) {
         set_plan(f, "precision=bf16", &p);
-    if ((f = snap_fix_find(s, "checkpointing")) && plan_one(&pl, pc, "recompute=layers", &p, err) == TK_OK)
+        if (by_trace) tk_step_code(f->code, sizeof f->code, TK_STEP_FP16, api, &tu);
+    }
+    if ((f = snap_fix_find(s, "checkpointing")) && plan_one(&pl, pc, "recompute=layers", &p, err) == TK_OK) {
         set_plan(f, "recompute=layers", &p);
+        if (by_trace) tk_step_code(f->code, sizeof f->code, TK_STEP_CHECKPOINTING, api, &tu);
+    }
     char ch[48];
     snprintf(ch, sizeof ch, "batch_size=%d", m->batch / 2);
     if ((f = snap_fix_find(s, "batch")) && m->batch >= 2 && plan_one(&pl, pc, ch, &p, err) == TK_OK) {

@@ -293,7 +293,8 @@ char *tk_snap_text(const tk_snapshot *s, int top);
  * {allocated, event, phase, where, step, steps, by_category, by_layer,
  * layers_seen, batch}, workspaces [{library, name, bytes, at_peak}], growth,
  * leak, model {family, why, ...}, diagnoses [{id, text}], fixes [{id, text,
- * code, saves}] (new reference). */
+ * code, saves}], and with a traced model (tk_snap_opts.plan_fn) planned_by
+ * or traced_note (model.planned_by / model.traced_note) (new reference). */
 json_t *tk_snap_json(const tk_snapshot *s, int top);
 
 /* Writes the allocator's state as a PyTorch snapshot (the dict form, pickle

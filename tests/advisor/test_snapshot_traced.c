@@ -16,7 +16,8 @@
  *   BERT-mini's weights and AdamW's states and 6 x 128's activations, then
  *   one more request), each fix is planned by the traced planner too (its own
  *   config: the step's change), against the file's capacity, not the card
- *   the model was planned on. */
+ *   the model was planned on, and its code is in the traced config's API
+ *   (a Trainer's: TrainingArguments lines). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,6 +264,7 @@ static void test_fixes_at_an_oom_are_planned_by_the_traced_model(void) {
     stand_in t = {0};
     tk_config c;
     traced_config(&c, 6, 128);
+    c.api = TK_API_TRAINER; /* a Trainer's model: the fixes' code is TrainingArguments lines */
     tk_snap_opts o = {.plan_fn = plan_by, .plan_ctx = &t, .traced = &c, .traced_label = "mini (BertForSequenceClassification)"};
     TK_CHECK_MSG(tk_snap_plan(s, &o, &e) == 0, "%s", e.msg);
     const tk_snap_model *m = &s->model;
@@ -285,6 +287,10 @@ static void test_fixes_at_an_oom_are_planned_by_the_traced_model(void) {
             if (!strcmp(f->id, "batch")) seen |= t.seen[k].batch == 3 && t.seen[k].accumulate == 2;
         }
         TK_CHECK_MSG(seen, "fix %s: no planned config of its change", f->id);
+        if (!strcmp(f->id, "checkpointing")) TK_CHECK_MSG(strstr(f->code, "gradient_checkpointing=True)"), "%s", f->code);
+        if (!strcmp(f->id, "precision")) TK_CHECK_MSG(strstr(f->code, "fp16=True)"), "%s", f->code);
+        if (!strcmp(f->id, "batch"))
+            TK_CHECK_MSG(strstr(f->code, "per_device_train_batch_size=3, gradient_accumulation_steps=2"), "%s", f->code);
     }
     TK_CHECK_MSG(fixes >= 2 && t.calls == 1 + fixes, "%d fixes planned, %d calls", fixes, t.calls);
     tk_snap_destroy(&s);

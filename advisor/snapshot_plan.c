@@ -360,10 +360,11 @@ static const char *tk_snap_basename(const char *p) {
 /* ---- planning --------------------------------------------------------------------------- */
 
 /* What plans a setting: the traced model's planner, or (fn NULL)
- * tk_plan_engine. capacity: the file's (given, or reserved + device free at
- * its OOM), which the traced planner's plans are held to in place of its
- * card's (0: the card's). */
-typedef struct snap_planner { tk_plan_fn fn; void *ctx; size_t capacity; } snap_planner;
+ * tk_plan_engine. capacity: the file's, which the traced planner's plans
+ * are held to in place of its card's (0: the card's): the device's total
+ * given (less the card's CUDA context, total 1), or reserved + device free
+ * at its OOM (what PyTorch could hold, total 0). */
+typedef struct snap_planner { tk_plan_fn fn; void *ctx; size_t capacity; int total; } snap_planner;
 
 static tk_status plan_one(const snap_planner *pl, const tk_config *base, const char *change, tk_plan_result *p,
                           tk_err *err) {
@@ -385,7 +386,8 @@ static tk_status plan_one(const snap_planner *pl, const tk_config *base, const c
     if (!pl || !pl->fn) return tk_plan_engine(&c, NULL, 0, p, err);
     tk_status st = pl->fn(pl->ctx, &c, NULL, 0, p, err);
     if (st == TK_OK && pl->capacity) {
-        p->capacity = pl->capacity, p->context_bytes = 0;
+        if (pl->total) p->capacity = pl->capacity > p->context_bytes ? pl->capacity - p->context_bytes : 0;
+        else p->capacity = pl->capacity, p->context_bytes = 0;
         p->fits = p->peak_reserved <= p->capacity;
         p->margin = (int64_t)p->capacity - (int64_t)p->peak_reserved;
     }
@@ -817,7 +819,8 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
                 snprintf(m->capacity_from, sizeof m->capacity_from, "the %.40s profile the traced model was planned on",
                          tc.gpu);
             pl = (snap_planner){o->plan_fn, o->plan_ctx,
-                                s->capacity ? s->capacity : s->has_oom ? s->reserved + s->oom_device_free : 0};
+                                s->capacity ? s->capacity : s->has_oom ? s->reserved + s->oom_device_free : 0,
+                                s->capacity != 0};
             pc = &tc;
             if (plan_as_it_ran(s, &pl, who, pc, &p, err)) {
                 snprintf(m->traced_note, sizeof m->traced_note, "Not planned by tracing %.60s: %.230s", who, err->msg);
@@ -828,7 +831,7 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     }
     if (by_trace)
         snprintf(m->planned_by, sizeof m->planned_by, "Planned by tracing %.60s: the run as it ran and each fix, each "
-                 "its own training step traced with its settings and replayed on the %.40s profile", who, tc.gpu);
+                 "its own training step traced with its settings and replayed on the %.40s profile.", who, tc.gpu);
     else if (plan_as_it_ran(s, NULL, NULL, &c, &p, err))
         return -1;
     if (like) {
@@ -839,6 +842,7 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
                  "32 MiB cuBLAS workspaces show", like->cc_major, like->cc_minor, like->name);
     }
     if (!m->planned) {
+        if (by_trace && o->describe) o->describe(o->plan_ctx, m->planned_by, sizeof m->planned_by);
         memset(err, 0, sizeof *err);
         return 0;
     }
@@ -877,6 +881,9 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
                      tk_format_bytes(current > p.peak_reserved ? current - p.peak_reserved : 0, a, sizeof a), m->seq);
         }
     }
+    /* the planner's own account, once every plan is made (how many traced,
+     * what its budget left out, the model's own calls) */
+    if (by_trace && o->describe) o->describe(o->plan_ctx, m->planned_by, sizeof m->planned_by);
     memset(err, 0, sizeof *err);
     return 0;
 }

@@ -170,7 +170,7 @@ char *tk_snap_text(const tk_snapshot *s, int top) {
             fprintf(f, "  plan as it ran by %s %s\n", md->engine_label, md->plan_note);
     }
     /* the user's traced model: what it planned, or in one line why it did not */
-    if (md->planned_by[0]) fprintf(f, "  %s.\n", md->planned_by);
+    if (md->planned_by[0]) fprintf(f, "  %s\n", md->planned_by);
     if (md->traced_note[0]) fprintf(f, "  %s\n", md->traced_note);
     if (s->data.have)
         fprintf(f, "\nData %s: %d examples, token lengths p50 %d, p95 %d, p99 %d, max %d (%s)\n", s->data.file,

@@ -96,7 +96,7 @@ typedef struct tk_snap_model {
     int plan_fits;
     char capacity_from[96];
     /* the user's traced model (tk_snap_opts.plan_fn): */
-    char planned_by[256]; /* "Planned by tracing clf (SentimentClassifier): ..." when it planned the run and
+    char planned_by[1600];/* "Planned by tracing clf (SentimentClassifier): ..." when it planned the run and
                              its fixes; "" when it did not */
     char traced_note[320];/* why it did not, in one line ("the snapshot's step is batch 16 x 64 tokens, the
                              traced config's 4 x 128"); "" without a traced model */
@@ -270,6 +270,11 @@ typedef struct tk_snap_opts {
     void *plan_ctx;               /* plan_fn's own, borrowed */
     const tk_config *traced;      /* the config the model was traced with, borrowed */
     const char *traced_label;     /* "clf (SentimentClassifier)" */
+    /* plan_fn's account of what it planned, called with plan_ctx once the
+     * plans are made, into model.planned_by (app/traced.c's
+     * tk_traced_summary). NULL: "Planned by tracing LABEL: the run as it ran
+     * and each fix, ... replayed on the NAME profile." */
+    void (*describe)(void *ctx, char *buf, size_t n);
 } tk_snap_opts;
 
 /* Recognises the BERT (o->model, else the live blocks' sizes), reads the

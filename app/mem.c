@@ -169,7 +169,7 @@ static json_t *snapshot_bundle(const tk_snapshot *s, int top) {
     if (md->planned_by[0] || md->traced_note[0]) {
         tk_sb_add(&h, "<p>");
         tk_sb_add_html(&h, md->planned_by[0] ? md->planned_by : md->traced_note);
-        tk_sb_add(&h, md->planned_by[0] ? ".</p>" : "</p>");
+        tk_sb_add(&h, "</p>");
     }
     if (s->data.have) {
         tk_sb_add(&h, "<p><b>Data</b> <code>");
@@ -255,6 +255,9 @@ static long positive(const char *v) {
     return v && *v && !*end && n > 0 ? n : -1;
 }
 
+/* tk_snap_opts.describe: the traced model's line, as its advice says it. */
+static void traced_summary(void *ctx, char *buf, size_t n) { tk_traced_summary(ctx, buf, n); }
+
 /* --snapshot FILE: a PyTorch memory snapshot read and diagnosed, with no
  * device opened. In a session holding the companion's traced model (issue
  * 41 point 6: %%txwatch's OOM, %txmem --snapshot), the file's step is
@@ -277,7 +280,7 @@ static tk_status mem_snapshot(tk_session *ss, const tk_app_args *w, int top, tk_
     tk_traced_model *tm = tk_session_traced(ss, tk_session_config(ss));
     if (tm) {
         tk_traced_begin(tm);
-        o.plan_fn = tk_traced_plan, o.plan_ctx = tm;
+        o.plan_fn = tk_traced_plan, o.plan_ctx = tm, o.describe = traced_summary;
         o.traced = tk_traced_config(tm), o.traced_label = tk_traced_label(tm);
     }
     tk_status st = tk_snap_plan(s, &o, err) ? TK_EINVAL : TK_OK;

@@ -17,7 +17,8 @@
  *   one more request), each fix is planned by the traced planner too (its own
  *   config: the step's change), against the file's capacity, not the card
  *   the model was planned on, and its code is in the traced config's API
- *   (a Trainer's: TrainingArguments lines). */
+ *   (a Trainer's: TrainingArguments lines); the planner's own account
+ *   (tk_snap_opts.describe) is the report's planned_by, asked last. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,12 @@ typedef struct {
     int batch, seq;
     struct { int batch, accumulate, recompute; tk_precision precision; } seen[8]; /* each config planned */
 } stand_in;
+
+/* tk_snap_opts.describe: what the stand-in planned, once the plans are made. */
+static void describe(void *ctx, char *buf, size_t n) {
+    const stand_in *t = ctx;
+    snprintf(buf, n, "Planned by the stand-in: %d plans.", t->calls);
+}
 
 static tk_status plan_by(void *ctx, const tk_config *c, const int *lengths, int n, tk_plan_result *out, tk_err *err) {
     stand_in *t = ctx;
@@ -265,7 +272,8 @@ static void test_fixes_at_an_oom_are_planned_by_the_traced_model(void) {
     tk_config c;
     traced_config(&c, 6, 128);
     c.api = TK_API_TRAINER; /* a Trainer's model: the fixes' code is TrainingArguments lines */
-    tk_snap_opts o = {.plan_fn = plan_by, .plan_ctx = &t, .traced = &c, .traced_label = "mini (BertForSequenceClassification)"};
+    tk_snap_opts o = {.plan_fn = plan_by, .plan_ctx = &t, .traced = &c, .traced_label = "mini (BertForSequenceClassification)",
+                      .describe = describe};
     TK_CHECK_MSG(tk_snap_plan(s, &o, &e) == 0, "%s", e.msg);
     const tk_snap_model *m = &s->model;
     TK_CHECK_MSG(m->recognised && m->batch == 6 && m->seq == 128, "%d x %d (%s)", m->batch, m->seq, m->why);
@@ -293,6 +301,10 @@ static void test_fixes_at_an_oom_are_planned_by_the_traced_model(void) {
             TK_CHECK_MSG(strstr(f->code, "per_device_train_batch_size=3, gradient_accumulation_steps=2"), "%s", f->code);
     }
     TK_CHECK_MSG(fixes >= 2 && t.calls == 1 + fixes, "%d fixes planned, %d calls", fixes, t.calls);
+    /* the planner's own account, asked once every plan was made */
+    char want[64];
+    snprintf(want, sizeof want, "Planned by the stand-in: %d plans.", t.calls);
+    TK_CHECK_STR(m->planned_by, want);
     tk_snap_destroy(&s);
 }
 

@@ -83,9 +83,14 @@ def test_its_own_step_is_planned_by_tracing_the_named_model(res):
     assert j, res["same"]
     assert "CUDA out of memory in this cell" in res["same"]["stdout"], res["same"]
     by = j.get("planned_by", "")
-    assert by.startswith("Planned by tracing mini (BertForSequenceClassification): the run as it ran and each fix"), j
-    assert "h100-80" in by, by  # the card the file's 32 MiB cuBLAS workspaces show, not the t4 of %txplan
+    # the advice's words (tk_traced_summary): the run's step was %txplan's trace, kept: nothing traced anew
+    assert by.startswith("Planned by tracing mini (BertForSequenceClassification): its own training step"), j
+    assert "(0 traced in" in by and "1 replays on the cards" in by, by
     m = j["model"]
+    # the card the file's 32 MiB cuBLAS workspaces show, not the t4 of %txplan
+    assert "the h100-80 profile's" in m["plan"]["agreement"], m["plan"]
+    # held to the device's 80 GiB less the card's CUDA context, as the BERT's plan of a given capacity is
+    assert m["plan"]["capacity"] < 80 * 2**30 and m["plan"]["capacity_from"] == "the capacity given", m["plan"]
     assert (m["batch"], m["seq"]) == (16, 64) and m["planned"], m
     assert m["plan"]["engine_label"] == "engine: pytorch, traced mini (BertForSequenceClassification)", m["plan"]
     assert "traced_note" not in j, j

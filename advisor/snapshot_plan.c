@@ -815,12 +815,12 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
                      "Not planned by tracing %.60s: no card to replay its trace on (the file names none, nor was the "
                      "model planned on one): --gpu NAME.", who);
         } else {
-            if (!c.gpu[0] && !o->gpu)
-                snprintf(m->capacity_from, sizeof m->capacity_from, "the %.40s profile the traced model was planned on",
-                         tc.gpu);
             pl = (snap_planner){o->plan_fn, o->plan_ctx,
                                 s->capacity ? s->capacity : s->has_oom ? s->reserved + s->oom_device_free : 0,
                                 s->capacity != 0};
+            if (!c.gpu[0] && !pl.capacity) /* the card's own capacity, then */
+                snprintf(m->capacity_from, sizeof m->capacity_from, "the %.40s profile the traced model was planned on",
+                         tc.gpu);
             pc = &tc;
             if (plan_as_it_ran(s, &pl, who, pc, &p, err)) {
                 snprintf(m->traced_note, sizeof m->traced_note, "Not planned by tracing %.60s: %.230s", who, err->msg);

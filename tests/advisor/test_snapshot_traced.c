@@ -281,6 +281,7 @@ static void test_fixes_at_an_oom_are_planned_by_the_traced_model(void) {
                  m->engine_label);
     /* held to the file's capacity (reserved + free at its OOM), not the t4's */
     TK_CHECK_EQ_INT(m->plan_capacity, s->reserved + s->oom_device_free);
+    TK_CHECK_STR(m->capacity_from, "reserved + device free at the OOM");
     TK_CHECK(!m->plan_fits);
     int fixes = 0;
     for (int i = 0; i < s->n_fixes; i++) {

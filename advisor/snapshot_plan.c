@@ -850,8 +850,8 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     tk_fix_note *f;
     tk_step_user tu = {.torch = torch}; /* the traced model's: its API and torch (the diagnosis wrote the file's) */
     if ((f = snap_fix_find(s, "precision")) && pc->precision == TK_PREC_FP32 &&
-        plan_one(&pl, pc, "precision=bf16", &p, err) == TK_OK) {
-        set_plan(f, "precision=bf16", &p);
+        plan_one(&pl, pc, "precision=fp16", &p, err) == TK_OK) {
+        set_plan(f, "precision=fp16", &p);
         if (by_trace) tk_step_code(f->code, sizeof f->code, TK_STEP_FP16, api, &tu);
     }
     if ((f = snap_fix_find(s, "checkpointing")) && plan_one(&pl, pc, "recompute=layers", &p, err) == TK_OK) {

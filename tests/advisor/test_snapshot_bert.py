@@ -125,7 +125,7 @@ def test_bert_base_recognised_shape_inferred_and_fixes_planned():
     assert m["plan"]["peak"] == current and m["plan"]["fits"] is False, m["plan"]
     assert m["plan"]["capacity_from"].startswith("the t4 profile"), m["plan"]
     # each fix planned: the same peaks txk plan gives for the changed config
-    expect = {"precision": "precision: bf16\nbatch_size: 32\nmax_len: 512\n",
+    expect = {"precision": "precision: fp16\nbatch_size: 32\nmax_len: 512\n",
               "checkpointing": "recompute: layers\nbatch_size: 32\nmax_len: 512\n",
               "batch": "batch_size: 16\naccumulate: 2\nmax_len: 512\n",
               "max_length": "batch_size: 32\nmax_len: 176\n"}

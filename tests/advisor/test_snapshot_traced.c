@@ -291,7 +291,7 @@ static void test_fixes_at_an_oom_are_planned_by_the_traced_model(void) {
         /* the planner saw that fix's own config */
         int seen = 0;
         for (int k = 1; k < t.calls && k < 8; k++) {
-            if (!strcmp(f->id, "precision")) seen |= t.seen[k].precision == TK_PREC_BF16;
+            if (!strcmp(f->id, "precision")) seen |= t.seen[k].precision == TK_PREC_FP16;
             if (!strcmp(f->id, "checkpointing")) seen |= t.seen[k].recompute;
             if (!strcmp(f->id, "batch")) seen |= t.seen[k].batch == 3 && t.seen[k].accumulate == 2;
         }

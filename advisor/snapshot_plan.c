@@ -383,9 +383,8 @@ static tk_status plan_one(const snap_planner *pl, const tk_config *base, const c
             if (st != TK_OK) return st;
         }
     }
-    if (!pl || !pl->fn) return tk_plan_engine(&c, NULL, 0, p, err);
-    tk_status st = pl->fn(pl->ctx, &c, NULL, 0, p, err);
-    if (st == TK_OK && pl->capacity) {
+    tk_status st = pl && pl->fn ? pl->fn(pl->ctx, &c, NULL, 0, p, err) : tk_plan_engine(&c, NULL, 0, p, err);
+    if (st == TK_OK && pl && pl->capacity) {
         if (pl->total) p->capacity = pl->capacity > p->context_bytes ? pl->capacity - p->context_bytes : 0;
         else p->capacity = pl->capacity, p->context_bytes = 0;
         p->fits = p->peak_reserved <= p->capacity;
@@ -832,8 +831,14 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     if (by_trace)
         snprintf(m->planned_by, sizeof m->planned_by, "Planned by tracing %.60s: the run as it ran and each fix, each "
                  "its own training step traced with its settings and replayed on the %.40s profile.", who, tc.gpu);
-    else if (plan_as_it_ran(s, NULL, NULL, &c, &p, err))
-        return -1;
+    else {
+        /* a profile chosen for its kernels alone (like): the file's capacity
+         * holds, as the traced plans' does, never the profile's */
+        if (like && (s->capacity || s->has_oom))
+            pl = (snap_planner){NULL, NULL, s->capacity ? s->capacity : s->reserved + s->oom_device_free,
+                                s->capacity != 0};
+        if (plan_as_it_ran(s, &pl, NULL, &c, &p, err)) return -1;
+    }
     if (like) {
         if (!s->capacity && !s->has_oom) m->plan_capacity = 0;
         size_t k = strlen(m->plan_note);

@@ -150,3 +150,21 @@ def test_fix_code_carries_no_number_the_file_did_not_give():
     ml = tsb.fix(j, "max_length")
     assert "max_length=N" in ml["code"] and "p99" in ml["code"], ml
     assert not re.search(r"max_length=\d", ml["code"]), ml
+
+
+def test_a_given_capacity_holds_when_the_workspaces_pick_the_profile(files):
+    """No --gpu: the file's 32 MiB cuBLAS workspaces plan it on the h100-80
+    profile for its kernels alone. --capacity (the device's total, as the
+    companion passes it) is what the plan is held to, less the card's CUDA
+    context, never the profile's 80 GB."""
+    path = str(files / "mini-16x64-sdpa.pickle")
+    got = {}
+    for cap in ("16GiB", "17GiB"):
+        j = subprocess.run([TXK, "mem", "--snapshot", path, "--capacity", cap, "--json"], capture_output=True,
+                           text=True, timeout=60)
+        assert j.returncode == 0, j.stderr
+        got[cap] = json.loads(j.stdout)["model"]["plan"]
+    p = got["16GiB"]
+    assert p["capacity_from"] == "the capacity given" and p["fits"] is True, p
+    assert 15 << 30 < p["capacity"] < 16 << 30, p
+    assert got["17GiB"]["capacity"] - p["capacity"] == 1 << 30, (got["17GiB"], p)

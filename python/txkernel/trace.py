@@ -28,7 +28,14 @@ made) and a steady one.
 
 What cannot be traced (a branch on a tensor's values, an op with no fake or
 meta kernel, an autograd.Function that reads data) raises TraceError naming
-the module and the op."""
+the module and the op.
+
+torch 1.13 (the old row) is traced too, its own way where its fake tensors
+differ (_old_torch): the batch is fake with real twins (_twin_call),
+storages are released when their last seen tensor dies (_Storages), the
+fake weights are set on the model for the trace (_swapped), the optimizer
+runs without record_function (_no_record_function), and backward's
+temporaries are not attributed to a module (no current autograd node)."""
 import inspect
 import time
 import weakref

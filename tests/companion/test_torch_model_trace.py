@@ -3,9 +3,9 @@ SentimentClassifier (a BertModel wrapper, the loss outside), an attribute
 path (clf.bert), an encoder other than BERT, and models that cannot be
 traced, each refused with the module and the op named.
 
-The cells run in IPython in the Colab
-row's Python (their refusals use torch.library.custom_op, torch 2.4+) (.venv-colab: IPython 7.34 with .venv-t2's torch 2.x and
-transformers 5.x), one child process for the module, against this
+The cells run in IPython in the Colab row's Python (.venv-colab: IPython
+7.34 with .venv-t2's torch 2.x and transformers 5.x; a refusal uses
+torch.library.custom_op), one child process for the module, against this
 worktree's build (python/ on sys.path, $TXK_ENGINE_LIB = build/libtxk.so:
 nothing is installed). The old row (.venv, torch 1.13) traces too: a small
 module planned on a T4 with torch 1.13's rules. No GPU: --gpu t4 names the

@@ -152,6 +152,12 @@ def _skey(t):
     return t.untyped_storage()._cdata if hasattr(t, "untyped_storage") else t.storage()._cdata
 
 
+def _gone_of(storages, tid, key):
+    st = storages()
+    if st is not None:
+        st._gone(tid, key)
+
+
 class _Storages:
     """Storage lives: id -> (bytes, event index), weak references firing the
     release. torch 2.x: a weak reference on the untyped storage. torch 1.13,
@@ -194,7 +200,9 @@ class _Storages:
             return
         self.tracked.add(id(t))
         self.count[key] += 1
-        weakref.finalize(t, self._gone, id(t), key)
+        # through a weak reference: a tensor that outlives the trace (1.13's fake AdamW step counters, kept by
+        # its fake mode's memo) must not keep the recorder and its events
+        weakref.finalize(t, _gone_of, weakref.ref(self), id(t), key)
 
     def _gone(self, tid, key):
         self.tracked.discard(tid)
@@ -595,7 +603,9 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
         with fm:
             for n, p in named:
                 if id(p) not in names:
-                    f = fm.from_tensor(p)
+                    # 1.13: made by an op, not fm.from_tensor, whose memo puts a finalizer on the user's real
+                    # tensor, left there after the trace
+                    f = _fake_like(p, fm, torch) if old else fm.from_tensor(p)
                     if isinstance(p, torch.nn.Parameter):
                         keep = p.requires_grad and not any(n == q or n.startswith(q + ".") for q in frozen)
                         f = torch.nn.Parameter(f, requires_grad=keep)
@@ -691,6 +701,8 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
     finally:
         rec.recording = False
+        if old:
+            _forget_memos(fm)
         for h in hooks:
             h.remove()
         model.train(was_training)
@@ -751,11 +763,30 @@ class _swapped:
         return False
 
 
+def _forget_memos(fm):
+    """torch 1.13: the fake mode's converters remember each real tensor they
+    made a fake of (AdamW's step counters, made by torch.tensor under the
+    mode); through C++ that cycle is not collected, and it keeps the mode and
+    the fakes past the trace. Forgotten once the trace is done."""
+    conv = getattr(fm, "fake_tensor_converter", None)
+    for memo in (conv, getattr(conv, "meta_converter", None)):
+        for attr in ("tensor_memo", "storage_memo"):
+            d = getattr(memo, attr, None)
+            if hasattr(d, "clear"):
+                d.clear()
+
+
+def _fake_like(t, fm, torch):
+    """torch 1.13: a fake tensor of t's shape, strides and dtype, made by an
+    op under the mode (nothing kept on t)."""
+    with fm:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+
+
 def _twinned(t, fm, torch):
     """torch 1.13: a fake tensor like t (made by an op: fm.from_tensor's memo
     would keep it alive), t its real twin."""
-    with fm:
-        f = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+    f = _fake_like(t, fm, torch)
     f._txk_real = t
     return f
 

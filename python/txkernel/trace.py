@@ -642,7 +642,9 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
                 rec.events.append(["s", step])
                 rec.phase = "temp"
                 with _no_record_function(torch, old):
-                    opt.zero_grad(set_to_none=True)
+                    # the version's default, as the user's loop calls it: torch 2 frees the gradients,
+                    # 1.13 zero-fills and keeps them
+                    opt.zero_grad(set_to_none=not old)
                 b = gen_batches[step]
                 gen_batches[step] = None
                 for t in b.values():

@@ -148,7 +148,7 @@ def reference(name, torch, shim=False):
         batches = [tr.make_batch(model, B, T, torch, seed=i) for i in range(2)]
         for step in range(2):
             mark(step)
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()  # the version's default, as trace.py runs it (1.13: zero-filled and kept)
             b = batches[step]
             batches[step] = None
             labels = {k: b[k] for k in ("labels", "start_positions", "end_positions") if k in b}

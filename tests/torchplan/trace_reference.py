@@ -15,7 +15,9 @@ The step is the one python/txkernel/trace.py traces: trace.make_batch's
 batch (ids, an all-ones mask, zero token types, HF labels), the model's own
 loss when it takes labels and no loss is named, else the tracer's
 (_user_loss), torch.optim.AdamW(lr=2e-5, weight_decay=0.01) as torch picks
-it for CPU tensors, bf16 under torch.autocast("cpu").
+it for CPU tensors, its zero_grad() as the version's default (torch 2 frees
+the gradients, 1.13 zero-fills and keeps them), bf16 under
+torch.autocast("cpu").
 
 Each row: a model name from MODELS and its options. Prints one JSON object
 per row: the reference's two peaks and the traced plan's (the engine's

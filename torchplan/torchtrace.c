@@ -418,10 +418,13 @@ tk_status tk_torchtrace_plan(const json_t *trace, const char *gpu, tk_torch_vers
     const char *prec = json_string_value(json_object_get(trace, "precision"));
     p->precision = prec && !strcmp(prec, "bf16") ? "bf16 autocast" : prec && !strcmp(prec, "fp16") ? "fp16 autocast" : "fp32";
     const char *opt = json_string_value(json_object_get(trace, "optimizer"));
+    /* "foreach": as the tracer ran it (torch 1.13 runs single-tensor on a card too); a trace without it: on a card */
+    const json_t *fe = json_object_get(trace, "foreach");
+    int foreach = fe ? json_is_true(fe) : prof != NULL;
     p->optimizer = opt && !strcmp(opt, "adamw_torch_fused") ? "AdamW (fused)"
                    : opt && !strcmp(opt, "sgd")             ? "SGD"
-                   : opt && !strcmp(opt, "adam")            ? (prof ? "Adam (foreach)" : "Adam (single-tensor)")
-                   : prof                                   ? "AdamW (foreach)"
+                   : opt && !strcmp(opt, "adam")            ? (foreach ? "Adam (foreach)" : "Adam (single-tensor)")
+                   : foreach                                ? "AdamW (foreach)"
                                                             : "AdamW (single-tensor)";
     p->n_params = json_integer_value(json_object_get(trace, "n_params"));
     p->n_trainable = json_integer_value(json_object_get(trace, "n_trainable"));

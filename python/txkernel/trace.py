@@ -28,7 +28,14 @@ made) and a steady one.
 
 What cannot be traced (a branch on a tensor's values, an op with no fake or
 meta kernel, an autograd.Function that reads data) raises TraceError naming
-the module and the op."""
+the module and the op.
+
+torch 1.13 (the old row) is traced too, its own way where its fake tensors
+differ (_old_torch): the batch is fake with real twins (_twin_call),
+storages are released when their last seen tensor dies (_Storages), the
+fake weights are set on the model for the trace (_swapped), the optimizer
+runs without record_function (_no_record_function), and backward's
+temporaries are not attributed to a module (no current autograd node)."""
 import inspect
 import time
 import weakref
@@ -133,26 +140,78 @@ def _logits(out, torch):
     raise TraceError(f"the model returned a {type(out).__name__}: no tensor to take a loss of")
 
 
-class _Storages:
-    """Storage lives: id -> (bytes, event index), weak references firing the release."""
+def _old_torch(torch):
+    """torch 1.13 (the old row): its own ways, below (_Storages, _modes, trace_step)."""
+    major, minor = (int("".join(c for c in x if c.isdigit()) or 0) for x in torch.__version__.split(".")[:2])
+    return (major, minor) < (2, 0)
 
-    def __init__(self, rec):
+
+def _skey(t):
+    """A storage's identity: its StorageImpl (torch 1.13's t.storage() is a
+    fresh wrapper each call, with the same _cdata)."""
+    return t.untyped_storage()._cdata if hasattr(t, "untyped_storage") else t.storage()._cdata
+
+
+def _gone_of(storages, tid, key):
+    st = storages()
+    if st is not None:
+        st._gone(tid, key)
+
+
+class _Storages:
+    """Storage lives: id -> (bytes, event index), weak references firing the
+    release. torch 2.x: a weak reference on the untyped storage. torch 1.13,
+    whose t.storage() is a fresh wrapper each call: the live tensors seen on
+    each storage are counted (a finalizer on each; a fake tensor's Python
+    object lives as long as its TensorImpl, autograd's saved tensors too),
+    and the storage is released when its last one dies. Every tensor the
+    step makes comes out of an op the dispatch mode sees (views, autograd's
+    detach and alias included), so each is counted."""
+
+    def __init__(self, rec, old=False):
         self.rec = rec
         self.live = {}
+        self.old = old
+        self.count = {}             # torch 1.13: storage key -> live tensors seen on it
+        self.tracked = set()        # torch 1.13: id() of the tensors counted
 
     def see(self, t, cat, owner, op=-1):
-        st = t.untyped_storage()
-        key = st._cdata
+        key = _skey(t)
         if key in self.live:
+            if self.old:
+                self._track(t, key)
             return self.live[key][0]
         sid = self.rec.next_id
         self.rec.next_id += 1
+        st = t.storage() if self.old else t.untyped_storage()
         nbytes = int(st.nbytes())
         ev = ["a", sid, nbytes, cat, self.rec.owner_index(owner), op]
         self.rec.events.append(ev)
         self.live[key] = (sid, ev)
-        weakref.finalize(st, self._dead, key)
+        if self.old:
+            self.count[key] = 0
+            self._track(t, key)
+        else:
+            weakref.finalize(st, self._dead, key)
         return sid
+
+    def _track(self, t, key):
+        if id(t) in self.tracked:
+            return
+        self.tracked.add(id(t))
+        self.count[key] += 1
+        # through a weak reference: a tensor that outlives the trace (1.13's fake AdamW step counters, kept by
+        # its fake mode's memo) must not keep the recorder and its events
+        weakref.finalize(t, _gone_of, weakref.ref(self), id(t), key)
+
+    def _gone(self, tid, key):
+        self.tracked.discard(tid)
+        n = self.count.get(key, 0) - 1
+        if n > 0:
+            self.count[key] = n
+            return
+        self.count.pop(key, None)
+        self._dead(key)
 
     def _dead(self, key):
         sid, _ = self.live.pop(key, (None, None))
@@ -160,7 +219,7 @@ class _Storages:
             self.rec.events.append(["f", sid])
 
     def event_of(self, t):
-        v = self.live.get(t.untyped_storage()._cdata)
+        v = self.live.get(_skey(t))
         return v[1] if v else None
 
 
@@ -179,7 +238,7 @@ class _Recorder:
         self.op_seen_bwd = set()    # ops whose backward has begun
         self.open_bwd = set()       # ops whose backward is running
         self.last_op = None         # (op name, module) of the last op dispatched, for refusals
-        self.st = _Storages(self)
+        self.st = _Storages(self, old=_old_torch(torch))
         self.sdpa_out = {}          # an attention output's storage -> its op, until its first copy
         self.param_names = {}
 
@@ -205,6 +264,9 @@ class _Recorder:
         if self.phase != "temp" or self.op_now >= 0:
             # (in backward, an op running is a checkpointed layer's recomputation of it)
             return self.stack[-1], self.op_now
+        if self.st.old:
+            # torch 1.13's autograd names no current node: backward's temporaries are the model's ("")
+            return "", -1
         node = self.torch._C._current_autograd_node()
         if node is None:
             return self.stack[-1], -1
@@ -237,11 +299,19 @@ class _Recorder:
 def _modes(rec, torch):
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils import _pytree as pytree
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    tree_leaves = getattr(pytree, "tree_leaves", None) or (lambda x: pytree.tree_flatten(x)[0])  # 1.13: none
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.overrides import TorchFunctionMode
+    old = rec.st.old
+    if old:
+        from torch.utils._mode_utils import no_dispatch
+    else:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
     F = torch.nn.functional
     GEMMS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "matmul", "_addmm_activation"}
-    card_fns = {F.dropout: "dropout", F.scaled_dot_product_attention: "sdpa"}
+    card_fns = {F.dropout: "dropout"}
+    if hasattr(F, "scaled_dot_product_attention"):  # torch 1.13 has none
+        card_fns[F.scaled_dot_product_attention] = "sdpa"
     top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 
     def in_checkpoint():
@@ -253,8 +323,15 @@ def _modes(rec, torch):
             mod, op = rec.where()
             schema = getattr(func, "_schema", None)
             rec.last_op = (schema.name if schema is not None else str(func), mod)
-            leaves = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            if rec.phase == "act" and leaves and not any(isinstance(t, FakeTensor) for t in leaves):
+            leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if old and func is torch.ops.aten.detach.default and args and isinstance(args[0], (int, float, bool)):
+                # 1.13: checkpointing's recomputation detaches what autograd saves, a Python scalar's wrapped
+                # tensor too (x / 8.0), which the dispatch hands over as the number: its tensor again (a
+                # 0-dim scalar, as autograd saved; not seen: no storage of the model's)
+                return torch.tensor(args[0], dtype=torch.float64 if isinstance(args[0], float) else torch.int64)
+            if old:
+                out = _twin_call(func, args, kwargs, leaves)
+            elif rec.phase == "act" and leaves and not any(isinstance(t, FakeTensor) for t in leaves):
                 # computed from the batch alone in the forward (a mask's processing, a check of the labels):
                 # real, as in the user's run, so that what the model decides from those values it decides the
                 # same way (backward and a checkpointed layer's recomputation stay fake: real there made real
@@ -272,13 +349,49 @@ def _modes(rec, torch):
             if name == "clone" and args and isinstance(args[0], torch.Tensor) and rec.sdpa_out:
                 # the contiguous copy of an attention output: the CPU's output is (B, h, T, d), a fused CUDA
                 # kernel's is laid out (B, T, h, d), so the transpose back needs no copy there
-                k = rec.sdpa_out.pop(args[0].untyped_storage()._cdata, None)
+                k = rec.sdpa_out.pop(_skey(args[0]), None)
                 if k is not None and isinstance(out, torch.Tensor):
-                    rec.ops[k].setdefault("copies", []).append(rec.st.live[out.untyped_storage()._cdata][0])
+                    rec.ops[k].setdefault("copies", []).append(rec.st.live[_skey(out)][0])
             if name in GEMMS:
                 bias = name in ("addmm", "baddbmm", "addmv", "_addmm_activation")
                 rec.events.append(["g", 1 if rec.phase == "temp" else 0, int(bias)])
             return out
+
+    def _twin_call(func, args, kwargs, leaves):
+        """torch 1.13, whose FakeTensorMode takes no real tensor: the batch is
+        fake, each of its tensors with its real twin (._txk_real), and in the
+        forward an op of twinned tensors alone (a mask's processing, a check
+        of the labels) is also run on the twins, so that what the model
+        decides from those values (.item(), nonzero's length) it decides as
+        in the user's run: the fake op's result where it has one, else (a
+        data-dependent op) the real result's shape, made fake."""
+        twins = rec.phase == "act" and all(getattr(t, "_txk_real", None) is not None for t in leaves)
+        rout = None
+        if twins:
+            real = pytree.tree_map(lambda t: t._txk_real if isinstance(t, torch.Tensor) else t, (args, kwargs))
+            try:
+                with no_dispatch():
+                    rout = func(*real[0], **real[1])
+            except Exception:  # noqa: BLE001: the fake op alone says (or refuses)
+                rout = None
+        if rout is None:
+            out = func(*args, **kwargs)
+            if rec.phase == "act":  # an input changed in place by an op of untwinned tensors: its twin is stale
+                for f in tree_leaves(out):
+                    if isinstance(f, torch.Tensor) and getattr(f, "_txk_real", None) is not None:
+                        f._txk_real = None
+            return out
+        try:
+            out = func(*args, **kwargs)
+        except Exception:  # noqa: BLE001: a data-dependent op (nonzero, .item()): its real result decides
+            out = pytree.tree_map(lambda r: torch.empty_strided(r.shape, r.stride(), dtype=r.dtype)
+                                  if isinstance(r, torch.Tensor) else r, rout)
+        if not isinstance(out, (torch.Tensor, tuple, list)):
+            return rout  # a scalar (.item()): the real one
+        for f, r in zip(tree_leaves(out), tree_leaves(rout)):
+            if isinstance(f, torch.Tensor) and isinstance(r, torch.Tensor):
+                f._txk_real = r
+        return out
 
     def _seq_hi():
         return rec.seq_map[-1][0] if rec.seq_map else -1
@@ -287,7 +400,7 @@ def _modes(rec, torch):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             return card_call(func, args, kwargs or {})
 
-    originals = {"scaled_dot_product_attention": F.scaled_dot_product_attention, "dropout": F.dropout}
+    originals = {n: getattr(F, n) for n in ("scaled_dot_product_attention", "dropout") if hasattr(F, n)}
 
     def recomputing(name):
         orig = originals[name]
@@ -301,7 +414,7 @@ def _modes(rec, torch):
 
     # F.dropout hands the torch function mode the function F names now: the wrapper, which is the same op
     wrappers = {n: recomputing(n) for n in originals}
-    card_fns.update({wrappers["dropout"]: "dropout", wrappers["scaled_dot_product_attention"]: "sdpa"})
+    card_fns.update({wrappers[n]: {"dropout": "dropout"}.get(n, "sdpa") for n in wrappers})
 
     class Recompute:
         """F's dropout and attention, seen in backward too (as long as the trace runs)."""
@@ -372,8 +485,8 @@ def _modes(rec, torch):
             keep += [mask] + [t for t in outs if isinstance(t, torch.Tensor)]
             for t in outs:
                 if isinstance(t, torch.Tensor):
-                    rec.sdpa_out[t.untyped_storage()._cdata] = idx
-            info["keep"] = sorted({v[0] for v in (rec.st.live.get(t.untyped_storage()._cdata) for t in keep
+                    rec.sdpa_out[_skey(t)] = idx
+            info["keep"] = sorted({v[0] for v in (rec.st.live.get(_skey(t)) for t in keep
                                                   if isinstance(t, torch.Tensor)) if v})
         rec.events.append(["op", idx, "fwd"])
         _note_seq(out, op=idx)
@@ -408,7 +521,10 @@ def _hooks(model, rec):
             if len(rec.stack) > 1:
                 rec.stack.pop()
         hs.append(m.register_forward_pre_hook(pre))
-        hs.append(m.register_forward_hook(post, always_call=True))
+        try:
+            hs.append(m.register_forward_hook(post, always_call=True))
+        except TypeError:  # torch 1.13: no always_call (a forward that raises ends the trace anyway)
+            hs.append(m.register_forward_hook(post))
     return hs
 
 
@@ -445,13 +561,14 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
     beside what the model freezes itself; the model is not changed."""
     torch = _torch()
     major, minor = (int("".join(c for c in x if c.isdigit()) or 0) for x in torch.__version__.split(".")[:2])
-    if (major, minor) < (2, 1):
-        raise TraceError(f"torch {torch.__version__}: the tracer needs torch 2.1 or newer (fake tensors whose "
-                         "storages report their own release, and autograd's current node); torch 1.13's "
-                         "FakeTensorMode refuses the real batch, a weak reference on its t.storage() dies with the "
-                         "wrapper, not the storage, and its autograd has no current node to name the module running "
-                         "in backward. With this torch, BertForSequenceClassification and BertForQuestionAnswering "
-                         "are planned from their config")
+    old = (major, minor) == (1, 13)
+    if (major, minor) < (2, 1) and not old:
+        raise TraceError(f"torch {torch.__version__}: the tracer needs torch 1.13, or 2.1 or newer (fake tensors "
+                         "and a dispatch mode that sees every op; 2.0's storages do not report their release). "
+                         "With this torch, BertForSequenceClassification and BertForQuestionAnswering are planned "
+                         "from their config")
+    if old and optimizer == "adamw_torch_fused":
+        raise TraceError(f"--optimizer adamw_torch_fused: torch {torch.__version__} has no fused AdamW")
     from torch._subclasses.fake_tensor import FakeTensorMode
     t0 = time.perf_counter()
     if optimizer not in ("adamw", "adamw_torch_fused", "sgd", "adam"):
@@ -462,7 +579,8 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
         raise TraceError(f"--loss {loss}: expected ce, mse or bce")
     rec = _Recorder(model, torch)
     Dispatch, Function, Recompute = _modes(rec, torch)
-    fm = FakeTensorMode(allow_non_fake_inputs=True)
+    # 1.13: a fake tensor's .item() is 0 unless told to refuse it (a branch on the weights' values is refused)
+    fm = FakeTensorMode(throw_on_data_dependent_ops=True) if old else FakeTensorMode(allow_non_fake_inputs=True)
     was_training = model.training
     # checkpointing set for the trace on the modules that have the switch (the seeds' wrapper: clf.bert),
     # and set back as it was afterwards
@@ -479,12 +597,15 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
     names = {}
     try:
         # the weights, once per storage (tied weights are one), as fake tensors
-        named = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
+        named = _named_tensors(model) if old else (list(model.named_parameters(remove_duplicate=False))
+                                                   + list(model.named_buffers(remove_duplicate=False)))
         fake = {}
         with fm:
             for n, p in named:
                 if id(p) not in names:
-                    f = fm.from_tensor(p)
+                    # 1.13: made by an op, not fm.from_tensor, whose memo puts a finalizer on the user's real
+                    # tensor, left there after the trace
+                    f = _fake_like(p, fm, torch) if old else fm.from_tensor(p)
                     if isinstance(p, torch.nn.Parameter):
                         keep = p.requires_grad and not any(n == q or n.startswith(q + ".") for q in frozen)
                         f = torch.nn.Parameter(f, requires_grad=keep)
@@ -500,11 +621,16 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
         hooks = _hooks(model, rec)
         model.train()
         gen_batches = [make_batch(model, batch, seq, torch, seed=i) for i in range(steps)]
+        if old:  # 1.13's FakeTensorMode takes no real tensor: the batch is fake, each tensor with its real twin
+            gen_batches = [{k: _twinned(v, fm, torch) for k, v in b.items()} for b in gen_batches]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        with fm, Function(), Dispatch(), Recompute():
+        # torch 1.13: the fake weights set on the model for both steps (a checkpointed layer's recomputation
+        # in backward runs the module as it is then)
+        with _swapped(model, fake if old else {}), fm, Function(), Dispatch(), Recompute():
             kw = {"lr": lr}
             if optimizer in ("adamw", "adam"):
-                kw["foreach"] = target == "cuda"
+                # as torch picks it: foreach for CUDA tensors from 2.0; 1.13's default is single-tensor everywhere
+                kw["foreach"] = target == "cuda" and not old
             if optimizer == "adamw_torch_fused":
                 kw["fused"] = True
             cls = {"adamw": torch.optim.AdamW, "adamw_torch_fused": torch.optim.AdamW, "adam": torch.optim.Adam,
@@ -515,7 +641,10 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
             for step in range(steps):
                 rec.events.append(["s", step])
                 rec.phase = "temp"
-                opt.zero_grad(set_to_none=True)
+                with _no_record_function(torch, old):
+                    # the version's default, as the user's loop calls it: torch 2 frees the gradients,
+                    # 1.13 zero-fills and keeps them
+                    opt.zero_grad(set_to_none=not old)
                 b = gen_batches[step]
                 gen_batches[step] = None
                 for t in b.values():
@@ -525,7 +654,10 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
                 own_loss = bool(labels) and loss is None
                 args = dict(b) if own_loss else {k: v for k, v in b.items() if k not in labels}
                 with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                    out = torch.func.functional_call(model, fake, (), args, tie_weights=True, strict=False)
+                    if old:
+                        out = model(**args)
+                    else:
+                        out = torch.func.functional_call(model, fake, (), args, tie_weights=True, strict=False)
                     if own_loss:
                         lv = out.loss
                     else:
@@ -536,7 +668,8 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
                 rec.close_bwd()
                 del lv, b, labels
                 rec.phase = "optim"
-                opt.step()
+                with _no_record_function(torch, old):
+                    opt.step()
                 rec.phase = "temp"
             rec.events.append(["s", steps])
             rec.recording = False
@@ -570,6 +703,8 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
     finally:
         rec.recording = False
+        if old:
+            _forget_memos(fm)
         for h in hooks:
             h.remove()
         model.train(was_training)
@@ -581,9 +716,115 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
     _escapes(rec)
     return {"version": 1, "model": type(model).__name__, "torch": torch.__version__, "target": target,
             "batch": batch, "seq": seq, "precision": precision, "optimizer": optimizer,
+            "foreach": optimizer in ("adamw", "adam") and target == "cuda" and not old,
             "loss": loss or ("model" if _labels_given(model) else "ce"), "steps": steps,
             "n_params": int(n_params), "n_trainable": int(n_train), "owners": rec.owners, "ops": rec.ops,
             "events": rec.events, "trace_seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _named_tensors(model):
+    """torch 1.13 (no remove_duplicate=False): every (name, parameter or
+    buffer), a tied one under each of its names."""
+    out = []
+    for mn, m in model.named_modules(remove_duplicate=False):
+        pre = mn + "." if mn else ""
+        out += [(pre + n, p) for n, p in m._parameters.items() if p is not None]
+    for mn, m in model.named_modules(remove_duplicate=False):
+        pre = mn + "." if mn else ""
+        out += [(pre + n, b) for n, b in m._buffers.items() if b is not None]
+    return out
+
+
+class _swapped:
+    """torch 1.13: the fake parameters and buffers set on the model for its
+    forward by setattr (1.13's stateless.functional_call parametrizes, and a
+    module that keeps its own list of its weights, as nn.LSTM's
+    _flat_weights, would run its real ones), set back afterwards."""
+
+    def __init__(self, model, tensors):
+        self.model, self.tensors, self.saved = model, tensors, []
+
+    def __enter__(self):
+        for n, f in self.tensors.items():
+            mn, _, attr = n.rpartition(".")
+            m = self.model.get_submodule(mn) if mn else self.model
+            buf = attr in m._buffers
+            self.saved.append((m, attr, buf, m._buffers[attr] if buf else m._parameters[attr]))
+            if buf:
+                m._buffers[attr] = f
+            else:
+                setattr(m, attr, f)
+        return self
+
+    def __exit__(self, *exc):
+        for m, attr, buf, orig in reversed(self.saved):
+            if buf:
+                m._buffers[attr] = orig
+            else:
+                setattr(m, attr, orig)
+        return False
+
+
+def _forget_memos(fm):
+    """torch 1.13: the fake mode's converters remember each real tensor they
+    made a fake of (AdamW's step counters, made by torch.tensor under the
+    mode); through C++ that cycle is not collected, and it keeps the mode and
+    the fakes past the trace. Forgotten once the trace is done."""
+    conv = getattr(fm, "fake_tensor_converter", None)
+    for memo in (conv, getattr(conv, "meta_converter", None)):
+        for attr in ("tensor_memo", "storage_memo"):
+            d = getattr(memo, attr, None)
+            if hasattr(d, "clear"):
+                d.clear()
+
+
+def _fake_like(t, fm, torch):
+    """torch 1.13: a fake tensor of t's shape, strides and dtype, made by an
+    op under the mode (nothing kept on t)."""
+    with fm:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+
+
+def _twinned(t, fm, torch):
+    """torch 1.13: a fake tensor like t (made by an op: fm.from_tensor's memo
+    would keep it alive), t its real twin."""
+    f = _fake_like(t, fm, torch)
+    f._txk_real = t
+    return f
+
+
+class _no_record_function:
+    """torch 1.13: the optimizer's record_function fails under FakeTensorMode
+    (profiler::_record_function_enter takes two arguments, the mode passes
+    three); a no-op in its place for zero_grad and step (it allocates
+    nothing). torch 2.x: nothing changed."""
+
+    def __init__(self, torch, old):
+        self.prof = torch.autograd.profiler if old else None
+
+    def __enter__(self):
+        if self.prof is not None:
+            self.saved = self.prof.record_function
+            self.prof.record_function = _NoRecordFunction
+
+    def __exit__(self, *exc):
+        if self.prof is not None:
+            self.prof.record_function = self.saved
+        return False
+
+
+class _NoRecordFunction:
+    def __init__(self, *a, **k):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __call__(self, f):
+        return f
 
 
 def ckpt_targets(model):

@@ -3,12 +3,13 @@ SentimentClassifier (a BertModel wrapper, the loss outside), an attribute
 path (clf.bert), an encoder other than BERT, and models that cannot be
 traced, each refused with the module and the op named.
 
-The traced route needs torch 2.1+, so the cells run in IPython in the Colab
-row's Python (.venv-colab: IPython 7.34 with .venv-t2's torch 2.x and
-transformers 5.x), one child process for the module, against this
+The cells run in IPython in the Colab row's Python (.venv-colab: IPython
+7.34 with .venv-t2's torch 2.x and transformers 5.x; a refusal uses
+torch.library.custom_op), one child process for the module, against this
 worktree's build (python/ on sys.path, $TXK_ENGINE_LIB = build/libtxk.so:
-nothing is installed). The old row (.venv, torch 1.13) gets the tracer's
-refusal naming its torch. No GPU: --gpu t4 names the card."""
+nothing is installed). The old row (.venv, torch 1.13) traces too: a small
+module planned on a T4 with torch 1.13's rules. No GPU: --gpu t4 names the
+card."""
 import json, os, subprocess, textwrap
 
 import pytest
@@ -212,15 +213,21 @@ def test_what_cannot_be_traced_is_refused_naming_module_and_op(res, key, module,
     assert f"{module} cannot be traced at op" in r["message"] and op in r["message"], r["message"]
 
 
-def test_old_torch_refuses_with_its_version():
+def test_old_torch_plans_with_its_rules():
+    """The old row (torch 1.13) traces too, and the card is planned with
+    torch 1.13's rules: its cuBLAS workspaces and AdamW single-tensor (1.13's
+    default on CUDA as on the CPU)."""
     body = _cell("import torch\nfrom torch import nn\n"
                  "class Head(nn.Module):\n"
                  "    def __init__(self):\n        super().__init__()\n        self.emb = nn.Embedding(10, 4)\n"
                  "    def forward(self, input_ids):\n        return self.emb(input_ids).mean(1)\n"
-                 "head = Head()\n") + ("plan('old', '--torch-model head --batch 2 --seq 4 --gpu t4')\n"
+                 "head = Head()\n") + ("plan('old', '--torch-model head --batch 2 --seq 16 --gpu t4 --json')\n"
                                         "print('RESULT ' + json.dumps(out))\n")
     r = _run(OLD, body)["old"]
-    assert r.get("error") == "UsageError" and "needs torch 2.1 or newer" in r["message"], r
+    j = r.get("json")
+    assert j and j["traced"] and j["model"] == "Head" and j["gpu"] == "t4", r
+    assert "torch 1.13" in j["torch_version"] and j["optimizer"] == "AdamW (single-tensor)", j
+    assert j["n_params"] == 40 and j["peak_allocated"] > 0, j
 
 
 # ---- point 6: the traced plan used everywhere once the model is named -------------------------------------------

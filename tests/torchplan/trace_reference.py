@@ -15,13 +15,22 @@ The step is the one python/txkernel/trace.py traces: trace.make_batch's
 batch (ids, an all-ones mask, zero token types, HF labels), the model's own
 loss when it takes labels and no loss is named, else the tracer's
 (_user_loss), torch.optim.AdamW(lr=2e-5, weight_decay=0.01) as torch picks
-it for CPU tensors, bf16 under torch.autocast("cpu").
+it for CPU tensors, its zero_grad() as the version's default (torch 2 frees
+the gradients, 1.13 zero-fills and keeps them), bf16 under
+torch.autocast("cpu").
 
 Each row: a model name from MODELS and its options. Prints one JSON object
 per row: the reference's two peaks and the traced plan's (the engine's
 --device cpu plan of trace_step's events, through build/libtxk.so).
 
-    .venv-t2/bin/python tests/torchplan/trace_reference.py seed_wrapper bert_bf16 ...
+    .venv-t2/bin/python tests/torchplan/trace_reference.py seed bert_bf16 ...
+
+--shim reads the allocator's events from tests/torchplan/alloc_events.c
+instead (c10's CPU allocator's posix_memalign/free), for the torch 1.13 row
+whose profiler has no kineto:
+
+    LD_PRELOAD=build/tests/torchplan/liballoc_events.so .venv/bin/python \
+        tests/torchplan/trace_reference.py --shim bert roberta ...
 """
 import json, os, sys, tempfile, time
 
@@ -29,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
-from torch_reference import MARK, mark_step, rounded  # noqa: E402
+from torch_reference import MARK, mark_step, rounded, shim_events  # noqa: E402
 
 B, T, LAYERS, VOCAB = 4, 128, 4, 8000
 
@@ -122,8 +131,9 @@ def build(name, torch):
     return model, opts
 
 
-def reference(name, torch):
-    """The real step's peaks, from the profiler's memory events."""
+def reference(name, torch, shim=False):
+    """The real step's peaks, from the profiler's memory events (shim: from
+    alloc_events.c's, LD_PRELOAD'ed: torch 1.13's profiler has no kineto)."""
     from txkernel import trace as tr
     holder = {}
 
@@ -140,7 +150,7 @@ def reference(name, torch):
         batches = [tr.make_batch(model, B, T, torch, seed=i) for i in range(2)]
         for step in range(2):
             mark(step)
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()  # the version's default, as trace.py runs it (1.13: zero-filled and kept)
             b = batches[step]
             batches[step] = None
             labels = {k: b[k] for k in ("labels", "start_positions", "end_positions") if k in b}
@@ -155,17 +165,21 @@ def reference(name, torch):
         mark(2)
         holder["n"] = sum(p.numel() for p in model.parameters())
 
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-            steps()
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)
-    finally:
-        os.unlink(path)
-    events = events["traceEvents"] if isinstance(events, dict) else events
+    if shim:
+        events = shim_events(steps)
+    else:
+        fd, path = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        try:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                        profile_memory=True) as prof:
+                steps()
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                events = json.load(f)
+        finally:
+            os.unlink(path)
+        events = events["traceEvents"] if isinstance(events, dict) else events
     live, cur, step, peaks = {}, 0, -1, [0, 0]
     for e in events:
         if e.get("name") != "[memory]" or e.get("args", {}).get("Device Type", 0) != 0:
@@ -204,6 +218,8 @@ def traced(name, torch):
 
 
 def main(names):
+    shim = "--shim" in names
+    names = [n for n in names if n != "--shim"]
     import torch
     torch.set_num_threads(int(os.environ.get("TXK_TORCH_THREADS", "2")))
     os.environ.setdefault("TXK_ENGINE_LIB", os.path.join(os.environ.get("BUILD", os.path.join(ROOT, "build")),
@@ -211,7 +227,7 @@ def main(names):
     import transformers
     for n in names:
         try:
-            row = {"row": n, "reference": reference(n, torch), "traced": traced(n, torch)}
+            row = {"row": n, "reference": reference(n, torch, shim=shim), "traced": traced(n, torch)}
         except AttributeError as e:  # this transformers has no such model
             row = {"row": n, "missing": str(e)}
         row.update(torch=torch.__version__, transformers=transformers.__version__)

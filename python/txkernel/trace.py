@@ -624,6 +624,10 @@ def trace_step(model, batch=8, seq=128, loss=None, optimizer="adamw", precision=
         if old:  # 1.13's FakeTensorMode takes no real tensor: the batch is fake, each tensor with its real twin
             gen_batches = [{k: _twinned(v, fm, torch) for k, v in b.items()} for b in gen_batches]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        if old and dtype is torch.float16:
+            # 1.13's CPU autocast takes bfloat16 only ("AutocastCPU only support Bfloat16"): fp16 is traced as
+            # the other 16-bit type, the same bytes an element; the trace still says fp16 (its scaler's steps)
+            dtype = torch.bfloat16
         # torch 1.13: the fake weights set on the model for both steps (a checkpointed layer's recomputation
         # in backward runs the module as it is then)
         with _swapped(model, fake if old else {}), fm, Function(), Dispatch(), Recompute():

@@ -221,13 +221,39 @@ def test_old_torch_plans_with_its_rules():
                  "class Head(nn.Module):\n"
                  "    def __init__(self):\n        super().__init__()\n        self.emb = nn.Embedding(10, 4)\n"
                  "    def forward(self, input_ids):\n        return self.emb(input_ids).mean(1)\n"
-                 "head = Head()\n") + ("plan('old', '--torch-model head --batch 2 --seq 16 --gpu t4 --json')\n"
-                                        "print('RESULT ' + json.dumps(out))\n")
-    r = _run(OLD, body)["old"]
+                 "head = Head()\n"
+                 "from transformers import BertConfig, BertModel\n"
+                 "class Wrapper(nn.Module):\n"
+                 "    def __init__(self):\n        super().__init__()\n"
+                 "        self.bert = BertModel(BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=2,"
+                 " intermediate_size=128, vocab_size=1000))\n        self.out = nn.Linear(64, 2)\n"
+                 "    def forward(self, input_ids, attention_mask):\n"
+                 "        return self.out(self.bert(input_ids=input_ids, attention_mask=attention_mask).pooler_output)\n"
+                 "wrapped = Wrapper()\n") + (
+        "plan('old', '--torch-model head --batch 2 --seq 16 --gpu t4 --json')\n"
+        "plan('old_fp16', '--torch-model wrapped --batch 8 --seq 128 --gpu t4 --precision fp16 --json')\n"
+        "plan('old_base', '--torch-model wrapped --batch 8 --seq 128 --gpu t4 --json')\n"
+        "from IPython.utils.capture import capture_output\n"
+        "with capture_output() as cap:\n    r = ip.run_line_magic('txadvise', '--json')\n"
+        "b = r._repr_mimebundle_()[0] if r is not None else (cap.outputs[-1].data if cap.outputs else {})\n"
+        "out['advice'] = b.get('application/json')\n"
+        "print('RESULT ' + json.dumps(out))\n")
+    res = _run(OLD, body)
+    r = res["old"]
     j = r.get("json")
     assert j and j["traced"] and j["model"] == "Head" and j["gpu"] == "t4", r
     assert "torch 1.13" in j["torch_version"] and j["optimizer"] == "AdamW (single-tensor)", j
     assert j["n_params"] == 40 and j["peak_allocated"] > 0, j
+    # fp16: 1.13's CPU autocast takes bf16 only, so the step is traced in the other 16-bit type (same bytes)
+    f = res["old_fp16"].get("json")
+    assert f and f["traced"] and f["precision"].startswith("fp16"), res["old_fp16"]
+    assert f["peak_allocated"] < res["old_base"]["json"]["peak_allocated"], (f, res["old_base"])
+    # the advice on 1.13 plans its candidates by tracing them, fp16 among them
+    a = res["advice"]
+    assert a and a["planned_by"].startswith("Planned by tracing wrapped (Wrapper)"), a
+    assert "AutocastCPU" not in a["planned_by"], a["planned_by"]
+    labels = [c["label"] for c in a["candidates"]]
+    assert "fp16" in labels, labels
 
 
 # ---- point 6: the traced plan used everywhere once the model is named -------------------------------------------

@@ -90,6 +90,16 @@ def _encoder_heads(torch, tr):
     return SentimentClassifier, LSTMHead, MeanPool
 
 
+def _no_init_weights(tr):
+    """transformers' own switch that skips weight initialisation at
+    construction: transformers.initialization's (5.x), modeling_utils' (4.x)."""
+    import importlib
+    try:
+        return importlib.import_module("transformers.initialization").no_init_weights
+    except (ImportError, AttributeError):
+        return tr.modeling_utils.no_init_weights
+
+
 def build(name, torch):
     """(model, trace options) for a row name."""
     import transformers as tr
@@ -116,7 +126,13 @@ def build(name, torch):
     if base not in simple:
         raise SystemExit(f"{name}: no such row (the models: {', '.join(sorted(simple))}, each with _bf16, _ckpt, "
                          "_frozen)")
-    model = simple[base]()
+    # transformers' and torch's initialisers skipped (1.5-2.5 s a model on this CPU, twice a row), then every
+    # weight drawn uniform in one op: a random init, whose values no figure here depends on
+    with _no_init_weights(tr)():
+        model = simple[base]()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(-0.05, 0.05)
     if variant == "bf16":
         opts["precision"] = "bf16"
     elif variant == "ckpt":

@@ -12,6 +12,8 @@ import argparse, json, os, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import seed_model  # noqa: E402  (tests/seed_model.py: the seeds' SentimentClassifier)
 
 
 def main():
@@ -29,17 +31,7 @@ def main():
     from txkernel import torch_model, trace_plan
     cfg = BertConfig(num_hidden_layers=a.layers, vocab_size=28996, num_labels=3)
 
-    class SentimentClassifier(nn.Module):
-        def __init__(self, n_classes):
-            super().__init__()
-            self.bert = BertModel(cfg)
-            self.drop = nn.Dropout(p=0.3)
-            self.out = nn.Linear(self.bert.config.hidden_size, n_classes)
-
-        def forward(self, input_ids, attention_mask):
-            pooled = self.bert(input_ids=input_ids, attention_mask=attention_mask).pooler_output
-            return self.out(self.drop(pooled))
-
+    SentimentClassifier = seed_model.define(nn, BertModel, cfg)
     ns = {"clf": SentimentClassifier(3), "hf": BertForSequenceClassification(cfg)}
     flags = f"--batch {a.batch} --seq {a.seq} --gpu {a.gpu} --precision {a.precision} --json".split()
     clf = trace_plan.plan(["--torch-model", "clf"] + flags, ns)["application/json"]

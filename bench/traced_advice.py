@@ -23,7 +23,10 @@ ap.add_argument("--budget", type=float, default=None, help="seconds (default: th
 a = ap.parse_args()
 if a.budget is not None:
     os.environ["TXK_TRACE_BUDGET_S"] = str(a.budget)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import seed_model  # noqa: E402  (tests/seed_model.py: the seeds' SentimentClassifier)
 warnings.simplefilter("ignore")
 from IPython.testing.globalipapp import get_ipython  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
@@ -36,15 +39,7 @@ from torch import nn
 from transformers import BertConfig, BertModel
 torch.manual_seed(0)
 cfg = BertConfig(num_hidden_layers={a.layers}, vocab_size=28996, num_labels=3)
-class SentimentClassifier(nn.Module):
-    def __init__(self, n_classes):
-        super().__init__()
-        self.bert = BertModel(cfg)
-        self.drop = nn.Dropout(p=0.3)
-        self.out = nn.Linear(self.bert.config.hidden_size, n_classes)
-    def forward(self, input_ids, attention_mask):
-        pooled = self.bert(input_ids=input_ids, attention_mask=attention_mask).pooler_output
-        return self.out(self.drop(pooled))
+""" + seed_model.SOURCE + f"""
 clf = SentimentClassifier(3)
 """)
 assert r.success, r.error_in_exec

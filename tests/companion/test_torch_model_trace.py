@@ -10,9 +10,12 @@ worktree's build (python/ on sys.path, $TXK_ENGINE_LIB = build/libtxk.so:
 nothing is installed). The old row (.venv, torch 1.13) traces too: a small
 module planned on a T4 with torch 1.13's rules. No GPU: --gpu t4 names the
 card."""
-import json, os, subprocess, textwrap
+import json, os, subprocess, sys, textwrap
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import seed_model  # noqa: E402  (tests/seed_model.py: the seeds' SentimentClassifier)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
@@ -48,17 +51,7 @@ CELLS = textwrap.dedent("""
                               DistilBertForSequenceClassification)
     torch.manual_seed(0)
     cfg = BertConfig(num_hidden_layers=4, vocab_size=28996, num_labels=3)
-
-    class SentimentClassifier(nn.Module):
-        def __init__(self, n_classes):
-            super().__init__()
-            self.bert = BertModel(cfg)
-            self.drop = nn.Dropout(p=0.3)
-            self.out = nn.Linear(self.bert.config.hidden_size, n_classes)
-        def forward(self, input_ids, attention_mask):
-            pooled = self.bert(input_ids=input_ids, attention_mask=attention_mask).pooler_output
-            return self.out(self.drop(pooled))
-
+""") + seed_model.SOURCE + textwrap.dedent("""
     clf = SentimentClassifier(3)
     hf = BertForSequenceClassification(cfg)
     distil = DistilBertForSequenceClassification(DistilBertConfig(n_layers=2, vocab_size=4000))

@@ -38,7 +38,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 from torch_reference import MARK, mark_step, rounded, shim_events  # noqa: E402
+import seed_model  # noqa: E402  (the seeds' SentimentClassifier)
 
 B, T, LAYERS, VOCAB = 4, 128, 4, 8000
 
@@ -50,17 +52,8 @@ def _cfg(cls, **kw):
 def _encoder_heads(torch, tr):
     nn = torch.nn
 
-    class SentimentClassifier(nn.Module):
-        """The seeds' tutorial wrapper: a BertModel, dropout, a Linear; the loss outside."""
-        def __init__(self, n_classes):
-            super().__init__()
-            self.bert = tr.BertModel(_cfg(tr.BertConfig))
-            self.drop = nn.Dropout(p=0.3)
-            self.out = nn.Linear(self.bert.config.hidden_size, n_classes)
-
-        def forward(self, input_ids, attention_mask):
-            pooled = self.bert(input_ids=input_ids, attention_mask=attention_mask).pooler_output
-            return self.out(self.drop(pooled))
+    # the seeds' tutorial wrapper: a BertModel, dropout, a Linear; the loss outside (tests/seed_model.py)
+    SentimentClassifier = seed_model.define(nn, tr.BertModel, _cfg(tr.BertConfig))
 
     class LSTMHead(nn.Module):
         """An LSTM over an HF encoder's sequence output, its last state classified."""

@@ -741,15 +741,15 @@ int tk_snap_plan(tk_snapshot *s, const tk_snap_opts *o, tk_err *err) {
     tk_fix_note *ml = snap_fix_find(s, "max_length");
     if (s->data.have && !ml && (ml = snap_fix_insert(s, "max_length", s->n_fixes)))
         ml->saves = -1;
-    if (ml && s->data.have) {
+    if (ml && s->data.have)
         snprintf(ml->text, sizeof ml->text,
                  "Cut sequences at the data's 99th percentile: %d tokens (%.120s: %d examples, p95 %d, p99 %d, max %d), "
                  "and pad each batch only to its longest.",
                  s->data.max_length, tk_snap_basename(s->data.file), s->data.n, s->data.p95, s->data.p99, s->data.max);
-        /* the one writer of a step change, in the API the snapshot's frames show */
+    if (ml && (s->data.have || m->batch)) /* the one writer of a step change, in the API the snapshot's frames
+                                           * show, with the length the data gives and the batch the blocks show */
         tk_step_code(ml->code, sizeof ml->code, TK_STEP_SHORTER, api,
-                     &(tk_step_user){.p99 = s->data.max_length, .torch = torch});
-    }
+                     &(tk_step_user){.p99 = s->data.have ? s->data.max_length : 0, .batch = m->batch, .torch = torch});
     weight_fixes(s);
     if (!m->recognised || !m->batch) return 0;
 

@@ -10,6 +10,7 @@ import ast
 import json
 import os
 import subprocess
+import sys
 import warnings
 
 import pytest
@@ -116,8 +117,20 @@ def run_loop(code, batch, accum):
     return ns
 
 
+def snapshot_snippets():
+    """The fixes' code of a PyTorch snapshot at an OOM (a bert-base step, 32 x
+    512, test_snapshot_bert's file) read with the user's data: written for
+    the torch 2 that made the file, its batch and the data's length filled."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import test_snapshot_bert as tsb
+    j = tsb.mem_json(tsb.write(tsb.snapshot()), "--gpu", "t4", "--data", os.path.join(tsb.DATA, "reviews_train.csv"))
+    return [f["code"] for f in j["fixes"] if f.get("code")]
+
+
 def test_loop_snippets_run_one_step(peer_row, tmp_path):
     codes = snippets(tmp_path, "loop", row_torch(peer_row))
+    if peer_row == "torch2":
+        codes += snapshot_snippets()
     # 8-bit AdamW needs bitsandbytes and a GPU, which neither row has: that one line is the user's to run
     loops = [c for c in codes if "for i, batch in enumerate(loader):" in c and "bitsandbytes" not in c]
     assert len(loops) >= 3, codes
